@@ -1,0 +1,48 @@
+# Build, run and test.
+
+GOFLAGS_TEST ?= -race -count=1
+TEST_TIMEOUT ?= 20m
+APT_PACKAGES := redis-server mosquitto mosquitto-clients
+
+.PHONY: build
+build: ## Build every binary into bin/
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge
+
+.PHONY: run
+run: build ## Run a local Keel on embedded defaults (MQTT on :1883, WebSocket on :8083, ops on :9100)
+	$(BIN)/keel-edge --auth.anonymous=true --data-dir $(ROOT)/data/edge --log.format text
+
+.PHONY: deps
+deps: ## Install what the tests need (Debian packages) when missing
+	@missing=""; \
+	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+.PHONY: vet
+vet: ## go vet the whole workspace
+	$(GO) vet work
+
+.PHONY: test
+test: deps vet ## Install test dependencies, then run every test with the race detector
+	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) work
+
+.PHONY: test-short
+test-short: ## Unit tests only (-short), with the race detector
+	$(GO) test $(GOFLAGS_TEST) -short work
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 30s)
+	@scripts/fuzz.sh $${FUZZTIME:-30s}
+
+.PHONY: lint
+lint: vet proto-lint ## Static checks: go vet, gofmt, buf lint
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^proto/gen/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf $(BIN)

@@ -1,0 +1,3 @@
+module github.com/keelmq/keel/services/coordinator
+
+go 1.26.0

@@ -1,0 +1,228 @@
+// Package app wires the edge: listeners, authentication, the MQTT broker and
+// the ops endpoints, started and stopped in order.
+package app
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+)
+
+// Config is the whole configuration of an edge process.
+type Config struct {
+	TCPAddr         string
+	TLSAddr         string
+	WSAddr          string
+	WSSAddr         string
+	TLSCert         string
+	TLSKey          string
+	TLSClientCA     string
+	OpsAddr         string
+	DataDir         string
+	AuthFile        string
+	Anonymous       bool
+	AnonymousTenant string
+	LogLevel        string
+	LogFormat       string
+	Pprof           bool
+	StopTimeout     time.Duration
+	Broker          broker.Config
+}
+
+// RegisterFlags registers every flag of the edge.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.TCPAddr, "mqtt.tcp-addr", ":1883", "MQTT over TCP listen address (empty: off)")
+	fs.StringVar(&c.TLSAddr, "mqtt.tls-addr", "", "MQTT over TLS listen address, e.g. :8883 (needs tls.cert and tls.key)")
+	fs.StringVar(&c.WSAddr, "mqtt.ws-addr", ":8083", "MQTT over WebSocket listen address, path /mqtt (empty: off)")
+	fs.StringVar(&c.WSSAddr, "mqtt.wss-addr", "", "MQTT over secure WebSocket listen address, e.g. :8084")
+	fs.StringVar(&c.TLSCert, "tls.cert", "", "PEM certificate chain for the TLS and WSS listeners")
+	fs.StringVar(&c.TLSKey, "tls.key", "", "PEM private key for the TLS and WSS listeners")
+	fs.StringVar(&c.TLSClientCA, "tls.client-ca", "", "PEM CA bundle; when set, TLS clients must present a certificate it signed")
+	fs.StringVar(&c.OpsAddr, "ops.addr", ":9100", "address of /metrics, /healthz and /readyz (empty: off)")
+	fs.BoolVar(&c.Pprof, "ops.pprof", false, "serve /debug/pprof on the ops address")
+	fs.StringVar(&c.DataDir, "data-dir", "data/edge", "directory for durable state")
+	fs.StringVar(&c.AuthFile, "auth.file", "", "YAML password file (tenants, users, bcrypt/argon2id hashes, ACLs); reloaded on change and SIGHUP")
+	fs.BoolVar(&c.Anonymous, "auth.anonymous", false, "admit clients without credentials into auth.anonymous-tenant (development)")
+	fs.StringVar(&c.AnonymousTenant, "auth.anonymous-tenant", tenancy.DefaultTenant, "tenant of anonymous clients")
+	fs.StringVar(&c.LogLevel, "log.level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
+	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
+	c.Broker.RegisterFlags(fs, "mqtt.")
+}
+
+// Validate checks the configuration.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.TCPAddr == "" && c.TLSAddr == "" && c.WSAddr == "" && c.WSSAddr == "" {
+		errs = append(errs, errors.New("no MQTT listener: set mqtt.tcp-addr, mqtt.tls-addr, mqtt.ws-addr or mqtt.wss-addr"))
+	}
+	if (c.TLSAddr != "" || c.WSSAddr != "") && (c.TLSCert == "" || c.TLSKey == "") {
+		errs = append(errs, errors.New("mqtt.tls-addr and mqtt.wss-addr need tls.cert and tls.key"))
+	}
+	if c.AuthFile == "" && !c.Anonymous {
+		errs = append(errs, errors.New("no authentication: set auth.file, or auth.anonymous=true for development"))
+	}
+	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
+		errs = append(errs, fmt.Errorf("auth.anonymous-tenant %q: want [a-z0-9-]{1,63}", c.AnonymousTenant))
+	}
+	if err := c.Broker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Edge is a running edge process.
+type Edge struct {
+	cfg    Config
+	logger *slog.Logger
+	reg    *prometheus.Registry
+	ops    *service.Ops
+	broker *broker.Broker
+	file   *auth.FileAuthenticator
+}
+
+// New builds the edge: it loads credentials and TLS material and allocates,
+// but listens on nothing yet.
+func New(cfg Config, logger *slog.Logger) (*Edge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Broker.EdgeID == "" {
+		host, _ := os.Hostname()
+		cfg.Broker.EdgeID = host
+	}
+	e := &Edge{cfg: cfg, logger: logger, reg: service.NewRegistry()}
+	var chain auth.Chain
+	if cfg.AuthFile != "" {
+		f, err := auth.NewFileAuthenticator(cfg.AuthFile, logger.With("component", "auth"))
+		if err != nil {
+			return nil, err
+		}
+		e.file = f
+		chain = append(chain, f)
+	}
+	if cfg.Anonymous {
+		logger.Warn("anonymous access is on: every client is admitted", "tenant", cfg.AnonymousTenant)
+		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant})
+	}
+	var authn auth.Authenticator = chain
+	if len(chain) == 1 {
+		authn = chain[0]
+	}
+	b, err := broker.New(cfg.Broker, authn, logger.With("component", "broker"), e.reg)
+	if err != nil {
+		return nil, err
+	}
+	e.broker = b
+	if err := e.addListeners(); err != nil {
+		return nil, err
+	}
+	e.ops = service.NewOps(cfg.OpsAddr, e.reg, logger.With("component", "ops"))
+	e.ops.EnablePprof = cfg.Pprof
+	return e, nil
+}
+
+func (e *Edge) addListeners() error {
+	var tlsCfg *tls.Config
+	if e.cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(e.cfg.TLSCert, e.cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("load tls key pair: %w", err)
+		}
+		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if e.cfg.TLSClientCA != "" {
+			pem, err := os.ReadFile(e.cfg.TLSClientCA)
+			if err != nil {
+				return fmt.Errorf("read tls client ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("tls client ca %s: no PEM certificates", e.cfg.TLSClientCA)
+			}
+			tlsCfg.ClientCAs = pool
+			tlsCfg.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	add := func(l interface {
+		listeners.Listener
+	}) error {
+		return e.broker.AddListener(l)
+	}
+	if e.cfg.TCPAddr != "" {
+		if err := add(listeners.NewTCP(listeners.Config{ID: "tcp", Address: e.cfg.TCPAddr})); err != nil {
+			return err
+		}
+	}
+	if e.cfg.TLSAddr != "" {
+		if err := add(listeners.NewTCP(listeners.Config{ID: "tls", Address: e.cfg.TLSAddr, TLSConfig: tlsCfg})); err != nil {
+			return err
+		}
+	}
+	if e.cfg.WSAddr != "" {
+		if err := add(listeners.NewWebsocket(listeners.Config{ID: "ws", Address: e.cfg.WSAddr})); err != nil {
+			return err
+		}
+	}
+	if e.cfg.WSSAddr != "" {
+		if err := add(listeners.NewWebsocket(listeners.Config{ID: "wss", Address: e.cfg.WSSAddr, TLSConfig: tlsCfg})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Broker returns the MQTT broker.
+func (e *Edge) Broker() *broker.Broker { return e.broker }
+
+// Run serves until ctx ends, then stops in order: readiness off, listeners
+// closed and clients sent DISCONNECT 0x8B, ops server last.
+func (e *Edge) Run(ctx context.Context) error {
+	var g service.Group
+	g.Add("ops", func(context.Context) error { return e.ops.Start() }, e.ops.Stop)
+	if e.file != nil {
+		g.AddRun("auth-file-watch", func(ctx context.Context) error {
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go e.file.Watch(ctx, 2*time.Second)
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-hup:
+					if err := e.file.Reload(); err != nil {
+						e.logger.Error("password file reload failed; keeping the previous one", "error", err)
+					}
+				}
+			}
+		})
+	}
+	g.Add("mqtt", func(context.Context) error {
+		if err := e.broker.Serve(); err != nil {
+			return err
+		}
+		e.ops.SetReady(true)
+		e.logger.Info("edge ready", "tcp", e.cfg.TCPAddr, "tls", e.cfg.TLSAddr, "ws", e.cfg.WSAddr, "wss", e.cfg.WSSAddr, "ops", e.ops.Addr())
+		return nil
+	}, func(context.Context) error {
+		e.ops.SetReady(false)
+		return e.broker.Close()
+	})
+	return g.Run(ctx, e.cfg.StopTimeout, e.logger)
+}

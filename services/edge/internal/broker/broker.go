@@ -1,0 +1,422 @@
+// Package broker is the single-node MQTT core of the edge: it runs mochi for
+// the wire protocol and connection handling, and takes over what a clustered,
+// multi-tenant broker must own itself: tenancy, authentication and ACLs,
+// routing, delivery with backpressure, retained messages and wills.
+//
+// mochi handles CONNECT/CONNACK, keep-alive, inbound QoS handshakes, inbound
+// topic aliases and session takeover. Every PUBLISH from a client is routed by
+// the [Broker] through its own subscription index into bounded per-session
+// queues; mochi's own fan-out (which discards QoS 1/2 messages when a
+// subscriber is slow) is never used. A PUBACK/PUBREC leaves only after every
+// recipient has taken the message.
+package broker
+
+import (
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/listeners"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+)
+
+// Broker is a single-node MQTT broker with tenancy.
+type Broker struct {
+	cfg      Config
+	logger   *slog.Logger
+	server   *mqtt.Server
+	auth     auth.Authenticator
+	index    *index
+	retained *retainedStore
+	ids      *msgIDs
+	m        *metrics
+	mIn      [3]prometheus.Counter
+	mOut     [3]prometheus.Counter
+	limits   topic.Limits
+
+	conns    sync.Map // *mqtt.Client -> *conn
+	scopes   sync.Map // tenant -> *tenancy.Scope
+	sessMu   sync.Mutex
+	sessions map[string]*session // internal client ID -> session
+
+	willMu sync.Mutex
+	wills  map[string]*pendingWill // internal client ID -> delayed will
+
+	done     chan struct{}
+	stopping atomic.Bool
+	stopOnce sync.Once
+	writers  sync.WaitGroup
+}
+
+// conn is the per-connection state the hooks share.
+type conn struct {
+	scope    *tenancy.Scope
+	identity *auth.Identity
+	rules    *auth.Rules
+	will     *Message
+	willDelay uint32
+	existed  []bool // per filter of the SUBSCRIBE being processed
+	pubACL   map[string]bool
+	limiter  *rateLimiter
+	listener string
+}
+
+// New builds a broker; Serve starts it.
+func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg prometheus.Registerer) (*Broker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	caps := mqtt.NewDefaultServerCapabilities()
+	caps.MaximumClients = cfg.MaxConnections
+	caps.MaximumPacketSize = cfg.MaxPacketSize
+	caps.ReceiveMaximum = cfg.ReceiveMaximum
+	caps.MaximumInflight = cfg.MaxInflight
+	caps.TopicAliasMaximum = cfg.TopicAliasMaximum
+	caps.MaximumSessionExpiryInterval = cfg.MaxSessionExpiry
+	caps.MaximumMessageExpiryInterval = cfg.MaxMessageExpiry
+	// mochi's own outbound channel is unused: deliveries go through the
+	// session queues, so a tiny channel saves ~64 KiB per client.
+	caps.MaximumClientWritesPending = 1
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
+	b := &Broker{
+		cfg:      cfg,
+		logger:   logger,
+		auth:     authn,
+		index:    newIndex(),
+		retained: newRetainedStore(),
+		ids:      newMsgIDs(cfg.EdgeID),
+		limits:   topic.Limits{MaxLength: cfg.MaxTopicLength, MaxLevels: cfg.MaxTopicLevels},
+		sessions: map[string]*session{},
+		wills:    map[string]*pendingWill{},
+		done:     make(chan struct{}),
+	}
+	b.server = mqtt.New(&mqtt.Options{
+		Capabilities:           caps,
+		Logger:                 logger.With("component", "mochi"),
+		SysTopicResendInterval: 3600,
+	})
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	b.m = newMetrics(reg, b)
+	for q := range 3 {
+		b.mIn[q] = b.m.messagesIn.WithLabelValues(qosLabel[q])
+		b.mOut[q] = b.m.messagesOut.WithLabelValues(qosLabel[q])
+	}
+	if err := b.server.AddHook(&hook{b: b}, nil); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// AddListener adds a listener. Connections that do not complete CONNECT
+// within the configured timeout are closed.
+func (b *Broker) AddListener(l listeners.Listener) error {
+	return b.server.AddListener(&deadlineListener{Listener: l, timeout: b.cfg.ConnectTimeout})
+}
+
+// Serve starts the listeners; it does not block.
+func (b *Broker) Serve() error { return b.server.Serve() }
+
+// Close disconnects every client with 0x8B and stops. Safe to call twice.
+func (b *Broker) Close() error {
+	b.stopOnce.Do(func() {
+		b.stopping.Store(true)
+		close(b.done)
+		_ = b.server.Close()
+		b.writers.Wait()
+		b.willMu.Lock()
+		for _, pw := range b.wills {
+			pw.timer.Stop()
+		}
+		b.willMu.Unlock()
+	})
+	return nil
+}
+
+func (b *Broker) scope(tenant string) (*tenancy.Scope, error) {
+	if s, ok := b.scopes.Load(tenant); ok {
+		return s.(*tenancy.Scope), nil
+	}
+	s, err := tenancy.NewScope(tenant)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := b.scopes.LoadOrStore(tenant, s)
+	return actual.(*tenancy.Scope), nil
+}
+
+func (b *Broker) conn(cl *mqtt.Client) *conn {
+	if c, ok := b.conns.Load(cl); ok {
+		return c.(*conn)
+	}
+	return nil
+}
+
+func (b *Broker) session(id string) *session {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	return b.sessions[id]
+}
+
+func (b *Broker) sessionCount() int {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	return len(b.sessions)
+}
+
+func (b *Broker) startWriter(s *session) {
+	b.writers.Add(1)
+	go func() {
+		defer b.writers.Done()
+		s.writeLoop()
+	}()
+}
+
+// Publish injects a message from the broker itself (no client), for example
+// for tests and $SYS. topic is in outside form for tenant.
+func (b *Broker) Publish(tenant, topicName string, payload []byte, qos byte, retain bool) error {
+	sc, err := b.scope(tenant)
+	if err != nil {
+		return err
+	}
+	if err := topic.ValidateName(topicName, b.limits); err != nil {
+		return err
+	}
+	m := &Message{ID: b.ids.next(), Topic: sc.Topic(topicName), Payload: payload, QoS: qos, Retain: retain, Created: time.Now().UnixNano()}
+	if retain {
+		b.retain(m)
+	}
+	b.route(m)
+	return nil
+}
+
+var targetPool = sync.Pool{New: func() any { s := make([]target, 0, 16); return &s }}
+
+// route delivers m to every matching session. It returns once every
+// recipient has taken the message (queued it), which for a full queue means
+// after the publisher has been held back.
+func (b *Broker) route(m *Message) {
+	tp := targetPool.Get().(*[]target)
+	targets := b.index.match(m.Topic, (*tp)[:0])
+	start := time.Now()
+	for i := range targets {
+		t := &targets[i]
+		if t.noLocal && !t.shared && t.sess.id == m.Origin {
+			continue // [MQTT-3.8.3-3]
+		}
+		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids}
+		switch t.sess.enqueue(d) {
+		case enqueued:
+		case droppedQoS0:
+			b.m.dropped.WithLabelValues("qos0_queue_full").Inc()
+		case droppedOffline:
+			b.m.dropped.WithLabelValues("session_gone").Inc()
+		case droppedOverflow:
+			b.m.dropped.WithLabelValues("offline_queue_full").Inc()
+		case slowConsumer:
+			b.m.dropped.WithLabelValues("slow_consumer").Inc()
+			b.m.slowConsumers.Inc()
+		}
+		targets[i] = target{}
+	}
+	if waited := time.Since(start); waited > time.Millisecond {
+		b.m.publishWait.Observe(waited.Seconds())
+	}
+	*tp = targets[:0]
+	targetPool.Put(tp)
+}
+
+func (b *Broker) retain(m *Message) {
+	if b.cfg.RetainDisabled {
+		return
+	}
+	b.retained.set(m)
+}
+
+// encodeDelivery appends the PUBLISH for d to buf, registering QoS 1/2
+// messages in the client's in-flight store first.
+func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *delivery, version byte,
+	maxPacket uint32, aliases *mqtt.OutboundTopicAliases, now int64) []byte {
+	expiry, expired := d.msg.remainingExpiry(now)
+	if expired {
+		b.m.dropped.WithLabelValues("expired").Inc()
+		if d.qos > 0 {
+			s.acked()
+		}
+		return buf
+	}
+	ext, ok := s.scope.ExternalTopic(d.msg.Topic)
+	if !ok {
+		// Cannot happen: the index only holds the session's own tenant.
+		b.m.dropped.WithLabelValues("tenant_mismatch").Inc()
+		if d.qos > 0 {
+			s.acked()
+		}
+		return buf
+	}
+	p := outPublish{topic: ext, qos: d.qos, retain: d.retain, expiry: expiry, msg: d.msg}
+	if version == 5 {
+		p.subIDs = d.ids
+	}
+	if maxPacket > 0 && uint32(publishSize(&p, version)) > maxPacket {
+		// [MQTT-3.1.2-25]: discard as if sent.
+		b.m.dropped.WithLabelValues("packet_too_large").Inc()
+		if d.qos > 0 {
+			s.acked()
+		}
+		return buf
+	}
+	if version == 5 && aliases != nil && cl.Properties.Props.TopicAliasMaximum > 0 {
+		if alias, known := aliases.Set(d.msg.Topic); alias > 0 {
+			p.alias = alias
+			if known {
+				p.topic = ""
+			}
+		}
+	}
+	if d.qos > 0 {
+		id, ok := nextOutboundID(cl, s)
+		if !ok {
+			b.m.dropped.WithLabelValues("packet_ids_exhausted").Inc()
+			s.acked()
+			return buf
+		}
+		p.packetID = id
+		if cl.State.Inflight.Set(inflightPacket(d, id, d.retain)) {
+			atomic.AddInt64(&b.server.Info.Inflight, 1)
+		}
+	}
+	start := len(buf)
+	buf = appendPublish(buf, &p, version)
+	b.mOut[d.qos].Inc()
+	b.m.bytesOut.Add(float64(len(buf) - start))
+	return buf
+}
+
+// nextOutboundID picks a free packet ID counting down from 65535. mochi keeps
+// one in-flight map for both directions, and clients number their own
+// publishes upwards from 1; counting down from the top keeps the two apart.
+// Only the session's writer calls it.
+func nextOutboundID(cl *mqtt.Client, s *session) (uint16, bool) {
+	for range 65535 {
+		s.nextID--
+		if s.nextID == 0 {
+			s.nextID = 65535
+		}
+		if _, used := cl.State.Inflight.Get(s.nextID); !used {
+			return s.nextID, true
+		}
+	}
+	return 0, false
+}
+
+func (b *Broker) writeRaw(cl *mqtt.Client, buf []byte) error {
+	cl.Lock()
+	defer cl.Unlock()
+	if cl.Closed() {
+		return mqtt.ErrConnectionClosed
+	}
+	if b.cfg.WriteTimeout > 0 {
+		_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
+	}
+	_, err := cl.Net.Conn.Write(buf)
+	if err != nil {
+		cl.Stop(err)
+	}
+	return err
+}
+
+// disconnectSlow disconnects a non-persistent client whose queue stayed full
+// past the grace period, with reason 0x97.
+func (b *Broker) disconnectSlow(cl *mqtt.Client) {
+	if cl == nil {
+		return
+	}
+	b.logger.Warn("slow consumer disconnected", "client_id", cl.ID, "reason", "queue full past grace")
+	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	go func() { _ = b.server.DisconnectClient(cl, packets.ErrQuotaExceeded) }()
+}
+
+// endSession removes a session that ended: its subscriptions leave the index
+// and its queue is dropped.
+func (b *Broker) endSession(id string, cl *mqtt.Client) {
+	b.sessMu.Lock()
+	s := b.sessions[id]
+	if s == nil {
+		b.sessMu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	if cl != nil && s.client != nil && s.client != cl {
+		s.mu.Unlock()
+		b.sessMu.Unlock()
+		return // a new connection owns it now
+	}
+	delete(b.sessions, id)
+	s.closed = true
+	s.client = nil
+	s.online.Store(false)
+	subs := s.subs
+	s.subs = map[string]*subscription{}
+	dropped := s.queue.len()
+	s.queue = ring{}
+	s.queueBytes = 0
+	s.wakeLocked()
+	s.mu.Unlock()
+	b.sessMu.Unlock()
+	for _, sub := range subs {
+		b.index.remove(sub)
+	}
+	if dropped > 0 {
+		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
+	}
+}
+
+// deadlineListener closes connections that do not send CONNECT in time;
+// mochi sets no read deadline before CONNECT arrives.
+type deadlineListener struct {
+	listeners.Listener
+	timeout time.Duration
+}
+
+func (l *deadlineListener) Serve(establish listeners.EstablishFn) {
+	l.Listener.Serve(func(id string, c net.Conn) error {
+		if l.timeout > 0 {
+			_ = c.SetReadDeadline(time.Now().Add(l.timeout))
+		}
+		return establish(id, c)
+	})
+}
+
+func tlsState(c net.Conn) *tls.ConnectionState {
+	if tc, ok := c.(*tls.Conn); ok {
+		st := tc.ConnectionState()
+		return &st
+	}
+	return nil
+}
+
+func authCode(err error) packets.Code {
+	switch {
+	case errors.Is(err, auth.ErrNotAuthorized):
+		return packets.ErrNotAuthorized
+	case errors.Is(err, auth.ErrUnavailable):
+		return packets.ErrServerUnavailable
+	}
+	return packets.ErrBadUsernameOrPassword
+}
+

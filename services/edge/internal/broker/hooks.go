@@ -1,0 +1,444 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+)
+
+// hook connects mochi to the broker. Every method runs on the goroutine of
+// the client concerned, so per-connection state needs no lock.
+type hook struct {
+	mqtt.HookBase
+	b *Broker
+}
+
+func (h *hook) ID() string { return "keel-edge" }
+
+func (h *hook) Provides(b byte) bool {
+	return bytes.Contains([]byte{
+		mqtt.OnConnect, mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnSessionEstablish,
+		mqtt.OnSessionEstablished, mqtt.OnDisconnect, mqtt.OnPacketRead, mqtt.OnPacketEncode,
+		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnPublish,
+		mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
+	}, []byte{b})
+}
+
+// OnConnect authenticates the client, moves it into its tenant's namespace
+// and takes custody of its will. A refusal sends a CONNACK with the precise
+// reason and closes.
+func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	b := h.b
+	refuse := func(code packets.Code, result string) error {
+		b.m.connects.WithLabelValues(result).Inc()
+		_ = b.server.SendConnack(cl, code, false, nil)
+		return code
+	}
+	if len(pk.Connect.ClientIdentifier) > b.cfg.MaxClientIDLength {
+		b.logger.Info("connect refused", "reason", "client id too long", "remote", cl.Net.Remote)
+		return refuse(packets.ErrClientIdentifierNotValid, "invalid_client_id")
+	}
+	req := &auth.Request{
+		Listener:        cl.Net.Listener,
+		Remote:          cl.Net.Remote,
+		ClientID:        pk.Connect.ClientIdentifier,
+		Username:        string(pk.Connect.Username),
+		ProtocolVersion: pk.ProtocolVersion,
+		TLS:             tlsState(cl.Net.Conn),
+	}
+	if pk.Connect.PasswordFlag {
+		req.Password = pk.Connect.Password
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
+	id, err := b.auth.Authenticate(ctx, req)
+	cancel()
+	if err != nil {
+		code := authCode(err)
+		b.m.authFailures.WithLabelValues(authReason(code)).Inc()
+		b.logger.Info("authentication refused", "remote", cl.Net.Remote, "username_set", req.Username != "", "reason", code.Reason, "error", err)
+		return refuse(code, "auth_failed")
+	}
+	sc, err := b.scope(id.Tenant)
+	if err != nil {
+		b.logger.Error("authenticator returned an invalid tenant", "tenant", id.Tenant)
+		return refuse(packets.ErrNotAuthorized, "auth_failed")
+	}
+	external := cl.ID // assigned by mochi when the client sent none
+	c := &conn{scope: sc, identity: id, rules: id.ACL.Bind(id.Tenant, id.Username, external), listener: cl.Net.Listener}
+	if b.cfg.PublishRate > 0 {
+		c.limiter = newRateLimiter(b.cfg.PublishRate, b.cfg.PublishBurst)
+	}
+	if atomic.LoadUint32(&cl.Properties.Will.Flag) == 1 {
+		w := &cl.Properties.Will
+		if err := topic.ValidateName(w.TopicName, b.limits); err != nil {
+			b.m.packetErrors.WithLabelValues("invalid_will_topic").Inc()
+			return refuse(packets.ErrTopicNameInvalid, "invalid_will")
+		}
+		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.CanPublish(w.TopicName) {
+			return refuse(packets.ErrNotAuthorized, "will_not_authorized")
+		}
+		c.will = &Message{
+			Topic:   sc.Topic(w.TopicName),
+			Payload: w.Payload,
+			QoS:     w.Qos,
+			Retain:  w.Retain,
+			Props:   forwardProps(&pk.Connect.WillProperties),
+		}
+		c.willDelay = w.WillDelayInterval
+		// The edge publishes the will itself, exactly once, through routing.
+		atomic.StoreUint32(&w.Flag, 0)
+	}
+	if max := b.cfg.MaxKeepAlive; max > 0 && (cl.State.Keepalive == 0 || cl.State.Keepalive > max) {
+		cl.State.Keepalive = max
+		cl.State.ServerKeepalive = cl.Properties.ProtocolVersion == 5
+	}
+	cl.ID = sc.ClientID(external)
+	if c.will != nil {
+		c.will.Origin = cl.ID
+	}
+	b.conns.Store(cl, c)
+	return nil
+}
+
+func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
+	return h.b.conn(cl) != nil
+}
+
+// OnSessionEstablish runs before mochi takes over an existing session of the
+// same client ID. A clean start ends the old session here.
+func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	b := h.b
+	b.cancelWill(cl.ID, pk.Connect.Clean)
+	if pk.Connect.Clean {
+		b.endSession(cl.ID, nil)
+	}
+}
+
+// OnSessionEstablished binds the connection to its session.
+func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
+	b := h.b
+	c := b.conn(cl)
+	if c == nil {
+		return
+	}
+	b.sessMu.Lock()
+	s := b.sessions[cl.ID]
+	if s == nil {
+		s = newSession(b, cl.ID, c.scope)
+		b.sessions[cl.ID] = s
+	}
+	b.sessMu.Unlock()
+	window := int(b.cfg.MaxInflight)
+	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
+		window = min(window, int(cl.Properties.Props.ReceiveMaximum))
+	}
+	s.bind(cl, c.rules, persistent(cl), window)
+	b.m.connects.WithLabelValues("ok").Inc()
+}
+
+func persistent(cl *mqtt.Client) bool {
+	if cl.Properties.ProtocolVersion == 5 {
+		return cl.Properties.Props.SessionExpiryInterval > 0
+	}
+	return !cl.Properties.Clean
+}
+
+// OnDisconnect publishes the will when the connection ended without a normal
+// DISCONNECT and ends a session that does not outlive its connection.
+func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
+	b := h.b
+	v, ok := b.conns.LoadAndDelete(cl)
+	if !ok {
+		return // refused before the session was established
+	}
+	c := v.(*conn)
+	reason := "client"
+	switch {
+	case cl.IsTakenOver():
+		reason = "taken_over"
+	case errors.Is(err, packets.ErrServerShuttingDown) || errors.Is(cl.StopCause(), packets.ErrServerShuttingDown):
+		reason = "shutdown"
+	case err != nil:
+		reason = "error"
+	}
+	b.m.disconnects.WithLabelValues(reason).Inc()
+	s := b.session(cl.ID)
+	if s != nil {
+		s.unbind(cl)
+	}
+	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
+	// end publishes it, unless the edge itself is stopping.
+	if c.will != nil && err != nil && !b.stopping.Load() {
+		delay := c.willDelay
+		if expire {
+			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
+		}
+		b.scheduleWill(cl.ID, c.will, delay)
+	}
+	if expire && !cl.IsTakenOver() {
+		b.endSession(cl.ID, cl)
+	}
+}
+
+func (h *hook) OnClientExpired(cl *mqtt.Client) {
+	h.b.endSession(cl.ID, nil)
+}
+
+// OnPacketRead validates and rewrites every topic and filter a client sends
+// into the internal, tenant-scoped form, before mochi looks at it.
+func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	b := h.b
+	c := b.conn(cl)
+	if c == nil {
+		return pk, nil // CONNECT; handled in OnConnect
+	}
+	switch pk.FixedHeader.Type {
+	case packets.Publish:
+		if pk.TopicName != "" {
+			if err := topic.ValidateName(pk.TopicName, b.limits); err != nil {
+				b.m.packetErrors.WithLabelValues("invalid_topic").Inc()
+				b.logger.Info("invalid topic name", "client_id", cl.ID, "error", err)
+				return pk, b.refuse(cl, packets.ErrTopicNameInvalid)
+			}
+			pk.TopicName = c.scope.Topic(pk.TopicName)
+		}
+		if c.limiter != nil {
+			if wait := c.limiter.take(time.Now()); wait > 0 {
+				b.m.throttledPubs.Inc()
+				time.Sleep(wait) // hold this client's reading: TCP pushes back
+			}
+		}
+	case packets.Subscribe:
+		filters := make([]packets.Subscription, len(pk.Filters))
+		copy(filters, pk.Filters)
+		for i := range filters {
+			f := &filters[i]
+			if err := b.checkFilter(f.Filter); err != nil {
+				b.m.packetErrors.WithLabelValues("invalid_filter").Inc()
+				b.logger.Debug("invalid topic filter", "client_id", cl.ID, "error", err)
+				f.Filter = "" // mochi answers 0x8F for an empty filter
+				continue
+			}
+			f.Filter, _ = c.scope.Filter(f.Filter)
+		}
+		pk.Filters = filters
+	case packets.Unsubscribe:
+		filters := make([]packets.Subscription, len(pk.Filters))
+		copy(filters, pk.Filters)
+		for i := range filters {
+			filters[i].Filter, _ = c.scope.Filter(filters[i].Filter)
+		}
+		pk.Filters = filters
+	}
+	return pk, nil
+}
+
+func (b *Broker) checkFilter(f string) error {
+	if err := topic.ValidateFilter(f, b.limits); err != nil {
+		return err
+	}
+	if _, _, shared, err := topic.ParseShare(f); err != nil {
+		return err
+	} else if shared && b.cfg.SharedDisabled {
+		return errSharedDisabled
+	}
+	return nil
+}
+
+var errSharedDisabled = errors.New("shared subscriptions are disabled")
+
+// refuse ends a connection for a protocol error, with a DISCONNECT carrying
+// the reason for MQTT 5 clients.
+func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) error {
+	if cl.Properties.ProtocolVersion == 5 {
+		_ = b.server.DisconnectClient(cl, code)
+	}
+	return code
+}
+
+// OnPacketEncode maps names back to the client's view on packets mochi
+// writes itself (in-flight resends, CONNACK).
+func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type == packets.Publish && pk.TopicName != "" {
+		if _, ext, ok := tenancy.TenantOfTopic(pk.TopicName); ok {
+			pk.TopicName = ext
+		}
+	}
+	return pk
+}
+
+// OnACLCheck applies the connection's ACL to publishes and subscriptions.
+func (h *hook) OnACLCheck(cl *mqtt.Client, internal string, write bool) bool {
+	c := h.b.conn(cl)
+	if c == nil {
+		return false
+	}
+	if write {
+		ext, ok := c.scope.ExternalTopic(internal)
+		if !ok || strings.HasPrefix(ext, "$SYS") {
+			return false // clients never publish into $SYS
+		}
+		if c.rules == nil {
+			return true
+		}
+		if allowed, hit := c.pubACL[ext]; hit {
+			return allowed
+		}
+		allowed := c.rules.CanPublish(ext)
+		if c.pubACL == nil || len(c.pubACL) >= 256 {
+			c.pubACL = make(map[string]bool, 16)
+		}
+		c.pubACL[ext] = allowed
+		return allowed
+	}
+	ext, ok := c.scope.ExternalFilter(internal)
+	if !ok {
+		return false
+	}
+	if _, inner, shared, _ := topic.ParseShare(ext); shared {
+		ext = inner
+	}
+	if c.rules == nil {
+		return true
+	}
+	return c.rules.CanSubscribe(ext)
+}
+
+// OnSubscribe records which filters already existed, for retain handling 1.
+func (h *hook) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	c := h.b.conn(cl)
+	if c == nil {
+		return pk
+	}
+	c.existed = c.existed[:0]
+	for _, f := range pk.Filters {
+		_, ok := cl.State.Subscriptions.Get(f.Filter)
+		c.existed = append(c.existed, ok)
+	}
+	return pk
+}
+
+// OnSubscribed registers the granted subscriptions, then queues retained
+// messages ([MQTT-3.8.4-4]; the server may send them before the SUBACK).
+func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
+	b := h.b
+	c := b.conn(cl)
+	s := b.session(cl.ID)
+	if c == nil || s == nil {
+		return
+	}
+	for i, f := range pk.Filters {
+		if i >= len(codes) || codes[i] >= packets.ErrUnspecifiedError.Code {
+			continue
+		}
+		sub := &subscription{sess: s, full: f.Filter, filter: f.Filter, qos: codes[i], noLocal: f.NoLocal,
+			rap: f.RetainAsPublished, rh: f.RetainHandling}
+		if f.Identifier > 0 {
+			sub.ids = []int{f.Identifier}
+		}
+		if group, inner, shared, _ := topic.ParseShare(f.Filter); shared {
+			sub.filter = inner
+			sub.group = &shareGroup{name: group, filter: inner}
+		}
+		if !s.addSub(sub, b.cfg.MaxSubscriptions) {
+			b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
+			cl.State.Subscriptions.Delete(f.Filter)
+			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+			continue
+		}
+		existed := i < len(c.existed) && c.existed[i]
+		if sub.group != nil || f.RetainHandling == 2 || (f.RetainHandling == 1 && existed) {
+			continue // [MQTT-3.3.1-10] [MQTT-3.3.1-11]; no retained for shares (§4.8.2)
+		}
+		now := time.Now().Unix()
+		b.retained.match(sub.filter, now, func(m *Message) {
+			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids}) // [MQTT-3.3.1-9]
+		})
+	}
+}
+
+func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	s := h.b.session(cl.ID)
+	if s == nil {
+		return
+	}
+	for _, f := range pk.Filters {
+		s.removeSub(f.Filter)
+	}
+}
+
+// OnPublish routes a client's PUBLISH. mochi sends the PUBACK/PUBREC after
+// this returns, so it leaves only once every recipient has the message.
+func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	b := h.b
+	c := b.conn(cl)
+	if c == nil {
+		return pk, packets.ErrRejectPacket
+	}
+	now := time.Now()
+	m := &Message{
+		ID:      b.ids.next(),
+		Topic:   pk.TopicName,
+		Payload: pk.Payload,
+		QoS:     pk.FixedHeader.Qos,
+		Retain:  pk.FixedHeader.Retain,
+		Props:   forwardProps(&pk.Properties),
+		Origin:  cl.ID,
+		Created: now.UnixNano(),
+	}
+	if e := pk.Properties.MessageExpiryInterval; e > 0 {
+		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
+	}
+	b.mIn[m.QoS].Inc()
+	b.m.bytesIn.Add(float64(len(m.Payload)))
+	if m.Retain {
+		b.retain(m)
+	}
+	b.route(m)
+	// Success, but mochi must not fan the message out itself.
+	return pk, packets.CodeSuccessIgnore
+}
+
+// OnQosComplete frees a slot of the client's receive window when one of the
+// edge's QoS 1/2 deliveries completes.
+func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
+	switch pk.FixedHeader.Type {
+	case packets.Pubrel:
+		return // an inbound QoS 2 flow completed
+	case packets.Puback:
+		if pk.Created != 0 {
+			// The edge's own PUBACK to an inbound QoS 1 publish: mochi stamps
+			// packets it builds; packets read from the wire carry no stamp.
+			return
+		}
+	}
+	if s := h.b.session(cl.ID); s != nil {
+		s.acked()
+	}
+}
+
+func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if s := h.b.session(cl.ID); s != nil {
+		s.acked()
+	}
+}
+
+func authReason(code packets.Code) string {
+	switch code {
+	case packets.ErrNotAuthorized:
+		return "not_authorized"
+	case packets.ErrServerUnavailable:
+		return "unavailable"
+	}
+	return "bad_credentials"
+}

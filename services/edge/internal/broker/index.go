@@ -1,0 +1,160 @@
+package broker
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/keelmq/keel/libs/topic"
+)
+
+// subscription is one filter of one session, in internal form.
+type subscription struct {
+	sess    *session
+	filter  string // the filter matched against topics (the inner filter of a share)
+	full    string // the filter as subscribed ("$share/g/..." for shares)
+	qos     byte
+	noLocal bool
+	rap     bool // retain as published
+	rh      byte // retain handling
+	ids     []int
+	group   *shareGroup
+}
+
+// shareGroup is one shared subscription group on one filter.
+type shareGroup struct {
+	name    string
+	filter  string
+	members []*subscription // guarded by index.mu
+	next    atomic.Uint32
+}
+
+// index holds every subscription of the edge.
+//
+// Lock order: index.mu before session.mu.
+type index struct {
+	mu     sync.RWMutex
+	subs   topic.Trie[*subscription]
+	groups topic.Trie[*shareGroup]
+	byKey  map[string]*shareGroup // name + "\x00" + filter
+	count  atomic.Int64
+}
+
+func newIndex() *index {
+	return &index{byKey: map[string]*shareGroup{}}
+}
+
+func (x *index) add(s *subscription) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.count.Add(1)
+	if s.group == nil {
+		x.subs.Add(s.filter, s)
+		return
+	}
+	key := s.group.name + "\x00" + s.filter
+	g := x.byKey[key]
+	if g == nil {
+		g = s.group
+		x.byKey[key] = g
+		x.groups.Add(s.filter, g)
+	}
+	s.group = g
+	g.members = append(g.members, s)
+}
+
+func (x *index) remove(s *subscription) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.count.Add(-1)
+	if s.group == nil {
+		x.subs.Remove(s.filter, s)
+		return
+	}
+	g := s.group
+	if i := slices.Index(g.members, s); i >= 0 {
+		g.members = slices.Delete(g.members, i, i+1)
+	}
+	if len(g.members) == 0 {
+		delete(x.byKey, g.name+"\x00"+g.filter)
+		x.groups.Remove(g.filter, g)
+	}
+}
+
+// target is one recipient of a message.
+type target struct {
+	sess    *session
+	qos     byte
+	rap     bool
+	noLocal bool
+	ids     []int
+	shared  bool
+}
+
+// match appends to dst every recipient of a message published on topic,
+// one per session: overlapping subscriptions of a session merge into one
+// delivery at the highest QoS carrying every subscription identifier
+// (MQTT 5.0 §3.3.4). One member of each shared group is picked, connected
+// members first, round robin.
+func (x *index) match(topicName string, dst []target) []target {
+	x.mu.RLock()
+	x.subs.Match(topicName, func(s *subscription) bool {
+		dst = append(dst, target{sess: s.sess, qos: s.qos, rap: s.rap, noLocal: s.noLocal, ids: s.ids})
+		return true
+	})
+	x.groups.Match(topicName, func(g *shareGroup) bool {
+		if m := g.pick(); m != nil {
+			dst = append(dst, target{sess: m.sess, qos: m.qos, ids: m.ids, shared: true})
+		}
+		return true
+	})
+	x.mu.RUnlock()
+	if len(dst) < 2 {
+		return dst
+	}
+	slices.SortFunc(dst, func(a, b target) int {
+		return cmp.Compare(uintptr(unsafe.Pointer(a.sess)), uintptr(unsafe.Pointer(b.sess)))
+	})
+	out := dst[:1]
+	for _, t := range dst[1:] {
+		last := &out[len(out)-1]
+		if last.sess != t.sess {
+			out = append(out, t)
+			continue
+		}
+		last.qos = max(last.qos, t.qos)
+		last.rap = last.rap || t.rap
+		// A shared delivery is never suppressed by no-local ([MQTT-3.8.3-4]);
+		// an ordinary one is only when every overlapping filter says so.
+		last.noLocal = last.noLocal && t.noLocal
+		last.shared = last.shared && t.shared
+		if len(t.ids) > 0 {
+			merged := make([]int, 0, len(last.ids)+len(t.ids))
+			merged = append(merged, last.ids...)
+			merged = append(merged, t.ids...)
+			slices.Sort(merged)
+			last.ids = slices.Compact(merged)
+		}
+	}
+	return out
+}
+
+// pick returns the next member of g, preferring connected sessions.
+// index.mu must be held (read).
+func (g *shareGroup) pick() *subscription {
+	n := uint32(len(g.members))
+	if n == 0 {
+		return nil
+	}
+	start := g.next.Add(1)
+	for i := range n {
+		m := g.members[(start+i)%n]
+		if m.sess.online.Load() {
+			return m
+		}
+	}
+	// No member is connected: a persistent member's queue takes it.
+	return g.members[start%n]
+}

@@ -1,0 +1,78 @@
+package broker
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// MsgID identifies an application message across the cluster: the edge that
+// took it in, that edge's incarnation, and a sequence number.
+type MsgID struct {
+	Edge        string
+	Incarnation uint64
+	Seq         uint64
+}
+
+// Message is one application message inside the edge. It is immutable once
+// built and shared by every recipient.
+type Message struct {
+	ID      MsgID
+	Topic   string // internal form
+	Payload []byte
+	QoS     byte
+	Retain  bool
+	// Props carries the MQTT 5 properties forwarded to subscribers: payload
+	// format, content type, response topic, correlation data, user properties
+	// and message expiry. Topic alias and subscription identifiers are per
+	// connection and never stored here.
+	Props   packets.Properties
+	Origin  string // internal client ID of the publisher; empty for the broker
+	Created int64  // unix nanoseconds at ingress
+	Expiry  int64  // unix seconds after which it must not be delivered; 0 never
+}
+
+// remainingExpiry returns the message expiry interval to send, and whether
+// the message has already expired.
+func (m *Message) remainingExpiry(now int64) (uint32, bool) {
+	if m.Expiry == 0 {
+		return 0, false
+	}
+	left := m.Expiry - now
+	if left <= 0 {
+		return 0, true
+	}
+	return uint32(left), false
+}
+
+func (m *Message) size() int { return len(m.Topic) + len(m.Payload) + 64 }
+
+// msgIDs hands out message IDs for one edge incarnation.
+type msgIDs struct {
+	edge        string
+	incarnation uint64
+	seq         atomic.Uint64
+}
+
+func newMsgIDs(edge string) *msgIDs {
+	return &msgIDs{edge: edge, incarnation: uint64(time.Now().UnixNano())}
+}
+
+func (g *msgIDs) next() MsgID {
+	return MsgID{Edge: g.edge, Incarnation: g.incarnation, Seq: g.seq.Add(1)}
+}
+
+// forwardProps copies the properties of an incoming PUBLISH that travel with
+// the message (MQTT 5.0 §3.3.2.3: the server forwards them unaltered).
+func forwardProps(p *packets.Properties) packets.Properties {
+	return packets.Properties{
+		PayloadFormat:         p.PayloadFormat,
+		PayloadFormatFlag:     p.PayloadFormatFlag,
+		ContentType:           p.ContentType,
+		ResponseTopic:         p.ResponseTopic,
+		CorrelationData:       p.CorrelationData,
+		User:                  p.User,
+		MessageExpiryInterval: p.MessageExpiryInterval,
+	}
+}

@@ -1,0 +1,92 @@
+package broker
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the edge's MQTT metrics. Label values are fixed sets, never
+// client or topic names.
+type metrics struct {
+	connections     prometheus.GaugeFunc
+	connects        *prometheus.CounterVec // result
+	disconnects     *prometheus.CounterVec // reason
+	authFailures    *prometheus.CounterVec // reason
+	messagesIn      *prometheus.CounterVec // qos
+	bytesIn         prometheus.Counter
+	messagesOut     *prometheus.CounterVec // qos
+	bytesOut        prometheus.Counter
+	dropped         *prometheus.CounterVec // cause
+	packetErrors    *prometheus.CounterVec // reason
+	inflight        prometheus.GaugeFunc
+	retained        prometheus.GaugeFunc
+	subscriptions   prometheus.GaugeFunc
+	sessions        prometheus.GaugeFunc
+	publishWait     prometheus.Histogram
+	slowConsumers   prometheus.Counter
+	willsPublished  prometheus.Counter
+	throttledPubs   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
+	m := &metrics{
+		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_connections", Help: "Connected MQTT clients.",
+		}, func() float64 { return float64(b.server.Info.ClientsConnected) }),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_connects_total", Help: "CONNECT attempts by result.",
+		}, []string{"result"}),
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_disconnects_total", Help: "Closed connections by reason.",
+		}, []string{"reason"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_auth_failures_total", Help: "Refused authentications by reason.",
+		}, []string{"reason"}),
+		messagesIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_messages_in_total", Help: "PUBLISH packets accepted from clients, by QoS.",
+		}, []string{"qos"}),
+		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_message_bytes_in_total", Help: "Payload bytes accepted from clients.",
+		}),
+		messagesOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_messages_out_total", Help: "PUBLISH packets sent to clients, by QoS.",
+		}, []string{"qos"}),
+		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_message_bytes_out_total", Help: "PUBLISH bytes written to clients.",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_messages_dropped_total", Help: "Messages not delivered to a recipient, by cause.",
+		}, []string{"cause"}),
+		packetErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_packet_errors_total", Help: "Refused or malformed packets, by reason.",
+		}, []string{"reason"}),
+		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_inflight_messages", Help: "QoS 1/2 messages awaiting acknowledgement.",
+		}, func() float64 { return float64(b.server.Info.Inflight) }),
+		retained: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_retained_messages", Help: "Retained messages stored.",
+		}, func() float64 { return float64(b.retained.len()) }),
+		subscriptions: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_subscriptions", Help: "Subscriptions held.",
+		}, func() float64 { return float64(b.index.count.Load()) }),
+		sessions: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_sessions", Help: "Sessions held, connected or not.",
+		}, func() float64 { return float64(b.sessionCount()) }),
+		publishWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keel_edge_publish_backpressure_seconds", Help: "Time a publisher waited for a full subscriber queue.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+		}),
+		slowConsumers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_slow_consumer_disconnects_total", Help: "Non-persistent clients disconnected with 0x97 because their queue stayed full.",
+		}),
+		willsPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_wills_published_total", Help: "Will messages published.",
+		}),
+		throttledPubs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_publish_throttled_total", Help: "Publishes delayed by the per-client rate limit.",
+		}),
+	}
+	reg.MustRegister(m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
+		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
+		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs)
+	return m
+}
+
+var qosLabel = [3]string{"0", "1", "2"}

@@ -1,0 +1,155 @@
+package broker
+
+import (
+	"strings"
+	"sync"
+)
+
+// retainedStore keeps the last retained message per internal topic and
+// answers filter lookups by walking a tree of topic levels, so a wildcard
+// lookup visits only the branches the filter can match.
+type retainedStore struct {
+	mu   sync.RWMutex
+	root *rnode
+	n    int
+}
+
+type rnode struct {
+	children map[string]*rnode
+	msg      *Message
+}
+
+func newRetainedStore() *retainedStore { return &retainedStore{root: &rnode{}} }
+
+// set stores m, or deletes the entry when m has an empty payload
+// ([MQTT-3.3.1-6], [MQTT-3.3.1-7]). It returns the change in entry count.
+func (r *retainedStore) set(m *Message) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.root
+	path := []*rnode{n}
+	rest := m.Topic
+	for {
+		level, tail, more := strings.Cut(rest, "/")
+		child := n.children[level]
+		if child == nil {
+			if len(m.Payload) == 0 {
+				return 0
+			}
+			if n.children == nil {
+				n.children = map[string]*rnode{}
+			}
+			child = &rnode{}
+			n.children[level] = child
+		}
+		n = child
+		path = append(path, n)
+		if !more {
+			break
+		}
+		rest = tail
+	}
+	had := n.msg != nil
+	if len(m.Payload) == 0 {
+		n.msg = nil
+		r.prune(path, m.Topic)
+		if had {
+			r.n--
+			return -1
+		}
+		return 0
+	}
+	n.msg = m
+	if !had {
+		r.n++
+		return 1
+	}
+	return 0
+}
+
+func (r *retainedStore) prune(path []*rnode, topicName string) {
+	levels := strings.Split(topicName, "/")
+	for i := len(path) - 1; i > 0; i-- {
+		n := path[i]
+		if n.msg != nil || len(n.children) > 0 {
+			return
+		}
+		delete(path[i-1].children, levels[i-1])
+	}
+}
+
+func (r *retainedStore) len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.n
+}
+
+// match calls fn for each retained message whose topic matches the internal
+// filter. Filters here always start with a literal tenant level, so the $-topic
+// rule is applied at the level after it.
+func (r *retainedStore) match(filter string, now int64, fn func(*Message)) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	tenantLevel, rest, ok := strings.Cut(filter, "/")
+	if !ok {
+		return
+	}
+	n := r.root.children[tenantLevel]
+	if n == nil {
+		return
+	}
+	r.walk(n, rest, true, now, fn)
+}
+
+func (r *retainedStore) walk(n *rnode, filter string, first bool, now int64, fn func(*Message)) {
+	level, rest, more := strings.Cut(filter, "/")
+	switch level {
+	case "#":
+		// "a/#" also matches "a" itself ([MQTT-4.7.1-2]).
+		if n.msg != nil && !first {
+			emit(n.msg, now, fn)
+		}
+		r.all(n, first, now, fn)
+		return
+	case "+":
+		for key, c := range n.children {
+			if first && strings.HasPrefix(key, "$") {
+				continue
+			}
+			r.step(c, rest, more, now, fn)
+		}
+		return
+	}
+	if c := n.children[level]; c != nil {
+		r.step(c, rest, more, now, fn)
+	}
+}
+
+func (r *retainedStore) step(c *rnode, rest string, more bool, now int64, fn func(*Message)) {
+	if !more {
+		if c.msg != nil {
+			emit(c.msg, now, fn)
+		}
+		return
+	}
+	r.walk(c, rest, false, now, fn)
+}
+
+func (r *retainedStore) all(n *rnode, first bool, now int64, fn func(*Message)) {
+	for key, c := range n.children {
+		if first && strings.HasPrefix(key, "$") {
+			continue
+		}
+		if c.msg != nil {
+			emit(c.msg, now, fn)
+		}
+		r.all(c, false, now, fn)
+	}
+}
+
+func emit(m *Message, now int64, fn func(*Message)) {
+	if m.Expiry != 0 && m.Expiry <= now {
+		return // expired retained messages are not sent ([MQTT-3.3.2-5])
+	}
+	fn(m)
+}

@@ -1,0 +1,3 @@
+module github.com/keelmq/keel/services/persistence
+
+go 1.26.0

@@ -1,0 +1,3 @@
+module github.com/keelmq/keel/services/router
+
+go 1.26.0
