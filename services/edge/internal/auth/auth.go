@@ -10,6 +10,8 @@ package auth
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 )
 
 // Request is what an authenticator sees of a connecting client.
@@ -58,12 +60,17 @@ type Chain []Authenticator
 // Authenticate implements [Authenticator].
 func (c Chain) Authenticate(ctx context.Context, req *Request) (*Identity, error) {
 	var last error = ErrBadCredentials
+	unavailable := false
 	for _, a := range c {
 		id, err := a.Authenticate(ctx, req)
 		if err == nil {
 			return id, nil
 		}
+		unavailable = unavailable || errors.Is(err, ErrUnavailable)
 		last = err
+	}
+	if unavailable && !errors.Is(last, ErrUnavailable) {
+		return nil, fmt.Errorf("%w (and then: %w)", ErrUnavailable, last)
 	}
 	return nil, last
 }

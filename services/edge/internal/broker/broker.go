@@ -14,6 +14,7 @@ package broker
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -60,15 +61,15 @@ type Broker struct {
 
 // conn is the per-connection state the hooks share.
 type conn struct {
-	scope    *tenancy.Scope
-	identity *auth.Identity
-	rules    *auth.Rules
-	will     *Message
+	scope     *tenancy.Scope
+	identity  *auth.Identity
+	rules     *auth.Rules
+	will      *Message
 	willDelay uint32
-	existed  []bool // per filter of the SUBSCRIBE being processed
-	pubACL   map[string]bool
-	limiter  *rateLimiter
-	listener string
+	existed   []bool // per filter of the SUBSCRIBE being processed
+	pubACL    map[string]bool
+	limiter   *rateLimiter
+	listener  string
 }
 
 // New builds a broker; Serve starts it.
@@ -125,7 +126,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 // AddListener adds a listener. Connections that do not complete CONNECT
 // within the configured timeout are closed.
 func (b *Broker) AddListener(l listeners.Listener) error {
-	return b.server.AddListener(&deadlineListener{Listener: l, timeout: b.cfg.ConnectTimeout})
+	return b.server.AddListener(&guardedListener{Listener: l, timeout: b.cfg.ConnectTimeout, b: b})
 }
 
 // Serve starts the listeners; it does not block.
@@ -386,20 +387,62 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	}
 }
 
-// deadlineListener closes connections that do not send CONNECT in time;
-// mochi sets no read deadline before CONNECT arrives.
-type deadlineListener struct {
+// guardedListener closes connections that do not send CONNECT in time
+// (mochi sets no read deadline before CONNECT arrives), and contains a panic
+// in one connection's goroutine to that connection: mochi v2.7.9's packet
+// decoders index past the end of some malformed packets (found by
+// FuzzBroker_PacketPath; for example SUBSCRIBE 82 05 00 01 00 00 00), and an
+// unrecovered panic there would take every client of the edge down with it.
+type guardedListener struct {
 	listeners.Listener
 	timeout time.Duration
+	b       *Broker
 }
 
-func (l *deadlineListener) Serve(establish listeners.EstablishFn) {
-	l.Listener.Serve(func(id string, c net.Conn) error {
+func (l *guardedListener) Serve(establish listeners.EstablishFn) {
+	l.Listener.Serve(func(id string, c net.Conn) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				_ = c.Close()
+				l.b.m.packetErrors.WithLabelValues("decoder_panic").Inc()
+				l.b.logger.Error("connection handler panicked; connection closed", "remote", c.RemoteAddr().String(), "panic", r)
+				err = fmt.Errorf("%w: %v", errHandlerPanic, r)
+				l.b.forgetConn(c, err)
+			}
+		}()
 		if l.timeout > 0 {
 			_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 		}
 		return establish(id, c)
 	})
+}
+
+var errHandlerPanic = errors.New("connection handler panicked")
+
+// forgetConn runs the disconnect path for the client on c after its handler
+// died without mochi running it.
+func (b *Broker) forgetConn(c net.Conn, cause error) {
+	var found *mqtt.Client
+	b.conns.Range(func(k, _ any) bool {
+		if cl := k.(*mqtt.Client); cl.Net.Conn == c {
+			found = cl
+			return false
+		}
+		return true
+	})
+	if found == nil {
+		return
+	}
+	found.Stop(cause)
+	expire := (found.Properties.ProtocolVersion == 5 && found.Properties.Props.SessionExpiryInterval == 0) ||
+		(found.Properties.ProtocolVersion < 5 && found.Properties.Clean)
+	(&hook{b: b}).OnDisconnect(found, cause, expire)
+	if expire {
+		if cur, ok := b.server.Clients.Get(found.ID); ok && cur == found {
+			b.server.UnsubscribeClient(found)
+			b.server.Clients.Delete(found.ID)
+		}
+	}
 }
 
 func tlsState(c net.Conn) *tls.ConnectionState {
@@ -419,4 +462,3 @@ func authCode(err error) packets.Code {
 	}
 	return packets.ErrBadUsernameOrPassword
 }
-

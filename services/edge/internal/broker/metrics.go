@@ -5,24 +5,24 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the edge's MQTT metrics. Label values are fixed sets, never
 // client or topic names.
 type metrics struct {
-	connections     prometheus.GaugeFunc
-	connects        *prometheus.CounterVec // result
-	disconnects     *prometheus.CounterVec // reason
-	authFailures    *prometheus.CounterVec // reason
-	messagesIn      *prometheus.CounterVec // qos
-	bytesIn         prometheus.Counter
-	messagesOut     *prometheus.CounterVec // qos
-	bytesOut        prometheus.Counter
-	dropped         *prometheus.CounterVec // cause
-	packetErrors    *prometheus.CounterVec // reason
-	inflight        prometheus.GaugeFunc
-	retained        prometheus.GaugeFunc
-	subscriptions   prometheus.GaugeFunc
-	sessions        prometheus.GaugeFunc
-	publishWait     prometheus.Histogram
-	slowConsumers   prometheus.Counter
-	willsPublished  prometheus.Counter
-	throttledPubs   prometheus.Counter
+	connections    prometheus.GaugeFunc
+	connects       *prometheus.CounterVec // result
+	disconnects    *prometheus.CounterVec // reason
+	authFailures   *prometheus.CounterVec // reason
+	messagesIn     *prometheus.CounterVec // qos
+	bytesIn        prometheus.Counter
+	messagesOut    *prometheus.CounterVec // qos
+	bytesOut       prometheus.Counter
+	dropped        *prometheus.CounterVec // cause
+	packetErrors   *prometheus.CounterVec // reason
+	inflight       prometheus.GaugeFunc
+	retained       prometheus.GaugeFunc
+	subscriptions  prometheus.GaugeFunc
+	sessions       prometheus.GaugeFunc
+	publishWait    prometheus.Histogram
+	slowConsumers  prometheus.Counter
+	willsPublished prometheus.Counter
+	throttledPubs  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {

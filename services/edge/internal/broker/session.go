@@ -47,8 +47,9 @@ type session struct {
 	space      chan struct{} // closed when the queue frees room; publishers wait on it
 	subs       map[string]*subscription
 	aliases    *mqtt.OutboundTopicAliases
-	closed     bool // the session ended; nothing more is queued
+	closed     bool   // the session ended; nothing more is queued
 	nextID     uint16 // outbound packet ID cursor; writer only
+	spilling   bool   // a persistent session's queue went past the live bound; stays so until it drains
 }
 
 func newSession(b *Broker, id string, scope *tenancy.Scope) *session {
@@ -104,7 +105,10 @@ func (s *session) enqueue(d delivery) enqueueResult {
 			return enqueued
 		}
 		full := s.queue.len() >= cfg.QueueLen || s.queueBytes+size > cfg.QueueBytes
-		if !full || (s.persistent && !deadline.IsZero() && time.Now().After(deadline)) {
+		if full && s.persistent && !deadline.IsZero() && time.Now().After(deadline) {
+			s.spilling = true
+		}
+		if !full || (s.persistent && s.spilling) {
 			// A persistent session past the grace keeps the message beyond the
 			// live bound, up to the offline bound, rather than lose it.
 			if full && s.queue.len() >= cfg.OfflineQueueLen {
@@ -242,6 +246,9 @@ func (s *session) writeLoop() {
 			s.writing = false
 			s.mu.Unlock()
 			return
+		}
+		if s.spilling && s.queue.len() < s.b.cfg.QueueLen/2 {
+			s.spilling = false
 		}
 		s.wakeLocked()
 		version, maxPacket, aliases := s.version, s.maxPacket, s.aliases

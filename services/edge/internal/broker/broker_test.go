@@ -1,0 +1,210 @@
+package broker
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+)
+
+func seqPayload(i int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(i)) }
+
+func TestBroker_QoS1RoundTrip(t *testing.T) {
+	t.Parallel()
+	_, addr := startBroker(t, nil)
+	sub := dial(t, addr, 5)
+	sub.connect("sub", true, packets.Properties{})
+	ack := sub.subscribe(1, "a/+", 1)
+	require.Equal(t, []byte{1}, ack.ReasonCodes)
+	pub := dial(t, addr, 4)
+	pub.connect("pub", true, packets.Properties{})
+	pub.publish(7, "a/b", 1, []byte("hello"))
+	require.Equal(t, uint16(7), pub.expect(packets.Puback).PacketID)
+	got := sub.expect(packets.Publish)
+	require.Equal(t, "a/b", got.TopicName)
+	require.Equal(t, []byte("hello"), got.Payload)
+	require.Equal(t, byte(1), got.FixedHeader.Qos)
+	sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+}
+
+// A persistent subscriber that stops reading holds publishers back for the
+// grace period and then keeps every message in its session queue: no
+// acknowledged QoS 1 message is dropped, and they arrive in order.
+func TestBroker_SlowConsumer_PersistentLosesNothing(t *testing.T) {
+	t.Parallel()
+	_, addr := startBroker(t, func(c *Config) {
+		c.QueueLen = 8
+		c.SlowConsumerGrace = 50 * time.Millisecond
+	})
+	sub := dial(t, addr, 5)
+	sub.connect("slow", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true, ReceiveMaximum: 10})
+	sub.subscribe(1, "t", 1)
+
+	const n = 300
+	pub := dial(t, addr, 4)
+	pub.connect("pub", true, packets.Properties{})
+	for i := range n {
+		pub.publish(uint16(i+1), "t", 1, seqPayload(i))
+		require.Equal(t, uint16(i+1), pub.expect(packets.Puback).PacketID)
+	}
+	// Every message was acknowledged to the publisher. Now read them all.
+	for i := range n {
+		got := sub.expect(packets.Publish)
+		require.Equal(t, seqPayload(i), got.Payload, "message %d", i)
+		sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	}
+}
+
+// A non-persistent subscriber that stays full past the grace is disconnected
+// with 0x97, and the other subscriber of the topic gets every message.
+func TestBroker_SlowConsumer_NonPersistentDisconnected(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, func(c *Config) {
+		c.QueueLen = 8
+		c.SlowConsumerGrace = 100 * time.Millisecond
+	})
+	slow := dial(t, addr, 5)
+	slow.connect("slow", true, packets.Properties{ReceiveMaximum: 5})
+	slow.subscribe(1, "t", 1)
+	good := dial(t, addr, 5)
+	good.connect("good", true, packets.Properties{})
+	good.subscribe(1, "t", 1)
+
+	const n = 100
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range n {
+			got := good.expect(packets.Publish)
+			if !bytes.Equal(seqPayload(i), got.Payload) {
+				t.Errorf("good subscriber: message %d: got %x", i, got.Payload)
+				return
+			}
+			good.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+		}
+	}()
+	pub := dial(t, addr, 4)
+	pub.connect("pub", true, packets.Properties{})
+	for i := range n {
+		pub.publish(uint16(i+1), "t", 1, seqPayload(i))
+		pub.expect(packets.Puback)
+	}
+	wg.Wait()
+	for {
+		pk, err := slow.read(5 * time.Second)
+		require.NoError(t, err, "slow consumer should get DISCONNECT 0x97 before the close")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			require.Equal(t, packets.ErrQuotaExceeded.Code, pk.ReasonCode)
+			break
+		}
+	}
+	require.Eventually(t, func() bool { return b.sessionCount() == 2 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestBroker_SharedSubscription_OneMemberEach(t *testing.T) {
+	t.Parallel()
+	_, addr := startBroker(t, nil)
+	var members [2]*rawClient
+	for i := range members {
+		members[i] = dial(t, addr, 5)
+		members[i].connect(fmt.Sprintf("m%d", i), true, packets.Properties{})
+		require.Equal(t, []byte{0}, members[i].subscribe(1, "$share/g/jobs/#", 0).ReasonCodes)
+	}
+	pub := dial(t, addr, 5)
+	pub.connect("pub", true, packets.Properties{})
+	const n = 20
+	for i := range n {
+		pub.publish(0, "jobs/x", 0, seqPayload(i))
+	}
+	seen := map[string]int{}
+	counts := [2]int{}
+	for i, m := range members {
+		for {
+			pk, err := m.read(300 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			if pk.FixedHeader.Type == packets.Publish {
+				seen[string(pk.Payload)]++
+				counts[i]++
+			}
+		}
+	}
+	require.Len(t, seen, n)
+	for k, v := range seen {
+		require.Equal(t, 1, v, "payload %x delivered %d times", k, v)
+	}
+	require.Positive(t, counts[0])
+	require.Positive(t, counts[1])
+}
+
+// appendPublish must produce what a standard decoder reads back.
+func TestAppendPublish_DecodesWithMochi(t *testing.T) {
+	t.Parallel()
+	m := &Message{Topic: "acme/x/y", Payload: []byte("payload"), Props: packets.Properties{
+		PayloadFormat: 1, PayloadFormatFlag: true, ContentType: "text/plain", ResponseTopic: "r/t",
+		CorrelationData: []byte{1, 2, 3}, User: []packets.UserProperty{{Key: "k", Val: "v"}, {Key: "k", Val: "w"}},
+	}}
+	for _, version := range []byte{3, 4, 5} {
+		for _, qos := range []byte{0, 1, 2} {
+			p := outPublish{topic: "x/y", qos: qos, retain: true, packetID: 513, expiry: 30, subIDs: []int{1, 300}, alias: 4, msg: m}
+			if version != 5 {
+				p.subIDs, p.alias, p.expiry = nil, 0, 0
+			}
+			wire := appendPublish(nil, &p, version)
+			require.Equal(t, len(wire), publishSize(&p, version))
+			var pk packets.Packet
+			require.NoError(t, pk.FixedHeader.Decode(wire[0]))
+			hdr := 2
+			for wire[hdr-1]&0x80 != 0 {
+				hdr++
+			}
+			pk.ProtocolVersion = version
+			require.NoError(t, pk.PublishDecode(wire[hdr:]))
+			require.Equal(t, "x/y", pk.TopicName)
+			require.Equal(t, m.Payload, pk.Payload)
+			require.Equal(t, qos, pk.FixedHeader.Qos)
+			require.True(t, pk.FixedHeader.Retain)
+			if qos > 0 {
+				require.Equal(t, uint16(513), pk.PacketID)
+			}
+			if version == 5 {
+				require.Equal(t, "text/plain", pk.Properties.ContentType)
+				require.Equal(t, "r/t", pk.Properties.ResponseTopic)
+				require.Equal(t, []byte{1, 2, 3}, pk.Properties.CorrelationData)
+				require.Equal(t, m.Props.User, pk.Properties.User)
+				require.Equal(t, uint32(30), pk.Properties.MessageExpiryInterval)
+				require.Equal(t, []int{1, 300}, pk.Properties.SubscriptionIdentifier)
+				require.Equal(t, uint16(4), pk.Properties.TopicAlias)
+				require.Equal(t, byte(1), pk.Properties.PayloadFormat)
+			}
+		}
+	}
+}
+
+func BenchmarkAppendPublish(b *testing.B) {
+	m := &Message{Topic: "acme/bench/topic", Payload: make([]byte, 64)}
+	p := outPublish{topic: "bench/topic", qos: 1, packetID: 9, msg: m}
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = appendPublish(buf[:0], &p, 4)
+	}
+}
+
+func BenchmarkMochiPublishEncode(b *testing.B) {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, TopicName: "bench/topic",
+		Payload: make([]byte, 64), PacketID: 9, ProtocolVersion: 4}
+	var buf bytes.Buffer
+	b.ReportAllocs()
+	for b.Loop() {
+		buf.Reset()
+		_ = pk.PublishEncode(&buf)
+	}
+}

@@ -1,0 +1,117 @@
+package broker
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+var (
+	fuzzOnce sync.Once
+	fuzzAddr string
+)
+
+// FuzzBroker_PacketPath sends arbitrary bytes after a valid CONNECT and
+// checks that the broker neither crashes nor stops serving other clients.
+// The seeds cover every packet type, truncations and hostile lengths.
+func FuzzBroker_PacketPath(f *testing.F) {
+	for _, seed := range fuzzSeeds() {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzOnce.Do(func() {
+			// One broker for the whole fuzz run; it lives until the process exits.
+			_, fuzzAddr = startBrokerForFuzz(t)
+		})
+		c := dial(t, fuzzAddr, 5)
+		c.connect("", true, packets.Properties{})
+		_, _ = c.conn.Write(data)
+		// Drain whatever the broker answers until it closes or goes quiet.
+		for {
+			if _, err := c.read(20 * time.Millisecond); err != nil {
+				break
+			}
+		}
+		_ = c.conn.Close()
+
+		// The broker still serves a well-behaved pair of clients.
+		sub := dial(t, fuzzAddr, 4)
+		sub.connect("", true, packets.Properties{})
+		sub.subscribe(1, "health", 1)
+		pub := dial(t, fuzzAddr, 4)
+		pub.connect("", true, packets.Properties{})
+		pub.publish(1, "health", 1, []byte("ok"))
+		pub.expect(packets.Puback)
+		if got := sub.expect(packets.Publish); !bytes.Equal(got.Payload, []byte("ok")) {
+			t.Fatalf("health message: %q", got.Payload)
+		}
+	})
+}
+
+func startBrokerForFuzz(t *testing.T) (*Broker, string) {
+	// Not startBroker: its cleanup would stop the shared broker after the
+	// first input.
+	cfg := DefaultConfig()
+	cfg.EdgeID = "fuzz"
+	cfg.ConnectTimeout = time.Second
+	b, err := New(cfg, anonymous(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newTCP("127.0.0.1:0")
+	if err := b.AddListener(l); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	return b, l.Address()
+}
+
+func fuzzSeeds() [][]byte {
+	enc := func(pk packets.Packet) []byte {
+		pk.ProtocolVersion = 5
+		var buf bytes.Buffer
+		switch pk.FixedHeader.Type {
+		case packets.Publish:
+			_ = pk.PublishEncode(&buf)
+		case packets.Subscribe:
+			_ = pk.SubscribeEncode(&buf)
+		case packets.Unsubscribe:
+			_ = pk.UnsubscribeEncode(&buf)
+		case packets.Puback:
+			_ = pk.PubackEncode(&buf)
+		case packets.Pubrel:
+			_ = pk.PubrelEncode(&buf)
+		case packets.Disconnect:
+			_ = pk.DisconnectEncode(&buf)
+		}
+		return buf.Bytes()
+	}
+	pub := enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, PacketID: 1, TopicName: "a/b", Payload: []byte("x"),
+		Properties: packets.Properties{TopicAlias: 1, TopicAliasFlag: true, User: []packets.UserProperty{{Key: "k", Val: "v"}}}})
+	sub := enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 2,
+		Filters: packets.Subscriptions{{Filter: "$share/g/a/#", Qos: 2}, {Filter: "#", NoLocal: true}}})
+	return [][]byte{
+		pub,
+		pub[:len(pub)-2],
+		sub,
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 3, TopicName: "a/+"}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, TopicName: "$SYS/x"}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, TopicName: "", Properties: packets.Properties{TopicAlias: 9, TopicAliasFlag: true}}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 4, Filters: packets.Subscriptions{{Filter: "a/#/b"}}}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 5, Filters: packets.Subscriptions{{Filter: "$queue/x"}}}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 77}),
+		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: 0x04}),
+		{0x10, 0x00},                   // second CONNECT
+		{0x30, 0xff, 0xff, 0xff, 0x7f}, // huge remaining length
+		{0x30, 0xff, 0xff, 0xff, 0xff}, // malformed varint
+		{0xf0, 0x00},                   // reserved type
+		{0x82, 0x05, 0x00, 0x01, 0x00, 0x00, 0x00}, // subscribe with empty filter
+		{0x30, 0x04, 0x00, 0x02, 0xc0, 0x80},       // overlong UTF-8 in topic
+		{0x30, 0x04, 0x00, 0x02, 0x00, 0x00},       // NUL in topic
+	}
+}
