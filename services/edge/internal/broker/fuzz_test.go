@@ -106,10 +106,10 @@ func fuzzSeeds() [][]byte {
 		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 5, Filters: packets.Subscriptions{{Filter: "$queue/x"}}}),
 		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 77}),
 		enc(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: 0x04}),
-		{0x10, 0x00},                   // second CONNECT
-		{0x30, 0xff, 0xff, 0xff, 0x7f}, // huge remaining length
-		{0x30, 0xff, 0xff, 0xff, 0xff}, // malformed varint
-		{0xf0, 0x00},                   // reserved type
+		{0x10, 0x00},                               // second CONNECT
+		{0x30, 0xff, 0xff, 0xff, 0x7f},             // huge remaining length
+		{0x30, 0xff, 0xff, 0xff, 0xff},             // malformed varint
+		{0xf0, 0x00},                               // reserved type
 		{0x82, 0x05, 0x00, 0x01, 0x00, 0x00, 0x00}, // subscribe with empty filter
 		{0x30, 0x04, 0x00, 0x02, 0xc0, 0x80},       // overlong UTF-8 in topic
 		{0x30, 0x04, 0x00, 0x02, 0x00, 0x00},       // NUL in topic
