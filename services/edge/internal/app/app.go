@@ -21,6 +21,7 @@ import (
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -56,7 +57,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSClientCA, "tls.client-ca", "", "PEM CA bundle; when set, TLS clients must present a certificate it signed")
 	fs.StringVar(&c.OpsAddr, "ops.addr", ":9100", "address of /metrics, /healthz and /readyz (empty: off)")
 	fs.BoolVar(&c.Pprof, "ops.pprof", false, "serve /debug/pprof on the ops address")
-	fs.StringVar(&c.DataDir, "data-dir", "data/edge", "directory for durable state")
+	fs.StringVar(&c.DataDir, "data-dir", "data/edge", "directory for durable state: persistent sessions, queues, retained messages (empty: memory only)")
 	fs.StringVar(&c.AuthFile, "auth.file", "", "YAML password file (tenants, users, bcrypt/argon2id hashes, ACLs); reloaded on change and SIGHUP")
 	fs.BoolVar(&c.Anonymous, "auth.anonymous", false, "admit clients without credentials into auth.anonymous-tenant (development)")
 	fs.StringVar(&c.AnonymousTenant, "auth.anonymous-tenant", tenancy.DefaultTenant, "tenant of anonymous clients")
@@ -95,6 +96,7 @@ type Edge struct {
 	ops    *service.Ops
 	broker *broker.Broker
 	file   *auth.FileAuthenticator
+	store  *durable.Store
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -130,7 +132,24 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		return nil, err
 	}
 	e.broker = b
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+		st, err := durable.Open(cfg.DataDir, logger.With("component", "durable"))
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Restore(st); err != nil {
+			_ = st.Close()
+			return nil, err
+		}
+		e.store = st
+	} else {
+		logger.Warn("no data dir: sessions, queues and retained messages live in memory only")
+	}
 	if err := e.addListeners(); err != nil {
+		e.closeStore()
 		return nil, err
 	}
 	e.ops = service.NewOps(cfg.OpsAddr, e.reg, logger.With("component", "ops"))
@@ -187,6 +206,14 @@ func (e *Edge) addListeners() error {
 	return nil
 }
 
+func (e *Edge) closeStore() {
+	if e.store != nil {
+		if err := e.store.Close(); err != nil {
+			e.logger.Error("closing durable store", "error", err)
+		}
+	}
+}
+
 // Broker returns the MQTT broker.
 func (e *Edge) Broker() *broker.Broker { return e.broker }
 
@@ -222,7 +249,9 @@ func (e *Edge) Run(ctx context.Context) error {
 		return nil
 	}, func(context.Context) error {
 		e.ops.SetReady(false)
-		return e.broker.Close()
+		err := e.broker.Close()
+		e.closeStore()
+		return err
 	})
 	return g.Run(ctx, e.cfg.StopTimeout, e.logger)
 }

@@ -12,6 +12,7 @@
 package broker
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -52,6 +54,9 @@ type Broker struct {
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
+
+	store   *durable.Store // nil: memory only
+	restore *restored      // state for mochi to load in Serve
 
 	done     chan struct{}
 	stopping atomic.Bool
@@ -88,6 +93,10 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 	caps.TopicAliasMaximum = cfg.TopicAliasMaximum
 	caps.MaximumSessionExpiryInterval = cfg.MaxSessionExpiry
 	caps.MaximumMessageExpiryInterval = cfg.MaxMessageExpiry
+	// mochi neither expires nor orders the edge's in-flight messages: it
+	// sorts resends by uint16(Created), which ties within a second. The edge
+	// resends them itself, in send order, and enforces message expiry itself.
+	caps.MaximumMessageExpiryInterval = 0
 	// mochi's own outbound channel is unused: deliveries go through the
 	// session queues, so a tiny channel saves ~64 KiB per client.
 	caps.MaximumClientWritesPending = 1
@@ -201,16 +210,18 @@ func (b *Broker) Publish(tenant, topicName string, payload []byte, qos byte, ret
 	if retain {
 		b.retain(m)
 	}
-	b.route(m)
-	return nil
+	return b.route(m)
 }
 
 var targetPool = sync.Pool{New: func() any { s := make([]target, 0, 16); return &s }}
 
 // route delivers m to every matching session. It returns once every
-// recipient has taken the message (queued it), which for a full queue means
-// after the publisher has been held back.
-func (b *Broker) route(m *Message) {
+// recipient has taken the message (queued it, and for a persistent session
+// stored it), which for a full queue means after the publisher has been held
+// back. An error means some recipient could not take it: the publisher must
+// not be acknowledged.
+func (b *Broker) route(m *Message) error {
+	var failed error
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0])
 	start := time.Now()
@@ -222,6 +233,9 @@ func (b *Broker) route(m *Message) {
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids}
 		switch t.sess.enqueue(d) {
 		case enqueued:
+		case storeFailed:
+			b.m.dropped.WithLabelValues("store_failed").Inc()
+			failed = errStoreFailed
 		case droppedQoS0:
 			b.m.dropped.WithLabelValues("qos0_queue_full").Inc()
 		case droppedOffline:
@@ -239,26 +253,37 @@ func (b *Broker) route(m *Message) {
 	}
 	*tp = targets[:0]
 	targetPool.Put(tp)
+	return failed
 }
+
+var errStoreFailed = errors.New("durable store failed; message not taken")
 
 func (b *Broker) retain(m *Message) {
 	if b.cfg.RetainDisabled {
 		return
 	}
 	b.retained.set(m)
+	if b.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		if err := b.store.PutRetained(ctx, m.record(), m.QoS > 0); err != nil {
+			b.logger.Error("retained message not stored", "error", err)
+		}
+	}
 }
 
 // encodeDelivery appends the PUBLISH for d to buf, registering QoS 1/2
 // messages in the client's in-flight store first.
+// sent is false when the delivery was dropped instead (expired, too large).
 func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *delivery, version byte,
-	maxPacket uint32, aliases *mqtt.OutboundTopicAliases, now int64) []byte {
+	maxPacket uint32, aliases *mqtt.OutboundTopicAliases, now int64) (out []byte, packetID uint16, sent bool) {
 	expiry, expired := d.msg.remainingExpiry(now)
 	if expired {
 		b.m.dropped.WithLabelValues("expired").Inc()
 		if d.qos > 0 {
 			s.acked()
 		}
-		return buf
+		return buf, 0, false
 	}
 	ext, ok := s.scope.ExternalTopic(d.msg.Topic)
 	if !ok {
@@ -267,7 +292,7 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 		if d.qos > 0 {
 			s.acked()
 		}
-		return buf
+		return buf, 0, false
 	}
 	p := outPublish{topic: ext, qos: d.qos, retain: d.retain, expiry: expiry, msg: d.msg}
 	if version == 5 {
@@ -279,7 +304,7 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 		if d.qos > 0 {
 			s.acked()
 		}
-		return buf
+		return buf, 0, false
 	}
 	if version == 5 && aliases != nil && cl.Properties.Props.TopicAliasMaximum > 0 {
 		if alias, known := aliases.Set(d.msg.Topic); alias > 0 {
@@ -294,10 +319,11 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 		if !ok {
 			b.m.dropped.WithLabelValues("packet_ids_exhausted").Inc()
 			s.acked()
-			return buf
+			return buf, 0, false
 		}
 		p.packetID = id
-		if cl.State.Inflight.Set(inflightPacket(d, id, d.retain)) {
+		s.sent++
+		if cl.State.Inflight.Set(inflightPacket(d, id, d.retain, s.sent)) {
 			atomic.AddInt64(&b.server.Info.Inflight, 1)
 		}
 	}
@@ -305,7 +331,7 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 	buf = appendPublish(buf, &p, version)
 	b.mOut[d.qos].Inc()
 	b.m.bytesOut.Add(float64(len(buf) - start))
-	return buf
+	return buf, p.packetID, true
 }
 
 // nextOutboundID picks a free packet ID counting down from 65535. mochi keeps
@@ -385,6 +411,9 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
 	}
+	if b.store != nil {
+		_ = b.store.DeleteSession(context.Background(), id, false)
+	}
 }
 
 // guardedListener closes connections that do not send CONNECT in time
@@ -462,3 +491,5 @@ func authCode(err error) packets.Code {
 	}
 	return packets.ErrBadUsernameOrPassword
 }
+
+var parseShare = topic.ParseShare

@@ -31,6 +31,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnSessionEstablished, mqtt.OnDisconnect, mqtt.OnPacketRead, mqtt.OnPacketEncode,
 		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnPublish,
 		mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
+		mqtt.StoredClients, mqtt.StoredSubscriptions,
 	}, []byte{b})
 }
 
@@ -121,6 +122,17 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
+	} else if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
+		if s := b.session(cl.ID); s != nil {
+			s.detach(old)
+		}
+	}
+	if c := b.conn(cl); c != nil {
+		if err := b.persistSession(cl, c); err != nil {
+			// The client is told nothing yet; it reconnects and tries again.
+			b.logger.Error("session not stored; closing", "client_id", cl.ID, "error", err)
+			cl.Stop(err)
+		}
 	}
 }
 
@@ -142,6 +154,12 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
 		window = min(window, int(cl.Properties.Props.ReceiveMaximum))
 	}
+	// mochi's send quota only gates its own queued sends, which the edge
+	// never uses. Held at zero it also keeps mochi from calling
+	// Inflight.NextImmediate after every packet, which takes the in-flight
+	// read lock twice and deadlocks against the edge's writer adding a
+	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
+	cl.State.Inflight.ResetSendQuota(0)
 	s.bind(cl, c.rules, persistent(cl), window)
 	b.m.connects.WithLabelValues("ok").Inc()
 }
@@ -232,6 +250,18 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 			f.Filter, _ = c.scope.Filter(f.Filter)
 		}
 		pk.Filters = filters
+	case packets.Pubrec:
+		// [MQTT-4.3.3]: the PUBREC->PUBREL transition is durable before the
+		// PUBREL leaves (mochi sends it right after this hook).
+		if s := b.session(cl.ID); s != nil && s.durable && b.store != nil && pk.ReasonCode < 0x80 {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			err := b.store.Pubrel(ctx, cl.ID, pk.PacketID)
+			cancel()
+			if err != nil {
+				b.logger.Error("pubrel state not stored; closing", "client_id", cl.ID, "error", err)
+				return pk, err
+			}
+		}
 	case packets.Unsubscribe:
 		filters := make([]packets.Subscription, len(pk.Filters))
 		copy(filters, pk.Filters)
@@ -404,7 +434,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if m.Retain {
 		b.retain(m)
 	}
-	b.route(m)
+	if err := b.route(m); err != nil {
+		// Not every recipient took the message: no acknowledgement. The
+		// client reconnects and sends it again.
+		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
+		_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
+		return pk, packets.ErrRejectPacket
+	}
 	// Success, but mochi must not fan the message out itself.
 	return pk, packets.CodeSuccessIgnore
 }
@@ -422,14 +458,22 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 			return
 		}
 	}
-	if s := h.b.session(cl.ID); s != nil {
-		s.acked()
-	}
+	h.b.completed(cl, pk.PacketID)
 }
 
 func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
-	if s := h.b.session(cl.ID); s != nil {
-		s.acked()
+	h.b.completed(cl, pk.PacketID)
+}
+
+// completed frees a window slot and forgets the stored in-flight entry.
+func (b *Broker) completed(cl *mqtt.Client, packetID uint16) {
+	s := b.session(cl.ID)
+	if s == nil {
+		return
+	}
+	s.acked()
+	if s.durable && b.store != nil {
+		_ = b.store.Complete(context.Background(), cl.ID, packetID)
 	}
 }
 

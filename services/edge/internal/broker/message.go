@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
 // MsgID identifies an application message across the cluster: the edge that
@@ -31,6 +33,8 @@ type Message struct {
 	Origin  string // internal client ID of the publisher; empty for the broker
 	Created int64  // unix nanoseconds at ingress
 	Expiry  int64  // unix seconds after which it must not be delivered; 0 never
+
+	rec atomic.Pointer[durable.Message] // stored form, built on first need
 }
 
 // remainingExpiry returns the message expiry interval to send, and whether

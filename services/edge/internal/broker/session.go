@@ -1,6 +1,9 @@
 package broker
 
 import (
+	"cmp"
+	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -18,6 +22,7 @@ type delivery struct {
 	qos    byte
 	retain bool
 	ids    []int
+	seq    uint64 // position in a durable session's stored queue; 0 when not stored
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its
@@ -47,9 +52,13 @@ type session struct {
 	space      chan struct{} // closed when the queue frees room; publishers wait on it
 	subs       map[string]*subscription
 	aliases    *mqtt.OutboundTopicAliases
-	closed     bool   // the session ended; nothing more is queued
-	nextID     uint16 // outbound packet ID cursor; writer only
-	spilling   bool   // a persistent session's queue went past the live bound; stays so until it drains
+	closed     bool             // the session ended; nothing more is queued
+	nextID     uint16           // outbound packet ID cursor; writer only
+	spilling   bool             // a persistent session's queue went past the live bound; stays so until it drains
+	durable    bool             // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
+	seq        uint64           // last stored queue position
+	sent       int64            // send order of in-flight messages; writer only (and bind, before the writer runs)
+	resend     []packets.Packet // in-flight messages to send again, in order, when a client binds
 }
 
 func newSession(b *Broker, id string, scope *tenancy.Scope) *session {
@@ -65,12 +74,14 @@ const (
 	droppedOffline  // non-persistent session gone
 	droppedOverflow // offline queue full, policy drop
 	slowConsumer    // non-persistent consumer stayed full past the grace
+	storeFailed     // the durable store refused or timed out
 )
 
 // enqueue queues d for the session. For QoS 1/2 to a connected client whose
 // queue is full it waits up to the slow-consumer grace (the publisher is
 // pushed back); a persistent session past that keeps the message in its
-// session queue, a non-persistent one is disconnected with 0x97.
+// session queue, a non-persistent one is disconnected with 0x97. For a
+// durable session the message counts as taken only once it is stored.
 func (s *session) enqueue(d delivery) enqueueResult {
 	cfg := &s.b.cfg
 	size := d.msg.size()
@@ -87,22 +98,25 @@ func (s *session) enqueue(d delivery) enqueueResult {
 				s.mu.Unlock()
 				return droppedQoS0
 			}
+			result := enqueued
 			if s.queue.len() >= cfg.OfflineQueueLen {
-				if cfg.OfflineDropOldest {
-					old := s.queue.pop()
-					s.queueBytes -= old.msg.size()
-					s.queue.push(d)
-					s.queueBytes += size
+				if !cfg.OfflineDropOldest {
 					s.mu.Unlock()
 					return droppedOverflow
 				}
-				s.mu.Unlock()
-				return droppedOverflow
+				old := s.queue.pop()
+				s.queueBytes -= old.msg.size()
+				if old.seq > 0 && s.b.store != nil {
+					_ = s.b.store.Dequeue(context.Background(), s.id, []uint64{old.seq})
+				}
+				result = droppedOverflow
 			}
-			s.queue.push(d)
-			s.queueBytes += size
+			p := s.pushLocked(d, size)
 			s.mu.Unlock()
-			return enqueued
+			if err := s.wait(p); err != nil {
+				return storeFailed
+			}
+			return result
 		}
 		full := s.queue.len() >= cfg.QueueLen || s.queueBytes+size > cfg.QueueBytes
 		if full && s.persistent && !deadline.IsZero() && time.Now().After(deadline) {
@@ -115,13 +129,15 @@ func (s *session) enqueue(d delivery) enqueueResult {
 				s.mu.Unlock()
 				return droppedOverflow
 			}
-			s.queue.push(d)
-			s.queueBytes += size
+			p := s.pushLocked(d, size)
 			start := !s.writing
 			s.writing = true
 			s.mu.Unlock()
 			if start {
 				s.b.startWriter(s)
+			}
+			if err := s.wait(p); err != nil {
+				return storeFailed
 			}
 			return enqueued
 		}
@@ -155,9 +171,37 @@ func (s *session) enqueue(d delivery) enqueueResult {
 	}
 }
 
+// pushLocked appends d to the queue and, for a durable session, submits its
+// stored copy in queue order. s.mu must be held.
+func (s *session) pushLocked(d delivery, size int) *durable.Pending {
+	var p *durable.Pending
+	if s.durable && s.b.store != nil {
+		s.seq++
+		d.seq = s.seq
+		p = s.b.store.Enqueue(s.id, entryOf(&d, 0, 0))
+	}
+	s.queue.push(d)
+	s.queueBytes += size
+	return p
+}
+
+func (s *session) wait(p *durable.Pending) error {
+	if p == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	err := p.Wait(ctx)
+	if err != nil {
+		s.b.logger.Error("message not stored for a persistent session", "client_id", s.id, "error", err)
+	}
+	return err
+}
+
 // bind attaches a connected client to the session.
 func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int) {
 	s.mu.Lock()
+	s.durable = persistent && s.b.store != nil
 	s.client = cl
 	s.version = cl.Properties.ProtocolVersion
 	s.rules = rules
@@ -166,18 +210,74 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	s.persistent = persistent
 	s.closed = false
 	s.aliases = mqtt.NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
-	// A resumed session's in-flight messages are resent by the broker core
-	// and still count against the client's window.
-	s.inflight = cl.State.Inflight.Len()
+	// In-flight messages of the session go out again first, in their
+	// original order with their packet IDs and DUP set ([MQTT-4.4.0-1]);
+	// they count against the client's window.
+	resend := s.resend
+	s.resend = nil
+	s.inflight = len(resend)
+	for _, pk := range resend {
+		s.sent = max(s.sent, pk.Created)
+		cl.State.Inflight.Set(pk)
+	}
 	start := s.queue.len() > 0 && !s.writing
 	if start {
 		s.writing = true
 	}
 	s.mu.Unlock()
+	for _, pk := range resend {
+		if pk.FixedHeader.Type == packets.Publish {
+			pk.FixedHeader.Dup = true
+		}
+		if err := cl.WritePacket(pk); err != nil {
+			break // the connection is gone; the messages stay in flight
+		}
+	}
 	s.online.Store(true)
 	if start {
 		s.b.startWriter(s)
 	}
+}
+
+// detach takes the session away from its previous client ahead of a
+// takeover: the writer stops, and the client's outbound in-flight messages
+// move to the session to be resent to the new connection in order.
+func (s *session) detach(old *mqtt.Client) {
+	s.mu.Lock()
+	if s.client == old {
+		s.client = nil
+		s.online.Store(false)
+		s.wakeLocked()
+	}
+	s.mu.Unlock()
+	// Bound a write stuck on the old socket, then wait for the writer.
+	if old.Net.Conn != nil {
+		_ = old.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.mu.Lock()
+		writing := s.writing
+		s.mu.Unlock()
+		if !writing || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var out []packets.Packet
+	for _, pk := range old.State.Inflight.GetAll(false) {
+		// Outbound flows are PUBLISH (awaiting PUBACK/PUBREC) and PUBREL
+		// (awaiting PUBCOMP); PUBREC entries are the client's inbound QoS 2
+		// state, which mochi carries over itself.
+		if pk.FixedHeader.Type == packets.Publish || pk.FixedHeader.Type == packets.Pubrel {
+			out = append(out, pk)
+			old.State.Inflight.Delete(pk.PacketID)
+		}
+	}
+	slices.SortFunc(out, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+	s.mu.Lock()
+	s.resend = append(s.resend, out...)
+	s.mu.Unlock()
 }
 
 // unbind detaches cl if it is still the session's client.
@@ -219,6 +319,8 @@ func (s *session) acked() {
 // receive window is full, or the client is gone.
 func (s *session) writeLoop() {
 	var batch []delivery
+	var entries []durable.Entry
+	var dropped []uint64
 	bufp := writeBufs.Get().(*[]byte)
 	defer writeBufs.Put(bufp)
 	for {
@@ -256,9 +358,33 @@ func (s *session) writeLoop() {
 
 		buf := (*bufp)[:0]
 		now := time.Now().Unix()
+		entries, dropped := entries[:0], dropped[:0]
 		for i := range batch {
-			buf = s.b.encodeDelivery(buf, cl, s, &batch[i], version, maxPacket, aliases, now)
+			d := &batch[i]
+			var id uint16
+			var sent bool
+			buf, id, sent = s.b.encodeDelivery(buf, cl, s, d, version, maxPacket, aliases, now)
+			switch {
+			case d.seq == 0 && (d.qos == 0 || !s.durable):
+			case sent:
+				entries = append(entries, entryOf(d, id, s.sent))
+			case d.seq > 0:
+				dropped = append(dropped, d.seq)
+			}
 			batch[i] = delivery{}
+		}
+		if len(dropped) > 0 {
+			_ = s.b.store.Dequeue(context.Background(), s.id, dropped)
+		}
+		if len(entries) > 0 {
+			// The packet IDs must be durable before the first send.
+			if err := s.wait(s.b.store.Send(s.id, entries)); err != nil {
+				cl.Stop(err) // resent from the store when the session resumes
+				s.mu.Lock()
+				s.writing = false
+				s.mu.Unlock()
+				return
+			}
 		}
 		if len(buf) > 0 {
 			if err := s.b.writeRaw(cl, buf); err != nil {
@@ -327,7 +453,7 @@ func (r *ring) drain() []delivery {
 
 // inflightPacket builds the packet kept in the client's in-flight store, from
 // which the broker core matches PUBACK/PUBREC/PUBCOMP and resends on resume.
-func inflightPacket(d *delivery, packetID uint16, retain bool) packets.Packet {
+func inflightPacket(d *delivery, packetID uint16, retain bool, order int64) packets.Packet {
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: d.qos, Retain: retain},
 		TopicName:   d.msg.Topic,
@@ -335,7 +461,7 @@ func inflightPacket(d *delivery, packetID uint16, retain bool) packets.Packet {
 		PacketID:    packetID,
 		Properties:  d.msg.Props,
 		Origin:      d.msg.Origin,
-		Created:     d.msg.Created / int64(time.Second),
+		Created:     order, // send order, for resends; mochi's own use of it is off
 		Expiry:      d.msg.Expiry,
 	}
 	pk.Properties.MessageExpiryInterval = 0 // recomputed from Expiry when resent
@@ -355,7 +481,17 @@ func (s *session) addSub(sub *subscription, maxSubs int) bool {
 		return false
 	}
 	s.subs[sub.full] = sub
+	isDurable := s.durable && s.b.store != nil
 	s.mu.Unlock()
+	if isDurable {
+		// Stored before the SUBACK leaves.
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
+		cancel()
+		if err != nil {
+			s.b.logger.Error("subscription not stored", "client_id", s.id, "error", err)
+		}
+	}
 	if old != nil {
 		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
 	}
@@ -370,5 +506,10 @@ func (s *session) removeSub(filter string) {
 	s.mu.Unlock()
 	if sub != nil {
 		s.b.index.remove(sub)
+		if s.durable && s.b.store != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			defer cancel()
+			_ = s.b.store.DeleteSubscription(ctx, s.id, filter)
+		}
 	}
 }

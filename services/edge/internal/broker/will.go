@@ -15,16 +15,17 @@ func (b *Broker) scheduleWill(id string, will *Message, delay uint32) {
 		if b.stopping.Load() {
 			return
 		}
-		m := *will
-		m.ID = b.ids.next()
-		m.Created = time.Now().UnixNano()
+		m := &Message{ID: b.ids.next(), Topic: will.Topic, Payload: will.Payload, QoS: will.QoS, Retain: will.Retain,
+			Props: will.Props, Origin: will.Origin, Created: time.Now().UnixNano()}
 		if e := m.Props.MessageExpiryInterval; e > 0 {
 			m.Expiry = time.Now().Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
 		}
 		if m.Retain {
-			b.retain(&m)
+			b.retain(m)
 		}
-		b.route(&m)
+		if err := b.route(m); err != nil {
+			b.logger.Error("will not stored for every recipient", "client_id", id, "error", err)
+		}
 		b.m.willsPublished.Inc()
 	}
 	if delay == 0 {

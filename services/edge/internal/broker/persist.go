@@ -1,0 +1,219 @@
+package broker
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+)
+
+// storeTimeout bounds a wait for the durable store on a client's path.
+const storeTimeout = 10 * time.Second
+
+// restored is the state loaded at start, handed to mochi through the
+// storage hooks so that it recreates the disconnected clients.
+type restored struct {
+	clients []storage.Client
+	subs    []storage.Subscription
+}
+
+// Restore attaches a durable store and loads persistent sessions and
+// retained messages from it. Call before Serve.
+func (b *Broker) Restore(st *durable.Store) error {
+	sessions, retained, err := st.Load()
+	if err != nil {
+		return fmt.Errorf("load durable state: %w", err)
+	}
+	b.store = st
+	msgs := map[string]*Message{}
+	toMsg := func(r *durable.Message) *Message {
+		if m, ok := msgs[r.ID]; ok {
+			return m
+		}
+		m := fromRecord(r)
+		msgs[r.ID] = m
+		return m
+	}
+	for i := range retained {
+		b.retained.set(toMsg(&retained[i]))
+	}
+	rs := &restored{}
+	queued, inflight := 0, 0
+	for _, st := range sessions {
+		rec := st.Session
+		tenant, _, ok := tenancy.TenantOfClientID(rec.ID)
+		if !ok {
+			b.logger.Warn("skipping stored session with an invalid id", "client_id", rec.ID)
+			continue
+		}
+		sc, err := b.scope(tenant)
+		if err != nil {
+			continue
+		}
+		s := newSession(b, rec.ID, sc)
+		s.persistent, s.durable = true, true
+		for _, sub := range st.Subs {
+			x := &subscription{sess: s, full: sub.Filter, filter: sub.Filter, qos: sub.QoS, noLocal: sub.NoLocal,
+				rap: sub.RetainAsPublished, rh: sub.RetainHandling}
+			if sub.Identifier > 0 {
+				x.ids = []int{sub.Identifier}
+			}
+			if group, inner, shared, _ := parseShare(sub.Filter); shared {
+				x.filter = inner
+				x.group = &shareGroup{name: group, filter: inner}
+			}
+			s.subs[sub.Filter] = x
+			b.index.add(x)
+			rs.subs = append(rs.subs, storage.Subscription{Client: rec.ID, Filter: sub.Filter, Qos: sub.QoS,
+				NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: sub.RetainHandling, Identifier: sub.Identifier})
+		}
+		for _, e := range st.Queue {
+			m := toMsg(e.Msg)
+			s.queue.push(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs, seq: e.Seq})
+			s.queueBytes += m.size()
+			s.seq = max(s.seq, e.Seq)
+			queued++
+		}
+		for _, e := range st.Inflight {
+			m := toMsg(e.Msg)
+			d := delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}
+			pk := inflightPacket(&d, e.PacketID, e.Retain, e.Order)
+			if e.Pubrel {
+				pk = packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: e.PacketID, Created: e.Order}
+			}
+			s.resend = append(s.resend, pk)
+			s.seq = max(s.seq, e.Seq)
+			inflight++
+		}
+		slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+		var props storage.ClientProperties
+		_ = json.Unmarshal(rec.Props, &props)
+		props.SessionExpiryInterval = rec.ExpiryInterval
+		props.SessionExpiryIntervalFlag = rec.ExpiryInterval > 0
+		rs.clients = append(rs.clients, storage.Client{ID: rec.ID, Listener: rec.Listener, Username: rec.Username,
+			ProtocolVersion: rec.ProtocolVersion, Clean: rec.Clean, Properties: props})
+		b.sessions[rec.ID] = s
+	}
+	b.restore = rs
+	b.logger.Info("durable state loaded", "sessions", len(sessions), "queued", queued, "inflight", inflight, "retained", len(retained))
+	return nil
+}
+
+// The storage hooks mochi calls once, in Serve.
+
+func (h *hook) StoredClients() ([]storage.Client, error) {
+	if h.b.restore == nil {
+		return nil, nil
+	}
+	return h.b.restore.clients, nil
+}
+
+func (h *hook) StoredSubscriptions() ([]storage.Subscription, error) {
+	if h.b.restore == nil {
+		return nil, nil
+	}
+	return h.b.restore.subs, nil
+}
+
+// propsRecord is the stored form of the properties a message carries.
+type propsRecord struct {
+	PayloadFormat   *byte                  `json:"pf,omitempty"`
+	ContentType     string                 `json:"ct,omitempty"`
+	ResponseTopic   string                 `json:"rt,omitempty"`
+	CorrelationData []byte                 `json:"cd,omitempty"`
+	User            []packets.UserProperty `json:"u,omitempty"`
+	Expiry          uint32                 `json:"mei,omitempty"`
+}
+
+func msgIDString(id MsgID) string {
+	return id.Edge + "/" + strconv.FormatUint(id.Incarnation, 10) + "/" + strconv.FormatUint(id.Seq, 10)
+}
+
+func parseMsgID(s string) MsgID {
+	i := strings.LastIndexByte(s, '/')
+	j := strings.LastIndexByte(s[:max(i, 0)], '/')
+	if i < 0 || j < 0 {
+		return MsgID{Edge: s}
+	}
+	inc, _ := strconv.ParseUint(s[j+1:i], 10, 64)
+	seq, _ := strconv.ParseUint(s[i+1:], 10, 64)
+	return MsgID{Edge: s[:j], Incarnation: inc, Seq: seq}
+}
+
+// record returns the stored form of m, built once and shared.
+func (m *Message) record() *durable.Message {
+	if r := m.rec.Load(); r != nil {
+		return r
+	}
+	p := propsRecord{ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic,
+		CorrelationData: m.Props.CorrelationData, User: m.Props.User, Expiry: m.Props.MessageExpiryInterval}
+	if m.Props.PayloadFormatFlag {
+		f := m.Props.PayloadFormat
+		p.PayloadFormat = &f
+	}
+	props, _ := json.Marshal(&p)
+	r := &durable.Message{ID: msgIDString(m.ID), Topic: m.Topic, Payload: m.Payload, QoS: m.QoS, Retain: m.Retain,
+		Props: props, Origin: m.Origin, Created: m.Created, Expiry: m.Expiry}
+	m.rec.CompareAndSwap(nil, r)
+	return m.rec.Load()
+}
+
+func fromRecord(r *durable.Message) *Message {
+	m := &Message{ID: parseMsgID(r.ID), Topic: r.Topic, Payload: r.Payload, QoS: r.QoS, Retain: r.Retain,
+		Origin: r.Origin, Created: r.Created, Expiry: r.Expiry}
+	var p propsRecord
+	if len(r.Props) > 0 && json.Unmarshal(r.Props, &p) == nil {
+		m.Props = packets.Properties{ContentType: p.ContentType, ResponseTopic: p.ResponseTopic,
+			CorrelationData: p.CorrelationData, User: p.User, MessageExpiryInterval: p.Expiry}
+		if p.PayloadFormat != nil {
+			m.Props.PayloadFormat, m.Props.PayloadFormatFlag = *p.PayloadFormat, true
+		}
+	}
+	return m
+}
+
+// persistSession writes or removes the stored record of the session cl
+// establishes, before its CONNACK.
+func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
+	if b.store == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if !persistent(cl) {
+		return b.store.DeleteSession(ctx, cl.ID, true)
+	}
+	props, _ := json.Marshal(storage.ClientProperties{
+		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
+		MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
+		RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
+		RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
+	})
+	return b.store.PutSession(ctx, durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
+		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
+		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval, Props: props})
+}
+
+func subRecord(sub *subscription) durable.Subscription {
+	r := durable.Subscription{Filter: sub.full, QoS: sub.qos, NoLocal: sub.noLocal, RetainAsPublished: sub.rap, RetainHandling: sub.rh}
+	if len(sub.ids) > 0 {
+		r.Identifier = sub.ids[0]
+	}
+	return r
+}
+
+func entryOf(d *delivery, packetID uint16, order int64) durable.Entry {
+	return durable.Entry{Seq: d.seq, PacketID: packetID, Order: order, MsgID: msgIDString(d.msg.ID), QoS: d.qos, Retain: d.retain,
+		SubIDs: d.ids, Msg: d.msg.record()}
+}

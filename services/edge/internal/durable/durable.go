@@ -1,0 +1,306 @@
+// Package durable keeps the edge's MQTT state on local disk for single-node
+// mode: persistent sessions with their subscriptions, queued and in-flight
+// messages, and retained messages, so they survive a restart.
+//
+// Writes are group-committed: callers hand operations to one committer
+// goroutine, which applies everything waiting in one bbolt transaction and
+// one fsync, then wakes the callers that asked to wait. A message is stored
+// once, however many sessions hold it, and reference-counted.
+package durable
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// ErrClosed is returned for operations after Close.
+var ErrClosed = errors.New("durable store closed")
+
+var (
+	bucketSessions = []byte("sessions")
+	bucketSubs     = []byte("subs")
+	bucketMsgs     = []byte("msgs")
+	bucketQueue    = []byte("queue")
+	bucketInflight = []byte("inflight")
+	bucketRetained = []byte("retained")
+	allBuckets     = [][]byte{bucketSessions, bucketSubs, bucketMsgs, bucketQueue, bucketInflight, bucketRetained}
+)
+
+// Message is a stored application message.
+type Message struct {
+	ID      string          `json:"id"` // msgID: "<edge>/<incarnation>/<seq>"
+	Topic   string          `json:"t"`
+	Payload []byte          `json:"p,omitempty"`
+	QoS     byte            `json:"q,omitempty"`
+	Retain  bool            `json:"r,omitempty"`
+	Props   json.RawMessage `json:"props,omitempty"`
+	Origin  string          `json:"o,omitempty"`
+	Created int64           `json:"c"`
+	Expiry  int64           `json:"e,omitempty"`
+	Refs    int             `json:"refs,omitempty"`
+}
+
+// Session is a stored persistent session.
+type Session struct {
+	ID              string          `json:"id"`
+	Listener        string          `json:"listener"`
+	Username        []byte          `json:"username,omitempty"`
+	ProtocolVersion byte            `json:"v"`
+	Clean           bool            `json:"clean,omitempty"`
+	ExpiryInterval  uint32          `json:"sei,omitempty"`
+	Props           json.RawMessage `json:"props,omitempty"`
+}
+
+// Subscription is a stored subscription of a session.
+type Subscription struct {
+	Filter            string `json:"f"`
+	QoS               byte   `json:"q"`
+	NoLocal           bool   `json:"nl,omitempty"`
+	RetainAsPublished bool   `json:"rap,omitempty"`
+	RetainHandling    byte   `json:"rh,omitempty"`
+	Identifier        int    `json:"id,omitempty"`
+}
+
+// Entry is a message queued for, or in flight to, a session.
+type Entry struct {
+	Seq      uint64   `json:"s,omitempty"`  // queue order
+	PacketID uint16   `json:"pk,omitempty"` // in flight only
+	MsgID    string   `json:"m"`
+	QoS      byte     `json:"q"`
+	Retain   bool     `json:"r,omitempty"`
+	SubIDs   []int    `json:"ids,omitempty"`
+	Pubrel   bool     `json:"rel,omitempty"` // QoS 2: PUBREC received, PUBREL owed
+	Order    int64    `json:"o,omitempty"`   // send order among the session's in-flight messages
+	Msg      *Message `json:"-"`
+}
+
+// SessionState is everything stored for one session.
+type SessionState struct {
+	Session  Session
+	Subs     []Subscription
+	Queue    []Entry // in queue order
+	Inflight []Entry
+}
+
+// Store is the on-disk state of one edge.
+type Store struct {
+	db        *bolt.DB
+	logger    *slog.Logger
+	ops       chan *op
+	done      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type op struct {
+	apply func(tx *bolt.Tx) error
+	done  chan error // nil: nobody waits
+}
+
+// Open opens (creating if needed) the store in dir.
+func Open(dir string, logger *slog.Logger) (*Store, error) {
+	db, err := bolt.Open(filepath.Join(dir, "edge.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("open durable store: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open durable store: %w", err)
+	}
+	s := &Store{db: db, logger: logger, ops: make(chan *op, 4096), done: make(chan struct{})}
+	s.wg.Add(1)
+	go s.commitLoop()
+	return s, nil
+}
+
+// Close flushes pending operations and closes the file.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.done)
+		s.wg.Wait()
+		err = s.db.Close()
+	})
+	return err
+}
+
+const maxOpsPerTx = 4096
+
+func (s *Store) commitLoop() {
+	defer s.wg.Done()
+	batch := make([]*op, 0, 256)
+	for {
+		select {
+		case o := <-s.ops:
+			batch = append(batch[:0], o)
+		case <-s.done:
+			// Drain what is left, then stop.
+			for {
+				select {
+				case o := <-s.ops:
+					s.commit([]*op{o})
+				default:
+					return
+				}
+			}
+		}
+	more:
+		for len(batch) < maxOpsPerTx {
+			select {
+			case o := <-s.ops:
+				batch = append(batch, o)
+			default:
+				break more
+			}
+		}
+		s.commit(batch)
+	}
+}
+
+// commit applies a batch in one transaction. An operation that fails is
+// reported to its caller alone; the others still commit.
+func (s *Store) commit(batch []*op) {
+	errs := make([]error, len(batch))
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for i, o := range batch {
+			errs[i] = o.apply(tx)
+		}
+		return nil
+	})
+	for i, o := range batch {
+		if o.done == nil {
+			if e := errors.Join(err, errs[i]); e != nil && s.logger != nil {
+				s.logger.Error("durable write failed", "error", e)
+			}
+			continue
+		}
+		o.done <- errors.Join(err, errs[i])
+	}
+}
+
+// Pending is an operation handed to the committer; Wait blocks until it is
+// on disk.
+type Pending struct {
+	done chan error
+	err  error
+}
+
+// Wait returns once the operation is committed, with its error.
+func (p *Pending) Wait(ctx context.Context) error {
+	if p.err != nil || p.done == nil {
+		return p.err
+	}
+	select {
+	case err := <-p.done:
+		p.err, p.done = err, nil
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// submit hands fn to the committer in call order. Operations commit in the
+// order they were submitted, so a caller that submits under its own lock
+// orders its writes with that lock.
+func (s *Store) submit(wait bool, fn func(tx *bolt.Tx) error) *Pending {
+	o := &op{apply: fn}
+	if wait {
+		o.done = make(chan error, 1)
+	}
+	select {
+	case s.ops <- o:
+	case <-s.done:
+		return &Pending{err: ErrClosed}
+	}
+	return &Pending{done: o.done}
+}
+
+// do submits fn and, with wait, blocks until it is committed.
+func (s *Store) do(ctx context.Context, wait bool, fn func(tx *bolt.Tx) error) error {
+	return s.submit(wait, fn).Wait(ctx)
+}
+
+func key(parts ...string) []byte {
+	n := 0
+	for _, p := range parts {
+		n += len(p) + 1
+	}
+	k := make([]byte, 0, n)
+	for i, p := range parts {
+		if i > 0 {
+			k = append(k, 0)
+		}
+		k = append(k, p...)
+	}
+	return k
+}
+
+func seqKey(id string, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(append([]byte(id), 0), seq)
+}
+
+func pktKey(id string, pkt uint16) []byte {
+	return binary.BigEndian.AppendUint16(append([]byte(id), 0), pkt)
+}
+
+func prefix(id string) []byte { return append([]byte(id), 0) }
+
+func putJSON(b *bolt.Bucket, k []byte, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put(k, data)
+}
+
+// ref stores m if new and adds one reference to it.
+func ref(tx *bolt.Tx, m *Message) error {
+	b := tx.Bucket(bucketMsgs)
+	k := []byte(m.ID)
+	var stored Message
+	if data := b.Get(k); data != nil {
+		if err := json.Unmarshal(data, &stored); err != nil {
+			return err
+		}
+	} else {
+		stored = *m
+		stored.Refs = 0
+	}
+	stored.Refs++
+	return putJSON(b, k, &stored)
+}
+
+// unref drops one reference to msgID, deleting the message at zero.
+func unref(tx *bolt.Tx, msgID string) error {
+	b := tx.Bucket(bucketMsgs)
+	k := []byte(msgID)
+	data := b.Get(k)
+	if data == nil {
+		return nil
+	}
+	var stored Message
+	if err := json.Unmarshal(data, &stored); err != nil {
+		return err
+	}
+	stored.Refs--
+	if stored.Refs <= 0 {
+		return b.Delete(k)
+	}
+	return putJSON(b, k, &stored)
+}
