@@ -43,6 +43,7 @@ type Config struct {
 	LogFormat       string
 	Pprof           bool
 	StopTimeout     time.Duration
+	SysInterval     time.Duration
 	Broker          broker.Config
 }
 
@@ -64,6 +65,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
+	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
 }
 
@@ -252,6 +254,11 @@ func (e *Edge) Run(ctx context.Context) error {
 		err := e.broker.Close()
 		e.closeStore()
 		return err
+	})
+	g.AddRun("sys", func(ctx context.Context) error {
+		e.broker.RunSys(ctx, e.cfg.SysInterval)
+		<-ctx.Done()
+		return nil
 	})
 	return g.Run(ctx, e.cfg.StopTimeout, e.logger)
 }

@@ -72,6 +72,7 @@ type conn struct {
 	will      *Message
 	willDelay uint32
 	existed   []bool // per filter of the SUBSCRIBE being processed
+	refused   []byte // per filter of that SUBSCRIBE: the code the edge refuses it with, 0 if none
 	pubACL    map[string]bool
 	limiter   *rateLimiter
 	listener  string

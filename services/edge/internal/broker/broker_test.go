@@ -208,3 +208,50 @@ func BenchmarkMochiPublishEncode(b *testing.B) {
 		_ = pk.PublishEncode(&buf)
 	}
 }
+
+func TestBroker_SubscribeRefusalCodes(t *testing.T) {
+	t.Parallel()
+	_, addr := startBroker(t, func(c *Config) {
+		c.MaxSubscriptions = 2
+		c.SharedDisabled = true
+	})
+	c := dial(t, addr, 5)
+	c.connect("c", true, packets.Properties{})
+	c.send(packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1},
+		PacketID:    1,
+		Filters: packets.Subscriptions{
+			{Filter: "a/#/b"}, {Filter: "ok/1", Qos: 1}, {Filter: "$share/g/x"}, {Filter: "ok/2", Qos: 2}, {Filter: "ok/3"},
+		},
+	})
+	ack := c.expect(packets.Suback)
+	require.Equal(t, []byte{
+		packets.ErrTopicFilterInvalid.Code,              // [MQTT-4.7.1-1]
+		1,                                               //
+		packets.ErrSharedSubscriptionsNotSupported.Code, // 0x9E
+		2,                                               //
+		packets.ErrQuotaExceeded.Code,                   // third subscription over max 2
+	}, ack.ReasonCodes)
+
+	v3 := dial(t, addr, 4)
+	v3.connect("v3", true, packets.Properties{})
+	require.Equal(t, []byte{0x80}, v3.subscribe(1, "$share/g/x", 0).ReasonCodes)
+}
+
+// $SYS topics are per tenant, and '#' does not match them ([MQTT-4.7.2-1]).
+func TestBroker_SysTopicsPerTenant(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	c := dial(t, addr, 5)
+	c.connect("watcher", true, packets.Properties{})
+	c.subscribe(1, "#", 0)
+	b.publishSys(time.Now())
+	c.subscribe(2, "$SYS/broker/clients/connected", 0) // retained, so delivered on subscribe
+	got := c.expect(packets.Publish)
+	require.Equal(t, "$SYS/broker/clients/connected", got.TopicName)
+	require.Equal(t, "1", string(got.Payload))
+	require.True(t, got.FixedHeader.Retain)
+	// Nothing else arrives: '#' saw none of the $SYS topics.
+	_, err := c.read(200 * time.Millisecond)
+	require.Error(t, err)
+}

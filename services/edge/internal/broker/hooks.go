@@ -239,15 +239,22 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	case packets.Subscribe:
 		filters := make([]packets.Subscription, len(pk.Filters))
 		copy(filters, pk.Filters)
+		c.refused = c.refused[:0]
 		for i := range filters {
 			f := &filters[i]
+			code := byte(0)
 			if err := b.checkFilter(f.Filter); err != nil {
+				code = packets.ErrTopicFilterInvalid.Code
+				if errors.Is(err, errSharedDisabled) {
+					code = packets.ErrSharedSubscriptionsNotSupported.Code
+				}
 				b.m.packetErrors.WithLabelValues("invalid_filter").Inc()
-				b.logger.Debug("invalid topic filter", "client_id", cl.ID, "error", err)
-				f.Filter = "" // mochi answers 0x8F for an empty filter
-				continue
+				b.logger.Debug("topic filter refused", "client_id", cl.ID, "error", err)
+				f.Filter = "" // mochi refuses an empty filter; OnSubscribed sets the precise code
+			} else {
+				f.Filter, _ = c.scope.Filter(f.Filter)
 			}
-			f.Filter, _ = c.scope.Filter(f.Filter)
+			c.refused = append(c.refused, code)
 		}
 		pk.Filters = filters
 	case packets.Pubrec:
@@ -367,8 +374,23 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 	if c == nil || s == nil {
 		return
 	}
+	// codes is the slice mochi's SUBACK carries: writing to it sets the
+	// reason code the client gets.
+	refuse := func(i int, code byte) {
+		if cl.Properties.ProtocolVersion < 5 {
+			code = packets.ErrUnspecifiedError.Code // 3.1.1 has only 0x80 (failure)
+		}
+		codes[i] = code
+	}
 	for i, f := range pk.Filters {
-		if i >= len(codes) || codes[i] >= packets.ErrUnspecifiedError.Code {
+		if i >= len(codes) {
+			break
+		}
+		if i < len(c.refused) && c.refused[i] != 0 {
+			refuse(i, c.refused[i])
+			continue
+		}
+		if codes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
 		}
 		sub := &subscription{sess: s, full: f.Filter, filter: f.Filter, qos: codes[i], noLocal: f.NoLocal,
@@ -384,6 +406,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
 			cl.State.Subscriptions.Delete(f.Filter)
 			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+			refuse(i, packets.ErrQuotaExceeded.Code)
 			continue
 		}
 		existed := i < len(c.existed) && c.existed[i]
