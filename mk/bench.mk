@@ -1,0 +1,33 @@
+# Benchmarks: Go micro-benchmarks across the workspace, and the keel-bench load
+# generator against Mosquitto, bare mochi and the Keel edge (scripts/bench.sh).
+#
+#   make bench                       both (about 10 minutes on 2 cores)
+#   make bench BENCH_GO=0            load benchmarks only
+#   make bench-load DURATION=10s REPEAT=5 SCENARIOS=qos0-fanin-64B,qos1-pairs-50
+#   make bench-go BENCH_PKGS=./libs/...   then compare runs with benchstat
+#
+# Load-benchmark knobs (DURATION, WARMUP, REPEAT, BROKERS, SCENARIOS, INFLIGHT,
+# STORM_CLIENTS, IDLE_CLIENTS, WAIT_QUIET, OUT) are read by scripts/bench.sh from
+# the environment; see its header.
+
+BENCH_GO    ?= 1
+BENCH_TIME  ?= 500ms
+BENCH_COUNT ?= 1
+BENCH_PKGS  ?= work
+BENCH_OUT   ?= $(TMP)/bench
+
+.PHONY: bench bench-go bench-load
+
+bench: ## Run benchmarks: Go benchmarks + load generator vs Mosquitto and bare mochi
+	@rc=0; \
+	if [ "$(BENCH_GO)" != 0 ]; then $(MAKE) bench-go || rc=$$?; fi; \
+	$(MAKE) bench-load || rc=$$?; \
+	exit $$rc
+
+bench-go: ## Run Go benchmarks with -benchmem over the workspace modules (BENCH_PKGS, BENCH_TIME)
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime=$(BENCH_TIME) -count=$(BENCH_COUNT) $(BENCH_PKGS) \
+		| tee $(BENCH_OUT)/go-$$(date +%Y%m%d-%H%M%S).txt
+
+bench-load: ## Run keel-bench scenarios against Mosquitto, bare mochi and the Keel edge
+	GO=$(GO) BIN=$(BIN) scripts/bench.sh

@@ -1,0 +1,163 @@
+// Package loadgen drives MQTT 3.1.1 load against a broker and measures it:
+// throughput, end-to-end latency, loss, duplicates and reordering, and, when
+// given the broker's pid, the broker's CPU time and resident memory.
+//
+// Scenarios are closed loops: a fixed window of messages is in flight across
+// all publishers, and a message leaves the window when its subscriber(s)
+// receive it. That finds saturation throughput without overflowing broker
+// queues (see shared/notes/peers.md). The MQTT client is the raw-TCP codec of
+// package [github.com/keelmq/keel/test/bench/wire], so one process can drive
+// several hundred thousand messages per second on two cores.
+package loadgen
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+)
+
+// Scenario names.
+const (
+	// ScenarioFanIn is N publishers on distinct topics to 1 subscriber on a wildcard.
+	ScenarioFanIn = "fanin"
+	// ScenarioFanOut is 1 publisher to N subscribers of one topic.
+	ScenarioFanOut = "fanout"
+	// ScenarioPairs is N publisher/subscriber pairs on distinct topics.
+	ScenarioPairs = "pairs"
+	// ScenarioStorm connects N clients as fast as possible, then disconnects them.
+	ScenarioStorm = "storm"
+	// ScenarioIdle connects N clients, holds them idle and reports the broker's
+	// resident memory per client.
+	ScenarioIdle = "idle"
+)
+
+// Defaults for [Config.RegisterFlags].
+const (
+	DefaultScenario           = ScenarioFanIn
+	DefaultSize               = 64
+	DefaultClients            = 50
+	DefaultDuration           = 10 * time.Second
+	DefaultWarmup             = 2 * time.Second
+	DefaultInflight           = 1000
+	DefaultAddr               = "127.0.0.1:1883"
+	DefaultDrain              = 5 * time.Second
+	DefaultKeepAlive          = 60
+	DefaultTopicPrefix        = "bench"
+	DefaultConnectConcurrency = 100
+	DefaultIdleHold           = 3 * time.Second
+	DefaultStallTimeout       = time.Second
+
+	// MinSize is the smallest payload: it carries run id, publisher id,
+	// sequence number and send time.
+	MinSize = headerSize
+)
+
+// Config describes one load-generator run.
+type Config struct {
+	Scenario string
+	QoS      int
+	Size     int // payload bytes
+	Clients  int // publishers (fanin), subscribers (fanout), pairs, or connections (storm, idle)
+	Duration time.Duration
+	Warmup   time.Duration
+	// Inflight is the closed-loop window: messages in flight across all
+	// publishers, split evenly between them (at least one each).
+	Inflight int
+	PubAddr  string
+	SubAddr  string
+	// Drain is how long to wait after the run for messages still in flight
+	// before counting what never arrived as lost.
+	Drain       time.Duration
+	KeepAlive   int // seconds
+	TopicPrefix string
+	// ConnectConcurrency bounds parallel connection attempts.
+	ConnectConcurrency int
+	// Hold is how long storm and idle keep their clients connected before
+	// sampling memory and disconnecting. It must stay below the keep alive.
+	Hold time.Duration
+	// StallTimeout is how long a publisher waits with a full window and no
+	// progress before it assumes the window's messages lost and reopens it.
+	StallTimeout time.Duration
+	// BrokerPID, if set, is the broker process sampled for CPU and memory.
+	BrokerPID int
+	// Username and Password are sent in CONNECT when Username is set.
+	Username string
+	Password string
+
+	// Broker and Label are copied into the result to tag it.
+	Broker string
+	Label  string
+}
+
+// RegisterFlags registers the config's flags on fs with their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Scenario, "scenario", DefaultScenario, "fanin | fanout | pairs | storm | idle")
+	fs.IntVar(&c.QoS, "qos", 0, "QoS of publishes and subscriptions: 0, 1 or 2")
+	fs.IntVar(&c.Size, "size", DefaultSize, fmt.Sprintf("payload bytes (at least %d)", MinSize))
+	fs.IntVar(&c.Clients, "clients", DefaultClients, "publishers (fanin), subscribers (fanout), pairs, or connections (storm, idle)")
+	fs.DurationVar(&c.Duration, "duration", DefaultDuration, "measured duration")
+	fs.DurationVar(&c.Warmup, "warmup", DefaultWarmup, "unmeasured load before the measured duration")
+	fs.IntVar(&c.Inflight, "inflight", DefaultInflight, "closed-loop window: messages in flight across all publishers")
+	fs.StringVar(&c.PubAddr, "pub-addr", DefaultAddr, "broker address for publishers (and storm/idle clients)")
+	fs.StringVar(&c.SubAddr, "sub-addr", DefaultAddr, "broker address for subscribers")
+	fs.DurationVar(&c.Drain, "drain", DefaultDrain, "longest wait for in-flight messages after the run")
+	fs.IntVar(&c.KeepAlive, "keepalive", DefaultKeepAlive, "MQTT keep alive in seconds")
+	fs.StringVar(&c.TopicPrefix, "topic-prefix", DefaultTopicPrefix, "first topic level")
+	fs.IntVar(&c.ConnectConcurrency, "connect-concurrency", DefaultConnectConcurrency, "parallel connection attempts")
+	fs.DurationVar(&c.Hold, "hold", 0, fmt.Sprintf("storm/idle: time connected before sampling memory (idle default %s)", DefaultIdleHold))
+	fs.DurationVar(&c.StallTimeout, "stall-timeout", DefaultStallTimeout, "reopen a publisher's window after this long without progress")
+	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker pid to sample CPU and RSS from /proc")
+	fs.StringVar(&c.Username, "username", "", "CONNECT username")
+	fs.StringVar(&c.Password, "password", "", "CONNECT password (needs -username)")
+	fs.StringVar(&c.Broker, "broker", "", "broker name copied into the result")
+	fs.StringVar(&c.Label, "label", "", "run label copied into the result")
+}
+
+// Validate checks the config and fills scenario-dependent defaults.
+func (c *Config) Validate() error {
+	var errs []error
+	switch c.Scenario {
+	case ScenarioFanIn, ScenarioFanOut, ScenarioPairs, ScenarioStorm:
+	case ScenarioIdle:
+		if c.Hold == 0 {
+			c.Hold = DefaultIdleHold
+		}
+	default:
+		errs = append(errs, fmt.Errorf("unknown scenario %q", c.Scenario))
+	}
+	if c.QoS < 0 || c.QoS > 2 {
+		errs = append(errs, fmt.Errorf("qos %d not in 0..2", c.QoS))
+	}
+	if c.Size < MinSize {
+		errs = append(errs, fmt.Errorf("size %d below %d", c.Size, MinSize))
+	}
+	if c.Clients < 1 {
+		errs = append(errs, errors.New("clients must be at least 1"))
+	}
+	if c.Duration <= 0 || c.Warmup < 0 || c.Drain < 0 || c.Hold < 0 {
+		errs = append(errs, errors.New("duration must be positive; warmup, drain and hold not negative"))
+	}
+	if c.Inflight < 1 {
+		errs = append(errs, errors.New("inflight must be at least 1"))
+	}
+	if c.KeepAlive < 0 || c.KeepAlive > 65535 {
+		errs = append(errs, fmt.Errorf("keepalive %d not in 0..65535", c.KeepAlive))
+	}
+	if c.KeepAlive > 0 && c.Hold >= time.Duration(c.KeepAlive)*time.Second {
+		errs = append(errs, errors.New("hold must be shorter than the keep alive (idle clients send no PINGREQ)"))
+	}
+	if c.ConnectConcurrency < 1 {
+		c.ConnectConcurrency = 1
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = DefaultStallTimeout
+	}
+	if c.Password != "" && c.Username == "" {
+		errs = append(errs, errors.New("password needs a username"))
+	}
+	if c.PubAddr == "" || c.SubAddr == "" {
+		errs = append(errs, errors.New("pub-addr and sub-addr must be set"))
+	}
+	return errors.Join(errs...)
+}
