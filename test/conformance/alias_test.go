@@ -1,0 +1,134 @@
+package conformance
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/stretchr/testify/require"
+)
+
+// TestConformance_TopicAlias checks topic aliases sent by a client: a mapped
+// alias stands for its topic, can be remapped, is not carried over to a new
+// connection, and out-of-range or unknown aliases end the connection.
+func TestConformance_TopicAlias(t *testing.T) {
+	t.Parallel()
+	const aliasMax = 10
+	var e *edge
+	if suite.external != "" {
+		e = startEdge(t)
+	} else {
+		e = startEdge(t, "--mqtt.topic-alias-maximum", fmt.Sprint(aliasMax))
+	}
+	announced := func(ca *packets.Connack) uint16 {
+		if ca.Properties == nil || ca.Properties.TopicAliasMaximum == nil {
+			return 0
+		}
+		return *ca.Properties.TopicAliasMaximum
+	}
+	// connect returns a raw client and the Topic Alias Maximum in force:
+	// the announced one, or for keel-edge the configured one.
+	connect := func(t *testing.T, cp *packets.Connect) (*rawClient, uint16) {
+		t.Helper()
+		rc, ca := connectRaw(t, e.TCP, cp)
+		if max := announced(ca); max > 0 {
+			return rc, max
+		}
+		if e.external {
+			t.Skip("the server announces no Topic Alias Maximum: it accepts no aliases")
+		}
+		return rc, aliasMax
+	}
+	expectAnyError := []byte{0x81, 0x82, 0x94}
+	publish := func(t *testing.T, rc *rawClient, topic string, alias, id uint16, payload string) {
+		t.Helper()
+		rc.send(t, &packets.Publish{Topic: topic, QoS: 1, PacketID: id, Payload: []byte(payload),
+			Properties: &packets.Properties{TopicAlias: u16(alias)}})
+	}
+	// expectRefused requires the server to close the connection, with a
+	// DISCONNECT carrying one of codes if it sends one ([MQTT-4.13.1-1]).
+	expectRefused := func(t *testing.T, rc *rawClient, codes ...byte) {
+		t.Helper()
+		d, _ := rc.expectClosed(t, waitMsg)
+		if d != nil {
+			require.Contains(t, codes, d.ReasonCode, "DISCONNECT reason code 0x%02x", d.ReasonCode)
+		}
+	}
+
+	t.Run("maximum_announced", func(t *testing.T) {
+		t.Parallel()
+		knownIssue(t, e, "CONNACK omits Topic Alias Maximum")
+		if e.external {
+			t.Skip("the configured maximum is known for keel-edge only")
+		}
+		_, ca := connectRaw(t, e.TCP, rawConnect("alias-"+uniq()))
+		// [MQTT-3.2.2-17]: without a Topic Alias Maximum in CONNACK the client
+		// must not send any alias, so a server that accepts aliases says so.
+		require.Equal(t, uint16(aliasMax), announced(ca), "CONNACK Topic Alias Maximum")
+	})
+	t.Run("mapped_remapped_and_resolved", func(t *testing.T) {
+		t.Parallel()
+		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
+		base := topicFor(t)
+		sub := connectV5(t, e.TCP, v5Connect("sub-"+uniq()))
+		sub.sub(t, base+"/#", 1)
+		rc, _ := connect(t, rawConnect("alias-"+uniq()))
+		steps := []struct{ topic, payload string }{
+			{base + "/a", "1"}, // maps alias 1 to base/a
+			{"", "2"},          // alias only
+			{base + "/b", "3"}, // remaps alias 1 to base/b
+			{"", "4"},
+		}
+		for i, s := range steps {
+			publish(t, rc, s.topic, 1, uint16(i+1), s.payload)
+			ack := rc.expect(t, packets.PUBACK).Content.(*packets.Puback)
+			require.Less(t, ack.ReasonCode, byte(0x80), "PUBACK for step %d", i)
+		}
+		// [MQTT-3.3.2-12]: the server accepts aliases up to its maximum and
+		// resolves them; the subscriber sent no Topic Alias Maximum, so the
+		// server sends it no alias ([MQTT-3.3.2-11]) but the full topic.
+		for i, want := range []string{base + "/a", base + "/a", base + "/b", base + "/b"} {
+			m := sub.next(t)
+			require.Equal(t, steps[i].payload, string(m.Payload))
+			require.Equal(t, want, m.Topic)
+			require.Nil(t, m.Properties.TopicAlias)
+		}
+	})
+	t.Run("alias_zero", func(t *testing.T) {
+		t.Parallel()
+		rc, _ := connect(t, rawConnect("alias-"+uniq()))
+		publish(t, rc, topicFor(t), 0, 1, "x")
+		expectRefused(t, rc, expectAnyError...) // [MQTT-3.3.2-8]: a Topic Alias of 0 is not permitted
+	})
+	t.Run("alias_above_maximum", func(t *testing.T) {
+		t.Parallel()
+		rc, max := connect(t, rawConnect("alias-"+uniq()))
+		if max == math.MaxUint16 {
+			t.Skip("Topic Alias Maximum is 65535: no alias is above it")
+		}
+		publish(t, rc, topicFor(t), max+1, 1, "x")
+		expectRefused(t, rc, 0x94) // [MQTT-3.3.2-9] §3.3.2.3.4: Topic Alias invalid
+	})
+	t.Run("unknown_alias", func(t *testing.T) {
+		t.Parallel()
+		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
+		rc, _ := connect(t, rawConnect("alias-"+uniq()))
+		publish(t, rc, "", 7, 1, "x") // never mapped: a Protocol Error (§3.3.2.3.4)
+		expectRefused(t, rc, expectAnyError...)
+	})
+	t.Run("not_carried_across_connections", func(t *testing.T) {
+		t.Parallel()
+		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
+		cp := rawConnect("alias-" + uniq())
+		cp.Properties.SessionExpiryInterval = u32(60)
+		rc, _ := connect(t, cp)
+		publish(t, rc, topicFor(t), 1, 1, "x")
+		rc.expect(t, packets.PUBACK)
+		require.NoError(t, rc.conn.Close())
+		cp.CleanStart = false
+		rc, _ = connect(t, cp)
+		publish(t, rc, "", 1, 2, "y") // [MQTT-3.3.2-7]: the mapping died with the connection
+		expectRefused(t, rc, expectAnyError...)
+	})
+}

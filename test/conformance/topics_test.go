@@ -1,0 +1,326 @@
+package conformance
+
+import (
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/eclipse/paho.golang/paho"
+	"github.com/stretchr/testify/require"
+)
+
+// TestConformance_SharedSubscriptions checks $share/<group>/<filter> and the
+// $queue/<filter> form: each message goes to exactly one member of a group,
+// every member gets some, groups and ordinary subscriptions each get every
+// message, a member that leaves stops receiving, and no retained message is
+// sent for a shared subscription.
+func TestConformance_SharedSubscriptions(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	const total = 40
+	// collect reads messages from each member until total have arrived
+	// together, and returns the payloads per member.
+	collect := func(t *testing.T, members ...*v5Client) [][]string {
+		t.Helper()
+		got := make([][]string, len(members))
+		deadline := time.After(waitMsg)
+		for n := 0; n < total; n++ {
+			select {
+			case m := <-members[0].msgs:
+				got[0] = append(got[0], string(m.Payload))
+			case m := <-members[1].msgs:
+				got[1] = append(got[1], string(m.Payload))
+			case <-deadline:
+				t.Fatalf("only %d of %d messages reached the group: %v", n, total, got)
+			}
+		}
+		for _, m := range members {
+			m.expectNothing(t, quiet) // exactly one member per message
+		}
+		return got
+	}
+	checkSplit := func(t *testing.T, got [][]string, want []string) {
+		t.Helper()
+		require.ElementsMatch(t, want, append(append([]string{}, got[0]...), got[1]...), "each message to exactly one member (§4.8.2)")
+		require.NotEmpty(t, got[0], "member 1 got no message")
+		require.NotEmpty(t, got[1], "member 2 got no message")
+	}
+	member := func(t *testing.T, filter string) *v5Client {
+		t.Helper()
+		c := connectV5(t, e.TCP, v5Connect("m-"+uniq()))
+		c.sub(t, filter, 1)
+		return c
+	}
+
+	for _, form := range []string{"share", "queue"} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			topic := topicFor(t)
+			filter := "$share/g/" + topic
+			if form == "queue" {
+				if e.external {
+					t.Skip("$queue/ is a keel-edge extension")
+				}
+				filter = "$queue/" + topic
+			}
+			m1, m2 := member(t, filter), member(t, filter)
+			plain := member(t, topic)
+			pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+			want := payloads("m", total)
+			for _, p := range want {
+				pub.pub(t, topic, 1, p)
+			}
+			checkSplit(t, collect(t, m1, m2), want)
+			plain.expectPayloads(t, want...)
+		})
+	}
+	t.Run("groups_are_independent", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		g1a, g1b := member(t, "$share/g1/"+topic), member(t, "$share/g1/"+topic)
+		g2 := member(t, "$share/g2/"+topic)
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		want := payloads("m", total)
+		for _, p := range want {
+			pub.pub(t, topic, 1, p)
+		}
+		checkSplit(t, collect(t, g1a, g1b), want)
+		g2.expectPayloads(t, want...) // a one-member group gets everything
+	})
+	t.Run("wildcard_filter_and_mqtt311_member", func(t *testing.T) {
+		t.Parallel()
+		base := topicFor(t)
+		m1 := member(t, "$share/g/"+base+"/+")
+		m2 := connectV3(t, v3Options("tcp://"+e.TCP, "m311-"+uniq()))
+		m2.sub(t, "$share/g/"+base+"/+", 1)
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		want := payloads("m", total)
+		for i, p := range want {
+			pub.pub(t, base+"/"+[]string{"a", "b"}[i%2], 1, p)
+		}
+		var got1, got2 []string
+		for n := 0; n < total; n++ {
+			select {
+			case m := <-m1.msgs:
+				got1 = append(got1, string(m.Payload))
+			case m := <-m2.msgs:
+				got2 = append(got2, string(m.Payload()))
+			case <-time.After(waitMsg):
+				t.Fatalf("only %d of %d messages reached the group", n, total)
+			}
+		}
+		checkSplit(t, [][]string{got1, got2}, want)
+	})
+	t.Run("member_leaves", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		m1, m2 := member(t, "$share/g/"+topic), member(t, "$share/g/"+topic)
+		require.NoError(t, m2.Disconnect(&paho.Disconnect{}))
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		want := payloads("m", 10)
+		for _, p := range want {
+			pub.pub(t, topic, 1, p)
+		}
+		m1.expectPayloads(t, want...) // the remaining member gets all
+	})
+	t.Run("no_retained_messages", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		pub.publish(t, &paho.Publish{Topic: topic, QoS: 1, Retain: true, Payload: []byte("retained")})
+		m := member(t, "$share/g/"+topic)
+		pub.pub(t, topic, 1, "marker")
+		// §4.8.2: retained messages are not sent to a shared subscription.
+		m.expectPayloads(t, "marker")
+	})
+}
+
+// TestConformance_InvalidTopicFilter subscribes to malformed filters, each
+// alongside a valid one, and checks that SUBACK refuses exactly the invalid
+// filter with 0x8F (MQTT 5) or 0x80 (MQTT 3.1.1) and grants the other.
+func TestConformance_InvalidTopicFilter(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	invalid := []struct{ name, filter string }{
+		{"hash_not_last", "a/#/b"},         // [MQTT-4.7.1-1]
+		{"hash_not_whole_level", "a/b#"},   // [MQTT-4.7.1-1]
+		{"plus_not_whole_level", "a/b+/c"}, // [MQTT-4.7.1-2]
+		{"empty", ""},                      // [MQTT-4.7.3-1]
+		{"share_without_filter", "$share/g"},
+		{"share_empty_group", "$share//a"},      // [MQTT-4.8.2-1]
+		{"share_wildcard_group", "$share/g+/a"}, // [MQTT-4.8.2-2]
+	}
+	for _, tc := range invalid {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			valid := topicFor(t)
+			rc, _ := connectRaw(t, e.TCP, rawConnect("if-"+uniq()))
+			rc.send(t, &packets.Subscribe{PacketID: 1, Properties: &packets.Properties{},
+				Subscriptions: []packets.SubOptions{{Topic: valid, QoS: 1}, {Topic: tc.filter, QoS: 1}}})
+			cp, _, err := rc.read(waitMsg)
+			require.NoError(t, err)
+			if e.external && cp.Type == packets.DISCONNECT {
+				// The spec also lets a server treat a malformed filter as a
+				// Malformed Packet or Protocol Error and end the connection
+				// (§4.13); keel-edge answers per filter instead.
+				require.Contains(t, []byte{0x81, 0x82}, cp.Content.(*packets.Disconnect).ReasonCode)
+				t.Skipf("the external broker ends the connection instead: %s", cp)
+			}
+			require.Equal(t, packets.SUBACK, cp.Type, "got %s", cp)
+			// [MQTT-3.9.3-1] one reason code per filter, in order; §3.9.3:
+			// 0x8F Topic Filter invalid.
+			require.Equal(t, []byte{0x01, 0x8f}, cp.Content.(*packets.Suback).Reasons, "SUBACK reason codes")
+			rc.expectOpen(t)
+
+			old, code := connectV311Raw(t, e.TCP, v311Conn{clientID: "if3-" + uniq(), keepAlive: 30})
+			require.Equal(t, byte(0), code)
+			old.sendBytes(t, v311Subscribe(1, 1, valid, tc.filter))
+			require.Equal(t, []byte{0x01, 0x80}, old.v311Suback(t), "3.1.1 SUBACK return codes")
+		})
+	}
+}
+
+// TestConformance_InvalidTopicName publishes to topic names with wildcards
+// and checks that the server ends an MQTT 5 connection with DISCONNECT 0x90
+// and an MQTT 3.1.1 one by closing it, and routes nothing.
+func TestConformance_InvalidTopicName(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	for _, tc := range []struct{ name, topic string }{
+		{"plus", "a/+/b"},
+		{"hash", "a/#"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			watch := connectV5(t, e.TCP, v5Connect("w-"+uniq()))
+			watch.sub(t, "a/#", 1)
+
+			rc, _ := connectRaw(t, e.TCP, rawConnect("itn-"+uniq()))
+			rc.send(t, &packets.Publish{Topic: tc.topic, QoS: 1, PacketID: 1, Payload: []byte("x"), Properties: &packets.Properties{}})
+			// [MQTT-3.3.2-2]: no wildcards in a topic name; §3.3.2.1 and
+			// [MQTT-4.13.1-1]: DISCONNECT 0x90 Topic Name invalid, then close.
+			// An external broker may also treat it as a Malformed Packet or
+			// Protocol Error (§4.13).
+			d, _ := rc.expectClosed(t, waitMsg)
+			require.NotNil(t, d, "no DISCONNECT before the close")
+			if e.external {
+				require.Contains(t, []byte{0x81, 0x82, 0x90}, d.ReasonCode, "DISCONNECT reason code")
+			} else {
+				require.Equal(t, byte(0x90), d.ReasonCode, "DISCONNECT reason code")
+			}
+
+			old, code := connectV311Raw(t, e.TCP, v311Conn{clientID: "itn3-" + uniq(), keepAlive: 30})
+			require.Equal(t, byte(0), code)
+			old.sendBytes(t, v311Publish(tc.topic, 1, 1, "y"))
+			old.expectClosed(t, waitMsg) // 3.1.1 [MQTT-3.3.2-2] [MQTT-4.8.0-1]
+
+			watch.expectNothing(t, quiet)
+		})
+	}
+}
+
+// TestConformance_DollarTopics checks that filters starting with a wildcard
+// do not match topic names starting with '$': neither the server's own $SYS
+// topics (keel-edge publishes them every 200 ms here, retained) nor another
+// '$' topic, live or retained.
+func TestConformance_DollarTopics(t *testing.T) {
+	t.Parallel()
+	var e *edge
+	if suite.external != "" {
+		e = startEdge(t)
+	} else {
+		e = startEdge(t, "--mqtt.sys-interval", "200ms")
+	}
+	sys := connectV5(t, e.TCP, v5Connect("sys-"+uniq()))
+	sys.sub(t, "$SYS/#", 0)
+	sawSys := false
+	select {
+	case m := <-sys.msgs:
+		sawSys = true
+		t.Logf("the server publishes $SYS topics, e.g. %q", m.Topic)
+	case <-time.After(waitMsg):
+		if !e.external {
+			t.Fatal("keel-edge published no $SYS message with --mqtt.sys-interval 200ms")
+		}
+		t.Log("no $SYS message seen; only the other '$' topic is checked")
+	}
+
+	topic := "$conformance-" + uniq() + "/x"
+	pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+	pub.publish(t, &paho.Publish{Topic: topic, QoS: 1, Retain: true, Payload: []byte("retained")})
+	hash := connectV5(t, e.TCP, v5Connect("hash-"+uniq()))
+	hash.sub(t, "#", 0)
+	plus := connectV5(t, e.TCP, v5Connect("plus-"+uniq()))
+	plus.sub(t, "+/x", 0)
+	plusHash := connectV5(t, e.TCP, v5Connect("plushash-"+uniq()))
+	plusHash.sub(t, "+/#", 0)
+	dollar := connectV5(t, e.TCP, v5Connect("dollar-"+uniq()))
+	dollar.sub(t, topic, 1)
+	dollar.expectPayloads(t, "retained") // an explicit filter matches
+	pub.pub(t, topic, 1, "live")
+	dollar.expectPayloads(t, "live")
+	if sawSys && !e.external { // wait for a $SYS round published after the subscriptions
+		for len(sys.msgs) > 0 {
+			<-sys.msgs
+		}
+		sys.next(t)
+	}
+	// [MQTT-4.7.2-1]: no filter starting with a wildcard matches a '$'
+	// topic. On a shared broker "#" also sees other tests' traffic, so
+	// only '$' topics count.
+	deadline := time.After(quiet)
+	for done := false; !done; {
+		select {
+		case m := <-hash.msgs:
+			require.NotEqual(t, byte('$'), m.Topic[0], "'#' matched %q", m.Topic)
+		case m := <-plus.msgs:
+			require.NotEqual(t, byte('$'), m.Topic[0], "'+/x' matched %q", m.Topic)
+		case m := <-plusHash.msgs:
+			require.NotEqual(t, byte('$'), m.Topic[0], "'+/#' matched %q", m.Topic)
+		case <-deadline:
+			done = true
+		}
+	}
+}
+
+// TestConformance_Takeover connects a second client with the same client ID
+// and checks that the first gets DISCONNECT 0x8E and is closed, while the
+// second carries on with the session.
+func TestConformance_Takeover(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	t.Run("mqtt5", func(t *testing.T) {
+		t.Parallel()
+		topic, id := topicFor(t), "to-"+uniq()
+		cp := v5Connect(id)
+		cp.Properties.SessionExpiryInterval = u32(60)
+		first := connectV5(t, e.TCP, cp)
+		first.sub(t, topic, 1)
+		cp = v5Connect(id)
+		cp.CleanStart = false
+		cp.Properties.SessionExpiryInterval = u32(60)
+		second := connectV5(t, e.TCP, cp)
+		// [MQTT-3.1.4-3]: DISCONNECT 0x8E Session taken over to the existing
+		// client, whose connection is then closed.
+		require.Equal(t, byte(0x8e), first.expectDisconnect(t).ReasonCode)
+		select {
+		case <-first.Done():
+		case <-time.After(waitMsg):
+			t.Fatal("the first connection stayed open")
+		}
+		require.True(t, second.Connack.SessionPresent, "the session continues")
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		pub.pub(t, topic, 1, "after")
+		second.expectPayloads(t, "after") // the subscription moved with the session
+	})
+	t.Run("mqtt311", func(t *testing.T) {
+		t.Parallel()
+		id := "to3-" + uniq()
+		first, code := connectV311Raw(t, e.TCP, v311Conn{clientID: id, keepAlive: 30})
+		require.Equal(t, byte(0), code)
+		second, code := connectV311Raw(t, e.TCP, v311Conn{clientID: id, keepAlive: 30})
+		require.Equal(t, byte(0), code)
+		first.expectClosed(t, waitMsg) // 3.1.1 [MQTT-3.1.4-2]
+		second.expectOpen(t)
+	})
+}
