@@ -58,7 +58,6 @@ func TestConformance_TopicAlias(t *testing.T) {
 
 	t.Run("maximum_announced", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "CONNACK omits Topic Alias Maximum")
 		if e.external {
 			t.Skip("the configured maximum is known for keel-edge only")
 		}
@@ -69,7 +68,6 @@ func TestConformance_TopicAlias(t *testing.T) {
 	})
 	t.Run("mapped_remapped_and_resolved", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
 		base := topicFor(t)
 		sub := connectV5(t, e.TCP, v5Connect("sub-"+uniq()))
 		sub.sub(t, base+"/#", 1)
@@ -112,14 +110,12 @@ func TestConformance_TopicAlias(t *testing.T) {
 	})
 	t.Run("unknown_alias", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
 		rc, _ := connect(t, rawConnect("alias-"+uniq()))
 		publish(t, rc, "", 7, 1, "x") // never mapped: a Protocol Error (§3.3.2.3.4)
 		expectRefused(t, rc, expectAnyError...)
 	})
 	t.Run("not_carried_across_connections", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "alias-only PUBLISH (empty topic) is refused with PUBACK 0x87 and an unknown alias is not a protocol error")
 		cp := rawConnect("alias-" + uniq())
 		cp.Properties.SessionExpiryInterval = u32(60)
 		rc, _ := connect(t, cp)

@@ -17,8 +17,6 @@
 //	                          (path /mqtt); WebSocket tests skip without it
 //	KEEL_CONFORMANCE_EDGE_BIN a prebuilt keel-edge to use instead of building
 //	KEEL_CONFORMANCE_RACE     non-empty: build keel-edge with -race
-//	KEEL_CONFORMANCE_KNOWN_ISSUES  non-empty: also run the tests skipped as
-//	                          known broker issues (see knownIssue)
 //
 // Under -short every test skips.
 package conformance

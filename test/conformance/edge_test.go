@@ -240,14 +240,3 @@ func selfSignedCert(t *testing.T) (certPath, keyPath string, cert *x509.Certific
 	keyPath = writeFile(t, "key.pem", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
 	return certPath, keyPath, cert
 }
-
-// knownIssue skips a test that fails on keel-edge because of a confirmed
-// broker bug, so that the suite stays green while the bug is open. Remove
-// the call with the fix. Against an external broker, or with
-// KEEL_CONFORMANCE_KNOWN_ISSUES set, the test runs.
-func knownIssue(t *testing.T, e *edge, issue string) {
-	t.Helper()
-	if !e.external && os.Getenv(envKnownIssues) == "" {
-		t.Skip("known issue: " + issue)
-	}
-}

@@ -83,7 +83,6 @@ func TestConformance_MaximumPacketSize(t *testing.T) {
 	t.Run("server_limit_announced", func(t *testing.T) {
 		t.Parallel()
 		e := startEdge(t, "--mqtt.max-packet-size", "1024")
-		knownIssue(t, e, "CONNACK omits Maximum Packet Size")
 		_, ca := connectRaw(t, e.TCP, rawConnect("c-"+uniq()))
 		// §3.2.2.3.6: without a Maximum Packet Size in CONNACK there is no
 		// limit beyond the protocol's, so a server that enforces one says so.

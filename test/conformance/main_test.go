@@ -15,8 +15,6 @@ const (
 	envWSAddr = "KEEL_CONFORMANCE_WS_ADDR"
 	envBin    = "KEEL_CONFORMANCE_EDGE_BIN"
 	envRace   = "KEEL_CONFORMANCE_RACE"
-
-	envKnownIssues = "KEEL_CONFORMANCE_KNOWN_ISSUES"
 )
 
 // suite is set once by TestMain and read by every test.

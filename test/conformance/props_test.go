@@ -154,7 +154,6 @@ func TestConformance_NoLocal(t *testing.T) {
 	})
 	t.Run("shared_subscription_is_protocol_error", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "No Local on a shared subscription gets SUBACK 0x82 and the connection stays open")
 		rc, _ := connectRaw(t, e.TCP, rawConnect("nl-"+uniq()))
 		rc.send(t, &packets.Subscribe{PacketID: 1, Properties: &packets.Properties{},
 			Subscriptions: []packets.SubOptions{{Topic: "$share/g/" + topicFor(t), QoS: 1, NoLocal: true}}})
@@ -197,7 +196,6 @@ func TestConformance_AssignedClientID(t *testing.T) {
 	})
 	t.Run("mqtt311_persistent_session", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "MQTT 3.1.1 CONNACK for an empty client ID with clean session 0 has return code 0x80, not 2")
 		rc, code := connectV311Raw(t, e.TCP, v311Conn{keepAlive: 30, persistent: true})
 		require.Equal(t, byte(2), code, "3.1.1 [MQTT-3.1.3-8]: identifier rejected")
 		rc.expectClosed(t, waitMsg)

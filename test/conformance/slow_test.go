@@ -44,7 +44,6 @@ func TestConformance_SlowConsumer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			if tc.stopsReading && !tc.persistent {
-				knownIssue(t, e, "a non-persistent subscriber that stops reading is never disconnected; every publish to it waits the full grace")
 			}
 			topic, slowID := topicFor(t), "slow-"+uniq()
 			fast := connectV5(t, e.TCP, v5Connect("fast-"+uniq()))

@@ -133,7 +133,6 @@ func TestConformance_Will(t *testing.T) {
 	})
 	t.Run("delay_cancelled_by_takeover", func(t *testing.T) {
 		t.Parallel()
-		knownIssue(t, e, "the will of a connection taken over by its own session is published after its delay")
 		topic := topicFor(t)
 		w := watch(t, topic)
 		cp := willConnect(topic, &paho.WillProperties{WillDelayInterval: u32(1)})

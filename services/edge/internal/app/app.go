@@ -123,7 +123,7 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	}
 	if cfg.Anonymous {
 		logger.Warn("anonymous access is on: every client is admitted", "tenant", cfg.AnonymousTenant)
-		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant})
+		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != ""})
 	}
 	var authn auth.Authenticator = chain
 	if len(chain) == 1 {

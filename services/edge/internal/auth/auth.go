@@ -41,13 +41,20 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, req *Request) (*Identity, error)
 }
 
-// Anonymous admits every client into one tenant with no ACL.
+// Anonymous admits clients into one tenant with no ACL.
 type Anonymous struct {
 	Tenant string
+	// OnlyWithoutCredentials admits only clients that present no user name
+	// and no password. Set it when real credentials are checked as well, so
+	// that wrong credentials are refused rather than admitted anonymously.
+	OnlyWithoutCredentials bool
 }
 
 // Authenticate implements [Authenticator].
-func (a Anonymous) Authenticate(context.Context, *Request) (*Identity, error) {
+func (a Anonymous) Authenticate(_ context.Context, req *Request) (*Identity, error) {
+	if a.OnlyWithoutCredentials && (req.Username != "" || req.Password != nil) {
+		return nil, ErrBadCredentials
+	}
 	return &Identity{Tenant: a.Tenant}, nil
 }
 

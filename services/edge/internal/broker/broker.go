@@ -66,16 +66,21 @@ type Broker struct {
 
 // conn is the per-connection state the hooks share.
 type conn struct {
-	scope     *tenancy.Scope
-	identity  *auth.Identity
-	rules     *auth.Rules
-	will      *Message
+	scope    *tenancy.Scope
+	identity *auth.Identity
+	rules    *auth.Rules
+	// will and sessionEnds are written by a taking-over connection's
+	// goroutine too.
+	will      atomic.Pointer[Message]
 	willDelay uint32
 	existed   []bool // per filter of the SUBSCRIBE being processed
 	refused   []byte // per filter of that SUBSCRIBE: the code the edge refuses it with, 0 if none
-	pubACL    map[string]bool
-	limiter   *rateLimiter
-	listener  string
+	// sessionEnds is set when a clean-start takeover ends this connection's
+	// session: its will is published without delay.
+	sessionEnds atomic.Bool
+	pubACL      map[string]bool
+	limiter     *rateLimiter
+	listener    string
 }
 
 // New builds a broker; Serve starts it.
@@ -352,13 +357,16 @@ func nextOutboundID(cl *mqtt.Client, s *session) (uint16, bool) {
 	return 0, false
 }
 
-func (b *Broker) writeRaw(cl *mqtt.Client, buf []byte) error {
+func (b *Broker) writeRaw(s *session, cl *mqtt.Client, buf []byte) error {
 	cl.Lock()
 	defer cl.Unlock()
 	if cl.Closed() {
 		return mqtt.ErrConnectionClosed
 	}
-	if b.cfg.WriteTimeout > 0 {
+	s.mu.Lock()
+	slow := s.slow
+	s.mu.Unlock()
+	if b.cfg.WriteTimeout > 0 && !slow {
 		_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(b.cfg.WriteTimeout))
 	}
 	_, err := cl.Net.Conn.Write(buf)
@@ -370,13 +378,23 @@ func (b *Broker) writeRaw(cl *mqtt.Client, buf []byte) error {
 
 // disconnectSlow disconnects a non-persistent client whose queue stayed full
 // past the grace period, with reason 0x97.
-func (b *Broker) disconnectSlow(cl *mqtt.Client) {
+// The DISCONNECT gets a second to go out through a socket the client may not
+// be reading; then the connection is closed regardless.
+func (b *Broker) disconnectSlow(s *session, cl *mqtt.Client) {
 	if cl == nil {
+		return
+	}
+	s.mu.Lock()
+	already := s.slow
+	s.slow = true
+	s.mu.Unlock()
+	if already {
 		return
 	}
 	b.logger.Warn("slow consumer disconnected", "client_id", cl.ID, "reason", "queue full past grace")
 	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 	go func() { _ = b.server.DisconnectClient(cl, packets.ErrQuotaExceeded) }()
+	time.AfterFunc(2*time.Second, func() { cl.Stop(packets.ErrQuotaExceeded) })
 }
 
 // endSession removes a session that ended: its subscriptions leave the index
@@ -395,6 +413,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 		return // a new connection owns it now
 	}
 	delete(b.sessions, id)
+	wasDurable := s.durable
 	s.closed = true
 	s.client = nil
 	s.online.Store(false)
@@ -412,7 +431,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
 	}
-	if b.store != nil {
+	if b.store != nil && wasDurable {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}
 }
@@ -440,14 +459,34 @@ func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 				l.b.forgetConn(c, err)
 			}
 		}()
+		kc := &keepaliveConn{Conn: c}
 		if l.timeout > 0 {
 			_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 		}
-		return establish(id, c)
+		return establish(id, kc)
 	})
 }
 
 var errHandlerPanic = errors.New("connection handler panicked")
+
+// keepaliveConn corrects mochi's keep-alive deadline. mochi allows
+// keepalive + keepalive/2 whole seconds, so a 1 s keep-alive gets 1 s instead
+// of the 1.5 s the spec requires ([MQTT-3.1.2-22]). Once the edge knows the
+// keep-alive, every deadline mochi sets is replaced by 1.5 × keep-alive.
+type keepaliveConn struct {
+	net.Conn
+	keepalive atomic.Int64 // nanoseconds; 0 until CONNECT is accepted
+}
+
+func (c *keepaliveConn) SetDeadline(t time.Time) error {
+	if ka := time.Duration(c.keepalive.Load()); ka > 0 && !t.IsZero() {
+		t = time.Now().Add(ka + ka/2)
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// NetConn returns the wrapped connection (for TLS state).
+func (c *keepaliveConn) NetConn() net.Conn { return c.Conn }
 
 // forgetConn runs the disconnect path for the client on c after its handler
 // died without mochi running it.
@@ -476,6 +515,9 @@ func (b *Broker) forgetConn(c net.Conn, cause error) {
 }
 
 func tlsState(c net.Conn) *tls.ConnectionState {
+	if kc, ok := c.(*keepaliveConn); ok {
+		c = kc.Conn
+	}
 	if tc, ok := c.(*tls.Conn); ok {
 		st := tc.ConnectionState()
 		return &st

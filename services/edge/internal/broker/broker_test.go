@@ -226,11 +226,11 @@ func TestBroker_SubscribeRefusalCodes(t *testing.T) {
 	})
 	ack := c.expect(packets.Suback)
 	require.Equal(t, []byte{
-		packets.ErrTopicFilterInvalid.Code,              // [MQTT-4.7.1-1]
-		1,                                               //
+		packets.ErrTopicFilterInvalid.Code, // [MQTT-4.7.1-1]
+		1,                                  //
 		packets.ErrSharedSubscriptionsNotSupported.Code, // 0x9E
-		2,                                               //
-		packets.ErrQuotaExceeded.Code,                   // third subscription over max 2
+		2,                             //
+		packets.ErrQuotaExceeded.Code, // third subscription over max 2
 	}, ack.ReasonCodes)
 
 	v3 := dial(t, addr, 4)

@@ -42,7 +42,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	b := h.b
 	refuse := func(code packets.Code, result string) error {
 		b.m.connects.WithLabelValues(result).Inc()
-		_ = b.server.SendConnack(cl, code, false, nil)
+		_ = b.server.SendConnack(cl, connackCode(cl, code), false, nil)
 		return code
 	}
 	if len(pk.Connect.ClientIdentifier) > b.cfg.MaxClientIDLength {
@@ -88,13 +88,13 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.CanPublish(w.TopicName) {
 			return refuse(packets.ErrNotAuthorized, "will_not_authorized")
 		}
-		c.will = &Message{
+		c.will.Store(&Message{
 			Topic:   sc.Topic(w.TopicName),
 			Payload: w.Payload,
 			QoS:     w.Qos,
 			Retain:  w.Retain,
 			Props:   forwardProps(&pk.Connect.WillProperties),
-		}
+		})
 		c.willDelay = w.WillDelayInterval
 		// The edge publishes the will itself, exactly once, through routing.
 		atomic.StoreUint32(&w.Flag, 0)
@@ -103,9 +103,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		cl.State.Keepalive = max
 		cl.State.ServerKeepalive = cl.Properties.ProtocolVersion == 5
 	}
+	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && cl.State.Keepalive > 0 {
+		kc.keepalive.Store(int64(time.Duration(cl.State.Keepalive) * time.Second))
+	}
 	cl.ID = sc.ClientID(external)
-	if c.will != nil {
-		c.will.Origin = cl.ID
+	if w := c.will.Load(); w != nil {
+		w.Origin = cl.ID
 	}
 	b.conns.Store(cl, c)
 	return nil
@@ -122,9 +125,21 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
-	} else if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
-		if s := b.session(cl.ID); s != nil {
-			s.detach(old)
+	}
+	if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
+		if oc := b.conn(old); oc != nil {
+			if pk.Connect.Clean {
+				oc.sessionEnds.Store(true) // its will goes out at once
+			} else {
+				// The session goes on in the new connection, so the old
+				// connection's will is never sent ([MQTT-3.1.3-9]).
+				oc.will.Store(nil)
+			}
+		}
+		if !pk.Connect.Clean {
+			if s := b.session(cl.ID); s != nil {
+				s.detach(old)
+			}
 		}
 	}
 	if c := b.conn(cl); c != nil {
@@ -196,12 +211,12 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
 	// end publishes it, unless the edge itself is stopping.
-	if c.will != nil && err != nil && !b.stopping.Load() {
+	if will := c.will.Load(); will != nil && err != nil && !b.stopping.Load() {
 		delay := c.willDelay
-		if expire {
+		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
 		}
-		b.scheduleWill(cl.ID, c.will, delay)
+		b.scheduleWill(cl.ID, will, delay)
 	}
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)
@@ -222,7 +237,18 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	}
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
-		if pk.TopicName != "" {
+		if pk.TopicName == "" && pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 &&
+			pk.Properties.TopicAlias <= b.cfg.TopicAliasMaximum {
+			// Resolve the alias here: mochi checks the ACL on the topic name
+			// before it resolves aliases itself. The stored name is internal.
+			resolved := cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, "")
+			if resolved == "" {
+				b.m.packetErrors.WithLabelValues("unknown_topic_alias").Inc()
+				return pk, b.refuse(cl, packets.ErrTopicAliasInvalid) // §3.3.2.3.4: an unmapped alias is a protocol error
+			}
+			pk.TopicName = resolved
+			pk.Properties.TopicAliasFlag, pk.Properties.TopicAlias = false, 0
+		} else if pk.TopicName != "" {
 			if err := topic.ValidateName(pk.TopicName, b.limits); err != nil {
 				b.m.packetErrors.WithLabelValues("invalid_topic").Inc()
 				b.logger.Info("invalid topic name", "client_id", cl.ID, "error", err)
@@ -252,7 +278,12 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 				b.logger.Debug("topic filter refused", "client_id", cl.ID, "error", err)
 				f.Filter = "" // mochi refuses an empty filter; OnSubscribed sets the precise code
 			} else {
-				f.Filter, _ = c.scope.Filter(f.Filter)
+				var shared bool
+				f.Filter, shared = c.scope.Filter(f.Filter)
+				if shared && f.NoLocal {
+					b.m.packetErrors.WithLabelValues("shared_no_local").Inc()
+					return pk, b.refuse(cl, packets.ErrProtocolViolationInvalidSharedNoLocal) // [MQTT-3.8.3-4]
+				}
 			}
 			c.refused = append(c.refused, code)
 		}
@@ -306,12 +337,57 @@ func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) error {
 // OnPacketEncode maps names back to the client's view on packets mochi
 // writes itself (in-flight resends, CONNACK).
 func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Publish && pk.TopicName != "" {
-		if _, ext, ok := tenancy.TenantOfTopic(pk.TopicName); ok {
-			pk.TopicName = ext
+	switch pk.FixedHeader.Type {
+	case packets.Publish:
+		if pk.TopicName != "" {
+			if _, ext, ok := tenancy.TenantOfTopic(pk.TopicName); ok {
+				pk.TopicName = ext
+			}
+		}
+	case packets.Connack:
+		if cl.Properties.ProtocolVersion < 5 {
+			pk.ReasonCode = connackCode(cl, packets.Code{Code: pk.ReasonCode}).Code
+			break
+		}
+		if pk.ReasonCode == packets.CodeSuccess.Code {
+			// Announce the limits the edge enforces ([MQTT-3.2.2-17],
+			// §3.2.2.3.6): mochi's CONNACK leaves them out.
+			pk.Properties.TopicAliasMaximum = h.b.cfg.TopicAliasMaximum
+			pk.Properties.MaximumPacketSize = h.b.cfg.MaxPacketSize
+		}
+	case packets.Suback:
+		if pk.Properties.ReasonString == "" {
+			for _, code := range pk.ReasonCodes {
+				if code >= packets.ErrUnspecifiedError.Code {
+					pk.Properties.ReasonString = "one or more topic filters refused; see the reason code of each"
+					break
+				}
+			}
 		}
 	}
 	return pk
+}
+
+// connackCode maps a CONNACK reason to the client's protocol: MQTT 3.1.1
+// has return codes 1 to 5 only ([MQTT-3.2.2-4]).
+func connackCode(cl *mqtt.Client, code packets.Code) packets.Code {
+	if cl.Properties.ProtocolVersion >= 5 || code.Code < 0x80 {
+		return code
+	}
+	switch code.Code {
+	case packets.ErrUnsupportedProtocolVersion.Code:
+		return packets.Err3UnsupportedProtocolVersion
+	case packets.ErrClientIdentifierNotValid.Code,
+		// mochi refuses an empty client ID with clean session 0 as 0x80
+		// (unspecified); 3.1.1 says identifier rejected ([MQTT-3.1.3-8]).
+		packets.ErrUnspecifiedError.Code:
+		return packets.Err3ClientIdentifierNotValid
+	case packets.ErrBadUsernameOrPassword.Code, packets.ErrMalformedUsername.Code, packets.ErrMalformedPassword.Code:
+		return packets.Code{Code: 0x04, Reason: "bad user name or password"}
+	case packets.ErrNotAuthorized.Code, packets.ErrBanned.Code:
+		return packets.Err3NotAuthorized
+	}
+	return packets.Err3ServerUnavailable
 }
 
 // OnACLCheck applies the connection's ACL to publishes and subscriptions.

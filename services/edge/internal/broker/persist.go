@@ -192,7 +192,12 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	if !persistent(cl) {
-		return b.store.DeleteSession(ctx, cl.ID, true)
+		// Only a session that was stored has a record to remove; a clean
+		// session costs the store nothing.
+		if s := b.session(cl.ID); s != nil && s.wasDurable() {
+			return b.store.DeleteSession(ctx, cl.ID, true)
+		}
+		return nil
 	}
 	props, _ := json.Marshal(storage.ClientProperties{
 		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,

@@ -55,6 +55,7 @@ type session struct {
 	closed     bool             // the session ended; nothing more is queued
 	nextID     uint16           // outbound packet ID cursor; writer only
 	spilling   bool             // a persistent session's queue went past the live bound; stays so until it drains
+	slow       bool             // a non-persistent client being disconnected for staying full; drop what comes
 	durable    bool             // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
 	seq        uint64           // last stored queue position
 	sent       int64            // send order of in-flight messages; writer only (and bind, before the writer runs)
@@ -118,6 +119,10 @@ func (s *session) enqueue(d delivery) enqueueResult {
 			}
 			return result
 		}
+		if s.slow {
+			s.mu.Unlock()
+			return slowConsumer
+		}
 		full := s.queue.len() >= cfg.QueueLen || s.queueBytes+size > cfg.QueueBytes
 		if full && s.persistent && !deadline.IsZero() && time.Now().After(deadline) {
 			s.spilling = true
@@ -156,7 +161,7 @@ func (s *session) enqueue(d delivery) enqueueResult {
 			if s.persistent {
 				continue
 			}
-			s.b.disconnectSlow(cl)
+			s.b.disconnectSlow(s, cl)
 			return slowConsumer
 		}
 		t := time.NewTimer(wait)
@@ -209,6 +214,7 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	s.window = window
 	s.persistent = persistent
 	s.closed = false
+	s.slow = false
 	s.aliases = mqtt.NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
 	// In-flight messages of the session go out again first, in their
 	// original order with their packet IDs and DUP set ([MQTT-4.4.0-1]);
@@ -237,6 +243,12 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	if start {
 		s.b.startWriter(s)
 	}
+}
+
+func (s *session) wasDurable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.durable
 }
 
 // detach takes the session away from its previous client ahead of a
@@ -387,7 +399,7 @@ func (s *session) writeLoop() {
 			}
 		}
 		if len(buf) > 0 {
-			if err := s.b.writeRaw(cl, buf); err != nil {
+			if err := s.b.writeRaw(s, cl, buf); err != nil {
 				// The connection is gone; in-flight messages stay in the client's
 				// store and are resent when the session resumes.
 				s.mu.Lock()
