@@ -419,6 +419,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	s.online.Store(false)
 	subs := s.subs
 	s.subs = map[string]*subscription{}
+	s.nsubs.Store(0)
 	dropped := s.queue.len()
 	s.queue = ring{}
 	s.queueBytes = 0

@@ -114,31 +114,67 @@ func (x *index) match(topicName string, dst []target) []target {
 	if len(dst) < 2 {
 		return dst
 	}
+	// Only a session with several subscriptions can appear twice.
+	multi := 0
+	for i := range dst {
+		if dst[i].sess.nsubs.Load() > 1 {
+			multi++
+		}
+	}
+	if multi < 2 {
+		return dst
+	}
+	if len(dst) <= smallMerge {
+		// Few recipients (the common case): merge in place without sorting,
+		// which keeps the publisher's stack small.
+		out := dst[:0]
+		for _, t := range dst {
+			merged := false
+			for i := range out {
+				if out[i].sess == t.sess {
+					mergeTarget(&out[i], t)
+					merged = true
+					break
+				}
+			}
+			if !merged {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
 	slices.SortFunc(dst, func(a, b target) int {
 		return cmp.Compare(uintptr(unsafe.Pointer(a.sess)), uintptr(unsafe.Pointer(b.sess)))
 	})
 	out := dst[:1]
 	for _, t := range dst[1:] {
-		last := &out[len(out)-1]
-		if last.sess != t.sess {
-			out = append(out, t)
+		if last := &out[len(out)-1]; last.sess == t.sess {
+			mergeTarget(last, t)
 			continue
 		}
-		last.qos = max(last.qos, t.qos)
-		last.rap = last.rap || t.rap
-		// A shared delivery is never suppressed by no-local ([MQTT-3.8.3-4]);
-		// an ordinary one is only when every overlapping filter says so.
-		last.noLocal = last.noLocal && t.noLocal
-		last.shared = last.shared && t.shared
-		if len(t.ids) > 0 {
-			merged := make([]int, 0, len(last.ids)+len(t.ids))
-			merged = append(merged, last.ids...)
-			merged = append(merged, t.ids...)
-			slices.Sort(merged)
-			last.ids = slices.Compact(merged)
-		}
+		out = append(out, t)
 	}
 	return out
+}
+
+// smallMerge is the recipient count up to which match merges by scanning.
+const smallMerge = 16
+
+// mergeTarget folds t, another subscription of the same session, into last.
+func mergeTarget(last *target, t target) {
+	last.qos = max(last.qos, t.qos)
+	last.rap = last.rap || t.rap
+	// A shared delivery is never suppressed by no-local ([MQTT-3.8.3-4]);
+	// an ordinary one is only when every overlapping filter says so.
+	last.noLocal = last.noLocal && t.noLocal
+	last.shared = last.shared && t.shared
+	if len(t.ids) > 0 {
+		merged := make([]int, 0, len(last.ids)+len(t.ids))
+		merged = append(merged, last.ids...)
+		merged = append(merged, t.ids...)
+		slices.Sort(merged)
+		last.ids = slices.Compact(merged)
+	}
 }
 
 // pick returns the next member of g, preferring connected sessions.

@@ -74,6 +74,7 @@ func (b *Broker) Restore(st *durable.Store) error {
 				x.group = &shareGroup{name: group, filter: inner}
 			}
 			s.subs[sub.Filter] = x
+			s.nsubs.Store(int32(len(s.subs)))
 			b.index.add(x)
 			rs.subs = append(rs.subs, storage.Subscription{Client: rec.ID, Filter: sub.Filter, Qos: sub.QoS,
 				NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: sub.RetainHandling, Identifier: sub.Identifier})

@@ -37,6 +37,7 @@ type session struct {
 	scope  *tenancy.Scope
 	b      *Broker
 	online atomic.Bool
+	nsubs  atomic.Int32 // len(subs), readable without the lock
 
 	mu         sync.Mutex
 	client     *mqtt.Client // nil while offline
@@ -493,6 +494,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) bool {
 		return false
 	}
 	s.subs[sub.full] = sub
+	s.nsubs.Store(int32(len(s.subs)))
 	isDurable := s.durable && s.b.store != nil
 	s.mu.Unlock()
 	if isDurable {
@@ -515,6 +517,7 @@ func (s *session) removeSub(filter string) {
 	s.mu.Lock()
 	sub := s.subs[filter]
 	delete(s.subs, filter)
+	s.nsubs.Store(int32(len(s.subs)))
 	s.mu.Unlock()
 	if sub != nil {
 		s.b.index.remove(sub)
