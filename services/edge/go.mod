@@ -3,13 +3,26 @@ module github.com/keelmq/keel/services/edge
 go 1.26.0
 
 require (
-	github.com/gorilla/websocket v1.5.0 // indirect
-	github.com/mochi-mqtt/server/v2 v2.7.9 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
-	github.com/rs/xid v1.4.0 // indirect
-	github.com/stretchr/testify v1.11.1 // indirect
-	go.etcd.io/bbolt v1.4.3 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
-	golang.org/x/crypto v0.59.0 // indirect
-	golang.org/x/sys v0.50.0 // indirect
+	github.com/keelmq/keel/libs v0.0.0
+	github.com/mochi-mqtt/server/v2 v2.7.9
+	github.com/prometheus/client_golang v1.25.0
+	github.com/stretchr/testify v1.12.1
+	go.etcd.io/bbolt v1.4.3
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/crypto v0.59.0
 )
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/gorilla/websocket v1.5.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.72.0 // indirect
+	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/rs/xid v1.4.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
+
+replace github.com/keelmq/keel/libs => ../../libs

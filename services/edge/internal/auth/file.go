@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
 // PasswordFile is the YAML layout of a password file:
@@ -94,7 +96,7 @@ func LoadPasswordFile(path string) (*PasswordFile, error) {
 		return nil, fmt.Errorf("%w: %s: %w", ErrInvalidFile, path, err)
 	}
 	for tenant, te := range pf.Tenants {
-		if !validTenant(tenant) {
+		if !tenancy.ValidTenant(tenant) {
 			return nil, fmt.Errorf("%w: %s: tenant %q: want [a-z0-9-]{1,63}", ErrInvalidFile, path, tenant)
 		}
 		for user, ue := range te.Users {
@@ -107,19 +109,6 @@ func LoadPasswordFile(path string) (*PasswordFile, error) {
 		}
 	}
 	return &pf, nil
-}
-
-func validTenant(name string) bool {
-	if len(name) == 0 || len(name) > 63 {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
-			return false
-		}
-	}
-	return true
 }
 
 // Reload reads the file again. On error the previous state stays in force.
