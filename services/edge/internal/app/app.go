@@ -22,6 +22,7 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -186,12 +187,12 @@ func (e *Edge) addListeners() error {
 		return e.broker.AddListener(l)
 	}
 	if e.cfg.TCPAddr != "" {
-		if err := add(listeners.NewTCP(listeners.Config{ID: "tcp", Address: e.cfg.TCPAddr})); err != nil {
+		if err := add(listener.NewTCP("tcp", e.cfg.TCPAddr, nil)); err != nil {
 			return err
 		}
 	}
 	if e.cfg.TLSAddr != "" {
-		if err := add(listeners.NewTCP(listeners.Config{ID: "tls", Address: e.cfg.TLSAddr, TLSConfig: tlsCfg})); err != nil {
+		if err := add(listener.NewTCP("tls", e.cfg.TLSAddr, tlsCfg)); err != nil {
 			return err
 		}
 	}

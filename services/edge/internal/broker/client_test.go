@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/listener"
 )
 
 // startBroker runs a broker with anonymous access on a loopback port.
@@ -28,7 +28,7 @@ func startBroker(t *testing.T, mutate func(*Config)) (*Broker, string) {
 	}
 	b, err := New(cfg, auth.Anonymous{Tenant: "default"}, testutil.Logger(t), prometheus.NewRegistry())
 	require.NoError(t, err)
-	l := listeners.NewTCP(listeners.Config{ID: "tcp", Address: "127.0.0.1:0"})
+	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
@@ -37,8 +37,8 @@ func startBroker(t *testing.T, mutate func(*Config)) (*Broker, string) {
 
 func anonymous() auth.Authenticator { return auth.Anonymous{Tenant: "default"} }
 
-func newTCP(addr string) *listeners.TCP {
-	return listeners.NewTCP(listeners.Config{ID: "tcp", Address: addr})
+func newTCP(addr string) *listener.TCP {
+	return listener.NewTCP("tcp", addr, nil)
 }
 
 // rawClient is a minimal MQTT client built on mochi's packet codec, for tests
