@@ -13,6 +13,7 @@ import (
 
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -31,7 +32,7 @@ func (h *hook) Provides(b byte) bool {
 		mqtt.OnSessionEstablished, mqtt.OnDisconnect, mqtt.OnPacketRead, mqtt.OnPacketEncode,
 		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnPublish,
 		mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
-		mqtt.StoredClients, mqtt.StoredSubscriptions,
+		mqtt.StoredClients, mqtt.StoredSubscriptions, mqtt.StoredInflightMessages,
 	}, []byte{b})
 }
 
@@ -355,6 +356,15 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			pk.Properties.TopicAliasMaximum = h.b.cfg.TopicAliasMaximum
 			pk.Properties.MaximumPacketSize = h.b.cfg.MaxPacketSize
 		}
+	case packets.Pubrec:
+		// mochi answers a QoS 2 PUBLISH resent before its PUBREL with 0x91
+		// (packet identifier in use). The spec wants the same PUBREC again,
+		// successful, and no second delivery (§4.3.3, [MQTT-4.3.3-9]): a
+		// client would take 0x91 as the message refused.
+		if pk.ReasonCode == packets.ErrPacketIdentifierInUse.Code {
+			pk.ReasonCode = packets.CodeSuccess.Code
+			pk.Properties.ReasonString = ""
+		}
 	case packets.Suback:
 		if pk.Properties.ReasonString == "" {
 			for _, code := range pk.ReasonCodes {
@@ -530,6 +540,20 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	b.mIn[m.QoS].Inc()
 	b.m.bytesIn.Add(float64(len(m.Payload)))
+	if m.QoS == 2 && b.store != nil {
+		// [MQTT-4.3.3]: the PUBREC state is durable before the message is
+		// routed, so a resend after a crash is recognised, not delivered again.
+		if s := b.session(cl.ID); s != nil && s.wasDurable() {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			err := b.store.PutIncoming(ctx, cl.ID, durable.Incoming{PacketID: pk.PacketID, MsgID: msgIDString(m.ID)})
+			cancel()
+			if err != nil {
+				b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
+				_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
+				return pk, packets.ErrRejectPacket
+			}
+		}
+	}
 	if m.Retain {
 		b.retain(m)
 	}
@@ -549,7 +573,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Pubrel:
-		return // an inbound QoS 2 flow completed
+		// An inbound QoS 2 flow completed.
+		if h.b.store != nil {
+			if s := h.b.session(cl.ID); s != nil && s.wasDurable() {
+				_ = h.b.store.DeleteIncoming(context.Background(), cl.ID, pk.PacketID)
+			}
+		}
+		return
 	case packets.Puback:
 		if pk.Created != 0 {
 			// The edge's own PUBACK to an inbound QoS 1 publish: mochi stamps

@@ -24,8 +24,9 @@ const storeTimeout = 10 * time.Second
 // restored is the state loaded at start, handed to mochi through the
 // storage hooks so that it recreates the disconnected clients.
 type restored struct {
-	clients []storage.Client
-	subs    []storage.Subscription
+	clients  []storage.Client
+	subs     []storage.Subscription
+	incoming []storage.Message // PUBREC records of inbound QoS 2 messages
 }
 
 // Restore attaches a durable store and loads persistent sessions and
@@ -98,6 +99,10 @@ func (b *Broker) Restore(st *durable.Store) error {
 			inflight++
 		}
 		slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+		for _, in := range st.Incoming {
+			rs.incoming = append(rs.incoming, storage.Message{Client: rec.ID, PacketID: in.PacketID,
+				FixedHeader: packets.FixedHeader{Type: packets.Pubrec}})
+		}
 		var props storage.ClientProperties
 		_ = json.Unmarshal(rec.Props, &props)
 		props.SessionExpiryInterval = rec.ExpiryInterval
@@ -125,6 +130,18 @@ func (h *hook) StoredSubscriptions() ([]storage.Subscription, error) {
 		return nil, nil
 	}
 	return h.b.restore.subs, nil
+}
+
+// StoredInflightMessages gives mochi the PUBREC records of inbound QoS 2
+// messages, so a PUBLISH resent after a restart is not delivered twice.
+// (Outbound in-flight messages are resent by the edge itself.)
+func (h *hook) StoredInflightMessages() ([]storage.Message, error) {
+	if h.b.restore == nil {
+		return nil, nil
+	}
+	out := h.b.restore.incoming
+	h.b.restore = nil // loaded once, last of the stored hooks; let it go
+	return out, nil
 }
 
 // propsRecord is the stored form of the properties a message carries.

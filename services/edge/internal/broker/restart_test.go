@@ -117,3 +117,39 @@ func TestBroker_RestartForgetsEndedSessions(t *testing.T) {
 	c = dial(t, addr, 5)
 	require.False(t, c.connect("dev", false, persistentProps).SessionPresent)
 }
+
+// A QoS 2 message acknowledged with PUBREC is not delivered again when its
+// publisher resends it after a restart of the edge ([MQTT-4.3.3-9]).
+func TestBroker_RestartKeepsInboundQoS2State(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, stop := startDurable(t, dir)
+	sub := dial(t, addr, 5)
+	sub.connect("sub", false, persistentProps)
+	sub.subscribe(1, "q2", 2)
+	pub := dial(t, addr, 5)
+	pub.connect("pub", false, persistentProps)
+	pub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 42, TopicName: "q2", Payload: []byte("once")})
+	pub.expect(packets.Pubrec)
+	got := sub.expect(packets.Publish)
+	require.Equal(t, []byte("once"), got.Payload)
+	sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: got.PacketID})
+	sub.expect(packets.Pubrel)
+	sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubcomp}, PacketID: got.PacketID})
+	stop()
+
+	addr, _ = startDurable(t, dir)
+	sub = dial(t, addr, 5)
+	require.True(t, sub.connect("sub", false, persistentProps).SessionPresent)
+	pub = dial(t, addr, 5)
+	require.True(t, pub.connect("pub", false, persistentProps).SessionPresent)
+	// The publisher saw PUBREC but sent no PUBREL: it resends with DUP.
+	pub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 42, TopicName: "q2", Payload: []byte("once")})
+	require.Equal(t, packets.CodeSuccess.Code, pub.expect(packets.Pubrec).ReasonCode)
+	pub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 42})
+	pub.expect(packets.Pubcomp)
+	// A fresh message proves the subscriber is live; the resend never came.
+	pub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 43, TopicName: "q2", Payload: []byte("next")})
+	pub.expect(packets.Pubrec)
+	require.Equal(t, []byte("next"), sub.expect(packets.Publish).Payload)
+}

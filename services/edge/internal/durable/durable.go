@@ -32,7 +32,11 @@ var (
 	bucketQueue    = []byte("queue")
 	bucketInflight = []byte("inflight")
 	bucketRetained = []byte("retained")
-	allBuckets     = [][]byte{bucketSessions, bucketSubs, bucketMsgs, bucketQueue, bucketInflight, bucketRetained}
+	// bucketIncoming holds the QoS 2 messages a session published and the
+	// edge acknowledged with PUBREC, until PUBREL: a resent PUBLISH with the
+	// same packet ID is not delivered again, even after a restart.
+	bucketIncoming = []byte("incoming")
+	allBuckets     = [][]byte{bucketSessions, bucketSubs, bucketMsgs, bucketQueue, bucketInflight, bucketRetained, bucketIncoming}
 )
 
 // Message is a stored application message.
@@ -83,12 +87,20 @@ type Entry struct {
 	Msg      *Message `json:"-"`
 }
 
+// Incoming is a QoS 2 message received from a session's client and not yet
+// released by its PUBREL.
+type Incoming struct {
+	PacketID uint16 `json:"pk"`
+	MsgID    string `json:"m"`
+}
+
 // SessionState is everything stored for one session.
 type SessionState struct {
 	Session  Session
 	Subs     []Subscription
 	Queue    []Entry // in queue order
 	Inflight []Entry
+	Incoming []Incoming
 }
 
 // Store is the on-disk state of one edge.

@@ -22,13 +22,13 @@ func (s *Store) DeleteSession(ctx context.Context, id string, wait bool) error {
 			return err
 		}
 		p := prefix(id)
-		for _, name := range [][]byte{bucketSubs, bucketQueue, bucketInflight} {
+		for _, name := range [][]byte{bucketSubs, bucketQueue, bucketInflight, bucketIncoming} {
 			b := tx.Bucket(name)
 			c := b.Cursor()
 			var keys [][]byte
 			for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
 				keys = append(keys, append([]byte(nil), k...))
-				if !bytes.Equal(name, bucketSubs) {
+				if bytes.Equal(name, bucketQueue) || bytes.Equal(name, bucketInflight) {
 					var e Entry
 					if err := json.Unmarshal(v, &e); err == nil {
 						if err := unref(tx, e.MsgID); err != nil {
@@ -117,6 +117,20 @@ func (s *Store) Send(id string, entries []Entry) *Pending {
 			}
 		}
 		return nil
+	})
+}
+
+// PutIncoming records an inbound QoS 2 message before it is routed.
+func (s *Store) PutIncoming(ctx context.Context, id string, in Incoming) error {
+	return s.do(ctx, true, func(tx *bolt.Tx) error {
+		return putJSON(tx.Bucket(bucketIncoming), pktKey(id, in.PacketID), &in)
+	})
+}
+
+// DeleteIncoming forgets an inbound QoS 2 message once PUBREL arrived.
+func (s *Store) DeleteIncoming(ctx context.Context, id string, packetID uint16) error {
+	return s.do(ctx, false, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketIncoming).Delete(pktKey(id, packetID))
 	})
 }
 
@@ -255,6 +269,20 @@ func (s *Store) Load() ([]SessionState, []Message, error) {
 			}); err != nil {
 				return err
 			}
+		}
+		if err := tx.Bucket(bucketIncoming).ForEach(func(k, v []byte) error {
+			st := owner(k)
+			if st == nil {
+				return nil
+			}
+			var in Incoming
+			if err := json.Unmarshal(v, &in); err != nil {
+				return err
+			}
+			st.Incoming = append(st.Incoming, in)
+			return nil
+		}); err != nil {
+			return err
 		}
 		return tx.Bucket(bucketRetained).ForEach(func(_, v []byte) error {
 			var m Message
