@@ -40,6 +40,7 @@ type Config struct {
 	AuthFile        string
 	Anonymous       bool
 	AnonymousTenant string
+	JWT             auth.JWTConfig
 	LogLevel        string
 	LogFormat       string
 	Pprof           bool
@@ -63,6 +64,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AuthFile, "auth.file", "", "YAML password file (tenants, users, bcrypt/argon2id hashes, ACLs); reloaded on change and SIGHUP")
 	fs.BoolVar(&c.Anonymous, "auth.anonymous", false, "admit clients without credentials into auth.anonymous-tenant (development)")
 	fs.StringVar(&c.AnonymousTenant, "auth.anonymous-tenant", tenancy.DefaultTenant, "tenant of anonymous clients")
+	fs.StringVar(&c.JWT.JWKSURL, "auth.jwt.jwks-url", "", "JWKS URL of an OIDC identity provider; clients send a JWT as their password")
+	fs.StringVar(&c.JWT.Issuer, "auth.jwt.issuer", "", "required iss claim of tokens")
+	fs.StringVar(&c.JWT.Audience, "auth.jwt.audience", "", "required aud claim of tokens")
+	fs.StringVar(&c.JWT.TenantClaim, "auth.jwt.tenant-claim", "tenant", "claim that names the client's tenant")
+	fs.StringVar(&c.JWT.DefaultTenant, "auth.jwt.default-tenant", "", "tenant of tokens without the tenant claim (empty: refuse them)")
+	fs.StringVar(&c.JWT.UsernameClaim, "auth.jwt.username-claim", "sub", "claim used as the user name")
+	fs.StringVar(&c.JWT.ACLClaim, "auth.jwt.acl-claim", "", "claim holding {publish: [...], subscribe: [...]} patterns (empty: no ACL from tokens)")
+	fs.DurationVar(&c.JWT.Leeway, "auth.jwt.leeway", 30*time.Second, "clock skew tolerated on exp and nbf")
 	fs.StringVar(&c.LogLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
@@ -79,8 +88,8 @@ func (c *Config) Validate() error {
 	if (c.TLSAddr != "" || c.WSSAddr != "") && (c.TLSCert == "" || c.TLSKey == "") {
 		errs = append(errs, errors.New("mqtt.tls-addr and mqtt.wss-addr need tls.cert and tls.key"))
 	}
-	if c.AuthFile == "" && !c.Anonymous {
-		errs = append(errs, errors.New("no authentication: set auth.file, or auth.anonymous=true for development"))
+	if c.AuthFile == "" && c.JWT.JWKSURL == "" && !c.Anonymous {
+		errs = append(errs, errors.New("no authentication: set auth.file or auth.jwt.jwks-url, or auth.anonymous=true for development"))
 	}
 	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
 		errs = append(errs, fmt.Errorf("auth.anonymous-tenant %q: want [a-z0-9-]{1,63}", c.AnonymousTenant))
@@ -122,9 +131,18 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		e.file = f
 		chain = append(chain, f)
 	}
+	if cfg.JWT.JWKSURL != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		j, err := auth.NewJWTAuthenticator(ctx, cfg.JWT, logger.With("component", "auth-jwt"))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, j)
+	}
 	if cfg.Anonymous {
 		logger.Warn("anonymous access is on: every client is admitted", "tenant", cfg.AnonymousTenant)
-		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != ""})
+		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != "" || cfg.JWT.JWKSURL != ""})
 	}
 	var authn auth.Authenticator = chain
 	if len(chain) == 1 {

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Request is what an authenticator sees of a connecting client.
@@ -32,6 +33,9 @@ type Identity struct {
 	// ACL limits what the client may do inside its tenant. Nil allows
 	// everything inside the tenant; tenants stay isolated either way.
 	ACL *ACL
+	// ExpiresAt, when set, is when the credentials stop being valid (a
+	// token's exp): the edge disconnects the client then.
+	ExpiresAt time.Time
 }
 
 // Authenticator checks credentials. It returns one of the sentinel errors of

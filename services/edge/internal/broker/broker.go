@@ -78,9 +78,11 @@ type conn struct {
 	// sessionEnds is set when a clean-start takeover ends this connection's
 	// session: its will is published without delay.
 	sessionEnds atomic.Bool
-	pubACL      map[string]bool
-	limiter     *rateLimiter
-	listener    string
+	// expiry disconnects the client when its credentials expire.
+	expiry   *time.Timer
+	pubACL   map[string]bool
+	limiter  *rateLimiter
+	listener string
 }
 
 // New builds a broker; Serve starts it.

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"sync"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/auth"
 )
 
 func seqPayload(i int) []byte { return binary.BigEndian.AppendUint32(nil, uint32(i)) }
@@ -254,4 +257,25 @@ func TestBroker_SysTopicsPerTenant(t *testing.T) {
 	// Nothing else arrives: '#' saw none of the $SYS topics.
 	_, err := c.read(200 * time.Millisecond)
 	require.Error(t, err)
+}
+
+type expiringAuth struct{ after time.Duration }
+
+func (a expiringAuth) Authenticate(context.Context, *auth.Request) (*auth.Identity, error) {
+	return &auth.Identity{Tenant: "default", ExpiresAt: time.Now().Add(a.after)}, nil
+}
+
+// A client whose credentials expire is disconnected with 0x87.
+func TestBroker_CredentialsExpireDisconnects(t *testing.T) {
+	t.Parallel()
+	b, err := New(DefaultConfig(), expiringAuth{after: 300 * time.Millisecond}, nil, nil)
+	require.NoError(t, err)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	c := dial(t, l.Address(), 5)
+	c.connect("c", true, packets.Properties{})
+	pk := c.expect(packets.Disconnect)
+	require.Equal(t, packets.ErrNotAuthorized.Code, pk.ReasonCode)
 }

@@ -111,6 +111,14 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if w := c.will.Load(); w != nil {
 		w.Origin = cl.ID
 	}
+	if !id.ExpiresAt.IsZero() {
+		// A client whose token expires is disconnected then (0x87).
+		c.expiry = time.AfterFunc(time.Until(id.ExpiresAt), func() {
+			b.logger.Info("credentials expired; disconnecting", "client_id", cl.ID)
+			b.m.disconnects.WithLabelValues("credentials_expired").Inc()
+			_ = b.server.DisconnectClient(cl, packets.ErrNotAuthorized)
+		})
+	}
 	b.conns.Store(cl, c)
 	return nil
 }
@@ -196,6 +204,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		return // refused before the session was established
 	}
 	c := v.(*conn)
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
 	reason := "client"
 	switch {
 	case cl.IsTakenOver():
