@@ -5,7 +5,6 @@ package app
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
+	"github.com/keelmq/keel/services/edge/internal/tlsconf"
 )
 
 // Config is the whole configuration of an edge process.
@@ -35,6 +35,11 @@ type Config struct {
 	TLSCert         string
 	TLSKey          string
 	TLSClientCA     string
+	TLSCRL          string
+	MTLS            bool
+	MTLSIdentity    string
+	MTLSTenant      string
+	MTLSPassword    bool
 	OpsAddr         string
 	DataDir         string
 	AuthFile        string
@@ -58,6 +63,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSCert, "tls.cert", "", "PEM certificate chain for the TLS and WSS listeners")
 	fs.StringVar(&c.TLSKey, "tls.key", "", "PEM private key for the TLS and WSS listeners")
 	fs.StringVar(&c.TLSClientCA, "tls.client-ca", "", "PEM CA bundle; when set, TLS clients must present a certificate it signed")
+	fs.StringVar(&c.TLSCRL, "tls.crl", "", "certificate revocation list (PEM or DER) of the client CA")
+	fs.BoolVar(&c.MTLS, "auth.mtls", false, "admit TLS clients by their verified certificate (needs tls.client-ca)")
+	fs.StringVar(&c.MTLSIdentity, "auth.mtls.identity", "cn", "certificate field used as the user name: cn, san-dns, san-email, san-uri")
+	fs.StringVar(&c.MTLSTenant, "auth.mtls.tenant", "ou", "certificate field naming the tenant: ou, o, or fixed:<tenant>")
+	fs.BoolVar(&c.MTLSPassword, "auth.mtls.require-password", false, "require a valid password (auth.file) as well as the certificate")
 	fs.StringVar(&c.OpsAddr, "ops.addr", ":9100", "address of /metrics, /healthz and /readyz (empty: off)")
 	fs.BoolVar(&c.Pprof, "ops.pprof", false, "serve /debug/pprof on the ops address")
 	fs.StringVar(&c.DataDir, "data-dir", "data/edge", "directory for durable state: persistent sessions, queues, retained messages (empty: memory only)")
@@ -88,7 +98,13 @@ func (c *Config) Validate() error {
 	if (c.TLSAddr != "" || c.WSSAddr != "") && (c.TLSCert == "" || c.TLSKey == "") {
 		errs = append(errs, errors.New("mqtt.tls-addr and mqtt.wss-addr need tls.cert and tls.key"))
 	}
-	if c.AuthFile == "" && c.JWT.JWKSURL == "" && !c.Anonymous {
+	if c.MTLS && c.TLSClientCA == "" {
+		errs = append(errs, errors.New("auth.mtls needs tls.client-ca"))
+	}
+	if c.MTLSPassword && c.AuthFile == "" {
+		errs = append(errs, errors.New("auth.mtls.require-password needs auth.file"))
+	}
+	if c.AuthFile == "" && c.JWT.JWKSURL == "" && !c.MTLS && !c.Anonymous {
 		errs = append(errs, errors.New("no authentication: set auth.file or auth.jwt.jwks-url, or auth.anonymous=true for development"))
 	}
 	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
@@ -109,6 +125,7 @@ type Edge struct {
 	broker *broker.Broker
 	file   *auth.FileAuthenticator
 	store  *durable.Store
+	tls    *tlsconf.Config
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -129,7 +146,16 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 			return nil, err
 		}
 		e.file = f
-		chain = append(chain, f)
+	}
+	if cfg.MTLS {
+		ca := auth.CertAuthenticator{IdentityFrom: cfg.MTLSIdentity, TenantFrom: cfg.MTLSTenant}
+		if cfg.MTLSPassword {
+			ca.Password = e.file
+		}
+		chain = append(chain, ca)
+	}
+	if e.file != nil && !cfg.MTLSPassword {
+		chain = append(chain, e.file)
 	}
 	if cfg.JWT.JWKSURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -142,7 +168,7 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	}
 	if cfg.Anonymous {
 		logger.Warn("anonymous access is on: every client is admitted", "tenant", cfg.AnonymousTenant)
-		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != "" || cfg.JWT.JWKSURL != ""})
+		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != "" || cfg.JWT.JWKSURL != "" || cfg.MTLS})
 	}
 	var authn auth.Authenticator = chain
 	if len(chain) == 1 {
@@ -181,23 +207,13 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 func (e *Edge) addListeners() error {
 	var tlsCfg *tls.Config
 	if e.cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(e.cfg.TLSCert, e.cfg.TLSKey)
+		tc, err := tlsconf.Load(tlsconf.Files{Cert: e.cfg.TLSCert, Key: e.cfg.TLSKey, ClientCA: e.cfg.TLSClientCA, CRL: e.cfg.TLSCRL},
+			e.logger.With("component", "tls"))
 		if err != nil {
-			return fmt.Errorf("load tls key pair: %w", err)
+			return err
 		}
-		tlsCfg = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		if e.cfg.TLSClientCA != "" {
-			pem, err := os.ReadFile(e.cfg.TLSClientCA)
-			if err != nil {
-				return fmt.Errorf("read tls client ca: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("tls client ca %s: no PEM certificates", e.cfg.TLSClientCA)
-			}
-			tlsCfg.ClientCAs = pool
-			tlsCfg.ClientAuth = tls.RequireAndVerifyClientCert
-		}
+		e.tls = tc
+		tlsCfg = tc.TLSConfig()
 	}
 	add := func(l interface {
 		listeners.Listener
@@ -274,6 +290,12 @@ func (e *Edge) Run(ctx context.Context) error {
 		e.closeStore()
 		return err
 	})
+	if e.tls != nil {
+		g.AddRun("tls-watch", func(ctx context.Context) error {
+			e.tls.Watch(ctx.Done(), 10*time.Second)
+			return nil
+		})
+	}
 	g.AddRun("sys", func(ctx context.Context) error {
 		e.broker.RunSys(ctx, e.cfg.SysInterval)
 		<-ctx.Done()
