@@ -46,6 +46,7 @@ type Broker struct {
 	mIn      [3]prometheus.Counter
 	mOut     [3]prometheus.Counter
 	limits   topic.Limits
+	guard    *guard
 
 	conns    sync.Map // *mqtt.Client -> *conn
 	scopes   sync.Map // tenant -> *tenancy.Scope
@@ -117,6 +118,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		retained: newRetainedStore(),
 		ids:      newMsgIDs(cfg.EdgeID),
 		limits:   topic.Limits{MaxLength: cfg.MaxTopicLength, MaxLevels: cfg.MaxTopicLevels},
+		guard:    newGuard(&cfg),
 		sessions: map[string]*session{},
 		wills:    map[string]*pendingWill{},
 		done:     make(chan struct{}),

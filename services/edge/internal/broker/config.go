@@ -35,6 +35,11 @@ type Config struct {
 	WriteTimeout      time.Duration `yaml:"write_timeout"`
 	RetainDisabled    bool          `yaml:"retain_disabled"`
 	SharedDisabled    bool          `yaml:"shared_disabled"`
+	AuthMaxFailures   int           `yaml:"auth_max_failures"`
+	AuthFailureWindow time.Duration `yaml:"auth_failure_window"`
+	AuthBanDuration   time.Duration `yaml:"auth_ban_duration"`
+	ConnectRate       float64       `yaml:"connect_rate"`
+	ConnectBurst      int           `yaml:"connect_burst"`
 }
 
 // Defaults for [Config].
@@ -83,6 +88,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.WriteTimeout, prefix+"write-timeout", DefaultWriteTimeout, "deadline for one socket write to a client")
 	fs.BoolVar(&c.RetainDisabled, prefix+"retain-disabled", false, "do not store retained messages")
 	fs.BoolVar(&c.SharedDisabled, prefix+"shared-disabled", false, "refuse shared subscriptions")
+	fs.IntVar(&c.AuthMaxFailures, prefix+"auth-max-failures", 10, "failed authentications from one IP or user name within auth-failure-window before a ban (0: never ban)")
+	fs.DurationVar(&c.AuthFailureWindow, prefix+"auth-failure-window", time.Minute, "window in which failed authentications are counted")
+	fs.DurationVar(&c.AuthBanDuration, prefix+"auth-ban-duration", 5*time.Minute, "how long a ban lasts")
+	fs.Float64Var(&c.ConnectRate, prefix+"connect-rate", 0, "new connections per second admitted per listener (0: no limit)")
+	fs.IntVar(&c.ConnectBurst, prefix+"connect-burst", 1000, "burst of new connections above connect-rate")
 }
 
 // Validate checks the config.

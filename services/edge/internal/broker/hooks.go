@@ -46,6 +46,15 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		_ = b.server.SendConnack(cl, connackCode(cl, code), false, nil)
 		return code
 	}
+	now := time.Now()
+	if !b.guard.admit(cl.Net.Listener, now) {
+		b.m.packetErrors.WithLabelValues("connect_rate").Inc()
+		return refuse(packets.ErrConnectionRateExceeded, "connect_rate")
+	}
+	if b.guard.banned(cl.Net.Remote, string(pk.Connect.Username), now) {
+		b.m.authFailures.WithLabelValues("banned").Inc()
+		return refuse(packets.ErrBanned, "banned")
+	}
 	if len(pk.Connect.ClientIdentifier) > b.cfg.MaxClientIDLength {
 		b.logger.Info("connect refused", "reason", "client id too long", "remote", cl.Net.Remote)
 		return refuse(packets.ErrClientIdentifierNotValid, "invalid_client_id")
@@ -67,6 +76,10 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if err != nil {
 		code := authCode(err)
 		b.m.authFailures.WithLabelValues(authReason(code)).Inc()
+		if code != packets.ErrServerUnavailable && b.guard.failed(cl.Net.Remote, req.Username, now) {
+			b.m.bans.Inc()
+			b.logger.Warn("banning after repeated authentication failures", "remote", ipOf(cl.Net.Remote), "username_set", req.Username != "")
+		}
 		b.logger.Info("authentication refused", "remote", cl.Net.Remote, "username_set", req.Username != "", "reason", code.Reason, "error", err)
 		return refuse(code, "auth_failed")
 	}

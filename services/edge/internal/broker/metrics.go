@@ -23,6 +23,7 @@ type metrics struct {
 	slowConsumers  prometheus.Counter
 	willsPublished prometheus.Counter
 	throttledPubs  prometheus.Counter
+	bans           prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -82,8 +83,11 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		throttledPubs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_throttled_total", Help: "Publishes delayed by the per-client rate limit.",
 		}),
+		bans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
+		}),
 	}
-	reg.MustRegister(m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
+	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs)
 	return m

@@ -1,0 +1,66 @@
+package broker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/auth"
+)
+
+type passwordAuth string
+
+func (p passwordAuth) Authenticate(_ context.Context, r *auth.Request) (*auth.Identity, error) {
+	if string(r.Password) != string(p) {
+		return nil, auth.ErrBadCredentials
+	}
+	return &auth.Identity{Tenant: "default", Username: r.Username}, nil
+}
+
+func startWith(t *testing.T, authn auth.Authenticator, mutate func(*Config)) string {
+	t.Helper()
+	cfg := DefaultConfig()
+	mutate(&cfg)
+	b, err := New(cfg, authn, nil, nil)
+	require.NoError(t, err)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	return l.Address()
+}
+
+func connectWith(t *testing.T, addr, user, password string) byte {
+	t.Helper()
+	c := dial(t, addr, 5)
+	c.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Connect: packets.ConnectParams{
+		ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "c",
+		UsernameFlag: true, Username: []byte(user), PasswordFlag: true, Password: []byte(password)}})
+	return c.expect(packets.Connack).ReasonCode
+}
+
+// Repeated failures ban the client's address: even the right password is
+// refused with 0x8A until the ban ends.
+func TestGuard_BansAfterRepeatedFailures(t *testing.T) {
+	t.Parallel()
+	addr := startWith(t, passwordAuth("right"), func(c *Config) {
+		c.AuthMaxFailures, c.AuthFailureWindow, c.AuthBanDuration = 3, time.Minute, 400*time.Millisecond
+	})
+	for range 3 {
+		require.Equal(t, packets.ErrBadUsernameOrPassword.Code, connectWith(t, addr, "u", "wrong"))
+	}
+	require.Equal(t, packets.ErrBanned.Code, connectWith(t, addr, "u", "right"))
+	require.Eventually(t, func() bool { return connectWith(t, addr, "u", "right") == packets.CodeSuccess.Code },
+		5*time.Second, 100*time.Millisecond, "the ban ends")
+}
+
+func TestGuard_ConnectRatePerListener(t *testing.T) {
+	t.Parallel()
+	addr := startWith(t, passwordAuth("p"), func(c *Config) { c.ConnectRate, c.ConnectBurst = 0.5, 2 })
+	require.Equal(t, packets.CodeSuccess.Code, connectWith(t, addr, "u", "p"))
+	require.Equal(t, packets.CodeSuccess.Code, connectWith(t, addr, "u", "p"))
+	require.Equal(t, packets.ErrConnectionRateExceeded.Code, connectWith(t, addr, "u", "p"))
+}
