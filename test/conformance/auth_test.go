@@ -105,7 +105,9 @@ func TestConformance_Authentication(t *testing.T) {
 		"acme":   {users: map[string]user{"alice": {password: "alice-pw"}}},
 		"globex": {users: map[string]user{"bob": {password: "bob-pw"}}},
 	})
-	e := startEdge(t, "--auth.file", file)
+	// Many refusals from one address: the ban after repeated failures
+	// (tested in TestConformance_AuthenticationBan) is off here.
+	e := startEdge(t, "--auth.file", file, "--mqtt.auth-max-failures", "0")
 	for _, tc := range []struct {
 		name, user, password string
 		ok                   bool
@@ -145,7 +147,7 @@ func TestConformance_Authentication(t *testing.T) {
 	}
 	t.Run("anonymous_alongside_file", func(t *testing.T) {
 		t.Parallel()
-		e := startEdge(t, "--auth.file", file, "--auth.anonymous=true")
+		e := startEdge(t, "--auth.file", file, "--auth.anonymous=true", "--mqtt.auth-max-failures", "0")
 		topic := topicFor(t)
 		anon := connectV5(t, e.TCP, v5Connect("anon-"+uniq()))
 		anon.sub(t, "#", 1)
@@ -458,4 +460,26 @@ func TestConformance_ReasonString(t *testing.T) {
 		require.Empty(t, reasonString(sa.Properties), "SUBACK Reason String despite Request Problem Information 0")
 		require.Empty(t, reasonString(pa.Properties), "PUBACK Reason String despite Request Problem Information 0")
 	})
+}
+
+// TestConformance_AuthenticationBan: an address that fails to authenticate
+// too often is banned for a while (CONNACK 0x8A, Banned), even with the right
+// password, and admitted again when the ban ends.
+func TestConformance_AuthenticationBan(t *testing.T) {
+	t.Parallel()
+	file := authFile(t, map[string]tenant{"acme": {users: map[string]user{"alice": {password: "alice-pw"}}}})
+	e := startEdge(t, "--auth.file", file, "--mqtt.auth-max-failures", "3", "--mqtt.auth-ban-duration", "1s")
+	attempt := func(password string) byte {
+		c := dialRaw(t, e.TCP)
+		cp := rawConnect("ban-probe")
+		cp.UsernameFlag, cp.Username = true, "alice@acme"
+		cp.PasswordFlag, cp.Password = true, []byte(password)
+		c.send(t, cp)
+		return c.expect(t, packets.CONNACK).Content.(*packets.Connack).ReasonCode
+	}
+	for range 3 {
+		require.Equal(t, byte(0x86), attempt("wrong"))
+	}
+	require.Equal(t, byte(0x8A), attempt("alice-pw"), "banned")
+	require.Eventually(t, func() bool { return attempt("alice-pw") == 0 }, 5*time.Second, 200*time.Millisecond, "ban ends")
 }
