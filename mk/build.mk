@@ -2,7 +2,7 @@
 
 GOFLAGS_TEST ?= -race -count=1
 TEST_TIMEOUT ?= 20m
-APT_PACKAGES := redis-server mosquitto mosquitto-clients
+APT_PACKAGES := redis-server mosquitto mosquitto-clients postgresql kcat
 
 .PHONY: build
 build: ## Build every binary into bin/

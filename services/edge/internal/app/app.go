@@ -46,6 +46,7 @@ type Config struct {
 	Anonymous       bool
 	AnonymousTenant string
 	JWT             auth.JWTConfig
+	Postgres        auth.PostgresConfig
 	LogLevel        string
 	LogFormat       string
 	Pprof           bool
@@ -74,6 +75,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AuthFile, "auth.file", "", "YAML password file (tenants, users, bcrypt/argon2id hashes, ACLs); reloaded on change and SIGHUP")
 	fs.BoolVar(&c.Anonymous, "auth.anonymous", false, "admit clients without credentials into auth.anonymous-tenant (development)")
 	fs.StringVar(&c.AnonymousTenant, "auth.anonymous-tenant", tenancy.DefaultTenant, "tenant of anonymous clients")
+	fs.StringVar(&c.Postgres.DSN, "auth.postgres.dsn", "", "PostgreSQL DSN of the user store (tables keel_tenants, keel_users)")
+	fs.DurationVar(&c.Postgres.CacheTTL, "auth.postgres.cache-ttl", time.Minute, "how long a verified password is trusted without asking PostgreSQL (bounds revocation delay)")
+	fs.BoolVar(&c.Postgres.Migrate, "auth.postgres.migrate", true, "apply the user store schema on start")
 	fs.StringVar(&c.JWT.JWKSURL, "auth.jwt.jwks-url", "", "JWKS URL of an OIDC identity provider; clients send a JWT as their password")
 	fs.StringVar(&c.JWT.Issuer, "auth.jwt.issuer", "", "required iss claim of tokens")
 	fs.StringVar(&c.JWT.Audience, "auth.jwt.audience", "", "required aud claim of tokens")
@@ -104,7 +108,7 @@ func (c *Config) Validate() error {
 	if c.MTLSPassword && c.AuthFile == "" {
 		errs = append(errs, errors.New("auth.mtls.require-password needs auth.file"))
 	}
-	if c.AuthFile == "" && c.JWT.JWKSURL == "" && !c.MTLS && !c.Anonymous {
+	if c.AuthFile == "" && c.Postgres.DSN == "" && c.JWT.JWKSURL == "" && !c.MTLS && !c.Anonymous {
 		errs = append(errs, errors.New("no authentication: set auth.file or auth.jwt.jwks-url, or auth.anonymous=true for development"))
 	}
 	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
@@ -157,6 +161,15 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	if e.file != nil && !cfg.MTLSPassword {
 		chain = append(chain, e.file)
 	}
+	if cfg.Postgres.DSN != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		pg, err := auth.NewPostgresAuthenticator(ctx, cfg.Postgres, logger.With("component", "auth-postgres"))
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, pg)
+	}
 	if cfg.JWT.JWKSURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		j, err := auth.NewJWTAuthenticator(ctx, cfg.JWT, logger.With("component", "auth-jwt"))
@@ -168,7 +181,7 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	}
 	if cfg.Anonymous {
 		logger.Warn("anonymous access is on: every client is admitted", "tenant", cfg.AnonymousTenant)
-		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != "" || cfg.JWT.JWKSURL != "" || cfg.MTLS})
+		chain = append(chain, auth.Anonymous{Tenant: cfg.AnonymousTenant, OnlyWithoutCredentials: cfg.AuthFile != "" || cfg.Postgres.DSN != "" || cfg.JWT.JWKSURL != "" || cfg.MTLS})
 	}
 	var authn auth.Authenticator = chain
 	if len(chain) == 1 {
