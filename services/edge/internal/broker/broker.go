@@ -29,7 +29,6 @@ import (
 
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
-	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -56,8 +55,9 @@ type Broker struct {
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
 
-	store   *durable.Store // nil: memory only
-	restore *restored      // state for mochi to load in Serve
+	store   DurableState // nil: memory only
+	cluster Cluster
+	restore *restored // state for mochi to load in Serve
 
 	done     chan struct{}
 	stopping atomic.Bool
@@ -79,6 +79,8 @@ type conn struct {
 	// sessionEnds is set when a clean-start takeover ends this connection's
 	// session: its will is published without delay.
 	sessionEnds atomic.Bool
+	// epoch is the ownership epoch of the session this connection holds.
+	epoch uint64
 	// expiry disconnects the client when its credentials expire.
 	expiry   *time.Timer
 	pubACL   map[string]bool
@@ -122,6 +124,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		sessions: map[string]*session{},
 		wills:    map[string]*pendingWill{},
 		done:     make(chan struct{}),
+		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
 	}
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities:           caps,
@@ -140,6 +143,20 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		return nil, err
 	}
 	return b, nil
+}
+
+// SetCluster replaces the single-node defaults with cluster clients; nil
+// fields keep their defaults. Call before Serve.
+func (b *Broker) SetCluster(c Cluster) {
+	if c.Ownership != nil {
+		b.cluster.Ownership = c.Ownership
+	}
+	if c.Routes != nil {
+		b.cluster.Routes = c.Routes
+	}
+	if c.Output != nil {
+		b.cluster.Output = c.Output
+	}
 }
 
 // AddListener adds a listener. Connections that do not complete CONNECT
@@ -234,6 +251,9 @@ func (b *Broker) route(m *Message) error {
 	var failed error
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0])
+	if !b.cluster.Output.Offer(m) {
+		b.m.dropped.WithLabelValues("output_queue_full").Inc()
+	}
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]

@@ -120,6 +120,16 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && cl.State.Keepalive > 0 {
 		kc.keepalive.Store(int64(time.Duration(cl.State.Keepalive) * time.Second))
 	}
+	// Claim the session before the CONNACK: in a cluster this is where a
+	// session on another edge is taken over, and its epoch fences every write.
+	ctx, cancel = context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
+	epoch, _, err := b.cluster.Ownership.Claim(ctx, id.Tenant, external)
+	cancel()
+	if err != nil {
+		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
+		return refuse(packets.ErrServerUnavailable, "claim_failed")
+	}
+	c.epoch = epoch
 	cl.ID = sc.ClientID(external)
 	if w := c.will.Load(); w != nil {
 		w.Origin = cl.ID

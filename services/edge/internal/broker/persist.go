@@ -29,9 +29,9 @@ type restored struct {
 	incoming []storage.Message // PUBREC records of inbound QoS 2 messages
 }
 
-// Restore attaches a durable store and loads persistent sessions and
+// Restore attaches durable state and loads persistent sessions and
 // retained messages from it. Call before Serve.
-func (b *Broker) Restore(st *durable.Store) error {
+func (b *Broker) Restore(st DurableState) error {
 	sessions, retained, err := st.Load()
 	if err != nil {
 		return fmt.Errorf("load durable state: %w", err)

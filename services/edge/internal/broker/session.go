@@ -497,6 +497,22 @@ func (s *session) addSub(sub *subscription, maxSubs int) bool {
 	s.nsubs.Store(int32(len(s.subs)))
 	isDurable := s.durable && s.b.store != nil
 	s.mu.Unlock()
+	if old == nil {
+		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+		cancel()
+		if err != nil {
+			s.mu.Lock()
+			if s.subs[sub.full] == sub {
+				delete(s.subs, sub.full)
+				s.nsubs.Store(int32(len(s.subs)))
+			}
+			s.mu.Unlock()
+			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
+			return false
+		}
+	}
 	if isDurable {
 		// Stored before the SUBACK leaves.
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -521,10 +537,27 @@ func (s *session) removeSub(filter string) {
 	s.mu.Unlock()
 	if sub != nil {
 		s.b.index.remove(sub)
+		if err := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil {
+			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
+		}
 		if s.durable && s.b.store != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
 			_ = s.b.store.DeleteSubscription(ctx, s.id, filter)
 		}
 	}
+}
+
+// outsideFilter is the filter of sub as the tenant's clients write it
+// (without any share prefix): the form the cluster's routing table keeps.
+func (s *session) outsideFilter(sub *subscription) string {
+	ext, _ := s.scope.ExternalTopic(sub.filter)
+	return ext
+}
+
+func groupName(sub *subscription) string {
+	if sub.group == nil {
+		return ""
+	}
+	return sub.group.name
 }

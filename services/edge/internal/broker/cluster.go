@@ -1,0 +1,108 @@
+package broker
+
+import (
+	"context"
+	"sync"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+)
+
+// The edge reaches everything beyond its own process through the small
+// interfaces below. In single-node mode they are served by local
+// implementations; in a cluster by clients of the coordinator, router,
+// persistence and output services. The MQTT logic is the same either way.
+
+// DurableState keeps persistent sessions, their queues and in-flight
+// messages, inbound QoS 2 state and retained messages. A method that
+// returns a [durable.Pending] or takes a wait flag lets the caller decide
+// what must be stored before it acknowledges anything to a client.
+type DurableState interface {
+	Load() ([]durable.SessionState, []durable.Message, error)
+	PutSession(ctx context.Context, rec durable.Session) error
+	DeleteSession(ctx context.Context, id string, wait bool) error
+	PutSubscription(ctx context.Context, id string, sub durable.Subscription) error
+	DeleteSubscription(ctx context.Context, id, filter string) error
+	Enqueue(id string, e durable.Entry) *durable.Pending
+	Dequeue(ctx context.Context, id string, seqs []uint64) error
+	Send(id string, entries []durable.Entry) *durable.Pending
+	Pubrel(ctx context.Context, id string, packetID uint16) error
+	Complete(ctx context.Context, id string, packetID uint16) error
+	PutIncoming(ctx context.Context, id string, in durable.Incoming) error
+	DeleteIncoming(ctx context.Context, id string, packetID uint16) error
+	PutRetained(ctx context.Context, m *durable.Message, wait bool) error
+}
+
+var _ DurableState = (*durable.Store)(nil)
+
+// Ownership decides which edge owns a session. Claim returns the epoch of
+// the claim (monotonic per session, the fencing token of every write) and
+// the edge that owned it before ("" if none).
+type Ownership interface {
+	Claim(ctx context.Context, tenant, clientID string) (epoch uint64, previous string, err error)
+	Release(ctx context.Context, tenant, clientID string, epoch uint64) error
+}
+
+// Routes tells the rest of the cluster which filters this edge has
+// subscribers for, in the tenant's own (outside) form. Add returns once
+// other edges will route matching publishes here (before the SUBACK).
+type Routes interface {
+	Add(ctx context.Context, tenant, filter, shareGroup string) error
+	Remove(ctx context.Context, tenant, filter, shareGroup string) error
+}
+
+// Output receives messages for the output pipelines. Offer must never
+// block: a full queue drops and counts.
+type Output interface {
+	Offer(m *Message) bool
+}
+
+// Cluster bundles the interfaces; nil fields take the single-node defaults.
+type Cluster struct {
+	Ownership Ownership
+	Routes    Routes
+	Output    Output
+}
+
+// localOwnership serves one edge: every claim succeeds, with epochs
+// counting up per process.
+type localOwnership struct {
+	mu    sync.Mutex
+	epoch uint64
+	owner map[string]bool
+}
+
+func (o *localOwnership) Claim(_ context.Context, tenant, clientID string) (uint64, string, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.epoch++
+	key := tenant + "\x00" + clientID
+	prev := ""
+	if o.owner[key] {
+		prev = "local"
+	}
+	if o.owner == nil {
+		o.owner = map[string]bool{}
+	}
+	o.owner[key] = true
+	return o.epoch, prev, nil
+}
+
+func (o *localOwnership) Release(_ context.Context, tenant, clientID string, _ uint64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.owner, tenant+"\x00"+clientID)
+	return nil
+}
+
+// localRoutes: on one edge the subscription index is the whole routing
+// table, so there is nothing to tell anyone.
+type localRoutes struct{}
+
+func (localRoutes) Add(context.Context, string, string, string) error    { return nil }
+func (localRoutes) Remove(context.Context, string, string, string) error { return nil }
+
+// noOutput drops nothing because it is offered nothing: single-node mode
+// has no output pipelines unless one is configured.
+type noOutput struct{}
+
+func (noOutput) Offer(*Message) bool { return true }

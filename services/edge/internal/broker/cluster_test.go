@@ -1,0 +1,78 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+)
+
+type fakeOwnership struct {
+	claim func(tenant, clientID string) (uint64, string, error)
+}
+
+func (f fakeOwnership) Claim(_ context.Context, tenant, clientID string) (uint64, string, error) {
+	return f.claim(tenant, clientID)
+}
+func (fakeOwnership) Release(context.Context, string, string, uint64) error { return nil }
+
+type fakeRoutes struct {
+	add     func(tenant, filter, group string) error
+	removed atomic.Int32
+}
+
+func (f *fakeRoutes) Add(_ context.Context, tenant, filter, group string) error {
+	return f.add(tenant, filter, group)
+}
+func (f *fakeRoutes) Remove(context.Context, string, string, string) error {
+	f.removed.Add(1)
+	return nil
+}
+
+type countingOutput struct{ n atomic.Int32 }
+
+func (o *countingOutput) Offer(*Message) bool { o.n.Add(1); return true }
+
+// The edge goes through its cluster interfaces: a claim before CONNACK, a
+// route before SUBACK, every publish offered to the output.
+func TestBroker_ClusterInterfaces(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	var claims []string
+	routes := &fakeRoutes{add: func(_, filter, _ string) error {
+		if filter == "refused" {
+			return errors.New("router unavailable")
+		}
+		return nil
+	}}
+	out := &countingOutput{}
+	b.SetCluster(Cluster{
+		Ownership: fakeOwnership{claim: func(tenant, clientID string) (uint64, string, error) {
+			claims = append(claims, tenant+"/"+clientID)
+			if clientID == "unlucky" {
+				return 0, "", errors.New("no leader")
+			}
+			return 7, "", nil
+		}},
+		Routes: routes,
+		Output: out,
+	})
+	c := dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, c.connect("dev", true, packets.Properties{}).ReasonCode)
+	require.Equal(t, []string{"default/dev"}, claims)
+
+	bad := dial(t, addr, 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, bad.connect("unlucky", true, packets.Properties{}).ReasonCode)
+
+	require.Equal(t, []byte{1}, c.subscribe(1, "ok", 1).ReasonCodes)
+	require.GreaterOrEqual(t, c.subscribe(2, "refused", 1).ReasonCodes[0], byte(0x80))
+	c.publish(3, "ok", 1, []byte("x"))
+	c.expect(packets.Puback)
+	require.Equal(t, int32(1), out.n.Load())
+	c.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 4, Filters: packets.Subscriptions{{Filter: "ok"}}})
+	c.expect(packets.Unsuback)
+	require.Equal(t, int32(1), routes.removed.Load())
+}
