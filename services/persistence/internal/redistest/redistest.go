@@ -1,0 +1,176 @@
+// Package redistest runs real redis-server processes for tests: a primary
+// with replicas on loopback ports, each with its own directory, stopped at
+// the end of the test.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Node is one redis-server process.
+type Node struct {
+	Addr string
+	Dir  string
+	port int
+	cmd  *exec.Cmd
+	args []string
+	t    testing.TB
+}
+
+// Group is a primary and its replicas.
+type Group struct {
+	Primary  *Node
+	Replicas []*Node
+}
+
+// Binary returns the redis-server path, or skips the test with a clear
+// message when it is not installed.
+func Binary(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("redis-server not installed: `make deps` installs the redis-server package")
+	}
+	return path
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// StartNode starts one redis-server with the given extra config directives
+// ("key value" each).
+func StartNode(t testing.TB, extra ...string) *Node {
+	t.Helper()
+	bin := Binary(t)
+	n := &Node{t: t, port: freePort(t), Dir: t.TempDir()}
+	n.Addr = "127.0.0.1:" + strconv.Itoa(n.port)
+	n.args = []string{"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--dir", n.Dir,
+		"--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"}
+	for _, e := range extra {
+		k, v, _ := strings.Cut(e, " ")
+		n.args = append(n.args, "--"+k)
+		if v != "" {
+			n.args = append(n.args, strings.Fields(v)...)
+		}
+	}
+	n.start(bin)
+	t.Cleanup(n.Kill)
+	return n
+}
+
+func (n *Node) start(bin string) {
+	n.t.Helper()
+	n.cmd = exec.Command(bin, n.args...)
+	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	log, err := os.Create(filepath.Join(n.Dir, "redis.log"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.cmd.Stdout, n.cmd.Stderr = log, log
+	if err := n.cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr, DialTimeout: 200 * time.Millisecond})
+		err := c.Ping(context.Background()).Err()
+		_ = c.Close()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(n.Dir, "redis.log"))
+			n.t.Fatalf("redis-server on %s did not start: %v\n%s", n.Addr, err, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill stops the process with SIGKILL (a crash); safe to call twice.
+func (n *Node) Kill() {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	_ = n.cmd.Wait()
+	n.cmd = nil
+}
+
+// Restart starts the process again with its data directory.
+func (n *Node) Restart() {
+	n.t.Helper()
+	n.Kill()
+	n.start(Binary(n.t))
+}
+
+// Client returns a client to the node, closed at test end.
+func (n *Node) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	n.t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// StartGroup starts a primary with the given number of replicas, the
+// primary refusing writes unless minReplicas replicas are connected and
+// current (min-replicas-to-write / min-replicas-max-lag 2), and waits until
+// every replica is in sync.
+func StartGroup(t testing.TB, replicas, minReplicas int) *Group {
+	t.Helper()
+	g := &Group{Primary: StartNode(t, fmt.Sprintf("min-replicas-to-write %d", minReplicas), "min-replicas-max-lag 2")}
+	for range replicas {
+		host, port, _ := net.SplitHostPort(g.Primary.Addr)
+		r := StartNode(t, "replicaof "+host+" "+port, fmt.Sprintf("min-replicas-to-write %d", minReplicas), "min-replicas-max-lag 2")
+		g.Replicas = append(g.Replicas, r)
+	}
+	g.WaitSynced(10 * time.Second)
+	return g
+}
+
+// WaitSynced waits until the primary reports every replica online.
+func (g *Group) WaitSynced(timeout time.Duration) {
+	c := redis.NewClient(&redis.Options{Addr: g.Primary.Addr})
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		info, err := c.Info(context.Background(), "replication").Result()
+		if err == nil && countOnline(info) >= len(g.Replicas) {
+			return
+		}
+		if time.Now().After(deadline) {
+			g.Primary.t.Fatalf("replicas not in sync after %v: %v\n%s", timeout, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func countOnline(info string) int {
+	n := 0
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "slave") && strings.Contains(line, "state=online") {
+			n++
+		}
+	}
+	return n
+}

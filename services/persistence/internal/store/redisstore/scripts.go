@@ -1,0 +1,267 @@
+package redisstore
+
+// Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
+// session epoch and group epoch, and checks both before touching anything.
+// Messages live at "m:<msgID>" as a hash {d = JSON, n = references}.
+const prelude = `
+local function fence(skey, epoch, gepoch)
+  local g = tonumber(redis.call('GET', 'keel:group-epoch') or '0')
+  if tonumber(gepoch) < g then return redis.error_reply('GROUPFENCED group epoch ' .. gepoch .. ' < ' .. g) end
+  local cur = tonumber(redis.call('HGET', skey, 'epoch') or '0')
+  if tonumber(epoch) < cur then return redis.error_reply('FENCED epoch ' .. epoch .. ' < ' .. cur) end
+  return false
+end
+local function ref(id, data, ttl)
+  local k = 'm:' .. id
+  if redis.call('HINCRBY', k, 'n', 1) == 1 then
+    if not data then
+      redis.call('DEL', k)
+      return false
+    end
+    redis.call('HSET', k, 'd', data)
+    if tonumber(ttl) > 0 then redis.call('EXPIRE', k, ttl) end
+  end
+  return true
+end
+local function unref(id)
+  local k = 'm:' .. id
+  if redis.call('HINCRBY', k, 'n', -1) <= 0 then redis.call('DEL', k) end
+end
+`
+
+// activate: KEYS s; ARGV epoch gepoch. A newer epoch only.
+const scriptActivate = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+redis.call('HSET', KEYS[1], 'epoch', ARGV[1])
+return 1`
+
+// putSession: KEYS s; ARGV epoch gepoch record.
+const scriptPutSession = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+redis.call('HSET', KEYS[1], 'rec', ARGV[3])
+return 1`
+
+// deleteSession: KEYS s sub q qe inf in; ARGV epoch gepoch. Keeps the epoch.
+const scriptDeleteSession = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do unref(id) end
+local inf = redis.call('HVALS', KEYS[5])
+for _, e in ipairs(inf) do unref(cjson.decode(e).m) end
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('HDEL', KEYS[1], 'rec', 'seq')
+return 1`
+
+// putSub: KEYS s sub; ARGV epoch gepoch filter json.
+const scriptPutSub = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return 1`
+
+// delSub: KEYS s sub; ARGV epoch gepoch filter.
+const scriptDelSub = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+return redis.call('HDEL', KEYS[2], ARGV[3])`
+
+// append: KEYS s q qe; ARGV epoch gepoch maxLen dropOldest ttl, then
+// (msgID, entryJSON, msgJSON) triples. Returns {added, dups, dropped, refused}.
+const scriptAppend = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', ARGV[5]
+local added, dups, dropped, refused = 0, 0, 0, 0
+for i = 6, #ARGV, 3 do
+  local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
+  if redis.call('HEXISTS', KEYS[3], id) == 1 then
+    dups = dups + 1
+  else
+    local ok = true
+    if maxLen > 0 and redis.call('ZCARD', KEYS[2]) >= maxLen then
+      if dropOldest then
+        local old = redis.call('ZPOPMIN', KEYS[2])
+        if old[1] then redis.call('HDEL', KEYS[3], old[1]); unref(old[1]); dropped = dropped + 1 end
+      else
+        refused = refused + 1
+        ok = false
+      end
+    end
+    if ok then
+      local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+      local e = cjson.decode(entry)
+      e.s = seq
+      redis.call('ZADD', KEYS[2], seq, id)
+      redis.call('HSET', KEYS[3], id, cjson.encode(e))
+      ref(id, msg, ttl)
+      added = added + 1
+    end
+  end
+end
+return {added, dups, dropped, refused}`
+
+// send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,
+// qos) quads. A queued entry moves with its reference; an entry that was
+// never queued must refer to a stored message.
+const scriptSend = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+for i = 3, #ARGV, 4 do
+  local id, pk, entry, qos = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3]
+  local queued = redis.call('HDEL', KEYS[3], id) == 1
+  if queued then redis.call('ZREM', KEYS[2], id) end
+  if qos == '0' then
+    if queued then unref(id) end
+  else
+    if not queued and not ref(id, false, 0) then
+      return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
+    end
+    local old = redis.call('HGET', KEYS[4], pk)
+    if old then unref(cjson.decode(old).m) end
+    redis.call('HSET', KEYS[4], pk, entry)
+  end
+end
+return 1`
+
+// pubrel: KEYS s inf; ARGV epoch gepoch packetID.
+const scriptPubrel = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+local e = redis.call('HGET', KEYS[2], ARGV[3])
+if not e then return 0 end
+local d = cjson.decode(e)
+d.rel = true
+redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(d))
+return 1`
+
+// complete: KEYS s inf; ARGV epoch gepoch packetIDs...
+const scriptComplete = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+local n = 0
+for i = 3, #ARGV do
+  local e = redis.call('HGET', KEYS[2], ARGV[i])
+  if e then
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    unref(cjson.decode(e).m)
+    n = n + 1
+  end
+end
+return n`
+
+// dequeue: KEYS s q qe; ARGV epoch gepoch msgIDs...
+const scriptDequeue = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+local n = 0
+for i = 3, #ARGV do
+  if redis.call('HDEL', KEYS[3], ARGV[i]) == 1 then
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    unref(ARGV[i])
+    n = n + 1
+  end
+end
+return n`
+
+// putIncoming / delIncoming: KEYS s in; ARGV epoch gepoch packetID [msgID].
+const scriptPutIncoming = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return 1`
+
+const scriptDelIncoming = prelude + `
+local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+return redis.call('HDEL', KEYS[2], ARGV[3])`
+
+// load: KEYS s sub q qe inf in. Returns {epoch, rec, subs, queue ids,
+// queue entries, inflight, incoming, messages}, all read at one instant.
+const scriptLoad = `
+local epoch = redis.call('HGET', KEYS[1], 'epoch') or '0'
+local rec = redis.call('HGET', KEYS[1], 'rec') or ''
+local subs = redis.call('HVALS', KEYS[2])
+local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
+local q = {}
+for i, id in ipairs(ids) do q[i] = redis.call('HGET', KEYS[4], id) or '' end
+local inf = redis.call('HVALS', KEYS[5])
+local inc = redis.call('HGETALL', KEYS[6])
+local msgs = {}
+local seen = {}
+local function add(id)
+  if not seen[id] then
+    seen[id] = true
+    local d = redis.call('HGET', 'm:' .. id, 'd')
+    if d then table.insert(msgs, d) end
+  end
+end
+for _, id in ipairs(ids) do add(id) end
+for _, e in ipairs(inf) do add(cjson.decode(e).m) end
+return {epoch, rec, subs, q, inf, inc, msgs}`
+
+// putRetained: KEYS r (hash topic -> JSON); ARGV tenant topic json created
+// empty. The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
+// child levels of a prefix of n levels (n keeps "" at the root apart from an
+// empty first level). A message is replaced only by a newer one; an empty
+// payload deletes it and prunes the index.
+const scriptPutRetained = `
+local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
+local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
+local old = redis.call('HGET', KEYS[1], topic)
+if old and cjson.decode(old).c > created then return 0 end
+local levels = {}
+for l in string.gmatch(topic .. '/', '([^/]*)/') do table.insert(levels, l) end
+if empty then
+  if not old then return 0 end
+  redis.call('HDEL', KEYS[1], topic)
+  for i = #levels, 1, -1 do
+    local prefix = table.concat(levels, '/', 1, i)
+    if redis.call('SCARD', node(prefix, i)) > 0 or (i < #levels and redis.call('HEXISTS', KEYS[1], prefix) == 1) then break end
+    redis.call('SREM', node(table.concat(levels, '/', 1, i - 1), i - 1), levels[i])
+  end
+  return 1
+end
+for i, l in ipairs(levels) do
+  redis.call('SADD', node(table.concat(levels, '/', 1, i - 1), i - 1), l)
+end
+redis.call('HSET', KEYS[1], topic, json)
+return 1`
+
+// lookupRetained: KEYS r; ARGV tenant filter limit. Walks the index; leading
+// wildcards do not match $-topics ([MQTT-4.7.2-1]).
+const scriptLookupRetained = `
+local tenant, filter, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
+local levels = {}
+for l in string.gmatch(filter .. '/', '([^/]*)/') do table.insert(levels, l) end
+local out = {}
+local function emit(topic)
+  if #out >= limit then return end
+  local v = redis.call('HGET', KEYS[1], topic)
+  if v then table.insert(out, v) end
+end
+local function join(prefix, l, n)
+  if n == 0 then return l end
+  return prefix .. '/' .. l
+end
+-- all emits every topic below prefix (n levels).
+local function all(prefix, n)
+  for _, c in ipairs(redis.call('SMEMBERS', node(prefix, n))) do
+    if #out >= limit then return end
+    if not (n == 0 and string.sub(c, 1, 1) == '$') then
+      local p = join(prefix, c, n)
+      emit(p)
+      all(p, n + 1)
+    end
+  end
+end
+-- walk matches levels[n+1..] below prefix (n levels).
+local function walk(prefix, n)
+  if #out >= limit then return end
+  local l = levels[n + 1]
+  if l == '#' then
+    if n > 0 then emit(prefix) end -- "a/#" matches "a" too
+    all(prefix, n)
+    return
+  end
+  local cands
+  if l == '+' then cands = redis.call('SMEMBERS', node(prefix, n)) else cands = {l} end
+  for _, c in ipairs(cands) do
+    if not (l == '+' and n == 0 and string.sub(c, 1, 1) == '$') then
+      local p = join(prefix, c, n)
+      if n + 1 == #levels then emit(p) else walk(p, n + 1) end
+    end
+  end
+end
+walk('', 0)
+return out`

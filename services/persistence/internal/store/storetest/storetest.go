@@ -1,0 +1,240 @@
+// Package storetest is the contract every [store.Store] implementation
+// passes: run it from each implementation's tests with Run.
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/persistence/internal/store"
+)
+
+// Run runs the contract suite; newStore returns a fresh, empty store.
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
+	t.Run("fencing", func(t *testing.T) { testFencing(t, newStore(t)) })
+	t.Run("queue", func(t *testing.T) { testQueue(t, newStore(t)) })
+	t.Run("bounds", func(t *testing.T) { testBounds(t, newStore(t)) })
+	t.Run("inflight", func(t *testing.T) { testInflight(t, newStore(t)) })
+	t.Run("session_lifecycle", func(t *testing.T) { testSessionLifecycle(t, newStore(t)) })
+	t.Run("retained", func(t *testing.T) { testRetained(t, newStore(t)) })
+	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore(t)) })
+}
+
+var (
+	ctx = context.Background()
+	key = store.SessionKey{Tenant: "acme", ClientID: "dev-1"}
+)
+
+func msg(i int) *store.Message {
+	return &store.Message{ID: fmt.Sprintf("edge-a/1/%d", i), Topic: "t", Payload: []byte{byte(i)}, QoS: 1, Created: int64(i)}
+}
+
+func entry(i int) store.Entry { return store.Entry{MsgID: msg(i).ID, QoS: 1} }
+
+func appendN(t *testing.T, s store.Store, f store.Fence, lim store.QueueLimits, from, to int) store.AppendResult {
+	t.Helper()
+	var es []store.Entry
+	var ms []*store.Message
+	for i := from; i <= to; i++ {
+		es = append(es, entry(i))
+		ms = append(ms, msg(i))
+	}
+	res, err := s.Append(ctx, key, f, lim, es, ms)
+	require.NoError(t, err)
+	return res
+}
+
+func queueIDs(t *testing.T, s store.Store) []string {
+	t.Helper()
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	var ids []string
+	for _, e := range st.Queue {
+		ids = append(ids, e.MsgID)
+	}
+	return ids
+}
+
+func testFencing(t *testing.T, s store.Store) {
+	require.NoError(t, s.Activate(ctx, key, store.Fence{Epoch: 5}))
+	require.ErrorIs(t, s.PutSubscription(ctx, key, store.Fence{Epoch: 4}, store.Subscription{Filter: "a"}), store.ErrFenced)
+	_, err := s.Append(ctx, key, store.Fence{Epoch: 4}, store.QueueLimits{}, []store.Entry{entry(1)}, []*store.Message{msg(1)})
+	require.ErrorIs(t, err, store.ErrFenced)
+	require.ErrorIs(t, s.Activate(ctx, key, store.Fence{Epoch: 3}), store.ErrFenced, "epochs never go back")
+	require.NoError(t, s.PutSubscription(ctx, key, store.Fence{Epoch: 5}, store.Subscription{Filter: "a"}))
+	require.NoError(t, s.Activate(ctx, key, store.Fence{Epoch: 9}))
+	require.ErrorIs(t, s.DeleteSession(ctx, key, store.Fence{Epoch: 5}), store.ErrFenced)
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, uint64(9), st.Epoch)
+	require.Len(t, st.Subs, 1, "the fenced delete changed nothing")
+	require.Empty(t, st.Queue, "the fenced append stored nothing")
+}
+
+func testQueue(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, key, f))
+	res := appendN(t, s, f, store.QueueLimits{}, 1, 3)
+	require.Equal(t, 3, res.Added)
+	// A retry of the same messages is a no-op: idempotent on msgID.
+	res = appendN(t, s, f, store.QueueLimits{}, 2, 4)
+	require.Equal(t, 1, res.Added)
+	require.Equal(t, 2, res.Duplicates)
+	require.Equal(t, []string{msg(1).ID, msg(2).ID, msg(3).ID, msg(4).ID}, queueIDs(t, s), "in order")
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, st.Messages, 4)
+	require.Equal(t, []byte{2}, st.Messages[msg(2).ID].Payload)
+	require.NoError(t, s.Dequeue(ctx, key, f, []string{msg(1).ID}))
+	require.Equal(t, []string{msg(2).ID, msg(3).ID, msg(4).ID}, queueIDs(t, s))
+}
+
+func testBounds(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, key, f))
+	res := appendN(t, s, f, store.QueueLimits{MaxLen: 3}, 1, 5)
+	require.Equal(t, store.AppendResult{Added: 3, Refused: 2}, res, "refuse newest")
+	require.Equal(t, []string{msg(1).ID, msg(2).ID, msg(3).ID}, queueIDs(t, s))
+	res = appendN(t, s, f, store.QueueLimits{MaxLen: 3, DropOldest: true}, 6, 7)
+	require.Equal(t, store.AppendResult{Added: 2, DroppedOldest: 2}, res, "drop oldest")
+	require.Equal(t, []string{msg(3).ID, msg(6).ID, msg(7).ID}, queueIDs(t, s))
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, st.Messages, 3, "dropped messages are not kept")
+}
+
+func testInflight(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, key, f))
+	appendN(t, s, f, store.QueueLimits{}, 1, 3)
+	sent := []store.Entry{entry(1), entry(2)}
+	sent[0].PacketID, sent[1].PacketID = 65535, 65534
+	sent[1].QoS = 2
+	require.NoError(t, s.Send(ctx, key, f, sent))
+	require.NoError(t, s.Pubrel(ctx, key, f, 65534))
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 1)
+	require.Len(t, st.Inflight, 2)
+	sort.Slice(st.Inflight, func(i, j int) bool { return st.Inflight[i].PacketID > st.Inflight[j].PacketID })
+	require.Equal(t, uint16(65535), st.Inflight[0].PacketID)
+	require.False(t, st.Inflight[0].Pubrel)
+	require.True(t, st.Inflight[1].Pubrel)
+	require.Len(t, st.Messages, 3)
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{65535, 65534}))
+	st, err = s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Empty(t, st.Inflight)
+	require.Len(t, st.Messages, 1, "completed messages are released")
+	// Sending a message that was never stored is refused.
+	require.ErrorIs(t, s.Send(ctx, key, f, []store.Entry{{MsgID: "nope", QoS: 1, PacketID: 9}}), store.ErrInvalid)
+	// Inbound QoS 2 state.
+	require.NoError(t, s.PutIncoming(ctx, key, f, store.Incoming{PacketID: 42, MsgID: "m42"}))
+	st, _ = s.Load(ctx, key)
+	require.Equal(t, []store.Incoming{{PacketID: 42, MsgID: "m42"}}, st.Incoming)
+	require.NoError(t, s.DeleteIncoming(ctx, key, f, 42))
+	st, _ = s.Load(ctx, key)
+	require.Empty(t, st.Incoming)
+}
+
+func testSessionLifecycle(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 3}
+	require.NoError(t, s.Activate(ctx, key, f))
+	require.NoError(t, s.PutSession(ctx, key, f, store.Session{ProtocolVersion: 5, ExpiryInterval: 60}))
+	require.NoError(t, s.PutSubscription(ctx, key, f, store.Subscription{Filter: "a/#", QoS: 1}))
+	require.NoError(t, s.PutSubscription(ctx, key, f, store.Subscription{Filter: "a/#", QoS: 2}))
+	appendN(t, s, f, store.QueueLimits{}, 1, 2)
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, uint32(60), st.Session.ExpiryInterval)
+	require.Equal(t, []store.Subscription{{Filter: "a/#", QoS: 2}}, st.Subs, "a repeated filter replaces")
+	require.NoError(t, s.DeleteSubscription(ctx, key, f, "a/#"))
+	require.NoError(t, s.DeleteSession(ctx, key, f))
+	st, err = s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Nil(t, st.Session)
+	require.Empty(t, st.Queue)
+	require.Empty(t, st.Messages)
+	require.Equal(t, uint64(3), st.Epoch, "the epoch survives the session")
+	require.ErrorIs(t, s.Activate(ctx, key, store.Fence{Epoch: 2}), store.ErrFenced)
+}
+
+func rmsg(topic string, created int64, payload string) *store.Message {
+	return &store.Message{ID: fmt.Sprintf("r/%s/%d", topic, created), Topic: topic, Payload: []byte(payload), QoS: 1, Retain: true, Created: created}
+}
+
+func topics(ms []*store.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Topic)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func testRetained(t *testing.T, s store.Store) {
+	for i, topic := range []string{"a", "a/b", "a/b/c", "a/x/c", "b", "$SYS/x", "/lead", "a//c"} {
+		changed, err := s.PutRetained(ctx, "acme", rmsg(topic, int64(10+i), "v"))
+		require.NoError(t, err)
+		require.True(t, changed)
+	}
+	_, err := s.PutRetained(ctx, "other", rmsg("a", 1, "other tenant"))
+	require.NoError(t, err)
+	// Replaced only by newer messages.
+	changed, err := s.PutRetained(ctx, "acme", rmsg("a", 5, "old"))
+	require.NoError(t, err)
+	require.False(t, changed)
+	changed, err = s.PutRetained(ctx, "acme", rmsg("a", 100, "new"))
+	require.NoError(t, err)
+	require.True(t, changed)
+
+	for _, tc := range []struct {
+		filter string
+		want   []string
+	}{
+		{"a", []string{"a"}},
+		{"a/#", []string{"a", "a/b", "a/b/c", "a/x/c", "a//c"}},
+		{"a/+/c", []string{"a//c", "a/b/c", "a/x/c"}},
+		{"+", []string{"a", "b"}},
+		{"#", []string{"/lead", "a", "a//c", "a/b", "a/b/c", "a/x/c", "b"}}, // not $SYS ([MQTT-4.7.2-1])
+		{"$SYS/#", []string{"$SYS/x"}},
+		{"+/lead", []string{"/lead"}},
+		{"nothing/#", nil},
+	} {
+		got, err := s.LookupRetained(ctx, "acme", tc.filter, 100)
+		require.NoError(t, err, tc.filter)
+		want := append([]string(nil), tc.want...)
+		sort.Strings(want)
+		require.Equal(t, want, topics(got), tc.filter)
+	}
+	got, _ := s.LookupRetained(ctx, "acme", "a", 10)
+	require.Equal(t, []byte("new"), got[0].Payload)
+	got, _ = s.LookupRetained(ctx, "acme", "#", 3)
+	require.Len(t, got, 3, "limit")
+
+	// An empty payload deletes, and only newer deletes count.
+	changed, err = s.PutRetained(ctx, "acme", &store.Message{ID: "del", Topic: "a/b/c", Created: 1000})
+	require.NoError(t, err)
+	require.True(t, changed)
+	got, _ = s.LookupRetained(ctx, "acme", "a/#", 100)
+	require.Equal(t, []string{"a", "a//c", "a/b", "a/x/c"}, topics(got))
+	got, _ = s.LookupRetained(ctx, "other", "#", 100)
+	require.Equal(t, []string{"a"}, topics(got), "tenants are apart")
+}
+
+func testBadInput(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	bad := store.SessionKey{Tenant: "", ClientID: "x"}
+	require.ErrorIs(t, s.Activate(ctx, bad, f), store.ErrInvalid)
+	_, err := s.Append(ctx, key, f, store.QueueLimits{}, []store.Entry{entry(1)}, []*store.Message{msg(2)})
+	require.ErrorIs(t, err, store.ErrInvalid, "entry and message disagree")
+	_, err = s.PutRetained(ctx, "acme", &store.Message{ID: "x"})
+	require.ErrorIs(t, err, store.ErrInvalid, "no topic")
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Empty(t, st.Queue)
+}
