@@ -7,7 +7,7 @@ APT_PACKAGES := redis-server mosquitto mosquitto-clients postgresql kcat
 .PHONY: build
 build: ## Build every binary into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl
+	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router
 
 .PHONY: run
 run: build ## Run a local Keel on embedded defaults (MQTT on :1883, WebSocket on :8083, ops on :9100)

@@ -155,7 +155,10 @@ type RouteDelta struct {
 	// route concerned.
 	Route *Route `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	// op to apply.
-	Op            RouteOp `protobuf:"varint,3,opt,name=op,proto3,enum=keel.router.v1.RouteOp" json:"op,omitempty"`
+	Op RouteOp `protobuf:"varint,3,opt,name=op,proto3,enum=keel.router.v1.RouteOp" json:"op,omitempty"`
+	// count is the number of local subscribers (for a shared group: members) the edge
+	// has for the route on an add; informational, used to weigh share picks.
+	Count         uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -209,6 +212,13 @@ func (x *RouteDelta) GetOp() RouteOp {
 		return x.Op
 	}
 	return RouteOp_ROUTE_OP_UNSPECIFIED
+}
+
+func (x *RouteDelta) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
 }
 
 // RouteSyncRequest is one message from the edge.
@@ -654,6 +664,8 @@ type RouteSyncResponse struct {
 	//	*RouteSyncResponse_Wildcard
 	//	*RouteSyncResponse_Bloom
 	//	*RouteSyncResponse_Heartbeat
+	//	*RouteSyncResponse_Resync
+	//	*RouteSyncResponse_Ready
 	Msg           isRouteSyncResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -757,6 +769,24 @@ func (x *RouteSyncResponse) GetHeartbeat() *RouteHeartbeat {
 	return nil
 }
 
+func (x *RouteSyncResponse) GetResync() *RouteResync {
+	if x != nil {
+		if x, ok := x.Msg.(*RouteSyncResponse_Resync); ok {
+			return x.Resync
+		}
+	}
+	return nil
+}
+
+func (x *RouteSyncResponse) GetReady() *RouteReady {
+	if x != nil {
+		if x, ok := x.Msg.(*RouteSyncResponse_Ready); ok {
+			return x.Ready
+		}
+	}
+	return nil
+}
+
 type isRouteSyncResponse_Msg interface {
 	isRouteSyncResponse_Msg()
 }
@@ -792,6 +822,18 @@ type RouteSyncResponse_Heartbeat struct {
 	Heartbeat *RouteHeartbeat `protobuf:"bytes,7,opt,name=heartbeat,proto3,oneof"`
 }
 
+type RouteSyncResponse_Resync struct {
+	// resync asks the edge for its full route set (after a router membership
+	// change, or when the router lost track of the stream's deltas).
+	Resync *RouteResync `protobuf:"bytes,8,opt,name=resync,proto3,oneof"`
+}
+
+type RouteSyncResponse_Ready struct {
+	// ready tells the edge that the full wildcard table and every Bloom filter have
+	// been sent: from now on its answers may be trusted while heartbeats arrive.
+	Ready *RouteReady `protobuf:"bytes,9,opt,name=ready,proto3,oneof"`
+}
+
 func (*RouteSyncResponse_Ack) isRouteSyncResponse_Msg() {}
 
 func (*RouteSyncResponse_DigestResult) isRouteSyncResponse_Msg() {}
@@ -804,20 +846,111 @@ func (*RouteSyncResponse_Bloom) isRouteSyncResponse_Msg() {}
 
 func (*RouteSyncResponse_Heartbeat) isRouteSyncResponse_Msg() {}
 
+func (*RouteSyncResponse_Resync) isRouteSyncResponse_Msg() {}
+
+func (*RouteSyncResponse_Ready) isRouteSyncResponse_Msg() {}
+
+// RouteResync asks the edge to send a RouteSetSnapshot of its whole route set.
+type RouteResync struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reason is a short operator-facing explanation.
+	Reason        string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteResync) Reset() {
+	*x = RouteResync{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteResync) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteResync) ProtoMessage() {}
+
+func (x *RouteResync) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteResync.ProtoReflect.Descriptor instead.
+func (*RouteResync) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RouteResync) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// RouteReady marks the end of the initial state sent on a new stream.
+type RouteReady struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteReady) Reset() {
+	*x = RouteReady{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteReady) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteReady) ProtoMessage() {}
+
+func (x *RouteReady) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteReady.ProtoReflect.Descriptor instead.
+func (*RouteReady) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{10}
+}
+
 // RouteAck acknowledges deltas. A route add is acknowledged only once every edge that
 // may cache a contrary entry has acknowledged the invalidation or its cache lease
 // has expired, so a publish that starts after SUBACK finds the route.
 type RouteAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// seq is cumulative: every delta with seq ≤ this is applied.
-	Seq           uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// rejected lists deltas (seq ≤ the ack's seq) that were refused and not stored,
+	// e.g. over the per-tenant cap of wildcard-first filters; the edge refuses the
+	// subscription (SUBACK 0x97).
+	Rejected      []*RouteReject `protobuf:"bytes,2,rep,name=rejected,proto3" json:"rejected,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteAck) Reset() {
 	*x = RouteAck{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	mi := &file_keel_router_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +962,7 @@ func (x *RouteAck) String() string {
 func (*RouteAck) ProtoMessage() {}
 
 func (x *RouteAck) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	mi := &file_keel_router_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +975,7 @@ func (x *RouteAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteAck.ProtoReflect.Descriptor instead.
 func (*RouteAck) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RouteAck) GetSeq() uint64 {
@@ -850,6 +983,68 @@ func (x *RouteAck) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *RouteAck) GetRejected() []*RouteReject {
+	if x != nil {
+		return x.Rejected
+	}
+	return nil
+}
+
+// RouteReject is one refused delta.
+type RouteReject struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seq of the refused delta.
+	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// reason is a short explanation.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteReject) Reset() {
+	*x = RouteReject{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteReject) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteReject) ProtoMessage() {}
+
+func (x *RouteReject) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteReject.ProtoReflect.Descriptor instead.
+func (*RouteReject) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RouteReject) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RouteReject) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 // RouteDigestResult answers a RouteSetDigest.
@@ -866,7 +1061,7 @@ type RouteDigestResult struct {
 
 func (x *RouteDigestResult) Reset() {
 	*x = RouteDigestResult{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	mi := &file_keel_router_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +1073,7 @@ func (x *RouteDigestResult) String() string {
 func (*RouteDigestResult) ProtoMessage() {}
 
 func (x *RouteDigestResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	mi := &file_keel_router_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1086,7 @@ func (x *RouteDigestResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteDigestResult.ProtoReflect.Descriptor instead.
 func (*RouteDigestResult) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RouteDigestResult) GetSeq() uint64 {
@@ -914,14 +1109,19 @@ type RouteInvalidation struct {
 	// tenant of the anchors.
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// anchors to drop from the cache.
-	Anchors       []string `protobuf:"bytes,2,rep,name=anchors,proto3" json:"anchors,omitempty"`
+	Anchors []string `protobuf:"bytes,2,rep,name=anchors,proto3" json:"anchors,omitempty"`
+	// new_anchors are anchors that did not exist before: the edge adds them to the
+	// tenant's Bloom filter (and drops any cached negative entry for them).
+	NewAnchors []string `protobuf:"bytes,3,rep,name=new_anchors,json=newAnchors,proto3" json:"new_anchors,omitempty"`
+	// dead_edges are edge incarnations the edge must stop routing to.
+	DeadEdges     []*DeadEdge `protobuf:"bytes,4,rep,name=dead_edges,json=deadEdges,proto3" json:"dead_edges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RouteInvalidation) Reset() {
 	*x = RouteInvalidation{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[11]
+	mi := &file_keel_router_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1133,7 @@ func (x *RouteInvalidation) String() string {
 func (*RouteInvalidation) ProtoMessage() {}
 
 func (x *RouteInvalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[11]
+	mi := &file_keel_router_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1146,7 @@ func (x *RouteInvalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteInvalidation.ProtoReflect.Descriptor instead.
 func (*RouteInvalidation) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RouteInvalidation) GetTenant() string {
@@ -963,6 +1163,75 @@ func (x *RouteInvalidation) GetAnchors() []string {
 	return nil
 }
 
+func (x *RouteInvalidation) GetNewAnchors() []string {
+	if x != nil {
+		return x.NewAnchors
+	}
+	return nil
+}
+
+func (x *RouteInvalidation) GetDeadEdges() []*DeadEdge {
+	if x != nil {
+		return x.DeadEdges
+	}
+	return nil
+}
+
+// DeadEdge names an edge whose routes of this and older incarnations are dead.
+type DeadEdge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// edge_id of the edge.
+	EdgeId string `protobuf:"bytes,1,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
+	// incarnation: routes registered by this or an older incarnation are dead.
+	Incarnation   uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadEdge) Reset() {
+	*x = DeadEdge{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadEdge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadEdge) ProtoMessage() {}
+
+func (x *DeadEdge) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadEdge.ProtoReflect.Descriptor instead.
+func (*DeadEdge) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeadEdge) GetEdgeId() string {
+	if x != nil {
+		return x.EdgeId
+	}
+	return ""
+}
+
+func (x *DeadEdge) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 // WildcardDeltas changes the replicated set of wildcard-first filters.
 type WildcardDeltas struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -977,7 +1246,7 @@ type WildcardDeltas struct {
 
 func (x *WildcardDeltas) Reset() {
 	*x = WildcardDeltas{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	mi := &file_keel_router_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1258,7 @@ func (x *WildcardDeltas) String() string {
 func (*WildcardDeltas) ProtoMessage() {}
 
 func (x *WildcardDeltas) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	mi := &file_keel_router_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1271,7 @@ func (x *WildcardDeltas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WildcardDeltas.ProtoReflect.Descriptor instead.
 func (*WildcardDeltas) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WildcardDeltas) GetReset_() bool {
@@ -1027,14 +1296,16 @@ type WildcardDelta struct {
 	// edge_id of the edge holding the route.
 	EdgeId string `protobuf:"bytes,2,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
 	// op to apply.
-	Op            RouteOp `protobuf:"varint,3,opt,name=op,proto3,enum=keel.router.v1.RouteOp" json:"op,omitempty"`
+	Op RouteOp `protobuf:"varint,3,opt,name=op,proto3,enum=keel.router.v1.RouteOp" json:"op,omitempty"`
+	// incarnation of the edge that registered the route.
+	Incarnation   uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WildcardDelta) Reset() {
 	*x = WildcardDelta{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[13]
+	mi := &file_keel_router_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1317,7 @@ func (x *WildcardDelta) String() string {
 func (*WildcardDelta) ProtoMessage() {}
 
 func (x *WildcardDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[13]
+	mi := &file_keel_router_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1330,7 @@ func (x *WildcardDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WildcardDelta.ProtoReflect.Descriptor instead.
 func (*WildcardDelta) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WildcardDelta) GetRoute() *Route {
@@ -1081,6 +1352,13 @@ func (x *WildcardDelta) GetOp() RouteOp {
 		return x.Op
 	}
 	return RouteOp_ROUTE_OP_UNSPECIFIED
+}
+
+func (x *WildcardDelta) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // BloomChunk is part of a tenant's Bloom filter of existing anchors, which lets the
@@ -1107,7 +1385,7 @@ type BloomChunk struct {
 
 func (x *BloomChunk) Reset() {
 	*x = BloomChunk{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[14]
+	mi := &file_keel_router_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1397,7 @@ func (x *BloomChunk) String() string {
 func (*BloomChunk) ProtoMessage() {}
 
 func (x *BloomChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[14]
+	mi := &file_keel_router_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1410,7 @@ func (x *BloomChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BloomChunk.ProtoReflect.Descriptor instead.
 func (*BloomChunk) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BloomChunk) GetTenant() string {
@@ -1195,7 +1473,7 @@ type RouteHeartbeat struct {
 
 func (x *RouteHeartbeat) Reset() {
 	*x = RouteHeartbeat{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	mi := &file_keel_router_v1_router_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +1485,7 @@ func (x *RouteHeartbeat) String() string {
 func (*RouteHeartbeat) ProtoMessage() {}
 
 func (x *RouteHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	mi := &file_keel_router_v1_router_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +1498,7 @@ func (x *RouteHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteHeartbeat.ProtoReflect.Descriptor instead.
 func (*RouteHeartbeat) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RouteHeartbeat) GetCacheLease() *durationpb.Duration {
@@ -1247,7 +1525,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[16]
+	mi := &file_keel_router_v1_router_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1537,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[16]
+	mi := &file_keel_router_v1_router_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1550,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LookupRequest) GetTenant() string {
@@ -1321,7 +1599,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[17]
+	mi := &file_keel_router_v1_router_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1611,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[17]
+	mi := &file_keel_router_v1_router_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1624,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LookupResponse) GetEdgeIds() []string {
@@ -1392,7 +1670,7 @@ type SharedGroupRoute struct {
 
 func (x *SharedGroupRoute) Reset() {
 	*x = SharedGroupRoute{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[18]
+	mi := &file_keel_router_v1_router_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1682,7 @@ func (x *SharedGroupRoute) String() string {
 func (*SharedGroupRoute) ProtoMessage() {}
 
 func (x *SharedGroupRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[18]
+	mi := &file_keel_router_v1_router_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1695,7 @@ func (x *SharedGroupRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedGroupRoute.ProtoReflect.Descriptor instead.
 func (*SharedGroupRoute) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{18}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SharedGroupRoute) GetGroup() string {
@@ -1455,7 +1733,7 @@ type AnchorRoutes struct {
 
 func (x *AnchorRoutes) Reset() {
 	*x = AnchorRoutes{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[19]
+	mi := &file_keel_router_v1_router_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1745,7 @@ func (x *AnchorRoutes) String() string {
 func (*AnchorRoutes) ProtoMessage() {}
 
 func (x *AnchorRoutes) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[19]
+	mi := &file_keel_router_v1_router_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1758,7 @@ func (x *AnchorRoutes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnchorRoutes.ProtoReflect.Descriptor instead.
 func (*AnchorRoutes) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{19}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AnchorRoutes) GetAnchor() string {
@@ -1512,7 +1790,7 @@ type AnchorRoute struct {
 
 func (x *AnchorRoute) Reset() {
 	*x = AnchorRoute{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[20]
+	mi := &file_keel_router_v1_router_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1802,7 @@ func (x *AnchorRoute) String() string {
 func (*AnchorRoute) ProtoMessage() {}
 
 func (x *AnchorRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[20]
+	mi := &file_keel_router_v1_router_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1815,7 @@ func (x *AnchorRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnchorRoute.ProtoReflect.Descriptor instead.
 func (*AnchorRoute) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{20}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AnchorRoute) GetFilter() string {
@@ -1561,6 +1839,392 @@ func (x *AnchorRoute) GetEdgeIds() []string {
 	return nil
 }
 
+// RemoveEdgeRequest names a dead edge incarnation.
+type RemoveEdgeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// edge_id of the dead edge.
+	EdgeId string `protobuf:"bytes,1,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
+	// incarnation that died; routes of this and older incarnations are removed.
+	Incarnation   uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveEdgeRequest) Reset() {
+	*x = RemoveEdgeRequest{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveEdgeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveEdgeRequest) ProtoMessage() {}
+
+func (x *RemoveEdgeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveEdgeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveEdgeRequest) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RemoveEdgeRequest) GetEdgeId() string {
+	if x != nil {
+		return x.EdgeId
+	}
+	return ""
+}
+
+func (x *RemoveEdgeRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+// RemoveEdgeResponse reports the removal.
+type RemoveEdgeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// routes_removed is the number of routes removed.
+	RoutesRemoved uint64 `protobuf:"varint,1,opt,name=routes_removed,json=routesRemoved,proto3" json:"routes_removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveEdgeResponse) Reset() {
+	*x = RemoveEdgeResponse{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveEdgeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveEdgeResponse) ProtoMessage() {}
+
+func (x *RemoveEdgeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveEdgeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveEdgeResponse) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *RemoveEdgeResponse) GetRoutesRemoved() uint64 {
+	if x != nil {
+		return x.RoutesRemoved
+	}
+	return 0
+}
+
+// EdgeDelta is one delta of one edge, forwarded between router nodes.
+type EdgeDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// edge_id of the edge that sent it.
+	EdgeId string `protobuf:"bytes,1,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
+	// incarnation of the edge.
+	Incarnation uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// delta to apply.
+	Delta         *RouteDelta `protobuf:"bytes,3,opt,name=delta,proto3" json:"delta,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EdgeDelta) Reset() {
+	*x = EdgeDelta{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EdgeDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EdgeDelta) ProtoMessage() {}
+
+func (x *EdgeDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EdgeDelta.ProtoReflect.Descriptor instead.
+func (*EdgeDelta) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *EdgeDelta) GetEdgeId() string {
+	if x != nil {
+		return x.EdgeId
+	}
+	return ""
+}
+
+func (x *EdgeDelta) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *EdgeDelta) GetDelta() *RouteDelta {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
+// ApplyRoutesRequest carries deltas for route keys the receiver owns.
+type ApplyRoutesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// deltas in the order to apply them.
+	Deltas []*EdgeDelta `protobuf:"bytes,1,rep,name=deltas,proto3" json:"deltas,omitempty"`
+	// sender_node_id is the forwarding router node.
+	SenderNodeId  string `protobuf:"bytes,2,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyRoutesRequest) Reset() {
+	*x = ApplyRoutesRequest{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyRoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyRoutesRequest) ProtoMessage() {}
+
+func (x *ApplyRoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyRoutesRequest.ProtoReflect.Descriptor instead.
+func (*ApplyRoutesRequest) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ApplyRoutesRequest) GetDeltas() []*EdgeDelta {
+	if x != nil {
+		return x.Deltas
+	}
+	return nil
+}
+
+func (x *ApplyRoutesRequest) GetSenderNodeId() string {
+	if x != nil {
+		return x.SenderNodeId
+	}
+	return ""
+}
+
+// ApplyRoutesResponse answers once the deltas are durable and notified.
+type ApplyRoutesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// applied is the number of deltas that changed the table.
+	Applied uint32 `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	// rejected lists refused deltas by seq (one edge's deltas per request).
+	Rejected      []*RouteReject `protobuf:"bytes,2,rep,name=rejected,proto3" json:"rejected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyRoutesResponse) Reset() {
+	*x = ApplyRoutesResponse{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyRoutesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyRoutesResponse) ProtoMessage() {}
+
+func (x *ApplyRoutesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyRoutesResponse.ProtoReflect.Descriptor instead.
+func (*ApplyRoutesResponse) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ApplyRoutesResponse) GetApplied() uint32 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *ApplyRoutesResponse) GetRejected() []*RouteReject {
+	if x != nil {
+		return x.Rejected
+	}
+	return nil
+}
+
+// NotifyRequest is a change the receiving router node passes to its edges.
+type NotifyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// invalidation to pass to edges caching the anchors, or, for new anchors, to
+	// every edge.
+	Invalidation *RouteInvalidation `protobuf:"bytes,1,opt,name=invalidation,proto3" json:"invalidation,omitempty"`
+	// wildcard deltas to pass to every edge.
+	Wildcard *WildcardDeltas `protobuf:"bytes,2,opt,name=wildcard,proto3" json:"wildcard,omitempty"`
+	// sender_node_id is the notifying router node.
+	SenderNodeId  string `protobuf:"bytes,3,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyRequest) Reset() {
+	*x = NotifyRequest{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyRequest) ProtoMessage() {}
+
+func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
+func (*NotifyRequest) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *NotifyRequest) GetInvalidation() *RouteInvalidation {
+	if x != nil {
+		return x.Invalidation
+	}
+	return nil
+}
+
+func (x *NotifyRequest) GetWildcard() *WildcardDeltas {
+	if x != nil {
+		return x.Wildcard
+	}
+	return nil
+}
+
+func (x *NotifyRequest) GetSenderNodeId() string {
+	if x != nil {
+		return x.SenderNodeId
+	}
+	return ""
+}
+
+// NotifyResponse answers once every concerned edge acknowledged or expired.
+type NotifyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// edges is the number of edges notified.
+	Edges         uint32 `protobuf:"varint,1,opt,name=edges,proto3" json:"edges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyResponse) Reset() {
+	*x = NotifyResponse{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyResponse) ProtoMessage() {}
+
+func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
+func (*NotifyResponse) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *NotifyResponse) GetEdges() uint32 {
+	if x != nil {
+		return x.Edges
+	}
+	return 0
+}
+
 // StatusRequest asks for a node's status.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1570,7 +2234,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[21]
+	mi := &file_keel_router_v1_router_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1582,7 +2246,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[21]
+	mi := &file_keel_router_v1_router_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1595,7 +2259,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{21}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{32}
 }
 
 // StatusResponse is one router node's view.
@@ -1617,7 +2281,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[22]
+	mi := &file_keel_router_v1_router_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +2293,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[22]
+	mi := &file_keel_router_v1_router_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +2306,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{22}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -1689,12 +2353,13 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x1f\n" +
 	"\vshare_group\x18\x03 \x01(\tR\n" +
-	"shareGroup\"t\n" +
+	"shareGroup\"\x8a\x01\n" +
 	"\n" +
 	"RouteDelta\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12+\n" +
 	"\x05route\x18\x02 \x01(\v2\x15.keel.router.v1.RouteR\x05route\x12'\n" +
-	"\x02op\x18\x03 \x01(\x0e2\x17.keel.router.v1.RouteOpR\x02op\"\xb4\x02\n" +
+	"\x02op\x18\x03 \x01(\x0e2\x17.keel.router.v1.RouteOpR\x02op\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\"\xb4\x02\n" +
 	"\x10RouteSyncRequest\x126\n" +
 	"\x05hello\x18\x01 \x01(\v2\x1e.keel.router.v1.RouteSyncHelloH\x00R\x05hello\x125\n" +
 	"\x06deltas\x18\x02 \x01(\v2\x1b.keel.router.v1.RouteDeltasH\x00R\x06deltas\x128\n" +
@@ -1719,7 +2384,7 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x04last\x18\x03 \x01(\bR\x04last\"-\n" +
 	"\fRouteSyncAck\x12\x1d\n" +
 	"\n" +
-	"router_seq\x18\x01 \x01(\x04R\trouterSeq\"\x9f\x03\n" +
+	"router_seq\x18\x01 \x01(\x04R\trouterSeq\"\x8a\x04\n" +
 	"\x11RouteSyncResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x03ack\x18\x02 \x01(\v2\x18.keel.router.v1.RouteAckH\x00R\x03ack\x12H\n" +
@@ -1727,23 +2392,41 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\finvalidation\x18\x04 \x01(\v2!.keel.router.v1.RouteInvalidationH\x00R\finvalidation\x12<\n" +
 	"\bwildcard\x18\x05 \x01(\v2\x1e.keel.router.v1.WildcardDeltasH\x00R\bwildcard\x122\n" +
 	"\x05bloom\x18\x06 \x01(\v2\x1a.keel.router.v1.BloomChunkH\x00R\x05bloom\x12>\n" +
-	"\theartbeat\x18\a \x01(\v2\x1e.keel.router.v1.RouteHeartbeatH\x00R\theartbeatB\x05\n" +
-	"\x03msg\"\x1c\n" +
+	"\theartbeat\x18\a \x01(\v2\x1e.keel.router.v1.RouteHeartbeatH\x00R\theartbeat\x125\n" +
+	"\x06resync\x18\b \x01(\v2\x1b.keel.router.v1.RouteResyncH\x00R\x06resync\x122\n" +
+	"\x05ready\x18\t \x01(\v2\x1a.keel.router.v1.RouteReadyH\x00R\x05readyB\x05\n" +
+	"\x03msg\"%\n" +
+	"\vRouteResync\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\f\n" +
+	"\n" +
+	"RouteReady\"U\n" +
 	"\bRouteAck\x12\x10\n" +
-	"\x03seq\x18\x01 \x01(\x04R\x03seq\";\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"7\n" +
+	"\vRouteReject\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\";\n" +
 	"\x11RouteDigestResult\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x14\n" +
-	"\x05match\x18\x02 \x01(\bR\x05match\"E\n" +
+	"\x05match\x18\x02 \x01(\bR\x05match\"\x9f\x01\n" +
 	"\x11RouteInvalidation\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
-	"\aanchors\x18\x02 \x03(\tR\aanchors\"]\n" +
+	"\aanchors\x18\x02 \x03(\tR\aanchors\x12\x1f\n" +
+	"\vnew_anchors\x18\x03 \x03(\tR\n" +
+	"newAnchors\x127\n" +
+	"\n" +
+	"dead_edges\x18\x04 \x03(\v2\x18.keel.router.v1.DeadEdgeR\tdeadEdges\"E\n" +
+	"\bDeadEdge\x12\x17\n" +
+	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"]\n" +
 	"\x0eWildcardDeltas\x12\x14\n" +
 	"\x05reset\x18\x01 \x01(\bR\x05reset\x125\n" +
-	"\x06deltas\x18\x02 \x03(\v2\x1d.keel.router.v1.WildcardDeltaR\x06deltas\"~\n" +
+	"\x06deltas\x18\x02 \x03(\v2\x1d.keel.router.v1.WildcardDeltaR\x06deltas\"\xa0\x01\n" +
 	"\rWildcardDelta\x12+\n" +
 	"\x05route\x18\x01 \x01(\v2\x15.keel.router.v1.RouteR\x05route\x12\x17\n" +
 	"\aedge_id\x18\x02 \x01(\tR\x06edgeId\x12'\n" +
-	"\x02op\x18\x03 \x01(\x0e2\x17.keel.router.v1.RouteOpR\x02op\"\xba\x01\n" +
+	"\x02op\x18\x03 \x01(\x0e2\x17.keel.router.v1.RouteOpR\x02op\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"\xba\x01\n" +
 	"\n" +
 	"BloomChunk\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
@@ -1779,7 +2462,28 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x06filter\x18\x01 \x01(\tR\x06filter\x12\x1f\n" +
 	"\vshare_group\x18\x02 \x01(\tR\n" +
 	"shareGroup\x12\x19\n" +
-	"\bedge_ids\x18\x03 \x03(\tR\aedgeIds\"\x0f\n" +
+	"\bedge_ids\x18\x03 \x03(\tR\aedgeIds\"N\n" +
+	"\x11RemoveEdgeRequest\x12\x17\n" +
+	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\";\n" +
+	"\x12RemoveEdgeResponse\x12%\n" +
+	"\x0eroutes_removed\x18\x01 \x01(\x04R\rroutesRemoved\"x\n" +
+	"\tEdgeDelta\x12\x17\n" +
+	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x120\n" +
+	"\x05delta\x18\x03 \x01(\v2\x1a.keel.router.v1.RouteDeltaR\x05delta\"m\n" +
+	"\x12ApplyRoutesRequest\x121\n" +
+	"\x06deltas\x18\x01 \x03(\v2\x19.keel.router.v1.EdgeDeltaR\x06deltas\x12$\n" +
+	"\x0esender_node_id\x18\x02 \x01(\tR\fsenderNodeId\"h\n" +
+	"\x13ApplyRoutesResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\rR\aapplied\x127\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xb8\x01\n" +
+	"\rNotifyRequest\x12E\n" +
+	"\finvalidation\x18\x01 \x01(\v2!.keel.router.v1.RouteInvalidationR\finvalidation\x12:\n" +
+	"\bwildcard\x18\x02 \x01(\v2\x1e.keel.router.v1.WildcardDeltasR\bwildcard\x12$\n" +
+	"\x0esender_node_id\x18\x03 \x01(\tR\fsenderNodeId\"&\n" +
+	"\x0eNotifyResponse\x12\x14\n" +
+	"\x05edges\x18\x01 \x01(\rR\x05edges\"\x0f\n" +
 	"\rStatusRequest\"\xcc\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
@@ -1791,11 +2495,15 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\aRouteOp\x12\x18\n" +
 	"\x14ROUTE_OP_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fROUTE_OP_ADD\x10\x01\x12\x13\n" +
-	"\x0fROUTE_OP_REMOVE\x10\x022\xf7\x01\n" +
+	"\x0fROUTE_OP_REMOVE\x10\x022\xed\x03\n" +
 	"\rRouterService\x12T\n" +
 	"\tRouteSync\x12 .keel.router.v1.RouteSyncRequest\x1a!.keel.router.v1.RouteSyncResponse(\x010\x01\x12G\n" +
 	"\x06Lookup\x12\x1d.keel.router.v1.LookupRequest\x1a\x1e.keel.router.v1.LookupResponse\x12G\n" +
-	"\x06Status\x12\x1d.keel.router.v1.StatusRequest\x1a\x1e.keel.router.v1.StatusResponseB\xb5\x01\n" +
+	"\x06Status\x12\x1d.keel.router.v1.StatusRequest\x1a\x1e.keel.router.v1.StatusResponse\x12S\n" +
+	"\n" +
+	"RemoveEdge\x12!.keel.router.v1.RemoveEdgeRequest\x1a\".keel.router.v1.RemoveEdgeResponse\x12V\n" +
+	"\vApplyRoutes\x12\".keel.router.v1.ApplyRoutesRequest\x1a#.keel.router.v1.ApplyRoutesResponse\x12G\n" +
+	"\x06Notify\x12\x1d.keel.router.v1.NotifyRequest\x1a\x1e.keel.router.v1.NotifyResponseB\xb5\x01\n" +
 	"\x12com.keel.router.v1B\vRouterProtoP\x01Z8github.com/keelmq/keel/proto/gen/keel/router/v1;routerv1\xa2\x02\x03KRX\xaa\x02\x0eKeel.Router.V1\xca\x02\x0eKeel\\Router\\V1\xe2\x02\x1aKeel\\Router\\V1\\GPBMetadata\xea\x02\x10Keel::Router::V1b\x06proto3"
 
 var (
@@ -1811,7 +2519,7 @@ func file_keel_router_v1_router_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_router_v1_router_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keel_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_keel_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_keel_router_v1_router_proto_goTypes = []any{
 	(RouteOp)(0),                // 0: keel.router.v1.RouteOp
 	(*Route)(nil),               // 1: keel.router.v1.Route
@@ -1823,21 +2531,32 @@ var file_keel_router_v1_router_proto_goTypes = []any{
 	(*RouteSetSnapshot)(nil),    // 7: keel.router.v1.RouteSetSnapshot
 	(*RouteSyncAck)(nil),        // 8: keel.router.v1.RouteSyncAck
 	(*RouteSyncResponse)(nil),   // 9: keel.router.v1.RouteSyncResponse
-	(*RouteAck)(nil),            // 10: keel.router.v1.RouteAck
-	(*RouteDigestResult)(nil),   // 11: keel.router.v1.RouteDigestResult
-	(*RouteInvalidation)(nil),   // 12: keel.router.v1.RouteInvalidation
-	(*WildcardDeltas)(nil),      // 13: keel.router.v1.WildcardDeltas
-	(*WildcardDelta)(nil),       // 14: keel.router.v1.WildcardDelta
-	(*BloomChunk)(nil),          // 15: keel.router.v1.BloomChunk
-	(*RouteHeartbeat)(nil),      // 16: keel.router.v1.RouteHeartbeat
-	(*LookupRequest)(nil),       // 17: keel.router.v1.LookupRequest
-	(*LookupResponse)(nil),      // 18: keel.router.v1.LookupResponse
-	(*SharedGroupRoute)(nil),    // 19: keel.router.v1.SharedGroupRoute
-	(*AnchorRoutes)(nil),        // 20: keel.router.v1.AnchorRoutes
-	(*AnchorRoute)(nil),         // 21: keel.router.v1.AnchorRoute
-	(*StatusRequest)(nil),       // 22: keel.router.v1.StatusRequest
-	(*StatusResponse)(nil),      // 23: keel.router.v1.StatusResponse
-	(*durationpb.Duration)(nil), // 24: google.protobuf.Duration
+	(*RouteResync)(nil),         // 10: keel.router.v1.RouteResync
+	(*RouteReady)(nil),          // 11: keel.router.v1.RouteReady
+	(*RouteAck)(nil),            // 12: keel.router.v1.RouteAck
+	(*RouteReject)(nil),         // 13: keel.router.v1.RouteReject
+	(*RouteDigestResult)(nil),   // 14: keel.router.v1.RouteDigestResult
+	(*RouteInvalidation)(nil),   // 15: keel.router.v1.RouteInvalidation
+	(*DeadEdge)(nil),            // 16: keel.router.v1.DeadEdge
+	(*WildcardDeltas)(nil),      // 17: keel.router.v1.WildcardDeltas
+	(*WildcardDelta)(nil),       // 18: keel.router.v1.WildcardDelta
+	(*BloomChunk)(nil),          // 19: keel.router.v1.BloomChunk
+	(*RouteHeartbeat)(nil),      // 20: keel.router.v1.RouteHeartbeat
+	(*LookupRequest)(nil),       // 21: keel.router.v1.LookupRequest
+	(*LookupResponse)(nil),      // 22: keel.router.v1.LookupResponse
+	(*SharedGroupRoute)(nil),    // 23: keel.router.v1.SharedGroupRoute
+	(*AnchorRoutes)(nil),        // 24: keel.router.v1.AnchorRoutes
+	(*AnchorRoute)(nil),         // 25: keel.router.v1.AnchorRoute
+	(*RemoveEdgeRequest)(nil),   // 26: keel.router.v1.RemoveEdgeRequest
+	(*RemoveEdgeResponse)(nil),  // 27: keel.router.v1.RemoveEdgeResponse
+	(*EdgeDelta)(nil),           // 28: keel.router.v1.EdgeDelta
+	(*ApplyRoutesRequest)(nil),  // 29: keel.router.v1.ApplyRoutesRequest
+	(*ApplyRoutesResponse)(nil), // 30: keel.router.v1.ApplyRoutesResponse
+	(*NotifyRequest)(nil),       // 31: keel.router.v1.NotifyRequest
+	(*NotifyResponse)(nil),      // 32: keel.router.v1.NotifyResponse
+	(*StatusRequest)(nil),       // 33: keel.router.v1.StatusRequest
+	(*StatusResponse)(nil),      // 34: keel.router.v1.StatusResponse
+	(*durationpb.Duration)(nil), // 35: google.protobuf.Duration
 }
 var file_keel_router_v1_router_proto_depIdxs = []int32{
 	1,  // 0: keel.router.v1.RouteDelta.route:type_name -> keel.router.v1.Route
@@ -1849,31 +2568,46 @@ var file_keel_router_v1_router_proto_depIdxs = []int32{
 	8,  // 6: keel.router.v1.RouteSyncRequest.ack:type_name -> keel.router.v1.RouteSyncAck
 	2,  // 7: keel.router.v1.RouteDeltas.deltas:type_name -> keel.router.v1.RouteDelta
 	1,  // 8: keel.router.v1.RouteSetSnapshot.routes:type_name -> keel.router.v1.Route
-	10, // 9: keel.router.v1.RouteSyncResponse.ack:type_name -> keel.router.v1.RouteAck
-	11, // 10: keel.router.v1.RouteSyncResponse.digest_result:type_name -> keel.router.v1.RouteDigestResult
-	12, // 11: keel.router.v1.RouteSyncResponse.invalidation:type_name -> keel.router.v1.RouteInvalidation
-	13, // 12: keel.router.v1.RouteSyncResponse.wildcard:type_name -> keel.router.v1.WildcardDeltas
-	15, // 13: keel.router.v1.RouteSyncResponse.bloom:type_name -> keel.router.v1.BloomChunk
-	16, // 14: keel.router.v1.RouteSyncResponse.heartbeat:type_name -> keel.router.v1.RouteHeartbeat
-	14, // 15: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
-	1,  // 16: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
-	0,  // 17: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
-	24, // 18: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
-	19, // 19: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
-	20, // 20: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
-	24, // 21: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
-	21, // 22: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
-	3,  // 23: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
-	17, // 24: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
-	22, // 25: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
-	9,  // 26: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
-	18, // 27: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
-	23, // 28: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
-	26, // [26:29] is the sub-list for method output_type
-	23, // [23:26] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	12, // 9: keel.router.v1.RouteSyncResponse.ack:type_name -> keel.router.v1.RouteAck
+	14, // 10: keel.router.v1.RouteSyncResponse.digest_result:type_name -> keel.router.v1.RouteDigestResult
+	15, // 11: keel.router.v1.RouteSyncResponse.invalidation:type_name -> keel.router.v1.RouteInvalidation
+	17, // 12: keel.router.v1.RouteSyncResponse.wildcard:type_name -> keel.router.v1.WildcardDeltas
+	19, // 13: keel.router.v1.RouteSyncResponse.bloom:type_name -> keel.router.v1.BloomChunk
+	20, // 14: keel.router.v1.RouteSyncResponse.heartbeat:type_name -> keel.router.v1.RouteHeartbeat
+	10, // 15: keel.router.v1.RouteSyncResponse.resync:type_name -> keel.router.v1.RouteResync
+	11, // 16: keel.router.v1.RouteSyncResponse.ready:type_name -> keel.router.v1.RouteReady
+	13, // 17: keel.router.v1.RouteAck.rejected:type_name -> keel.router.v1.RouteReject
+	16, // 18: keel.router.v1.RouteInvalidation.dead_edges:type_name -> keel.router.v1.DeadEdge
+	18, // 19: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
+	1,  // 20: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
+	0,  // 21: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
+	35, // 22: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
+	23, // 23: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
+	24, // 24: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
+	35, // 25: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
+	25, // 26: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
+	2,  // 27: keel.router.v1.EdgeDelta.delta:type_name -> keel.router.v1.RouteDelta
+	28, // 28: keel.router.v1.ApplyRoutesRequest.deltas:type_name -> keel.router.v1.EdgeDelta
+	13, // 29: keel.router.v1.ApplyRoutesResponse.rejected:type_name -> keel.router.v1.RouteReject
+	15, // 30: keel.router.v1.NotifyRequest.invalidation:type_name -> keel.router.v1.RouteInvalidation
+	17, // 31: keel.router.v1.NotifyRequest.wildcard:type_name -> keel.router.v1.WildcardDeltas
+	3,  // 32: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
+	21, // 33: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
+	33, // 34: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
+	26, // 35: keel.router.v1.RouterService.RemoveEdge:input_type -> keel.router.v1.RemoveEdgeRequest
+	29, // 36: keel.router.v1.RouterService.ApplyRoutes:input_type -> keel.router.v1.ApplyRoutesRequest
+	31, // 37: keel.router.v1.RouterService.Notify:input_type -> keel.router.v1.NotifyRequest
+	9,  // 38: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
+	22, // 39: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
+	34, // 40: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
+	27, // 41: keel.router.v1.RouterService.RemoveEdge:output_type -> keel.router.v1.RemoveEdgeResponse
+	30, // 42: keel.router.v1.RouterService.ApplyRoutes:output_type -> keel.router.v1.ApplyRoutesResponse
+	32, // 43: keel.router.v1.RouterService.Notify:output_type -> keel.router.v1.NotifyResponse
+	38, // [38:44] is the sub-list for method output_type
+	32, // [32:38] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_keel_router_v1_router_proto_init() }
@@ -1895,6 +2629,8 @@ func file_keel_router_v1_router_proto_init() {
 		(*RouteSyncResponse_Wildcard)(nil),
 		(*RouteSyncResponse_Bloom)(nil),
 		(*RouteSyncResponse_Heartbeat)(nil),
+		(*RouteSyncResponse_Resync)(nil),
+		(*RouteSyncResponse_Ready)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1902,7 +2638,7 @@ func file_keel_router_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_router_v1_router_proto_rawDesc), len(file_keel_router_v1_router_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   23,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,14 @@ const (
 	RouterServiceLookupProcedure = "/keel.router.v1.RouterService/Lookup"
 	// RouterServiceStatusProcedure is the fully-qualified name of the RouterService's Status RPC.
 	RouterServiceStatusProcedure = "/keel.router.v1.RouterService/Status"
+	// RouterServiceRemoveEdgeProcedure is the fully-qualified name of the RouterService's RemoveEdge
+	// RPC.
+	RouterServiceRemoveEdgeProcedure = "/keel.router.v1.RouterService/RemoveEdge"
+	// RouterServiceApplyRoutesProcedure is the fully-qualified name of the RouterService's ApplyRoutes
+	// RPC.
+	RouterServiceApplyRoutesProcedure = "/keel.router.v1.RouterService/ApplyRoutes"
+	// RouterServiceNotifyProcedure is the fully-qualified name of the RouterService's Notify RPC.
+	RouterServiceNotifyProcedure = "/keel.router.v1.RouterService/Notify"
 )
 
 // RouterServiceClient is a client for the keel.router.v1.RouterService service.
@@ -57,6 +65,19 @@ type RouterServiceClient interface {
 	Lookup(context.Context, *connect.Request[v1.LookupRequest]) (*connect.Response[v1.LookupResponse], error)
 	// Status reports this router node's view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// RemoveEdge removes every route of a dead edge incarnation. The coordinator calls
+	// it once the edge's lease expired and all its sessions were adopted. Idempotent.
+	RemoveEdge(context.Context, *connect.Request[v1.RemoveEdgeRequest]) (*connect.Response[v1.RemoveEdgeResponse], error)
+	// ApplyRoutes is router-to-router only: a node that received deltas for a route
+	// key it does not own forwards them to the owner (rendezvous hash over live
+	// router nodes), which applies them as the key's single writer. Idempotent per
+	// (edge, incarnation, seq).
+	ApplyRoutes(context.Context, *connect.Request[v1.ApplyRoutesRequest]) (*connect.Response[v1.ApplyRoutesResponse], error)
+	// Notify is router-to-router only: the writer of a route key tells every router
+	// node about a change (invalidation, new anchor, wildcard delta, dead edge); the
+	// node passes it to its connected edges and answers once each of them has
+	// acknowledged it or let its cache lease expire.
+	Notify(context.Context, *connect.Request[v1.NotifyRequest]) (*connect.Response[v1.NotifyResponse], error)
 }
 
 // NewRouterServiceClient constructs a client for the keel.router.v1.RouterService service. By
@@ -88,14 +109,35 @@ func NewRouterServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			connect.WithSchema(routerServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		removeEdge: connect.NewClient[v1.RemoveEdgeRequest, v1.RemoveEdgeResponse](
+			httpClient,
+			baseURL+RouterServiceRemoveEdgeProcedure,
+			connect.WithSchema(routerServiceMethods.ByName("RemoveEdge")),
+			connect.WithClientOptions(opts...),
+		),
+		applyRoutes: connect.NewClient[v1.ApplyRoutesRequest, v1.ApplyRoutesResponse](
+			httpClient,
+			baseURL+RouterServiceApplyRoutesProcedure,
+			connect.WithSchema(routerServiceMethods.ByName("ApplyRoutes")),
+			connect.WithClientOptions(opts...),
+		),
+		notify: connect.NewClient[v1.NotifyRequest, v1.NotifyResponse](
+			httpClient,
+			baseURL+RouterServiceNotifyProcedure,
+			connect.WithSchema(routerServiceMethods.ByName("Notify")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // routerServiceClient implements RouterServiceClient.
 type routerServiceClient struct {
-	routeSync *connect.Client[v1.RouteSyncRequest, v1.RouteSyncResponse]
-	lookup    *connect.Client[v1.LookupRequest, v1.LookupResponse]
-	status    *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	routeSync   *connect.Client[v1.RouteSyncRequest, v1.RouteSyncResponse]
+	lookup      *connect.Client[v1.LookupRequest, v1.LookupResponse]
+	status      *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	removeEdge  *connect.Client[v1.RemoveEdgeRequest, v1.RemoveEdgeResponse]
+	applyRoutes *connect.Client[v1.ApplyRoutesRequest, v1.ApplyRoutesResponse]
+	notify      *connect.Client[v1.NotifyRequest, v1.NotifyResponse]
 }
 
 // RouteSync calls keel.router.v1.RouterService.RouteSync.
@@ -113,6 +155,21 @@ func (c *routerServiceClient) Status(ctx context.Context, req *connect.Request[v
 	return c.status.CallUnary(ctx, req)
 }
 
+// RemoveEdge calls keel.router.v1.RouterService.RemoveEdge.
+func (c *routerServiceClient) RemoveEdge(ctx context.Context, req *connect.Request[v1.RemoveEdgeRequest]) (*connect.Response[v1.RemoveEdgeResponse], error) {
+	return c.removeEdge.CallUnary(ctx, req)
+}
+
+// ApplyRoutes calls keel.router.v1.RouterService.ApplyRoutes.
+func (c *routerServiceClient) ApplyRoutes(ctx context.Context, req *connect.Request[v1.ApplyRoutesRequest]) (*connect.Response[v1.ApplyRoutesResponse], error) {
+	return c.applyRoutes.CallUnary(ctx, req)
+}
+
+// Notify calls keel.router.v1.RouterService.Notify.
+func (c *routerServiceClient) Notify(ctx context.Context, req *connect.Request[v1.NotifyRequest]) (*connect.Response[v1.NotifyResponse], error) {
+	return c.notify.CallUnary(ctx, req)
+}
+
 // RouterServiceHandler is an implementation of the keel.router.v1.RouterService service.
 type RouterServiceHandler interface {
 	// RouteSync is the long-lived stream between one edge and the router. The edge
@@ -125,6 +182,19 @@ type RouterServiceHandler interface {
 	Lookup(context.Context, *connect.Request[v1.LookupRequest]) (*connect.Response[v1.LookupResponse], error)
 	// Status reports this router node's view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// RemoveEdge removes every route of a dead edge incarnation. The coordinator calls
+	// it once the edge's lease expired and all its sessions were adopted. Idempotent.
+	RemoveEdge(context.Context, *connect.Request[v1.RemoveEdgeRequest]) (*connect.Response[v1.RemoveEdgeResponse], error)
+	// ApplyRoutes is router-to-router only: a node that received deltas for a route
+	// key it does not own forwards them to the owner (rendezvous hash over live
+	// router nodes), which applies them as the key's single writer. Idempotent per
+	// (edge, incarnation, seq).
+	ApplyRoutes(context.Context, *connect.Request[v1.ApplyRoutesRequest]) (*connect.Response[v1.ApplyRoutesResponse], error)
+	// Notify is router-to-router only: the writer of a route key tells every router
+	// node about a change (invalidation, new anchor, wildcard delta, dead edge); the
+	// node passes it to its connected edges and answers once each of them has
+	// acknowledged it or let its cache lease expire.
+	Notify(context.Context, *connect.Request[v1.NotifyRequest]) (*connect.Response[v1.NotifyResponse], error)
 }
 
 // NewRouterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -152,6 +222,24 @@ func NewRouterServiceHandler(svc RouterServiceHandler, opts ...connect.HandlerOp
 		connect.WithSchema(routerServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	routerServiceRemoveEdgeHandler := connect.NewUnaryHandler(
+		RouterServiceRemoveEdgeProcedure,
+		svc.RemoveEdge,
+		connect.WithSchema(routerServiceMethods.ByName("RemoveEdge")),
+		connect.WithHandlerOptions(opts...),
+	)
+	routerServiceApplyRoutesHandler := connect.NewUnaryHandler(
+		RouterServiceApplyRoutesProcedure,
+		svc.ApplyRoutes,
+		connect.WithSchema(routerServiceMethods.ByName("ApplyRoutes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	routerServiceNotifyHandler := connect.NewUnaryHandler(
+		RouterServiceNotifyProcedure,
+		svc.Notify,
+		connect.WithSchema(routerServiceMethods.ByName("Notify")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.router.v1.RouterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case RouterServiceRouteSyncProcedure:
@@ -160,6 +248,12 @@ func NewRouterServiceHandler(svc RouterServiceHandler, opts ...connect.HandlerOp
 			routerServiceLookupHandler.ServeHTTP(w, r)
 		case RouterServiceStatusProcedure:
 			routerServiceStatusHandler.ServeHTTP(w, r)
+		case RouterServiceRemoveEdgeProcedure:
+			routerServiceRemoveEdgeHandler.ServeHTTP(w, r)
+		case RouterServiceApplyRoutesProcedure:
+			routerServiceApplyRoutesHandler.ServeHTTP(w, r)
+		case RouterServiceNotifyProcedure:
+			routerServiceNotifyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -179,4 +273,16 @@ func (UnimplementedRouterServiceHandler) Lookup(context.Context, *connect.Reques
 
 func (UnimplementedRouterServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.router.v1.RouterService.Status is not implemented"))
+}
+
+func (UnimplementedRouterServiceHandler) RemoveEdge(context.Context, *connect.Request[v1.RemoveEdgeRequest]) (*connect.Response[v1.RemoveEdgeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.router.v1.RouterService.RemoveEdge is not implemented"))
+}
+
+func (UnimplementedRouterServiceHandler) ApplyRoutes(context.Context, *connect.Request[v1.ApplyRoutesRequest]) (*connect.Response[v1.ApplyRoutesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.router.v1.RouterService.ApplyRoutes is not implemented"))
+}
+
+func (UnimplementedRouterServiceHandler) Notify(context.Context, *connect.Request[v1.NotifyRequest]) (*connect.Response[v1.NotifyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.router.v1.RouterService.Notify is not implemented"))
 }

@@ -1,0 +1,356 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/logging"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/services/router/internal/table"
+	"github.com/keelmq/keel/services/router/routes"
+)
+
+func toKey(tenant string, r *routerv1.Route) routes.Key {
+	return routes.Key{Tenant: tenant, Filter: r.GetFilter(), Group: r.GetShareGroup()}
+}
+
+func keyOf(r *routerv1.Route) routes.Key {
+	return routes.Key{Tenant: r.GetTenant(), Filter: r.GetFilter(), Group: r.GetShareGroup()}
+}
+
+// routeDeltas sends one edge's deltas to the owners of their keys (itself
+// included) and returns once all are durable and notified. Deltas for one key
+// keep their order; different owners are called concurrently.
+func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
+	type batch struct{ deltas []*routerv1.EdgeDelta }
+	byOwner := map[string]*batch{}
+	var order []string
+	for _, d := range deltas {
+		o, err := n.owner(routeKey(keyOf(d.GetDelta().GetRoute())))
+		if err != nil {
+			return nil, err
+		}
+		b := byOwner[o]
+		if b == nil {
+			b = &batch{}
+			byOwner[o] = b
+			order = append(order, o)
+		}
+		b.deltas = append(b.deltas, d)
+	}
+	var (
+		mu       sync.Mutex
+		rejected []*routerv1.RouteReject
+		errs     []error
+		wg       sync.WaitGroup
+	)
+	for _, o := range order {
+		b := byOwner[o]
+		wg.Go(func() {
+			var rej []*routerv1.RouteReject
+			var err error
+			if o == n.ID() {
+				rej, err = n.applyOwned(ctx, b.deltas)
+			} else {
+				n.m.forwards.Add(float64(len(b.deltas)))
+				var c interface {
+					ApplyRoutes(context.Context, *connect.Request[routerv1.ApplyRoutesRequest]) (*connect.Response[routerv1.ApplyRoutesResponse], error)
+				}
+				c, err = n.peer(ctx, o)
+				if err == nil {
+					var resp *connect.Response[routerv1.ApplyRoutesResponse]
+					resp, err = c.ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{Deltas: b.deltas, SenderNodeId: n.ID()}))
+					if err == nil {
+						rej = resp.Msg.GetRejected()
+					}
+				}
+				if err != nil {
+					err = fmt.Errorf("forward to %s: %w", o, err)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			rejected = append(rejected, rej...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		})
+	}
+	wg.Wait()
+	return rejected, errors.Join(errs...)
+}
+
+// applyOwned applies deltas to keys this node owns, as their single writer:
+// per key, under the key's lock, read, apply, write with the write quorum.
+// Then it notifies every router node of what edges must learn, and returns
+// once they answered.
+func (n *Node) applyOwned(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
+	var keys []string
+	byKey := map[string][]*routerv1.EdgeDelta{}
+	for _, d := range deltas {
+		k := routeKey(keyOf(d.GetDelta().GetRoute()))
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], d)
+	}
+	invs := map[string]*routerv1.RouteInvalidation{}
+	var wild []*routerv1.WildcardDelta
+	var rejected []*routerv1.RouteReject
+	for _, key := range keys {
+		rej, inv, wd, err := n.applyKey(ctx, key, byKey[key])
+		if err != nil {
+			return nil, err
+		}
+		rejected = append(rejected, rej...)
+		wild = append(wild, wd...)
+		if inv != nil {
+			if cur := invs[inv.Tenant]; cur != nil {
+				cur.Anchors = append(cur.Anchors, inv.Anchors...)
+				cur.NewAnchors = append(cur.NewAnchors, inv.NewAnchors...)
+			} else {
+				invs[inv.Tenant] = inv
+			}
+		}
+	}
+	var reqs []*routerv1.NotifyRequest
+	for _, inv := range invs {
+		reqs = append(reqs, &routerv1.NotifyRequest{Invalidation: inv, SenderNodeId: n.ID()})
+	}
+	if len(wild) > 0 {
+		reqs = append(reqs, &routerv1.NotifyRequest{Wildcard: &routerv1.WildcardDeltas{Deltas: wild}, SenderNodeId: n.ID()})
+	}
+	for _, r := range reqs {
+		n.notifyAll(ctx, r)
+	}
+	return rejected, nil
+}
+
+func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, *routerv1.RouteInvalidation, []*routerv1.WildcardDelta, error) {
+	l := n.lockKey(key)
+	l.Lock()
+	defer l.Unlock()
+	set, err := n.loadSet(ctx, key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	wasEmpty := set.Len() == 0
+	isWild := key[:len(prefixWild)] == prefixWild
+	var rejected []*routerv1.RouteReject
+	var wild []*routerv1.WildcardDelta
+	var inv *routerv1.RouteInvalidation
+	changed := false
+	for _, ed := range deltas {
+		d := ed.GetDelta()
+		r := d.GetRoute()
+		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
+		op := table.OpAdd
+		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_REMOVE {
+			op = table.OpRemove
+		}
+		if isWild && op == table.OpAdd && set.Routes[route] == nil && set.Len() >= n.cfg.WildcardCap {
+			n.m.wildcardRejects.Inc()
+			rejected = append(rejected, &routerv1.RouteReject{Seq: d.GetSeq(), Reason: ErrWildcardCap.Error()})
+			continue
+		}
+		res := set.Apply(table.Delta{Edge: ed.GetEdgeId(), Inc: ed.GetIncarnation(), Seq: d.GetSeq(), Op: op, Route: route, Count: d.GetCount()})
+		if !res.Changed {
+			continue
+		}
+		changed = true
+		kind := "anchored"
+		switch {
+		case route.Group != "":
+			kind = "shared"
+		case isWild:
+			kind = "wildcard"
+		}
+		opName := "add"
+		if op == table.OpRemove {
+			opName = "remove"
+		}
+		n.m.routes.WithLabelValues(kind, opName).Inc()
+		if isWild {
+			wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation()})
+			continue
+		}
+		if inv == nil {
+			inv = &routerv1.RouteInvalidation{Tenant: r.GetTenant(), Anchors: []string{routes.Key{Filter: r.GetFilter()}.Anchor()}}
+		}
+	}
+	if !changed {
+		return rejected, nil, nil, nil
+	}
+	if set.Len() == 0 {
+		err = n.st.Delete(ctx, key)
+	} else {
+		var b []byte
+		if b, err = set.Marshal(); err == nil {
+			err = n.st.Put(ctx, key, b)
+		}
+	}
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("store route key: %w", err)
+	}
+	if inv != nil && wasEmpty && set.Len() > 0 {
+		inv.NewAnchors = inv.Anchors
+	}
+	return rejected, inv, wild, nil
+}
+
+// notifyAll tells every router node about req and waits for each to answer;
+// a node that does not answer is waited out for one cache lease, after which
+// its edges' leases have expired.
+func (n *Node) notifyAll(ctx context.Context, req *routerv1.NotifyRequest) {
+	n.mu.Lock()
+	ms := n.members
+	n.mu.Unlock()
+	start := time.Now()
+	expired := start.Add(n.cfg.CacheLease + n.cfg.LeaseGrace)
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		wg.Go(func() {
+			if m == n.ID() {
+				n.handleNotify(ctx, req)
+				return
+			}
+			c, err := n.peer(ctx, m)
+			if err == nil {
+				cctx, cancel := context.WithDeadline(ctx, expired.Add(time.Second))
+				_, err = c.Notify(cctx, connect.NewRequest(req))
+				cancel()
+			}
+			if err != nil {
+				n.logger.Warn("notify router node failed; waiting out the cache lease", "node", m, logging.Err(err))
+				select {
+				case <-time.After(time.Until(expired)):
+				case <-ctx.Done():
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// handleNotify applies a change to this node's replicas and passes it to the
+// concerned edges, returning once each acknowledged or its lease expired.
+func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) int {
+	start := time.Now()
+	deadline := start.Add(n.cfg.CacheLease + n.cfg.LeaseGrace)
+	type target struct {
+		c   *edgeConn
+		seq uint64
+	}
+	var targets []target
+	var waitUntil time.Time
+	n.mu.Lock()
+	inv, wd := req.GetInvalidation(), req.GetWildcard()
+	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || len(wd.GetDeltas()) > 0
+	if inv != nil {
+		if len(inv.GetNewAnchors()) > 0 {
+			bs := n.blooms[inv.GetTenant()]
+			if bs == nil {
+				bs = &bloomState{bloom: routes.NewBloom(1024, 0.01), version: uint64(time.Now().UnixNano())}
+				n.blooms[inv.GetTenant()] = bs
+			}
+			for _, a := range inv.GetNewAnchors() {
+				bs.bloom.Add(a)
+				bs.n++
+			}
+		}
+		for _, de := range inv.GetDeadEdges() {
+			n.dead[de.GetEdgeId()] = max(n.dead[de.GetEdgeId()], de.GetIncarnation())
+			for _, w := range n.wild {
+				var gone []wildVal
+				w.set.Edges(func(r table.Route, e string, en table.Entry) {
+					if e == de.GetEdgeId() && en.Inc <= de.GetIncarnation() {
+						gone = append(gone, wildVal{route: r, edge: e})
+					}
+				})
+				for _, g := range gone {
+					w.set.Apply(table.Delta{Edge: g.edge, Inc: de.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpRemove, Route: g.route})
+					w.trie.Remove(g.route.Filter, g)
+				}
+			}
+		}
+	}
+	for _, d := range wd.GetDeltas() {
+		r := d.GetRoute()
+		w := n.wild[r.GetTenant()]
+		if w == nil {
+			w = &wildReplica{}
+			n.wild[r.GetTenant()] = w
+		}
+		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
+		v := wildVal{route: route, edge: d.GetEdgeId()}
+		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
+			w.set.Apply(table.Delta{Edge: d.GetEdgeId(), Inc: d.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpAdd, Route: route})
+			w.trie.Add(route.Filter, v)
+		} else {
+			w.set.Apply(table.Delta{Edge: d.GetEdgeId(), Inc: d.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpRemove, Route: route})
+			w.trie.Remove(route.Filter, v)
+		}
+	}
+	if len(wd.GetDeltas()) > 0 {
+		var wr int
+		for _, w := range n.wild {
+			wr += w.trie.Len()
+		}
+		n.m.wildcardRoutes.Set(float64(wr))
+	}
+	var msg *routerv1.RouteSyncResponse
+	send := func(c *edgeConn) {
+		var m *routerv1.RouteSyncResponse
+		if inv != nil {
+			m = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Invalidation{Invalidation: inv}}
+		}
+		if wd != nil {
+			if m != nil {
+				targets = append(targets, target{c, c.send(m)})
+			}
+			m = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: wd}}
+		}
+		targets = append(targets, target{c, c.send(m)})
+	}
+	_ = msg
+	if all {
+		for _, c := range n.conns {
+			send(c)
+		}
+	}
+	now := time.Now()
+	for _, a := range inv.GetAnchors() {
+		ck := cacheKey{inv.GetTenant(), a}
+		for e, until := range n.cachers[ck] {
+			if !until.After(now) {
+				continue
+			}
+			if c := n.conns[e]; c != nil {
+				if !all {
+					send(c)
+				}
+			} else if until.After(waitUntil) {
+				// A cacher without a stream here: wait out its lease.
+				waitUntil = until
+			}
+		}
+		delete(n.cachers, ck)
+	}
+	n.mu.Unlock()
+	for _, t := range targets {
+		t.c.waitAck(ctx, t.seq, deadline)
+	}
+	if d := time.Until(waitUntil); d > 0 {
+		select {
+		case <-time.After(min(d, time.Until(deadline))):
+		case <-ctx.Done():
+		}
+	}
+	return len(targets)
+}

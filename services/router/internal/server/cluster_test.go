@@ -1,0 +1,329 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
+	"github.com/keelmq/keel/services/router/client"
+	"github.com/keelmq/keel/services/router/internal/server"
+	"github.com/keelmq/keel/services/router/internal/store"
+)
+
+type testNode struct {
+	st     *store.Store
+	node   *server.Node
+	url    string
+	cancel context.CancelFunc
+	done   chan struct{}
+	srv    *http.Server
+}
+
+func (tn *testNode) stop() {
+	tn.cancel()
+	<-tn.done
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = tn.srv.Close()
+	_ = tn.st.Stop(ctx)
+}
+
+// startCluster starts n router nodes over loopback, each with an embedded
+// Olric member (replica count and write quorum min(2, n), member quorum a
+// majority) and its Connect API, and returns once all serve.
+func startCluster(t *testing.T, n int) []*testNode { return startClusterB(t, n) }
+
+func startClusterB(t testing.TB, n int) []*testNode {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("multi-node olric cluster")
+	}
+	rc := min(2, n)
+	cfgs := make([]store.Config, n)
+	var peers []string
+	for i := range cfgs {
+		cfgs[i] = store.Config{BindAddr: "127.0.0.1", Port: testutil.FreePort(t), MemberlistPort: testutil.FreePort(t),
+			ReplicaCount: rc, WriteQuorum: rc, ReadQuorum: 1, MemberCountQuorum: n/2 + 1, ReadRepair: true, Env: "local", StartTimeout: 20 * time.Second}
+		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", cfgs[i].MemberlistPort))
+	}
+	nodes := make([]*testNode, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range cfgs {
+		for j, p := range peers {
+			if j != i {
+				cfgs[i].Peers = append(cfgs[i].Peers, p)
+			}
+		}
+		logger := testutil.Logger(t).With("node", i)
+		st, err := store.New(cfgs[i], logger)
+		require.NoError(t, err)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		tn := &testNode{st: st, url: "http://" + ln.Addr().String(), done: make(chan struct{})}
+		nodes[i] = tn
+		wg.Go(func() {
+			if errs[i] = st.Start(t.Context()); errs[i] != nil {
+				return
+			}
+			node, err := server.New(server.Config{AdvertiseURL: tn.url}, st, nil, logger)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			tn.node = node
+			mux := http.NewServeMux()
+			mux.Handle(routerv1connect.NewRouterServiceHandler(node))
+			tn.srv = &http.Server{Handler: mux, Protocols: server.ServerProtocols()}
+			go func() { _ = tn.srv.Serve(ln) }()
+			ctx, cancel := context.WithCancel(context.Background())
+			tn.cancel = cancel
+			ready := make(chan struct{})
+			go func() { defer close(tn.done); _ = node.Run(ctx, func() { close(ready) }) }()
+			select {
+			case <-ready:
+			case <-time.After(20 * time.Second):
+				errs[i] = errors.New("node not ready")
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	var once sync.Map
+	for _, tn := range nodes {
+		t.Cleanup(func() {
+			if _, dup := once.LoadOrStore(tn, true); !dup {
+				tn.stop()
+			}
+		})
+	}
+	// Every node sees every other.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		for _, tn := range nodes {
+			st, err := apiClient(tn.url).Status(t.Context(), connect.NewRequest(&routerv1.StatusRequest{}))
+			if err != nil {
+				return err
+			}
+			if len(st.Msg.GetRouterMembers()) != n {
+				return fmt.Errorf("node %s sees %d members", tn.url, len(st.Msg.GetRouterMembers()))
+			}
+		}
+		return nil
+	})
+	return nodes
+}
+
+func httpClient() *http.Client { return &http.Client{Transport: server.H2CTransport()} }
+
+func apiClient(url string) routerv1connect.RouterServiceClient {
+	return routerv1connect.NewRouterServiceClient(httpClient(), url, connect.WithGRPC())
+}
+
+// startEdge runs a routing client for edge id against url and waits until
+// it is ready.
+func startEdgeB(b testing.TB, url, id string) *client.Client { return startEdge(b, url, id, 1) }
+
+func startEdge(t testing.TB, url, id string, inc uint64) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{URL: url, EdgeID: id, Incarnation: inc, HTTPClient: httpClient(), Logger: testutil.Logger(t).With("edge", id)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if !c.Ready() {
+			return errors.New("edge not ready")
+		}
+		return nil
+	})
+	return c
+}
+
+func route(t *testing.T, c *client.Client, tenant, name string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	r, err := c.Route(ctx, tenant, name)
+	require.NoError(t, err)
+	out := append([]string(nil), r.Edges...)
+	for _, g := range r.Groups {
+		for _, e := range g.Edges {
+			out = append(out, "$share/"+g.Name+"/"+g.Filter+"@"+e)
+		}
+	}
+	return out
+}
+
+// TestCluster_RouteVisibleAcrossNodes: a route registered through node A is
+// returned by Lookup on node B, and an edge on B that had cached a negative
+// answer for the topic routes a publish that starts after SUBACK on A.
+func TestCluster_RouteVisibleAcrossNodes(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ea := startEdge(t, nodes[0].url, "edge-a", 1)
+	eb := startEdge(t, nodes[1].url, "edge-b", 1)
+	ctx := t.Context()
+
+	// B caches a negative answer (or its Bloom says no).
+	require.Empty(t, route(t, eb, "t1", "devices/42/cmd/reboot"))
+	require.NoError(t, ea.Subscribe(ctx, "t1", "devices/42/cmd/#"))
+	// After SUBACK: routed at once, no sleep.
+	require.Equal(t, []string{"edge-a"}, route(t, eb, "t1", "devices/42/cmd/reboot"))
+
+	resp, err := apiClient(nodes[2].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "devices/42/cmd/x"}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"edge-a"}, resp.Msg.GetEdgeIds())
+	// Tenant isolation.
+	resp, err = apiClient(nodes[2].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t2", Topic: "devices/42/cmd/x"}))
+	require.NoError(t, err)
+	require.Empty(t, resp.Msg.GetEdgeIds())
+
+	// Wildcard-first and shared routes, seen from the other edge's trie.
+	require.NoError(t, ea.Subscribe(ctx, "t1", "+/42/status"))
+	require.NoError(t, ea.Subscribe(ctx, "t1", "$share/g1/devices/+/cmd/#"))
+	require.ElementsMatch(t, []string{"edge-a"}, route(t, eb, "t1", "x/42/status"))
+	require.Empty(t, route(t, eb, "t1", "$SYS/42/status"))
+	require.ElementsMatch(t, []string{"edge-a", "$share/g1/devices/+/cmd/#@edge-a"}, route(t, eb, "t1", "devices/42/cmd/x"))
+
+	// Unsubscribe: gone everywhere.
+	require.NoError(t, ea.Unsubscribe(ctx, "t1", "devices/42/cmd/#"))
+	require.NoError(t, ea.Unsubscribe(ctx, "t1", "+/42/status"))
+	require.Equal(t, []string{"$share/g1/devices/+/cmd/#@edge-a"}, route(t, eb, "t1", "devices/42/cmd/x"))
+	require.Empty(t, route(t, eb, "t1", "x/42/status"))
+}
+
+// TestCluster_ConcurrentSubscribe: two edges subscribing to the same topic
+// through different router nodes at the same instant are both kept (the
+// lost-update race on a shared value).
+func TestCluster_ConcurrentSubscribe(t *testing.T) {
+	nodes := startCluster(t, 3)
+	edges := make([]*client.Client, 3)
+	for i := range edges {
+		edges[i] = startEdge(t, nodes[i].url, fmt.Sprintf("edge-%d", i), 1)
+	}
+	for round := range 10 {
+		var wg sync.WaitGroup
+		filter := fmt.Sprintf("race/%d", round)
+		for _, e := range edges {
+			wg.Go(func() { require.NoError(t, e.Subscribe(t.Context(), "t1", filter)) })
+		}
+		wg.Wait()
+		for _, n := range nodes {
+			resp, err := apiClient(n.url).Lookup(t.Context(), connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: filter}))
+			require.NoError(t, err)
+			require.Equal(t, []string{"edge-0", "edge-1", "edge-2"}, resp.Msg.GetEdgeIds())
+		}
+	}
+}
+
+// TestCluster_DeadEdge: RemoveEdge drops a dead edge's routes from every
+// lookup and every edge trie.
+func TestCluster_DeadEdge(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ea := startEdge(t, nodes[0].url, "edge-a", 1)
+	eb := startEdge(t, nodes[1].url, "edge-b", 1)
+	ctx := t.Context()
+	require.NoError(t, ea.Subscribe(ctx, "t1", "a/b"))
+	require.NoError(t, ea.Subscribe(ctx, "t1", "#"))
+	require.NoError(t, eb.Subscribe(ctx, "t1", "a/b"))
+	require.Equal(t, []string{"edge-a", "edge-b"}, route(t, eb, "t1", "a/b"))
+	resp, err := apiClient(nodes[2].url).RemoveEdge(ctx, connect.NewRequest(&routerv1.RemoveEdgeRequest{EdgeId: "edge-a", Incarnation: 1}))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, resp.Msg.GetRoutesRemoved())
+	require.Equal(t, []string{"edge-b"}, route(t, eb, "t1", "a/b"))
+	require.Empty(t, route(t, eb, "t1", "x"))
+	for _, n := range nodes {
+		l, err := apiClient(n.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}))
+		require.NoError(t, err)
+		require.Equal(t, []string{"edge-b"}, l.Msg.GetEdgeIds())
+	}
+}
+
+// TestCluster_BadInput: invalid filters, oversized filters, bad tenants and
+// garbage frames are refused with InvalidArgument and nothing is stored.
+func TestCluster_BadInput(t *testing.T) {
+	nodes := startCluster(t, 1)
+	api := apiClient(nodes[0].url)
+	ctx := t.Context()
+	for _, req := range []*routerv1.LookupRequest{
+		{Tenant: "T!", Topic: "a"}, {Tenant: "t1", Topic: "a/+"}, {Tenant: "t1", Topic: ""}, {Tenant: "t1", Topic: string(make([]byte, 5000))},
+	} {
+		_, err := api.Lookup(ctx, connect.NewRequest(req))
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", req)
+	}
+	for _, msgs := range [][]*routerv1.RouteSyncRequest{
+		{{Msg: &routerv1.RouteSyncRequest_Ack{Ack: &routerv1.RouteSyncAck{}}}}, // no hello
+		{hello("e1"), deltas(&routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: "a/#/b"}})},
+		{hello("e1"), deltas(&routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "BAD", Filter: "a"}})},
+		{hello("e1"), deltas(&routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: string(make([]byte, 3000))}})},
+		{hello("e1"), deltas(&routerv1.RouteDelta{Seq: 1, Route: &routerv1.Route{Tenant: "t1", Filter: "a"}})}, // no op
+		{hello("e1"), deltas(&routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: "ok"}},
+			&routerv1.RouteDelta{Seq: 2, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: "$share/g/x"}})},
+		{hello("e1"), {}}, // empty oneof
+	} {
+		st := api.RouteSync(ctx)
+		for _, m := range msgs {
+			_ = st.Send(m)
+		}
+		var err error
+		for err == nil {
+			_, err = st.Receive()
+		}
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+		_ = st.CloseRequest()
+	}
+	// Nothing stored: the valid "ok" sent beside an invalid delta is absent.
+	l, err := api.Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "ok"}))
+	require.NoError(t, err)
+	require.Empty(t, l.Msg.GetEdgeIds())
+}
+
+func hello(id string) *routerv1.RouteSyncRequest {
+	return &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Hello{Hello: &routerv1.RouteSyncHello{EdgeId: id, Incarnation: 1}}}
+}
+
+func deltas(ds ...*routerv1.RouteDelta) *routerv1.RouteSyncRequest {
+	return &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: ds}}}
+}
+
+// BenchmarkCluster_Lookup measures Lookup latency on loopback against a
+// 3-node cluster with 1,000 anchored routes (gRPC over h2c).
+func BenchmarkCluster_Lookup(b *testing.B) {
+	nodes := startClusterB(b, 3)
+	e := startEdgeB(b, nodes[0].url, "edge-a")
+	for i := range 1000 {
+		if err := e.Subscribe(context.Background(), "t1", fmt.Sprintf("devices/%d/cmd/#", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	api := apiClient(nodes[1].url)
+	b.ReportAllocs()
+	i := 0
+	var lat []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		resp, err := api.Lookup(context.Background(), connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: fmt.Sprintf("devices/%d/cmd/x", i%1000), EdgeId: "edge-b", Incarnation: 1}))
+		if err != nil || len(resp.Msg.GetEdgeIds()) != 1 {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(start))
+		i++
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)*50/100].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}

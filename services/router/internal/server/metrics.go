@@ -1,0 +1,36 @@
+package server
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	routes          *prometheus.CounterVec // changes applied by kind and op
+	lookups         prometheus.Counter
+	lookupSeconds   prometheus.Histogram
+	applySeconds    prometheus.Histogram // route visibility lag: delta received to durable and notified
+	resyncs         prometheus.Counter
+	wildcardRoutes  prometheus.Gauge
+	wildcardRejects prometheus.Counter
+	edges           prometheus.Gauge
+	forwards        prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		routes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_router_route_changes_total",
+			Help: "Route changes applied by this node as key owner, by kind (anchored, wildcard, shared) and op."}, []string{"kind", "op"}),
+		lookups: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_total", Help: "Lookup calls served."}),
+		lookupSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_router_lookup_seconds",
+			Help: "Lookup latency.", Buckets: prometheus.ExponentialBuckets(50e-6, 2, 14)}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_router_route_visibility_seconds",
+			Help: "Route visibility lag: delta batch received to durable in Olric and invalidations acknowledged.", Buckets: prometheus.ExponentialBuckets(100e-6, 2, 16)}),
+		resyncs:         prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_resyncs_total", Help: "Full route set snapshots received from edges."}),
+		wildcardRoutes:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_wildcard_routes", Help: "Wildcard-first routes held in this node's replica, all tenants."}),
+		wildcardRejects: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_wildcard_rejects_total", Help: "Wildcard-first route adds refused by the per-tenant cap."}),
+		edges:           prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_connected_edges", Help: "Edges with an open RouteSync stream to this node."}),
+		forwards:        prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_forwarded_deltas_total", Help: "Deltas forwarded to the owning router node."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards)
+	}
+	return m
+}

@@ -1,0 +1,445 @@
+// Package server is a router node: the Connect API (RouteSync, Lookup,
+// Status, RemoveEdge and the router-to-router ApplyRoutes and Notify), the
+// single-writer apply path over the embedded Olric store, and the per-node
+// replicas every edge needs in full (wildcard-first routes, anchor Bloom
+// filters, dead edge incarnations).
+//
+// Lock order: Node.mu before edgeConn.mu; a key stripe lock (Node.keyLocks) is
+// never held while taking Node.mu or waiting for an edge.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/topic"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
+	"github.com/keelmq/keel/services/router/internal/store"
+	"github.com/keelmq/keel/services/router/internal/table"
+	"github.com/keelmq/keel/services/router/routes"
+)
+
+// Defaults.
+const (
+	DefaultHeartbeat   = 250 * time.Millisecond
+	DefaultCacheLease  = 2 * time.Second
+	DefaultLeaseGrace  = 250 * time.Millisecond
+	DefaultWildcardCap = 10000
+	DefaultSendQueue   = 4096
+	memberPoll         = 200 * time.Millisecond
+)
+
+// Config configures a router node.
+type Config struct {
+	// AdvertiseURL is the base URL other router nodes use to reach this node's
+	// Connect API (http://host:port).
+	AdvertiseURL string        `yaml:"advertise_url"`
+	Heartbeat    time.Duration `yaml:"heartbeat"`
+	CacheLease   time.Duration `yaml:"cache_lease"`
+	LeaseGrace   time.Duration `yaml:"lease_grace"`
+	WildcardCap  int           `yaml:"wildcard_cap"`
+	SendQueue    int           `yaml:"send_queue"`
+	Limits       topic.Limits  `yaml:"limits"`
+}
+
+// RegisterFlags registers c's flags under prefix.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.StringVar(&c.AdvertiseURL, prefix+"advertise-url", "", "base URL of this node's API for other router nodes (default: from api.addr)")
+	fs.DurationVar(&c.Heartbeat, prefix+"heartbeat", DefaultHeartbeat, "RouteSync heartbeat interval")
+	fs.DurationVar(&c.CacheLease, prefix+"cache-lease", DefaultCacheLease, "how long edges may trust cached route answers")
+	fs.DurationVar(&c.LeaseGrace, prefix+"lease-grace", DefaultLeaseGrace, "margin added to the cache lease before the router stops waiting for an edge")
+	fs.IntVar(&c.WildcardCap, prefix+"wildcard-cap", DefaultWildcardCap, "wildcard-first filters per tenant (replicated to every edge)")
+	fs.IntVar(&c.SendQueue, prefix+"send-queue", DefaultSendQueue, "messages queued per edge stream before the stream is closed as too slow")
+	c.Limits = routes.DefaultLimits
+	fs.IntVar(&c.Limits.MaxLength, prefix+"max-filter-length", routes.DefaultLimits.MaxLength, "longest accepted filter or topic, bytes")
+	fs.IntVar(&c.Limits.MaxLevels, prefix+"max-filter-levels", routes.DefaultLimits.MaxLevels, "most levels in an accepted filter or topic")
+}
+
+// Validate checks c.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Heartbeat <= 0 || c.CacheLease <= c.Heartbeat {
+		errs = append(errs, errors.New("router.heartbeat must be > 0 and below router.cache-lease"))
+	}
+	if c.WildcardCap < 1 || c.SendQueue < 16 {
+		errs = append(errs, errors.New("router.wildcard-cap must be ≥ 1 and router.send-queue ≥ 16"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) defaults() {
+	if c.Heartbeat == 0 {
+		c.Heartbeat = DefaultHeartbeat
+	}
+	if c.CacheLease == 0 {
+		c.CacheLease = DefaultCacheLease
+	}
+	if c.LeaseGrace == 0 {
+		c.LeaseGrace = DefaultLeaseGrace
+	}
+	if c.WildcardCap == 0 {
+		c.WildcardCap = DefaultWildcardCap
+	}
+	if c.SendQueue == 0 {
+		c.SendQueue = DefaultSendQueue
+	}
+	if c.Limits == (topic.Limits{}) {
+		c.Limits = routes.DefaultLimits
+	}
+}
+
+// Store is what a node needs from the embedded Olric member.
+type Store interface {
+	Name() string
+	Get(ctx context.Context, key string) ([]byte, error)
+	Put(ctx context.Context, key string, value []byte) error
+	Delete(ctx context.Context, key string) error
+	Scan(ctx context.Context, prefix string, fn func(key string) bool) error
+	Members(ctx context.Context) []string
+}
+
+// Key prefixes in the Olric map.
+const (
+	prefixAnchor = "a/" // a/<tenant>/<anchor> → table.Set of anchored routes
+	prefixWild   = "w/" // w/<tenant> → table.Set of wildcard-first routes
+	prefixEdge   = "e/" // e/<edge> → edgeRecord
+	prefixNode   = "n/" // n/<node> → API base URL
+)
+
+func anchorKey(tenant, anchor string) string { return prefixAnchor + tenant + "/" + anchor }
+func wildKey(tenant string) string           { return prefixWild + tenant }
+
+// routeKey returns the Olric key a route is stored under.
+func routeKey(k routes.Key) string {
+	if a := k.Anchor(); a != "" {
+		return anchorKey(k.Tenant, a)
+	}
+	return wildKey(k.Tenant)
+}
+
+// edgeRecord is what the router keeps per edge, written by the node holding
+// the edge's stream.
+type edgeRecord struct {
+	Inc     uint64 `json:"i"`
+	Seq     uint64 `json:"s"`
+	Count   uint64 `json:"n"`
+	Sum     uint64 `json:"d"`
+	DeadInc uint64 `json:"x,omitempty"` // routes of this and older incarnations are dead
+}
+
+// wildReplica is one tenant's wildcard-first routes, held by every node.
+type wildReplica struct {
+	set  table.Set
+	trie topic.Trie[wildVal]
+}
+
+type wildVal struct {
+	route table.Route
+	edge  string
+}
+
+type bloomState struct {
+	bloom   *routes.Bloom
+	version uint64
+	n       int // anchors added
+}
+
+// Node is one router node.
+type Node struct {
+	cfg    Config
+	logger *slog.Logger
+	st     Store
+	m      *metrics
+	http   *http.Client
+
+	seed     maphash.Seed
+	keyLocks [256]sync.Mutex // single-writer lock stripes by route key
+
+	mu        sync.Mutex
+	members   []string                                       // live router nodes, sorted; guarded by mu
+	memberGen uint64                                         // bumped on every membership change; guarded by mu
+	peerURL   map[string]string                              // node → API URL; guarded by mu
+	peers     map[string]routerv1connect.RouterServiceClient // guarded by mu
+	conns     map[string]*edgeConn                           // by edge ID; guarded by mu
+	cachers   map[cacheKey]map[string]time.Time              // (tenant, anchor) → edge → lease end; guarded by mu
+	wild      map[string]*wildReplica                        // by tenant; guarded by mu
+	blooms    map[string]*bloomState                         // by tenant; guarded by mu
+	dead      map[string]uint64                              // edge → highest dead incarnation; guarded by mu
+
+	wg sync.WaitGroup
+}
+
+type cacheKey struct{ tenant, anchor string }
+
+// New builds a node over a started store.
+func New(cfg Config, st Store, reg prometheus.Registerer, logger *slog.Logger) (*Node, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.AdvertiseURL == "" {
+		return nil, errors.New("router: advertise URL is required")
+	}
+	if logger == nil {
+		logger = logging.Discard()
+	}
+	return &Node{
+		cfg: cfg, logger: logger, st: st, m: newMetrics(reg),
+		http:    &http.Client{Transport: h2cTransport()},
+		seed:    maphash.MakeSeed(),
+		peerURL: map[string]string{}, peers: map[string]routerv1connect.RouterServiceClient{},
+		conns: map[string]*edgeConn{}, cachers: map[cacheKey]map[string]time.Time{},
+		wild: map[string]*wildReplica{}, blooms: map[string]*bloomState{}, dead: map[string]uint64{},
+	}, nil
+}
+
+// ID returns the node ID (its Olric member name).
+func (n *Node) ID() string { return n.st.Name() }
+
+// Run registers the node, loads its replicas and watches membership until ctx
+// ends.
+func (n *Node) Run(ctx context.Context, ready func()) error {
+	// NOTE(router): right after joining, an Olric write can hang while the
+	// partition table settles; retry with a deadline per attempt.
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := n.st.Put(pctx, prefixNode+n.ID(), []byte(n.cfg.AdvertiseURL))
+		cancel()
+		if err == nil {
+			break
+		}
+		n.logger.Debug("register node failed; retrying", "attempt", attempt, logging.Err(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("register node: %w", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	n.mu.Lock()
+	n.members = n.st.Members(ctx)
+	n.mu.Unlock()
+	for {
+		err := n.reload(ctx)
+		if err == nil {
+			break
+		}
+		n.logger.Debug("load replicas failed; retrying", logging.Err(err))
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if ready != nil {
+		ready()
+	}
+	t := time.NewTicker(memberPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			n.mu.Lock()
+			for _, c := range n.conns {
+				c.close(errors.New("router node stopping"))
+			}
+			n.mu.Unlock()
+			n.wg.Wait()
+			return nil
+		case <-t.C:
+		}
+		ms := n.st.Members(ctx)
+		n.mu.Lock()
+		changed := len(ms) > 0 && !slices.Equal(ms, n.members)
+		if changed {
+			n.logger.Info("router membership changed", "members", ms)
+			n.members = ms
+			n.memberGen++
+			for _, c := range n.conns {
+				c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Resync{Resync: &routerv1.RouteResync{Reason: "router membership changed"}}})
+			}
+		}
+		n.mu.Unlock()
+		if changed {
+			if err := n.reload(ctx); err != nil {
+				n.logger.Warn("reload replicas failed", logging.Err(err))
+			}
+		}
+	}
+}
+
+// reload rebuilds the wildcard replicas, Bloom filters and dead map from the
+// store and sends the edges what changed.
+func (n *Node) reload(ctx context.Context) error {
+	var wildKeys, anchorKeys, edgeKeys []string
+	for _, p := range []struct {
+		prefix string
+		dst    *[]string
+	}{{prefixWild, &wildKeys}, {prefixAnchor, &anchorKeys}, {prefixEdge, &edgeKeys}} {
+		if err := n.st.Scan(ctx, p.prefix, func(k string) bool { *p.dst = append(*p.dst, k); return true }); err != nil {
+			return fmt.Errorf("reload: %w", err)
+		}
+	}
+	wild := map[string]*wildReplica{}
+	for _, k := range wildKeys {
+		s, err := n.loadSet(ctx, k)
+		if err != nil {
+			return err
+		}
+		w := &wildReplica{}
+		s.Edges(func(r table.Route, e string, en table.Entry) {
+			w.set.Apply(table.Delta{Edge: e, Inc: en.Inc, Seq: en.Seq, Op: table.OpAdd, Route: r, Count: en.Count})
+			w.trie.Add(r.Filter, wildVal{route: r, edge: e})
+		})
+		wild[k[len(prefixWild):]] = w
+	}
+	anchors := map[string][]string{}
+	for _, k := range anchorKeys {
+		rest := k[len(prefixAnchor):]
+		for i := 0; i < len(rest); i++ {
+			if rest[i] == '/' {
+				anchors[rest[:i]] = append(anchors[rest[:i]], rest[i+1:])
+				break
+			}
+		}
+	}
+	dead := map[string]uint64{}
+	for _, k := range edgeKeys {
+		b, err := n.st.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var rec edgeRecord
+		if json.Unmarshal(b, &rec) == nil && rec.DeadInc > 0 {
+			dead[k[len(prefixEdge):]] = rec.DeadInc
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	// Merge rather than replace: notifications that arrived during the scan
+	// are already applied to the current replicas.
+	for tenant, w := range wild {
+		cur := n.wild[tenant]
+		if cur == nil {
+			n.wild[tenant] = w
+			continue
+		}
+		w.set.Edges(func(r table.Route, e string, en table.Entry) {
+			if cur.set.Apply(table.Delta{Edge: e, Inc: en.Inc, Seq: en.Seq, Op: table.OpAdd, Route: r, Count: en.Count}).Added {
+				cur.trie.Add(r.Filter, wildVal{route: r, edge: e})
+			}
+		})
+	}
+	for e, inc := range dead {
+		n.dead[e] = max(n.dead[e], inc)
+	}
+	for tenant, as := range anchors {
+		bs := n.blooms[tenant]
+		if bs == nil || bs.n+len(as) > 2*cap0(bs) {
+			size := max(1024, 4*len(as))
+			bs = &bloomState{bloom: routes.NewBloom(size, 0.01), version: uint64(time.Now().UnixNano())}
+			n.blooms[tenant] = bs
+		}
+		for _, a := range as {
+			bs.bloom.Add(a)
+			bs.n++
+		}
+		for _, c := range n.conns {
+			n.sendBloomLocked(c, tenant, bs)
+		}
+	}
+	var wr int
+	for _, w := range n.wild {
+		wr += w.trie.Len()
+	}
+	n.m.wildcardRoutes.Set(float64(wr))
+	return nil
+}
+
+func cap0(bs *bloomState) int {
+	_, m, _ := bs.bloom.Bits()
+	return int(m / 10)
+}
+
+func (n *Node) loadSet(ctx context.Context, key string) (*table.Set, error) {
+	b, err := n.st.Get(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return &table.Set{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return table.Unmarshal(b)
+}
+
+// owner returns the node owning key: the highest rendezvous score over the
+// live members.
+//
+// Lock must not be held.
+func (n *Node) owner(key string) (string, error) {
+	n.mu.Lock()
+	ms := n.members
+	n.mu.Unlock()
+	return rendezvous(key, ms)
+}
+
+func rendezvous(key string, members []string) (string, error) {
+	if len(members) == 0 {
+		return "", ErrNoOwner
+	}
+	var best string
+	var bestScore uint64
+	for _, m := range members {
+		h := uint64(14695981039346656037)
+		for _, s := range []string{m, "\x00", key} {
+			for i := 0; i < len(s); i++ {
+				h ^= uint64(s[i])
+				h *= 1099511628211
+			}
+		}
+		h ^= h >> 33
+		h *= 0xff51afd7ed558ccd
+		h ^= h >> 33
+		if best == "" || h > bestScore {
+			best, bestScore = m, h
+		}
+	}
+	return best, nil
+}
+
+// peer returns an API client for router node id.
+func (n *Node) peer(ctx context.Context, id string) (routerv1connect.RouterServiceClient, error) {
+	n.mu.Lock()
+	c := n.peers[id]
+	n.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	b, err := n.st.Get(ctx, prefixNode+id)
+	if err != nil {
+		return nil, fmt.Errorf("address of router node %s: %w", id, err)
+	}
+	c = routerv1connect.NewRouterServiceClient(n.http, string(b), connect.WithGRPC())
+	n.mu.Lock()
+	n.peers[id] = c
+	n.peerURL[id] = string(b)
+	n.mu.Unlock()
+	return c, nil
+}
+
+func (n *Node) lockKey(key string) *sync.Mutex {
+	return &n.keyLocks[maphash.String(n.seed, key)%uint64(len(n.keyLocks))]
+}
