@@ -1,0 +1,104 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/persistence/internal/redistest"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+)
+
+var k = store.SessionKey{Tenant: "acme", ClientID: "c"}
+
+// With its replicas gone, the primary refuses writes (min-replicas-to-write)
+// or WAIT reports too few copies: either way nothing is acknowledged.
+func TestRedisStore_NoReplicaNoAck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1, WaitTimeout: 200 * time.Millisecond}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	require.NoError(t, s.Activate(ctx, k, store.Fence{Epoch: 1}))
+	g.Replicas[0].Kill()
+	require.Eventually(t, func() bool {
+		err := s.PutSubscription(ctx, k, store.Fence{Epoch: 1}, store.Subscription{Filter: "x"})
+		return err != nil
+	}, 10*time.Second, 50*time.Millisecond)
+	err = s.PutSubscription(ctx, k, store.Fence{Epoch: 1}, store.Subscription{Filter: "y"})
+	require.ErrorIs(t, err, store.ErrNotReplicated)
+}
+
+// A writer that follows an old group record is refused once the group's
+// record epoch moved on (after a failover).
+func TestRedisStore_GroupEpochFence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	require.NoError(t, s.Activate(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 1}))
+	require.NoError(t, g.Primary.Client().Set(ctx, "keel:group-epoch", 2, 0).Err())
+	require.ErrorIs(t, s.PutSubscription(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 1}, store.Subscription{Filter: "x"}), store.ErrGroupFenced)
+	require.NoError(t, s.PutSubscription(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 2}, store.Subscription{Filter: "x"}))
+}
+
+// BenchmarkRedisStore_Append measures acknowledged records per second
+// (appended, replicated to one of two replicas, WAIT 1) at a batch size.
+func BenchmarkRedisStore_Append(b *testing.B) {
+	g := redistest.StartGroup(b, 2, 1)
+	for _, batch := range []int{1, 32} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, nil)
+			require.NoError(b, err)
+			defer s.Close()
+			ctx := context.Background()
+			f := store.Fence{Epoch: 1}
+			const writers = 16
+			keys := make([]store.SessionKey, writers)
+			for i := range keys {
+				keys[i] = store.SessionKey{Tenant: "bench", ClientID: fmt.Sprint(i)}
+				require.NoError(b, s.Activate(ctx, keys[i], f))
+			}
+			payload := make([]byte, 64)
+			b.ResetTimer()
+			start := time.Now()
+			done := make(chan error, writers)
+			per := b.N/writers + 1
+			for w := range writers {
+				go func(w int) {
+					for i := 0; i < per; i += batch {
+						es := make([]store.Entry, 0, batch)
+						ms := make([]*store.Message, 0, batch)
+						for j := 0; j < batch; j++ {
+							id := fmt.Sprintf("%d/%d", w, i+j)
+							es = append(es, store.Entry{MsgID: id, QoS: 1})
+							ms = append(ms, &store.Message{ID: id, Topic: "t", Payload: payload, QoS: 1})
+						}
+						if _, err := s.Append(ctx, keys[w], f, store.QueueLimits{}, es, ms); err != nil {
+							done <- err
+							return
+						}
+					}
+					done <- nil
+				}(w)
+			}
+			for range writers {
+				require.NoError(b, <-done)
+			}
+			b.ReportMetric(float64(per*writers)/time.Since(start).Seconds(), "records/s")
+		})
+	}
+}
