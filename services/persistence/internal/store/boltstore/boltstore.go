@@ -92,6 +92,18 @@ func session(tx *bolt.Tx, k store.SessionKey, f *store.Fence) (*sess, error) {
 	return s, nil
 }
 
+// queueLen counts the queue's entries. bbolt's bucket statistics do not see
+// the writes of the transaction in progress, so count with a cursor; queues
+// are bounded, and the single-node store is not the hot path of a cluster.
+func queueLen(q *bolt.Bucket) int {
+	n := 0
+	c := q.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
 func u64(b []byte) uint64 {
 	if len(b) != 8 {
 		return 0
@@ -272,7 +284,7 @@ func (s *Store) Append(_ context.Context, k store.SessionKey, f store.Fence, lim
 				res.Duplicates++
 				continue
 			}
-			if lim.MaxLen > 0 && ss.q.Stats().KeyN >= lim.MaxLen {
+			if lim.MaxLen > 0 && queueLen(ss.q) >= lim.MaxLen {
 				if !lim.DropOldest {
 					res.Refused++
 					continue
