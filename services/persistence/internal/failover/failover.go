@@ -1,0 +1,229 @@
+// Package failover promotes a replica when a Redis group's primary fails,
+// and keeps every other node of the group a replica of the recorded primary.
+//
+// The record of which node is the primary lives in the coordinator (Raft)
+// and is the single authority: a promotion is published there, with a new
+// record epoch, only after the promoted node accepts writes under that
+// epoch. Before promoting, the promoter waits for the leases of the old
+// primary's writers to expire, so no writer still acknowledges through it.
+package failover
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Record is a group's primary as the coordinator holds it.
+type Record struct {
+	Primary string // host:port
+	Epoch   uint64
+}
+
+// Records reads and compare-and-sets a group's record (the coordinator).
+type Records interface {
+	Get(ctx context.Context) (Record, error)
+	// CompareAndSet replaces the record if its epoch is still oldEpoch.
+	CompareAndSet(ctx context.Context, oldEpoch uint64, next Record) error
+}
+
+// ErrNoCandidate means no replica could be promoted.
+var ErrNoCandidate = errors.New("no replica can be promoted")
+
+// GroupEpochKey is where each node keeps the record epoch it serves under;
+// the store's scripts refuse writers that follow an older record.
+const GroupEpochKey = "keel:group-epoch"
+
+// Promoter runs failover for one group.
+type Promoter struct {
+	Nodes   []string // every node of the group, host:port
+	Records Records
+	// WaitWriters blocks until the leases of every writer that followed
+	// the old record have expired (the coordinator knows them).
+	WaitWriters func(ctx context.Context) error
+	Logger      *slog.Logger
+	// DialTimeout bounds each call to a node.
+	DialTimeout time.Duration
+}
+
+type replState struct {
+	addr   string
+	role   string
+	offset int64
+	err    error
+}
+
+func (p *Promoter) client(addr string) *redis.Client {
+	t := p.DialTimeout
+	if t <= 0 {
+		t = time.Second
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1})
+}
+
+func (p *Promoter) state(ctx context.Context, addr string) replState {
+	c := p.client(addr)
+	defer c.Close()
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return replState{addr: addr, err: err}
+	}
+	st := replState{addr: addr}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "role":
+			st.role = v
+		case "slave_repl_offset":
+			st.offset, _ = strconv.ParseInt(v, 10, 64)
+		case "master_repl_offset":
+			if st.role == "master" {
+				st.offset, _ = strconv.ParseInt(v, 10, 64)
+			}
+		}
+	}
+	return st
+}
+
+// Failover promotes the replica with the highest replication offset and
+// publishes it as the new primary. It is safe to run from two places: the
+// record's compare-and-set lets only one promotion win.
+func (p *Promoter) Failover(ctx context.Context) (Record, error) {
+	old, err := p.Records.Get(ctx)
+	if err != nil {
+		return Record{}, fmt.Errorf("read record: %w", err)
+	}
+	if p.WaitWriters != nil {
+		if err := p.WaitWriters(ctx); err != nil {
+			return Record{}, fmt.Errorf("wait for writer leases: %w", err)
+		}
+	}
+	var best *replState
+	for _, addr := range p.Nodes {
+		if addr == old.Primary {
+			continue
+		}
+		st := p.state(ctx, addr)
+		if st.err != nil {
+			p.log().Warn("replica unreachable during failover", "node", addr, "error", st.err)
+			continue
+		}
+		if best == nil || st.offset > best.offset {
+			s := st
+			best = &s
+		}
+	}
+	if best == nil {
+		return Record{}, ErrNoCandidate
+	}
+	next := Record{Primary: best.addr, Epoch: old.Epoch + 1}
+	c := p.client(best.addr)
+	defer c.Close()
+	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
+		return Record{}, fmt.Errorf("promote %s: %w", best.addr, err)
+	}
+	host, port, _ := net.SplitHostPort(best.addr)
+	for _, addr := range p.Nodes {
+		if addr == best.addr || addr == old.Primary {
+			continue
+		}
+		if err := p.replicaOf(ctx, addr, host, port); err != nil {
+			p.log().Warn("repoint replica failed; reconcile retries", "node", addr, "error", err)
+		}
+	}
+	// The new primary refuses writes until a replica is attached
+	// (min-replicas-to-write); then it takes the new record epoch, which the
+	// store's scripts compare with every writer's, and only then is the
+	// record published for writers to follow.
+	if err := p.stampEpoch(ctx, c, next.Epoch); err != nil {
+		return Record{}, fmt.Errorf("stamp record epoch on %s: %w", best.addr, err)
+	}
+	if err := p.Records.CompareAndSet(ctx, old.Epoch, next); err != nil {
+		return Record{}, fmt.Errorf("publish record: %w", err)
+	}
+	p.log().Info("redis primary promoted", "primary", next.Primary, "record_epoch", next.Epoch, "offset", best.offset)
+	return next, nil
+}
+
+func (p *Promoter) stampEpoch(ctx context.Context, c *redis.Client, epoch uint64) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := c.Set(ctx, GroupEpochKey, epoch, 0).Err()
+		if err == nil {
+			return c.Do(ctx, "WAIT", 1, 5000).Err()
+		}
+		if !strings.HasPrefix(err.Error(), "NOREPLICAS") || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (p *Promoter) replicaOf(ctx context.Context, addr, host, port string) error {
+	c := p.client(addr)
+	defer c.Close()
+	return c.SlaveOf(ctx, host, port).Err()
+}
+
+// Reconcile makes every reachable node other than the recorded primary a
+// replica of it: a returning old primary is demoted before it can take a
+// write under the current record (its data past the promotion is dropped by
+// the full resync).
+func (p *Promoter) Reconcile(ctx context.Context) error {
+	rec, err := p.Records.Get(ctx)
+	if err != nil {
+		return err
+	}
+	host, port, _ := net.SplitHostPort(rec.Primary)
+	var errs []error
+	for _, addr := range p.Nodes {
+		if addr == rec.Primary {
+			continue
+		}
+		st := p.state(ctx, addr)
+		if st.err != nil {
+			continue // down; reconciled when it returns
+		}
+		if st.role == "master" || !p.followsPrimary(ctx, addr, rec.Primary) {
+			p.log().Warn("demoting node to replica of the recorded primary", "node", addr, "primary", rec.Primary)
+			if err := p.replicaOf(ctx, addr, host, port); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Promoter) followsPrimary(ctx context.Context, addr, primary string) bool {
+	c := p.client(addr)
+	defer c.Close()
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return false
+	}
+	host, port, _ := net.SplitHostPort(primary)
+	return strings.Contains(info, "master_host:"+host) && strings.Contains(info, "master_port:"+port)
+}
+
+func (p *Promoter) log() *slog.Logger {
+	if p.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return p.Logger
+}

@@ -1,0 +1,142 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/persistence/internal/redistest"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+	"github.com/keelmq/keel/services/persistence/internal/store/redisstore"
+)
+
+// memRecords stands in for the coordinator's record of the group, with the
+// same compare-and-set rule.
+type memRecords struct {
+	mu  sync.Mutex
+	rec Record
+}
+
+func (m *memRecords) Get(context.Context) (Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rec, nil
+}
+
+func (m *memRecords) CompareAndSet(_ context.Context, oldEpoch uint64, next Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rec.Epoch != oldEpoch {
+		return errors.New("record changed")
+	}
+	m.rec = next
+	return nil
+}
+
+// TestFailover_KillPrimaryLosesNoAcknowledgedWrite streams acknowledged
+// (WAIT 1) appends, kills the primary with SIGKILL, promotes the replica
+// with the highest offset, and checks that every append acknowledged before
+// the kill is on the new primary; writes go on there, a writer following
+// the old record is fenced, and the old primary comes back as a replica.
+func TestFailover_KillPrimaryLosesNoAcknowledgedWrite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Epoch: 1}}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	f := store.Fence{Epoch: 1, GroupEpoch: 1}
+
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1, WaitTimeout: 500 * time.Millisecond}, testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, w.Activate(ctx, k, f))
+	var (
+		mu    sync.Mutex
+		acked []string
+	)
+	ackedN := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+	var stop sync.WaitGroup
+	stopCh := make(chan struct{})
+	stop.Add(1)
+	go func() {
+		defer stop.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stopCh:
+				return
+			default:
+			}
+			id := fmt.Sprintf("e/1/%d", i)
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := w.Append(cctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", Payload: []byte("x"), QoS: 1}})
+			cancel()
+			if err == nil {
+				mu.Lock()
+				acked = append(acked, id)
+				mu.Unlock()
+			}
+		}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := ackedN(); n < 200 {
+			return fmt.Errorf("%d acknowledged so far", n)
+		}
+		return nil
+	})
+	g.Primary.Kill()
+	time.Sleep(300 * time.Millisecond) // the writer now fails: nothing more is acknowledged
+	close(stopCh)
+	stop.Wait()
+	_ = w.Close()
+	require.NotEmpty(t, acked)
+
+	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t),
+		WaitWriters: func(context.Context) error { return nil }} // the only writer has stopped
+	start := time.Now()
+	rec, err := p.Failover(ctx)
+	require.NoError(t, err)
+	t.Logf("promoted %s in %v", rec.Primary, time.Since(start))
+	require.NotEqual(t, g.Primary.Addr, rec.Primary)
+	require.Equal(t, uint64(2), rec.Epoch)
+
+	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w2.Close() })
+	st, err := w2.Load(ctx, k)
+	require.NoError(t, err)
+	have := map[string]bool{}
+	for _, e := range st.Queue {
+		have[e.MsgID] = true
+	}
+	for _, id := range acked {
+		require.True(t, have[id], "acknowledged %s lost in failover", id)
+	}
+	t.Logf("%d acknowledged appends, all on the new primary", len(acked))
+
+	// A writer still following the old record is refused by the new primary.
+	_, err = w2.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "late", QoS: 1}}, []*store.Message{{ID: "late", Topic: "t", QoS: 1}})
+	require.ErrorIs(t, err, store.ErrGroupFenced)
+	// Writers of the new record go on, replicated.
+	_, err = w2.Append(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 2}, store.QueueLimits{}, []store.Entry{{MsgID: "after", QoS: 1}}, []*store.Message{{ID: "after", Topic: "t", QoS: 1}})
+	require.NoError(t, err)
+
+	// The old primary returns as a primary of its own; reconcile demotes it
+	// and it follows the new one.
+	g.Primary.Restart()
+	require.NoError(t, p.Reconcile(ctx))
+	testutil.Eventually(t, 10*time.Second, func() error {
+		v, err := g.Primary.Client().Get(ctx, GroupEpochKey).Result()
+		if err != nil || v != "2" {
+			return fmt.Errorf("old primary not yet following: %q %v", v, err)
+		}
+		return nil
+	})
+}
