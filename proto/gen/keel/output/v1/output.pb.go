@@ -166,7 +166,9 @@ type OutputRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// message as published (tenant, topic, client ID, QoS, msgID, properties).
 	Message *v1.Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
-	// pipelines are the names of the pipelines whose rules matched.
+	// pipelines are the names ("tenant/rule") of the pipelines whose rules matched on
+	// the edge. Empty means the output service matches the record against its own
+	// rules (tenant + topic filters), which is what edges do today.
 	Pipelines     []string `protobuf:"bytes,2,rep,name=pipelines,proto3" json:"pipelines,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

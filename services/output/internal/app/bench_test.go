@@ -1,0 +1,187 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+	"github.com/keelmq/keel/services/output/client"
+	"github.com/keelmq/keel/services/output/internal/outputtest"
+	"github.com/keelmq/keel/services/output/internal/sink/kafkasink"
+)
+
+const benchPayload = 256
+
+// BenchmarkOutput_Kafka measures messages/s into Kafka (kfake on loopback)
+// with 256 B payloads over 16 MQTT topics, through one output instance (edge
+// client → Connect Publish → pipeline → Kafka sink plugin, acks=all, batches
+// of up to 5000) and, for the ratio, with kafka-go producing the same records
+// directly with the same writer settings. The output path reports the
+// end-to-end p99 (ingress → Kafka ack) from keel_output_latency_seconds.
+//
+// It loops over b.N rather than b.Loop because the timed region must include
+// waiting for the last record's Kafka ack.
+//
+//	go test -run '^$' -bench BenchmarkOutput_Kafka -benchtime 200000x ./services/output/internal/app
+func BenchmarkOutput_Kafka(b *testing.B) {
+	payload := make([]byte, benchPayload)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	topics := make([]string, 16)
+	for i := range topics {
+		topics[i] = fmt.Sprintf("sensors/%02d/data", i)
+	}
+
+	output := func(b *testing.B, rate int) {
+		addr := outputtest.StartKafka(b, 16, kafkaTopic)
+		h := startOutput(b, fmt.Sprintf(`
+tenants:
+  acme:
+    rules:
+      - name: bench
+        filters: ["sensors/#"]
+        sink:
+          plugin: kafka
+          config: {brokers: [%q], topic: %s, linger: 1ms, batch_size: 5000}
+        buffer: {records: 200000, bytes: 268435456}
+        max_batch: 5000
+`, addr, kafkaTopic))
+		const queue = 100000
+		c, _ := newClient(b, h, func(c *client.Config) { c.QueueRecords = queue; c.QueueBytes = 1 << 30; c.MaxBatch = 1024 })
+		reg := h.out.Registry()
+		b.ReportAllocs()
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			if rate > 0 && i%100 == 0 {
+				if d := time.Duration(float64(i)/float64(rate)*float64(time.Second)) - time.Since(start); d > 0 {
+					time.Sleep(d)
+				}
+			}
+			for c.QueueLen() > queue-2048 {
+				time.Sleep(20 * time.Microsecond)
+			}
+			m := &commonv1.Message{
+				Id:     &commonv1.MsgID{EdgeId: "edge-1", Incarnation: 1, Seq: uint64(i + 1)},
+				Tenant: "acme", Topic: topics[i%len(topics)], Payload: payload, Qos: 1,
+				ClientId: "bench", IngressUnixNano: time.Now().UnixNano(),
+			}
+			if !c.Offer(m) {
+				b.Fatal("queue full")
+			}
+		}
+		waitWritten(b, reg, b.N)
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+		b.ReportMetric(histQuantile(b, reg, "keel_output_latency_seconds", 0.99)*1e3, "p99-ms")
+		b.ReportMetric(histQuantile(b, reg, "keel_output_latency_seconds", 0.50)*1e3, "p50-ms")
+		require.Zero(b, metric(b, reg, "keel_output_dropped_total", nil))
+	}
+	b.Run("path=output", func(b *testing.B) { output(b, 0) })
+	b.Run("path=output/rate=50000", func(b *testing.B) { output(b, 50000) })
+
+	b.Run("path=direct", func(b *testing.B) {
+		addr := outputtest.StartKafka(b, 16, kafkaTopic)
+		w := &kafka.Writer{
+			Addr: kafka.TCP(addr), Topic: kafkaTopic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll,
+			BatchSize: 5000, BatchBytes: 4 << 20, BatchTimeout: time.Millisecond, MaxAttempts: 5,
+		}
+		b.Cleanup(func() { _ = w.Close() })
+		b.ReportAllocs()
+		b.SetBytes(benchPayload)
+		b.ResetTimer()
+		start := time.Now()
+		batch := make([]kafka.Message, 0, 5000)
+		flush := func() {
+			if err := w.WriteMessages(context.Background(), batch...); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+		// The same records the output path produces (sink headers included),
+		// encoded by the Kafka sink's own conversion.
+		for i := 0; i < b.N; i++ {
+			rec := &pluginv1.Record{Message: &commonv1.Message{
+				Id:     &commonv1.MsgID{EdgeId: "edge-1", Incarnation: 1, Seq: uint64(i + 1)},
+				Tenant: "acme", Topic: topics[i%len(topics)], Payload: payload, Qos: 1,
+				ClientId: "bench", IngressUnixNano: time.Now().UnixNano(),
+			}}
+			batch = append(batch, kafkasink.Messages([]*pluginv1.Record{rec}, "", "topic")...)
+			if len(batch) == cap(batch) {
+				flush()
+			}
+		}
+		if len(batch) > 0 {
+			flush()
+		}
+		elapsed := time.Since(start)
+		b.StopTimer()
+		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	})
+}
+
+func waitWritten(b *testing.B, reg prometheus.Gatherer, n int) {
+	b.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for metric(b, reg, "keel_output_records_out_total", nil) < float64(n) {
+		if time.Now().After(deadline) {
+			b.Fatalf("only %v of %d written", metric(b, reg, "keel_output_records_out_total", nil), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// histQuantile interpolates quantile q linearly inside the histogram bucket
+// that holds it.
+func histQuantile(t testing.TB, g prometheus.Gatherer, name string, q float64) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	require.NoError(t, err)
+	type bkt struct {
+		ub  float64
+		cum uint64
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		cum := map[float64]uint64{}
+		var total uint64
+		for _, m := range f.GetMetric() {
+			total += m.GetHistogram().GetSampleCount()
+			for _, bk := range m.GetHistogram().GetBucket() {
+				cum[bk.GetUpperBound()] += bk.GetCumulativeCount()
+			}
+		}
+		var bs []bkt
+		for ub, c := range cum {
+			bs = append(bs, bkt{ub, c})
+		}
+		sort.Slice(bs, func(i, j int) bool { return bs[i].ub < bs[j].ub })
+		rank := q * float64(total)
+		lo, prev := 0.0, uint64(0)
+		for _, bk := range bs {
+			if float64(bk.cum) >= rank {
+				if bk.cum == prev {
+					return bk.ub
+				}
+				return lo + (bk.ub-lo)*(rank-float64(prev))/float64(bk.cum-prev)
+			}
+			lo, prev = bk.ub, bk.cum
+		}
+		return math.Inf(1)
+	}
+	return 0
+}

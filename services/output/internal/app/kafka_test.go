@@ -1,0 +1,255 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	"github.com/keelmq/keel/services/output/client"
+	"github.com/keelmq/keel/services/output/internal/meta"
+	"github.com/keelmq/keel/services/output/internal/outputtest"
+)
+
+const kafkaTopic = "mqtt-out"
+
+func kafkaRules(addr, extra string) string {
+	return fmt.Sprintf(`
+tenants:
+  acme:
+    rules:
+      - name: to-kafka
+        filters: ["sensors/#"]
+        sink:
+          plugin: kafka
+          config: {brokers: [%q], topic: %s, linger: 1ms, max_attempts: 2, write_timeout: 2s}
+        buffer: {records: 100000}
+        max_batch: 500
+%s`, addr, kafkaTopic, extra)
+}
+
+// wantHeaders is what the Kafka sink must attach to m, in order.
+func wantHeaders(m *commonv1.Message) []kafka.Header {
+	hs := []kafka.Header{
+		{Key: meta.HeaderTenant, Value: []byte(m.GetTenant())},
+		{Key: meta.HeaderTopic, Value: []byte(m.GetTopic())},
+		{Key: meta.HeaderClientID, Value: []byte(m.GetClientId())},
+		{Key: meta.HeaderMsgID, Value: []byte(meta.MsgID(m.GetId()))},
+		{Key: meta.HeaderQoS, Value: []byte(strconv.Itoa(int(m.GetQos())))},
+		{Key: meta.HeaderRetain, Value: []byte(strconv.FormatBool(m.GetRetain()))},
+		{Key: meta.HeaderIngress, Value: []byte(strconv.FormatInt(m.GetIngressUnixNano(), 10))},
+		{Key: meta.HeaderContentType, Value: []byte(m.GetContentType())},
+		{Key: meta.HeaderResponseTopic, Value: []byte(m.GetResponseTopic())},
+		{Key: meta.HeaderCorrelationData, Value: m.GetCorrelationData()},
+	}
+	for _, up := range m.GetUserProperties() {
+		hs = append(hs, kafka.Header{Key: up.GetKey(), Value: []byte(up.GetValue())})
+	}
+	return hs
+}
+
+func header(hs []kafka.Header, key string) string {
+	for _, h := range hs {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// TestOutput_Kafka_EndToEnd streams messages on three MQTT topics of tenant
+// acme through the Connect API (edge-side client) into the Kafka sink plugin
+// and a kfake broker, plus messages of another tenant that no rule matches.
+// It reads the topic back with kafka-go and with kcat and checks payloads,
+// keys, headers, tenant isolation and exact per-topic order.
+func TestOutput_Kafka_EndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	addr := outputtest.StartKafka(t, 4, kafkaTopic)
+	h := startOutput(t, kafkaRules(addr, ""))
+	c, _ := newClient(t, h, nil)
+
+	topics := []string{"sensors/a/temp", "sensors/b/temp", "sensors/c"}
+	const perTopic = 100
+	sent := map[string]*commonv1.Message{}
+	seq := uint64(0)
+	for i := range perTopic {
+		for _, tp := range topics {
+			seq++
+			m := outputtest.Message("acme", tp, seq, fmt.Appendf(nil, `{"i":%d,"topic":%q}`, i, tp))
+			sent[meta.MsgID(m.GetId())] = m
+			require.True(t, c.Offer(m))
+			// Another tenant, same topic: matches no rule, must not appear.
+			require.True(t, c.Offer(outputtest.Message("beta", tp, 100000+seq, []byte("beta"))))
+		}
+	}
+	total := perTopic * len(topics)
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); int(w) < total {
+			return fmt.Errorf("written %v of %d", w, total)
+		}
+		return nil
+	})
+	require.Equal(t, float64(total), metric(t, h.out.Registry(), "keel_output_unmatched_total", nil))
+
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 10*time.Second)
+	require.Len(t, msgs, total)
+	lastSeq := map[string]uint64{}
+	partOf := map[string]int{}
+	for _, km := range msgs {
+		id := header(km.Headers, meta.HeaderMsgID)
+		m := sent[id]
+		require.NotNil(t, m, "unexpected record %s (tenant %s)", id, header(km.Headers, meta.HeaderTenant))
+		require.Equal(t, m.GetPayload(), km.Value)
+		require.Equal(t, m.GetTopic(), string(km.Key), "key = MQTT topic")
+		require.Equal(t, wantHeaders(m), km.Headers)
+		// Per-topic order: one partition per MQTT topic, seq increasing.
+		if p, ok := partOf[m.GetTopic()]; ok {
+			require.Equal(t, p, km.Partition, "topic %s spread over partitions", m.GetTopic())
+		}
+		partOf[m.GetTopic()] = km.Partition
+		require.Greater(t, m.GetId().GetSeq(), lastSeq[m.GetTopic()], "order of %s", m.GetTopic())
+		lastSeq[m.GetTopic()] = m.GetId().GetSeq()
+	}
+
+	t.Run("kcat", func(t *testing.T) {
+		kcat, err := exec.LookPath("kcat")
+		if err != nil {
+			t.Skip("kcat not installed (Debian package kcat); skipping the kcat read-back")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, kcat, "-b", addr, "-C", "-t", kafkaTopic, "-o", "beginning", "-e", "-q", "-J").Output()
+		require.NoError(t, err)
+		type env struct {
+			Partition int      `json:"partition"`
+			Offset    int64    `json:"offset"`
+			Key       string   `json:"key"`
+			Payload   string   `json:"payload"`
+			Headers   []string `json:"headers"`
+		}
+		var got []env
+		for line := range bytes.SplitSeq(bytes.TrimSpace(out), []byte("\n")) {
+			var e env
+			require.NoError(t, json.Unmarshal(line, &e), "kcat line %s", line)
+			got = append(got, e)
+		}
+		require.Len(t, got, total)
+		slices.SortFunc(got, func(a, b env) int {
+			if a.Partition != b.Partition {
+				return a.Partition - b.Partition
+			}
+			return int(a.Offset - b.Offset)
+		})
+		for i, e := range got {
+			km := msgs[i]
+			require.Equal(t, km.Partition, e.Partition)
+			require.Equal(t, km.Offset, e.Offset)
+			require.Equal(t, string(km.Key), e.Key)
+			require.Equal(t, string(km.Value), e.Payload)
+			// kcat prints headers as a flat [k, v, k, v] list; compare the
+			// printable ones (correlation data is binary).
+			var flat []string
+			for _, hd := range km.Headers {
+				flat = append(flat, hd.Key, string(hd.Value))
+			}
+			require.Len(t, e.Headers, len(flat))
+			for j := 0; j < len(flat); j += 2 {
+				require.Equal(t, flat[j], e.Headers[j])
+				if flat[j] != meta.HeaderCorrelationData {
+					require.Equal(t, flat[j+1], e.Headers[j+1])
+				}
+			}
+		}
+	})
+}
+
+// TestOutput_Kafka_PluginKilled kill -9s the Kafka sink plugin while a
+// stream of messages flows and checks that the host restarts it and that no
+// message is lost (the batch in flight is sent again: duplicates allowed).
+func TestOutput_Kafka_PluginKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	testPluginFault(t, syscall.SIGKILL, "")
+}
+
+// TestOutput_Kafka_PluginHung stops the sink plugin with SIGSTOP (a hung
+// plugin: its Write never returns) and checks that the host kills it after
+// the rule's write_timeout, restarts it, and delivers everything.
+func TestOutput_Kafka_PluginHung(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	testPluginFault(t, syscall.SIGSTOP, "        write_timeout: 1s\n")
+}
+
+func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
+	addr := outputtest.StartKafka(t, 4, kafkaTopic)
+	h := startOutput(t, kafkaRules(addr, "")+extra)
+	c, _ := newClient(t, h, func(c *client.Config) { c.QueueRecords = 100000 })
+	const n = 3000
+	const rule = "acme/to-kafka"
+	pids := h.out.Host().PluginPIDs(rule)
+	require.Len(t, pids, 1)
+	sinkPid := pids[0]
+	require.NotZero(t, sinkPid)
+
+	sent := make(map[string]bool, n)
+	for i := range n {
+		m := outputtest.Message("acme", fmt.Sprintf("sensors/%d", i%7), uint64(i+1), fmt.Appendf(nil, "m%d", i))
+		sent[meta.MsgID(m.GetId())] = true
+		require.True(t, c.Offer(m))
+		if i == n/3 {
+			require.NoError(t, syscall.Kill(sinkPid, sig))
+		}
+		if i%100 == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if r := metric(t, h.out.Registry(), "keel_output_plugin_restarts_total", map[string]string{"rule": rule}); r < 1 {
+			return fmt.Errorf("restarts %v", r)
+		}
+		st := h.out.Host().Status()[0]
+		if st.GetWrittenRecords() < n {
+			return fmt.Errorf("written %d of %d (buffered %d)", st.GetWrittenRecords(), n, st.GetBufferedRecords())
+		}
+		return nil
+	})
+	newPid := h.out.Host().PluginPIDs(rule)[0]
+	require.NotEqual(t, sinkPid, newPid, "sink restarted under a new pid")
+
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 10*time.Second)
+	got := map[string]int{}
+	for _, km := range msgs {
+		got[header(km.Headers, meta.HeaderMsgID)]++
+	}
+	var missing []string
+	for id := range sent {
+		if got[id] == 0 {
+			missing = append(missing, id)
+		}
+	}
+	require.Empty(t, missing, "lost messages")
+	t.Logf("signal %v: %d records in Kafka for %d messages (%d duplicates), restarts %v", sig, len(msgs), n, len(msgs)-n,
+		metric(t, h.out.Registry(), "keel_output_plugin_restarts_total", nil))
+	require.Zero(t, metric(t, h.out.Registry(), "keel_output_dropped_total", nil))
+	_ = strings.TrimSpace
+}

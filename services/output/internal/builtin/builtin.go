@@ -1,0 +1,61 @@
+// Package builtin maps the IDs of the plugins shipped with Keel to their
+// implementations, for the plugin binaries' mains (cmd/keel-output-<id>) and
+// for tests that run the same code from a re-executed test binary.
+package builtin
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+
+	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/output/internal/pluginkit"
+	"github.com/keelmq/keel/services/output/internal/sink/httpsink"
+	"github.com/keelmq/keel/services/output/internal/sink/kafkasink"
+	"github.com/keelmq/keel/services/output/internal/transform/filter"
+	"github.com/keelmq/keel/services/output/internal/transform/jsonmap"
+)
+
+// LogLevelEnv sets a plugin process's log level (debug, info, warn, error).
+const LogLevelEnv = "KEEL_PLUGIN_LOG_LEVEL"
+
+var serveFns = map[string]func(*slog.Logger){
+	kafkasink.ID: func(l *slog.Logger) { pluginkit.ServeSink(kafkasink.New(l)) },
+	httpsink.ID:  func(l *slog.Logger) { pluginkit.ServeSink(httpsink.New(l)) },
+	filter.ID:    func(*slog.Logger) { pluginkit.ServeTransform(filter.New()) },
+	jsonmap.ID:   func(*slog.Logger) { pluginkit.ServeTransform(jsonmap.New()) },
+}
+
+// IDs lists the built-in plugin IDs, sorted.
+func IDs() []string {
+	ids := make([]string, 0, len(serveFns))
+	for id := range serveFns {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// Serve serves plugin id in this process until the host ends it. It returns
+// an error only for an unknown ID.
+func Serve(id string) error {
+	fn, ok := serveFns[id]
+	if !ok {
+		return fmt.Errorf("unknown plugin %q (built in: %v)", id, IDs())
+	}
+	lvl, err := logging.ParseLevel(os.Getenv(LogLevelEnv))
+	if err != nil {
+		lvl = slog.LevelInfo
+	}
+	fn(pluginkit.PluginLogger(lvl).With("plugin", id))
+	return nil
+}
+
+// Main is the whole main function of a plugin binary.
+func Main(id string) {
+	if err := Serve(id); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}

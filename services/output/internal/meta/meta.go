@@ -1,0 +1,136 @@
+// Package meta turns an output record's MQTT metadata into sink headers, in
+// one place, so the Kafka and HTTP sinks name them alike, and holds the small
+// JSON helpers plugin configurations share ([Duration]).
+package meta
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+)
+
+// Header names carried by every sink record. User properties follow them
+// under their own keys, in order, and then any headers a transform added.
+const (
+	HeaderTenant          = "keel-tenant"
+	HeaderTopic           = "keel-topic"
+	HeaderClientID        = "keel-client-id"
+	HeaderMsgID           = "keel-msg-id"
+	HeaderQoS             = "keel-qos"
+	HeaderRetain          = "keel-retain"
+	HeaderIngress         = "keel-ingress-unix-nano"
+	HeaderContentType     = "keel-content-type"
+	HeaderResponseTopic   = "keel-response-topic"
+	HeaderCorrelationData = "keel-correlation-data"
+	HeaderPayloadFormat   = "keel-payload-format"
+)
+
+// MsgID formats a message ID as "edge:incarnation:seq", the string consumers
+// de-duplicate on.
+func MsgID(id *commonv1.MsgID) string {
+	if id == nil {
+		return ""
+	}
+	return id.GetEdgeId() + ":" + strconv.FormatUint(id.GetIncarnation(), 10) + ":" + strconv.FormatUint(id.GetSeq(), 10)
+}
+
+// Header is one sink header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Headers returns the headers of r: the keel-* metadata (optional MQTT 5
+// properties only when present), the MQTT 5 user properties and then r's
+// own headers. withUserProps false leaves the user properties out (the HTTP
+// sink carries them differently).
+func Headers(r *pluginv1.Record, withUserProps bool) []Header {
+	m := r.GetMessage()
+	hs := make([]Header, 0, 8+len(m.GetUserProperties())+len(r.GetHeaders()))
+	add := func(k string, v []byte) { hs = append(hs, Header{Key: k, Value: v}) }
+	add(HeaderTenant, []byte(m.GetTenant()))
+	add(HeaderTopic, []byte(m.GetTopic()))
+	add(HeaderClientID, []byte(m.GetClientId()))
+	add(HeaderMsgID, []byte(MsgID(m.GetId())))
+	add(HeaderQoS, []byte(strconv.FormatUint(uint64(m.GetQos()), 10)))
+	add(HeaderRetain, []byte(strconv.FormatBool(m.GetRetain())))
+	if m.GetIngressUnixNano() != 0 {
+		add(HeaderIngress, []byte(strconv.FormatInt(m.GetIngressUnixNano(), 10)))
+	}
+	if m.GetContentType() != "" {
+		add(HeaderContentType, []byte(m.GetContentType()))
+	}
+	if m.GetResponseTopic() != "" {
+		add(HeaderResponseTopic, []byte(m.GetResponseTopic()))
+	}
+	if len(m.GetCorrelationData()) > 0 {
+		add(HeaderCorrelationData, m.GetCorrelationData())
+	}
+	if m.GetPayloadFormat() != 0 {
+		add(HeaderPayloadFormat, []byte(strconv.FormatUint(uint64(m.GetPayloadFormat()), 10)))
+	}
+	if withUserProps {
+		for _, up := range m.GetUserProperties() {
+			add(up.GetKey(), []byte(up.GetValue()))
+		}
+	}
+	for _, h := range r.GetHeaders() {
+		add(h.GetKey(), h.GetValue())
+	}
+	return hs
+}
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("250ms") or a number of nanoseconds.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("duration: want a string like \"5s\": %w", err)
+	}
+	*d = Duration(n)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// Or returns d, or def when d is zero.
+func (d Duration) Or(def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return time.Duration(d)
+}
+
+// DecodeConfig decodes a plugin's JSON configuration strictly: unknown
+// fields are errors, so a typo in the rules file is reported, not ignored.
+func DecodeConfig(b []byte, v any) error {
+	if len(b) == 0 {
+		b = []byte("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode config: %w", err)
+	}
+	return nil
+}

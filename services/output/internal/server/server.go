@@ -1,0 +1,104 @@
+// Package server is the output service's Connect API: edges stream batches
+// of messages with Publish and get one acknowledgement per batch; Status
+// reports the pipelines.
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"sync/atomic"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/logging"
+	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
+	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
+	"github.com/keelmq/keel/services/output/internal/pipeline"
+)
+
+// DefaultCreditBytes is the in-flight window granted to each edge stream.
+const DefaultCreditBytes = 8 << 20
+
+var tenantRe = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
+
+// Handler implements outputv1connect.OutputServiceHandler.
+type Handler struct {
+	host     *pipeline.Host
+	memberID string
+	credit   uint64
+	logger   *slog.Logger
+	streams  atomic.Int32
+}
+
+var _ outputv1connect.OutputServiceHandler = (*Handler)(nil)
+
+// New returns the handler. credit is the window (payload bytes) each stream
+// may have unacknowledged; 0 means [DefaultCreditBytes].
+func New(host *pipeline.Host, memberID string, credit uint64, logger *slog.Logger) *Handler {
+	if credit == 0 {
+		credit = DefaultCreditBytes
+	}
+	return &Handler{host: host, memberID: memberID, credit: credit, logger: logger}
+}
+
+// Mount returns the path and handler to mount on a mux.
+func (h *Handler) Mount() (string, http.Handler) {
+	return outputv1connect.NewOutputServiceHandler(h)
+}
+
+// Streams is the number of open Publish streams.
+func (h *Handler) Streams() int { return int(h.streams.Load()) }
+
+// Publish takes batches into the pipelines' buffers and acknowledges each.
+// It never waits on a sink: a record that does not fit is counted as dropped
+// in the ack.
+func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[outputv1.PublishRequest, outputv1.PublishResponse]) error {
+	h.streams.Add(1)
+	defer h.streams.Add(-1)
+	var edge string
+	for {
+		req, err := stream.Receive()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				h.logger.Debug("publish stream ended", logging.KeyEdgeID, edge, logging.Err(err))
+			}
+			return err
+		}
+		if edge == "" && req.GetEdgeId() != "" {
+			edge = req.GetEdgeId()
+			h.logger.Info("edge connected", logging.KeyEdgeID, edge, "incarnation", req.GetIncarnation())
+		}
+		var accepted, dropped uint32
+		for _, r := range req.GetRecords() {
+			m := r.GetMessage()
+			if m == nil || !tenantRe.MatchString(m.GetTenant()) || m.GetTopic() == "" {
+				dropped++
+				continue
+			}
+			if _, refused := h.host.Offer(m, r.GetPipelines()); refused > 0 {
+				dropped++
+			} else {
+				accepted++
+			}
+		}
+		if err := stream.Send(&outputv1.PublishResponse{
+			BatchId: req.GetBatchId(), Accepted: accepted, Dropped: dropped, CreditBytes: h.credit,
+		}); err != nil {
+			return err
+		}
+	}
+}
+
+// Status reports the pipelines.
+func (h *Handler) Status(context.Context, *connect.Request[outputv1.StatusRequest]) (*connect.Response[outputv1.StatusResponse], error) {
+	return connect.NewResponse(&outputv1.StatusResponse{
+		MemberId: h.memberID, Pipelines: h.host.Status(), ConnectedEdges: uint32(h.streams.Load()),
+	}), nil
+}

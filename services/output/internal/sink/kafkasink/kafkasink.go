@@ -1,0 +1,370 @@
+// Package kafkasink is the Kafka/Redpanda sink plugin, on segmentio/kafka-go.
+//
+// Every record becomes one Kafka message: value = payload, key = the MQTT
+// topic by default (so that, with the hash balancer, one MQTT topic maps to
+// one partition and keeps its order), headers = the keel-* metadata, the MQTT
+// 5 user properties and any transform headers (see package meta). Writes wait
+// for acks=all by default; Write returns once Kafka acknowledged the batch,
+// which gives the host at-least-once delivery.
+package kafkasink
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+	"github.com/keelmq/keel/services/output/internal/meta"
+)
+
+// ID is the plugin ID.
+const ID = "kafka"
+
+// Defaults.
+const (
+	DefaultBatchSize    = 1000
+	DefaultBatchBytes   = 4 << 20
+	DefaultLinger       = 2 * time.Millisecond
+	DefaultMaxAttempts  = 5
+	DefaultWriteTimeout = 10 * time.Second
+)
+
+// Config is the plugin's configuration (the rule's sink.config section).
+type Config struct {
+	// Brokers are the bootstrap addresses ("host:port").
+	Brokers []string `json:"brokers"`
+	// Topic is the Kafka topic, unless a transform set the record's destination.
+	Topic string `json:"topic"`
+	// Key selects the record key when a transform did not set one: "topic"
+	// (default), "client_id" or "none".
+	Key string `json:"key"`
+	// Acks: "all" (default), "one" or "none".
+	Acks string `json:"acks"`
+	// BatchSize is the largest batch per partition and per Write.
+	BatchSize int `json:"batch_size"`
+	// BatchBytes caps a partition batch in bytes.
+	BatchBytes int64 `json:"batch_bytes"`
+	// Linger is how long a partial partition batch waits for more records.
+	Linger meta.Duration `json:"linger"`
+	// MaxAttempts is kafka-go's attempts per batch before Write reports a
+	// (retryable) failure to the host, which retries again later.
+	MaxAttempts int `json:"max_attempts"`
+	// WriteTimeout bounds one produce request.
+	WriteTimeout meta.Duration `json:"write_timeout"`
+	// Compression: "", "gzip", "snappy", "lz4" or "zstd".
+	Compression string `json:"compression"`
+	// AutoCreateTopics lets the broker create missing topics.
+	AutoCreateTopics bool `json:"auto_create_topics"`
+	// TLS, when set, encrypts connections to the brokers.
+	TLS *TLSConfig `json:"tls"`
+	// SASL, when set, authenticates to the brokers.
+	SASL *SASLConfig `json:"sasl"`
+}
+
+// TLSConfig configures TLS to the brokers.
+type TLSConfig struct {
+	CAFile             string `json:"ca_file"`
+	CertFile           string `json:"cert_file"`
+	KeyFile            string `json:"key_file"`
+	ServerName         string `json:"server_name"`
+	InsecureSkipVerify bool   `json:"insecure_skip_verify"`
+}
+
+// SASLConfig configures SASL authentication.
+type SASLConfig struct {
+	// Mechanism: "plain", "scram-sha-256" or "scram-sha-512".
+	Mechanism string `json:"mechanism"`
+	Username  string `json:"username"`
+	Password  string `json:"password"`
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("brokers: at least one address is required"))
+	}
+	switch c.Key {
+	case "", "topic", "client_id", "none":
+	default:
+		errs = append(errs, fmt.Errorf("key %q: want topic, client_id or none", c.Key))
+	}
+	switch c.Acks {
+	case "", "all", "one", "none":
+	default:
+		errs = append(errs, fmt.Errorf("acks %q: want all, one or none", c.Acks))
+	}
+	switch c.Compression {
+	case "", "none", "gzip", "snappy", "lz4", "zstd":
+	default:
+		errs = append(errs, fmt.Errorf("compression %q: want gzip, snappy, lz4 or zstd", c.Compression))
+	}
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.BatchBytes < 0 {
+		errs = append(errs, errors.New("batch_size, batch_bytes and max_attempts must not be negative"))
+	}
+	if c.SASL != nil {
+		switch c.SASL.Mechanism {
+		case "plain", "scram-sha-256", "scram-sha-512":
+		default:
+			errs = append(errs, fmt.Errorf("sasl.mechanism %q: want plain, scram-sha-256 or scram-sha-512", c.SASL.Mechanism))
+		}
+		if c.SASL.Username == "" {
+			errs = append(errs, errors.New("sasl.username is required"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Sink is the Kafka sink. The zero value is not usable; use [New].
+type Sink struct {
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	cfg      Config
+	writer   *kafka.Writer
+	keyMode  string
+	topic    string
+	pipeline string
+}
+
+// New returns an unconfigured sink.
+func New(logger *slog.Logger) *Sink { return &Sink{logger: logger} }
+
+// Configure validates the configuration and opens the writer.
+func (s *Sink) Configure(_ context.Context, req *pluginv1.SinkServiceConfigureRequest) (*pluginv1.SinkServiceConfigureResponse, error) {
+	var cfg Config
+	if err := meta.DecodeConfig(req.GetConfigJson(), &cfg); err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("kafka sink config: %w", err)
+	}
+	w, err := newWriter(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	old := s.writer
+	s.cfg, s.writer, s.pipeline = cfg, w, req.GetPipeline()
+	s.keyMode = cfg.Key
+	if s.keyMode == "" {
+		s.keyMode = "topic"
+	}
+	s.topic = cfg.Topic
+	s.mu.Unlock()
+	if old != nil {
+		_ = old.Close()
+	}
+	s.logger.Info("kafka sink configured", "pipeline", req.GetPipeline(), "brokers", strings.Join(cfg.Brokers, ","),
+		"topic", cfg.Topic, "acks", w.RequiredAcks.String(), "tls", cfg.TLS != nil, "sasl", cfg.SASL != nil,
+		"sasl_password_set", cfg.SASL != nil && cfg.SASL.Password != "")
+	return &pluginv1.SinkServiceConfigureResponse{
+		Info:            &pluginv1.PluginInfo{Id: ID, Version: "1"},
+		MaxBatchRecords: uint32(w.BatchSize),
+	}, nil
+}
+
+func newWriter(cfg *Config) (*kafka.Writer, error) {
+	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: "keel-output"}
+	if cfg.TLS != nil {
+		t, err := tlsConfig(cfg.TLS)
+		if err != nil {
+			return nil, err
+		}
+		tr.TLS = t
+	}
+	if cfg.SASL != nil {
+		var mech sasl.Mechanism
+		switch cfg.SASL.Mechanism {
+		case "plain":
+			mech = plain.Mechanism{Username: cfg.SASL.Username, Password: cfg.SASL.Password}
+		default:
+			algo := scram.SHA256
+			if cfg.SASL.Mechanism == "scram-sha-512" {
+				algo = scram.SHA512
+			}
+			m, err := scram.Mechanism(algo, cfg.SASL.Username, cfg.SASL.Password)
+			if err != nil {
+				return nil, fmt.Errorf("sasl: %w", err)
+			}
+			mech = m
+		}
+		tr.SASL = mech
+	}
+	acks := kafka.RequireAll
+	switch cfg.Acks {
+	case "one":
+		acks = kafka.RequireOne
+	case "none":
+		acks = kafka.RequireNone
+	}
+	var comp kafka.Compression
+	switch cfg.Compression {
+	case "gzip":
+		comp = kafka.Gzip
+	case "snappy":
+		comp = kafka.Snappy
+	case "lz4":
+		comp = kafka.Lz4
+	case "zstd":
+		comp = kafka.Zstd
+	}
+	batch := cfg.BatchSize
+	if batch == 0 {
+		batch = DefaultBatchSize
+	}
+	batchBytes := cfg.BatchBytes
+	if batchBytes == 0 {
+		batchBytes = DefaultBatchBytes
+	}
+	attempts := cfg.MaxAttempts
+	if attempts == 0 {
+		attempts = DefaultMaxAttempts
+	}
+	return &kafka.Writer{
+		Addr:                   kafka.TCP(cfg.Brokers...),
+		Balancer:               &kafka.Hash{},
+		MaxAttempts:            attempts,
+		WriteBackoffMin:        50 * time.Millisecond,
+		WriteBackoffMax:        time.Second,
+		BatchSize:              batch,
+		BatchBytes:             batchBytes,
+		BatchTimeout:           cfg.Linger.Or(DefaultLinger),
+		WriteTimeout:           cfg.WriteTimeout.Or(DefaultWriteTimeout),
+		ReadTimeout:            cfg.WriteTimeout.Or(DefaultWriteTimeout),
+		RequiredAcks:           acks,
+		Compression:            comp,
+		Transport:              tr,
+		AllowAutoTopicCreation: cfg.AutoCreateTopics,
+	}, nil
+}
+
+func tlsConfig(c *TLSConfig) (*tls.Config, error) {
+	t := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // operator's explicit choice
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.ca_file %s: no PEM certificates", c.CAFile)
+		}
+		t.RootCAs = pool
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls client certificate: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}
+
+// Messages converts records to Kafka messages, as Write sends them.
+func Messages(recs []*pluginv1.Record, defaultTopic, keyMode string) []kafka.Message {
+	msgs := make([]kafka.Message, len(recs))
+	for i, r := range recs {
+		m := r.GetMessage()
+		km := kafka.Message{Topic: defaultTopic, Value: m.GetPayload()}
+		if r.GetDestination() != "" {
+			km.Topic = r.GetDestination()
+		}
+		switch {
+		case len(r.GetKey()) > 0:
+			km.Key = r.GetKey()
+		case keyMode == "client_id":
+			km.Key = []byte(m.GetClientId())
+		case keyMode == "none":
+		default:
+			km.Key = []byte(m.GetTopic())
+		}
+		hs := meta.Headers(r, true)
+		km.Headers = make([]kafka.Header, len(hs))
+		for j, h := range hs {
+			km.Headers[j] = kafka.Header{Key: h.Key, Value: h.Value}
+		}
+		msgs[i] = km
+	}
+	return msgs
+}
+
+// Write produces the batch and waits for the acks.
+func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest) (*pluginv1.SinkServiceWriteResponse, error) {
+	s.mu.Lock()
+	w, topic, keyMode := s.writer, s.topic, s.keyMode
+	s.mu.Unlock()
+	if w == nil {
+		return nil, errors.New("kafka sink: not configured")
+	}
+	recs := req.GetRecords()
+	msgs := Messages(recs, topic, keyMode)
+	resp := &pluginv1.SinkServiceWriteResponse{}
+	for i := range msgs {
+		if msgs[i].Topic == "" {
+			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Message: "no kafka topic: set sink topic or a destination"})
+		}
+	}
+	if len(resp.Failures) > 0 {
+		return resp, nil
+	}
+	err := w.WriteMessages(ctx, msgs...)
+	if err == nil {
+		return resp, nil
+	}
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) {
+		for i, e := range werrs {
+			if e == nil {
+				continue
+			}
+			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: retryable(e), Message: e.Error()})
+		}
+		s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "failed", werrs.Count(), "records", len(msgs), "error", err)
+		return resp, nil
+	}
+	s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "records", len(msgs), "error", err)
+	for i := range msgs {
+		resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: true, Message: err.Error()})
+	}
+	return resp, nil
+}
+
+// retryable is false only for errors that no retry can fix.
+func retryable(err error) bool {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafka.MessageSizeTooLarge, kafka.InvalidMessage, kafka.InvalidMessageSize,
+			kafka.RecordListTooLarge, kafka.TopicAuthorizationFailed, kafka.InvalidTopic:
+			return false
+		}
+	}
+	return true
+}
+
+// Close flushes and closes the writer.
+func (s *Sink) Close(context.Context, *pluginv1.SinkServiceCloseRequest) (*pluginv1.SinkServiceCloseResponse, error) {
+	s.mu.Lock()
+	w := s.writer
+	s.writer = nil
+	s.mu.Unlock()
+	if w != nil {
+		if err := w.Close(); err != nil {
+			return nil, fmt.Errorf("close kafka writer: %w", err)
+		}
+	}
+	return &pluginv1.SinkServiceCloseResponse{}, nil
+}
