@@ -7,7 +7,8 @@
 // Package keel.coordinator.v1 is the API of the coordinator: the Raft group that owns
 // session ownership (epochs), membership leases, cluster config, the ACL version and
 // the Redis group records. Writes go to the leader; a follower answers them with
-// connect.CodeUnavailable carrying a NotLeaderDetail error detail.
+// connect.CodeUnavailable carrying a NotLeaderDetail error detail, unless the follower
+// can forward the call to the leader itself (it does, once).
 
 package coordinatorv1
 
@@ -2640,6 +2641,161 @@ func (x *CompareAndSetRedisPrimaryResponse) GetGroup() *RedisGroupRecord {
 	return nil
 }
 
+// AcquirePromotionLeaseRequest asks for a group's promotion lease.
+type AcquirePromotionLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// member_id of the promoter (a persistence writer).
+	MemberId string `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// incarnation of the promoter.
+	Incarnation uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// group_id of the Redis group.
+	GroupId uint32 `protobuf:"varint,3,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	// ttl of the lease; the server caps it. Zero means the server default.
+	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquirePromotionLeaseRequest) Reset() {
+	*x = AcquirePromotionLeaseRequest{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquirePromotionLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquirePromotionLeaseRequest) ProtoMessage() {}
+
+func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquirePromotionLeaseRequest.ProtoReflect.Descriptor instead.
+func (*AcquirePromotionLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *AcquirePromotionLeaseRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *AcquirePromotionLeaseRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *AcquirePromotionLeaseRequest) GetGroupId() uint32 {
+	if x != nil {
+		return x.GroupId
+	}
+	return 0
+}
+
+func (x *AcquirePromotionLeaseRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+// AcquirePromotionLeaseResponse reports the lease in force.
+type AcquirePromotionLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// acquired is true when the caller holds the lease now.
+	Acquired bool `protobuf:"varint,1,opt,name=acquired,proto3" json:"acquired,omitempty"`
+	// holder_member_id is the member holding the lease (the caller or the winner).
+	HolderMemberId string `protobuf:"bytes,2,opt,name=holder_member_id,json=holderMemberId,proto3" json:"holder_member_id,omitempty"`
+	// holder_incarnation is the holder's incarnation.
+	HolderIncarnation uint64 `protobuf:"varint,3,opt,name=holder_incarnation,json=holderIncarnation,proto3" json:"holder_incarnation,omitempty"`
+	// remaining is how long the lease runs on the leader's clock from when it answered.
+	Remaining *durationpb.Duration `protobuf:"bytes,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// lease_epoch is the Raft index of the holder's acquisition.
+	LeaseEpoch    uint64 `protobuf:"varint,5,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquirePromotionLeaseResponse) Reset() {
+	*x = AcquirePromotionLeaseResponse{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquirePromotionLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquirePromotionLeaseResponse) ProtoMessage() {}
+
+func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquirePromotionLeaseResponse.ProtoReflect.Descriptor instead.
+func (*AcquirePromotionLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *AcquirePromotionLeaseResponse) GetAcquired() bool {
+	if x != nil {
+		return x.Acquired
+	}
+	return false
+}
+
+func (x *AcquirePromotionLeaseResponse) GetHolderMemberId() string {
+	if x != nil {
+		return x.HolderMemberId
+	}
+	return ""
+}
+
+func (x *AcquirePromotionLeaseResponse) GetHolderIncarnation() uint64 {
+	if x != nil {
+		return x.HolderIncarnation
+	}
+	return 0
+}
+
+func (x *AcquirePromotionLeaseResponse) GetRemaining() *durationpb.Duration {
+	if x != nil {
+		return x.Remaining
+	}
+	return nil
+}
+
+func (x *AcquirePromotionLeaseResponse) GetLeaseEpoch() uint64 {
+	if x != nil {
+		return x.LeaseEpoch
+	}
+	return 0
+}
+
 // StatusRequest asks for a node's status.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2649,7 +2805,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2661,7 +2817,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2674,7 +2830,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 // StatusResponse is one node's view of the cluster.
@@ -2708,7 +2864,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +2876,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +2889,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2972,7 +3128,19 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05group\x18\x05 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"z\n" +
 	"!CompareAndSetRedisPrimaryResponse\x12\x18\n" +
 	"\aswapped\x18\x01 \x01(\bR\aswapped\x12;\n" +
-	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\x0f\n" +
+	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\xa5\x01\n" +
+	"\x1cAcquirePromotionLeaseRequest\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x19\n" +
+	"\bgroup_id\x18\x03 \x01(\rR\agroupId\x12+\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xee\x01\n" +
+	"\x1dAcquirePromotionLeaseResponse\x12\x1a\n" +
+	"\bacquired\x18\x01 \x01(\bR\bacquired\x12(\n" +
+	"\x10holder_member_id\x18\x02 \x01(\tR\x0eholderMemberId\x12-\n" +
+	"\x12holder_incarnation\x18\x03 \x01(\x04R\x11holderIncarnation\x127\n" +
+	"\tremaining\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x12\x1f\n" +
+	"\vlease_epoch\x18\x05 \x01(\x04R\n" +
+	"leaseEpoch\"\x0f\n" +
 	"\rStatusRequest\"\xbb\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12=\n" +
@@ -3020,7 +3188,7 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xbf\a\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xbf\b\n" +
 	"\x12CoordinatorService\x12c\n" +
 	"\fClaimSession\x12(.keel.coordinator.v1.ClaimSessionRequest\x1a).keel.coordinator.v1.ClaimSessionResponse\x12f\n" +
 	"\rClaimSessions\x12).keel.coordinator.v1.ClaimSessionsRequest\x1a*.keel.coordinator.v1.ClaimSessionsResponse\x12i\n" +
@@ -3031,7 +3199,8 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"RenewLease\x12&.keel.coordinator.v1.RenewLeaseRequest\x1a'.keel.coordinator.v1.RenewLeaseResponse\x12l\n" +
 	"\x0fGetRedisPrimary\x12+.keel.coordinator.v1.GetRedisPrimaryRequest\x1a,.keel.coordinator.v1.GetRedisPrimaryResponse\x12\x8a\x01\n" +
-	"\x19CompareAndSetRedisPrimary\x125.keel.coordinator.v1.CompareAndSetRedisPrimaryRequest\x1a6.keel.coordinator.v1.CompareAndSetRedisPrimaryResponse\x12Q\n" +
+	"\x19CompareAndSetRedisPrimary\x125.keel.coordinator.v1.CompareAndSetRedisPrimaryRequest\x1a6.keel.coordinator.v1.CompareAndSetRedisPrimaryResponse\x12~\n" +
+	"\x15AcquirePromotionLease\x121.keel.coordinator.v1.AcquirePromotionLeaseRequest\x1a2.keel.coordinator.v1.AcquirePromotionLeaseResponse\x12Q\n" +
 	"\x06Status\x12\".keel.coordinator.v1.StatusRequest\x1a#.keel.coordinator.v1.StatusResponseB\xdd\x01\n" +
 	"\x17com.keel.coordinator.v1B\x10CoordinatorProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/coordinator/v1;coordinatorv1\xa2\x02\x03KCX\xaa\x02\x13Keel.Coordinator.V1\xca\x02\x13Keel\\Coordinator\\V1\xe2\x02\x1fKeel\\Coordinator\\V1\\GPBMetadata\xea\x02\x15Keel::Coordinator::V1b\x06proto3"
 
@@ -3048,7 +3217,7 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
@@ -3088,32 +3257,34 @@ var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(*GetRedisPrimaryResponse)(nil),           // 35: keel.coordinator.v1.GetRedisPrimaryResponse
 	(*CompareAndSetRedisPrimaryRequest)(nil),  // 36: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
 	(*CompareAndSetRedisPrimaryResponse)(nil), // 37: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	(*StatusRequest)(nil),                     // 38: keel.coordinator.v1.StatusRequest
-	(*StatusResponse)(nil),                    // 39: keel.coordinator.v1.StatusResponse
-	(*v1.SessionKey)(nil),                     // 40: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 41: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 42: google.protobuf.Duration
+	(*AcquirePromotionLeaseRequest)(nil),      // 38: keel.coordinator.v1.AcquirePromotionLeaseRequest
+	(*AcquirePromotionLeaseResponse)(nil),     // 39: keel.coordinator.v1.AcquirePromotionLeaseResponse
+	(*StatusRequest)(nil),                     // 40: keel.coordinator.v1.StatusRequest
+	(*StatusResponse)(nil),                    // 41: keel.coordinator.v1.StatusResponse
+	(*v1.SessionKey)(nil),                     // 42: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 43: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 44: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	40, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	42, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	41, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	40, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	43, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	42, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	40, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	42, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
 	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	42, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	44, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
 	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	40, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	42, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
 	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
 	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
 	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	40, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	42, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	40, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	42, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
 	0,  // 20: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	23, // 21: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
@@ -3129,45 +3300,49 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	26, // 31: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
 	27, // 32: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
 	7,  // 33: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	42, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	42, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	42, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	41, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	44, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	44, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	44, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	43, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
 	30, // 38: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
 	30, // 39: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	40, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	42, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
 	0,  // 41: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 42: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	42, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	44, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
 	1,  // 44: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
 	27, // 45: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 46: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	5,  // 48: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 49: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	9,  // 50: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 51: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 52: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 53: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 54: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	32, // 55: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	34, // 56: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	36, // 57: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	38, // 58: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	10, // 59: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 60: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 61: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 62: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 63: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	33, // 64: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	35, // 65: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	37, // 66: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	39, // 67: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	59, // [59:68] is the sub-list for method output_type
-	50, // [50:59] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	44, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	5,  // 50: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	7,  // 51: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	9,  // 52: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 53: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 54: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 55: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 56: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	32, // 57: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	34, // 58: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	36, // 59: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	38, // 60: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	40, // 61: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	10, // 62: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 63: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 64: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 65: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 66: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	33, // 67: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	35, // 68: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	37, // 69: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	39, // 70: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	41, // 71: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	62, // [62:72] is the sub-list for method output_type
+	52, // [52:62] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
@@ -3195,7 +3370,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

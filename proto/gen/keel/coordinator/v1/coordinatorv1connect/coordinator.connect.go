@@ -5,7 +5,8 @@
 // Package keel.coordinator.v1 is the API of the coordinator: the Raft group that owns
 // session ownership (epochs), membership leases, cluster config, the ACL version and
 // the Redis group records. Writes go to the leader; a follower answers them with
-// connect.CodeUnavailable carrying a NotLeaderDetail error detail.
+// connect.CodeUnavailable carrying a NotLeaderDetail error detail, unless the follower
+// can forward the call to the leader itself (it does, once).
 package coordinatorv1connect
 
 import (
@@ -61,6 +62,9 @@ const (
 	// CoordinatorServiceCompareAndSetRedisPrimaryProcedure is the fully-qualified name of the
 	// CoordinatorService's CompareAndSetRedisPrimary RPC.
 	CoordinatorServiceCompareAndSetRedisPrimaryProcedure = "/keel.coordinator.v1.CoordinatorService/CompareAndSetRedisPrimary"
+	// CoordinatorServiceAcquirePromotionLeaseProcedure is the fully-qualified name of the
+	// CoordinatorService's AcquirePromotionLease RPC.
+	CoordinatorServiceAcquirePromotionLeaseProcedure = "/keel.coordinator.v1.CoordinatorService/AcquirePromotionLease"
 	// CoordinatorServiceStatusProcedure is the fully-qualified name of the CoordinatorService's Status
 	// RPC.
 	CoordinatorServiceStatusProcedure = "/keel.coordinator.v1.CoordinatorService/Status"
@@ -92,6 +96,11 @@ type CoordinatorServiceClient interface {
 	// CompareAndSetRedisPrimary replaces a Redis group record if its record epoch is
 	// still the expected one. The promoter calls it after a failover.
 	CompareAndSetRedisPrimary(context.Context, *connect.Request[v1.CompareAndSetRedisPrimaryRequest]) (*connect.Response[v1.CompareAndSetRedisPrimaryResponse], error)
+	// AcquirePromotionLease takes or renews the promotion lease of one Redis group; only
+	// its holder may CompareAndSetRedisPrimary. It is itself a compare-and-set in Raft:
+	// it succeeds only if the lease is free, expired on the leader's clock, or already
+	// held by the same member incarnation, so two promoters can never both hold it.
+	AcquirePromotionLease(context.Context, *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error)
 	// Status reports this node's Raft and membership view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
@@ -155,6 +164,12 @@ func NewCoordinatorServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(coordinatorServiceMethods.ByName("CompareAndSetRedisPrimary")),
 			connect.WithClientOptions(opts...),
 		),
+		acquirePromotionLease: connect.NewClient[v1.AcquirePromotionLeaseRequest, v1.AcquirePromotionLeaseResponse](
+			httpClient,
+			baseURL+CoordinatorServiceAcquirePromotionLeaseProcedure,
+			connect.WithSchema(coordinatorServiceMethods.ByName("AcquirePromotionLease")),
+			connect.WithClientOptions(opts...),
+		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
 			httpClient,
 			baseURL+CoordinatorServiceStatusProcedure,
@@ -174,6 +189,7 @@ type coordinatorServiceClient struct {
 	renewLease                *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
 	getRedisPrimary           *connect.Client[v1.GetRedisPrimaryRequest, v1.GetRedisPrimaryResponse]
 	compareAndSetRedisPrimary *connect.Client[v1.CompareAndSetRedisPrimaryRequest, v1.CompareAndSetRedisPrimaryResponse]
+	acquirePromotionLease     *connect.Client[v1.AcquirePromotionLeaseRequest, v1.AcquirePromotionLeaseResponse]
 	status                    *connect.Client[v1.StatusRequest, v1.StatusResponse]
 }
 
@@ -217,6 +233,11 @@ func (c *coordinatorServiceClient) CompareAndSetRedisPrimary(ctx context.Context
 	return c.compareAndSetRedisPrimary.CallUnary(ctx, req)
 }
 
+// AcquirePromotionLease calls keel.coordinator.v1.CoordinatorService.AcquirePromotionLease.
+func (c *coordinatorServiceClient) AcquirePromotionLease(ctx context.Context, req *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error) {
+	return c.acquirePromotionLease.CallUnary(ctx, req)
+}
+
 // Status calls keel.coordinator.v1.CoordinatorService.Status.
 func (c *coordinatorServiceClient) Status(ctx context.Context, req *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return c.status.CallUnary(ctx, req)
@@ -249,6 +270,11 @@ type CoordinatorServiceHandler interface {
 	// CompareAndSetRedisPrimary replaces a Redis group record if its record epoch is
 	// still the expected one. The promoter calls it after a failover.
 	CompareAndSetRedisPrimary(context.Context, *connect.Request[v1.CompareAndSetRedisPrimaryRequest]) (*connect.Response[v1.CompareAndSetRedisPrimaryResponse], error)
+	// AcquirePromotionLease takes or renews the promotion lease of one Redis group; only
+	// its holder may CompareAndSetRedisPrimary. It is itself a compare-and-set in Raft:
+	// it succeeds only if the lease is free, expired on the leader's clock, or already
+	// held by the same member incarnation, so two promoters can never both hold it.
+	AcquirePromotionLease(context.Context, *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error)
 	// Status reports this node's Raft and membership view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
@@ -308,6 +334,12 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 		connect.WithSchema(coordinatorServiceMethods.ByName("CompareAndSetRedisPrimary")),
 		connect.WithHandlerOptions(opts...),
 	)
+	coordinatorServiceAcquirePromotionLeaseHandler := connect.NewUnaryHandler(
+		CoordinatorServiceAcquirePromotionLeaseProcedure,
+		svc.AcquirePromotionLease,
+		connect.WithSchema(coordinatorServiceMethods.ByName("AcquirePromotionLease")),
+		connect.WithHandlerOptions(opts...),
+	)
 	coordinatorServiceStatusHandler := connect.NewUnaryHandler(
 		CoordinatorServiceStatusProcedure,
 		svc.Status,
@@ -332,6 +364,8 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 			coordinatorServiceGetRedisPrimaryHandler.ServeHTTP(w, r)
 		case CoordinatorServiceCompareAndSetRedisPrimaryProcedure:
 			coordinatorServiceCompareAndSetRedisPrimaryHandler.ServeHTTP(w, r)
+		case CoordinatorServiceAcquirePromotionLeaseProcedure:
+			coordinatorServiceAcquirePromotionLeaseHandler.ServeHTTP(w, r)
 		case CoordinatorServiceStatusProcedure:
 			coordinatorServiceStatusHandler.ServeHTTP(w, r)
 		default:
@@ -373,6 +407,10 @@ func (UnimplementedCoordinatorServiceHandler) GetRedisPrimary(context.Context, *
 
 func (UnimplementedCoordinatorServiceHandler) CompareAndSetRedisPrimary(context.Context, *connect.Request[v1.CompareAndSetRedisPrimaryRequest]) (*connect.Response[v1.CompareAndSetRedisPrimaryResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary is not implemented"))
+}
+
+func (UnimplementedCoordinatorServiceHandler) AcquirePromotionLease(context.Context, *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.AcquirePromotionLease is not implemented"))
 }
 
 func (UnimplementedCoordinatorServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {

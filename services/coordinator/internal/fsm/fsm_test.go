@@ -1,0 +1,419 @@
+package fsm
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files in testdata")
+
+// harness applies commands to an FSM at increasing indexes, as Raft would.
+type harness struct {
+	t      *testing.T
+	f      *FSM
+	index  uint64
+	now    int64
+	events []Event
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, f: New(testutil.Logger(t)), now: 1_700_000_000_000_000_000}
+	h.f.SetObserver(func(_ uint64, ev []Event) { h.events = append(h.events, ev...) })
+	return h
+}
+
+func (h *harness) apply(ct CommandType, cmd proto.Message) *Response {
+	h.t.Helper()
+	data, err := Encode(ct, cmd)
+	require.NoError(h.t, err)
+	h.index++
+	r := h.f.Apply(&raft.Log{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data})
+	if r == nil {
+		return nil
+	}
+	return r.(*Response)
+}
+
+func (h *harness) join(id string, inc uint64) {
+	h.t.Helper()
+	r := h.apply(CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: h.now, Member: &raftpb.MemberRecord{
+		MemberId: id, Role: raftpb.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc, Address: "http://" + id,
+		State: raftpb.MemberState_MEMBER_STATE_ALIVE}})
+	require.NoError(h.t, r.Err)
+}
+
+func (h *harness) setState(id string, inc uint64, st raftpb.MemberState) {
+	h.t.Helper()
+	r := h.apply(CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: h.now, Member: &raftpb.MemberRecord{
+		MemberId: id, Role: raftpb.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc, Address: "http://" + id, State: st}})
+	require.NoError(h.t, r.Err)
+}
+
+func (h *harness) claim(claims ...*raftpb.Claim) []*raftpb.ClaimOutcome {
+	h.t.Helper()
+	r := h.apply(CmdClaimSessions, &raftpb.ClaimSessionsCommand{NowUnixNano: h.now, Claims: claims})
+	require.NoError(h.t, r.Err)
+	return r.Msg.(*raftpb.ClaimSessionsResult).GetOutcomes()
+}
+
+func claim(edge string, inc uint64, tenant, client, req string) *raftpb.Claim {
+	return &raftpb.Claim{EdgeId: edge, Incarnation: inc, Tenant: tenant, ClientId: client, RequestId: req}
+}
+
+func TestFSM_ClaimSessions(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	h.join("e2", 1)
+
+	out := h.claim(claim("e1", 1, "acme", "c1", "r1"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_GRANTED, out[0].GetStatus())
+	require.Equal(t, h.index, out[0].GetEpoch())
+	require.Nil(t, out[0].GetPrevious())
+	first := out[0].GetEpoch()
+
+	out = h.claim(claim("e2", 1, "acme", "c1", "r1"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_GRANTED, out[0].GetStatus())
+	require.Greater(t, out[0].GetEpoch(), first)
+	require.Equal(t, "e1", out[0].GetPrevious().GetOwnerEdgeId())
+	require.Equal(t, first, out[0].GetPrevious().GetEpoch())
+	require.Len(t, h.events, 3) // two joins, one takeover
+	require.Equal(t, EventTakeover, h.events[2].Kind)
+	require.Equal(t, "e1", h.events[2].FromEdge)
+
+	st := h.f.State()
+	require.Equal(t, 1, st.SessionCount())
+	require.Equal(t, "e2", st.Session("acme", "c1").GetOwnerEdgeId())
+	var owned []string
+	st.SessionsOwnedBy("e2", func(r *raftpb.SessionRecord) bool { owned = append(owned, r.GetClientId()); return true })
+	require.Equal(t, []string{"c1"}, owned)
+	st.SessionsOwnedBy("e1", func(*raftpb.SessionRecord) bool { t.Fatal("e1 owns nothing"); return false })
+}
+
+func TestFSM_ClaimSessions_Idempotent(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	a := h.claim(claim("e1", 1, "acme", "c1", "req-1"))
+	b := h.claim(claim("e1", 1, "acme", "c1", "req-1"))
+	require.True(t, proto.Equal(a[0], b[0]), "a retried claim returns the original grant")
+	require.Equal(t, a[0].GetEpoch(), h.f.State().Session("acme", "c1").GetEpoch())
+
+	// Another edge may use the same request ID: scopes are per edge.
+	h.join("e2", 1)
+	c := h.claim(claim("e2", 1, "acme", "c1", "req-1"))
+	require.Greater(t, c[0].GetEpoch(), a[0].GetEpoch())
+
+	// After the dedup window the record is pruned.
+	h.now += DedupWindow + 1
+	h.claim(claim("e2", 1, "acme", "other", ""))
+	require.Nil(t, h.f.State().Request(scopeClaim+"e1", "req-1"))
+}
+
+func TestFSM_ClaimSessions_Refusals(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 2)
+	long := string(bytes.Repeat([]byte("x"), MaxClientIDLen+1))
+	for _, tc := range []struct {
+		name string
+		c    *raftpb.Claim
+		want raftpb.ClaimStatus
+	}{
+		{"bad_tenant", claim("e1", 2, "ACME", "c", ""), raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT},
+		{"empty_client", claim("e1", 2, "acme", "", ""), raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT},
+		{"long_client", claim("e1", 2, "acme", long, ""), raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT},
+		{"nul_client", claim("e1", 2, "acme", "a\x00b", ""), raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT},
+		{"unknown_edge", claim("e9", 1, "acme", "c", ""), raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID},
+		{"old_incarnation", claim("e1", 1, "acme", "c", ""), raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := h.claim(tc.c)
+			require.Equal(t, tc.want, out[0].GetStatus(), out[0].GetMessage())
+		})
+	}
+	require.Zero(t, h.f.State().SessionCount())
+
+	out := h.claim(claim("e1", 2, "acme", "dup", ""), claim("e1", 2, "acme", "dup", ""))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_GRANTED, out[0].GetStatus())
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_CONFLICT, out[1].GetStatus())
+
+	h.setState("e1", 2, raftpb.MemberState_MEMBER_STATE_EXPIRED)
+	out = h.claim(claim("e1", 2, "acme", "late", ""))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID, out[0].GetStatus())
+}
+
+func TestFSM_ReleaseSession(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	ep := h.claim(claim("e1", 1, "acme", "c1", ""))[0].GetEpoch()
+
+	rel := func(epoch uint64, req string) *Response {
+		return h.apply(CmdReleaseSession, &raftpb.ReleaseSessionCommand{NowUnixNano: h.now, RequestId: req,
+			Tenant: "acme", ClientId: "c1", Epoch: epoch, EdgeId: "e1", Incarnation: 1})
+	}
+	require.ErrorIs(t, rel(ep-1, "").Err, ErrStaleEpoch)
+	r := rel(ep, "rel-1")
+	require.NoError(t, r.Err)
+	require.True(t, r.Msg.(*raftpb.ReleaseSessionResult).GetReleased())
+	require.Zero(t, h.f.State().SessionCount())
+	require.True(t, rel(ep, "rel-1").Msg.(*raftpb.ReleaseSessionResult).GetReleased(), "retry answers the same")
+	require.False(t, rel(ep, "").Msg.(*raftpb.ReleaseSessionResult).GetReleased())
+
+	// Epochs stay monotonic after a release: the next claim gets a higher one.
+	require.Greater(t, h.claim(claim("e1", 1, "acme", "c1", ""))[0].GetEpoch(), ep)
+}
+
+func TestFSM_ReassignSessions(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("dead", 1)
+	h.join("live", 1)
+	h.claim(claim("dead", 1, "acme", "a", ""), claim("dead", 1, "acme", "b", ""))
+	// "b" reconnects to live before the custody command lands.
+	h.claim(claim("live", 1, "acme", "b", ""))
+	h.setState("dead", 1, raftpb.MemberState_MEMBER_STATE_EXPIRED)
+	h.events = nil
+
+	r := h.apply(CmdReassignSessions, &raftpb.ReassignSessionsCommand{NowUnixNano: h.now, FromEdgeId: "dead", FromIncarnation: 1,
+		Assignments: []*raftpb.Reassignment{
+			{Tenant: "acme", ClientId: "a", ToEdgeId: "live", ToIncarnation: 1},
+			{Tenant: "acme", ClientId: "b", ToEdgeId: "live", ToIncarnation: 1},
+		}})
+	res := r.Msg.(*raftpb.ReassignSessionsResult)
+	require.Equal(t, []bool{true, false}, res.GetApplied())
+	a := h.f.State().Session("acme", "a")
+	require.Equal(t, "live", a.GetOwnerEdgeId())
+	require.Equal(t, raftpb.OwnerKind_OWNER_KIND_CUSTODY, a.GetOwnerKind())
+	require.Equal(t, h.index, a.GetEpoch())
+	require.Len(t, h.events, 1)
+	require.Equal(t, EventCustody, h.events[0].Kind)
+	require.Equal(t, []SessionEpoch{{"acme", "a", h.index}}, h.events[0].Sessions)
+
+	// Applying the same plan again changes nothing: exactly once.
+	r = h.apply(CmdReassignSessions, &raftpb.ReassignSessionsCommand{NowUnixNano: h.now, FromEdgeId: "dead", FromIncarnation: 1,
+		Assignments: []*raftpb.Reassignment{{Tenant: "acme", ClientId: "a", ToEdgeId: "live", ToIncarnation: 1}}})
+	require.Equal(t, []bool{false}, r.Msg.(*raftpb.ReassignSessionsResult).GetApplied())
+}
+
+func TestFSM_UpsertMember(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 5)
+	up := func(inc uint64, st raftpb.MemberState) *Response {
+		return h.apply(CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: h.now, Member: &raftpb.MemberRecord{
+			MemberId: "e1", Role: raftpb.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc, Address: "http://e1", State: st}})
+	}
+	require.False(t, up(5, raftpb.MemberState_MEMBER_STATE_ALIVE).Msg.(*raftpb.UpsertMemberResult).GetChanged())
+	require.ErrorIs(t, up(4, raftpb.MemberState_MEMBER_STATE_ALIVE).Err, ErrStaleIncarnation)
+	require.NoError(t, up(5, raftpb.MemberState_MEMBER_STATE_EXPIRED).Err)
+	require.ErrorIs(t, up(5, raftpb.MemberState_MEMBER_STATE_ALIVE).Err, ErrStaleIncarnation, "a dead incarnation stays dead")
+	require.NoError(t, up(6, raftpb.MemberState_MEMBER_STATE_ALIVE).Err)
+	require.ErrorIs(t, up(7, raftpb.MemberState_MEMBER_STATE_UNSPECIFIED).Err, ErrInvalidArgument)
+}
+
+func TestFSM_RedisPrimary(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	acquire := func(member string, inc uint64) *raftpb.AcquirePromotionLeaseResult {
+		r := h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
+			MemberId: member, Incarnation: inc, TtlNanos: 5e9})
+		require.NoError(t, r.Err)
+		return r.Msg.(*raftpb.AcquirePromotionLeaseResult)
+	}
+	cas := func(member string, expected uint64, primary, req string) *raftpb.CompareAndSetRedisPrimaryResult {
+		r := h.apply(CmdCompareAndSetRedis, &raftpb.CompareAndSetRedisPrimaryCommand{NowUnixNano: h.now, RequestId: req,
+			MemberId: member, Incarnation: 1, ExpectedRecordEpoch: expected, GroupId: 0, PrimaryAddress: primary})
+		require.NoError(t, r.Err)
+		return r.Msg.(*raftpb.CompareAndSetRedisPrimaryResult)
+	}
+
+	require.False(t, cas("p1", 0, "r1:6379", "").GetSwapped(), "no lease, no swap")
+	l := acquire("p1", 1)
+	require.True(t, l.GetAcquired())
+	require.False(t, acquire("p2", 1).GetAcquired(), "two promoters never both hold the lease")
+	require.Equal(t, l.GetLease().GetLeaseEpoch(), acquire("p1", 1).GetLease().GetLeaseEpoch(), "renewal keeps the epoch")
+
+	res := cas("p1", 0, "r1:6379", "x")
+	require.True(t, res.GetSwapped())
+	ep := res.GetGroup().GetRecordEpoch()
+	require.Equal(t, h.index, ep)
+	require.True(t, cas("p1", 0, "r1:6379", "x").GetSwapped(), "a retry answers the same")
+	require.False(t, cas("p1", 0, "r2:6379", "").GetSwapped(), "stale expected epoch")
+
+	h.now += 6e9 // p1's lease expires
+	require.True(t, acquire("p2", 1).GetAcquired())
+	require.False(t, cas("p1", ep, "r3:6379", "").GetSwapped())
+	res = cas("p2", ep, "r2:6379", "")
+	require.True(t, res.GetSwapped())
+	require.Equal(t, "r2:6379", h.f.State().RedisGroup(0).GetPrimaryAddress())
+}
+
+func TestFSM_ConfigACLSlots(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r := h.apply(CmdSetConfig, &raftpb.SetConfigCommand{Set: []*raftpb.ConfigEntry{{Key: "lease_ttl", Value: "10s"}, {Key: "x", Value: "1"}}})
+	require.NoError(t, r.Err)
+	h.apply(CmdSetConfig, &raftpb.SetConfigCommand{Delete: []string{"x"}})
+	st := h.f.State()
+	require.Equal(t, h.index, st.ConfigVersion())
+	require.Len(t, st.Config(), 1)
+
+	r = h.apply(CmdBumpAclVersion, &raftpb.BumpAclVersionCommand{Tenant: "acme"})
+	require.Equal(t, h.index, r.Msg.(*raftpb.BumpAclVersionResult).GetAclVersion().GetVersion())
+	require.ErrorIs(t, h.apply(CmdBumpAclVersion, &raftpb.BumpAclVersionCommand{Tenant: "A B"}).Err, ErrInvalidArgument)
+
+	r = h.apply(CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0, 0, 1, 1}})
+	v := r.Msg.(*raftpb.SetSlotTableResult).GetTable().GetVersion()
+	require.False(t, h.apply(CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: []uint32{1}}).Msg.(*raftpb.SetSlotTableResult).GetSwapped())
+	require.True(t, h.apply(CmdSetSlotTable, &raftpb.SetSlotTableCommand{ExpectedVersion: v, SlotGroups: []uint32{1}}).Msg.(*raftpb.SetSlotTableResult).GetSwapped())
+}
+
+func TestFSM_Apply_SkipsAppliedAndIgnorable(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	data, err := Encode(CmdClaimSessions, &raftpb.ClaimSessionsCommand{Claims: []*raftpb.Claim{claim("e1", 1, "acme", "c", "")}})
+	require.NoError(t, err)
+	require.Nil(t, h.f.Apply(&raft.Log{Index: 1, Type: raft.LogCommand, Data: data}), "index already applied")
+	require.Zero(t, h.f.State().SessionCount())
+
+	require.Nil(t, h.f.Apply(&raft.Log{Index: 2, Type: raft.LogCommand, Data: []byte{byte(IgnoreUnknownFlag | 100), 1, 2}}))
+	require.Equal(t, uint64(2), h.f.State().Index())
+	require.Panics(t, func() { h.f.Apply(&raft.Log{Index: 3, Type: raft.LogCommand, Data: []byte{100}}) })
+}
+
+func TestRegisterCommand_Duplicate(t *testing.T) {
+	t.Parallel()
+	f := New(nil)
+	require.Panics(t, func() {
+		RegisterCommand(f, CmdClaimSessions, func(*Tx, *raftpb.ClaimSessionsCommand) (*raftpb.ClaimSessionsResult, error) { return nil, nil })
+	})
+	require.Panics(t, func() {
+		RegisterCommand(f, IgnoreUnknownFlag|50, func(*Tx, *raftpb.ClaimSessionsCommand) (*raftpb.ClaimSessionsResult, error) { return nil, nil })
+	})
+}
+
+// goldenState builds a state touching every record kind, deterministically.
+func goldenState(t *testing.T) *harness {
+	t.Helper()
+	h := newHarness(t)
+	h.join("edge-a", 1)
+	h.join("edge-b", 3)
+	for i := range 5 {
+		h.claim(claim("edge-a", 1, "acme", "client-"+strconv.Itoa(i), "req-"+strconv.Itoa(i)))
+	}
+	h.claim(claim("edge-b", 3, "globex", "sensor/1", ""), claim("edge-b", 3, "acme", "client-0", ""))
+	h.apply(CmdSetConfig, &raftpb.SetConfigCommand{NowUnixNano: h.now, Set: []*raftpb.ConfigEntry{{Key: "lease_ttl", Value: "10s"}}})
+	h.apply(CmdBumpAclVersion, &raftpb.BumpAclVersionCommand{Tenant: "acme"})
+	h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, MemberId: "p1", Incarnation: 1, TtlNanos: 5e9})
+	h.apply(CmdCompareAndSetRedis, &raftpb.CompareAndSetRedisPrimaryCommand{NowUnixNano: h.now, RequestId: "cas-1", MemberId: "p1",
+		Incarnation: 1, PrimaryAddress: "redis-0:6379", ReplicaAddresses: []string{"redis-1:6379", "redis-2:6379"}})
+	h.apply(CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0, 0, 0, 0}})
+	return h
+}
+
+func requireSameState(t *testing.T, want, got *State) {
+	t.Helper()
+	var a, b bytes.Buffer
+	require.NoError(t, WriteSnapshot(&a, want))
+	require.NoError(t, WriteSnapshot(&b, got))
+	require.Equal(t, a.Bytes(), b.Bytes())
+	require.Equal(t, want.Index(), got.Index())
+	require.Equal(t, want.SessionCount(), got.SessionCount())
+}
+
+func TestFSM_SnapshotRestore(t *testing.T) {
+	t.Parallel()
+	h := goldenState(t)
+	snap, err := h.f.Snapshot()
+	require.NoError(t, err)
+
+	// Apply more after the snapshot: the snapshot must not see it.
+	before := h.f.State()
+	h.claim(claim("edge-a", 1, "acme", "after", ""))
+
+	sink := &memSink{}
+	require.NoError(t, snap.Persist(sink))
+	require.True(t, sink.closed)
+
+	f2 := New(testutil.Logger(t))
+	require.NoError(t, f2.Restore(sink.rc()))
+	requireSameState(t, before, f2.State())
+	var owned int
+	f2.State().SessionsOwnedBy("edge-a", func(*raftpb.SessionRecord) bool { owned++; return true })
+	require.Equal(t, 4, owned, "owner index rebuilt")
+	require.NotNil(t, f2.State().Request(scopeClaim+"edge-a", "req-3"), "request records survive")
+}
+
+func TestFSM_Restore_Golden(t *testing.T) {
+	t.Parallel()
+	h := goldenState(t)
+	var buf bytes.Buffer
+	require.NoError(t, WriteSnapshot(&buf, h.f.State()))
+	path := filepath.Join("testdata", "snapshots", "v1.snap")
+	if *update {
+		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o750))
+		require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o600))
+	}
+	golden, err := os.ReadFile(path)
+	require.NoError(t, err, "run go test -run TestFSM_Restore_Golden -update to create it")
+
+	// A snapshot written by an older build must still restore to the same state.
+	st, err := ReadSnapshot(bytes.NewReader(golden))
+	require.NoError(t, err)
+	requireSameState(t, h.f.State(), st)
+	require.Equal(t, "redis-0:6379", st.RedisGroup(0).GetPrimaryAddress())
+	require.Equal(t, "edge-b", st.Session("acme", "client-0").GetOwnerEdgeId())
+}
+
+func TestReadSnapshot_Corrupt(t *testing.T) {
+	t.Parallel()
+	h := goldenState(t)
+	var buf bytes.Buffer
+	require.NoError(t, WriteSnapshot(&buf, h.f.State()))
+	good := buf.Bytes()
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"empty", nil},
+		{"bad_magic", append([]byte("NOTASNAP"), good[8:]...)},
+		{"truncated", good[:len(good)-3]},
+		{"trailing", append(append([]byte(nil), good...), 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadSnapshot(bytes.NewReader(tc.data))
+			require.ErrorIs(t, err, ErrCorruptSnapshot)
+		})
+	}
+}
+
+type memSink struct {
+	bytes.Buffer
+	closed, canceled bool
+}
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { s.canceled = true; return nil }
+func (s *memSink) Close() error  { s.closed = true; return nil }
+func (s *memSink) rc() *readCloser {
+	return &readCloser{bytes.NewReader(s.Bytes())}
+}
+
+type readCloser struct{ *bytes.Reader }
+
+func (readCloser) Close() error { return nil }

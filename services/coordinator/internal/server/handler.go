@@ -1,0 +1,464 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/keelmq/keel/services/coordinator/internal/fsm"
+	"github.com/keelmq/keel/services/coordinator/internal/lease"
+	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+)
+
+type client = coordinatorv1connect.CoordinatorServiceClient
+
+// maxClaimRetries bounds how often a claim that met itself in one entry
+// (CONFLICT) is resubmitted before the caller sees Unavailable.
+const maxClaimRetries = 5
+
+func checkSession(k *commonv1.SessionKey) error {
+	if k == nil {
+		return invalid("session is required")
+	}
+	if err := fsm.CheckSession(k.GetTenant(), k.GetClientId()); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	return nil
+}
+
+func checkMember(id string, inc uint64) error {
+	if err := fsm.CheckMemberID(id); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	if inc == 0 {
+		return invalid("incarnation must be positive")
+	}
+	return nil
+}
+
+func checkRequestID(id string) error {
+	if err := fsm.CheckRequestID(id); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	}
+	return nil
+}
+
+// leaderTermOrNil returns the current term state, ErrNotReady on a leader that
+// is not ready, or (nil, nil) on a follower (the caller forwards).
+func (s *Server) leaderTermOrNil() (*leaderTerm, error) {
+	if t := s.term.Load(); t != nil {
+		return t, nil
+	}
+	if s.node.IsLeader() {
+		return nil, s.toConnect(ErrNotReady)
+	}
+	return nil, nil
+}
+
+// ClaimSession implements the RPC.
+func (s *Server) ClaimSession(ctx context.Context, req *connect.Request[coordinatorv1.ClaimSessionRequest]) (*connect.Response[coordinatorv1.ClaimSessionResponse], error) {
+	m := req.Msg
+	for _, err := range []error{checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation())} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	t, err := s.leaderTermOrNil()
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return forward(ctx, s, req, client.ClaimSession)
+	}
+	claim := &raftpb.Claim{RequestId: m.GetRequestId(), Tenant: m.GetSession().GetTenant(), ClientId: m.GetSession().GetClientId(),
+		EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation()}
+	outs, err := s.claim(ctx, t, m.GetEdgeId(), m.GetIncarnation(), []*raftpb.Claim{claim})
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	o := outs[0]
+	switch o.GetStatus() {
+	case raftpb.ClaimStatus_CLAIM_STATUS_GRANTED:
+		return connect.NewResponse(&coordinatorv1.ClaimSessionResponse{Grant: s.grant(t, claim, o)}), nil
+	case raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID:
+		return nil, s.toConnect(fmt.Errorf("%w: %s", ErrLeaseInvalid, o.GetMessage()))
+	case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
+		return nil, invalid("%s", o.GetMessage())
+	default:
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("claim not applied: %s", o.GetMessage()))
+	}
+}
+
+// ClaimSessions implements the RPC.
+func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordinatorv1.ClaimSessionsRequest]) (*connect.Response[coordinatorv1.ClaimSessionsResponse], error) {
+	m := req.Msg
+	if err := checkMember(m.GetEdgeId(), m.GetIncarnation()); err != nil {
+		return nil, err
+	}
+	if n := len(m.GetClaims()); n == 0 || n > s.cfg.MaxClaimsPerCall {
+		return nil, invalid("%d claims: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+	}
+	t, err := s.leaderTermOrNil()
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return forward(ctx, s, req, client.ClaimSessions)
+	}
+	resp := &coordinatorv1.ClaimSessionsResponse{Results: make([]*coordinatorv1.ClaimResult, len(m.GetClaims()))}
+	var claims []*raftpb.Claim
+	var pos []int
+	for i, c := range m.GetClaims() {
+		if err := firstErr(checkRequestID(c.GetRequestId()), checkSession(c.GetSession())); err != nil {
+			resp.Results[i] = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT, err.Error())
+			continue
+		}
+		claims = append(claims, &raftpb.Claim{RequestId: c.GetRequestId(), Tenant: c.GetSession().GetTenant(),
+			ClientId: c.GetSession().GetClientId(), EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation()})
+		pos = append(pos, i)
+	}
+	if len(claims) > 0 {
+		outs, err := s.claim(ctx, t, m.GetEdgeId(), m.GetIncarnation(), claims)
+		if err != nil {
+			return nil, s.toConnect(err)
+		}
+		for j, o := range outs {
+			var r *coordinatorv1.ClaimResult
+			switch o.GetStatus() {
+			case raftpb.ClaimStatus_CLAIM_STATUS_GRANTED:
+				r = &coordinatorv1.ClaimResult{Outcome: &coordinatorv1.ClaimResult_Grant{Grant: s.grant(t, claims[j], o)}}
+			case raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID:
+				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_LEASE_INVALID, o.GetMessage())
+			case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
+				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT, o.GetMessage())
+			default:
+				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_UNSPECIFIED, o.GetMessage())
+			}
+			resp.Results[pos[j]] = r
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func claimError(code coordinatorv1.ClaimErrorCode, msg string) *coordinatorv1.ClaimResult {
+	return &coordinatorv1.ClaimResult{Outcome: &coordinatorv1.ClaimResult_Error{Error: &coordinatorv1.ClaimError{Code: code, Message: msg}}}
+}
+
+// claim checks the claimant's lease on the leader's clock, then submits the
+// claims to the batcher, resubmitting those that met the same session in one
+// entry.
+func (s *Server) claim(ctx context.Context, t *leaderTerm, edge string, inc uint64, claims []*raftpb.Claim) ([]*raftpb.ClaimOutcome, error) {
+	outs := make([]*raftpb.ClaimOutcome, len(claims))
+	l, ok := t.leases.Get(edge)
+	if !ok || l.Incarnation != inc || l.Role != raftpb.MemberRole_MEMBER_ROLE_EDGE ||
+		l.State != raftpb.MemberState_MEMBER_STATE_ALIVE || !s.now().Before(l.Expires) {
+		for i := range outs {
+			outs[i] = &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID,
+				Message: "no valid lease for this edge incarnation on the leader"}
+		}
+		s.metrics.claims.WithLabelValues("lease_invalid").Add(float64(len(claims)))
+		return outs, nil
+	}
+	pending := make([]int, len(claims))
+	for i := range pending {
+		pending[i] = i
+	}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		batch := make([]*raftpb.Claim, len(pending))
+		for j, i := range pending {
+			batch[j] = claims[i]
+		}
+		res, err := t.claims.submit(ctx, batch)
+		if err != nil {
+			return nil, err
+		}
+		var again []int
+		for j, o := range res {
+			outs[pending[j]] = o
+			if o.GetStatus() == raftpb.ClaimStatus_CLAIM_STATUS_CONFLICT && attempt < maxClaimRetries {
+				again = append(again, pending[j])
+			}
+		}
+		pending = again
+	}
+	for _, o := range outs {
+		s.metrics.claims.WithLabelValues(claimResultLabel(o.GetStatus())).Inc()
+	}
+	return outs, nil
+}
+
+func claimResultLabel(st raftpb.ClaimStatus) string {
+	switch st {
+	case raftpb.ClaimStatus_CLAIM_STATUS_GRANTED:
+		return "granted"
+	case raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID:
+		return "lease_invalid"
+	case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
+		return "invalid_argument"
+	default:
+		return "conflict"
+	}
+}
+
+func (s *Server) grant(t *leaderTerm, c *raftpb.Claim, o *raftpb.ClaimOutcome) *coordinatorv1.SessionGrant {
+	g := &coordinatorv1.SessionGrant{
+		Session:                     &commonv1.SessionKey{Tenant: c.GetTenant(), ClientId: c.GetClientId()},
+		Epoch:                       o.GetEpoch(),
+		Previous:                    toSessionRecord(o.GetPrevious()),
+		PreviousOwnerLeaseRemaining: durationpb.New(0),
+	}
+	if p := o.GetPrevious(); p != nil {
+		if m := s.fsm.State().Member(p.GetOwnerEdgeId()); m != nil && m.GetIncarnation() == p.GetOwnerIncarnation() &&
+			(m.GetState() == raftpb.MemberState_MEMBER_STATE_ALIVE || m.GetState() == raftpb.MemberState_MEMBER_STATE_DRAINING) {
+			g.PreviousOwnerAddress = m.GetAddress()
+		}
+		g.PreviousOwnerLeaseRemaining = durationpb.New(t.leases.Remaining(p.GetOwnerEdgeId(), p.GetOwnerIncarnation(), s.now()))
+	}
+	return g
+}
+
+// ReleaseSession implements the RPC.
+func (s *Server) ReleaseSession(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
+	m := req.Msg
+	if err := firstErr(checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation())); err != nil {
+		return nil, err
+	}
+	if m.GetEpoch() == 0 {
+		return nil, invalid("epoch is required")
+	}
+	if !s.node.IsLeader() {
+		return forward(ctx, s, req, client.ReleaseSession)
+	}
+	msg, _, err := s.apply(ctx, fsm.CmdReleaseSession, &raftpb.ReleaseSessionCommand{NowUnixNano: s.now().UnixNano(),
+		RequestId: m.GetRequestId(), Tenant: m.GetSession().GetTenant(), ClientId: m.GetSession().GetClientId(),
+		Epoch: m.GetEpoch(), EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation()})
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{Released: msg.(*raftpb.ReleaseSessionResult).GetReleased()}), nil
+}
+
+// linearizable confirms leadership with a quorum before a local read. Since
+// the leader acknowledges writes only after applying them, every write
+// acknowledged before this call is then visible in the FSM.
+func (s *Server) linearizable(ctx context.Context) error {
+	if _, err := s.leaderTermOrNil(); err != nil {
+		return err
+	}
+	return s.toConnect(s.node.VerifyLeader(ctx))
+}
+
+// GetSession implements the RPC.
+func (s *Server) GetSession(ctx context.Context, req *connect.Request[coordinatorv1.GetSessionRequest]) (*connect.Response[coordinatorv1.GetSessionResponse], error) {
+	m := req.Msg
+	if err := checkSession(m.GetSession()); err != nil {
+		return nil, err
+	}
+	if !m.GetAllowStale() {
+		if !s.node.IsLeader() {
+			return forward(ctx, s, req, client.GetSession)
+		}
+		if err := s.linearizable(ctx); err != nil {
+			return nil, err
+		}
+	}
+	st := s.fsm.State()
+	return connect.NewResponse(&coordinatorv1.GetSessionResponse{
+		Session: toSessionRecord(st.Session(m.GetSession().GetTenant(), m.GetSession().GetClientId())),
+		Index:   st.Index(),
+	}), nil
+}
+
+// RenewLease implements the RPC. A renewal of an unchanged, valid lease costs
+// no Raft entry; joins, rejoins (higher incarnation), drains and leaves are
+// recorded in Raft before the lease is granted.
+func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
+	m := req.Msg
+	if err := checkMember(m.GetMemberId(), m.GetIncarnation()); err != nil {
+		return nil, err
+	}
+	if err := fsm.CheckAddress(m.GetAddress()); err != nil {
+		return nil, s.toConnect(err)
+	}
+	if _, ok := coordinatorv1.MemberRole_name[int32(m.GetRole())]; !ok || m.GetRole() == coordinatorv1.MemberRole_MEMBER_ROLE_UNSPECIFIED {
+		return nil, invalid("role %d", m.GetRole())
+	}
+	switch m.GetState() {
+	case coordinatorv1.MemberState_MEMBER_STATE_ALIVE, coordinatorv1.MemberState_MEMBER_STATE_DRAINING, coordinatorv1.MemberState_MEMBER_STATE_LEFT:
+	default:
+		return nil, invalid("state %d: want ALIVE, DRAINING or LEFT", m.GetState())
+	}
+	t, err := s.leaderTermOrNil()
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return forward(ctx, s, req, client.RenewLease)
+	}
+	role, state := raftpb.MemberRole(m.GetRole()), raftpb.MemberState(m.GetState())
+	now := s.now()
+	leaderID := s.node.ID()
+	rec := s.fsm.State().Member(m.GetMemberId())
+	if rec != nil {
+		if m.GetIncarnation() < rec.GetIncarnation() {
+			return nil, s.toConnect(fmt.Errorf("%w: incarnation %d < %d", fsm.ErrStaleIncarnation, m.GetIncarnation(), rec.GetIncarnation()))
+		}
+		if m.GetIncarnation() == rec.GetIncarnation() && (rec.GetState() == raftpb.MemberState_MEMBER_STATE_EXPIRED || rec.GetState() == raftpb.MemberState_MEMBER_STATE_LEFT) {
+			return nil, s.toConnect(fmt.Errorf("%w: incarnation %d is %s; rejoin with a higher one", ErrLeaseInvalid, m.GetIncarnation(), rec.GetState()))
+		}
+	}
+	sameInc := rec != nil && rec.GetIncarnation() == m.GetIncarnation()
+	if sameInc {
+		// The incarnation is known: its lease must still be valid on this
+		// leader's clock, whatever the member asks for.
+		if _, ok := t.leases.Renew(m.GetMemberId(), m.GetIncarnation(), now); !ok {
+			return nil, s.toConnect(fmt.Errorf("%w: lease expired on the leader", ErrLeaseInvalid))
+		}
+		if rec.GetRole() == role && rec.GetAddress() == m.GetAddress() && rec.GetState() == state {
+			return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(t.leases.TTL()),
+				State: m.GetState(), LeaderId: leaderID}), nil
+		}
+	}
+	_, _, err = s.apply(ctx, fsm.CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: now.UnixNano(), Member: &raftpb.MemberRecord{
+		MemberId: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}})
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	if state == raftpb.MemberState_MEMBER_STATE_LEFT {
+		t.leases.Remove(m.GetMemberId(), m.GetIncarnation())
+		return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(0), State: m.GetState(), LeaderId: leaderID}), nil
+	}
+	l := t.leases.Grant(lease.Lease{MemberID: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}, now)
+	return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(l.Expires.Sub(now)),
+		State: m.GetState(), LeaderId: leaderID}), nil
+}
+
+// GetRedisPrimary implements the RPC (linearizable).
+func (s *Server) GetRedisPrimary(ctx context.Context, req *connect.Request[coordinatorv1.GetRedisPrimaryRequest]) (*connect.Response[coordinatorv1.GetRedisPrimaryResponse], error) {
+	if !s.node.IsLeader() {
+		return forward(ctx, s, req, client.GetRedisPrimary)
+	}
+	if err := s.linearizable(ctx); err != nil {
+		return nil, err
+	}
+	g := s.fsm.State().RedisGroup(req.Msg.GetGroupId())
+	if g.GetRecordEpoch() == 0 {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("redis group %d has no record", req.Msg.GetGroupId()))
+	}
+	return connect.NewResponse(&coordinatorv1.GetRedisPrimaryResponse{Group: toRedisGroup(g)}), nil
+}
+
+// CompareAndSetRedisPrimary implements the RPC.
+func (s *Server) CompareAndSetRedisPrimary(ctx context.Context, req *connect.Request[coordinatorv1.CompareAndSetRedisPrimaryRequest]) (*connect.Response[coordinatorv1.CompareAndSetRedisPrimaryResponse], error) {
+	m := req.Msg
+	if err := firstErr(checkRequestID(m.GetRequestId()), checkMember(m.GetMemberId(), m.GetIncarnation())); err != nil {
+		return nil, err
+	}
+	if m.GetGroup() == nil || m.GetGroup().GetPrimaryAddress() == "" {
+		return nil, invalid("group with a primary address is required")
+	}
+	if !s.node.IsLeader() {
+		return forward(ctx, s, req, client.CompareAndSetRedisPrimary)
+	}
+	msg, _, err := s.apply(ctx, fsm.CmdCompareAndSetRedis, &raftpb.CompareAndSetRedisPrimaryCommand{
+		NowUnixNano: s.now().UnixNano(), RequestId: m.GetRequestId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(),
+		ExpectedRecordEpoch: m.GetExpectedRecordEpoch(), GroupId: m.GetGroup().GetGroupId(),
+		PrimaryAddress: m.GetGroup().GetPrimaryAddress(), ReplicaAddresses: m.GetGroup().GetReplicaAddresses()})
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	res := msg.(*raftpb.CompareAndSetRedisPrimaryResult)
+	return connect.NewResponse(&coordinatorv1.CompareAndSetRedisPrimaryResponse{Swapped: res.GetSwapped(), Group: toRedisGroup(res.GetGroup())}), nil
+}
+
+// AcquirePromotionLease implements the RPC.
+func (s *Server) AcquirePromotionLease(ctx context.Context, req *connect.Request[coordinatorv1.AcquirePromotionLeaseRequest]) (*connect.Response[coordinatorv1.AcquirePromotionLeaseResponse], error) {
+	m := req.Msg
+	if err := checkMember(m.GetMemberId(), m.GetIncarnation()); err != nil {
+		return nil, err
+	}
+	ttl := s.cfg.PromotionLeaseTTL
+	if m.GetTtl() != nil {
+		if err := m.GetTtl().CheckValid(); err != nil || m.GetTtl().AsDuration() < 0 {
+			return nil, invalid("ttl")
+		}
+		if d := m.GetTtl().AsDuration(); d > 0 {
+			ttl = min(d, time.Duration(fsm.MaxPromotionLeaseTTL))
+		}
+	}
+	if !s.node.IsLeader() {
+		return forward(ctx, s, req, client.AcquirePromotionLease)
+	}
+	now := s.now()
+	msg, _, err := s.apply(ctx, fsm.CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: now.UnixNano(),
+		GroupId: m.GetGroupId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(), TtlNanos: ttl.Nanoseconds()})
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	res := msg.(*raftpb.AcquirePromotionLeaseResult)
+	l := res.GetLease()
+	return connect.NewResponse(&coordinatorv1.AcquirePromotionLeaseResponse{Acquired: res.GetAcquired(),
+		HolderMemberId: l.GetHolderMemberId(), HolderIncarnation: l.GetHolderIncarnation(),
+		Remaining: durationpb.New(max(0, time.Unix(0, l.GetExpiresAtUnixNano()).Sub(now))), LeaseEpoch: l.GetLeaseEpoch()}), nil
+}
+
+// Status implements the RPC from this node's own view.
+func (s *Server) Status(_ context.Context, _ *connect.Request[coordinatorv1.StatusRequest]) (*connect.Response[coordinatorv1.StatusResponse], error) {
+	r := s.node.Raft()
+	if r == nil {
+		return nil, s.toConnect(ErrNotReady)
+	}
+	stats := r.Stats()
+	u := func(k string) uint64 { v, _ := strconv.ParseUint(stats[k], 10, 64); return v }
+	id, _ := s.node.Leader()
+	st := s.fsm.State()
+	resp := &coordinatorv1.StatusResponse{
+		NodeId:            s.node.ID(),
+		RaftState:         raftState(r.State()),
+		LeaderId:          id,
+		LeaderAddress:     s.apiURL(id),
+		Term:              u("term"),
+		CommitIndex:       r.CommitIndex(),
+		AppliedIndex:      r.AppliedIndex(),
+		LastSnapshotIndex: u("last_snapshot_index"),
+		SessionCount:      uint64(st.SessionCount()),
+		ConfigVersion:     st.ConfigVersion(),
+	}
+	for _, m := range st.Members() {
+		resp.Members = append(resp.Members, toMember(m))
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func raftState(st raft.RaftState) coordinatorv1.RaftState {
+	switch st {
+	case raft.Follower:
+		return coordinatorv1.RaftState_RAFT_STATE_FOLLOWER
+	case raft.Candidate:
+		return coordinatorv1.RaftState_RAFT_STATE_CANDIDATE
+	case raft.Leader:
+		return coordinatorv1.RaftState_RAFT_STATE_LEADER
+	case raft.Shutdown:
+		return coordinatorv1.RaftState_RAFT_STATE_SHUTDOWN
+	default:
+		return coordinatorv1.RaftState_RAFT_STATE_UNSPECIFIED
+	}
+}

@@ -1,0 +1,287 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/coordinator/internal/fsm"
+	"github.com/keelmq/keel/services/coordinator/internal/lease"
+	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
+)
+
+// leaderTerm is the leader's state for one term.
+type leaderTerm struct {
+	leases  *lease.Table
+	claims  *batcher
+	kick    chan struct{} // one-slot: run the custody scan soon
+	dirtyMu sync.Mutex
+	dirty   map[string]struct{} // edges whose sessions may need custody; guarded by dirtyMu
+}
+
+// observe marks edges whose membership changed for the custody scan.
+func (t *leaderTerm) observe(events []fsm.Event) {
+	marked := false
+	t.dirtyMu.Lock()
+	for _, e := range events {
+		if e.Kind == fsm.EventMember && e.Member.GetRole() == raftpb.MemberRole_MEMBER_ROLE_EDGE {
+			t.dirty[e.Member.GetMemberId()] = struct{}{}
+			marked = true
+		}
+	}
+	t.dirtyMu.Unlock()
+	if marked {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Server) apply(ctx context.Context, ct fsm.CommandType, cmd proto.Message) (proto.Message, uint64, error) {
+	start := time.Now()
+	msg, idx, err := s.node.Apply(ctx, ct, cmd)
+	s.metrics.applyDuration.WithLabelValues(commandName(ct)).Observe(time.Since(start).Seconds())
+	return msg, idx, err
+}
+
+func commandName(ct fsm.CommandType) string {
+	switch ct {
+	case fsm.CmdClaimSessions:
+		return "claim_sessions"
+	case fsm.CmdReleaseSession:
+		return "release_session"
+	case fsm.CmdReassignSessions:
+		return "reassign_sessions"
+	case fsm.CmdUpsertMember:
+		return "upsert_member"
+	case fsm.CmdAcquirePromotionLease:
+		return "acquire_promotion_lease"
+	case fsm.CmdCompareAndSetRedis:
+		return "cas_redis_primary"
+	default:
+		return "other"
+	}
+}
+
+// leaderLoop runs for one term. It first waits for a barrier, so the FSM holds
+// every entry of earlier terms, then grants every known member a full TTL
+// (a new leader never expires anyone early), and then serves: expiring leases
+// on its own clock, reassigning orphaned sessions and adding voters.
+func (s *Server) leaderLoop(ctx context.Context) {
+	log := s.logger.With("term_leader", s.node.ID())
+	for {
+		err := s.node.Barrier(s.cfg.LeaseTTL)
+		if err == nil {
+			break
+		}
+		log.Warn("leader barrier failed", logging.Err(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	t := &leaderTerm{
+		leases: lease.NewTable(s.cfg.LeaseTTL),
+		kick:   make(chan struct{}, 1),
+		dirty:  map[string]struct{}{},
+	}
+	st := s.fsm.State()
+	t.leases.Reset(st.Members(), s.now())
+	for _, m := range st.Members() {
+		if m.GetRole() == raftpb.MemberRole_MEMBER_ROLE_EDGE {
+			t.dirty[m.GetMemberId()] = struct{}{}
+		}
+	}
+	t.claims = newBatcher(s)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t.claims.run(ctx)
+	}()
+	s.term.Store(t)
+	log.Info("leader ready", logging.KeyRaftIndex, st.Index(), "members", len(st.Members()))
+	defer func() {
+		s.term.Store(nil)
+		wg.Wait()
+		log.Info("leader stepped down")
+	}()
+
+	tick := max(min(s.cfg.LeaseTTL/10, time.Second), 5*time.Millisecond)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	lastReconcile := time.Time{}
+	missing := map[string]time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		case <-t.kick:
+		}
+		s.expireLeases(ctx, t)
+		s.runCustody(ctx, t)
+		if time.Since(lastReconcile) >= s.cfg.ReconcileInterval {
+			lastReconcile = time.Now()
+			s.reconcileVoters(missing)
+		}
+	}
+}
+
+// expireLeases marks every member whose lease expired on this leader's clock.
+func (s *Server) expireLeases(ctx context.Context, t *leaderTerm) {
+	for _, l := range t.leases.Expired(s.now()) {
+		_, _, err := s.apply(ctx, fsm.CmdUpsertMember, &raftpb.UpsertMemberCommand{
+			NowUnixNano: s.now().UnixNano(),
+			Member: &raftpb.MemberRecord{MemberId: l.MemberID, Role: l.Role, Incarnation: l.Incarnation,
+				Address: l.Address, State: raftpb.MemberState_MEMBER_STATE_EXPIRED},
+		})
+		switch {
+		case err == nil, errors.Is(err, fsm.ErrStaleIncarnation):
+			t.leases.Remove(l.MemberID, l.Incarnation)
+			s.metrics.expired.Inc()
+			s.logger.Info("lease expired", "member_id", l.MemberID, "incarnation", l.Incarnation, "role", l.Role.String())
+		default:
+			s.logger.Warn("cannot record lease expiry", "member_id", l.MemberID, logging.Err(err))
+			return
+		}
+	}
+}
+
+// runCustody reassigns the sessions of every dirty edge whose owning
+// incarnation is no longer alive to live custodians, in batched entries. An
+// edge stays dirty until a scan finds nothing left to move.
+func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
+	t.dirtyMu.Lock()
+	edges := make([]string, 0, len(t.dirty))
+	for e := range t.dirty {
+		edges = append(edges, e)
+	}
+	t.dirtyMu.Unlock()
+	if len(edges) == 0 {
+		return
+	}
+	sort.Strings(edges)
+	st := s.fsm.State()
+	now := s.now()
+	var candidates []string
+	incs := map[string]uint64{}
+	for _, l := range t.leases.Valid(raftpb.MemberRole_MEMBER_ROLE_EDGE, raftpb.MemberState_MEMBER_STATE_ALIVE, now) {
+		if m := st.Member(l.MemberID); m != nil && m.GetIncarnation() == l.Incarnation && m.GetState() == raftpb.MemberState_MEMBER_STATE_ALIVE {
+			candidates = append(candidates, l.MemberID)
+			incs[l.MemberID] = l.Incarnation
+		}
+	}
+	for _, edge := range edges {
+		rec := st.Member(edge)
+		byInc := map[uint64][]*raftpb.SessionRecord{}
+		st.SessionsOwnedBy(edge, func(r *raftpb.SessionRecord) bool {
+			if rec == nil || rec.GetState() != raftpb.MemberState_MEMBER_STATE_ALIVE || r.GetOwnerIncarnation() != rec.GetIncarnation() {
+				byInc[r.GetOwnerIncarnation()] = append(byInc[r.GetOwnerIncarnation()], r)
+			}
+			return true
+		})
+		if len(byInc) == 0 {
+			t.dirtyMu.Lock()
+			delete(t.dirty, edge)
+			t.dirtyMu.Unlock()
+			continue
+		}
+		// The edge itself may be a candidate (a rejoin with a new incarnation
+		// adopts its old sessions if the hash says so), unless it is dead.
+		if len(candidates) == 0 {
+			s.logger.Warn("no live edge to take custody", logging.KeyEdgeID, edge)
+			continue
+		}
+		for inc, recs := range byInc {
+			for start := 0; start < len(recs); start += s.cfg.CustodyBatch {
+				chunk := recs[start:min(start+s.cfg.CustodyBatch, len(recs))]
+				cmd := &raftpb.ReassignSessionsCommand{NowUnixNano: now.UnixNano(), FromEdgeId: edge, FromIncarnation: inc}
+				for _, r := range chunk {
+					to := candidates[lease.Custodian(r.GetTenant(), r.GetClientId(), candidates)]
+					cmd.Assignments = append(cmd.Assignments, &raftpb.Reassignment{Tenant: r.GetTenant(), ClientId: r.GetClientId(),
+						ToEdgeId: to, ToIncarnation: incs[to]})
+				}
+				msg, _, err := s.apply(ctx, fsm.CmdReassignSessions, cmd)
+				if err != nil {
+					s.logger.Warn("custody reassignment failed", logging.KeyEdgeID, edge, logging.Err(err))
+					return
+				}
+				n := 0
+				for _, ok := range msg.(*raftpb.ReassignSessionsResult).GetApplied() {
+					if ok {
+						n++
+					}
+				}
+				s.metrics.custody.Add(float64(n))
+				s.logger.Info("sessions reassigned to custodians", logging.KeyEdgeID, edge, "incarnation", inc, "sessions", n)
+			}
+		}
+	}
+}
+
+// reconcileVoters adds every coordinator found by gossip that is not a voter
+// yet, and, if DeadServerTimeout is set, removes voters missing from gossip
+// for that long as long as the alive voters stay a majority without them.
+func (s *Server) reconcileVoters(missing map[string]time.Time) {
+	if s.peers == nil {
+		return
+	}
+	servers, err := s.node.Servers()
+	if err != nil {
+		return
+	}
+	known := map[string]raft.Server{}
+	for _, sv := range servers {
+		known[string(sv.ID)] = sv
+	}
+	alive := map[string]bool{}
+	for _, m := range s.peers.Coordinators() {
+		alive[m.Meta.ID] = true
+		sv, ok := known[m.Meta.ID]
+		if m.Meta.RaftAddr == "" || (ok && string(sv.Address) == m.Meta.RaftAddr) {
+			continue
+		}
+		if err := s.node.AddVoter(m.Meta.ID, m.Meta.RaftAddr); err != nil {
+			s.logger.Warn("cannot add voter", "node_id", m.Meta.ID, logging.Err(err))
+			continue
+		}
+		s.logger.Info("added voter", "node_id", m.Meta.ID, "addr", m.Meta.RaftAddr)
+	}
+	if s.cfg.DeadServerTimeout <= 0 {
+		return
+	}
+	aliveVoters := 0
+	for id := range known {
+		if alive[id] {
+			aliveVoters++
+			delete(missing, id)
+		} else if _, ok := missing[id]; !ok {
+			missing[id] = time.Now()
+		}
+	}
+	for id, since := range missing {
+		if _, ok := known[id]; !ok {
+			delete(missing, id)
+			continue
+		}
+		if time.Since(since) < s.cfg.DeadServerTimeout || aliveVoters <= (len(known)-1)/2 {
+			continue
+		}
+		if err := s.node.RemoveServer(id); err != nil {
+			s.logger.Warn("cannot remove dead voter", "node_id", id, logging.Err(err))
+			continue
+		}
+		s.logger.Info("removed dead voter", "node_id", id, "missing_for", time.Since(since))
+		delete(missing, id)
+		delete(known, id)
+	}
+}

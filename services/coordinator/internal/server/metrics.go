@@ -1,0 +1,82 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	leaderChanges prometheus.Counter
+	applyDuration *prometheus.HistogramVec
+	claims        *prometheus.CounterVec
+	claimBatch    prometheus.Histogram
+	custody       prometheus.Counter
+	expired       prometheus.Counter
+	forwarded     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
+	m := &metrics{
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_coordinator_raft_leader_changes_total", Help: "Times this node gained or lost leadership."}),
+		applyDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "keel_coordinator_raft_apply_duration_seconds", Help: "Time from proposal to applied on the leader, by command.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"command"}),
+		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_coordinator_claims_total", Help: "Session claims answered by the leader, by result."}, []string{"result"}),
+		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keel_coordinator_claim_batch_size", Help: "Claims per Raft entry.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		custody: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_coordinator_custody_reassigned_total", Help: "Sessions reassigned to custodians."}),
+		expired: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_coordinator_leases_expired_total", Help: "Member leases that expired on this leader's clock."}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_coordinator_forwarded_total", Help: "Requests forwarded to the leader, by procedure."}, []string{"procedure"}),
+	}
+	if reg == nil {
+		return m
+	}
+	stat := func(name, help, key string) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			r := s.node.Raft()
+			if r == nil {
+				return 0
+			}
+			v, _ := strconv.ParseFloat(r.Stats()[key], 64)
+			return v
+		})
+	}
+	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_raft_state",
+			Help: "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown."}, func() float64 {
+			if r := s.node.Raft(); r != nil {
+				return float64(r.State())
+			}
+			return float64(raft.Shutdown)
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_raft_commit_index", Help: "Highest committed log index."},
+			func() float64 {
+				if r := s.node.Raft(); r != nil {
+					return float64(r.CommitIndex())
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_raft_applied_index", Help: "Highest log index applied to the FSM."},
+			func() float64 {
+				if r := s.node.Raft(); r != nil {
+					return float64(r.AppliedIndex())
+				}
+				return 0
+			}),
+		stat("keel_coordinator_raft_last_snapshot_index", "Index of the latest snapshot.", "last_snapshot_index"),
+		stat("keel_coordinator_raft_term", "Current Raft term.", "term"),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_fsm_sessions", Help: "Session ownership records."},
+			func() float64 { return float64(s.fsm.State().SessionCount()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_fsm_members", Help: "Member records."},
+			func() float64 { return float64(len(s.fsm.State().Members())) }),
+	)
+	return m
+}

@@ -1,0 +1,290 @@
+// Package server is the coordinator's Connect API (keel.coordinator.v1) and
+// the work only the Raft leader does: leases, their expiry, custody of the
+// sessions of dead edges, batching claims into Raft entries, and adding
+// discovered coordinators as voters.
+//
+// Any node accepts any call. A follower forwards writes and linearizable reads
+// to the leader once (marked with [ForwardedHeader]); a forwarded call that
+// lands on a follower again is refused with Unavailable and a NotLeaderDetail,
+// and the client retries with backoff.
+//
+// Lock order: Server.mu, then lease.Table's own lock. The FSM is read through
+// immutable snapshots and needs no lock.
+package server
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/coordinator/internal/discovery"
+	"github.com/keelmq/keel/services/coordinator/internal/fsm"
+	"github.com/keelmq/keel/services/coordinator/internal/lease"
+	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
+
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+)
+
+// ForwardedHeader marks a request a follower forwarded to the leader.
+const ForwardedHeader = "Keel-Forwarded"
+
+// Defaults of [Config].
+const (
+	DefaultMaxClaimsPerCall  = 1000
+	DefaultMaxClaimsPerEntry = 4096
+	DefaultCustodyBatch      = 1000
+	DefaultWatchHeartbeat    = time.Second
+	DefaultPromotionLeaseTTL = 10 * time.Second
+	DefaultReconcileInterval = time.Second
+	maxPipelinedEntries      = 8
+)
+
+// Config configures the API and the leader's loops.
+type Config struct {
+	LeaseTTL          time.Duration `yaml:"lease_ttl"`
+	MaxClaimsPerCall  int           `yaml:"max_claims_per_call"`
+	MaxClaimsPerEntry int           `yaml:"max_claims_per_entry"`
+	CustodyBatch      int           `yaml:"custody_batch"`
+	WatchHeartbeat    time.Duration `yaml:"watch_heartbeat"`
+	PromotionLeaseTTL time.Duration `yaml:"promotion_lease_ttl"`
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	DeadServerTimeout time.Duration `yaml:"dead_server_timeout"`
+
+	// Now is the leader's clock; nil means time.Now.
+	Now func() time.Time `yaml:"-"`
+}
+
+// RegisterFlags registers the flags of c under prefix.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
+	fs.DurationVar(&c.LeaseTTL, prefix+"lease-ttl", lease.DefaultTTL, "membership lease TTL; members renew every TTL/3")
+	fs.IntVar(&c.MaxClaimsPerCall, prefix+"max-claims-per-call", DefaultMaxClaimsPerCall, "most claims in one ClaimSessions call")
+	fs.IntVar(&c.MaxClaimsPerEntry, prefix+"max-claims-per-entry", DefaultMaxClaimsPerEntry, "most claims the leader packs into one Raft entry")
+	fs.IntVar(&c.CustodyBatch, prefix+"custody-batch", DefaultCustodyBatch, "sessions per custody reassignment entry")
+	fs.DurationVar(&c.WatchHeartbeat, prefix+"watch-heartbeat", DefaultWatchHeartbeat, "heartbeat interval of idle WatchCluster streams")
+	fs.DurationVar(&c.PromotionLeaseTTL, prefix+"promotion-lease-ttl", DefaultPromotionLeaseTTL, "default TTL of a Redis group promotion lease")
+	fs.DurationVar(&c.ReconcileInterval, prefix+"reconcile-interval", DefaultReconcileInterval, "how often the leader adds discovered coordinators as voters")
+	fs.DurationVar(&c.DeadServerTimeout, prefix+"dead-server-timeout", 0, "remove a voter missing from gossip this long, if a majority stays (0: never)")
+}
+
+// Validate checks c.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.LeaseTTL < 30*time.Millisecond {
+		errs = append(errs, errors.New("lease ttl must be at least 30ms"))
+	}
+	if c.MaxClaimsPerCall <= 0 || c.MaxClaimsPerEntry <= 0 || c.CustodyBatch <= 0 {
+		errs = append(errs, errors.New("claim and custody batch sizes must be positive"))
+	}
+	if c.WatchHeartbeat <= 0 || c.ReconcileInterval <= 0 {
+		errs = append(errs, errors.New("watch heartbeat and reconcile interval must be positive"))
+	}
+	if c.PromotionLeaseTTL <= 0 || c.PromotionLeaseTTL.Nanoseconds() > fsm.MaxPromotionLeaseTTL {
+		errs = append(errs, errors.New("promotion lease ttl must be in (0, 60s]"))
+	}
+	if c.DeadServerTimeout < 0 {
+		errs = append(errs, errors.New("dead server timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Peers resolves coordinators found by gossip.
+type Peers interface {
+	Coordinators() []discovery.Member
+}
+
+// Server implements coordinatorv1connect.CoordinatorServiceHandler.
+type Server struct {
+	cfg     Config
+	logger  *slog.Logger
+	node    *raftnode.Node
+	fsm     *fsm.FSM
+	peers   Peers
+	metrics *metrics
+	hub     *hub
+	now     func() time.Time
+	httpc   *http.Client
+
+	// term is the leader's state for the current term; nil on followers and
+	// while a new leader is not ready.
+	term atomic.Pointer[leaderTerm]
+
+	clientsMu sync.Mutex
+	clients   map[string]coordinatorv1connect.CoordinatorServiceClient // by base URL; guarded by clientsMu
+}
+
+var _ coordinatorv1connect.CoordinatorServiceHandler = (*Server)(nil)
+
+// New builds the server; [Server.Run] starts its loops.
+func New(cfg Config, node *raftnode.Node, peers Peers, reg prometheus.Registerer, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = logging.Discard()
+	}
+	s := &Server{
+		cfg:     cfg,
+		logger:  logger.With(logging.KeyComponent, "coordinator"),
+		node:    node,
+		fsm:     node.FSM(),
+		peers:   peers,
+		now:     cfg.Now,
+		httpc:   newHTTPClient(),
+		clients: map[string]coordinatorv1connect.CoordinatorServiceClient{},
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.metrics = newMetrics(reg, s)
+	s.hub = newHub(s.fsm)
+	s.fsm.SetObserver(s.observe)
+	return s, nil
+}
+
+// Handler returns the Connect handler's path and HTTP handler.
+func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	return coordinatorv1connect.NewCoordinatorServiceHandler(s, opts...)
+}
+
+// observe runs on the FSM's apply goroutine for every entry with events.
+func (s *Server) observe(index uint64, events []fsm.Event) {
+	s.hub.publish(index, events)
+	if t := s.term.Load(); t != nil {
+		t.observe(events)
+	}
+}
+
+// Run follows leadership until ctx is done: on every gain it runs the leader's
+// loops for that term, and stops them on loss.
+func (s *Server) Run(ctx context.Context) error {
+	type running struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	var cur *running
+	stop := func() {
+		if cur != nil {
+			cur.cancel()
+			<-cur.done
+			cur = nil
+		}
+	}
+	defer stop()
+	check := time.NewTicker(250 * time.Millisecond)
+	defer check.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.node.LeaderCh():
+		case <-check.C:
+		}
+		// NotifyCh keeps only the latest value, so act on the current state,
+		// not on the notification.
+		leader := s.node.IsLeader()
+		switch {
+		case leader && cur == nil:
+			s.metrics.leaderChanges.Inc()
+			lctx, cancel := context.WithCancel(ctx)
+			r := &running{cancel: cancel, done: make(chan struct{})}
+			cur = r
+			go func() {
+				defer close(r.done)
+				s.leaderLoop(lctx)
+			}()
+		case !leader && cur != nil:
+			s.metrics.leaderChanges.Inc()
+			stop()
+		}
+	}
+}
+
+// Ready reports nil when this node knows a leader and its FSM has applied
+// everything it knows to be committed.
+func (s *Server) Ready() error {
+	id, _ := s.node.Leader()
+	if id == "" {
+		return ErrNoLeader
+	}
+	r := s.node.Raft()
+	if r == nil {
+		return ErrNotReady
+	}
+	if applied, commit := r.AppliedIndex(), r.CommitIndex(); applied < commit {
+		return errors.New("fsm behind commit index")
+	}
+	if s.node.IsLeader() && s.term.Load() == nil {
+		return ErrNotReady
+	}
+	return nil
+}
+
+// apiURL returns the Connect base URL of coordinator id, from gossip.
+func (s *Server) apiURL(id string) string {
+	if id == "" || s.peers == nil {
+		return ""
+	}
+	for _, m := range s.peers.Coordinators() {
+		if m.Meta.ID == id && m.Meta.APIAddr != "" {
+			return "http://" + m.Meta.APIAddr
+		}
+	}
+	return ""
+}
+
+func (s *Server) client(url string) coordinatorv1connect.CoordinatorServiceClient {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	c, ok := s.clients[url]
+	if !ok {
+		c = coordinatorv1connect.NewCoordinatorServiceClient(s.httpc, url)
+		s.clients[url] = c
+	}
+	return c
+}
+
+// leaderClient returns a client of the current leader for forwarding, or an
+// error if this call was already forwarded or no leader is known.
+func (s *Server) leaderClient(h http.Header, procedure string) (coordinatorv1connect.CoordinatorServiceClient, error) {
+	if h.Get(ForwardedHeader) != "" {
+		return nil, ErrForwardLoop
+	}
+	id, _ := s.node.Leader()
+	if id == "" || id == s.node.ID() {
+		return nil, ErrNoLeader
+	}
+	url := s.apiURL(id)
+	if url == "" {
+		return nil, ErrNoLeader
+	}
+	s.metrics.forwarded.WithLabelValues(procedure).Inc()
+	return s.client(url), nil
+}
+
+// forward sends req to the leader with the forwarded mark.
+func forward[Req, Resp any](ctx context.Context, s *Server, in *connect.Request[Req],
+	call func(coordinatorv1connect.CoordinatorServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Resp], error),
+) (*connect.Response[Resp], error) {
+	c, err := s.leaderClient(in.Header(), in.Spec().Procedure)
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	out := connect.NewRequest(in.Msg)
+	out.Header().Set(ForwardedHeader, s.node.ID())
+	return call(c, ctx, out)
+}
+
+func newHTTPClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16}}
+}
