@@ -7,7 +7,8 @@ APT_PACKAGES := redis-server mosquitto mosquitto-clients postgresql kcat
 .PHONY: build
 build: ## Build every binary into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router
+	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router ./services/coordinator/cmd/keel-coordinator
+	$(GO) build -o $(BIN)/ ./services/output/cmd/...
 
 .PHONY: run
 run: build ## Run a local Keel on embedded defaults (MQTT on :1883, WebSocket on :8083, ops on :9100)
@@ -46,3 +47,7 @@ lint: vet proto-lint ## Static checks: go vet, gofmt, buf lint
 .PHONY: clean
 clean: ## Remove build output
 	rm -rf $(BIN)
+
+.PHONY: images
+images: ## Build the container images locally (FROM scratch, no registry): keel/<service>:dev and keel/redis:dev
+	scripts/images.sh $${TAG:-dev}
