@@ -52,8 +52,11 @@ func TestCluster_LeaseExpiry(t *testing.T) {
 	join(t, l.client(), "moved", 2, ttl)()
 	renewed := time.Now()
 	time.Sleep(ttl * 2 / 3)
-	require.NoError(t, l.a().Node().Raft().LeadershipTransfer().Error())
+	// The new leader starts its full TTL when it takes over, which is after
+	// the transfer began: measure from there (not from when the call
+	// returned, which may come after the new leader's start).
 	transferred := time.Now()
+	require.NoError(t, l.a().Node().Raft().LeadershipTransfer().Error())
 	nl := c.waitLeader(5 * time.Second)
 	require.NotEqual(t, l.id, nl.id)
 	testutil.Eventually(t, 3*ttl, func() error {

@@ -22,6 +22,7 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/listener"
+	"github.com/keelmq/keel/services/edge/internal/output"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 	"github.com/keelmq/keel/services/edge/internal/tlsconf"
 )
@@ -52,6 +53,7 @@ type Config struct {
 	Pprof           bool
 	StopTimeout     time.Duration
 	SysInterval     time.Duration
+	OutputURL       string
 	Broker          broker.Config
 }
 
@@ -89,6 +91,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
+	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); every message is offered to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
 }
@@ -130,6 +133,7 @@ type Edge struct {
 	file   *auth.FileAuthenticator
 	store  *durable.Store
 	tls    *tlsconf.Config
+	output *output.Sink
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -192,6 +196,15 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		return nil, err
 	}
 	e.broker = b
+	if cfg.OutputURL != "" {
+		edgeID, inc := b.ID()
+		sink, err := output.New(cfg.OutputURL, edgeID, inc, logger.With("component", "output"), e.reg)
+		if err != nil {
+			return nil, err
+		}
+		e.output = sink
+		b.SetCluster(broker.Cluster{Output: sink})
+	}
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
@@ -308,6 +321,9 @@ func (e *Edge) Run(ctx context.Context) error {
 			e.tls.Watch(ctx.Done(), 10*time.Second)
 			return nil
 		})
+	}
+	if e.output != nil {
+		g.AddRun("output", e.output.Run)
 	}
 	g.AddRun("sys", func(ctx context.Context) error {
 		e.broker.RunSys(ctx, e.cfg.SysInterval)

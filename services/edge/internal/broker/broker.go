@@ -145,6 +145,10 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 	return b, nil
 }
 
+// ID returns the edge ID and this process's incarnation, which together
+// with a sequence make every message ID.
+func (b *Broker) ID() (edge string, incarnation uint64) { return b.ids.edge, b.ids.incarnation }
+
 // SetCluster replaces the single-node defaults with cluster clients; nil
 // fields keep their defaults. Call before Serve.
 func (b *Broker) SetCluster(c Cluster) {

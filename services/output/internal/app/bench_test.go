@@ -12,9 +12,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/outputclient"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
-	"github.com/keelmq/keel/services/output/client"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
 	"github.com/keelmq/keel/services/output/internal/sink/kafkasink"
 )

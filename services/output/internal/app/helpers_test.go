@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
-	"github.com/keelmq/keel/services/output/client"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
 )
 

@@ -14,10 +14,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
-	"github.com/keelmq/keel/services/output/client"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
 	"github.com/keelmq/keel/services/output/internal/sink/httpsink"

@@ -16,9 +16,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
-	"github.com/keelmq/keel/services/output/client"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
 )

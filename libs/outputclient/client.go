@@ -1,4 +1,4 @@
-// Package client is the edge side of the output service: a bounded queue
+// Package outputclient is the edge side of the output service: a bounded queue
 // that takes messages from the MQTT publish path without ever blocking it,
 // and a sender that streams them in batches to the output service's Publish
 // RPC.
@@ -12,7 +12,7 @@
 //
 // The edge creates one [Client], runs [Client.Run] in a goroutine it owns,
 // and calls [Client.Offer] for every message that may match an output rule.
-package client
+package outputclient
 
 import (
 	"context"
