@@ -20,6 +20,7 @@ import (
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/cluster"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/output"
@@ -54,6 +55,8 @@ type Config struct {
 	StopTimeout     time.Duration
 	SysInterval     time.Duration
 	OutputURL       string
+	CoordinatorURL  string
+	AdvertiseAddr   string
 	Broker          broker.Config
 }
 
@@ -91,6 +94,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log.level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
+	fs.StringVar(&c.CoordinatorURL, "cluster.coordinator", "", "URL of the coordinator API (e.g. http://keel-coordinator:7401); empty runs single-node")
+	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "address peers reach this edge at")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); every message is offered to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
@@ -134,6 +139,7 @@ type Edge struct {
 	store  *durable.Store
 	tls    *tlsconf.Config
 	output *output.Sink
+	member *cluster.Member
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -204,6 +210,19 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		}
 		e.output = sink
 		b.SetCluster(broker.Cluster{Output: sink})
+	}
+	if cfg.CoordinatorURL != "" {
+		client := cluster.NewClient(cfg.CoordinatorURL)
+		edgeID, _ := b.ID()
+		joins := 0
+		e.member = &cluster.Member{Client: client, ID: edgeID, Address: cfg.AdvertiseAddr, Margin: time.Second,
+			Logger: logger.With("component", "lease"), OnFence: b.Fence,
+			OnJoin: func(uint64) {
+				if joins++; joins > 1 {
+					b.Unfence()
+				}
+			}}
+		b.SetCluster(broker.Cluster{Ownership: &cluster.Ownership{Client: client, Member: e.member, MaxBatch: 256, Linger: time.Millisecond}})
 	}
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
@@ -285,6 +304,24 @@ func (e *Edge) Broker() *broker.Broker { return e.broker }
 func (e *Edge) Run(ctx context.Context) error {
 	var g service.Group
 	g.Add("ops", func(context.Context) error { return e.ops.Start() }, e.ops.Stop)
+	if e.member != nil {
+		g.Add("cluster-lease", func(ctx context.Context) error {
+			// Serve nothing before holding a lease.
+			for {
+				err := e.member.Join(ctx)
+				if err == nil {
+					return nil
+				}
+				e.logger.Warn("joining the cluster failed; retrying", "error", err)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(time.Second):
+				}
+			}
+		}, nil)
+		g.AddRun("cluster-lease-renewal", e.member.Run)
+	}
 	if e.file != nil {
 		g.AddRun("auth-file-watch", func(ctx context.Context) error {
 			hup := make(chan os.Signal, 1)

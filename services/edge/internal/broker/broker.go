@@ -61,6 +61,7 @@ type Broker struct {
 
 	done     chan struct{}
 	stopping atomic.Bool
+	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
 	writers  sync.WaitGroup
 }
@@ -148,6 +149,29 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 // ID returns the edge ID and this process's incarnation, which together
 // with a sequence make every message ID.
 func (b *Broker) ID() (edge string, incarnation uint64) { return b.ids.edge, b.ids.incarnation }
+
+// Fence stops the edge acknowledging anything because its cluster lease
+// lapsed (DESIGN: membership, leases and fencing): every client is
+// disconnected with 0x8B, new connections are refused with 0x88, and no
+// publish is acknowledged, until Unfence.
+func (b *Broker) Fence() {
+	if !b.fenced.CompareAndSwap(false, true) {
+		return
+	}
+	b.logger.Error("edge fenced: disconnecting every client until the lease is back")
+	b.conns.Range(func(k, _ any) bool {
+		cl := k.(*mqtt.Client)
+		go func() { _ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown) }()
+		return true
+	})
+}
+
+// Unfence lets the edge serve again after it rejoined the cluster.
+func (b *Broker) Unfence() {
+	if b.fenced.CompareAndSwap(true, false) {
+		b.logger.Info("edge unfenced: serving again")
+	}
+}
 
 // SetCluster replaces the single-node defaults with cluster clients; nil
 // fields keep their defaults. Call before Serve.

@@ -76,3 +76,21 @@ func TestBroker_ClusterInterfaces(t *testing.T) {
 	c.expect(packets.Unsuback)
 	require.Equal(t, int32(1), routes.removed.Load())
 }
+
+// A fenced edge disconnects everyone with 0x8B, admits nobody (0x88) and
+// acknowledges nothing until it is unfenced.
+func TestBroker_Fence(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	c := dial(t, addr, 5)
+	c.connect("c", true, packets.Properties{})
+	b.Fence()
+	require.Equal(t, packets.ErrServerShuttingDown.Code, c.expect(packets.Disconnect).ReasonCode)
+	refused := dial(t, addr, 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, refused.connect("d", true, packets.Properties{}).ReasonCode)
+	b.Unfence()
+	ok := dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, ok.connect("e", true, packets.Properties{}).ReasonCode)
+	ok.publish(1, "x", 1, []byte("y"))
+	ok.expect(packets.Puback)
+}

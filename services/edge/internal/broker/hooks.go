@@ -46,6 +46,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		_ = b.server.SendConnack(cl, connackCode(cl, code), false, nil)
 		return code
 	}
+	if b.fenced.Load() {
+		return refuse(packets.ErrServerUnavailable, "fenced")
+	}
 	now := time.Now()
 	if !b.guard.admit(cl.Net.Listener, now) {
 		b.m.packetErrors.WithLabelValues("connect_rate").Inc()
@@ -556,6 +559,12 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	b := h.b
 	c := b.conn(cl)
 	if c == nil {
+		return pk, packets.ErrRejectPacket
+	}
+	if b.fenced.Load() {
+		// No acknowledgement from a fenced edge: the client sends it again
+		// elsewhere.
+		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
 		return pk, packets.ErrRejectPacket
 	}
 	now := time.Now()

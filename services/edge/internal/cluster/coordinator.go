@@ -1,0 +1,278 @@
+// Package cluster connects the edge to the cluster services: its lease and
+// session ownership at the coordinator.
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+)
+
+// ErrFenced means the edge's lease lapsed: it must not acknowledge anything
+// until it has rejoined.
+var ErrFenced = errors.New("edge lease lapsed")
+
+// Member holds the edge's lease at the coordinator, renewing it every TTL/3.
+// The lease is valid until the remaining time the leader last reported,
+// minus a safety margin, counted from when the renewal was sent; when it
+// runs out without a renewal the edge fences itself (OnFence), and rejoins
+// with a new incarnation once the coordinator answers again (OnJoin).
+type Member struct {
+	Client  coordinatorv1connect.CoordinatorServiceClient
+	ID      string
+	Address string
+	Logger  *slog.Logger
+	// Margin is subtracted from the granted time (clock rates differ).
+	Margin time.Duration
+	// OnFence and OnJoin are called from Run's goroutine.
+	OnFence func()
+	OnJoin  func(incarnation uint64)
+
+	mu          sync.Mutex
+	incarnation uint64
+	validUntil  time.Time
+	interval    time.Duration
+}
+
+// NewClient returns a coordinator client for baseURL (h2c, gRPC protocol).
+func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
+	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL)
+}
+
+// Incarnation returns the current incarnation (0 before the first join).
+func (m *Member) Incarnation() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.incarnation
+}
+
+// Valid reports whether the lease is valid now.
+func (m *Member) Valid() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return time.Now().Before(m.validUntil)
+}
+
+// Join takes a lease under a new incarnation (higher than any before: the
+// wall clock in nanoseconds) and returns once the coordinator granted it.
+func (m *Member) Join(ctx context.Context) error {
+	inc := uint64(time.Now().UnixNano())
+	m.mu.Lock()
+	if inc <= m.incarnation {
+		inc = m.incarnation + 1
+	}
+	m.mu.Unlock()
+	if err := m.renew(ctx, inc); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.incarnation = inc
+	m.mu.Unlock()
+	if m.OnJoin != nil {
+		m.OnJoin(inc)
+	}
+	return nil
+}
+
+func (m *Member) renew(ctx context.Context, inc uint64) error {
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := m.Client.RenewLease(cctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{
+		MemberId: m.ID, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc,
+		Address: m.Address, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE,
+	}))
+	if err != nil {
+		return err
+	}
+	ttl := resp.Msg.GetRemainingTtl().AsDuration()
+	if ttl <= 0 {
+		return fmt.Errorf("coordinator granted no time (state %v)", resp.Msg.GetState())
+	}
+	m.mu.Lock()
+	m.validUntil = sent.Add(ttl - m.Margin)
+	m.interval = max(ttl/3, 10*time.Millisecond)
+	m.mu.Unlock()
+	return nil
+}
+
+// Run renews the lease until ctx ends; Join must have succeeded first.
+func (m *Member) Run(ctx context.Context) error {
+	fenced := false
+	for {
+		m.mu.Lock()
+		wait := m.interval
+		if fenced {
+			wait = 200 * time.Millisecond
+		}
+		m.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		if fenced {
+			if err := m.Join(ctx); err == nil {
+				fenced = false
+				m.log().Info("rejoined the cluster", "incarnation", m.Incarnation())
+			}
+			continue
+		}
+		err := m.renew(ctx, m.Incarnation())
+		if err == nil {
+			continue
+		}
+		if connect.CodeOf(err) == connect.CodeFailedPrecondition || !m.Valid() {
+			// The coordinator declared this incarnation dead, or the lease ran
+			// out while it could not be renewed: stop acknowledging.
+			m.log().Error("lease lapsed; fencing this edge", "error", err)
+			fenced = true
+			m.mu.Lock()
+			m.validUntil = time.Time{}
+			m.mu.Unlock()
+			if m.OnFence != nil {
+				m.OnFence()
+			}
+			continue
+		}
+		m.log().Warn("lease renewal failed; retrying", "error", err)
+	}
+}
+
+func (m *Member) log() *slog.Logger {
+	if m.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return m.Logger
+}
+
+// Ownership claims sessions at the coordinator. Concurrent claims are sent
+// together in ClaimSessions calls (a connect storm costs few Raft entries).
+type Ownership struct {
+	Client coordinatorv1connect.CoordinatorServiceClient
+	Member *Member
+	// MaxBatch bounds the claims per call; Linger is how long a claim waits
+	// for others to join its call.
+	MaxBatch int
+	Linger   time.Duration
+
+	mu      sync.Mutex
+	pending []*claim
+	timer   *time.Timer
+}
+
+type claim struct {
+	req  *coordinatorv1.SessionClaim
+	done chan claimResult
+}
+
+type claimResult struct {
+	epoch    uint64
+	previous string
+	err      error
+}
+
+// Claim implements the edge's Ownership interface.
+func (o *Ownership) Claim(ctx context.Context, tenant, clientID string) (uint64, string, error) {
+	if !o.Member.Valid() {
+		return 0, "", ErrFenced
+	}
+	c := &claim{req: &coordinatorv1.SessionClaim{RequestId: requestID(),
+		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}}, done: make(chan claimResult, 1)}
+	o.mu.Lock()
+	o.pending = append(o.pending, c)
+	if len(o.pending) >= max(o.MaxBatch, 1) {
+		batch := o.pending
+		o.pending = nil
+		if o.timer != nil {
+			o.timer.Stop()
+			o.timer = nil
+		}
+		o.mu.Unlock()
+		go o.send(batch)
+	} else {
+		if o.timer == nil {
+			o.timer = time.AfterFunc(o.Linger, o.flush)
+		}
+		o.mu.Unlock()
+	}
+	select {
+	case r := <-c.done:
+		return r.epoch, r.previous, r.err
+	case <-ctx.Done():
+		return 0, "", ctx.Err()
+	}
+}
+
+func (o *Ownership) flush() {
+	o.mu.Lock()
+	batch := o.pending
+	o.pending = nil
+	o.timer = nil
+	o.mu.Unlock()
+	if len(batch) > 0 {
+		o.send(batch)
+	}
+}
+
+// send makes one ClaimSessions call, retried (same request IDs, so the
+// coordinator applies each claim once) while the coordinator is unavailable.
+func (o *Ownership) send(batch []*claim) {
+	req := &coordinatorv1.ClaimSessionsRequest{EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation()}
+	for _, c := range batch {
+		req.Claims = append(req.Claims, c.req)
+	}
+	var resp *connect.Response[coordinatorv1.ClaimSessionsResponse]
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err = o.Client.ClaimSessions(ctx, connect.NewRequest(req))
+		cancel()
+		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(backoff)
+	}
+	for i, c := range batch {
+		switch {
+		case err != nil:
+			c.done <- claimResult{err: fmt.Errorf("claim session: %w", err)}
+		case i >= len(resp.Msg.GetResults()):
+			c.done <- claimResult{err: errors.New("claim session: short answer")}
+		default:
+			r := resp.Msg.GetResults()[i]
+			if g := r.GetGrant(); g != nil {
+				c.done <- claimResult{epoch: g.GetEpoch(), previous: g.GetPrevious().GetOwnerEdgeId()}
+			} else {
+				c.done <- claimResult{err: fmt.Errorf("claim session: %v: %s", r.GetError().GetCode(), r.GetError().GetMessage())}
+			}
+		}
+	}
+}
+
+// Release gives a session up (a clean session ended).
+func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch uint64) error {
+	_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(&coordinatorv1.ReleaseSessionRequest{
+		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch,
+		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: requestID()}))
+	return err
+}
+
+func requestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

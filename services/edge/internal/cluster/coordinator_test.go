@@ -1,0 +1,153 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+)
+
+// startCoordinator builds and runs a single-node keel-coordinator with the
+// given lease TTL and returns its API URL and process.
+func startCoordinator(t *testing.T, ttl time.Duration) (string, *os.Process) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a coordinator process; skipped under -short")
+	}
+	root, err := os.Getwd()
+	require.NoError(t, err)
+	for {
+		if _, err := os.Stat(filepath.Join(root, "go.work")); err == nil {
+			break
+		}
+		parent := filepath.Dir(root)
+		if parent == root {
+			t.Skip("go.work not found")
+		}
+		root = parent
+	}
+	bin := filepath.Join(t.TempDir(), "keel-coordinator")
+	build := exec.Command("go", "build", "-o", bin, "./services/coordinator/cmd/keel-coordinator")
+	build.Dir = root
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	api, ops := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	cmd := exec.Command(bin, "--api.addr", api, "--ops.addr", ops, "--raft.bind-addr", testutil.FreeAddr(t),
+		"--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1", "--raft.node-id", "c1",
+		"--raft.data-dir", t.TempDir(), "--lease-ttl", ttl.String(), "--log.level", "warn")
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("coordinator logs:\n%s", logs.String())
+		}
+	})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get("http://" + ops + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return "http://" + api, cmd.Process
+}
+
+// Claims against a real coordinator: epochs grow per session, the previous
+// owner is reported, and a burst of concurrent claims goes out in batches.
+func TestOwnership_Claims(t *testing.T) {
+	t.Parallel()
+	url, _ := startCoordinator(t, 10*time.Second)
+	c := NewClient(url)
+	m := &Member{Client: c, ID: "edge-a", Address: "127.0.0.1:1883", Logger: testutil.Logger(t)}
+	require.NoError(t, m.Join(t.Context()))
+	o := &Ownership{Client: c, Member: m, MaxBatch: 64, Linger: time.Millisecond}
+
+	e1, prev, err := o.Claim(t.Context(), "acme", "dev-1")
+	require.NoError(t, err)
+	require.Empty(t, prev)
+	e2, prev, err := o.Claim(t.Context(), "acme", "dev-1")
+	require.NoError(t, err)
+	require.Greater(t, e2, e1, "the epoch of a session only grows")
+	require.Equal(t, "edge-a", prev)
+
+	var wg sync.WaitGroup
+	epochs := make([]uint64, 300)
+	for i := range epochs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e, _, err := o.Claim(t.Context(), "acme", fmt.Sprintf("storm-%d", i))
+			if err != nil {
+				t.Errorf("claim %d: %v", i, err)
+			}
+			epochs[i] = e
+		}()
+	}
+	wg.Wait()
+	for i, e := range epochs {
+		require.Positive(t, e, "claim %d", i)
+	}
+}
+
+// An edge that cannot renew fences itself once its lease runs out, and
+// rejoins with a higher incarnation when the coordinator answers again.
+func TestMember_FencesAndRejoins(t *testing.T) {
+	t.Parallel()
+	url, proc := startCoordinator(t, time.Second)
+	var fenced, joined atomic.Int32
+	var lastInc atomic.Uint64
+	m := &Member{Client: NewClient(url), ID: "edge-b", Logger: testutil.Logger(t), Margin: 100 * time.Millisecond,
+		OnFence: func() { fenced.Add(1) },
+		OnJoin:  func(inc uint64) { joined.Add(1); lastInc.Store(inc) }}
+	require.NoError(t, m.Join(t.Context()))
+	first := m.Incarnation()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = m.Run(ctx) }()
+
+	time.Sleep(1500 * time.Millisecond)
+	require.Zero(t, fenced.Load(), "renewals keep the lease")
+	require.True(t, m.Valid())
+
+	require.NoError(t, proc.Signal(syscall.SIGSTOP)) // the coordinator hangs
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if fenced.Load() == 0 {
+			return fmt.Errorf("not fenced yet")
+		}
+		return nil
+	})
+	require.False(t, m.Valid())
+	o := &Ownership{Client: m.Client, Member: m, MaxBatch: 1}
+	_, _, err := o.Claim(t.Context(), "acme", "x")
+	require.ErrorIs(t, err, ErrFenced, "a fenced edge claims nothing")
+
+	require.NoError(t, proc.Signal(syscall.SIGCONT))
+	testutil.Eventually(t, 15*time.Second, func() error {
+		if joined.Load() < 2 {
+			return fmt.Errorf("not rejoined yet")
+		}
+		return nil
+	})
+	require.Greater(t, lastInc.Load(), first, "rejoins with a new incarnation")
+	require.True(t, m.Valid())
+}
