@@ -51,3 +51,11 @@ clean: ## Remove build output
 .PHONY: images
 images: ## Build the container images locally (FROM scratch, no registry): keel/<service>:dev and keel/redis:dev
 	scripts/images.sh $${TAG:-dev}
+
+.PHONY: e2e
+e2e: ## Run the container end-to-end suite (needs a Docker engine; builds images locally)
+	@docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f >/dev/null
+	KEEL_E2E=1 E2E_REQUIRE_DOCKER=1 TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_HOST_OVERRIDE=localhost \
+		$(GO) test -count=1 -timeout 20m ./test/e2e/...
+	@docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f >/dev/null
+	@docker network prune -f --filter label=org.testcontainers=true >/dev/null
