@@ -12,6 +12,8 @@ require (
 	golang.org/x/crypto v0.59.0
 )
 
+require golang.org/x/net v0.62.0 // indirect
+
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -185,6 +185,9 @@ func (b *Broker) SetCluster(c Cluster) {
 	if c.Output != nil {
 		b.cluster.Output = c.Output
 	}
+	if c.Peers != nil {
+		b.cluster.Peers = c.Peers
+	}
 }
 
 // AddListener adds a listener. Connections that do not complete CONNECT
@@ -276,12 +279,24 @@ var targetPool = sync.Pool{New: func() any { s := make([]target, 0, 16); return 
 // back. An error means some recipient could not take it: the publisher must
 // not be acknowledged.
 func (b *Broker) route(m *Message) error {
-	var failed error
-	tp := targetPool.Get().(*[]target)
-	targets := b.index.match(m.Topic, (*tp)[:0])
 	if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
+	err := b.deliverLocal(m)
+	if b.cluster.Peers != nil {
+		if ferr := b.cluster.Peers.Forward(context.Background(), m); ferr != nil {
+			b.m.dropped.WithLabelValues("forward_failed").Inc()
+			err = errors.Join(err, ferr)
+		}
+	}
+	return err
+}
+
+// deliverLocal hands m to this edge's own subscribers.
+func (b *Broker) deliverLocal(m *Message) error {
+	var failed error
+	tp := targetPool.Get().(*[]target)
+	targets := b.index.match(m.Topic, (*tp)[:0])
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]

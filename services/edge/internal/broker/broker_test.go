@@ -12,6 +12,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+
 	"github.com/keelmq/keel/services/edge/internal/auth"
 )
 
@@ -20,19 +22,19 @@ func seqPayload(i int) []byte { return binary.BigEndian.AppendUint32(nil, uint32
 func TestBroker_QoS1RoundTrip(t *testing.T) {
 	t.Parallel()
 	_, addr := startBroker(t, nil)
-	sub := dial(t, addr, 5)
-	sub.connect("sub", true, packets.Properties{})
-	ack := sub.subscribe(1, "a/+", 1)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	ack := sub.Subscribe(1, "a/+", 1)
 	require.Equal(t, []byte{1}, ack.ReasonCodes)
-	pub := dial(t, addr, 4)
-	pub.connect("pub", true, packets.Properties{})
-	pub.publish(7, "a/b", 1, []byte("hello"))
-	require.Equal(t, uint16(7), pub.expect(packets.Puback).PacketID)
-	got := sub.expect(packets.Publish)
+	pub := mqtttest.Dial(t, addr, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(7, "a/b", 1, []byte("hello"))
+	require.Equal(t, uint16(7), pub.Expect(packets.Puback).PacketID)
+	got := sub.Expect(packets.Publish)
 	require.Equal(t, "a/b", got.TopicName)
 	require.Equal(t, []byte("hello"), got.Payload)
 	require.Equal(t, byte(1), got.FixedHeader.Qos)
-	sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 }
 
 // A persistent subscriber that stops reading holds publishers back for the
@@ -44,22 +46,22 @@ func TestBroker_SlowConsumer_PersistentLosesNothing(t *testing.T) {
 		c.QueueLen = 8
 		c.SlowConsumerGrace = 50 * time.Millisecond
 	})
-	sub := dial(t, addr, 5)
-	sub.connect("slow", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true, ReceiveMaximum: 10})
-	sub.subscribe(1, "t", 1)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("slow", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true, ReceiveMaximum: 10})
+	sub.Subscribe(1, "t", 1)
 
 	const n = 300
-	pub := dial(t, addr, 4)
-	pub.connect("pub", true, packets.Properties{})
+	pub := mqtttest.Dial(t, addr, 4)
+	pub.Connect("pub", true, packets.Properties{})
 	for i := range n {
-		pub.publish(uint16(i+1), "t", 1, seqPayload(i))
-		require.Equal(t, uint16(i+1), pub.expect(packets.Puback).PacketID)
+		pub.Publish(uint16(i+1), "t", 1, seqPayload(i))
+		require.Equal(t, uint16(i+1), pub.Expect(packets.Puback).PacketID)
 	}
 	// Every message was acknowledged to the publisher. Now read them all.
 	for i := range n {
-		got := sub.expect(packets.Publish)
+		got := sub.Expect(packets.Publish)
 		require.Equal(t, seqPayload(i), got.Payload, "message %d", i)
-		sub.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	}
 }
 
@@ -71,12 +73,12 @@ func TestBroker_SlowConsumer_NonPersistentDisconnected(t *testing.T) {
 		c.QueueLen = 8
 		c.SlowConsumerGrace = 100 * time.Millisecond
 	})
-	slow := dial(t, addr, 5)
-	slow.connect("slow", true, packets.Properties{ReceiveMaximum: 5})
-	slow.subscribe(1, "t", 1)
-	good := dial(t, addr, 5)
-	good.connect("good", true, packets.Properties{})
-	good.subscribe(1, "t", 1)
+	slow := mqtttest.Dial(t, addr, 5)
+	slow.Connect("slow", true, packets.Properties{ReceiveMaximum: 5})
+	slow.Subscribe(1, "t", 1)
+	good := mqtttest.Dial(t, addr, 5)
+	good.Connect("good", true, packets.Properties{})
+	good.Subscribe(1, "t", 1)
 
 	const n = 100
 	var wg sync.WaitGroup
@@ -84,23 +86,23 @@ func TestBroker_SlowConsumer_NonPersistentDisconnected(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := range n {
-			got := good.expect(packets.Publish)
+			got := good.Expect(packets.Publish)
 			if !bytes.Equal(seqPayload(i), got.Payload) {
 				t.Errorf("good subscriber: message %d: got %x", i, got.Payload)
 				return
 			}
-			good.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+			good.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 		}
 	}()
-	pub := dial(t, addr, 4)
-	pub.connect("pub", true, packets.Properties{})
+	pub := mqtttest.Dial(t, addr, 4)
+	pub.Connect("pub", true, packets.Properties{})
 	for i := range n {
-		pub.publish(uint16(i+1), "t", 1, seqPayload(i))
-		pub.expect(packets.Puback)
+		pub.Publish(uint16(i+1), "t", 1, seqPayload(i))
+		pub.Expect(packets.Puback)
 	}
 	wg.Wait()
 	for {
-		pk, err := slow.read(5 * time.Second)
+		pk, err := slow.Read(5 * time.Second)
 		require.NoError(t, err, "slow consumer should get DISCONNECT 0x97 before the close")
 		if pk.FixedHeader.Type == packets.Disconnect {
 			require.Equal(t, packets.ErrQuotaExceeded.Code, pk.ReasonCode)
@@ -113,23 +115,23 @@ func TestBroker_SlowConsumer_NonPersistentDisconnected(t *testing.T) {
 func TestBroker_SharedSubscription_OneMemberEach(t *testing.T) {
 	t.Parallel()
 	_, addr := startBroker(t, nil)
-	var members [2]*rawClient
+	var members [2]*mqtttest.Client
 	for i := range members {
-		members[i] = dial(t, addr, 5)
-		members[i].connect(fmt.Sprintf("m%d", i), true, packets.Properties{})
-		require.Equal(t, []byte{0}, members[i].subscribe(1, "$share/g/jobs/#", 0).ReasonCodes)
+		members[i] = mqtttest.Dial(t, addr, 5)
+		members[i].Connect(fmt.Sprintf("m%d", i), true, packets.Properties{})
+		require.Equal(t, []byte{0}, members[i].Subscribe(1, "$share/g/jobs/#", 0).ReasonCodes)
 	}
-	pub := dial(t, addr, 5)
-	pub.connect("pub", true, packets.Properties{})
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
 	const n = 20
 	for i := range n {
-		pub.publish(0, "jobs/x", 0, seqPayload(i))
+		pub.Publish(0, "jobs/x", 0, seqPayload(i))
 	}
 	seen := map[string]int{}
 	counts := [2]int{}
 	for i, m := range members {
 		for {
-			pk, err := m.read(300 * time.Millisecond)
+			pk, err := m.Read(300 * time.Millisecond)
 			if err != nil {
 				break
 			}
@@ -218,16 +220,16 @@ func TestBroker_SubscribeRefusalCodes(t *testing.T) {
 		c.MaxSubscriptions = 2
 		c.SharedDisabled = true
 	})
-	c := dial(t, addr, 5)
-	c.connect("c", true, packets.Properties{})
-	c.send(packets.Packet{
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("c", true, packets.Properties{})
+	c.Send(packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1},
 		PacketID:    1,
 		Filters: packets.Subscriptions{
 			{Filter: "a/#/b"}, {Filter: "ok/1", Qos: 1}, {Filter: "$share/g/x"}, {Filter: "ok/2", Qos: 2}, {Filter: "ok/3"},
 		},
 	})
-	ack := c.expect(packets.Suback)
+	ack := c.Expect(packets.Suback)
 	require.Equal(t, []byte{
 		packets.ErrTopicFilterInvalid.Code, // [MQTT-4.7.1-1]
 		1,                                  //
@@ -236,26 +238,26 @@ func TestBroker_SubscribeRefusalCodes(t *testing.T) {
 		packets.ErrQuotaExceeded.Code, // third subscription over max 2
 	}, ack.ReasonCodes)
 
-	v3 := dial(t, addr, 4)
-	v3.connect("v3", true, packets.Properties{})
-	require.Equal(t, []byte{0x80}, v3.subscribe(1, "$share/g/x", 0).ReasonCodes)
+	v3 := mqtttest.Dial(t, addr, 4)
+	v3.Connect("v3", true, packets.Properties{})
+	require.Equal(t, []byte{0x80}, v3.Subscribe(1, "$share/g/x", 0).ReasonCodes)
 }
 
 // $SYS topics are per tenant, and '#' does not match them ([MQTT-4.7.2-1]).
 func TestBroker_SysTopicsPerTenant(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	c := dial(t, addr, 5)
-	c.connect("watcher", true, packets.Properties{})
-	c.subscribe(1, "#", 0)
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("watcher", true, packets.Properties{})
+	c.Subscribe(1, "#", 0)
 	b.publishSys(time.Now())
-	c.subscribe(2, "$SYS/broker/clients/connected", 0) // retained, so delivered on subscribe
-	got := c.expect(packets.Publish)
+	c.Subscribe(2, "$SYS/broker/clients/connected", 0) // retained, so delivered on subscribe
+	got := c.Expect(packets.Publish)
 	require.Equal(t, "$SYS/broker/clients/connected", got.TopicName)
 	require.Equal(t, "1", string(got.Payload))
 	require.True(t, got.FixedHeader.Retain)
 	// Nothing else arrives: '#' saw none of the $SYS topics.
-	_, err := c.read(200 * time.Millisecond)
+	_, err := c.Read(200 * time.Millisecond)
 	require.Error(t, err)
 }
 
@@ -274,8 +276,8 @@ func TestBroker_CredentialsExpireDisconnects(t *testing.T) {
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
-	c := dial(t, l.Address(), 5)
-	c.connect("c", true, packets.Properties{})
-	pk := c.expect(packets.Disconnect)
+	c := mqtttest.Dial(t, l.Address(), 5)
+	c.Connect("c", true, packets.Properties{})
+	pk := c.Expect(packets.Disconnect)
 	require.Equal(t, packets.ErrNotAuthorized.Code, pk.ReasonCode)
 }

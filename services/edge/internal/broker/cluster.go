@@ -56,11 +56,20 @@ type Output interface {
 	Offer(m *Message) bool
 }
 
-// Cluster bundles the interfaces; nil fields take the single-node defaults.
+// Peers forwards a message published on this edge to every other edge
+// whose routes match it. For QoS 1/2 it returns once each of them took the
+// message, or an error: then the publisher must not be acknowledged.
+type Peers interface {
+	Forward(ctx context.Context, m *Message) error
+}
+
+// Cluster bundles the interfaces; nil fields take the single-node defaults
+// (a nil Peers: no other edges).
 type Cluster struct {
 	Ownership Ownership
 	Routes    Routes
 	Output    Output
+	Peers     Peers
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs

@@ -8,6 +8,8 @@ import (
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 type fakeOwnership struct {
@@ -60,20 +62,20 @@ func TestBroker_ClusterInterfaces(t *testing.T) {
 		Routes: routes,
 		Output: out,
 	})
-	c := dial(t, addr, 5)
-	require.Equal(t, packets.CodeSuccess.Code, c.connect("dev", true, packets.Properties{}).ReasonCode)
+	c := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, c.Connect("dev", true, packets.Properties{}).ReasonCode)
 	require.Equal(t, []string{"default/dev"}, claims)
 
-	bad := dial(t, addr, 5)
-	require.Equal(t, packets.ErrServerUnavailable.Code, bad.connect("unlucky", true, packets.Properties{}).ReasonCode)
+	bad := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, bad.Connect("unlucky", true, packets.Properties{}).ReasonCode)
 
-	require.Equal(t, []byte{1}, c.subscribe(1, "ok", 1).ReasonCodes)
-	require.GreaterOrEqual(t, c.subscribe(2, "refused", 1).ReasonCodes[0], byte(0x80))
-	c.publish(3, "ok", 1, []byte("x"))
-	c.expect(packets.Puback)
+	require.Equal(t, []byte{1}, c.Subscribe(1, "ok", 1).ReasonCodes)
+	require.GreaterOrEqual(t, c.Subscribe(2, "refused", 1).ReasonCodes[0], byte(0x80))
+	c.Publish(3, "ok", 1, []byte("x"))
+	c.Expect(packets.Puback)
 	require.Equal(t, int32(1), out.n.Load())
-	c.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 4, Filters: packets.Subscriptions{{Filter: "ok"}}})
-	c.expect(packets.Unsuback)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 4, Filters: packets.Subscriptions{{Filter: "ok"}}})
+	c.Expect(packets.Unsuback)
 	require.Equal(t, int32(1), routes.removed.Load())
 }
 
@@ -82,15 +84,15 @@ func TestBroker_ClusterInterfaces(t *testing.T) {
 func TestBroker_Fence(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	c := dial(t, addr, 5)
-	c.connect("c", true, packets.Properties{})
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("c", true, packets.Properties{})
 	b.Fence()
-	require.Equal(t, packets.ErrServerShuttingDown.Code, c.expect(packets.Disconnect).ReasonCode)
-	refused := dial(t, addr, 5)
-	require.Equal(t, packets.ErrServerUnavailable.Code, refused.connect("d", true, packets.Properties{}).ReasonCode)
+	require.Equal(t, packets.ErrServerShuttingDown.Code, c.Expect(packets.Disconnect).ReasonCode)
+	refused := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, refused.Connect("d", true, packets.Properties{}).ReasonCode)
 	b.Unfence()
-	ok := dial(t, addr, 5)
-	require.Equal(t, packets.CodeSuccess.Code, ok.connect("e", true, packets.Properties{}).ReasonCode)
-	ok.publish(1, "x", 1, []byte("y"))
-	ok.expect(packets.Puback)
+	ok := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, ok.Connect("e", true, packets.Properties{}).ReasonCode)
+	ok.Publish(1, "x", 1, []byte("y"))
+	ok.Expect(packets.Puback)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 var (
@@ -26,26 +28,26 @@ func FuzzBroker_PacketPath(f *testing.F) {
 			// One broker for the whole fuzz run; it lives until the process exits.
 			_, fuzzAddr = startBrokerForFuzz(t)
 		})
-		c := dial(t, fuzzAddr, 5)
-		c.connect("", true, packets.Properties{})
-		_, _ = c.conn.Write(data)
+		c := mqtttest.Dial(t, fuzzAddr, 5)
+		c.Connect("", true, packets.Properties{})
+		_, _ = c.Conn.Write(data)
 		// Drain whatever the broker answers until it closes or goes quiet.
 		for {
-			if _, err := c.read(20 * time.Millisecond); err != nil {
+			if _, err := c.Read(20 * time.Millisecond); err != nil {
 				break
 			}
 		}
-		_ = c.conn.Close()
+		_ = c.Conn.Close()
 
 		// The broker still serves a well-behaved pair of clients.
-		sub := dial(t, fuzzAddr, 4)
-		sub.connect("", true, packets.Properties{})
-		sub.subscribe(1, "health", 1)
-		pub := dial(t, fuzzAddr, 4)
-		pub.connect("", true, packets.Properties{})
-		pub.publish(1, "health", 1, []byte("ok"))
-		pub.expect(packets.Puback)
-		if got := sub.expect(packets.Publish); !bytes.Equal(got.Payload, []byte("ok")) {
+		sub := mqtttest.Dial(t, fuzzAddr, 4)
+		sub.Connect("", true, packets.Properties{})
+		sub.Subscribe(1, "health", 1)
+		pub := mqtttest.Dial(t, fuzzAddr, 4)
+		pub.Connect("", true, packets.Properties{})
+		pub.Publish(1, "health", 1, []byte("ok"))
+		pub.Expect(packets.Puback)
+		if got := sub.Expect(packets.Publish); !bytes.Equal(got.Payload, []byte("ok")) {
 			t.Fatalf("health message: %q", got.Payload)
 		}
 	})

@@ -8,6 +8,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+
 	"github.com/keelmq/keel/services/edge/internal/auth"
 )
 
@@ -35,11 +37,11 @@ func startWith(t *testing.T, authn auth.Authenticator, mutate func(*Config)) str
 
 func connectWith(t *testing.T, addr, user, password string) byte {
 	t.Helper()
-	c := dial(t, addr, 5)
-	c.send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Connect: packets.ConnectParams{
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Connect: packets.ConnectParams{
 		ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "c",
 		UsernameFlag: true, Username: []byte(user), PasswordFlag: true, Password: []byte(password)}})
-	return c.expect(packets.Connack).ReasonCode
+	return c.Expect(packets.Connack).ReasonCode
 }
 
 // Repeated failures ban the client's address: even the right password is

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // BenchmarkIdleClientMemory reports the memory one idle connected client
@@ -20,9 +22,9 @@ func BenchmarkIdleClientMemory(b *testing.B) {
 		runtime.ReadMemStats(&before)
 		conns := make([]net.Conn, 0, n)
 		for i := 0; i < n; i++ {
-			c := dial(b, addr, 4)
-			c.connect("", true, packets.Properties{})
-			conns = append(conns, c.conn)
+			c := mqtttest.Dial(b, addr, 4)
+			c.Connect("", true, packets.Properties{})
+			conns = append(conns, c.Conn)
 		}
 		runtime.GC()
 		runtime.GC()

@@ -11,9 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/outputclient"
-	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
-	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
 // Sink adapts the output client to the broker's Output interface.
@@ -34,38 +32,6 @@ func New(url, edgeID string, incarnation uint64, logger *slog.Logger, reg promet
 func (s *Sink) Run(ctx context.Context) error { return s.client.Run(ctx) }
 
 // Offer implements broker.Output. It never blocks.
-func (s *Sink) Offer(m *broker.Message) bool {
-	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
-	if !ok {
-		return false
-	}
-	var clientID string
-	if m.Origin != "" {
-		_, clientID, _ = tenancy.TenantOfClientID(m.Origin)
-	}
-	out := &commonv1.Message{
-		Id:              &commonv1.MsgID{EdgeId: m.ID.Edge, Incarnation: m.ID.Incarnation, Seq: m.ID.Seq},
-		Tenant:          tenant,
-		Topic:           topic,
-		Payload:         m.Payload,
-		Qos:             uint32(m.QoS),
-		Retain:          m.Retain,
-		IngressUnixNano: m.Created,
-		ClientId:        clientID,
-		ContentType:     m.Props.ContentType,
-		ResponseTopic:   m.Props.ResponseTopic,
-		CorrelationData: m.Props.CorrelationData,
-	}
-	if m.Props.PayloadFormatFlag {
-		out.PayloadFormat = uint32(m.Props.PayloadFormat)
-	}
-	if e := m.Props.MessageExpiryInterval; e > 0 {
-		out.MessageExpiryInterval = &e
-	}
-	for _, u := range m.Props.User {
-		out.UserProperties = append(out.UserProperties, &commonv1.UserProperty{Key: u.Key, Value: u.Val})
-	}
-	return s.client.Offer(out)
-}
+func (s *Sink) Offer(m *broker.Message) bool { return s.client.Offer(m.Proto()) }
 
 var _ broker.Output = (*Sink)(nil)

@@ -1,0 +1,93 @@
+package broker
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+)
+
+// Proto returns the cluster form of m: outside topic and client ID, with its
+// tenant, msgID and MQTT 5 properties.
+func (m *Message) Proto() *commonv1.Message {
+	tenant, topic, _ := tenancy.TenantOfTopic(m.Topic)
+	var clientID string
+	if m.Origin != "" {
+		_, clientID, _ = tenancy.TenantOfClientID(m.Origin)
+	}
+	out := &commonv1.Message{
+		Id:              &commonv1.MsgID{EdgeId: m.ID.Edge, Incarnation: m.ID.Incarnation, Seq: m.ID.Seq},
+		Tenant:          tenant,
+		Topic:           topic,
+		Payload:         m.Payload,
+		Qos:             uint32(m.QoS),
+		Retain:          m.Retain,
+		IngressUnixNano: m.Created,
+		ClientId:        clientID,
+		ContentType:     m.Props.ContentType,
+		ResponseTopic:   m.Props.ResponseTopic,
+		CorrelationData: m.Props.CorrelationData,
+	}
+	if m.Props.PayloadFormatFlag {
+		out.PayloadFormat = uint32(m.Props.PayloadFormat)
+	}
+	if e := m.Props.MessageExpiryInterval; e > 0 {
+		out.MessageExpiryInterval = &e
+	}
+	for _, u := range m.Props.User {
+		out.UserProperties = append(out.UserProperties, &commonv1.UserProperty{Key: u.Key, Value: u.Val})
+	}
+	return out
+}
+
+// fromProto builds the edge's form of a message another edge forwarded.
+func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
+	sc, err := b.scope(pm.GetTenant())
+	if err != nil {
+		return nil, fmt.Errorf("forwarded message: %w", err)
+	}
+	if pm.GetTopic() == "" || pm.GetQos() > 2 {
+		return nil, fmt.Errorf("forwarded message: bad topic or QoS")
+	}
+	m := &Message{
+		ID:      MsgID{Edge: pm.GetId().GetEdgeId(), Incarnation: pm.GetId().GetIncarnation(), Seq: pm.GetId().GetSeq()},
+		Topic:   sc.Topic(pm.GetTopic()),
+		Payload: pm.GetPayload(),
+		QoS:     byte(pm.GetQos()),
+		Retain:  pm.GetRetain(),
+		Created: pm.GetIngressUnixNano(),
+		Props: packets.Properties{ContentType: pm.GetContentType(), ResponseTopic: pm.GetResponseTopic(),
+			CorrelationData: pm.GetCorrelationData()},
+	}
+	if pm.GetClientId() != "" {
+		m.Origin = sc.ClientID(pm.GetClientId())
+	}
+	if pm.GetPayloadFormat() > 0 {
+		m.Props.PayloadFormat, m.Props.PayloadFormatFlag = byte(pm.GetPayloadFormat()), true
+	}
+	if pm.MessageExpiryInterval != nil {
+		m.Props.MessageExpiryInterval = pm.GetMessageExpiryInterval()
+		m.Expiry = pm.GetIngressUnixNano()/int64(time.Second) + int64(min(pm.GetMessageExpiryInterval(), uint32(b.cfg.MaxMessageExpiry)))
+	}
+	for _, u := range pm.GetUserProperties() {
+		m.Props.User = append(m.Props.User, packets.UserProperty{Key: u.GetKey(), Val: u.GetValue()})
+	}
+	return m, nil
+}
+
+// DeliverForwarded takes a message another edge forwarded: it goes to this
+// edge's local recipients only (it was offered to the output and forwarded
+// at its ingress edge already). It returns once they took it.
+func (b *Broker) DeliverForwarded(pm *commonv1.Message) error {
+	m, err := b.fromProto(pm)
+	if err != nil {
+		return err
+	}
+	if m.Retain {
+		b.retain(m)
+	}
+	return b.deliverLocal(m)
+}

@@ -1,0 +1,308 @@
+// Package forward carries messages between edges: one long-lived Connect
+// stream per ordered pair of edges, batched frames, cumulative acks once the
+// receiving edge has taken every message of a frame, and resends after a
+// reconnect that the receiver recognises by frame sequence.
+package forward
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
+)
+
+// Deliverer takes forwarded messages into the local edge. It returns once
+// every local recipient has taken the message (queued it, or stored it for a
+// persistent session), or an error when one could not.
+type Deliverer interface {
+	DeliverForwarded(m *commonv1.Message) error
+}
+
+// ErrPeerGone means a frame could not be handed to the peer within the
+// bound: the publisher must not be acknowledged.
+var ErrPeerGone = errors.New("peer edge did not take the message")
+
+// Server receives forward streams.
+type Server struct {
+	edgev1connect.UnimplementedEdgeServiceHandler
+	Deliver Deliverer
+	Logger  *slog.Logger
+
+	mu  sync.Mutex
+	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation
+}
+
+type peerKey struct {
+	edge        string
+	incarnation uint64
+}
+
+// Handler returns the HTTP handler of the edge API.
+func (s *Server) Handler() (string, http.Handler) {
+	return edgev1connect.NewEdgeServiceHandler(s)
+}
+
+// Forward implements edgev1connect.EdgeServiceHandler.
+func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
+	for {
+		req, err := st.Receive()
+		if err != nil {
+			if errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled {
+				return nil
+			}
+			return nil // the sender went away; it resends on its next stream
+		}
+		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
+			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
+		}
+		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
+		s.mu.Lock()
+		if s.hwm == nil {
+			s.hwm = map[peerKey]uint64{}
+		}
+		seen := req.GetSeq() <= s.hwm[key]
+		s.mu.Unlock()
+		if !seen {
+			for _, fm := range req.GetMessages() {
+				if err := s.Deliver.DeliverForwarded(fm.GetMessage()); err != nil {
+					// Not taken: close the stream without acking; the sender
+					// resends the frame (receivers are idempotent per frame).
+					s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
+					return connect.NewError(connect.CodeUnavailable, err)
+				}
+			}
+			s.mu.Lock()
+			s.hwm[key] = max(s.hwm[key], req.GetSeq())
+			s.mu.Unlock()
+		}
+		if err := st.Send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {
+			return nil
+		}
+	}
+}
+
+func (s *Server) log() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+// Link is the sending side of one peer stream.
+type Link struct {
+	edgeID      string
+	incarnation uint64
+	peer        string
+	client      edgev1connect.EdgeServiceClient
+	logger      *slog.Logger
+
+	mu      sync.Mutex
+	queue   []*pending // not yet in a frame
+	unacked []*frame   // sent, awaiting ack, in seq order
+	seq     uint64
+	wake    chan struct{}
+	closed  bool
+}
+
+type pending struct {
+	msg  *commonv1.Message
+	done chan error
+}
+
+type frame struct {
+	seq  uint64
+	msgs []*pending
+}
+
+// NewLink returns a link from this edge to the peer at baseURL (h2c).
+func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *slog.Logger) *Link {
+	hc := &http.Client{Transport: &http2.Transport{AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}}}
+	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger,
+		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
+}
+
+// Send queues m for the peer and returns a channel that yields nil once the
+// peer took it.
+func (l *Link) Send(m *commonv1.Message) <-chan error {
+	p := &pending{msg: m, done: make(chan error, 1)}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		p.done <- ErrPeerGone
+		return p.done
+	}
+	l.queue = append(l.queue, p)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return p.done
+}
+
+// Run keeps a stream to the peer open until ctx ends, resending unacked
+// frames after every reconnect.
+func (l *Link) Run(ctx context.Context) error {
+	defer l.fail(ErrPeerGone)
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		err := l.stream(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		l.logger.Debug("forward stream ended; reconnecting", "peer", l.peer, "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	return nil
+}
+
+func (l *Link) stream(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st := l.client.Forward(sctx)
+	// End the stream explicitly: the peer's handler (and its server's
+	// shutdown) must not wait on a stream this side abandoned.
+	defer func() {
+		_ = st.CloseRequest()
+		_ = st.CloseResponse()
+	}()
+	// Resend what the previous stream left unacknowledged, in order.
+	l.mu.Lock()
+	resend := append([]*frame(nil), l.unacked...)
+	l.mu.Unlock()
+	for _, f := range resend {
+		if err := st.Send(l.request(f)); err != nil {
+			return err
+		}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := st.Receive()
+			if err != nil {
+				errc <- err
+				return
+			}
+			l.acked(resp.GetTakenSeq())
+		}
+	}()
+	for {
+		select {
+		case <-sctx.Done():
+			return sctx.Err()
+		case err := <-errc:
+			return err
+		case <-l.wake:
+		}
+		for {
+			f := l.nextFrame()
+			if f == nil {
+				break
+			}
+			if err := st.Send(l.request(f)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+const maxFrameMessages = 256
+
+// nextFrame moves queued messages into a new frame.
+func (l *Link) nextFrame() *frame {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.queue) == 0 {
+		return nil
+	}
+	n := min(len(l.queue), maxFrameMessages)
+	l.seq++
+	f := &frame{seq: l.seq, msgs: l.queue[:n:n]}
+	l.queue = l.queue[n:]
+	l.unacked = append(l.unacked, f)
+	return f
+}
+
+func (l *Link) request(f *frame) *edgev1.ForwardRequest {
+	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, Seq: f.seq}
+	for _, p := range f.msgs {
+		req.Messages = append(req.Messages, &edgev1.ForwardMessage{Message: p.msg})
+	}
+	return req
+}
+
+func (l *Link) acked(seq uint64) {
+	l.mu.Lock()
+	var done []*frame
+	for len(l.unacked) > 0 && l.unacked[0].seq <= seq {
+		done = append(done, l.unacked[0])
+		l.unacked = l.unacked[1:]
+	}
+	l.mu.Unlock()
+	for _, f := range done {
+		for _, p := range f.msgs {
+			p.done <- nil
+		}
+	}
+}
+
+// fail answers every waiting message with err (the link is closing).
+func (l *Link) fail(err error) {
+	l.mu.Lock()
+	l.closed = true
+	var all []*pending
+	for _, f := range l.unacked {
+		all = append(all, f.msgs...)
+	}
+	all = append(all, l.queue...)
+	l.unacked, l.queue = nil, nil
+	l.mu.Unlock()
+	for _, p := range all {
+		p.done <- err
+	}
+}
+
+func (l *Link) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// Wait waits for the channels returned by Send, up to the bound.
+func Wait(ctx context.Context, bound time.Duration, chans []<-chan error) error {
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	for _, c := range chans {
+		select {
+		case err := <-c:
+			if err != nil {
+				return err
+			}
+		case <-t.C:
+			return fmt.Errorf("%w within %v", ErrPeerGone, bound)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}

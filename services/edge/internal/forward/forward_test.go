@@ -1,0 +1,159 @@
+package forward
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/listener"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+type edge struct {
+	b    *broker.Broker
+	mqtt string
+	api  *httptest.Server
+}
+
+// startEdge runs a broker with its edge API on an h2c test server.
+func startEdge(t *testing.T, id string) *edge {
+	t.Helper()
+	cfg := broker.DefaultConfig()
+	cfg.EdgeID = id
+	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.Protocols = new(http.Protocols)
+	ts.Config.Protocols.SetHTTP1(true)
+	ts.Config.Protocols.SetUnencryptedHTTP2(true)
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return &edge{b: b, mqtt: l.Address(), api: ts}
+}
+
+// staticRoutes sends every topic to the listed peers.
+type staticRoutes []Peer
+
+func (s staticRoutes) Route(context.Context, string, string) ([]Peer, error) { return s, nil }
+
+func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwarder {
+	t.Helper()
+	_, inc := from.b.ID()
+	f := &Forwarder{Self: self, Incarnation: inc, Resolver: staticRoutes(to), Bound: time.Second, Logger: testutil.Logger(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = f.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	from.b.SetCluster(broker.Cluster{Peers: f})
+	return f
+}
+
+// A QoS 1 message published on edge A reaches a subscriber on edge B, and
+// the publisher's PUBACK comes once B took it.
+func TestForward_AcrossEdges(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
+
+	sub := mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+	pub := mqtttest.Dial(t, a.mqtt, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	const n = 100
+	for i := range n {
+		pub.Publish(uint16(i+1), "t/x", 1, []byte{byte(i)})
+	}
+	for range n {
+		pub.Expect(packets.Puback)
+	}
+	for i := range n {
+		got := sub.Expect(packets.Publish)
+		require.Equal(t, []byte{byte(i)}, got.Payload, "in order")
+		require.Equal(t, "t/x", got.TopicName)
+		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	}
+}
+
+// When the peer cannot take a QoS 1 message within the bound, the publisher
+// gets no PUBACK: it is disconnected and sends the message again.
+func TestForward_PeerGoneNoAck(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	url := b.api.URL
+	b.api.Close() // the peer's API is gone
+	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: url})
+
+	pub := mqtttest.Dial(t, a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		require.NoError(t, err, "expected a DISCONNECT, not silence")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no peer took it")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			break
+		}
+	}
+}
+
+type countingDeliverer struct{ n int }
+
+func (c *countingDeliverer) DeliverForwarded(*commonv1.Message) error { c.n++; return nil }
+
+// A frame resent after a reconnect is acknowledged again but delivered once:
+// the receiver keeps the highest frame sequence per sending incarnation.
+func TestServer_FramesDeliveredOnce(t *testing.T) {
+	t.Parallel()
+	d := &countingDeliverer{}
+	srv := &Server{Deliver: d}
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.Protocols = new(http.Protocols)
+	ts.Config.Protocols.SetHTTP1(true)
+	ts.Config.Protocols.SetUnencryptedHTTP2(true)
+	ts.Start()
+	t.Cleanup(ts.Close)
+	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1,
+		Messages: []*edgev1.ForwardMessage{{Message: &commonv1.Message{Tenant: "acme", Topic: "t"}}}}
+	for range 2 { // two streams, as after a reconnect
+		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t))
+		st := l.client.Forward(t.Context())
+		require.NoError(t, st.Send(frame))
+		resp, err := st.Receive()
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), resp.GetTakenSeq())
+		require.NoError(t, st.CloseRequest())
+		require.NoError(t, st.CloseResponse())
+	}
+	require.Equal(t, 1, d.n)
+
+	// Garbage: a frame without sequence is refused.
+	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t))
+	st := l.client.Forward(t.Context())
+	require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a"}))
+	_, err := st.Receive()
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	_ = st.CloseRequest()
+	_ = st.CloseResponse()
+}
