@@ -24,19 +24,29 @@ import (
 
 // Record is a group's primary as the coordinator holds it.
 type Record struct {
-	Primary string // host:port
-	Epoch   uint64
+	Primary  string   // host:port
+	Replicas []string // host:port of the other nodes of the group
+	Epoch    uint64
 }
 
 // Records reads and compare-and-sets a group's record (the coordinator).
 type Records interface {
 	Get(ctx context.Context) (Record, error)
-	// CompareAndSet replaces the record if its epoch is still oldEpoch.
-	CompareAndSet(ctx context.Context, oldEpoch uint64, next Record) error
+	// CompareAndSet replaces the record if its epoch is still oldEpoch and
+	// returns the record now in force; the store of the record may assign
+	// the new epoch itself (the coordinator uses the Raft index), which is
+	// always above oldEpoch. It returns [ErrRecordChanged] if it lost.
+	CompareAndSet(ctx context.Context, oldEpoch uint64, next Record) (Record, error)
 }
 
-// ErrNoCandidate means no replica could be promoted.
-var ErrNoCandidate = errors.New("no replica can be promoted")
+var (
+	// ErrNoCandidate means no replica could be promoted.
+	ErrNoCandidate = errors.New("no replica can be promoted")
+	// ErrRecordChanged means a compare-and-set lost: the record moved on.
+	ErrRecordChanged = errors.New("group record changed")
+	// ErrNoRecord means the group has no record yet.
+	ErrNoRecord = errors.New("group has no record")
+)
 
 // GroupEpochKey is where each node keeps the record epoch it serves under;
 // the store's scripts refuse writers that follow an older record.
@@ -44,7 +54,9 @@ const GroupEpochKey = "keel:group-epoch"
 
 // Promoter runs failover for one group.
 type Promoter struct {
-	Nodes   []string // every node of the group, host:port
+	// Nodes are every node of the group, host:port; empty means the
+	// record's primary and replicas.
+	Nodes   []string
 	Records Records
 	// WaitWriters blocks until the leases of every writer that followed
 	// the old record have expired (the coordinator knows them).
@@ -97,9 +109,24 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 	return st
 }
 
+func (p *Promoter) nodes(rec Record) []string {
+	if len(p.Nodes) > 0 {
+		return p.Nodes
+	}
+	return append([]string{rec.Primary}, rec.Replicas...)
+}
+
 // Failover promotes the replica with the highest replication offset and
 // publishes it as the new primary. It is safe to run from two places: the
 // record's compare-and-set lets only one promotion win.
+//
+// Order matters. The other replicas are first re-pointed to the chosen one
+// (chained below it, they keep every byte it has); then it is promoted,
+// which cuts the old primary off from its last replica, so a still-running
+// old primary refuses writes (min-replicas-to-write) and WAIT on it can no
+// longer confirm anything the new primary lacks. It then takes a group
+// epoch above the old record's, so writers of the old record are fenced,
+// and only then is the record published.
 func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	old, err := p.Records.Get(ctx)
 	if err != nil {
@@ -110,8 +137,9 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 			return Record{}, fmt.Errorf("wait for writer leases: %w", err)
 		}
 	}
+	nodes := p.nodes(old)
 	var best *replState
-	for _, addr := range p.Nodes {
+	for _, addr := range nodes {
 		if addr == old.Primary {
 			continue
 		}
@@ -128,33 +156,38 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	if best == nil {
 		return Record{}, ErrNoCandidate
 	}
-	next := Record{Primary: best.addr, Epoch: old.Epoch + 1}
-	c := p.client(best.addr)
-	defer c.Close()
-	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
-		return Record{}, fmt.Errorf("promote %s: %w", best.addr, err)
-	}
 	host, port, _ := net.SplitHostPort(best.addr)
-	for _, addr := range p.Nodes {
-		if addr == best.addr || addr == old.Primary {
+	next := Record{Primary: best.addr}
+	for _, addr := range nodes {
+		if addr == best.addr {
+			continue
+		}
+		next.Replicas = append(next.Replicas, addr)
+		if addr == old.Primary {
 			continue
 		}
 		if err := p.replicaOf(ctx, addr, host, port); err != nil {
 			p.log().Warn("repoint replica failed; reconcile retries", "node", addr, "error", err)
 		}
 	}
+	c := p.client(best.addr)
+	defer c.Close()
+	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
+		return Record{}, fmt.Errorf("promote %s: %w", best.addr, err)
+	}
 	// The new primary refuses writes until a replica is attached
-	// (min-replicas-to-write); then it takes the new record epoch, which the
-	// store's scripts compare with every writer's, and only then is the
-	// record published for writers to follow.
-	if err := p.stampEpoch(ctx, c, next.Epoch); err != nil {
+	// (min-replicas-to-write). The stamp old.Epoch+1 fences every writer of
+	// the old record and admits the new record's writers, whose epoch is
+	// always above old.Epoch.
+	if err := p.stampEpoch(ctx, c, old.Epoch+1); err != nil {
 		return Record{}, fmt.Errorf("stamp record epoch on %s: %w", best.addr, err)
 	}
-	if err := p.Records.CompareAndSet(ctx, old.Epoch, next); err != nil {
+	rec, err := p.Records.CompareAndSet(ctx, old.Epoch, next)
+	if err != nil {
 		return Record{}, fmt.Errorf("publish record: %w", err)
 	}
-	p.log().Info("redis primary promoted", "primary", next.Primary, "record_epoch", next.Epoch, "offset", best.offset)
-	return next, nil
+	p.log().Info("redis primary promoted", "primary", rec.Primary, "record_epoch", rec.Epoch, "offset", best.offset)
+	return rec, nil
 }
 
 func (p *Promoter) stampEpoch(ctx context.Context, c *redis.Client, epoch uint64) error {
@@ -192,7 +225,7 @@ func (p *Promoter) Reconcile(ctx context.Context) error {
 	}
 	host, port, _ := net.SplitHostPort(rec.Primary)
 	var errs []error
-	for _, addr := range p.Nodes {
+	for _, addr := range p.nodes(rec) {
 		if addr == rec.Primary {
 			continue
 		}

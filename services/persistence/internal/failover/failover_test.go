@@ -2,7 +2,6 @@ package failover
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -29,14 +28,15 @@ func (m *memRecords) Get(context.Context) (Record, error) {
 	return m.rec, nil
 }
 
-func (m *memRecords) CompareAndSet(_ context.Context, oldEpoch uint64, next Record) error {
+func (m *memRecords) CompareAndSet(_ context.Context, oldEpoch uint64, next Record) (Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.rec.Epoch != oldEpoch {
-		return errors.New("record changed")
+		return m.rec, ErrRecordChanged
 	}
+	next.Epoch = oldEpoch + 1
 	m.rec = next
-	return nil
+	return next, nil
 }
 
 // TestFailover_KillPrimaryLosesNoAcknowledgedWrite streams acknowledged

@@ -5,11 +5,15 @@
 // source: keel/persistence/v1/persistence.proto
 
 // Package keel.persistence.v1 is the API of the persistence service: durable MQTT
-// state (sessions, subscriptions, wills, inflight, queues, retained) in Redis groups.
-// One persistence instance fronts one Redis node; callers send a session's writes to
-// the instance in front of its group's primary (slot table and group records come
-// from the coordinator). Every session write is fenced by the session's epoch, and
-// every batch by the group's record epoch. Receivers are idempotent on msgID.
+// state (sessions, subscriptions, wills, in-flight deliveries, offline queues,
+// inbound QoS 2 records, retained messages) in Redis groups, or in an embedded
+// store on a single node.
+//
+// The write ops map one to one onto the service's Store methods. Every session op
+// carries a Fence: the session epoch from the coordinator and the Redis group record
+// epoch the writer follows; a write under an older epoch is refused (FENCED or
+// GROUP_FENCED) and stores nothing. Receivers are idempotent on msgID, so a writer
+// may retry any op that was not answered OK.
 
 package persistencev1
 
@@ -29,80 +33,30 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// InflightState is where an outgoing QoS 1/2 delivery stands.
-type InflightState int32
-
-const (
-	// INFLIGHT_STATE_UNSPECIFIED is invalid.
-	InflightState_INFLIGHT_STATE_UNSPECIFIED InflightState = 0
-	// INFLIGHT_STATE_PUBLISH_SENT means the packet ID is assigned and PUBLISH is (to
-	// be) sent; awaiting PUBACK (QoS 1) or PUBREC (QoS 2). Resend with DUP=1.
-	InflightState_INFLIGHT_STATE_PUBLISH_SENT InflightState = 1
-	// INFLIGHT_STATE_PUBREL_SENT means PUBREC arrived and PUBREL is (to be) sent;
-	// awaiting PUBCOMP. Resend PUBREL, never the PUBLISH.
-	InflightState_INFLIGHT_STATE_PUBREL_SENT InflightState = 2
-)
-
-// Enum value maps for InflightState.
-var (
-	InflightState_name = map[int32]string{
-		0: "INFLIGHT_STATE_UNSPECIFIED",
-		1: "INFLIGHT_STATE_PUBLISH_SENT",
-		2: "INFLIGHT_STATE_PUBREL_SENT",
-	}
-	InflightState_value = map[string]int32{
-		"INFLIGHT_STATE_UNSPECIFIED":  0,
-		"INFLIGHT_STATE_PUBLISH_SENT": 1,
-		"INFLIGHT_STATE_PUBREL_SENT":  2,
-	}
-)
-
-func (x InflightState) Enum() *InflightState {
-	p := new(InflightState)
-	*p = x
-	return p
-}
-
-func (x InflightState) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (InflightState) Descriptor() protoreflect.EnumDescriptor {
-	return file_keel_persistence_v1_persistence_proto_enumTypes[0].Descriptor()
-}
-
-func (InflightState) Type() protoreflect.EnumType {
-	return &file_keel_persistence_v1_persistence_proto_enumTypes[0]
-}
-
-func (x InflightState) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use InflightState.Descriptor instead.
-func (InflightState) EnumDescriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{0}
-}
-
-// WriteStatus is the outcome of a batch or op.
+// WriteStatus is the outcome of a batch or an op.
 type WriteStatus int32
 
 const (
 	// WRITE_STATUS_UNSPECIFIED is never sent.
 	WriteStatus_WRITE_STATUS_UNSPECIFIED WriteStatus = 0
-	// WRITE_STATUS_OK means applied and, if asked, replicated: acknowledge.
+	// WRITE_STATUS_OK means applied and, where it matters, replicated: acknowledge.
 	WriteStatus_WRITE_STATUS_OK WriteStatus = 1
-	// WRITE_STATUS_NOT_REPLICATED means applied on the primary but WAIT returned 0
-	// replicas in time. Do not acknowledge; retry (ops are idempotent) or fail.
+	// WRITE_STATUS_NOT_REPLICATED means applied on the primary but no replica
+	// confirmed it in time. Do NOT acknowledge; retry (ops are idempotent) or give up
+	// and let the client re-send.
 	WriteStatus_WRITE_STATUS_NOT_REPLICATED WriteStatus = 2
-	// WRITE_STATUS_FENCED means a newer session epoch (op) or group record epoch
-	// (batch) exists; the writer lost ownership and must not retry.
+	// WRITE_STATUS_FENCED means a newer session epoch exists: the writer lost the
+	// session and must not retry.
 	WriteStatus_WRITE_STATUS_FENCED WriteStatus = 3
-	// WRITE_STATUS_QUOTA_EXCEEDED means a queue or tenant quota refused the write.
-	WriteStatus_WRITE_STATUS_QUOTA_EXCEEDED WriteStatus = 4
-	// WRITE_STATUS_FAILED means the write did not happen (e.g. Redis unavailable or
-	// refusing writes); retry after backoff, possibly against a new primary.
-	WriteStatus_WRITE_STATUS_FAILED WriteStatus = 5
+	// WRITE_STATUS_GROUP_FENCED means the Redis group failed over past the record the
+	// write was made under; retry once the new record is followed.
+	WriteStatus_WRITE_STATUS_GROUP_FENCED WriteStatus = 4
+	// WRITE_STATUS_INVALID_ARGUMENT means the batch or op was malformed; nothing of it
+	// was stored. Do not retry unchanged.
+	WriteStatus_WRITE_STATUS_INVALID_ARGUMENT WriteStatus = 5
+	// WRITE_STATUS_UNAVAILABLE means the write may not have happened (Redis down,
+	// refusing writes, failover in progress, instance stopping); retry with backoff.
+	WriteStatus_WRITE_STATUS_UNAVAILABLE WriteStatus = 6
 )
 
 // Enum value maps for WriteStatus.
@@ -112,16 +66,18 @@ var (
 		1: "WRITE_STATUS_OK",
 		2: "WRITE_STATUS_NOT_REPLICATED",
 		3: "WRITE_STATUS_FENCED",
-		4: "WRITE_STATUS_QUOTA_EXCEEDED",
-		5: "WRITE_STATUS_FAILED",
+		4: "WRITE_STATUS_GROUP_FENCED",
+		5: "WRITE_STATUS_INVALID_ARGUMENT",
+		6: "WRITE_STATUS_UNAVAILABLE",
 	}
 	WriteStatus_value = map[string]int32{
-		"WRITE_STATUS_UNSPECIFIED":    0,
-		"WRITE_STATUS_OK":             1,
-		"WRITE_STATUS_NOT_REPLICATED": 2,
-		"WRITE_STATUS_FENCED":         3,
-		"WRITE_STATUS_QUOTA_EXCEEDED": 4,
-		"WRITE_STATUS_FAILED":         5,
+		"WRITE_STATUS_UNSPECIFIED":      0,
+		"WRITE_STATUS_OK":               1,
+		"WRITE_STATUS_NOT_REPLICATED":   2,
+		"WRITE_STATUS_FENCED":           3,
+		"WRITE_STATUS_GROUP_FENCED":     4,
+		"WRITE_STATUS_INVALID_ARGUMENT": 5,
+		"WRITE_STATUS_UNAVAILABLE":      6,
 	}
 )
 
@@ -136,11 +92,11 @@ func (x WriteStatus) String() string {
 }
 
 func (WriteStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_keel_persistence_v1_persistence_proto_enumTypes[1].Descriptor()
+	return file_keel_persistence_v1_persistence_proto_enumTypes[0].Descriptor()
 }
 
 func (WriteStatus) Type() protoreflect.EnumType {
-	return &file_keel_persistence_v1_persistence_proto_enumTypes[1]
+	return &file_keel_persistence_v1_persistence_proto_enumTypes[0]
 }
 
 func (x WriteStatus) Number() protoreflect.EnumNumber {
@@ -149,33 +105,87 @@ func (x WriteStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WriteStatus.Descriptor instead.
 func (WriteStatus) EnumDescriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{1}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{0}
+}
+
+// Fence is what a session write proves about its writer.
+type Fence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epoch is the session epoch granted by the coordinator (Raft index of the claim).
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// group_epoch is the record epoch of the Redis group the writer follows; 0 lets
+	// the persistence instance use the record it follows itself.
+	GroupEpoch    uint64 `protobuf:"varint,2,opt,name=group_epoch,json=groupEpoch,proto3" json:"group_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fence) Reset() {
+	*x = Fence{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fence) ProtoMessage() {}
+
+func (x *Fence) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fence.ProtoReflect.Descriptor instead.
+func (*Fence) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Fence) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Fence) GetGroupEpoch() uint64 {
+	if x != nil {
+		return x.GroupEpoch
+	}
+	return 0
 }
 
 // Subscription is one stored MQTT subscription of a session.
 type Subscription struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// filter is the topic filter without any `$share/<group>/` prefix.
+	// filter as subscribed, `$share/<group>/` prefix included; it is the key.
 	Filter string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
-	// share_group is the shared-subscription group; empty if not shared.
-	ShareGroup string `protobuf:"bytes,2,opt,name=share_group,json=shareGroup,proto3" json:"share_group,omitempty"`
 	// qos is the maximum QoS granted: 0, 1 or 2.
-	Qos uint32 `protobuf:"varint,3,opt,name=qos,proto3" json:"qos,omitempty"`
+	Qos uint32 `protobuf:"varint,2,opt,name=qos,proto3" json:"qos,omitempty"`
 	// no_local is the MQTT 5 No Local option.
-	NoLocal bool `protobuf:"varint,4,opt,name=no_local,json=noLocal,proto3" json:"no_local,omitempty"`
+	NoLocal bool `protobuf:"varint,3,opt,name=no_local,json=noLocal,proto3" json:"no_local,omitempty"`
 	// retain_as_published is the MQTT 5 Retain As Published option.
-	RetainAsPublished bool `protobuf:"varint,5,opt,name=retain_as_published,json=retainAsPublished,proto3" json:"retain_as_published,omitempty"`
+	RetainAsPublished bool `protobuf:"varint,4,opt,name=retain_as_published,json=retainAsPublished,proto3" json:"retain_as_published,omitempty"`
 	// retain_handling is the MQTT 5 Retain Handling option: 0, 1 or 2.
-	RetainHandling uint32 `protobuf:"varint,6,opt,name=retain_handling,json=retainHandling,proto3" json:"retain_handling,omitempty"`
+	RetainHandling uint32 `protobuf:"varint,5,opt,name=retain_handling,json=retainHandling,proto3" json:"retain_handling,omitempty"`
 	// subscription_identifier is the MQTT 5 Subscription Identifier; 0 if none.
-	SubscriptionIdentifier uint32 `protobuf:"varint,7,opt,name=subscription_identifier,json=subscriptionIdentifier,proto3" json:"subscription_identifier,omitempty"`
+	SubscriptionIdentifier uint32 `protobuf:"varint,6,opt,name=subscription_identifier,json=subscriptionIdentifier,proto3" json:"subscription_identifier,omitempty"`
 	unknownFields          protoimpl.UnknownFields
 	sizeCache              protoimpl.SizeCache
 }
 
 func (x *Subscription) Reset() {
 	*x = Subscription{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[0]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -187,7 +197,7 @@ func (x *Subscription) String() string {
 func (*Subscription) ProtoMessage() {}
 
 func (x *Subscription) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[0]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -200,19 +210,12 @@ func (x *Subscription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscription.ProtoReflect.Descriptor instead.
 func (*Subscription) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{0}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Subscription) GetFilter() string {
 	if x != nil {
 		return x.Filter
-	}
-	return ""
-}
-
-func (x *Subscription) GetShareGroup() string {
-	if x != nil {
-		return x.ShareGroup
 	}
 	return ""
 }
@@ -252,84 +255,10 @@ func (x *Subscription) GetSubscriptionIdentifier() uint32 {
 	return 0
 }
 
-// SessionState is the stored, connection-independent state of a session.
-type SessionState struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// protocol_version is the MQTT protocol level of the last connection: 3, 4 or 5.
-	ProtocolVersion uint32 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
-	// session_expiry_interval in seconds, as last set by the client.
-	SessionExpiryInterval uint32 `protobuf:"varint,2,opt,name=session_expiry_interval,json=sessionExpiryInterval,proto3" json:"session_expiry_interval,omitempty"`
-	// disconnected_unix_nano is when the last connection ended (Unix nanoseconds);
-	// 0 while connected. The expiry timer runs from here.
-	DisconnectedUnixNano int64 `protobuf:"varint,3,opt,name=disconnected_unix_nano,json=disconnectedUnixNano,proto3" json:"disconnected_unix_nano,omitempty"`
-	// receive_maximum the client announced (MQTT 5), bounding inflight on resume.
-	ReceiveMaximum uint32 `protobuf:"varint,4,opt,name=receive_maximum,json=receiveMaximum,proto3" json:"receive_maximum,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
-}
-
-func (x *SessionState) Reset() {
-	*x = SessionState{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[1]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *SessionState) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*SessionState) ProtoMessage() {}
-
-func (x *SessionState) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[1]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use SessionState.ProtoReflect.Descriptor instead.
-func (*SessionState) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *SessionState) GetProtocolVersion() uint32 {
-	if x != nil {
-		return x.ProtocolVersion
-	}
-	return 0
-}
-
-func (x *SessionState) GetSessionExpiryInterval() uint32 {
-	if x != nil {
-		return x.SessionExpiryInterval
-	}
-	return 0
-}
-
-func (x *SessionState) GetDisconnectedUnixNano() int64 {
-	if x != nil {
-		return x.DisconnectedUnixNano
-	}
-	return 0
-}
-
-func (x *SessionState) GetReceiveMaximum() uint32 {
-	if x != nil {
-		return x.ReceiveMaximum
-	}
-	return 0
-}
-
-// Will is a session's stored will message.
+// Will is a session's will message.
 type Will struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// message to publish; its id is assigned when the will is stored.
+	// message to publish when the will fires.
 	Message *v1.Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
 	// delay_interval is the MQTT 5 Will Delay Interval in seconds.
 	DelayInterval uint32 `protobuf:"varint,2,opt,name=delay_interval,json=delayInterval,proto3" json:"delay_interval,omitempty"`
@@ -381,40 +310,37 @@ func (x *Will) GetDelayInterval() uint32 {
 	return 0
 }
 
-// InflightEntry is one outgoing delivery awaiting its acknowledgement. It refers to
-// the message by msgID; the payload is stored once per msgID.
-type InflightEntry struct {
+// Session is the connection-independent record of a session.
+type Session struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// packet_id is the MQTT packet identifier used towards the client.
-	PacketId uint32 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
-	// msg_id of the message delivered.
-	MsgId *v1.MsgID `protobuf:"bytes,2,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
-	// qos of the delivery: 1 or 2.
-	Qos uint32 `protobuf:"varint,3,opt,name=qos,proto3" json:"qos,omitempty"`
-	// state of the delivery.
-	State InflightState `protobuf:"varint,4,opt,name=state,proto3,enum=keel.persistence.v1.InflightState" json:"state,omitempty"`
-	// retain is the RETAIN flag of the delivery (per retain-as-published).
-	Retain bool `protobuf:"varint,5,opt,name=retain,proto3" json:"retain,omitempty"`
-	// subscription_identifiers to send with the PUBLISH (MQTT 5).
-	SubscriptionIdentifiers []uint32 `protobuf:"varint,6,rep,packed,name=subscription_identifiers,json=subscriptionIdentifiers,proto3" json:"subscription_identifiers,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// protocol_version is the MQTT protocol level of the last connection: 3, 4 or 5.
+	ProtocolVersion uint32 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	// session_expiry_interval in seconds, as last set by the client.
+	SessionExpiryInterval uint32 `protobuf:"varint,2,opt,name=session_expiry_interval,json=sessionExpiryInterval,proto3" json:"session_expiry_interval,omitempty"`
+	// disconnected_unix_nano is when the last connection ended; 0 while connected.
+	DisconnectedUnixNano int64 `protobuf:"varint,3,opt,name=disconnected_unix_nano,json=disconnectedUnixNano,proto3" json:"disconnected_unix_nano,omitempty"`
+	// properties are opaque to persistence (the edge's own encoding).
+	Properties []byte `protobuf:"bytes,4,opt,name=properties,proto3" json:"properties,omitempty"`
+	// will of the session; unset if none.
+	Will          *Will `protobuf:"bytes,5,opt,name=will,proto3" json:"will,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
-func (x *InflightEntry) Reset() {
-	*x = InflightEntry{}
+func (x *Session) Reset() {
+	*x = Session{}
 	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *InflightEntry) String() string {
+func (x *Session) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*InflightEntry) ProtoMessage() {}
+func (*Session) ProtoMessage() {}
 
-func (x *InflightEntry) ProtoReflect() protoreflect.Message {
+func (x *Session) ProtoReflect() protoreflect.Message {
 	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -426,58 +352,151 @@ func (x *InflightEntry) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use InflightEntry.ProtoReflect.Descriptor instead.
-func (*InflightEntry) Descriptor() ([]byte, []int) {
+// Deprecated: Use Session.ProtoReflect.Descriptor instead.
+func (*Session) Descriptor() ([]byte, []int) {
 	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *InflightEntry) GetPacketId() uint32 {
+func (x *Session) GetProtocolVersion() uint32 {
 	if x != nil {
-		return x.PacketId
+		return x.ProtocolVersion
 	}
 	return 0
 }
 
-func (x *InflightEntry) GetMsgId() *v1.MsgID {
+func (x *Session) GetSessionExpiryInterval() uint32 {
+	if x != nil {
+		return x.SessionExpiryInterval
+	}
+	return 0
+}
+
+func (x *Session) GetDisconnectedUnixNano() int64 {
+	if x != nil {
+		return x.DisconnectedUnixNano
+	}
+	return 0
+}
+
+func (x *Session) GetProperties() []byte {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *Session) GetWill() *Will {
+	if x != nil {
+		return x.Will
+	}
+	return nil
+}
+
+// Entry is a message queued for, or in flight to, a session. It refers to the
+// message by msgID; the body is stored once per msgID.
+type Entry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// msg_id of the message.
+	MsgId *v1.MsgID `protobuf:"bytes,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	// qos of the delivery: 0, 1 or 2.
+	Qos uint32 `protobuf:"varint,2,opt,name=qos,proto3" json:"qos,omitempty"`
+	// retain is the RETAIN flag of the delivery.
+	Retain bool `protobuf:"varint,3,opt,name=retain,proto3" json:"retain,omitempty"`
+	// subscription_identifiers to send with the PUBLISH (MQTT 5).
+	SubscriptionIdentifiers []uint32 `protobuf:"varint,4,rep,packed,name=subscription_identifiers,json=subscriptionIdentifiers,proto3" json:"subscription_identifiers,omitempty"`
+	// packet_id towards the client; in-flight entries only (1-65535).
+	PacketId uint32 `protobuf:"varint,5,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// pubrel is true once PUBREC arrived (QoS 2): resend PUBREL, never the PUBLISH.
+	Pubrel bool `protobuf:"varint,6,opt,name=pubrel,proto3" json:"pubrel,omitempty"`
+	// seq is the queue position the store assigned; ignored in requests.
+	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Entry) Reset() {
+	*x = Entry{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Entry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Entry) ProtoMessage() {}
+
+func (x *Entry) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Entry.ProtoReflect.Descriptor instead.
+func (*Entry) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Entry) GetMsgId() *v1.MsgID {
 	if x != nil {
 		return x.MsgId
 	}
 	return nil
 }
 
-func (x *InflightEntry) GetQos() uint32 {
+func (x *Entry) GetQos() uint32 {
 	if x != nil {
 		return x.Qos
 	}
 	return 0
 }
 
-func (x *InflightEntry) GetState() InflightState {
-	if x != nil {
-		return x.State
-	}
-	return InflightState_INFLIGHT_STATE_UNSPECIFIED
-}
-
-func (x *InflightEntry) GetRetain() bool {
+func (x *Entry) GetRetain() bool {
 	if x != nil {
 		return x.Retain
 	}
 	return false
 }
 
-func (x *InflightEntry) GetSubscriptionIdentifiers() []uint32 {
+func (x *Entry) GetSubscriptionIdentifiers() []uint32 {
 	if x != nil {
 		return x.SubscriptionIdentifiers
 	}
 	return nil
 }
 
-// IngressRecord remembers an incoming QoS 2 PUBLISH until its PUBREL, so a DUP
-// re-send on any edge reuses the msgID instead of publishing twice.
-type IngressRecord struct {
+func (x *Entry) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+func (x *Entry) GetPubrel() bool {
+	if x != nil {
+		return x.Pubrel
+	}
+	return false
+}
+
+func (x *Entry) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+// Incoming is an inbound QoS 2 PUBLISH awaiting its PUBREL.
+type Incoming struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// packet_id the publisher used.
+	// packet_id the publisher used (1-65535).
 	PacketId uint32 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
 	// msg_id assigned to the message.
 	MsgId         *v1.MsgID `protobuf:"bytes,2,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
@@ -485,21 +504,21 @@ type IngressRecord struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *IngressRecord) Reset() {
-	*x = IngressRecord{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[4]
+func (x *Incoming) Reset() {
+	*x = Incoming{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *IngressRecord) String() string {
+func (x *Incoming) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*IngressRecord) ProtoMessage() {}
+func (*Incoming) ProtoMessage() {}
 
-func (x *IngressRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[4]
+func (x *Incoming) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,55 +529,51 @@ func (x *IngressRecord) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use IngressRecord.ProtoReflect.Descriptor instead.
-func (*IngressRecord) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{4}
+// Deprecated: Use Incoming.ProtoReflect.Descriptor instead.
+func (*Incoming) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *IngressRecord) GetPacketId() uint32 {
+func (x *Incoming) GetPacketId() uint32 {
 	if x != nil {
 		return x.PacketId
 	}
 	return 0
 }
 
-func (x *IngressRecord) GetMsgId() *v1.MsgID {
+func (x *Incoming) GetMsgId() *v1.MsgID {
 	if x != nil {
 		return x.MsgId
 	}
 	return nil
 }
 
-// QueueEntry is one message waiting in an offline queue.
-type QueueEntry struct {
+// QueueLimits bound one session's offline queue.
+type QueueLimits struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// msg_id of the queued message.
-	MsgId *v1.MsgID `protobuf:"bytes,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
-	// qos of the delivery (the minimum of message and subscription QoS).
-	Qos uint32 `protobuf:"varint,2,opt,name=qos,proto3" json:"qos,omitempty"`
-	// retain is the RETAIN flag of the delivery.
-	Retain bool `protobuf:"varint,3,opt,name=retain,proto3" json:"retain,omitempty"`
-	// subscription_identifiers to send with the PUBLISH (MQTT 5).
-	SubscriptionIdentifiers []uint32 `protobuf:"varint,4,rep,packed,name=subscription_identifiers,json=subscriptionIdentifiers,proto3" json:"subscription_identifiers,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// max_len is the maximum number of entries; 0 is unlimited.
+	MaxLen uint32 `protobuf:"varint,1,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
+	// drop_oldest drops the oldest entry when full; otherwise the newest is refused.
+	DropOldest    bool `protobuf:"varint,2,opt,name=drop_oldest,json=dropOldest,proto3" json:"drop_oldest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
-func (x *QueueEntry) Reset() {
-	*x = QueueEntry{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[5]
+func (x *QueueLimits) Reset() {
+	*x = QueueLimits{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *QueueEntry) String() string {
+func (x *QueueLimits) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*QueueEntry) ProtoMessage() {}
+func (*QueueLimits) ProtoMessage() {}
 
-func (x *QueueEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[5]
+func (x *QueueLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,66 +584,39 @@ func (x *QueueEntry) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use QueueEntry.ProtoReflect.Descriptor instead.
-func (*QueueEntry) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{5}
+// Deprecated: Use QueueLimits.ProtoReflect.Descriptor instead.
+func (*QueueLimits) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{6}
 }
 
-func (x *QueueEntry) GetMsgId() *v1.MsgID {
+func (x *QueueLimits) GetMaxLen() uint32 {
 	if x != nil {
-		return x.MsgId
-	}
-	return nil
-}
-
-func (x *QueueEntry) GetQos() uint32 {
-	if x != nil {
-		return x.Qos
+		return x.MaxLen
 	}
 	return 0
 }
 
-func (x *QueueEntry) GetRetain() bool {
+func (x *QueueLimits) GetDropOldest() bool {
 	if x != nil {
-		return x.Retain
+		return x.DropOldest
 	}
 	return false
 }
 
-func (x *QueueEntry) GetSubscriptionIdentifiers() []uint32 {
-	if x != nil {
-		return x.SubscriptionIdentifiers
-	}
-	return nil
-}
-
-// WriteRequest is one batch of writes. All ops of a batch belong to sessions of the
-// same Redis group.
+// WriteRequest is one batch of writes.
 type WriteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch_id identifies the batch on this stream; the response echoes it.
 	BatchId uint64 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	// writer_id is the member ID of the writer (an edge).
-	WriterId string `protobuf:"bytes,2,opt,name=writer_id,json=writerId,proto3" json:"writer_id,omitempty"`
-	// writer_incarnation must belong to a live lease.
-	WriterIncarnation uint64 `protobuf:"varint,3,opt,name=writer_incarnation,json=writerIncarnation,proto3" json:"writer_incarnation,omitempty"`
-	// group_id is the Redis group the ops belong to.
-	GroupId uint32 `protobuf:"varint,4,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
-	// group_record_epoch is the writer's view of the group record; the batch is
-	// refused if the group has moved on (e.g. after failover).
-	GroupRecordEpoch uint64 `protobuf:"varint,5,opt,name=group_record_epoch,json=groupRecordEpoch,proto3" json:"group_record_epoch,omitempty"`
-	// wait_replicas asks for WAIT ≥ 1 replica before the batch counts as durable.
-	// Set whenever the result backs an acknowledgement a client can observe.
-	WaitReplicas bool `protobuf:"varint,6,opt,name=wait_replicas,json=waitReplicas,proto3" json:"wait_replicas,omitempty"`
 	// ops are applied in order.
-	Ops           []*WriteOp `protobuf:"bytes,7,rep,name=ops,proto3" json:"ops,omitempty"`
+	Ops           []*WriteOp `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[6]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +628,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[6]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +641,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{6}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WriteRequest) GetBatchId() uint64 {
@@ -663,41 +651,6 @@ func (x *WriteRequest) GetBatchId() uint64 {
 	return 0
 }
 
-func (x *WriteRequest) GetWriterId() string {
-	if x != nil {
-		return x.WriterId
-	}
-	return ""
-}
-
-func (x *WriteRequest) GetWriterIncarnation() uint64 {
-	if x != nil {
-		return x.WriterIncarnation
-	}
-	return 0
-}
-
-func (x *WriteRequest) GetGroupId() uint32 {
-	if x != nil {
-		return x.GroupId
-	}
-	return 0
-}
-
-func (x *WriteRequest) GetGroupRecordEpoch() uint64 {
-	if x != nil {
-		return x.GroupRecordEpoch
-	}
-	return 0
-}
-
-func (x *WriteRequest) GetWaitReplicas() bool {
-	if x != nil {
-		return x.WaitReplicas
-	}
-	return false
-}
-
 func (x *WriteRequest) GetOps() []*WriteOp {
 	if x != nil {
 		return x.Ops
@@ -705,26 +658,29 @@ func (x *WriteRequest) GetOps() []*WriteOp {
 	return nil
 }
 
-// WriteOp is one write. Session ops carry the session and the writer's epoch; the
-// store refuses them if the session has a newer active epoch.
+// WriteOp is one write; each kind is one Store method.
 type WriteOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// session the op writes; unset for put_retained.
+	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// fence of the writer; unset for put_retained.
+	Fence *Fence `protobuf:"bytes,2,opt,name=fence,proto3" json:"fence,omitempty"`
 	// op is the write.
 	//
 	// Types that are valid to be assigned to Op:
 	//
-	//	*WriteOp_PutMessage
+	//	*WriteOp_Activate
 	//	*WriteOp_PutSession
 	//	*WriteOp_DeleteSession
 	//	*WriteOp_PutSubscription
 	//	*WriteOp_DeleteSubscription
-	//	*WriteOp_PutWill
-	//	*WriteOp_DeleteWill
-	//	*WriteOp_PutInflight
-	//	*WriteOp_DeleteInflight
-	//	*WriteOp_AppendQueue
-	//	*WriteOp_PutIngress
-	//	*WriteOp_DeleteIngress
+	//	*WriteOp_Append
+	//	*WriteOp_Send
+	//	*WriteOp_Pubrel
+	//	*WriteOp_Complete
+	//	*WriteOp_Dequeue
+	//	*WriteOp_PutIncoming
+	//	*WriteOp_DeleteIncoming
 	//	*WriteOp_PutRetained
 	Op            isWriteOp_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
@@ -733,7 +689,7 @@ type WriteOp struct {
 
 func (x *WriteOp) Reset() {
 	*x = WriteOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[7]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -745,7 +701,7 @@ func (x *WriteOp) String() string {
 func (*WriteOp) ProtoMessage() {}
 
 func (x *WriteOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[7]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -758,7 +714,21 @@ func (x *WriteOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteOp.ProtoReflect.Descriptor instead.
 func (*WriteOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{7}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WriteOp) GetSession() *v1.SessionKey {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *WriteOp) GetFence() *Fence {
+	if x != nil {
+		return x.Fence
+	}
+	return nil
 }
 
 func (x *WriteOp) GetOp() isWriteOp_Op {
@@ -768,10 +738,10 @@ func (x *WriteOp) GetOp() isWriteOp_Op {
 	return nil
 }
 
-func (x *WriteOp) GetPutMessage() *PutMessageOp {
+func (x *WriteOp) GetActivate() *ActivateOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_PutMessage); ok {
-			return x.PutMessage
+		if x, ok := x.Op.(*WriteOp_Activate); ok {
+			return x.Activate
 		}
 	}
 	return nil
@@ -813,64 +783,64 @@ func (x *WriteOp) GetDeleteSubscription() *DeleteSubscriptionOp {
 	return nil
 }
 
-func (x *WriteOp) GetPutWill() *PutWillOp {
+func (x *WriteOp) GetAppend() *AppendOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_PutWill); ok {
-			return x.PutWill
+		if x, ok := x.Op.(*WriteOp_Append); ok {
+			return x.Append
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetDeleteWill() *DeleteWillOp {
+func (x *WriteOp) GetSend() *SendOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_DeleteWill); ok {
-			return x.DeleteWill
+		if x, ok := x.Op.(*WriteOp_Send); ok {
+			return x.Send
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetPutInflight() *PutInflightOp {
+func (x *WriteOp) GetPubrel() *PubrelOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_PutInflight); ok {
-			return x.PutInflight
+		if x, ok := x.Op.(*WriteOp_Pubrel); ok {
+			return x.Pubrel
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetDeleteInflight() *DeleteInflightOp {
+func (x *WriteOp) GetComplete() *CompleteOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_DeleteInflight); ok {
-			return x.DeleteInflight
+		if x, ok := x.Op.(*WriteOp_Complete); ok {
+			return x.Complete
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetAppendQueue() *AppendQueueOp {
+func (x *WriteOp) GetDequeue() *DequeueOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_AppendQueue); ok {
-			return x.AppendQueue
+		if x, ok := x.Op.(*WriteOp_Dequeue); ok {
+			return x.Dequeue
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetPutIngress() *PutIngressOp {
+func (x *WriteOp) GetPutIncoming() *PutIncomingOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_PutIngress); ok {
-			return x.PutIngress
+		if x, ok := x.Op.(*WriteOp_PutIncoming); ok {
+			return x.PutIncoming
 		}
 	}
 	return nil
 }
 
-func (x *WriteOp) GetDeleteIngress() *DeleteIngressOp {
+func (x *WriteOp) GetDeleteIncoming() *DeleteIncomingOp {
 	if x != nil {
-		if x, ok := x.Op.(*WriteOp_DeleteIngress); ok {
-			return x.DeleteIngress
+		if x, ok := x.Op.(*WriteOp_DeleteIncoming); ok {
+			return x.DeleteIncoming
 		}
 	}
 	return nil
@@ -889,73 +859,72 @@ type isWriteOp_Op interface {
 	isWriteOp_Op()
 }
 
-type WriteOp_PutMessage struct {
-	// put_message stores a message body once per msgID (set-if-absent,
-	// reference-counted by the entries that point at it, expiring).
-	PutMessage *PutMessageOp `protobuf:"bytes,1,opt,name=put_message,json=putMessage,proto3,oneof"`
+type WriteOp_Activate struct {
+	// activate makes fence.epoch the session's current epoch.
+	Activate *ActivateOp `protobuf:"bytes,10,opt,name=activate,proto3,oneof"`
 }
 
 type WriteOp_PutSession struct {
-	// put_session creates or updates the session state.
-	PutSession *PutSessionOp `protobuf:"bytes,2,opt,name=put_session,json=putSession,proto3,oneof"`
+	// put_session stores the session record.
+	PutSession *PutSessionOp `protobuf:"bytes,11,opt,name=put_session,json=putSession,proto3,oneof"`
 }
 
 type WriteOp_DeleteSession struct {
-	// delete_session removes the session and everything under it.
-	DeleteSession *DeleteSessionOp `protobuf:"bytes,3,opt,name=delete_session,json=deleteSession,proto3,oneof"`
+	// delete_session removes everything of the session but its epoch.
+	DeleteSession *DeleteSessionOp `protobuf:"bytes,12,opt,name=delete_session,json=deleteSession,proto3,oneof"`
 }
 
 type WriteOp_PutSubscription struct {
 	// put_subscription adds or replaces a subscription.
-	PutSubscription *PutSubscriptionOp `protobuf:"bytes,4,opt,name=put_subscription,json=putSubscription,proto3,oneof"`
+	PutSubscription *PutSubscriptionOp `protobuf:"bytes,13,opt,name=put_subscription,json=putSubscription,proto3,oneof"`
 }
 
 type WriteOp_DeleteSubscription struct {
 	// delete_subscription removes a subscription.
-	DeleteSubscription *DeleteSubscriptionOp `protobuf:"bytes,5,opt,name=delete_subscription,json=deleteSubscription,proto3,oneof"`
+	DeleteSubscription *DeleteSubscriptionOp `protobuf:"bytes,14,opt,name=delete_subscription,json=deleteSubscription,proto3,oneof"`
 }
 
-type WriteOp_PutWill struct {
-	// put_will stores or replaces the will.
-	PutWill *PutWillOp `protobuf:"bytes,6,opt,name=put_will,json=putWill,proto3,oneof"`
+type WriteOp_Append struct {
+	// append queues messages, set-if-absent by msgID, in order.
+	Append *AppendOp `protobuf:"bytes,15,opt,name=append,proto3,oneof"`
 }
 
-type WriteOp_DeleteWill struct {
-	// delete_will removes the will.
-	DeleteWill *DeleteWillOp `protobuf:"bytes,7,opt,name=delete_will,json=deleteWill,proto3,oneof"`
+type WriteOp_Send struct {
+	// send moves queued entries to the in-flight set under their packet IDs.
+	Send *SendOp `protobuf:"bytes,16,opt,name=send,proto3,oneof"`
 }
 
-type WriteOp_PutInflight struct {
-	// put_inflight stores or advances an inflight entry.
-	PutInflight *PutInflightOp `protobuf:"bytes,8,opt,name=put_inflight,json=putInflight,proto3,oneof"`
+type WriteOp_Pubrel struct {
+	// pubrel records PUBREC received for an in-flight QoS 2 delivery.
+	Pubrel *PubrelOp `protobuf:"bytes,17,opt,name=pubrel,proto3,oneof"`
 }
 
-type WriteOp_DeleteInflight struct {
-	// delete_inflight removes an inflight entry (delivery complete).
-	DeleteInflight *DeleteInflightOp `protobuf:"bytes,9,opt,name=delete_inflight,json=deleteInflight,proto3,oneof"`
+type WriteOp_Complete struct {
+	// complete removes acknowledged in-flight deliveries (does not wait).
+	Complete *CompleteOp `protobuf:"bytes,18,opt,name=complete,proto3,oneof"`
 }
 
-type WriteOp_AppendQueue struct {
-	// append_queue appends to the offline queue, set-if-absent by msgID.
-	AppendQueue *AppendQueueOp `protobuf:"bytes,10,opt,name=append_queue,json=appendQueue,proto3,oneof"`
+type WriteOp_Dequeue struct {
+	// dequeue removes queue entries without sending them (does not wait).
+	Dequeue *DequeueOp `protobuf:"bytes,19,opt,name=dequeue,proto3,oneof"`
 }
 
-type WriteOp_PutIngress struct {
-	// put_ingress records an incoming QoS 2 publish.
-	PutIngress *PutIngressOp `protobuf:"bytes,11,opt,name=put_ingress,json=putIngress,proto3,oneof"`
+type WriteOp_PutIncoming struct {
+	// put_incoming records an inbound QoS 2 PUBLISH before it is forwarded.
+	PutIncoming *PutIncomingOp `protobuf:"bytes,20,opt,name=put_incoming,json=putIncoming,proto3,oneof"`
 }
 
-type WriteOp_DeleteIngress struct {
-	// delete_ingress forgets it (PUBREL received).
-	DeleteIngress *DeleteIngressOp `protobuf:"bytes,12,opt,name=delete_ingress,json=deleteIngress,proto3,oneof"`
+type WriteOp_DeleteIncoming struct {
+	// delete_incoming forgets it after PUBREL (does not wait).
+	DeleteIncoming *DeleteIncomingOp `protobuf:"bytes,21,opt,name=delete_incoming,json=deleteIncoming,proto3,oneof"`
 }
 
 type WriteOp_PutRetained struct {
-	// put_retained sets or clears a retained message.
-	PutRetained *PutRetainedOp `protobuf:"bytes,13,opt,name=put_retained,json=putRetained,proto3,oneof"`
+	// put_retained sets, or with an empty payload clears, a retained message.
+	PutRetained *PutRetainedOp `protobuf:"bytes,22,opt,name=put_retained,json=putRetained,proto3,oneof"`
 }
 
-func (*WriteOp_PutMessage) isWriteOp_Op() {}
+func (*WriteOp_Activate) isWriteOp_Op() {}
 
 func (*WriteOp_PutSession) isWriteOp_Op() {}
 
@@ -965,46 +934,45 @@ func (*WriteOp_PutSubscription) isWriteOp_Op() {}
 
 func (*WriteOp_DeleteSubscription) isWriteOp_Op() {}
 
-func (*WriteOp_PutWill) isWriteOp_Op() {}
+func (*WriteOp_Append) isWriteOp_Op() {}
 
-func (*WriteOp_DeleteWill) isWriteOp_Op() {}
+func (*WriteOp_Send) isWriteOp_Op() {}
 
-func (*WriteOp_PutInflight) isWriteOp_Op() {}
+func (*WriteOp_Pubrel) isWriteOp_Op() {}
 
-func (*WriteOp_DeleteInflight) isWriteOp_Op() {}
+func (*WriteOp_Complete) isWriteOp_Op() {}
 
-func (*WriteOp_AppendQueue) isWriteOp_Op() {}
+func (*WriteOp_Dequeue) isWriteOp_Op() {}
 
-func (*WriteOp_PutIngress) isWriteOp_Op() {}
+func (*WriteOp_PutIncoming) isWriteOp_Op() {}
 
-func (*WriteOp_DeleteIngress) isWriteOp_Op() {}
+func (*WriteOp_DeleteIncoming) isWriteOp_Op() {}
 
 func (*WriteOp_PutRetained) isWriteOp_Op() {}
 
-// PutMessageOp stores a message body.
-type PutMessageOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// message to store, keyed by its id.
-	Message       *v1.Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+// ActivateOp makes the fence's epoch current; later writes under older epochs are
+// refused. Replicated before it is answered OK.
+type ActivateOp struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PutMessageOp) Reset() {
-	*x = PutMessageOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[8]
+func (x *ActivateOp) Reset() {
+	*x = ActivateOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PutMessageOp) String() string {
+func (x *ActivateOp) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PutMessageOp) ProtoMessage() {}
+func (*ActivateOp) ProtoMessage() {}
 
-func (x *PutMessageOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[8]
+func (x *ActivateOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,34 +983,23 @@ func (x *PutMessageOp) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PutMessageOp.ProtoReflect.Descriptor instead.
-func (*PutMessageOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{8}
+// Deprecated: Use ActivateOp.ProtoReflect.Descriptor instead.
+func (*ActivateOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{9}
 }
 
-func (x *PutMessageOp) GetMessage() *v1.Message {
-	if x != nil {
-		return x.Message
-	}
-	return nil
-}
-
-// PutSessionOp creates or updates a session's state.
+// PutSessionOp stores the session record.
 type PutSessionOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// state to store.
-	State         *SessionState `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// session record to store.
+	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutSessionOp) Reset() {
 	*x = PutSessionOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[9]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1011,7 @@ func (x *PutSessionOp) String() string {
 func (*PutSessionOp) ProtoMessage() {}
 
 func (x *PutSessionOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[9]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,45 +1024,27 @@ func (x *PutSessionOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSessionOp.ProtoReflect.Descriptor instead.
 func (*PutSessionOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{9}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{10}
 }
 
-func (x *PutSessionOp) GetSession() *v1.SessionKey {
+func (x *PutSessionOp) GetSession() *Session {
 	if x != nil {
 		return x.Session
 	}
 	return nil
 }
 
-func (x *PutSessionOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PutSessionOp) GetState() *SessionState {
-	if x != nil {
-		return x.State
-	}
-	return nil
-}
-
-// DeleteSessionOp removes a session with its subscriptions, will, inflight, ingress
-// records and queue.
+// DeleteSessionOp removes the session's record, subscriptions, queue, in-flight and
+// inbound state; its epoch stays.
 type DeleteSessionOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to delete.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteSessionOp) Reset() {
 	*x = DeleteSessionOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[10]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1056,7 @@ func (x *DeleteSessionOp) String() string {
 func (*DeleteSessionOp) ProtoMessage() {}
 
 func (x *DeleteSessionOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[10]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,39 +1069,21 @@ func (x *DeleteSessionOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionOp.ProtoReflect.Descriptor instead.
 func (*DeleteSessionOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{10}
-}
-
-func (x *DeleteSessionOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *DeleteSessionOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{11}
 }
 
 // PutSubscriptionOp adds or replaces one subscription.
 type PutSubscriptionOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// subscription to store; (filter, share_group) is its key.
-	Subscription  *Subscription `protobuf:"bytes,3,opt,name=subscription,proto3" json:"subscription,omitempty"`
+	// subscription to store; its filter is the key.
+	Subscription  *Subscription `protobuf:"bytes,1,opt,name=subscription,proto3" json:"subscription,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PutSubscriptionOp) Reset() {
 	*x = PutSubscriptionOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[11]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1095,7 @@ func (x *PutSubscriptionOp) String() string {
 func (*PutSubscriptionOp) ProtoMessage() {}
 
 func (x *PutSubscriptionOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[11]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,21 +1108,7 @@ func (x *PutSubscriptionOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutSubscriptionOp.ProtoReflect.Descriptor instead.
 func (*PutSubscriptionOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{11}
-}
-
-func (x *PutSubscriptionOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *PutSubscriptionOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutSubscriptionOp) GetSubscription() *Subscription {
@@ -1214,21 +1121,15 @@ func (x *PutSubscriptionOp) GetSubscription() *Subscription {
 // DeleteSubscriptionOp removes one subscription.
 type DeleteSubscriptionOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// filter of the subscription.
-	Filter string `protobuf:"bytes,3,opt,name=filter,proto3" json:"filter,omitempty"`
-	// share_group of the subscription; empty if not shared.
-	ShareGroup    string `protobuf:"bytes,4,opt,name=share_group,json=shareGroup,proto3" json:"share_group,omitempty"`
+	// filter of the subscription, as subscribed.
+	Filter        string `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteSubscriptionOp) Reset() {
 	*x = DeleteSubscriptionOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[12]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1141,7 @@ func (x *DeleteSubscriptionOp) String() string {
 func (*DeleteSubscriptionOp) ProtoMessage() {}
 
 func (x *DeleteSubscriptionOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[12]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,21 +1154,7 @@ func (x *DeleteSubscriptionOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSubscriptionOp.ProtoReflect.Descriptor instead.
 func (*DeleteSubscriptionOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{12}
-}
-
-func (x *DeleteSubscriptionOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *DeleteSubscriptionOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteSubscriptionOp) GetFilter() string {
@@ -1277,102 +1164,33 @@ func (x *DeleteSubscriptionOp) GetFilter() string {
 	return ""
 }
 
-func (x *DeleteSubscriptionOp) GetShareGroup() string {
-	if x != nil {
-		return x.ShareGroup
-	}
-	return ""
-}
-
-// PutWillOp stores a session's will.
-type PutWillOp struct {
+// AppendOp queues messages for a session.
+type AppendOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// will to store.
-	Will          *Will `protobuf:"bytes,3,opt,name=will,proto3" json:"will,omitempty"`
+	// limits of the session's queue.
+	Limits *QueueLimits `protobuf:"bytes,1,opt,name=limits,proto3" json:"limits,omitempty"`
+	// entries to append, in order.
+	Entries []*Entry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	// messages are the bodies, one per entry and in the same order (same msgID).
+	Messages      []*v1.Message `protobuf:"bytes,3,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PutWillOp) Reset() {
-	*x = PutWillOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[13]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PutWillOp) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PutWillOp) ProtoMessage() {}
-
-func (x *PutWillOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[13]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PutWillOp.ProtoReflect.Descriptor instead.
-func (*PutWillOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{13}
-}
-
-func (x *PutWillOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *PutWillOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PutWillOp) GetWill() *Will {
-	if x != nil {
-		return x.Will
-	}
-	return nil
-}
-
-// DeleteWillOp removes a session's will (normal disconnect, or published).
-type DeleteWillOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DeleteWillOp) Reset() {
-	*x = DeleteWillOp{}
+func (x *AppendOp) Reset() {
+	*x = AppendOp{}
 	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *DeleteWillOp) String() string {
+func (x *AppendOp) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*DeleteWillOp) ProtoMessage() {}
+func (*AppendOp) ProtoMessage() {}
 
-func (x *DeleteWillOp) ProtoReflect() protoreflect.Message {
+func (x *AppendOp) ProtoReflect() protoreflect.Message {
 	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1384,248 +1202,57 @@ func (x *DeleteWillOp) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use DeleteWillOp.ProtoReflect.Descriptor instead.
-func (*DeleteWillOp) Descriptor() ([]byte, []int) {
+// Deprecated: Use AppendOp.ProtoReflect.Descriptor instead.
+func (*AppendOp) Descriptor() ([]byte, []int) {
 	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{14}
 }
 
-func (x *DeleteWillOp) GetSession() *v1.SessionKey {
+func (x *AppendOp) GetLimits() *QueueLimits {
 	if x != nil {
-		return x.Session
+		return x.Limits
 	}
 	return nil
 }
 
-func (x *DeleteWillOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-// PutInflightOp stores an inflight entry, keyed by packet ID. It is written before
-// the first send of a PUBLISH and again before PUBREL is sent.
-type PutInflightOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// entry to store.
-	Entry         *InflightEntry `protobuf:"bytes,3,opt,name=entry,proto3" json:"entry,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *PutInflightOp) Reset() {
-	*x = PutInflightOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[15]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *PutInflightOp) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*PutInflightOp) ProtoMessage() {}
-
-func (x *PutInflightOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[15]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use PutInflightOp.ProtoReflect.Descriptor instead.
-func (*PutInflightOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{15}
-}
-
-func (x *PutInflightOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *PutInflightOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PutInflightOp) GetEntry() *InflightEntry {
-	if x != nil {
-		return x.Entry
-	}
-	return nil
-}
-
-// DeleteInflightOp removes an inflight entry.
-type DeleteInflightOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// packet_id of the entry.
-	PacketId      uint32 `protobuf:"varint,3,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DeleteInflightOp) Reset() {
-	*x = DeleteInflightOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[16]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DeleteInflightOp) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DeleteInflightOp) ProtoMessage() {}
-
-func (x *DeleteInflightOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[16]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DeleteInflightOp.ProtoReflect.Descriptor instead.
-func (*DeleteInflightOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{16}
-}
-
-func (x *DeleteInflightOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *DeleteInflightOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *DeleteInflightOp) GetPacketId() uint32 {
-	if x != nil {
-		return x.PacketId
-	}
-	return 0
-}
-
-// AppendQueueOp appends entries to a session's offline queue. An entry whose msgID
-// is already queued is skipped. The message bodies must be stored (PutMessageOp)
-// earlier in the same batch or before.
-type AppendQueueOp struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer (the owner, or the old owner while the session is moving).
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// entries to append in order.
-	Entries       []*QueueEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AppendQueueOp) Reset() {
-	*x = AppendQueueOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[17]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AppendQueueOp) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AppendQueueOp) ProtoMessage() {}
-
-func (x *AppendQueueOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[17]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AppendQueueOp.ProtoReflect.Descriptor instead.
-func (*AppendQueueOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{17}
-}
-
-func (x *AppendQueueOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *AppendQueueOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *AppendQueueOp) GetEntries() []*QueueEntry {
+func (x *AppendOp) GetEntries() []*Entry {
 	if x != nil {
 		return x.Entries
 	}
 	return nil
 }
 
-// PutIngressOp records an incoming QoS 2 publish before it is forwarded.
-type PutIngressOp struct {
+func (x *AppendOp) GetMessages() []*v1.Message {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// SendOp moves entries to the in-flight set (QoS 0 entries just leave the queue).
+type SendOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session of the publisher.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// record to store, keyed by packet ID.
-	Record        *IngressRecord `protobuf:"bytes,3,opt,name=record,proto3" json:"record,omitempty"`
+	// entries with their packet IDs; an entry that was never queued must refer to a
+	// stored message.
+	Entries       []*Entry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *PutIngressOp) Reset() {
-	*x = PutIngressOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[18]
+func (x *SendOp) Reset() {
+	*x = SendOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *PutIngressOp) String() string {
+func (x *SendOp) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*PutIngressOp) ProtoMessage() {}
+func (*SendOp) ProtoMessage() {}
 
-func (x *PutIngressOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[18]
+func (x *SendOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,60 +1263,42 @@ func (x *PutIngressOp) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use PutIngressOp.ProtoReflect.Descriptor instead.
-func (*PutIngressOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{18}
+// Deprecated: Use SendOp.ProtoReflect.Descriptor instead.
+func (*SendOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{15}
 }
 
-func (x *PutIngressOp) GetSession() *v1.SessionKey {
+func (x *SendOp) GetEntries() []*Entry {
 	if x != nil {
-		return x.Session
+		return x.Entries
 	}
 	return nil
 }
 
-func (x *PutIngressOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *PutIngressOp) GetRecord() *IngressRecord {
-	if x != nil {
-		return x.Record
-	}
-	return nil
-}
-
-// DeleteIngressOp forgets an incoming QoS 2 publish after PUBREL.
-type DeleteIngressOp struct {
+// PubrelOp records PUBREC received.
+type PubrelOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// session of the publisher.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the writer.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// packet_id of the record.
-	PacketId      uint32 `protobuf:"varint,3,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// packet_id of the in-flight delivery.
+	PacketId      uint32 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *DeleteIngressOp) Reset() {
-	*x = DeleteIngressOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[19]
+func (x *PubrelOp) Reset() {
+	*x = PubrelOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *DeleteIngressOp) String() string {
+func (x *PubrelOp) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*DeleteIngressOp) ProtoMessage() {}
+func (*PubrelOp) ProtoMessage() {}
 
-func (x *DeleteIngressOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[19]
+func (x *PubrelOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,38 +1309,208 @@ func (x *DeleteIngressOp) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use DeleteIngressOp.ProtoReflect.Descriptor instead.
-func (*DeleteIngressOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{19}
+// Deprecated: Use PubrelOp.ProtoReflect.Descriptor instead.
+func (*PubrelOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{16}
 }
 
-func (x *DeleteIngressOp) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *DeleteIngressOp) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *DeleteIngressOp) GetPacketId() uint32 {
+func (x *PubrelOp) GetPacketId() uint32 {
 	if x != nil {
 		return x.PacketId
 	}
 	return 0
 }
 
-// PutRetainedOp sets the retained message of a topic, or clears it when the payload
-// is empty. It replaces the stored entry only if this one is newer (by
-// ingress_unix_nano, then msgID), and updates the wildcard index in the same script.
+// CompleteOp removes acknowledged in-flight deliveries.
+type CompleteOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// packet_ids to remove.
+	PacketIds     []uint32 `protobuf:"varint,1,rep,packed,name=packet_ids,json=packetIds,proto3" json:"packet_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteOp) Reset() {
+	*x = CompleteOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteOp) ProtoMessage() {}
+
+func (x *CompleteOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteOp.ProtoReflect.Descriptor instead.
+func (*CompleteOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CompleteOp) GetPacketIds() []uint32 {
+	if x != nil {
+		return x.PacketIds
+	}
+	return nil
+}
+
+// DequeueOp removes queue entries.
+type DequeueOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// msg_ids to remove.
+	MsgIds        []*v1.MsgID `protobuf:"bytes,1,rep,name=msg_ids,json=msgIds,proto3" json:"msg_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DequeueOp) Reset() {
+	*x = DequeueOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DequeueOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DequeueOp) ProtoMessage() {}
+
+func (x *DequeueOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DequeueOp.ProtoReflect.Descriptor instead.
+func (*DequeueOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DequeueOp) GetMsgIds() []*v1.MsgID {
+	if x != nil {
+		return x.MsgIds
+	}
+	return nil
+}
+
+// PutIncomingOp records an inbound QoS 2 PUBLISH.
+type PutIncomingOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// incoming record, keyed by packet ID.
+	Incoming      *Incoming `protobuf:"bytes,1,opt,name=incoming,proto3" json:"incoming,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutIncomingOp) Reset() {
+	*x = PutIncomingOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutIncomingOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutIncomingOp) ProtoMessage() {}
+
+func (x *PutIncomingOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutIncomingOp.ProtoReflect.Descriptor instead.
+func (*PutIncomingOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PutIncomingOp) GetIncoming() *Incoming {
+	if x != nil {
+		return x.Incoming
+	}
+	return nil
+}
+
+// DeleteIncomingOp forgets an inbound QoS 2 PUBLISH.
+type DeleteIncomingOp struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// packet_id of the record.
+	PacketId      uint32 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteIncomingOp) Reset() {
+	*x = DeleteIncomingOp{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteIncomingOp) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteIncomingOp) ProtoMessage() {}
+
+func (x *DeleteIncomingOp) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteIncomingOp.ProtoReflect.Descriptor instead.
+func (*DeleteIncomingOp) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteIncomingOp) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+// PutRetainedOp sets the retained message of message.tenant and message.topic. It
+// replaces the stored one only if newer (by ingress_unix_nano); value and wildcard
+// index change in one script. Only QoS 1/2 retained writes wait for replication.
 type PutRetainedOp struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// message to retain; tenant and topic are its key.
+	// message to retain; an empty payload clears the topic.
 	Message       *v1.Message `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1739,7 +1518,7 @@ type PutRetainedOp struct {
 
 func (x *PutRetainedOp) Reset() {
 	*x = PutRetainedOp{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[20]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1751,7 +1530,7 @@ func (x *PutRetainedOp) String() string {
 func (*PutRetainedOp) ProtoMessage() {}
 
 func (x *PutRetainedOp) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[20]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1764,7 +1543,7 @@ func (x *PutRetainedOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRetainedOp.ProtoReflect.Descriptor instead.
 func (*PutRetainedOp) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{20}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutRetainedOp) GetMessage() *v1.Message {
@@ -1774,24 +1553,25 @@ func (x *PutRetainedOp) GetMessage() *v1.Message {
 	return nil
 }
 
-// WriteResponse acknowledges one batch. Batches may be answered out of order.
+// WriteResponse answers one batch.
 type WriteResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch_id echoes the request.
 	BatchId uint64 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	// status of the batch as a whole: OK only if every op is OK and replicated.
+	// status of the batch: OK only if every op is OK; otherwise the status of the
+	// first op that is not (INVALID_ARGUMENT for a malformed batch, with no results).
 	Status WriteStatus `protobuf:"varint,2,opt,name=status,proto3,enum=keel.persistence.v1.WriteStatus" json:"status,omitempty"`
-	// replicas is the count WAIT returned (0 when not asked).
-	Replicas uint32 `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	// op_errors lists the ops that did not succeed; empty when status is OK.
-	OpErrors      []*OpError `protobuf:"bytes,4,rep,name=op_errors,json=opErrors,proto3" json:"op_errors,omitempty"`
+	// results has one entry per op, in order; empty for a malformed batch.
+	Results []*OpResult `protobuf:"bytes,3,rep,name=results,proto3" json:"results,omitempty"`
+	// error describes the first failure; empty when status is OK.
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WriteResponse) Reset() {
 	*x = WriteResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[21]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1583,7 @@ func (x *WriteResponse) String() string {
 func (*WriteResponse) ProtoMessage() {}
 
 func (x *WriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[21]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1596,7 @@ func (x *WriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteResponse.ProtoReflect.Descriptor instead.
 func (*WriteResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{21}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WriteResponse) GetBatchId() uint64 {
@@ -1833,48 +1613,56 @@ func (x *WriteResponse) GetStatus() WriteStatus {
 	return WriteStatus_WRITE_STATUS_UNSPECIFIED
 }
 
-func (x *WriteResponse) GetReplicas() uint32 {
+func (x *WriteResponse) GetResults() []*OpResult {
 	if x != nil {
-		return x.Replicas
-	}
-	return 0
-}
-
-func (x *WriteResponse) GetOpErrors() []*OpError {
-	if x != nil {
-		return x.OpErrors
+		return x.Results
 	}
 	return nil
 }
 
-// OpError is the outcome of one op that did not succeed.
-type OpError struct {
+func (x *WriteResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// OpResult is the outcome of one op.
+type OpResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// index of the op in the batch.
-	Index uint32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
 	// status of the op.
-	Status WriteStatus `protobuf:"varint,2,opt,name=status,proto3,enum=keel.persistence.v1.WriteStatus" json:"status,omitempty"`
-	// current_epoch is the session's active epoch when the op was fenced.
-	CurrentEpoch  uint64 `protobuf:"varint,3,opt,name=current_epoch,json=currentEpoch,proto3" json:"current_epoch,omitempty"`
+	Status WriteStatus `protobuf:"varint,1,opt,name=status,proto3,enum=keel.persistence.v1.WriteStatus" json:"status,omitempty"`
+	// error describes a failure; empty when OK.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// added counts entries an append queued.
+	Added uint32 `protobuf:"varint,3,opt,name=added,proto3" json:"added,omitempty"`
+	// duplicates counts entries an append skipped (msgID already queued).
+	Duplicates uint32 `protobuf:"varint,4,opt,name=duplicates,proto3" json:"duplicates,omitempty"`
+	// dropped_oldest counts entries an append dropped to make room.
+	DroppedOldest uint32 `protobuf:"varint,5,opt,name=dropped_oldest,json=droppedOldest,proto3" json:"dropped_oldest,omitempty"`
+	// refused counts entries an append refused (queue full).
+	Refused uint32 `protobuf:"varint,6,opt,name=refused,proto3" json:"refused,omitempty"`
+	// changed is true when put_retained replaced the stored message.
+	Changed       bool `protobuf:"varint,7,opt,name=changed,proto3" json:"changed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *OpError) Reset() {
-	*x = OpError{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[22]
+func (x *OpResult) Reset() {
+	*x = OpResult{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *OpError) String() string {
+func (x *OpResult) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*OpError) ProtoMessage() {}
+func (*OpResult) ProtoMessage() {}
 
-func (x *OpError) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[22]
+func (x *OpResult) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1885,46 +1673,72 @@ func (x *OpError) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use OpError.ProtoReflect.Descriptor instead.
-func (*OpError) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{22}
+// Deprecated: Use OpResult.ProtoReflect.Descriptor instead.
+func (*OpResult) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{23}
 }
 
-func (x *OpError) GetIndex() uint32 {
-	if x != nil {
-		return x.Index
-	}
-	return 0
-}
-
-func (x *OpError) GetStatus() WriteStatus {
+func (x *OpResult) GetStatus() WriteStatus {
 	if x != nil {
 		return x.Status
 	}
 	return WriteStatus_WRITE_STATUS_UNSPECIFIED
 }
 
-func (x *OpError) GetCurrentEpoch() uint64 {
+func (x *OpResult) GetError() string {
 	if x != nil {
-		return x.CurrentEpoch
+		return x.Error
+	}
+	return ""
+}
+
+func (x *OpResult) GetAdded() uint32 {
+	if x != nil {
+		return x.Added
 	}
 	return 0
+}
+
+func (x *OpResult) GetDuplicates() uint32 {
+	if x != nil {
+		return x.Duplicates
+	}
+	return 0
+}
+
+func (x *OpResult) GetDroppedOldest() uint32 {
+	if x != nil {
+		return x.DroppedOldest
+	}
+	return 0
+}
+
+func (x *OpResult) GetRefused() uint32 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *OpResult) GetChanged() bool {
+	if x != nil {
+		return x.Changed
+	}
+	return false
 }
 
 // LoadSessionRequest reads a stored session.
 type LoadSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// session to read.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the caller, which must be the active one (activate first).
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Session       *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadSessionRequest) Reset() {
 	*x = LoadSessionRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[23]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +1750,7 @@ func (x *LoadSessionRequest) String() string {
 func (*LoadSessionRequest) ProtoMessage() {}
 
 func (x *LoadSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[23]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +1763,7 @@ func (x *LoadSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSessionRequest.ProtoReflect.Descriptor instead.
 func (*LoadSessionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{23}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LoadSessionRequest) GetSession() *v1.SessionKey {
@@ -1959,39 +1773,30 @@ func (x *LoadSessionRequest) GetSession() *v1.SessionKey {
 	return nil
 }
 
-func (x *LoadSessionRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-// LoadSessionResponse returns everything but the offline queue (see DrainQueue).
+// LoadSessionResponse is everything stored for the session, read at one instant.
 type LoadSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// found is false when no session is stored (MQTT session present = 0).
-	Found bool `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
-	// state of the session.
-	State *SessionState `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// epoch is the session's current epoch (0: never activated).
+	Epoch uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// session record; unset when none is stored (MQTT session present = 0).
+	Session *Session `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
 	// subscriptions of the session.
 	Subscriptions []*Subscription `protobuf:"bytes,3,rep,name=subscriptions,proto3" json:"subscriptions,omitempty"`
-	// will of the session; unset if none.
-	Will *Will `protobuf:"bytes,4,opt,name=will,proto3" json:"will,omitempty"`
-	// inflight entries in packet-ID assignment order.
-	Inflight []*InflightEntry `protobuf:"bytes,5,rep,name=inflight,proto3" json:"inflight,omitempty"`
-	// inflight_messages are the bodies the inflight entries refer to, one per msgID.
-	InflightMessages []*v1.Message `protobuf:"bytes,6,rep,name=inflight_messages,json=inflightMessages,proto3" json:"inflight_messages,omitempty"`
-	// ingress lists the incoming QoS 2 publishes awaiting PUBREL.
-	Ingress []*IngressRecord `protobuf:"bytes,7,rep,name=ingress,proto3" json:"ingress,omitempty"`
-	// queue_length is the number of entries in the offline queue.
-	QueueLength   uint64 `protobuf:"varint,8,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
+	// queue is the offline queue, in order.
+	Queue []*Entry `protobuf:"bytes,4,rep,name=queue,proto3" json:"queue,omitempty"`
+	// inflight lists the outgoing deliveries awaiting acknowledgement.
+	Inflight []*Entry `protobuf:"bytes,5,rep,name=inflight,proto3" json:"inflight,omitempty"`
+	// incoming lists the inbound QoS 2 messages awaiting PUBREL.
+	Incoming []*Incoming `protobuf:"bytes,6,rep,name=incoming,proto3" json:"incoming,omitempty"`
+	// messages are the bodies the queue and in-flight entries refer to, one per msgID.
+	Messages      []*v1.Message `protobuf:"bytes,7,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadSessionResponse) Reset() {
 	*x = LoadSessionResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[24]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +1808,7 @@ func (x *LoadSessionResponse) String() string {
 func (*LoadSessionResponse) ProtoMessage() {}
 
 func (x *LoadSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[24]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,19 +1821,19 @@ func (x *LoadSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSessionResponse.ProtoReflect.Descriptor instead.
 func (*LoadSessionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{24}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{25}
 }
 
-func (x *LoadSessionResponse) GetFound() bool {
+func (x *LoadSessionResponse) GetEpoch() uint64 {
 	if x != nil {
-		return x.Found
+		return x.Epoch
 	}
-	return false
+	return 0
 }
 
-func (x *LoadSessionResponse) GetState() *SessionState {
+func (x *LoadSessionResponse) GetSession() *Session {
 	if x != nil {
-		return x.State
+		return x.Session
 	}
 	return nil
 }
@@ -2040,359 +1845,32 @@ func (x *LoadSessionResponse) GetSubscriptions() []*Subscription {
 	return nil
 }
 
-func (x *LoadSessionResponse) GetWill() *Will {
+func (x *LoadSessionResponse) GetQueue() []*Entry {
 	if x != nil {
-		return x.Will
+		return x.Queue
 	}
 	return nil
 }
 
-func (x *LoadSessionResponse) GetInflight() []*InflightEntry {
+func (x *LoadSessionResponse) GetInflight() []*Entry {
 	if x != nil {
 		return x.Inflight
 	}
 	return nil
 }
 
-func (x *LoadSessionResponse) GetInflightMessages() []*v1.Message {
+func (x *LoadSessionResponse) GetIncoming() []*Incoming {
 	if x != nil {
-		return x.InflightMessages
+		return x.Incoming
 	}
 	return nil
 }
 
-func (x *LoadSessionResponse) GetIngress() []*IngressRecord {
+func (x *LoadSessionResponse) GetMessages() []*v1.Message {
 	if x != nil {
-		return x.Ingress
+		return x.Messages
 	}
 	return nil
-}
-
-func (x *LoadSessionResponse) GetQueueLength() uint64 {
-	if x != nil {
-		return x.QueueLength
-	}
-	return 0
-}
-
-// DrainQueueRequest reads the next page of an offline queue.
-type DrainQueueRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to read.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the caller, which must be the active one.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// after_offset continues after the entry with this offset; 0 starts at the head.
-	AfterOffset uint64 `protobuf:"varint,3,opt,name=after_offset,json=afterOffset,proto3" json:"after_offset,omitempty"`
-	// max_entries bounds the page; the server caps it.
-	MaxEntries uint32 `protobuf:"varint,4,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
-	// max_bytes bounds the page's payload bytes; the server caps it.
-	MaxBytes      uint32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DrainQueueRequest) Reset() {
-	*x = DrainQueueRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[25]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DrainQueueRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DrainQueueRequest) ProtoMessage() {}
-
-func (x *DrainQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[25]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DrainQueueRequest.ProtoReflect.Descriptor instead.
-func (*DrainQueueRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{25}
-}
-
-func (x *DrainQueueRequest) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *DrainQueueRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *DrainQueueRequest) GetAfterOffset() uint64 {
-	if x != nil {
-		return x.AfterOffset
-	}
-	return 0
-}
-
-func (x *DrainQueueRequest) GetMaxEntries() uint32 {
-	if x != nil {
-		return x.MaxEntries
-	}
-	return 0
-}
-
-func (x *DrainQueueRequest) GetMaxBytes() uint32 {
-	if x != nil {
-		return x.MaxBytes
-	}
-	return 0
-}
-
-// DrainQueueResponse is one page, in queue order.
-type DrainQueueResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// entries in queue order.
-	Entries []*QueuedMessage `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
-	// more is true when further entries follow.
-	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DrainQueueResponse) Reset() {
-	*x = DrainQueueResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[26]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DrainQueueResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DrainQueueResponse) ProtoMessage() {}
-
-func (x *DrainQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[26]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DrainQueueResponse.ProtoReflect.Descriptor instead.
-func (*DrainQueueResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{26}
-}
-
-func (x *DrainQueueResponse) GetEntries() []*QueuedMessage {
-	if x != nil {
-		return x.Entries
-	}
-	return nil
-}
-
-func (x *DrainQueueResponse) GetMore() bool {
-	if x != nil {
-		return x.More
-	}
-	return false
-}
-
-// QueuedMessage is a queue entry with its body.
-type QueuedMessage struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// offset of the entry in the queue, increasing; pass it to AckQueue.
-	Offset uint64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
-	// entry is the queue entry.
-	Entry *QueueEntry `protobuf:"bytes,2,opt,name=entry,proto3" json:"entry,omitempty"`
-	// message is the body the entry refers to.
-	Message       *v1.Message `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *QueuedMessage) Reset() {
-	*x = QueuedMessage{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[27]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *QueuedMessage) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*QueuedMessage) ProtoMessage() {}
-
-func (x *QueuedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[27]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use QueuedMessage.ProtoReflect.Descriptor instead.
-func (*QueuedMessage) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{27}
-}
-
-func (x *QueuedMessage) GetOffset() uint64 {
-	if x != nil {
-		return x.Offset
-	}
-	return 0
-}
-
-func (x *QueuedMessage) GetEntry() *QueueEntry {
-	if x != nil {
-		return x.Entry
-	}
-	return nil
-}
-
-func (x *QueuedMessage) GetMessage() *v1.Message {
-	if x != nil {
-		return x.Message
-	}
-	return nil
-}
-
-// AckQueueRequest removes queue entries.
-type AckQueueRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to write.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch of the caller, which must be the active one.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// up_to_offset removes every entry with offset ≤ this.
-	UpToOffset    uint64 `protobuf:"varint,3,opt,name=up_to_offset,json=upToOffset,proto3" json:"up_to_offset,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AckQueueRequest) Reset() {
-	*x = AckQueueRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[28]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AckQueueRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AckQueueRequest) ProtoMessage() {}
-
-func (x *AckQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[28]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AckQueueRequest.ProtoReflect.Descriptor instead.
-func (*AckQueueRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{28}
-}
-
-func (x *AckQueueRequest) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *AckQueueRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *AckQueueRequest) GetUpToOffset() uint64 {
-	if x != nil {
-		return x.UpToOffset
-	}
-	return 0
-}
-
-// AckQueueResponse confirms removal.
-type AckQueueResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// removed is the number of entries removed.
-	Removed uint64 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
-	// remaining is the number of entries left.
-	Remaining     uint64 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *AckQueueResponse) Reset() {
-	*x = AckQueueResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[29]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *AckQueueResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*AckQueueResponse) ProtoMessage() {}
-
-func (x *AckQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[29]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use AckQueueResponse.ProtoReflect.Descriptor instead.
-func (*AckQueueResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{29}
-}
-
-func (x *AckQueueResponse) GetRemoved() uint64 {
-	if x != nil {
-		return x.Removed
-	}
-	return 0
-}
-
-func (x *AckQueueResponse) GetRemaining() uint64 {
-	if x != nil {
-		return x.Remaining
-	}
-	return 0
 }
 
 // LookupRetainedRequest finds retained messages.
@@ -2400,19 +1878,17 @@ type LookupRetainedRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// tenant to search.
 	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
-	// filter to match, wildcards allowed (never matches `$` topics from `#` or `+`).
+	// filter to match, wildcards allowed (`#` and `+` first never match `$` topics).
 	Filter string `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
-	// page_token continues a previous call; empty starts.
-	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
-	// page_size bounds the number of messages; the server caps it.
-	PageSize      uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// limit bounds the number of messages; 0 means the server's cap.
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupRetainedRequest) Reset() {
 	*x = LookupRetainedRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[30]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2424,7 +1900,7 @@ func (x *LookupRetainedRequest) String() string {
 func (*LookupRetainedRequest) ProtoMessage() {}
 
 func (x *LookupRetainedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[30]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2437,7 +1913,7 @@ func (x *LookupRetainedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRetainedRequest.ProtoReflect.Descriptor instead.
 func (*LookupRetainedRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{30}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LookupRetainedRequest) GetTenant() string {
@@ -2454,34 +1930,25 @@ func (x *LookupRetainedRequest) GetFilter() string {
 	return ""
 }
 
-func (x *LookupRetainedRequest) GetPageToken() string {
+func (x *LookupRetainedRequest) GetLimit() uint32 {
 	if x != nil {
-		return x.PageToken
-	}
-	return ""
-}
-
-func (x *LookupRetainedRequest) GetPageSize() uint32 {
-	if x != nil {
-		return x.PageSize
+		return x.Limit
 	}
 	return 0
 }
 
-// LookupRetainedResponse is one page of retained messages.
+// LookupRetainedResponse lists retained messages.
 type LookupRetainedResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// messages retained on matching topics.
-	Messages []*v1.Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
-	// next_page_token is empty on the last page.
-	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// messages retained on matching topics, at most limit.
+	Messages      []*v1.Message `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupRetainedResponse) Reset() {
 	*x = LookupRetainedResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[31]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +1960,7 @@ func (x *LookupRetainedResponse) String() string {
 func (*LookupRetainedResponse) ProtoMessage() {}
 
 func (x *LookupRetainedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[31]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +1973,7 @@ func (x *LookupRetainedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRetainedResponse.ProtoReflect.Descriptor instead.
 func (*LookupRetainedResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{31}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *LookupRetainedResponse) GetMessages() []*v1.Message {
@@ -2514,305 +1981,6 @@ func (x *LookupRetainedResponse) GetMessages() []*v1.Message {
 		return x.Messages
 	}
 	return nil
-}
-
-func (x *LookupRetainedResponse) GetNextPageToken() string {
-	if x != nil {
-		return x.NextPageToken
-	}
-	return ""
-}
-
-// ActivateSessionRequest makes an epoch current.
-type ActivateSessionRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to activate.
-	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch granted by the coordinator; must be higher than the active one.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// writer_id is the member ID of the new owner.
-	WriterId string `protobuf:"bytes,3,opt,name=writer_id,json=writerId,proto3" json:"writer_id,omitempty"`
-	// writer_incarnation is the new owner's incarnation.
-	WriterIncarnation uint64 `protobuf:"varint,4,opt,name=writer_incarnation,json=writerIncarnation,proto3" json:"writer_incarnation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
-}
-
-func (x *ActivateSessionRequest) Reset() {
-	*x = ActivateSessionRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[32]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ActivateSessionRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ActivateSessionRequest) ProtoMessage() {}
-
-func (x *ActivateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[32]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ActivateSessionRequest.ProtoReflect.Descriptor instead.
-func (*ActivateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{32}
-}
-
-func (x *ActivateSessionRequest) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-func (x *ActivateSessionRequest) GetEpoch() uint64 {
-	if x != nil {
-		return x.Epoch
-	}
-	return 0
-}
-
-func (x *ActivateSessionRequest) GetWriterId() string {
-	if x != nil {
-		return x.WriterId
-	}
-	return ""
-}
-
-func (x *ActivateSessionRequest) GetWriterIncarnation() uint64 {
-	if x != nil {
-		return x.WriterIncarnation
-	}
-	return 0
-}
-
-// ActivateSessionResponse confirms activation.
-type ActivateSessionResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// previous_epoch was active before; 0 for a new session.
-	PreviousEpoch uint64 `protobuf:"varint,1,opt,name=previous_epoch,json=previousEpoch,proto3" json:"previous_epoch,omitempty"`
-	// session_present is true when stored state exists (CONNACK session present).
-	SessionPresent bool `protobuf:"varint,2,opt,name=session_present,json=sessionPresent,proto3" json:"session_present,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
-}
-
-func (x *ActivateSessionResponse) Reset() {
-	*x = ActivateSessionResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[33]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ActivateSessionResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ActivateSessionResponse) ProtoMessage() {}
-
-func (x *ActivateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[33]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ActivateSessionResponse.ProtoReflect.Descriptor instead.
-func (*ActivateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{33}
-}
-
-func (x *ActivateSessionResponse) GetPreviousEpoch() uint64 {
-	if x != nil {
-		return x.PreviousEpoch
-	}
-	return 0
-}
-
-func (x *ActivateSessionResponse) GetSessionPresent() bool {
-	if x != nil {
-		return x.SessionPresent
-	}
-	return false
-}
-
-// GetSessionInfoRequest asks for a session summary.
-type GetSessionInfoRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// session to describe.
-	Session       *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *GetSessionInfoRequest) Reset() {
-	*x = GetSessionInfoRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[34]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetSessionInfoRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetSessionInfoRequest) ProtoMessage() {}
-
-func (x *GetSessionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[34]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetSessionInfoRequest.ProtoReflect.Descriptor instead.
-func (*GetSessionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{34}
-}
-
-func (x *GetSessionInfoRequest) GetSession() *v1.SessionKey {
-	if x != nil {
-		return x.Session
-	}
-	return nil
-}
-
-// GetSessionInfoResponse summarises a stored session.
-type GetSessionInfoResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// found is false when no session is stored.
-	Found bool `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
-	// active_epoch is the epoch writes are fenced with.
-	ActiveEpoch uint64 `protobuf:"varint,2,opt,name=active_epoch,json=activeEpoch,proto3" json:"active_epoch,omitempty"`
-	// group_id is the Redis group holding the session.
-	GroupId uint32 `protobuf:"varint,3,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
-	// state of the session.
-	State *SessionState `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	// subscription_count is the number of subscriptions.
-	SubscriptionCount uint32 `protobuf:"varint,5,opt,name=subscription_count,json=subscriptionCount,proto3" json:"subscription_count,omitempty"`
-	// inflight_count is the number of inflight entries.
-	InflightCount uint32 `protobuf:"varint,6,opt,name=inflight_count,json=inflightCount,proto3" json:"inflight_count,omitempty"`
-	// queue_length is the number of queued entries.
-	QueueLength uint64 `protobuf:"varint,7,opt,name=queue_length,json=queueLength,proto3" json:"queue_length,omitempty"`
-	// queue_bytes is the payload bytes referenced by the queue.
-	QueueBytes uint64 `protobuf:"varint,8,opt,name=queue_bytes,json=queueBytes,proto3" json:"queue_bytes,omitempty"`
-	// has_will is true when a will is stored.
-	HasWill       bool `protobuf:"varint,9,opt,name=has_will,json=hasWill,proto3" json:"has_will,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *GetSessionInfoResponse) Reset() {
-	*x = GetSessionInfoResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[35]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *GetSessionInfoResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*GetSessionInfoResponse) ProtoMessage() {}
-
-func (x *GetSessionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[35]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use GetSessionInfoResponse.ProtoReflect.Descriptor instead.
-func (*GetSessionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{35}
-}
-
-func (x *GetSessionInfoResponse) GetFound() bool {
-	if x != nil {
-		return x.Found
-	}
-	return false
-}
-
-func (x *GetSessionInfoResponse) GetActiveEpoch() uint64 {
-	if x != nil {
-		return x.ActiveEpoch
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetGroupId() uint32 {
-	if x != nil {
-		return x.GroupId
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetState() *SessionState {
-	if x != nil {
-		return x.State
-	}
-	return nil
-}
-
-func (x *GetSessionInfoResponse) GetSubscriptionCount() uint32 {
-	if x != nil {
-		return x.SubscriptionCount
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetInflightCount() uint32 {
-	if x != nil {
-		return x.InflightCount
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetQueueLength() uint64 {
-	if x != nil {
-		return x.QueueLength
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetQueueBytes() uint64 {
-	if x != nil {
-		return x.QueueBytes
-	}
-	return 0
-}
-
-func (x *GetSessionInfoResponse) GetHasWill() bool {
-	if x != nil {
-		return x.HasWill
-	}
-	return false
 }
 
 // StatusRequest asks for an instance's status.
@@ -2824,7 +1992,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[36]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2004,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[36]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,31 +2017,31 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{36}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{28}
 }
 
-// StatusResponse describes a persistence instance and its Redis node.
+// StatusResponse describes a persistence instance.
 type StatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// member_id of this instance.
 	MemberId string `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
-	// group_id of its Redis group.
-	GroupId uint32 `protobuf:"varint,2,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
-	// group_record_epoch this instance is writing under.
-	GroupRecordEpoch uint64 `protobuf:"varint,3,opt,name=group_record_epoch,json=groupRecordEpoch,proto3" json:"group_record_epoch,omitempty"`
-	// primary is true when its Redis node is the group's primary.
-	Primary bool `protobuf:"varint,4,opt,name=primary,proto3" json:"primary,omitempty"`
-	// connected_replicas is the number of replicas the primary reports.
-	ConnectedReplicas uint32 `protobuf:"varint,5,opt,name=connected_replicas,json=connectedReplicas,proto3" json:"connected_replicas,omitempty"`
-	// replication_offset is the node's replication offset.
-	ReplicationOffset uint64 `protobuf:"varint,6,opt,name=replication_offset,json=replicationOffset,proto3" json:"replication_offset,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// backend is "redis" or "bolt".
+	Backend string `protobuf:"bytes,2,opt,name=backend,proto3" json:"backend,omitempty"`
+	// redis_primary is the primary this instance writes to; empty for bolt.
+	RedisPrimary string `protobuf:"bytes,3,opt,name=redis_primary,json=redisPrimary,proto3" json:"redis_primary,omitempty"`
+	// group_record_epoch is the group record this instance follows.
+	GroupRecordEpoch uint64 `protobuf:"varint,4,opt,name=group_record_epoch,json=groupRecordEpoch,proto3" json:"group_record_epoch,omitempty"`
+	// min_replicas is how many replicas confirm each acknowledged write (WAIT n).
+	MinReplicas uint32 `protobuf:"varint,5,opt,name=min_replicas,json=minReplicas,proto3" json:"min_replicas,omitempty"`
+	// unreplicated is true when the operator switched replication off.
+	Unreplicated  bool `protobuf:"varint,6,opt,name=unreplicated,proto3" json:"unreplicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[37]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +2053,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[37]
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +2066,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{37}
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *StatusResponse) GetMemberId() string {
@@ -2908,11 +2076,18 @@ func (x *StatusResponse) GetMemberId() string {
 	return ""
 }
 
-func (x *StatusResponse) GetGroupId() uint32 {
+func (x *StatusResponse) GetBackend() string {
 	if x != nil {
-		return x.GroupId
+		return x.Backend
 	}
-	return 0
+	return ""
+}
+
+func (x *StatusResponse) GetRedisPrimary() string {
+	if x != nil {
+		return x.RedisPrimary
+	}
+	return ""
 }
 
 func (x *StatusResponse) GetGroupRecordEpoch() uint64 {
@@ -2922,242 +2097,164 @@ func (x *StatusResponse) GetGroupRecordEpoch() uint64 {
 	return 0
 }
 
-func (x *StatusResponse) GetPrimary() bool {
+func (x *StatusResponse) GetMinReplicas() uint32 {
 	if x != nil {
-		return x.Primary
+		return x.MinReplicas
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetUnreplicated() bool {
+	if x != nil {
+		return x.Unreplicated
 	}
 	return false
-}
-
-func (x *StatusResponse) GetConnectedReplicas() uint32 {
-	if x != nil {
-		return x.ConnectedReplicas
-	}
-	return 0
-}
-
-func (x *StatusResponse) GetReplicationOffset() uint64 {
-	if x != nil {
-		return x.ReplicationOffset
-	}
-	return 0
 }
 
 var File_keel_persistence_v1_persistence_proto protoreflect.FileDescriptor
 
 const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\n" +
-	"%keel/persistence/v1/persistence.proto\x12\x13keel.persistence.v1\x1a\x1bkeel/common/v1/common.proto\"\x86\x02\n" +
+	"%keel/persistence/v1/persistence.proto\x12\x13keel.persistence.v1\x1a\x1bkeel/common/v1/common.proto\">\n" +
+	"\x05Fence\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vgroup_epoch\x18\x02 \x01(\x04R\n" +
+	"groupEpoch\"\xe5\x01\n" +
 	"\fSubscription\x12\x16\n" +
-	"\x06filter\x18\x01 \x01(\tR\x06filter\x12\x1f\n" +
-	"\vshare_group\x18\x02 \x01(\tR\n" +
-	"shareGroup\x12\x10\n" +
-	"\x03qos\x18\x03 \x01(\rR\x03qos\x12\x19\n" +
-	"\bno_local\x18\x04 \x01(\bR\anoLocal\x12.\n" +
-	"\x13retain_as_published\x18\x05 \x01(\bR\x11retainAsPublished\x12'\n" +
-	"\x0fretain_handling\x18\x06 \x01(\rR\x0eretainHandling\x127\n" +
-	"\x17subscription_identifier\x18\a \x01(\rR\x16subscriptionIdentifier\"\xd0\x01\n" +
-	"\fSessionState\x12)\n" +
-	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x126\n" +
-	"\x17session_expiry_interval\x18\x02 \x01(\rR\x15sessionExpiryInterval\x124\n" +
-	"\x16disconnected_unix_nano\x18\x03 \x01(\x03R\x14disconnectedUnixNano\x12'\n" +
-	"\x0freceive_maximum\x18\x04 \x01(\rR\x0ereceiveMaximum\"`\n" +
+	"\x06filter\x18\x01 \x01(\tR\x06filter\x12\x10\n" +
+	"\x03qos\x18\x02 \x01(\rR\x03qos\x12\x19\n" +
+	"\bno_local\x18\x03 \x01(\bR\anoLocal\x12.\n" +
+	"\x13retain_as_published\x18\x04 \x01(\bR\x11retainAsPublished\x12'\n" +
+	"\x0fretain_handling\x18\x05 \x01(\rR\x0eretainHandling\x127\n" +
+	"\x17subscription_identifier\x18\x06 \x01(\rR\x16subscriptionIdentifier\"`\n" +
 	"\x04Will\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12%\n" +
-	"\x0edelay_interval\x18\x02 \x01(\rR\rdelayInterval\"\xf9\x01\n" +
-	"\rInflightEntry\x12\x1b\n" +
-	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
-	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12\x10\n" +
-	"\x03qos\x18\x03 \x01(\rR\x03qos\x128\n" +
-	"\x05state\x18\x04 \x01(\x0e2\".keel.persistence.v1.InflightStateR\x05state\x12\x16\n" +
-	"\x06retain\x18\x05 \x01(\bR\x06retain\x129\n" +
-	"\x18subscription_identifiers\x18\x06 \x03(\rR\x17subscriptionIdentifiers\"Z\n" +
-	"\rIngressRecord\x12\x1b\n" +
-	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
-	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\"\x9f\x01\n" +
+	"\x0edelay_interval\x18\x02 \x01(\rR\rdelayInterval\"\xf1\x01\n" +
+	"\aSession\x12)\n" +
+	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x126\n" +
+	"\x17session_expiry_interval\x18\x02 \x01(\rR\x15sessionExpiryInterval\x124\n" +
+	"\x16disconnected_unix_nano\x18\x03 \x01(\x03R\x14disconnectedUnixNano\x12\x1e\n" +
 	"\n" +
-	"QueueEntry\x12,\n" +
+	"properties\x18\x04 \x01(\fR\n" +
+	"properties\x12-\n" +
+	"\x04will\x18\x05 \x01(\v2\x19.keel.persistence.v1.WillR\x04will\"\xe1\x01\n" +
+	"\x05Entry\x12,\n" +
 	"\x06msg_id\x18\x01 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12\x10\n" +
 	"\x03qos\x18\x02 \x01(\rR\x03qos\x12\x16\n" +
 	"\x06retain\x18\x03 \x01(\bR\x06retain\x129\n" +
-	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\"\x93\x02\n" +
+	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\x12\x1b\n" +
+	"\tpacket_id\x18\x05 \x01(\rR\bpacketId\x12\x16\n" +
+	"\x06pubrel\x18\x06 \x01(\bR\x06pubrel\x12\x10\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\"U\n" +
+	"\bIncoming\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
+	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\"G\n" +
+	"\vQueueLimits\x12\x17\n" +
+	"\amax_len\x18\x01 \x01(\rR\x06maxLen\x12\x1f\n" +
+	"\vdrop_oldest\x18\x02 \x01(\bR\n" +
+	"dropOldest\"Y\n" +
 	"\fWriteRequest\x12\x19\n" +
-	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x1b\n" +
-	"\twriter_id\x18\x02 \x01(\tR\bwriterId\x12-\n" +
-	"\x12writer_incarnation\x18\x03 \x01(\x04R\x11writerIncarnation\x12\x19\n" +
-	"\bgroup_id\x18\x04 \x01(\rR\agroupId\x12,\n" +
-	"\x12group_record_epoch\x18\x05 \x01(\x04R\x10groupRecordEpoch\x12#\n" +
-	"\rwait_replicas\x18\x06 \x01(\bR\fwaitReplicas\x12.\n" +
-	"\x03ops\x18\a \x03(\v2\x1c.keel.persistence.v1.WriteOpR\x03ops\"\xe2\a\n" +
-	"\aWriteOp\x12D\n" +
-	"\vput_message\x18\x01 \x01(\v2!.keel.persistence.v1.PutMessageOpH\x00R\n" +
-	"putMessage\x12D\n" +
-	"\vput_session\x18\x02 \x01(\v2!.keel.persistence.v1.PutSessionOpH\x00R\n" +
+	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12.\n" +
+	"\x03ops\x18\x02 \x03(\v2\x1c.keel.persistence.v1.WriteOpR\x03ops\"\x82\b\n" +
+	"\aWriteOp\x124\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x120\n" +
+	"\x05fence\x18\x02 \x01(\v2\x1a.keel.persistence.v1.FenceR\x05fence\x12=\n" +
+	"\bactivate\x18\n" +
+	" \x01(\v2\x1f.keel.persistence.v1.ActivateOpH\x00R\bactivate\x12D\n" +
+	"\vput_session\x18\v \x01(\v2!.keel.persistence.v1.PutSessionOpH\x00R\n" +
 	"putSession\x12M\n" +
-	"\x0edelete_session\x18\x03 \x01(\v2$.keel.persistence.v1.DeleteSessionOpH\x00R\rdeleteSession\x12S\n" +
-	"\x10put_subscription\x18\x04 \x01(\v2&.keel.persistence.v1.PutSubscriptionOpH\x00R\x0fputSubscription\x12\\\n" +
-	"\x13delete_subscription\x18\x05 \x01(\v2).keel.persistence.v1.DeleteSubscriptionOpH\x00R\x12deleteSubscription\x12;\n" +
-	"\bput_will\x18\x06 \x01(\v2\x1e.keel.persistence.v1.PutWillOpH\x00R\aputWill\x12D\n" +
-	"\vdelete_will\x18\a \x01(\v2!.keel.persistence.v1.DeleteWillOpH\x00R\n" +
-	"deleteWill\x12G\n" +
-	"\fput_inflight\x18\b \x01(\v2\".keel.persistence.v1.PutInflightOpH\x00R\vputInflight\x12P\n" +
-	"\x0fdelete_inflight\x18\t \x01(\v2%.keel.persistence.v1.DeleteInflightOpH\x00R\x0edeleteInflight\x12G\n" +
-	"\fappend_queue\x18\n" +
-	" \x01(\v2\".keel.persistence.v1.AppendQueueOpH\x00R\vappendQueue\x12D\n" +
-	"\vput_ingress\x18\v \x01(\v2!.keel.persistence.v1.PutIngressOpH\x00R\n" +
-	"putIngress\x12M\n" +
-	"\x0edelete_ingress\x18\f \x01(\v2$.keel.persistence.v1.DeleteIngressOpH\x00R\rdeleteIngress\x12G\n" +
-	"\fput_retained\x18\r \x01(\v2\".keel.persistence.v1.PutRetainedOpH\x00R\vputRetainedB\x04\n" +
-	"\x02op\"A\n" +
-	"\fPutMessageOp\x121\n" +
-	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\"\x93\x01\n" +
-	"\fPutSessionOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x127\n" +
-	"\x05state\x18\x03 \x01(\v2!.keel.persistence.v1.SessionStateR\x05state\"]\n" +
-	"\x0fDeleteSessionOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xa6\x01\n" +
-	"\x11PutSubscriptionOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12E\n" +
-	"\fsubscription\x18\x03 \x01(\v2!.keel.persistence.v1.SubscriptionR\fsubscription\"\x9b\x01\n" +
-	"\x14DeleteSubscriptionOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
-	"\x06filter\x18\x03 \x01(\tR\x06filter\x12\x1f\n" +
-	"\vshare_group\x18\x04 \x01(\tR\n" +
-	"shareGroup\"\x86\x01\n" +
-	"\tPutWillOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12-\n" +
-	"\x04will\x18\x03 \x01(\v2\x19.keel.persistence.v1.WillR\x04will\"Z\n" +
-	"\fDeleteWillOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\x95\x01\n" +
-	"\rPutInflightOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x128\n" +
-	"\x05entry\x18\x03 \x01(\v2\".keel.persistence.v1.InflightEntryR\x05entry\"{\n" +
-	"\x10DeleteInflightOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
-	"\tpacket_id\x18\x03 \x01(\rR\bpacketId\"\x96\x01\n" +
-	"\rAppendQueueOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x129\n" +
-	"\aentries\x18\x03 \x03(\v2\x1f.keel.persistence.v1.QueueEntryR\aentries\"\x96\x01\n" +
-	"\fPutIngressOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12:\n" +
-	"\x06record\x18\x03 \x01(\v2\".keel.persistence.v1.IngressRecordR\x06record\"z\n" +
-	"\x0fDeleteIngressOp\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
-	"\tpacket_id\x18\x03 \x01(\rR\bpacketId\"B\n" +
+	"\x0edelete_session\x18\f \x01(\v2$.keel.persistence.v1.DeleteSessionOpH\x00R\rdeleteSession\x12S\n" +
+	"\x10put_subscription\x18\r \x01(\v2&.keel.persistence.v1.PutSubscriptionOpH\x00R\x0fputSubscription\x12\\\n" +
+	"\x13delete_subscription\x18\x0e \x01(\v2).keel.persistence.v1.DeleteSubscriptionOpH\x00R\x12deleteSubscription\x127\n" +
+	"\x06append\x18\x0f \x01(\v2\x1d.keel.persistence.v1.AppendOpH\x00R\x06append\x121\n" +
+	"\x04send\x18\x10 \x01(\v2\x1b.keel.persistence.v1.SendOpH\x00R\x04send\x127\n" +
+	"\x06pubrel\x18\x11 \x01(\v2\x1d.keel.persistence.v1.PubrelOpH\x00R\x06pubrel\x12=\n" +
+	"\bcomplete\x18\x12 \x01(\v2\x1f.keel.persistence.v1.CompleteOpH\x00R\bcomplete\x12:\n" +
+	"\adequeue\x18\x13 \x01(\v2\x1e.keel.persistence.v1.DequeueOpH\x00R\adequeue\x12G\n" +
+	"\fput_incoming\x18\x14 \x01(\v2\".keel.persistence.v1.PutIncomingOpH\x00R\vputIncoming\x12P\n" +
+	"\x0fdelete_incoming\x18\x15 \x01(\v2%.keel.persistence.v1.DeleteIncomingOpH\x00R\x0edeleteIncoming\x12G\n" +
+	"\fput_retained\x18\x16 \x01(\v2\".keel.persistence.v1.PutRetainedOpH\x00R\vputRetainedB\x04\n" +
+	"\x02op\"\f\n" +
+	"\n" +
+	"ActivateOp\"F\n" +
+	"\fPutSessionOp\x126\n" +
+	"\asession\x18\x01 \x01(\v2\x1c.keel.persistence.v1.SessionR\asession\"\x11\n" +
+	"\x0fDeleteSessionOp\"Z\n" +
+	"\x11PutSubscriptionOp\x12E\n" +
+	"\fsubscription\x18\x01 \x01(\v2!.keel.persistence.v1.SubscriptionR\fsubscription\".\n" +
+	"\x14DeleteSubscriptionOp\x12\x16\n" +
+	"\x06filter\x18\x01 \x01(\tR\x06filter\"\xaf\x01\n" +
+	"\bAppendOp\x128\n" +
+	"\x06limits\x18\x01 \x01(\v2 .keel.persistence.v1.QueueLimitsR\x06limits\x124\n" +
+	"\aentries\x18\x02 \x03(\v2\x1a.keel.persistence.v1.EntryR\aentries\x123\n" +
+	"\bmessages\x18\x03 \x03(\v2\x17.keel.common.v1.MessageR\bmessages\">\n" +
+	"\x06SendOp\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.keel.persistence.v1.EntryR\aentries\"'\n" +
+	"\bPubrelOp\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\"+\n" +
+	"\n" +
+	"CompleteOp\x12\x1d\n" +
+	"\n" +
+	"packet_ids\x18\x01 \x03(\rR\tpacketIds\";\n" +
+	"\tDequeueOp\x12.\n" +
+	"\amsg_ids\x18\x01 \x03(\v2\x15.keel.common.v1.MsgIDR\x06msgIds\"J\n" +
+	"\rPutIncomingOp\x129\n" +
+	"\bincoming\x18\x01 \x01(\v2\x1d.keel.persistence.v1.IncomingR\bincoming\"/\n" +
+	"\x10DeleteIncomingOp\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\"B\n" +
 	"\rPutRetainedOp\x121\n" +
-	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\"\xbb\x01\n" +
+	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\"\xb3\x01\n" +
 	"\rWriteResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x128\n" +
-	"\x06status\x18\x02 \x01(\x0e2 .keel.persistence.v1.WriteStatusR\x06status\x12\x1a\n" +
-	"\breplicas\x18\x03 \x01(\rR\breplicas\x129\n" +
-	"\top_errors\x18\x04 \x03(\v2\x1c.keel.persistence.v1.OpErrorR\bopErrors\"~\n" +
-	"\aOpError\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\rR\x05index\x128\n" +
-	"\x06status\x18\x02 \x01(\x0e2 .keel.persistence.v1.WriteStatusR\x06status\x12#\n" +
-	"\rcurrent_epoch\x18\x03 \x01(\x04R\fcurrentEpoch\"`\n" +
+	"\x06status\x18\x02 \x01(\x0e2 .keel.persistence.v1.WriteStatusR\x06status\x127\n" +
+	"\aresults\x18\x03 \x03(\v2\x1d.keel.persistence.v1.OpResultR\aresults\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xeb\x01\n" +
+	"\bOpResult\x128\n" +
+	"\x06status\x18\x01 \x01(\x0e2 .keel.persistence.v1.WriteStatusR\x06status\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x14\n" +
+	"\x05added\x18\x03 \x01(\rR\x05added\x12\x1e\n" +
+	"\n" +
+	"duplicates\x18\x04 \x01(\rR\n" +
+	"duplicates\x12%\n" +
+	"\x0edropped_oldest\x18\x05 \x01(\rR\rdroppedOldest\x12\x18\n" +
+	"\arefused\x18\x06 \x01(\rR\arefused\x12\x18\n" +
+	"\achanged\x18\a \x01(\bR\achanged\"J\n" +
 	"\x12LoadSessionRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xc3\x03\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\"\x86\x03\n" +
 	"\x13LoadSessionResponse\x12\x14\n" +
-	"\x05found\x18\x01 \x01(\bR\x05found\x127\n" +
-	"\x05state\x18\x02 \x01(\v2!.keel.persistence.v1.SessionStateR\x05state\x12G\n" +
-	"\rsubscriptions\x18\x03 \x03(\v2!.keel.persistence.v1.SubscriptionR\rsubscriptions\x12-\n" +
-	"\x04will\x18\x04 \x01(\v2\x19.keel.persistence.v1.WillR\x04will\x12>\n" +
-	"\binflight\x18\x05 \x03(\v2\".keel.persistence.v1.InflightEntryR\binflight\x12D\n" +
-	"\x11inflight_messages\x18\x06 \x03(\v2\x17.keel.common.v1.MessageR\x10inflightMessages\x12<\n" +
-	"\aingress\x18\a \x03(\v2\".keel.persistence.v1.IngressRecordR\aingress\x12!\n" +
-	"\fqueue_length\x18\b \x01(\x04R\vqueueLength\"\xc0\x01\n" +
-	"\x11DrainQueueRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12!\n" +
-	"\fafter_offset\x18\x03 \x01(\x04R\vafterOffset\x12\x1f\n" +
-	"\vmax_entries\x18\x04 \x01(\rR\n" +
-	"maxEntries\x12\x1b\n" +
-	"\tmax_bytes\x18\x05 \x01(\rR\bmaxBytes\"f\n" +
-	"\x12DrainQueueResponse\x12<\n" +
-	"\aentries\x18\x01 \x03(\v2\".keel.persistence.v1.QueuedMessageR\aentries\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\"\x91\x01\n" +
-	"\rQueuedMessage\x12\x16\n" +
-	"\x06offset\x18\x01 \x01(\x04R\x06offset\x125\n" +
-	"\x05entry\x18\x02 \x01(\v2\x1f.keel.persistence.v1.QueueEntryR\x05entry\x121\n" +
-	"\amessage\x18\x03 \x01(\v2\x17.keel.common.v1.MessageR\amessage\"\x7f\n" +
-	"\x0fAckQueueRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12 \n" +
-	"\fup_to_offset\x18\x03 \x01(\x04R\n" +
-	"upToOffset\"J\n" +
-	"\x10AckQueueResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\x04R\aremoved\x12\x1c\n" +
-	"\tremaining\x18\x02 \x01(\x04R\tremaining\"\x83\x01\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x126\n" +
+	"\asession\x18\x02 \x01(\v2\x1c.keel.persistence.v1.SessionR\asession\x12G\n" +
+	"\rsubscriptions\x18\x03 \x03(\v2!.keel.persistence.v1.SubscriptionR\rsubscriptions\x120\n" +
+	"\x05queue\x18\x04 \x03(\v2\x1a.keel.persistence.v1.EntryR\x05queue\x126\n" +
+	"\binflight\x18\x05 \x03(\v2\x1a.keel.persistence.v1.EntryR\binflight\x129\n" +
+	"\bincoming\x18\x06 \x03(\v2\x1d.keel.persistence.v1.IncomingR\bincoming\x123\n" +
+	"\bmessages\x18\a \x03(\v2\x17.keel.common.v1.MessageR\bmessages\"]\n" +
 	"\x15LookupRetainedRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
-	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x1d\n" +
-	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x1b\n" +
-	"\tpage_size\x18\x04 \x01(\rR\bpageSize\"u\n" +
+	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"M\n" +
 	"\x16LookupRetainedResponse\x123\n" +
-	"\bmessages\x18\x01 \x03(\v2\x17.keel.common.v1.MessageR\bmessages\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb0\x01\n" +
-	"\x16ActivateSessionRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1b\n" +
-	"\twriter_id\x18\x03 \x01(\tR\bwriterId\x12-\n" +
-	"\x12writer_incarnation\x18\x04 \x01(\x04R\x11writerIncarnation\"i\n" +
-	"\x17ActivateSessionResponse\x12%\n" +
-	"\x0eprevious_epoch\x18\x01 \x01(\x04R\rpreviousEpoch\x12'\n" +
-	"\x0fsession_present\x18\x02 \x01(\bR\x0esessionPresent\"M\n" +
-	"\x15GetSessionInfoRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\"\xda\x02\n" +
-	"\x16GetSessionInfoResponse\x12\x14\n" +
-	"\x05found\x18\x01 \x01(\bR\x05found\x12!\n" +
-	"\factive_epoch\x18\x02 \x01(\x04R\vactiveEpoch\x12\x19\n" +
-	"\bgroup_id\x18\x03 \x01(\rR\agroupId\x127\n" +
-	"\x05state\x18\x04 \x01(\v2!.keel.persistence.v1.SessionStateR\x05state\x12-\n" +
-	"\x12subscription_count\x18\x05 \x01(\rR\x11subscriptionCount\x12%\n" +
-	"\x0einflight_count\x18\x06 \x01(\rR\rinflightCount\x12!\n" +
-	"\fqueue_length\x18\a \x01(\x04R\vqueueLength\x12\x1f\n" +
-	"\vqueue_bytes\x18\b \x01(\x04R\n" +
-	"queueBytes\x12\x19\n" +
-	"\bhas_will\x18\t \x01(\bR\ahasWill\"\x0f\n" +
-	"\rStatusRequest\"\xee\x01\n" +
+	"\bmessages\x18\x01 \x03(\v2\x17.keel.common.v1.MessageR\bmessages\"\x0f\n" +
+	"\rStatusRequest\"\xe1\x01\n" +
 	"\x0eStatusResponse\x12\x1b\n" +
-	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x19\n" +
-	"\bgroup_id\x18\x02 \x01(\rR\agroupId\x12,\n" +
-	"\x12group_record_epoch\x18\x03 \x01(\x04R\x10groupRecordEpoch\x12\x18\n" +
-	"\aprimary\x18\x04 \x01(\bR\aprimary\x12-\n" +
-	"\x12connected_replicas\x18\x05 \x01(\rR\x11connectedReplicas\x12-\n" +
-	"\x12replication_offset\x18\x06 \x01(\x04R\x11replicationOffset*p\n" +
-	"\rInflightState\x12\x1e\n" +
-	"\x1aINFLIGHT_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
-	"\x1bINFLIGHT_STATE_PUBLISH_SENT\x10\x01\x12\x1e\n" +
-	"\x1aINFLIGHT_STATE_PUBREL_SENT\x10\x02*\xb4\x01\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x18\n" +
+	"\abackend\x18\x02 \x01(\tR\abackend\x12#\n" +
+	"\rredis_primary\x18\x03 \x01(\tR\fredisPrimary\x12,\n" +
+	"\x12group_record_epoch\x18\x04 \x01(\x04R\x10groupRecordEpoch\x12!\n" +
+	"\fmin_replicas\x18\x05 \x01(\rR\vminReplicas\x12\"\n" +
+	"\funreplicated\x18\x06 \x01(\bR\funreplicated*\xda\x01\n" +
 	"\vWriteStatus\x12\x1c\n" +
 	"\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fWRITE_STATUS_OK\x10\x01\x12\x1f\n" +
 	"\x1bWRITE_STATUS_NOT_REPLICATED\x10\x02\x12\x17\n" +
-	"\x13WRITE_STATUS_FENCED\x10\x03\x12\x1f\n" +
-	"\x1bWRITE_STATUS_QUOTA_EXCEEDED\x10\x04\x12\x17\n" +
-	"\x13WRITE_STATUS_FAILED\x10\x052\x99\x06\n" +
+	"\x13WRITE_STATUS_FENCED\x10\x03\x12\x1d\n" +
+	"\x19WRITE_STATUS_GROUP_FENCED\x10\x04\x12!\n" +
+	"\x1dWRITE_STATUS_INVALID_ARGUMENT\x10\x05\x12\x1c\n" +
+	"\x18WRITE_STATUS_UNAVAILABLE\x10\x062\x88\x03\n" +
 	"\x12PersistenceService\x12R\n" +
 	"\x05Write\x12!.keel.persistence.v1.WriteRequest\x1a\".keel.persistence.v1.WriteResponse(\x010\x01\x12`\n" +
-	"\vLoadSession\x12'.keel.persistence.v1.LoadSessionRequest\x1a(.keel.persistence.v1.LoadSessionResponse\x12]\n" +
-	"\n" +
-	"DrainQueue\x12&.keel.persistence.v1.DrainQueueRequest\x1a'.keel.persistence.v1.DrainQueueResponse\x12W\n" +
-	"\bAckQueue\x12$.keel.persistence.v1.AckQueueRequest\x1a%.keel.persistence.v1.AckQueueResponse\x12i\n" +
-	"\x0eLookupRetained\x12*.keel.persistence.v1.LookupRetainedRequest\x1a+.keel.persistence.v1.LookupRetainedResponse\x12l\n" +
-	"\x0fActivateSession\x12+.keel.persistence.v1.ActivateSessionRequest\x1a,.keel.persistence.v1.ActivateSessionResponse\x12i\n" +
-	"\x0eGetSessionInfo\x12*.keel.persistence.v1.GetSessionInfoRequest\x1a+.keel.persistence.v1.GetSessionInfoResponse\x12Q\n" +
+	"\vLoadSession\x12'.keel.persistence.v1.LoadSessionRequest\x1a(.keel.persistence.v1.LoadSessionResponse\x12i\n" +
+	"\x0eLookupRetained\x12*.keel.persistence.v1.LookupRetainedRequest\x1a+.keel.persistence.v1.LookupRetainedResponse\x12Q\n" +
 	"\x06Status\x12\".keel.persistence.v1.StatusRequest\x1a#.keel.persistence.v1.StatusResponseB\xdd\x01\n" +
 	"\x17com.keel.persistence.v1B\x10PersistenceProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/persistence/v1;persistencev1\xa2\x02\x03KPX\xaa\x02\x13Keel.Persistence.V1\xca\x02\x13Keel\\Persistence\\V1\xe2\x02\x1fKeel\\Persistence\\V1\\GPBMetadata\xea\x02\x15Keel::Persistence::V1b\x06proto3"
 
@@ -3173,132 +2270,98 @@ func file_keel_persistence_v1_persistence_proto_rawDescGZIP() []byte {
 	return file_keel_persistence_v1_persistence_proto_rawDescData
 }
 
-var file_keel_persistence_v1_persistence_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_keel_persistence_v1_persistence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_keel_persistence_v1_persistence_proto_goTypes = []any{
-	(InflightState)(0),              // 0: keel.persistence.v1.InflightState
-	(WriteStatus)(0),                // 1: keel.persistence.v1.WriteStatus
-	(*Subscription)(nil),            // 2: keel.persistence.v1.Subscription
-	(*SessionState)(nil),            // 3: keel.persistence.v1.SessionState
-	(*Will)(nil),                    // 4: keel.persistence.v1.Will
-	(*InflightEntry)(nil),           // 5: keel.persistence.v1.InflightEntry
-	(*IngressRecord)(nil),           // 6: keel.persistence.v1.IngressRecord
-	(*QueueEntry)(nil),              // 7: keel.persistence.v1.QueueEntry
-	(*WriteRequest)(nil),            // 8: keel.persistence.v1.WriteRequest
-	(*WriteOp)(nil),                 // 9: keel.persistence.v1.WriteOp
-	(*PutMessageOp)(nil),            // 10: keel.persistence.v1.PutMessageOp
-	(*PutSessionOp)(nil),            // 11: keel.persistence.v1.PutSessionOp
-	(*DeleteSessionOp)(nil),         // 12: keel.persistence.v1.DeleteSessionOp
-	(*PutSubscriptionOp)(nil),       // 13: keel.persistence.v1.PutSubscriptionOp
-	(*DeleteSubscriptionOp)(nil),    // 14: keel.persistence.v1.DeleteSubscriptionOp
-	(*PutWillOp)(nil),               // 15: keel.persistence.v1.PutWillOp
-	(*DeleteWillOp)(nil),            // 16: keel.persistence.v1.DeleteWillOp
-	(*PutInflightOp)(nil),           // 17: keel.persistence.v1.PutInflightOp
-	(*DeleteInflightOp)(nil),        // 18: keel.persistence.v1.DeleteInflightOp
-	(*AppendQueueOp)(nil),           // 19: keel.persistence.v1.AppendQueueOp
-	(*PutIngressOp)(nil),            // 20: keel.persistence.v1.PutIngressOp
-	(*DeleteIngressOp)(nil),         // 21: keel.persistence.v1.DeleteIngressOp
-	(*PutRetainedOp)(nil),           // 22: keel.persistence.v1.PutRetainedOp
-	(*WriteResponse)(nil),           // 23: keel.persistence.v1.WriteResponse
-	(*OpError)(nil),                 // 24: keel.persistence.v1.OpError
-	(*LoadSessionRequest)(nil),      // 25: keel.persistence.v1.LoadSessionRequest
-	(*LoadSessionResponse)(nil),     // 26: keel.persistence.v1.LoadSessionResponse
-	(*DrainQueueRequest)(nil),       // 27: keel.persistence.v1.DrainQueueRequest
-	(*DrainQueueResponse)(nil),      // 28: keel.persistence.v1.DrainQueueResponse
-	(*QueuedMessage)(nil),           // 29: keel.persistence.v1.QueuedMessage
-	(*AckQueueRequest)(nil),         // 30: keel.persistence.v1.AckQueueRequest
-	(*AckQueueResponse)(nil),        // 31: keel.persistence.v1.AckQueueResponse
-	(*LookupRetainedRequest)(nil),   // 32: keel.persistence.v1.LookupRetainedRequest
-	(*LookupRetainedResponse)(nil),  // 33: keel.persistence.v1.LookupRetainedResponse
-	(*ActivateSessionRequest)(nil),  // 34: keel.persistence.v1.ActivateSessionRequest
-	(*ActivateSessionResponse)(nil), // 35: keel.persistence.v1.ActivateSessionResponse
-	(*GetSessionInfoRequest)(nil),   // 36: keel.persistence.v1.GetSessionInfoRequest
-	(*GetSessionInfoResponse)(nil),  // 37: keel.persistence.v1.GetSessionInfoResponse
-	(*StatusRequest)(nil),           // 38: keel.persistence.v1.StatusRequest
-	(*StatusResponse)(nil),          // 39: keel.persistence.v1.StatusResponse
-	(*v1.Message)(nil),              // 40: keel.common.v1.Message
-	(*v1.MsgID)(nil),                // 41: keel.common.v1.MsgID
-	(*v1.SessionKey)(nil),           // 42: keel.common.v1.SessionKey
+	(WriteStatus)(0),               // 0: keel.persistence.v1.WriteStatus
+	(*Fence)(nil),                  // 1: keel.persistence.v1.Fence
+	(*Subscription)(nil),           // 2: keel.persistence.v1.Subscription
+	(*Will)(nil),                   // 3: keel.persistence.v1.Will
+	(*Session)(nil),                // 4: keel.persistence.v1.Session
+	(*Entry)(nil),                  // 5: keel.persistence.v1.Entry
+	(*Incoming)(nil),               // 6: keel.persistence.v1.Incoming
+	(*QueueLimits)(nil),            // 7: keel.persistence.v1.QueueLimits
+	(*WriteRequest)(nil),           // 8: keel.persistence.v1.WriteRequest
+	(*WriteOp)(nil),                // 9: keel.persistence.v1.WriteOp
+	(*ActivateOp)(nil),             // 10: keel.persistence.v1.ActivateOp
+	(*PutSessionOp)(nil),           // 11: keel.persistence.v1.PutSessionOp
+	(*DeleteSessionOp)(nil),        // 12: keel.persistence.v1.DeleteSessionOp
+	(*PutSubscriptionOp)(nil),      // 13: keel.persistence.v1.PutSubscriptionOp
+	(*DeleteSubscriptionOp)(nil),   // 14: keel.persistence.v1.DeleteSubscriptionOp
+	(*AppendOp)(nil),               // 15: keel.persistence.v1.AppendOp
+	(*SendOp)(nil),                 // 16: keel.persistence.v1.SendOp
+	(*PubrelOp)(nil),               // 17: keel.persistence.v1.PubrelOp
+	(*CompleteOp)(nil),             // 18: keel.persistence.v1.CompleteOp
+	(*DequeueOp)(nil),              // 19: keel.persistence.v1.DequeueOp
+	(*PutIncomingOp)(nil),          // 20: keel.persistence.v1.PutIncomingOp
+	(*DeleteIncomingOp)(nil),       // 21: keel.persistence.v1.DeleteIncomingOp
+	(*PutRetainedOp)(nil),          // 22: keel.persistence.v1.PutRetainedOp
+	(*WriteResponse)(nil),          // 23: keel.persistence.v1.WriteResponse
+	(*OpResult)(nil),               // 24: keel.persistence.v1.OpResult
+	(*LoadSessionRequest)(nil),     // 25: keel.persistence.v1.LoadSessionRequest
+	(*LoadSessionResponse)(nil),    // 26: keel.persistence.v1.LoadSessionResponse
+	(*LookupRetainedRequest)(nil),  // 27: keel.persistence.v1.LookupRetainedRequest
+	(*LookupRetainedResponse)(nil), // 28: keel.persistence.v1.LookupRetainedResponse
+	(*StatusRequest)(nil),          // 29: keel.persistence.v1.StatusRequest
+	(*StatusResponse)(nil),         // 30: keel.persistence.v1.StatusResponse
+	(*v1.Message)(nil),             // 31: keel.common.v1.Message
+	(*v1.MsgID)(nil),               // 32: keel.common.v1.MsgID
+	(*v1.SessionKey)(nil),          // 33: keel.common.v1.SessionKey
 }
 var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
-	40, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
-	41, // 1: keel.persistence.v1.InflightEntry.msg_id:type_name -> keel.common.v1.MsgID
-	0,  // 2: keel.persistence.v1.InflightEntry.state:type_name -> keel.persistence.v1.InflightState
-	41, // 3: keel.persistence.v1.IngressRecord.msg_id:type_name -> keel.common.v1.MsgID
-	41, // 4: keel.persistence.v1.QueueEntry.msg_id:type_name -> keel.common.v1.MsgID
-	9,  // 5: keel.persistence.v1.WriteRequest.ops:type_name -> keel.persistence.v1.WriteOp
-	10, // 6: keel.persistence.v1.WriteOp.put_message:type_name -> keel.persistence.v1.PutMessageOp
-	11, // 7: keel.persistence.v1.WriteOp.put_session:type_name -> keel.persistence.v1.PutSessionOp
-	12, // 8: keel.persistence.v1.WriteOp.delete_session:type_name -> keel.persistence.v1.DeleteSessionOp
-	13, // 9: keel.persistence.v1.WriteOp.put_subscription:type_name -> keel.persistence.v1.PutSubscriptionOp
-	14, // 10: keel.persistence.v1.WriteOp.delete_subscription:type_name -> keel.persistence.v1.DeleteSubscriptionOp
-	15, // 11: keel.persistence.v1.WriteOp.put_will:type_name -> keel.persistence.v1.PutWillOp
-	16, // 12: keel.persistence.v1.WriteOp.delete_will:type_name -> keel.persistence.v1.DeleteWillOp
-	17, // 13: keel.persistence.v1.WriteOp.put_inflight:type_name -> keel.persistence.v1.PutInflightOp
-	18, // 14: keel.persistence.v1.WriteOp.delete_inflight:type_name -> keel.persistence.v1.DeleteInflightOp
-	19, // 15: keel.persistence.v1.WriteOp.append_queue:type_name -> keel.persistence.v1.AppendQueueOp
-	20, // 16: keel.persistence.v1.WriteOp.put_ingress:type_name -> keel.persistence.v1.PutIngressOp
-	21, // 17: keel.persistence.v1.WriteOp.delete_ingress:type_name -> keel.persistence.v1.DeleteIngressOp
-	22, // 18: keel.persistence.v1.WriteOp.put_retained:type_name -> keel.persistence.v1.PutRetainedOp
-	40, // 19: keel.persistence.v1.PutMessageOp.message:type_name -> keel.common.v1.Message
-	42, // 20: keel.persistence.v1.PutSessionOp.session:type_name -> keel.common.v1.SessionKey
-	3,  // 21: keel.persistence.v1.PutSessionOp.state:type_name -> keel.persistence.v1.SessionState
-	42, // 22: keel.persistence.v1.DeleteSessionOp.session:type_name -> keel.common.v1.SessionKey
-	42, // 23: keel.persistence.v1.PutSubscriptionOp.session:type_name -> keel.common.v1.SessionKey
-	2,  // 24: keel.persistence.v1.PutSubscriptionOp.subscription:type_name -> keel.persistence.v1.Subscription
-	42, // 25: keel.persistence.v1.DeleteSubscriptionOp.session:type_name -> keel.common.v1.SessionKey
-	42, // 26: keel.persistence.v1.PutWillOp.session:type_name -> keel.common.v1.SessionKey
-	4,  // 27: keel.persistence.v1.PutWillOp.will:type_name -> keel.persistence.v1.Will
-	42, // 28: keel.persistence.v1.DeleteWillOp.session:type_name -> keel.common.v1.SessionKey
-	42, // 29: keel.persistence.v1.PutInflightOp.session:type_name -> keel.common.v1.SessionKey
-	5,  // 30: keel.persistence.v1.PutInflightOp.entry:type_name -> keel.persistence.v1.InflightEntry
-	42, // 31: keel.persistence.v1.DeleteInflightOp.session:type_name -> keel.common.v1.SessionKey
-	42, // 32: keel.persistence.v1.AppendQueueOp.session:type_name -> keel.common.v1.SessionKey
-	7,  // 33: keel.persistence.v1.AppendQueueOp.entries:type_name -> keel.persistence.v1.QueueEntry
-	42, // 34: keel.persistence.v1.PutIngressOp.session:type_name -> keel.common.v1.SessionKey
-	6,  // 35: keel.persistence.v1.PutIngressOp.record:type_name -> keel.persistence.v1.IngressRecord
-	42, // 36: keel.persistence.v1.DeleteIngressOp.session:type_name -> keel.common.v1.SessionKey
-	40, // 37: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
-	1,  // 38: keel.persistence.v1.WriteResponse.status:type_name -> keel.persistence.v1.WriteStatus
-	24, // 39: keel.persistence.v1.WriteResponse.op_errors:type_name -> keel.persistence.v1.OpError
-	1,  // 40: keel.persistence.v1.OpError.status:type_name -> keel.persistence.v1.WriteStatus
-	42, // 41: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
-	3,  // 42: keel.persistence.v1.LoadSessionResponse.state:type_name -> keel.persistence.v1.SessionState
-	2,  // 43: keel.persistence.v1.LoadSessionResponse.subscriptions:type_name -> keel.persistence.v1.Subscription
-	4,  // 44: keel.persistence.v1.LoadSessionResponse.will:type_name -> keel.persistence.v1.Will
-	5,  // 45: keel.persistence.v1.LoadSessionResponse.inflight:type_name -> keel.persistence.v1.InflightEntry
-	40, // 46: keel.persistence.v1.LoadSessionResponse.inflight_messages:type_name -> keel.common.v1.Message
-	6,  // 47: keel.persistence.v1.LoadSessionResponse.ingress:type_name -> keel.persistence.v1.IngressRecord
-	42, // 48: keel.persistence.v1.DrainQueueRequest.session:type_name -> keel.common.v1.SessionKey
-	29, // 49: keel.persistence.v1.DrainQueueResponse.entries:type_name -> keel.persistence.v1.QueuedMessage
-	7,  // 50: keel.persistence.v1.QueuedMessage.entry:type_name -> keel.persistence.v1.QueueEntry
-	40, // 51: keel.persistence.v1.QueuedMessage.message:type_name -> keel.common.v1.Message
-	42, // 52: keel.persistence.v1.AckQueueRequest.session:type_name -> keel.common.v1.SessionKey
-	40, // 53: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
-	42, // 54: keel.persistence.v1.ActivateSessionRequest.session:type_name -> keel.common.v1.SessionKey
-	42, // 55: keel.persistence.v1.GetSessionInfoRequest.session:type_name -> keel.common.v1.SessionKey
-	3,  // 56: keel.persistence.v1.GetSessionInfoResponse.state:type_name -> keel.persistence.v1.SessionState
-	8,  // 57: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
-	25, // 58: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
-	27, // 59: keel.persistence.v1.PersistenceService.DrainQueue:input_type -> keel.persistence.v1.DrainQueueRequest
-	30, // 60: keel.persistence.v1.PersistenceService.AckQueue:input_type -> keel.persistence.v1.AckQueueRequest
-	32, // 61: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
-	34, // 62: keel.persistence.v1.PersistenceService.ActivateSession:input_type -> keel.persistence.v1.ActivateSessionRequest
-	36, // 63: keel.persistence.v1.PersistenceService.GetSessionInfo:input_type -> keel.persistence.v1.GetSessionInfoRequest
-	38, // 64: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
-	23, // 65: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
-	26, // 66: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
-	28, // 67: keel.persistence.v1.PersistenceService.DrainQueue:output_type -> keel.persistence.v1.DrainQueueResponse
-	31, // 68: keel.persistence.v1.PersistenceService.AckQueue:output_type -> keel.persistence.v1.AckQueueResponse
-	33, // 69: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
-	35, // 70: keel.persistence.v1.PersistenceService.ActivateSession:output_type -> keel.persistence.v1.ActivateSessionResponse
-	37, // 71: keel.persistence.v1.PersistenceService.GetSessionInfo:output_type -> keel.persistence.v1.GetSessionInfoResponse
-	39, // 72: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
-	65, // [65:73] is the sub-list for method output_type
-	57, // [57:65] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	31, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
+	3,  // 1: keel.persistence.v1.Session.will:type_name -> keel.persistence.v1.Will
+	32, // 2: keel.persistence.v1.Entry.msg_id:type_name -> keel.common.v1.MsgID
+	32, // 3: keel.persistence.v1.Incoming.msg_id:type_name -> keel.common.v1.MsgID
+	9,  // 4: keel.persistence.v1.WriteRequest.ops:type_name -> keel.persistence.v1.WriteOp
+	33, // 5: keel.persistence.v1.WriteOp.session:type_name -> keel.common.v1.SessionKey
+	1,  // 6: keel.persistence.v1.WriteOp.fence:type_name -> keel.persistence.v1.Fence
+	10, // 7: keel.persistence.v1.WriteOp.activate:type_name -> keel.persistence.v1.ActivateOp
+	11, // 8: keel.persistence.v1.WriteOp.put_session:type_name -> keel.persistence.v1.PutSessionOp
+	12, // 9: keel.persistence.v1.WriteOp.delete_session:type_name -> keel.persistence.v1.DeleteSessionOp
+	13, // 10: keel.persistence.v1.WriteOp.put_subscription:type_name -> keel.persistence.v1.PutSubscriptionOp
+	14, // 11: keel.persistence.v1.WriteOp.delete_subscription:type_name -> keel.persistence.v1.DeleteSubscriptionOp
+	15, // 12: keel.persistence.v1.WriteOp.append:type_name -> keel.persistence.v1.AppendOp
+	16, // 13: keel.persistence.v1.WriteOp.send:type_name -> keel.persistence.v1.SendOp
+	17, // 14: keel.persistence.v1.WriteOp.pubrel:type_name -> keel.persistence.v1.PubrelOp
+	18, // 15: keel.persistence.v1.WriteOp.complete:type_name -> keel.persistence.v1.CompleteOp
+	19, // 16: keel.persistence.v1.WriteOp.dequeue:type_name -> keel.persistence.v1.DequeueOp
+	20, // 17: keel.persistence.v1.WriteOp.put_incoming:type_name -> keel.persistence.v1.PutIncomingOp
+	21, // 18: keel.persistence.v1.WriteOp.delete_incoming:type_name -> keel.persistence.v1.DeleteIncomingOp
+	22, // 19: keel.persistence.v1.WriteOp.put_retained:type_name -> keel.persistence.v1.PutRetainedOp
+	4,  // 20: keel.persistence.v1.PutSessionOp.session:type_name -> keel.persistence.v1.Session
+	2,  // 21: keel.persistence.v1.PutSubscriptionOp.subscription:type_name -> keel.persistence.v1.Subscription
+	7,  // 22: keel.persistence.v1.AppendOp.limits:type_name -> keel.persistence.v1.QueueLimits
+	5,  // 23: keel.persistence.v1.AppendOp.entries:type_name -> keel.persistence.v1.Entry
+	31, // 24: keel.persistence.v1.AppendOp.messages:type_name -> keel.common.v1.Message
+	5,  // 25: keel.persistence.v1.SendOp.entries:type_name -> keel.persistence.v1.Entry
+	32, // 26: keel.persistence.v1.DequeueOp.msg_ids:type_name -> keel.common.v1.MsgID
+	6,  // 27: keel.persistence.v1.PutIncomingOp.incoming:type_name -> keel.persistence.v1.Incoming
+	31, // 28: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
+	0,  // 29: keel.persistence.v1.WriteResponse.status:type_name -> keel.persistence.v1.WriteStatus
+	24, // 30: keel.persistence.v1.WriteResponse.results:type_name -> keel.persistence.v1.OpResult
+	0,  // 31: keel.persistence.v1.OpResult.status:type_name -> keel.persistence.v1.WriteStatus
+	33, // 32: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	4,  // 33: keel.persistence.v1.LoadSessionResponse.session:type_name -> keel.persistence.v1.Session
+	2,  // 34: keel.persistence.v1.LoadSessionResponse.subscriptions:type_name -> keel.persistence.v1.Subscription
+	5,  // 35: keel.persistence.v1.LoadSessionResponse.queue:type_name -> keel.persistence.v1.Entry
+	5,  // 36: keel.persistence.v1.LoadSessionResponse.inflight:type_name -> keel.persistence.v1.Entry
+	6,  // 37: keel.persistence.v1.LoadSessionResponse.incoming:type_name -> keel.persistence.v1.Incoming
+	31, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
+	31, // 39: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
+	8,  // 40: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
+	25, // 41: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
+	27, // 42: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
+	29, // 43: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
+	23, // 44: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
+	26, // 45: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
+	28, // 46: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
+	30, // 47: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
+	44, // [44:48] is the sub-list for method output_type
+	40, // [40:44] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_keel_persistence_v1_persistence_proto_init() }
@@ -3306,19 +2369,19 @@ func file_keel_persistence_v1_persistence_proto_init() {
 	if File_keel_persistence_v1_persistence_proto != nil {
 		return
 	}
-	file_keel_persistence_v1_persistence_proto_msgTypes[7].OneofWrappers = []any{
-		(*WriteOp_PutMessage)(nil),
+	file_keel_persistence_v1_persistence_proto_msgTypes[8].OneofWrappers = []any{
+		(*WriteOp_Activate)(nil),
 		(*WriteOp_PutSession)(nil),
 		(*WriteOp_DeleteSession)(nil),
 		(*WriteOp_PutSubscription)(nil),
 		(*WriteOp_DeleteSubscription)(nil),
-		(*WriteOp_PutWill)(nil),
-		(*WriteOp_DeleteWill)(nil),
-		(*WriteOp_PutInflight)(nil),
-		(*WriteOp_DeleteInflight)(nil),
-		(*WriteOp_AppendQueue)(nil),
-		(*WriteOp_PutIngress)(nil),
-		(*WriteOp_DeleteIngress)(nil),
+		(*WriteOp_Append)(nil),
+		(*WriteOp_Send)(nil),
+		(*WriteOp_Pubrel)(nil),
+		(*WriteOp_Complete)(nil),
+		(*WriteOp_Dequeue)(nil),
+		(*WriteOp_PutIncoming)(nil),
+		(*WriteOp_DeleteIncoming)(nil),
 		(*WriteOp_PutRetained)(nil),
 	}
 	type x struct{}
@@ -3326,8 +2389,8 @@ func file_keel_persistence_v1_persistence_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_persistence_v1_persistence_proto_rawDesc), len(file_keel_persistence_v1_persistence_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   38,
+			NumEnums:      1,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,8 +48,23 @@ type Store struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
-	groupEpoch uint64
+	groupEpoch atomic.Uint64
+	// Observer, if set, hears about every commit (metrics); set before use.
+	Observer Observer
 }
+
+// Observer hears about commits.
+type Observer interface {
+	// Committed reports one pipeline: its script calls, how long it took,
+	// and whether it waited for replicas and they confirmed in time.
+	Committed(calls int, d time.Duration, waited, replicated bool)
+}
+
+// ErrUnavailable wraps failures after which the write may be retried.
+var ErrUnavailable = errors.New("redis unavailable")
+
+// ErrClosed is returned for operations on a closed store.
+var ErrClosed = errors.New("redis store closed")
 
 type op struct {
 	script string
@@ -85,7 +101,16 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 }
 
 // SetGroupEpoch sets the group record epoch carried by every write.
-func (s *Store) SetGroupEpoch(e uint64) { s.groupEpoch = e }
+func (s *Store) SetGroupEpoch(e uint64) { s.groupEpoch.Store(e) }
+
+// GroupEpoch returns the group record epoch set by [Store.SetGroupEpoch].
+func (s *Store) GroupEpoch() uint64 { return s.groupEpoch.Load() }
+
+// Addr returns the address of the primary the store writes to.
+func (s *Store) Addr() string { return s.cfg.Addr }
+
+// Ping checks that the primary answers.
+func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
 // Close stops the committer and closes the connections.
 func (s *Store) Close() error {
@@ -127,6 +152,9 @@ func (s *Store) commitLoop() {
 		}
 		if conn == nil {
 			conn = s.rdb.Conn()
+			if err := loadScripts(ctx, conn); err != nil {
+				s.logger.Warn("loading scripts failed", "error", err)
+			}
 		}
 		if err := s.commit(ctx, conn, batch); err != nil {
 			// The connection may be broken: start over with a new one.
@@ -140,9 +168,10 @@ func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error
 	needWait := false
 	cmds := make([]*redis.Cmd, len(batch))
 	var waitCmd *redis.IntCmd
+	start := time.Now()
 	_, perr := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, o := range batch {
-			cmds[i] = p.Eval(ctx, o.script, o.keys, o.args...)
+			cmds[i] = p.EvalSha(ctx, shaOf(o.script), o.keys, o.args...)
 			needWait = needWait || o.wait
 		}
 		if needWait && s.cfg.MinReplicas > 0 {
@@ -159,12 +188,25 @@ func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error
 			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err)
 		}
 	}
+	if s.Observer != nil {
+		s.Observer.Committed(len(batch), time.Since(start), waitCmd != nil, replicated)
+	}
+	noscript := false
 	for i, o := range batch {
 		val, err := cmds[i].Result()
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			// The script cache was flushed (or this is another server):
+			// nothing ran; reconnect, which loads the scripts again.
+			noscript = true
+			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
 		if err == nil && o.wait && !replicated {
 			err = store.ErrNotReplicated
 		}
 		o.result <- opResult{val: val, err: mapErr(err)}
+	}
+	if noscript {
+		return errors.New("scripts not loaded")
 	}
 	if perr != nil && !isScriptErr(perr) {
 		return perr
@@ -195,21 +237,93 @@ func mapErr(err error) error {
 	return err
 }
 
-func (s *Store) run(ctx context.Context, wait bool, script string, keys []string, args ...any) (any, error) {
-	o := &op{script: script, keys: keys, args: args, wait: wait, result: make(chan opResult, 1)}
+// submit queues o behind every operation submitted before it.
+func (s *Store) submit(ctx context.Context, o *op) error {
+	o.result = make(chan opResult, 1)
 	select {
 	case s.ops <- o:
+		return nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	case <-s.done:
-		return nil, errors.New("redis store closed")
+		return ErrClosed
 	}
+}
+
+// await waits for the answer to a submitted operation.
+func (s *Store) await(ctx context.Context, o *op) (any, error) {
 	select {
 	case r := <-o.result:
 		return r.val, r.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-s.done:
+		// The committer may have answered just before stopping.
+		select {
+		case r := <-o.result:
+			return r.val, r.err
+		default:
+			return nil, ErrClosed
+		}
 	}
+}
+
+func (s *Store) exec(ctx context.Context, so *store.Op) store.OpResult {
+	o, err := s.prepare(so)
+	if err != nil {
+		return store.OpResult{Err: err}
+	}
+	if err := s.submit(ctx, o); err != nil {
+		return store.OpResult{Err: err}
+	}
+	v, err := s.await(ctx, o)
+	return parse(so.Kind, v, err)
+}
+
+// Submit implements [store.Batcher]: every op goes into the commit queue in
+// order now, so a batch shares pipelines and WAITs with whatever else is
+// waiting; wait collects the answers.
+func (s *Store) Submit(ctx context.Context, ops []store.Op) (wait func() []store.OpResult) {
+	res := make([]store.OpResult, len(ops))
+	sent := make([]*op, len(ops))
+	for i := range ops {
+		o, err := s.prepare(&ops[i])
+		if err == nil {
+			err = s.submit(ctx, o)
+		}
+		if err != nil {
+			res[i].Err = err
+			continue
+		}
+		sent[i] = o
+	}
+	return func() []store.OpResult {
+		for i, o := range sent {
+			if o == nil {
+				continue
+			}
+			v, err := s.await(ctx, o)
+			res[i] = parse(ops[i].Kind, v, err)
+		}
+		return res
+	}
+}
+
+func parse(kind store.OpKind, v any, err error) store.OpResult {
+	r := store.OpResult{Err: err}
+	if err != nil {
+		return r
+	}
+	switch kind {
+	case store.OpAppend:
+		if xs, ok := v.([]any); ok && len(xs) == 4 {
+			r.Append = store.AppendResult{Added: toInt(xs[0]), Duplicates: toInt(xs[1]), DroppedOldest: toInt(xs[2]), Refused: toInt(xs[3])}
+		}
+	case store.OpPutRetained:
+		n, _ := v.(int64)
+		r.Changed = n == 1
+	}
+	return r
 }
 
 type keys struct{ s, sub, q, qe, inf, in string }
@@ -220,97 +334,132 @@ func keysOf(k store.SessionKey) keys {
 }
 
 func (s *Store) fenceArgs(f store.Fence) []any {
-	return []any{strconv.FormatUint(f.Epoch, 10), strconv.FormatUint(max(f.GroupEpoch, s.groupEpoch), 10)}
+	return []any{strconv.FormatUint(f.Epoch, 10), strconv.FormatUint(max(f.GroupEpoch, s.groupEpoch.Load()), 10)}
+}
+
+// prepare validates a write and builds its script call. Writes a client
+// can observe wait for replication; acknowledgement deletes (Complete,
+// Dequeue, DeleteIncoming, DeleteSession) do not: losing one only means a
+// redelivery. Only QoS 1/2 retained writes wait.
+func (s *Store) prepare(so *store.Op) (*op, error) {
+	k := so.Key
+	if so.Kind != store.OpPutRetained {
+		if err := k.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	ks := keysOf(k)
+	fa := s.fenceArgs(so.Fence)
+	o := &op{wait: true}
+	switch so.Kind {
+	case store.OpActivate:
+		o.script, o.keys, o.args = scriptActivate, []string{ks.s}, fa
+	case store.OpPutSession:
+		b, err := json.Marshal(&so.Session)
+		if err != nil {
+			return nil, err
+		}
+		o.script, o.keys, o.args = scriptPutSession, []string{ks.s}, append(fa, b)
+	case store.OpDeleteSession:
+		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in}, fa, false
+	case store.OpPutSubscription:
+		if so.Sub.Filter == "" {
+			return nil, fmt.Errorf("%w: empty filter", store.ErrInvalid)
+		}
+		b, _ := json.Marshal(&so.Sub)
+		o.script, o.keys, o.args = scriptPutSub, []string{ks.s, ks.sub}, append(fa, so.Sub.Filter, b)
+	case store.OpDeleteSubscription:
+		o.script, o.keys, o.args = scriptDelSub, []string{ks.s, ks.sub}, append(fa, so.Filter)
+	case store.OpAppend:
+		if len(so.Entries) != len(so.Messages) {
+			return nil, fmt.Errorf("%w: %d entries, %d messages", store.ErrInvalid, len(so.Entries), len(so.Messages))
+		}
+		drop := "0"
+		if so.Limits.DropOldest {
+			drop = "1"
+		}
+		args := append(fa, so.Limits.MaxLen, drop, int(s.cfg.MessageTTL.Seconds()))
+		for i, e := range so.Entries {
+			m := so.Messages[i]
+			if m == nil || m.ID == "" || m.ID != e.MsgID {
+				return nil, fmt.Errorf("%w: entry %d: message ID mismatch", store.ErrInvalid, i)
+			}
+			eb, _ := json.Marshal(&e)
+			mb, _ := json.Marshal(m)
+			args = append(args, e.MsgID, eb, mb)
+		}
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe}, args
+	case store.OpSend:
+		args := fa
+		for _, e := range so.Entries {
+			eb, _ := json.Marshal(&e)
+			args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), eb, strconv.Itoa(int(e.QoS)))
+		}
+		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf}, args
+	case store.OpPubrel:
+		o.script, o.keys, o.args = scriptPubrel, []string{ks.s, ks.inf}, append(fa, strconv.Itoa(int(so.PacketID)))
+	case store.OpComplete:
+		args := fa
+		for _, p := range so.PacketIDs {
+			args = append(args, strconv.Itoa(int(p)))
+		}
+		o.script, o.keys, o.args, o.wait = scriptComplete, []string{ks.s, ks.inf}, args, false
+	case store.OpDequeue:
+		args := fa
+		for _, id := range so.MsgIDs {
+			args = append(args, id)
+		}
+		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe}, args, false
+	case store.OpPutIncoming:
+		o.script, o.keys, o.args = scriptPutIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.Incoming.PacketID)), so.Incoming.MsgID)
+	case store.OpDeleteIncoming:
+		o.script, o.keys, o.args, o.wait = scriptDelIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.PacketID))), false
+	case store.OpPutRetained:
+		m := so.Retained
+		if so.Tenant == "" || m == nil || m.Topic == "" {
+			return nil, fmt.Errorf("%w: tenant and topic are required", store.ErrInvalid)
+		}
+		b, _ := json.Marshal(m)
+		empty := "0"
+		if len(m.Payload) == 0 {
+			empty = "1"
+		}
+		o.script, o.keys, o.args, o.wait = scriptPutRetained, []string{retainedKey(so.Tenant)}, []any{so.Tenant, m.Topic, b, m.Created, empty}, m.QoS > 0
+	default:
+		return nil, fmt.Errorf("%w: unknown op kind %d", store.ErrInvalid, so.Kind)
+	}
+	return o, nil
 }
 
 // Activate implements [store.Store].
 func (s *Store) Activate(ctx context.Context, k store.SessionKey, f store.Fence) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	_, err := s.run(ctx, true, scriptActivate, []string{keysOf(k).s}, s.fenceArgs(f)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpActivate, Key: k, Fence: f}).Err
 }
 
 // PutSession implements [store.Store].
 func (s *Store) PutSession(ctx context.Context, k store.SessionKey, f store.Fence, rec store.Session) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	b, err := json.Marshal(&rec)
-	if err != nil {
-		return err
-	}
-	_, err = s.run(ctx, true, scriptPutSession, []string{keysOf(k).s}, append(s.fenceArgs(f), b)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpPutSession, Key: k, Fence: f, Session: rec}).Err
 }
 
 // DeleteSession implements [store.Store].
 func (s *Store) DeleteSession(ctx context.Context, k store.SessionKey, f store.Fence) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	ks := keysOf(k)
-	_, err := s.run(ctx, false, scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in}, s.fenceArgs(f)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpDeleteSession, Key: k, Fence: f}).Err
 }
 
 // PutSubscription implements [store.Store].
 func (s *Store) PutSubscription(ctx context.Context, k store.SessionKey, f store.Fence, sub store.Subscription) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	if sub.Filter == "" {
-		return fmt.Errorf("%w: empty filter", store.ErrInvalid)
-	}
-	b, _ := json.Marshal(&sub)
-	ks := keysOf(k)
-	_, err := s.run(ctx, true, scriptPutSub, []string{ks.s, ks.sub}, append(s.fenceArgs(f), sub.Filter, b)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpPutSubscription, Key: k, Fence: f, Sub: sub}).Err
 }
 
 // DeleteSubscription implements [store.Store].
 func (s *Store) DeleteSubscription(ctx context.Context, k store.SessionKey, f store.Fence, filter string) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	ks := keysOf(k)
-	_, err := s.run(ctx, true, scriptDelSub, []string{ks.s, ks.sub}, append(s.fenceArgs(f), filter)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpDeleteSubscription, Key: k, Fence: f, Filter: filter}).Err
 }
 
 // Append implements [store.Store].
 func (s *Store) Append(ctx context.Context, k store.SessionKey, f store.Fence, lim store.QueueLimits, entries []store.Entry, msgs []*store.Message) (store.AppendResult, error) {
-	var res store.AppendResult
-	if err := k.Validate(); err != nil {
-		return res, err
-	}
-	if len(entries) != len(msgs) {
-		return res, fmt.Errorf("%w: %d entries, %d messages", store.ErrInvalid, len(entries), len(msgs))
-	}
-	drop := "0"
-	if lim.DropOldest {
-		drop = "1"
-	}
-	args := append(s.fenceArgs(f), lim.MaxLen, drop, int(s.cfg.MessageTTL.Seconds()))
-	for i, e := range entries {
-		m := msgs[i]
-		if m == nil || m.ID == "" || m.ID != e.MsgID {
-			return res, fmt.Errorf("%w: entry %d: message ID mismatch", store.ErrInvalid, i)
-		}
-		eb, _ := json.Marshal(&e)
-		mb, _ := json.Marshal(m)
-		args = append(args, e.MsgID, eb, mb)
-	}
-	ks := keysOf(k)
-	v, err := s.run(ctx, true, scriptAppend, []string{ks.s, ks.q, ks.qe}, args...)
-	if err != nil {
-		return res, err
-	}
-	if xs, ok := v.([]any); ok && len(xs) == 4 {
-		res.Added, res.Duplicates, res.DroppedOldest, res.Refused = toInt(xs[0]), toInt(xs[1]), toInt(xs[2]), toInt(xs[3])
-	}
-	return res, nil
+	r := s.exec(ctx, &store.Op{Kind: store.OpAppend, Key: k, Fence: f, Limits: lim, Entries: entries, Messages: msgs})
+	return r.Append, r.Err
 }
 
 func toInt(v any) int {
@@ -320,61 +469,32 @@ func toInt(v any) int {
 
 // Send implements [store.Store].
 func (s *Store) Send(ctx context.Context, k store.SessionKey, f store.Fence, entries []store.Entry) error {
-	if err := k.Validate(); err != nil {
-		return err
-	}
-	args := s.fenceArgs(f)
-	for _, e := range entries {
-		eb, _ := json.Marshal(&e)
-		args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), eb, strconv.Itoa(int(e.QoS)))
-	}
-	ks := keysOf(k)
-	_, err := s.run(ctx, true, scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf}, args...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpSend, Key: k, Fence: f, Entries: entries}).Err
 }
 
 // Pubrel implements [store.Store].
 func (s *Store) Pubrel(ctx context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
-	ks := keysOf(k)
-	_, err := s.run(ctx, true, scriptPubrel, []string{ks.s, ks.inf}, append(s.fenceArgs(f), strconv.Itoa(int(packetID)))...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpPubrel, Key: k, Fence: f, PacketID: packetID}).Err
 }
 
-// Complete implements [store.Store]. Acknowledgement deletes do not wait
-// for replication: losing one only means a redelivery.
+// Complete implements [store.Store]. It does not wait for replication.
 func (s *Store) Complete(ctx context.Context, k store.SessionKey, f store.Fence, packetIDs []uint16) error {
-	args := s.fenceArgs(f)
-	for _, p := range packetIDs {
-		args = append(args, strconv.Itoa(int(p)))
-	}
-	ks := keysOf(k)
-	_, err := s.run(ctx, false, scriptComplete, []string{ks.s, ks.inf}, args...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpComplete, Key: k, Fence: f, PacketIDs: packetIDs}).Err
 }
 
-// Dequeue implements [store.Store].
+// Dequeue implements [store.Store]. It does not wait for replication.
 func (s *Store) Dequeue(ctx context.Context, k store.SessionKey, f store.Fence, msgIDs []string) error {
-	args := s.fenceArgs(f)
-	for _, id := range msgIDs {
-		args = append(args, id)
-	}
-	ks := keysOf(k)
-	_, err := s.run(ctx, false, scriptDequeue, []string{ks.s, ks.q, ks.qe}, args...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpDequeue, Key: k, Fence: f, MsgIDs: msgIDs}).Err
 }
 
 // PutIncoming implements [store.Store].
 func (s *Store) PutIncoming(ctx context.Context, k store.SessionKey, f store.Fence, in store.Incoming) error {
-	ks := keysOf(k)
-	_, err := s.run(ctx, true, scriptPutIncoming, []string{ks.s, ks.in}, append(s.fenceArgs(f), strconv.Itoa(int(in.PacketID)), in.MsgID)...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpPutIncoming, Key: k, Fence: f, Incoming: in}).Err
 }
 
-// DeleteIncoming implements [store.Store].
+// DeleteIncoming implements [store.Store]. It does not wait for replication.
 func (s *Store) DeleteIncoming(ctx context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
-	ks := keysOf(k)
-	_, err := s.run(ctx, false, scriptDelIncoming, []string{ks.s, ks.in}, append(s.fenceArgs(f), strconv.Itoa(int(packetID)))...)
-	return err
+	return s.exec(ctx, &store.Op{Kind: store.OpDeleteIncoming, Key: k, Fence: f, PacketID: packetID}).Err
 }
 
 // Load implements [store.Store].
@@ -450,20 +570,8 @@ func retainedKey(tenant string) string { return "r:" + tenant }
 // PutRetained implements [store.Store]. Only QoS 1/2 retained writes wait
 // for replication.
 func (s *Store) PutRetained(ctx context.Context, tenant string, m *store.Message) (bool, error) {
-	if tenant == "" || m == nil || m.Topic == "" {
-		return false, fmt.Errorf("%w: tenant and topic are required", store.ErrInvalid)
-	}
-	b, _ := json.Marshal(m)
-	empty := "0"
-	if len(m.Payload) == 0 {
-		empty = "1"
-	}
-	v, err := s.run(ctx, m.QoS > 0, scriptPutRetained, []string{retainedKey(tenant)}, tenant, m.Topic, b, m.Created, empty)
-	if err != nil {
-		return false, err
-	}
-	n, _ := v.(int64)
-	return n == 1, nil
+	r := s.exec(ctx, &store.Op{Kind: store.OpPutRetained, Tenant: tenant, Retained: m})
+	return r.Changed, r.Err
 }
 
 // LookupRetained implements [store.Store].

@@ -1,5 +1,13 @@
 package redisstore
 
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+
+	"github.com/redis/go-redis/v9"
+)
+
 // Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
 // session epoch and group epoch, and checks both before touching anything.
 // Messages live at "m:<msgID>" as a hash {d = JSON, n = references}.
@@ -265,3 +273,29 @@ local function walk(prefix, n)
 end
 walk('', 0)
 return out`
+
+var allScripts = []string{scriptActivate, scriptPutSession, scriptDeleteSession, scriptPutSub, scriptDelSub, scriptAppend,
+	scriptSend, scriptPubrel, scriptComplete, scriptDequeue, scriptPutIncoming, scriptDelIncoming, scriptPutRetained}
+
+var shas = func() map[string]string {
+	m := make(map[string]string, len(allScripts))
+	for _, s := range allScripts {
+		sum := sha1.Sum([]byte(s))
+		m[s] = hex.EncodeToString(sum[:])
+	}
+	return m
+}()
+
+func shaOf(script string) string { return shas[script] }
+
+// loadScripts loads every write script on the connection's server, so
+// writes can be sent as EVALSHA (the script text is not sent each time).
+func loadScripts(ctx context.Context, conn *redis.Conn) error {
+	_, err := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, s := range allScripts {
+			p.ScriptLoad(ctx, s)
+		}
+		return nil
+	})
+	return err
+}

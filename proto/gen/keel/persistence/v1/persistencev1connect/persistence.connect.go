@@ -3,11 +3,15 @@
 // Source: keel/persistence/v1/persistence.proto
 
 // Package keel.persistence.v1 is the API of the persistence service: durable MQTT
-// state (sessions, subscriptions, wills, inflight, queues, retained) in Redis groups.
-// One persistence instance fronts one Redis node; callers send a session's writes to
-// the instance in front of its group's primary (slot table and group records come
-// from the coordinator). Every session write is fenced by the session's epoch, and
-// every batch by the group's record epoch. Receivers are idempotent on msgID.
+// state (sessions, subscriptions, wills, in-flight deliveries, offline queues,
+// inbound QoS 2 records, retained messages) in Redis groups, or in an embedded
+// store on a single node.
+//
+// The write ops map one to one onto the service's Store methods. Every session op
+// carries a Fence: the session epoch from the coordinator and the Redis group record
+// epoch the writer follows; a write under an older epoch is refused (FENCED or
+// GROUP_FENCED) and stores nothing. Receivers are idempotent on msgID, so a writer
+// may retry any op that was not answered OK.
 package persistencev1connect
 
 import (
@@ -45,21 +49,9 @@ const (
 	// PersistenceServiceLoadSessionProcedure is the fully-qualified name of the PersistenceService's
 	// LoadSession RPC.
 	PersistenceServiceLoadSessionProcedure = "/keel.persistence.v1.PersistenceService/LoadSession"
-	// PersistenceServiceDrainQueueProcedure is the fully-qualified name of the PersistenceService's
-	// DrainQueue RPC.
-	PersistenceServiceDrainQueueProcedure = "/keel.persistence.v1.PersistenceService/DrainQueue"
-	// PersistenceServiceAckQueueProcedure is the fully-qualified name of the PersistenceService's
-	// AckQueue RPC.
-	PersistenceServiceAckQueueProcedure = "/keel.persistence.v1.PersistenceService/AckQueue"
 	// PersistenceServiceLookupRetainedProcedure is the fully-qualified name of the PersistenceService's
 	// LookupRetained RPC.
 	PersistenceServiceLookupRetainedProcedure = "/keel.persistence.v1.PersistenceService/LookupRetained"
-	// PersistenceServiceActivateSessionProcedure is the fully-qualified name of the
-	// PersistenceService's ActivateSession RPC.
-	PersistenceServiceActivateSessionProcedure = "/keel.persistence.v1.PersistenceService/ActivateSession"
-	// PersistenceServiceGetSessionInfoProcedure is the fully-qualified name of the PersistenceService's
-	// GetSessionInfo RPC.
-	PersistenceServiceGetSessionInfoProcedure = "/keel.persistence.v1.PersistenceService/GetSessionInfo"
 	// PersistenceServiceStatusProcedure is the fully-qualified name of the PersistenceService's Status
 	// RPC.
 	PersistenceServiceStatusProcedure = "/keel.persistence.v1.PersistenceService/Status"
@@ -67,24 +59,18 @@ const (
 
 // PersistenceServiceClient is a client for the keel.persistence.v1.PersistenceService service.
 type PersistenceServiceClient interface {
-	// Write is a long-lived stream of write batches from one writer (an edge). Each
-	// batch is applied group-committed and then, if asked, replicated (WAIT); the
-	// response for a batch says whether it may be acknowledged to MQTT clients.
+	// Write is a long-lived stream of write batches from one writer (an edge). The
+	// ops of all batches are applied in the order received, group-committed (many
+	// records per script call, one WAIT per commit), and each batch is answered once
+	// its ops are durable, or not: a batch may be acknowledged to MQTT clients only if
+	// its status is OK. Batches may be answered out of order.
 	Write(context.Context) *connect.BidiStreamForClient[v1.WriteRequest, v1.WriteResponse]
-	// LoadSession reads a session's state for resumption or custody.
+	// LoadSession reads everything stored for a session, for resumption or custody.
 	LoadSession(context.Context, *connect.Request[v1.LoadSessionRequest]) (*connect.Response[v1.LoadSessionResponse], error)
-	// DrainQueue reads the next page of a session's offline queue without removing it.
-	DrainQueue(context.Context, *connect.Request[v1.DrainQueueRequest]) (*connect.Response[v1.DrainQueueResponse], error)
-	// AckQueue removes delivered entries from a session's offline queue.
-	AckQueue(context.Context, *connect.Request[v1.AckQueueRequest]) (*connect.Response[v1.AckQueueResponse], error)
-	// LookupRetained returns the retained messages matching a filter, page by page.
+	// LookupRetained returns the retained messages matching a filter, through the
+	// topic index.
 	LookupRetained(context.Context, *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error)
-	// ActivateSession makes a new epoch current for a session: from then on writes
-	// under older epochs are refused. Replicated before it returns.
-	ActivateSession(context.Context, *connect.Request[v1.ActivateSessionRequest]) (*connect.Response[v1.ActivateSessionResponse], error)
-	// GetSessionInfo summarises a stored session, for operators and keelctl.
-	GetSessionInfo(context.Context, *connect.Request[v1.GetSessionInfoRequest]) (*connect.Response[v1.GetSessionInfoResponse], error)
-	// Status reports this instance and its Redis node, for operators and keelctl.
+	// Status reports this instance and the Redis group it writes to.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
 
@@ -111,34 +97,10 @@ func NewPersistenceServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(persistenceServiceMethods.ByName("LoadSession")),
 			connect.WithClientOptions(opts...),
 		),
-		drainQueue: connect.NewClient[v1.DrainQueueRequest, v1.DrainQueueResponse](
-			httpClient,
-			baseURL+PersistenceServiceDrainQueueProcedure,
-			connect.WithSchema(persistenceServiceMethods.ByName("DrainQueue")),
-			connect.WithClientOptions(opts...),
-		),
-		ackQueue: connect.NewClient[v1.AckQueueRequest, v1.AckQueueResponse](
-			httpClient,
-			baseURL+PersistenceServiceAckQueueProcedure,
-			connect.WithSchema(persistenceServiceMethods.ByName("AckQueue")),
-			connect.WithClientOptions(opts...),
-		),
 		lookupRetained: connect.NewClient[v1.LookupRetainedRequest, v1.LookupRetainedResponse](
 			httpClient,
 			baseURL+PersistenceServiceLookupRetainedProcedure,
 			connect.WithSchema(persistenceServiceMethods.ByName("LookupRetained")),
-			connect.WithClientOptions(opts...),
-		),
-		activateSession: connect.NewClient[v1.ActivateSessionRequest, v1.ActivateSessionResponse](
-			httpClient,
-			baseURL+PersistenceServiceActivateSessionProcedure,
-			connect.WithSchema(persistenceServiceMethods.ByName("ActivateSession")),
-			connect.WithClientOptions(opts...),
-		),
-		getSessionInfo: connect.NewClient[v1.GetSessionInfoRequest, v1.GetSessionInfoResponse](
-			httpClient,
-			baseURL+PersistenceServiceGetSessionInfoProcedure,
-			connect.WithSchema(persistenceServiceMethods.ByName("GetSessionInfo")),
 			connect.WithClientOptions(opts...),
 		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
@@ -152,14 +114,10 @@ func NewPersistenceServiceClient(httpClient connect.HTTPClient, baseURL string, 
 
 // persistenceServiceClient implements PersistenceServiceClient.
 type persistenceServiceClient struct {
-	write           *connect.Client[v1.WriteRequest, v1.WriteResponse]
-	loadSession     *connect.Client[v1.LoadSessionRequest, v1.LoadSessionResponse]
-	drainQueue      *connect.Client[v1.DrainQueueRequest, v1.DrainQueueResponse]
-	ackQueue        *connect.Client[v1.AckQueueRequest, v1.AckQueueResponse]
-	lookupRetained  *connect.Client[v1.LookupRetainedRequest, v1.LookupRetainedResponse]
-	activateSession *connect.Client[v1.ActivateSessionRequest, v1.ActivateSessionResponse]
-	getSessionInfo  *connect.Client[v1.GetSessionInfoRequest, v1.GetSessionInfoResponse]
-	status          *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	write          *connect.Client[v1.WriteRequest, v1.WriteResponse]
+	loadSession    *connect.Client[v1.LoadSessionRequest, v1.LoadSessionResponse]
+	lookupRetained *connect.Client[v1.LookupRetainedRequest, v1.LookupRetainedResponse]
+	status         *connect.Client[v1.StatusRequest, v1.StatusResponse]
 }
 
 // Write calls keel.persistence.v1.PersistenceService.Write.
@@ -172,29 +130,9 @@ func (c *persistenceServiceClient) LoadSession(ctx context.Context, req *connect
 	return c.loadSession.CallUnary(ctx, req)
 }
 
-// DrainQueue calls keel.persistence.v1.PersistenceService.DrainQueue.
-func (c *persistenceServiceClient) DrainQueue(ctx context.Context, req *connect.Request[v1.DrainQueueRequest]) (*connect.Response[v1.DrainQueueResponse], error) {
-	return c.drainQueue.CallUnary(ctx, req)
-}
-
-// AckQueue calls keel.persistence.v1.PersistenceService.AckQueue.
-func (c *persistenceServiceClient) AckQueue(ctx context.Context, req *connect.Request[v1.AckQueueRequest]) (*connect.Response[v1.AckQueueResponse], error) {
-	return c.ackQueue.CallUnary(ctx, req)
-}
-
 // LookupRetained calls keel.persistence.v1.PersistenceService.LookupRetained.
 func (c *persistenceServiceClient) LookupRetained(ctx context.Context, req *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error) {
 	return c.lookupRetained.CallUnary(ctx, req)
-}
-
-// ActivateSession calls keel.persistence.v1.PersistenceService.ActivateSession.
-func (c *persistenceServiceClient) ActivateSession(ctx context.Context, req *connect.Request[v1.ActivateSessionRequest]) (*connect.Response[v1.ActivateSessionResponse], error) {
-	return c.activateSession.CallUnary(ctx, req)
-}
-
-// GetSessionInfo calls keel.persistence.v1.PersistenceService.GetSessionInfo.
-func (c *persistenceServiceClient) GetSessionInfo(ctx context.Context, req *connect.Request[v1.GetSessionInfoRequest]) (*connect.Response[v1.GetSessionInfoResponse], error) {
-	return c.getSessionInfo.CallUnary(ctx, req)
 }
 
 // Status calls keel.persistence.v1.PersistenceService.Status.
@@ -205,24 +143,18 @@ func (c *persistenceServiceClient) Status(ctx context.Context, req *connect.Requ
 // PersistenceServiceHandler is an implementation of the keel.persistence.v1.PersistenceService
 // service.
 type PersistenceServiceHandler interface {
-	// Write is a long-lived stream of write batches from one writer (an edge). Each
-	// batch is applied group-committed and then, if asked, replicated (WAIT); the
-	// response for a batch says whether it may be acknowledged to MQTT clients.
+	// Write is a long-lived stream of write batches from one writer (an edge). The
+	// ops of all batches are applied in the order received, group-committed (many
+	// records per script call, one WAIT per commit), and each batch is answered once
+	// its ops are durable, or not: a batch may be acknowledged to MQTT clients only if
+	// its status is OK. Batches may be answered out of order.
 	Write(context.Context, *connect.BidiStream[v1.WriteRequest, v1.WriteResponse]) error
-	// LoadSession reads a session's state for resumption or custody.
+	// LoadSession reads everything stored for a session, for resumption or custody.
 	LoadSession(context.Context, *connect.Request[v1.LoadSessionRequest]) (*connect.Response[v1.LoadSessionResponse], error)
-	// DrainQueue reads the next page of a session's offline queue without removing it.
-	DrainQueue(context.Context, *connect.Request[v1.DrainQueueRequest]) (*connect.Response[v1.DrainQueueResponse], error)
-	// AckQueue removes delivered entries from a session's offline queue.
-	AckQueue(context.Context, *connect.Request[v1.AckQueueRequest]) (*connect.Response[v1.AckQueueResponse], error)
-	// LookupRetained returns the retained messages matching a filter, page by page.
+	// LookupRetained returns the retained messages matching a filter, through the
+	// topic index.
 	LookupRetained(context.Context, *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error)
-	// ActivateSession makes a new epoch current for a session: from then on writes
-	// under older epochs are refused. Replicated before it returns.
-	ActivateSession(context.Context, *connect.Request[v1.ActivateSessionRequest]) (*connect.Response[v1.ActivateSessionResponse], error)
-	// GetSessionInfo summarises a stored session, for operators and keelctl.
-	GetSessionInfo(context.Context, *connect.Request[v1.GetSessionInfoRequest]) (*connect.Response[v1.GetSessionInfoResponse], error)
-	// Status reports this instance and its Redis node, for operators and keelctl.
+	// Status reports this instance and the Redis group it writes to.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
 
@@ -245,34 +177,10 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 		connect.WithSchema(persistenceServiceMethods.ByName("LoadSession")),
 		connect.WithHandlerOptions(opts...),
 	)
-	persistenceServiceDrainQueueHandler := connect.NewUnaryHandler(
-		PersistenceServiceDrainQueueProcedure,
-		svc.DrainQueue,
-		connect.WithSchema(persistenceServiceMethods.ByName("DrainQueue")),
-		connect.WithHandlerOptions(opts...),
-	)
-	persistenceServiceAckQueueHandler := connect.NewUnaryHandler(
-		PersistenceServiceAckQueueProcedure,
-		svc.AckQueue,
-		connect.WithSchema(persistenceServiceMethods.ByName("AckQueue")),
-		connect.WithHandlerOptions(opts...),
-	)
 	persistenceServiceLookupRetainedHandler := connect.NewUnaryHandler(
 		PersistenceServiceLookupRetainedProcedure,
 		svc.LookupRetained,
 		connect.WithSchema(persistenceServiceMethods.ByName("LookupRetained")),
-		connect.WithHandlerOptions(opts...),
-	)
-	persistenceServiceActivateSessionHandler := connect.NewUnaryHandler(
-		PersistenceServiceActivateSessionProcedure,
-		svc.ActivateSession,
-		connect.WithSchema(persistenceServiceMethods.ByName("ActivateSession")),
-		connect.WithHandlerOptions(opts...),
-	)
-	persistenceServiceGetSessionInfoHandler := connect.NewUnaryHandler(
-		PersistenceServiceGetSessionInfoProcedure,
-		svc.GetSessionInfo,
-		connect.WithSchema(persistenceServiceMethods.ByName("GetSessionInfo")),
 		connect.WithHandlerOptions(opts...),
 	)
 	persistenceServiceStatusHandler := connect.NewUnaryHandler(
@@ -287,16 +195,8 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 			persistenceServiceWriteHandler.ServeHTTP(w, r)
 		case PersistenceServiceLoadSessionProcedure:
 			persistenceServiceLoadSessionHandler.ServeHTTP(w, r)
-		case PersistenceServiceDrainQueueProcedure:
-			persistenceServiceDrainQueueHandler.ServeHTTP(w, r)
-		case PersistenceServiceAckQueueProcedure:
-			persistenceServiceAckQueueHandler.ServeHTTP(w, r)
 		case PersistenceServiceLookupRetainedProcedure:
 			persistenceServiceLookupRetainedHandler.ServeHTTP(w, r)
-		case PersistenceServiceActivateSessionProcedure:
-			persistenceServiceActivateSessionHandler.ServeHTTP(w, r)
-		case PersistenceServiceGetSessionInfoProcedure:
-			persistenceServiceGetSessionInfoHandler.ServeHTTP(w, r)
 		case PersistenceServiceStatusProcedure:
 			persistenceServiceStatusHandler.ServeHTTP(w, r)
 		default:
@@ -316,24 +216,8 @@ func (UnimplementedPersistenceServiceHandler) LoadSession(context.Context, *conn
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.LoadSession is not implemented"))
 }
 
-func (UnimplementedPersistenceServiceHandler) DrainQueue(context.Context, *connect.Request[v1.DrainQueueRequest]) (*connect.Response[v1.DrainQueueResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.DrainQueue is not implemented"))
-}
-
-func (UnimplementedPersistenceServiceHandler) AckQueue(context.Context, *connect.Request[v1.AckQueueRequest]) (*connect.Response[v1.AckQueueResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.AckQueue is not implemented"))
-}
-
 func (UnimplementedPersistenceServiceHandler) LookupRetained(context.Context, *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.LookupRetained is not implemented"))
-}
-
-func (UnimplementedPersistenceServiceHandler) ActivateSession(context.Context, *connect.Request[v1.ActivateSessionRequest]) (*connect.Response[v1.ActivateSessionResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.ActivateSession is not implemented"))
-}
-
-func (UnimplementedPersistenceServiceHandler) GetSessionInfo(context.Context, *connect.Request[v1.GetSessionInfoRequest]) (*connect.Response[v1.GetSessionInfoResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.GetSessionInfo is not implemented"))
 }
 
 func (UnimplementedPersistenceServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {

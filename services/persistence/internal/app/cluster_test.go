@@ -1,0 +1,325 @@
+package app
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/persistence/internal/redistest"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+	"github.com/keelmq/keel/proto/gen/keel/persistence/v1/persistencev1connect"
+)
+
+// coordBin is a keel-coordinator binary built by TestMain (the coordinator's
+// packages are internal to its module, so it runs as processes).
+var coordBin, coordBuildErr = "", error(nil)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := func() int {
+		if !testing.Short() {
+			dir, err := os.MkdirTemp("", "keel-coordinator-bin")
+			if err != nil {
+				panic(err)
+			}
+			defer os.RemoveAll(dir)
+			coordBin = filepath.Join(dir, "keel-coordinator")
+			out, err := exec.Command("go", "build", "-o", coordBin, "github.com/keelmq/keel/services/coordinator/cmd/keel-coordinator").CombinedOutput()
+			if err != nil {
+				coordBuildErr = fmt.Errorf("go build keel-coordinator: %w\n%s", err, out)
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func h2c() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startCoordinators runs a 3-node keel-coordinator cluster as processes on
+// loopback (fast Raft timeouts, 3 s member leases) and returns the API
+// URLs once a leader answers.
+func startCoordinators(t *testing.T) []string {
+	t.Helper()
+	if coordBuildErr != nil {
+		t.Fatal(coordBuildErr)
+	}
+	const n = 3
+	var gossip, apis []string
+	for range n {
+		gossip = append(gossip, freeAddr(t))
+	}
+	for i := range n {
+		api := freeAddr(t)
+		apis = append(apis, "http://"+api)
+		dir := t.TempDir()
+		cmd := exec.Command(coordBin, "--raft.node-id", fmt.Sprintf("c%d", i+1), "--raft.data-dir", dir,
+			"--raft.bind-addr", freeAddr(t), "--raft.bootstrap-expect", "3",
+			"--raft.heartbeat-timeout", "300ms", "--raft.election-timeout", "300ms", "--raft.leader-lease-timeout", "150ms", "--raft.commit-timeout", "5ms",
+			"--gossip.bind-addr", gossip[i], "--gossip.join", strings.Join(gossip, ","), "--gossip.join-interval", "100ms",
+			"--api.addr", api, "--ops.addr", "", "--lease-ttl", "3s", "--log.level", "warn")
+		log, err := os.Create(filepath.Join(dir, "coordinator.log"))
+		require.NoError(t, err)
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			if t.Failed() {
+				b, _ := os.ReadFile(log.Name())
+				t.Logf("coordinator c%d log:\n%s", i+1, b)
+			}
+		})
+	}
+	c := coordinatorv1connect.NewCoordinatorServiceClient(h2c(), apis[0])
+	testutil.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		_, err := c.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "probe", Incarnation: 1, GroupId: 99}))
+		return err
+	})
+	return apis
+}
+
+type instance struct {
+	app    *App
+	cancel context.CancelFunc
+	done   chan error
+	client persistencev1connect.PersistenceServiceClient
+}
+
+func startInstance(t *testing.T, id, coord, redisAddr string, replicas []string) *instance {
+	t.Helper()
+	var cfg Config
+	cfg.RegisterFlags(flag.NewFlagSet(id, flag.ContinueOnError))
+	cfg.MemberID, cfg.Incarnation = id, 1
+	cfg.OpsAddr = "127.0.0.1:0"
+	cfg.Coordinator, cfg.RedisAddr, cfg.RedisReplicas = coord, redisAddr, replicas
+	cfg.WaitTimeout = 500 * time.Millisecond
+	cfg.LeaseMargin = 500 * time.Millisecond
+	cfg.Failover.CheckInterval = 100 * time.Millisecond
+	cfg.Failover.DownAfter = time.Second
+	cfg.Failover.PromotionLeaseTTL = 5 * time.Second
+	cfg.Failover.ReconcileInterval = time.Second
+	cfg.StopTimeout = 5 * time.Second
+	cfg.Registry = prometheus.NewRegistry()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.APIListener = ln
+	a, err := New(cfg, testutil.Logger(t).With("member", id))
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{app: a, cancel: cancel, done: make(chan error, 1),
+		client: persistencev1connect.NewPersistenceServiceClient(h2c(), "http://"+ln.Addr().String())}
+	go func() { in.done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-in.done:
+		case <-time.After(15 * time.Second):
+			t.Errorf("instance %s did not stop", id)
+		}
+	})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if !a.ops.Ready() {
+			return fmt.Errorf("%s not ready", id)
+		}
+		return nil
+	})
+	return in
+}
+
+func (in *instance) status(t *testing.T) *persistencev1.StatusResponse {
+	resp, err := in.client.Status(t.Context(), connect.NewRequest(&persistencev1.StatusRequest{}))
+	require.NoError(t, err)
+	return resp.Msg
+}
+
+var csess = &commonv1.SessionKey{Tenant: "acme", ClientId: "sub-1"}
+
+func batchOf(id uint64, from uint64, n int) *persistencev1.WriteRequest {
+	a := &persistencev1.AppendOp{}
+	for i := range n {
+		mid := &commonv1.MsgID{EdgeId: "edge-1", Incarnation: 1, Seq: from + uint64(i)}
+		a.Entries = append(a.Entries, &persistencev1.Entry{MsgId: mid, Qos: 1})
+		a.Messages = append(a.Messages, &commonv1.Message{Id: mid, Tenant: "acme", Topic: "t/1", Payload: []byte("payload"), Qos: 1})
+	}
+	return &persistencev1.WriteRequest{BatchId: id, Ops: []*persistencev1.WriteOp{{Session: csess, Fence: &persistencev1.Fence{Epoch: 1},
+		Op: &persistencev1.WriteOp_Append{Append: a}}}}
+}
+
+// TestCluster_KillPrimaryUnderWrites runs the real thing: a 3-node
+// coordinator cluster (processes), a Redis group of a primary and two
+// replicas (processes), and three persistence instances in this process,
+// each following the group record through a different coordinator. A
+// writer streams batches of 32 QoS 1 appends through one instance,
+// retrying each batch until it is answered OK, as an edge would. The
+// primary is killed with SIGKILL: an instance takes the promotion lease and
+// promotes the replica with the highest offset within the configured time,
+// every instance follows the new record, writes go on (WAIT 1 still
+// satisfied: the new primary has a replica), every batch answered OK before,
+// during or after the failover is readable through another instance, and
+// the old primary, restarted, is demoted to a replica.
+func TestCluster_KillPrimaryUnderWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster: skipped under -short")
+	}
+	redistest.Binary(t)
+	apis := startCoordinators(t)
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	var ins []*instance
+	for i := range 3 {
+		ins = append(ins, startInstance(t, fmt.Sprintf("p%d", i+1), apis[i], g.Primary.Addr, nodes[1:]))
+	}
+	st := ins[0].status(t)
+	require.Equal(t, g.Primary.Addr, st.GetRedisPrimary())
+	oldEpoch := st.GetGroupRecordEpoch()
+	require.NotZero(t, oldEpoch)
+
+	// Activate the session once.
+	w := ins[0].client.Write(t.Context())
+	require.NoError(t, w.Send(&persistencev1.WriteRequest{BatchId: 1, Ops: []*persistencev1.WriteOp{{Session: csess,
+		Fence: &persistencev1.Fence{Epoch: 1}, Op: &persistencev1.WriteOp_Activate{Activate: &persistencev1.ActivateOp{}}}}}))
+	r, err := w.Receive()
+	require.NoError(t, err)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, r.GetStatus(), r.GetError())
+
+	var (
+		mu       sync.Mutex
+		acked    []uint64 // first seq of each acknowledged batch
+		lastOK   time.Time
+		statuses = map[string]int{}
+	)
+	ackedN := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		id := uint64(1)
+		for seq := uint64(1); ; seq += 32 {
+			for { // retry the batch until it is acknowledged
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id++
+				if err := w.Send(batchOf(id, seq, 32)); err != nil {
+					t.Errorf("send: %v", err)
+					return
+				}
+				resp, err := w.Receive()
+				if err != nil {
+					t.Errorf("receive: %v", err)
+					return
+				}
+				mu.Lock()
+				statuses[resp.GetStatus().String()]++
+				if resp.GetStatus() == persistencev1.WriteStatus_WRITE_STATUS_OK {
+					acked = append(acked, seq)
+					lastOK = time.Now()
+					mu.Unlock()
+					break
+				}
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := ackedN(); n < 100 {
+			return fmt.Errorf("%d batches acknowledged", n)
+		}
+		return nil
+	})
+	killed := time.Now()
+	beforeKill := ackedN()
+	g.Primary.Kill()
+
+	// Promotion: every instance follows a new record within DownAfter plus
+	// the promotion itself.
+	var promoted time.Duration
+	testutil.Eventually(t, 15*time.Second, func() error {
+		for _, in := range ins {
+			if s := in.status(t); s.GetRedisPrimary() == g.Primary.Addr || s.GetGroupRecordEpoch() <= oldEpoch {
+				return fmt.Errorf("%s still follows %s@%d", s.GetMemberId(), s.GetRedisPrimary(), s.GetGroupRecordEpoch())
+			}
+		}
+		promoted = time.Since(killed)
+		return nil
+	})
+	newPrimary := ins[0].status(t).GetRedisPrimary()
+	// Writes continue on the new primary.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := ackedN(); n < beforeKill+100 {
+			return fmt.Errorf("%d batches acknowledged since the kill", n-beforeKill)
+		}
+		return nil
+	})
+	mu.Lock()
+	resumed := lastOK.Sub(killed)
+	mu.Unlock()
+	close(stop)
+	wg.Wait()
+	_ = w.CloseRequest()
+	t.Logf("promoted %s in %v (down-after 1s); %d batches acknowledged before the kill, %d in all; statuses %v; last ack %v after the kill",
+		newPrimary, promoted, beforeKill, ackedN(), statuses, resumed)
+	require.Less(t, promoted, 8*time.Second)
+
+	// Every acknowledged record is readable, through another instance.
+	resp, err := ins[2].client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: csess}))
+	require.NoError(t, err)
+	have := map[uint64]bool{}
+	for _, e := range resp.Msg.GetQueue() {
+		have[e.GetMsgId().GetSeq()] = true
+	}
+	for _, seq := range acked {
+		for i := range uint64(32) {
+			require.True(t, have[seq+i], "acknowledged record %d lost", seq+i)
+		}
+	}
+
+	// The old primary returns and is demoted by reconciliation.
+	g.Primary.Restart()
+	testutil.Eventually(t, 15*time.Second, func() error {
+		info, err := g.Primary.Client().Info(t.Context(), "replication").Result()
+		if err != nil || !strings.Contains(info, "role:slave") || !strings.Contains(info, "master_port:"+newPrimary[strings.LastIndex(newPrimary, ":")+1:]) {
+			return fmt.Errorf("old primary not yet a replica of %s", newPrimary)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,93 @@
+// Package metrics holds the persistence service's Prometheus metrics, named
+// keel_persistence_<thing>_<unit>.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keelmq/keel/services/persistence/internal/store"
+)
+
+// Metrics are the service's metrics. A nil *Metrics is valid and records
+// nothing, for tests and tools.
+type Metrics struct {
+	// Ops counts write ops by kind and result status (rate: ops/s by kind).
+	Ops *prometheus.CounterVec
+	// Records counts records written by op kind (entries of an append, ...).
+	Records *prometheus.CounterVec
+	// BatchOps and BatchRecords are the sizes of Write batches.
+	BatchOps, BatchRecords prometheus.Histogram
+	// WriteLatency is from a batch's arrival to its answer.
+	WriteLatency prometheus.Histogram
+	// CommitCalls is the script calls per Redis pipeline (group commit).
+	CommitCalls prometheus.Histogram
+	// CommitLatency is one pipeline with its WAIT.
+	CommitLatency prometheus.Histogram
+	// WaitTimeouts counts pipelines whose WAIT did not see enough replicas.
+	WaitTimeouts prometheus.Counter
+	// QueueDrops counts queue entries dropped (oldest) or refused (newest).
+	QueueDrops *prometheus.CounterVec
+	// Failovers counts promotions this instance ran, and RecordChanges the
+	// group records it followed.
+	Failovers, RecordChanges prometheus.Counter
+	// Unreplicated is 1 when the operator switched replication off.
+	Unreplicated prometheus.Gauge
+	// GroupEpoch is the record epoch this instance follows.
+	GroupEpoch prometheus.Gauge
+	// PrimaryUp is 1 while the recorded primary answers.
+	PrimaryUp prometheus.Gauge
+}
+
+// New registers the metrics with reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Ops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_ops_total",
+			Help: "Write ops by kind and result status."}, []string{"kind", "status"}),
+		Records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_records_total",
+			Help: "Records written by op kind."}, []string{"kind"}),
+		BatchOps: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_batch_ops",
+			Help: "Ops per Write batch.", Buckets: prometheus.ExponentialBuckets(1, 2, 13)}),
+		BatchRecords: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_batch_records",
+			Help: "Records per Write batch.", Buckets: prometheus.ExponentialBuckets(1, 2, 13)}),
+		WriteLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_write_duration_seconds",
+			Help: "Write batch latency, arrival to answer.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		CommitCalls: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_commit_calls",
+			Help: "Script calls per Redis pipeline.", Buckets: prometheus.ExponentialBuckets(1, 2, 10)}),
+		CommitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_commit_duration_seconds",
+			Help: "One Redis pipeline with its WAIT.", Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		WaitTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_wait_timeouts_total",
+			Help: "Pipelines whose WAIT returned fewer replicas than required."}),
+		QueueDrops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_queue_drops_total",
+			Help: "Queue entries dropped (dropped_oldest) or refused (refused_newest) by queue bounds."}, []string{"reason"}),
+		Failovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_failovers_total",
+			Help: "Redis promotions run by this instance."}),
+		RecordChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_record_changes_total",
+			Help: "Group record changes this instance followed."}),
+		Unreplicated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_unreplicated",
+			Help: "1 when writes are acknowledged without any replica (operator switch); alert on it."}),
+		GroupEpoch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_group_record_epoch",
+			Help: "Record epoch of the Redis group this instance follows."}),
+		PrimaryUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_primary_up",
+			Help: "1 while the recorded Redis primary answers."}),
+	}
+	reg.MustRegister(m.Ops, m.Records, m.BatchOps, m.BatchRecords, m.WriteLatency, m.CommitCalls, m.CommitLatency,
+		m.WaitTimeouts, m.QueueDrops, m.Failovers, m.RecordChanges, m.Unreplicated, m.GroupEpoch, m.PrimaryUp)
+	for _, k := range store.OpKinds() {
+		m.Records.WithLabelValues(k.String())
+	}
+	return m
+}
+
+// Committed implements redisstore.Observer.
+func (m *Metrics) Committed(calls int, d time.Duration, waited, replicated bool) {
+	if m == nil {
+		return
+	}
+	m.CommitCalls.Observe(float64(calls))
+	m.CommitLatency.Observe(d.Seconds())
+	if waited && !replicated {
+		m.WaitTimeouts.Inc()
+	}
+}

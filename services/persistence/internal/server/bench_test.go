@@ -1,0 +1,173 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/persistence/internal/redistest"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+	"github.com/keelmq/keel/services/persistence/internal/store/redisstore"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+)
+
+func benchStore(b *testing.B, g *redistest.Group, minReplicas int) store.Store {
+	s, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: minReplicas}, nil)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// BenchmarkServer_Write measures acknowledged records per second through
+// the Write stream: 16 streams (one per session), each sending every batch
+// without waiting (up to the server's in-flight bound); a batch is one
+// append of `batch` records (one script call).
+func BenchmarkServer_Write(b *testing.B) {
+	g := redistest.StartGroup(b, 2, 1)
+	// The yardstick, on the same primary under the same machine load.
+	if out, err := exec.Command("redis-benchmark", "-h", "127.0.0.1", "-p", g.Primary.Addr[strings.LastIndexByte(g.Primary.Addr, ':')+1:],
+		"-P", "16", "-t", "set", "-n", "500000", "-q").CombinedOutput(); err == nil {
+		b.Logf("redis-benchmark -P 16 -t set: %s", strings.TrimSpace(string(out)))
+	}
+	for _, wait := range []int{1, 0} {
+		for _, batch := range []int{32} {
+			b.Run(fmt.Sprintf("wait=%d/batch=%d", wait, batch), func(b *testing.B) {
+				ts := startServer(b, benchStore(b, g, wait))
+				const streams = 16
+				payload := make([]byte, 64)
+				per := b.N/(streams*batch) + 1
+				var wg sync.WaitGroup
+				errs := make(chan error, streams)
+				start := time.Now()
+				for s := range streams {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ctx, cancel := context.WithCancel(context.Background())
+						defer cancel()
+						st := ts.client.Write(ctx)
+						key := &commonv1.SessionKey{Tenant: "bench", ClientId: fmt.Sprint(s)}
+						req := func(id uint64) *persistencev1.WriteRequest {
+							a := &persistencev1.AppendOp{}
+							for i := range batch {
+								m := &commonv1.MsgID{EdgeId: "e", Incarnation: uint64(s), Seq: id*uint64(batch) + uint64(i) + 1}
+								a.Entries = append(a.Entries, &persistencev1.Entry{MsgId: m, Qos: 1})
+								a.Messages = append(a.Messages, &commonv1.Message{Id: m, Topic: "t", Payload: payload, Qos: 1})
+							}
+							return &persistencev1.WriteRequest{BatchId: id, Ops: []*persistencev1.WriteOp{{Session: key, Fence: &persistencev1.Fence{Epoch: 1}, Op: &persistencev1.WriteOp_Append{Append: a}}}}
+						}
+						go func() {
+							for i := range per {
+								if st.Send(req(uint64(i))) != nil {
+									return
+								}
+							}
+						}()
+						for range per {
+							r, err := st.Receive()
+							if err != nil || r.GetStatus() != persistencev1.WriteStatus_WRITE_STATUS_OK {
+								errs <- fmt.Errorf("%v %v %s", err, r.GetStatus(), r.GetError())
+								return
+							}
+						}
+						_ = st.CloseRequest()
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(per*streams*batch)/time.Since(start).Seconds(), "records/s")
+			})
+		}
+	}
+}
+
+// BenchmarkServer_LoadSession measures a session resume with 1,000 queued
+// messages (64 B payloads) through LoadSession.
+func BenchmarkServer_LoadSession(b *testing.B) {
+	g := redistest.StartGroup(b, 2, 1)
+	st := benchStore(b, g, 1)
+	ts := startServer(b, st)
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev-1"}
+	f := store.Fence{Epoch: 1}
+	require.NoError(b, st.Activate(b.Context(), k, f))
+	for i := 0; i < 1000; i += 100 {
+		var es []store.Entry
+		var ms []*store.Message
+		for j := i; j < i+100; j++ {
+			id := fmt.Sprintf("e/1/%d", j+1)
+			es = append(es, store.Entry{MsgID: id, QoS: 1})
+			ms = append(ms, &store.Message{ID: id, Topic: "a/b", Payload: make([]byte, 64), QoS: 1})
+		}
+		_, err := st.Append(b.Context(), k, f, store.QueueLimits{}, es, ms)
+		require.NoError(b, err)
+	}
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		r, err := ts.client.LoadSession(b.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: sess}))
+		lat = append(lat, time.Since(t0))
+		if err != nil || len(r.Msg.GetQueue()) != 1000 {
+			b.Fatal(err)
+		}
+	}
+	reportPercentiles(b, lat)
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// BenchmarkServer_LookupRetained measures wildcard lookups with `topics`
+// retained topics "site/<s>/dev/<d>/temp" (100 sites); each lookup
+// "site/<s>/dev/+/temp" matches topics/100 of them, capped at 100 returned.
+func BenchmarkServer_LookupRetained(b *testing.B) {
+	for _, topics := range []int{100_000} {
+		b.Run(fmt.Sprintf("topics=%d", topics), func(b *testing.B) {
+			g := redistest.StartGroup(b, 1, 1)
+			st := benchStore(b, g, 1)
+			ts := startServer(b, st)
+			var ops []store.Op
+			var waits []func() []store.OpResult
+			for i := range topics {
+				tp := fmt.Sprintf("site/%d/dev/%d/temp", i%100, i/100)
+				ops = append(ops, store.Op{Kind: store.OpPutRetained, Tenant: "acme", Retained: &store.Message{ID: fmt.Sprintf("e/1/%d", i+1), Topic: tp, Payload: []byte("21.5"), QoS: 0, Created: int64(i + 1)}})
+				if len(ops) == 1000 {
+					waits = append(waits, store.Submit(b.Context(), st, ops))
+					ops = nil
+				}
+			}
+			for _, w := range waits {
+				for _, r := range w() {
+					require.NoError(b, r.Err)
+				}
+			}
+			var lat []time.Duration
+			i := 0
+			for b.Loop() {
+				i++
+				t0 := time.Now()
+				r, err := ts.client.LookupRetained(b.Context(), connect.NewRequest(&persistencev1.LookupRetainedRequest{Tenant: "acme", Filter: fmt.Sprintf("site/%d/dev/+/temp", i%100), Limit: 100}))
+				lat = append(lat, time.Since(t0))
+				if err != nil || len(r.Msg.GetMessages()) != 100 {
+					b.Fatal(err, len(r.Msg.GetMessages()))
+				}
+			}
+			reportPercentiles(b, lat)
+		})
+	}
+}

@@ -1,0 +1,444 @@
+package server
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+)
+
+// Limits bound what one request may carry.
+type Limits struct {
+	MaxBatchOps   int // ops per batch
+	MaxOpEntries  int // entries (packet IDs, msgIDs) per op
+	MaxPayload    int // bytes per message payload
+	MaxClientID   int // bytes
+	MaxEdgeID     int // bytes of a msgID's edge ID
+	MaxProperties int // bytes of session properties and of a message's MQTT 5 properties
+}
+
+// DefaultLimits are the limits used when a field is zero.
+var DefaultLimits = Limits{MaxBatchOps: 4096, MaxOpEntries: 4096, MaxPayload: 1 << 20, MaxClientID: 65535,
+	MaxEdgeID: 256, MaxProperties: 64 << 10}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	for _, p := range []struct{ v, d *int }{{&l.MaxBatchOps, &d.MaxBatchOps}, {&l.MaxOpEntries, &d.MaxOpEntries},
+		{&l.MaxPayload, &d.MaxPayload}, {&l.MaxClientID, &d.MaxClientID}, {&l.MaxEdgeID, &d.MaxEdgeID}, {&l.MaxProperties, &d.MaxProperties}} {
+		if *p.v <= 0 {
+			*p.v = *p.d
+		}
+	}
+	return l
+}
+
+var tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{store.ErrInvalid}, args...)...)
+}
+
+type decoder struct{ lim Limits }
+
+func (d decoder) tenant(t string) error {
+	if !tenantRE.MatchString(t) {
+		return invalid("tenant %.70q must be 1-63 characters of [a-z0-9-]", t)
+	}
+	return nil
+}
+
+func (d decoder) sessionKey(k *commonv1.SessionKey) (store.SessionKey, error) {
+	if k == nil {
+		return store.SessionKey{}, invalid("session is required")
+	}
+	if err := d.tenant(k.GetTenant()); err != nil {
+		return store.SessionKey{}, err
+	}
+	if len(k.GetClientId()) > d.lim.MaxClientID || !utf8.ValidString(k.GetClientId()) {
+		return store.SessionKey{}, invalid("client ID must be valid UTF-8 of at most %d bytes", d.lim.MaxClientID)
+	}
+	sk := store.SessionKey{Tenant: k.GetTenant(), ClientID: k.GetClientId()}
+	return sk, sk.Validate()
+}
+
+// MsgIDString is the store's form of a msgID: "<edge>/<incarnation>/<seq>",
+// unambiguous because the two numbers are parsed from the right.
+func MsgIDString(id *commonv1.MsgID) string {
+	return id.GetEdgeId() + "/" + strconv.FormatUint(id.GetIncarnation(), 10) + "/" + strconv.FormatUint(id.GetSeq(), 10)
+}
+
+// ParseMsgID reverses [MsgIDString].
+func ParseMsgID(s string) (*commonv1.MsgID, error) {
+	i := strings.LastIndexByte(s, '/')
+	if i < 0 {
+		return nil, fmt.Errorf("msgID %q: no sequence", s)
+	}
+	seq, err := strconv.ParseUint(s[i+1:], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("msgID %q: %w", s, err)
+	}
+	j := strings.LastIndexByte(s[:i], '/')
+	if j < 0 {
+		return nil, fmt.Errorf("msgID %q: no incarnation", s)
+	}
+	inc, err := strconv.ParseUint(s[j+1:i], 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("msgID %q: %w", s, err)
+	}
+	return &commonv1.MsgID{EdgeId: s[:j], Incarnation: inc, Seq: seq}, nil
+}
+
+func (d decoder) msgID(id *commonv1.MsgID) (string, error) {
+	switch {
+	case id == nil:
+		return "", invalid("msg_id is required")
+	case id.GetEdgeId() == "" || len(id.GetEdgeId()) > d.lim.MaxEdgeID || !utf8.ValidString(id.GetEdgeId()):
+		return "", invalid("msg_id edge_id must be 1-%d bytes of UTF-8", d.lim.MaxEdgeID)
+	case id.GetSeq() == 0:
+		return "", invalid("msg_id seq must be at least 1")
+	}
+	return MsgIDString(id), nil
+}
+
+func qos(q uint32) (byte, error) {
+	if q > 2 {
+		return 0, invalid("qos %d", q)
+	}
+	return byte(q), nil
+}
+
+func packetID(p uint32) (uint16, error) {
+	if p == 0 || p > 65535 {
+		return 0, invalid("packet_id %d: want 1-65535", p)
+	}
+	return uint16(p), nil
+}
+
+// message converts a message; tenant, if not empty, must be the message's.
+// The MQTT 5 properties and publisher identity travel in Props as a
+// protobuf of the message without id, topic and payload.
+func (d decoder) message(m *commonv1.Message, tenant string) (*store.Message, error) {
+	if m == nil {
+		return nil, invalid("message is required")
+	}
+	id, err := d.msgID(m.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if tenant != "" && m.GetTenant() != "" && m.GetTenant() != tenant {
+		return nil, invalid("message tenant %.70q is not the session's", m.GetTenant())
+	}
+	if err := topic.ValidateName(m.GetTopic(), topic.Limits{}); err != nil {
+		return nil, invalid("topic: %v", err)
+	}
+	if len(m.GetPayload()) > d.lim.MaxPayload {
+		return nil, invalid("payload of %d bytes exceeds %d", len(m.GetPayload()), d.lim.MaxPayload)
+	}
+	q, err := qos(m.GetQos())
+	if err != nil {
+		return nil, err
+	}
+	if m.GetPayloadFormat() > 1 {
+		return nil, invalid("payload_format %d", m.GetPayloadFormat())
+	}
+	props := &commonv1.Message{Tenant: m.GetTenant(), ClientId: m.GetClientId(), ContentType: m.GetContentType(),
+		ResponseTopic: m.GetResponseTopic(), CorrelationData: m.GetCorrelationData(), UserProperties: m.GetUserProperties(),
+		PayloadFormat: m.GetPayloadFormat(), MessageExpiryInterval: m.MessageExpiryInterval}
+	pb, err := proto.Marshal(props)
+	if err != nil {
+		return nil, invalid("properties: %v", err)
+	}
+	if len(pb) > d.lim.MaxProperties {
+		return nil, invalid("properties of %d bytes exceed %d", len(pb), d.lim.MaxProperties)
+	}
+	sm := &store.Message{ID: id, Topic: m.GetTopic(), Payload: m.GetPayload(), QoS: q, Retain: m.GetRetain(),
+		Created: m.GetIngressUnixNano()}
+	if len(pb) > 0 {
+		sm.Props = pb
+	}
+	if m.MessageExpiryInterval != nil {
+		sm.Expiry = m.GetIngressUnixNano()/1e9 + int64(m.GetMessageExpiryInterval())
+	}
+	return sm, nil
+}
+
+// MessageOut converts a stored message back.
+func MessageOut(sm *store.Message) *commonv1.Message {
+	m := &commonv1.Message{}
+	if len(sm.Props) > 0 {
+		_ = proto.Unmarshal(sm.Props, m) // written by message above
+	}
+	m.Id, _ = ParseMsgID(sm.ID)
+	m.Topic, m.Payload, m.Qos, m.Retain, m.IngressUnixNano = sm.Topic, sm.Payload, uint32(sm.QoS), sm.Retain, sm.Created
+	return m
+}
+
+func (d decoder) entry(e *persistencev1.Entry, needPacketID bool) (store.Entry, error) {
+	if e == nil {
+		return store.Entry{}, invalid("entry is required")
+	}
+	id, err := d.msgID(e.GetMsgId())
+	if err != nil {
+		return store.Entry{}, err
+	}
+	q, err := qos(e.GetQos())
+	if err != nil {
+		return store.Entry{}, err
+	}
+	se := store.Entry{MsgID: id, QoS: q, Retain: e.GetRetain(), Pubrel: e.GetPubrel()}
+	if len(e.GetSubscriptionIdentifiers()) > 32 {
+		return store.Entry{}, invalid("%d subscription identifiers", len(e.GetSubscriptionIdentifiers()))
+	}
+	for _, s := range e.GetSubscriptionIdentifiers() {
+		if s == 0 || s > 268435455 {
+			return store.Entry{}, invalid("subscription identifier %d", s)
+		}
+		se.SubIDs = append(se.SubIDs, int(s))
+	}
+	if needPacketID && q > 0 {
+		if se.PacketID, err = packetID(e.GetPacketId()); err != nil {
+			return store.Entry{}, err
+		}
+	} else if e.GetPacketId() > 65535 {
+		return store.Entry{}, invalid("packet_id %d", e.GetPacketId())
+	}
+	if se.Pubrel && q != 2 {
+		return store.Entry{}, invalid("pubrel on a QoS %d entry", q)
+	}
+	return se, nil
+}
+
+func (d decoder) subscription(s *persistencev1.Subscription) (store.Subscription, error) {
+	if s == nil {
+		return store.Subscription{}, invalid("subscription is required")
+	}
+	if err := topic.ValidateFilter(s.GetFilter(), topic.Limits{}); err != nil {
+		return store.Subscription{}, invalid("filter: %v", err)
+	}
+	q, err := qos(s.GetQos())
+	if err != nil {
+		return store.Subscription{}, err
+	}
+	if s.GetRetainHandling() > 2 || s.GetSubscriptionIdentifier() > 268435455 {
+		return store.Subscription{}, invalid("retain_handling %d or subscription_identifier %d", s.GetRetainHandling(), s.GetSubscriptionIdentifier())
+	}
+	return store.Subscription{Filter: s.GetFilter(), QoS: q, NoLocal: s.GetNoLocal(), RetainAsPublished: s.GetRetainAsPublished(),
+		RetainHandling: byte(s.GetRetainHandling()), Identifier: int(s.GetSubscriptionIdentifier())}, nil
+}
+
+func (d decoder) session(s *persistencev1.Session, tenant string) (store.Session, error) {
+	if s == nil {
+		return store.Session{}, invalid("session record is required")
+	}
+	switch s.GetProtocolVersion() {
+	case 3, 4, 5:
+	default:
+		return store.Session{}, invalid("protocol_version %d", s.GetProtocolVersion())
+	}
+	if len(s.GetProperties()) > d.lim.MaxProperties {
+		return store.Session{}, invalid("properties of %d bytes", len(s.GetProperties()))
+	}
+	ss := store.Session{ProtocolVersion: byte(s.GetProtocolVersion()), ExpiryInterval: s.GetSessionExpiryInterval(),
+		Disconnected: s.GetDisconnectedUnixNano(), Props: s.GetProperties()}
+	if w := s.GetWill(); w != nil {
+		if _, err := d.message(w.GetMessage(), tenant); err != nil {
+			return store.Session{}, fmt.Errorf("will: %w", err)
+		}
+		b, err := proto.Marshal(w)
+		if err != nil {
+			return store.Session{}, invalid("will: %v", err)
+		}
+		ss.Will = b
+	}
+	return ss, nil
+}
+
+// SessionOut converts a stored session record back.
+func SessionOut(s *store.Session) *persistencev1.Session {
+	if s == nil {
+		return nil
+	}
+	out := &persistencev1.Session{ProtocolVersion: uint32(s.ProtocolVersion), SessionExpiryInterval: s.ExpiryInterval,
+		DisconnectedUnixNano: s.Disconnected, Properties: s.Props}
+	if len(s.Will) > 0 {
+		w := &persistencev1.Will{}
+		if proto.Unmarshal(s.Will, w) == nil {
+			out.Will = w
+		}
+	}
+	return out
+}
+
+// EntryOut converts a stored entry back.
+func EntryOut(e store.Entry) *persistencev1.Entry {
+	id, _ := ParseMsgID(e.MsgID)
+	out := &persistencev1.Entry{MsgId: id, Qos: uint32(e.QoS), Retain: e.Retain, PacketId: uint32(e.PacketID), Pubrel: e.Pubrel, Seq: e.Seq}
+	for _, s := range e.SubIDs {
+		out.SubscriptionIdentifiers = append(out.SubscriptionIdentifiers, uint32(s))
+	}
+	return out
+}
+
+// DecodeBatch validates every op of a batch and converts it; any error
+// rejects the whole batch, so nothing of a malformed batch is stored.
+func (d decoder) batch(req *persistencev1.WriteRequest) ([]store.Op, error) {
+	if len(req.GetOps()) == 0 {
+		return nil, invalid("empty batch")
+	}
+	if len(req.GetOps()) > d.lim.MaxBatchOps {
+		return nil, invalid("%d ops in a batch, at most %d", len(req.GetOps()), d.lim.MaxBatchOps)
+	}
+	ops := make([]store.Op, len(req.GetOps()))
+	for i, w := range req.GetOps() {
+		if err := d.op(w, &ops[i]); err != nil {
+			return nil, fmt.Errorf("op %d: %w", i, err)
+		}
+	}
+	return ops, nil
+}
+
+func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
+	if r, ok := w.GetOp().(*persistencev1.WriteOp_PutRetained); ok {
+		if w.GetSession() != nil || w.GetFence() != nil {
+			return invalid("put_retained takes no session or fence")
+		}
+		m := r.PutRetained.GetMessage()
+		if m == nil {
+			return invalid("message is required")
+		}
+		if err := d.tenant(m.GetTenant()); err != nil {
+			return err
+		}
+		sm, err := d.message(m, m.GetTenant())
+		if err != nil {
+			return err
+		}
+		*o = store.Op{Kind: store.OpPutRetained, Tenant: m.GetTenant(), Retained: sm}
+		return nil
+	}
+	k, err := d.sessionKey(w.GetSession())
+	if err != nil {
+		return err
+	}
+	f := w.GetFence()
+	if f.GetEpoch() == 0 {
+		return invalid("fence with a session epoch is required")
+	}
+	*o = store.Op{Key: k, Fence: store.Fence{Epoch: f.GetEpoch(), GroupEpoch: f.GetGroupEpoch()}}
+	count := func(n int) error {
+		if n == 0 || n > d.lim.MaxOpEntries {
+			return invalid("%d entries: want 1-%d", n, d.lim.MaxOpEntries)
+		}
+		return nil
+	}
+	switch x := w.GetOp().(type) {
+	case *persistencev1.WriteOp_Activate:
+		o.Kind = store.OpActivate
+	case *persistencev1.WriteOp_PutSession:
+		o.Kind = store.OpPutSession
+		o.Session, err = d.session(x.PutSession.GetSession(), k.Tenant)
+	case *persistencev1.WriteOp_DeleteSession:
+		o.Kind = store.OpDeleteSession
+	case *persistencev1.WriteOp_PutSubscription:
+		o.Kind = store.OpPutSubscription
+		o.Sub, err = d.subscription(x.PutSubscription.GetSubscription())
+	case *persistencev1.WriteOp_DeleteSubscription:
+		o.Kind = store.OpDeleteSubscription
+		o.Filter = x.DeleteSubscription.GetFilter()
+		if e := topic.ValidateFilter(o.Filter, topic.Limits{}); e != nil {
+			err = invalid("filter: %v", e)
+		}
+	case *persistencev1.WriteOp_Append:
+		o.Kind = store.OpAppend
+		a := x.Append
+		if err = count(len(a.GetEntries())); err != nil {
+			return err
+		}
+		if len(a.GetMessages()) != len(a.GetEntries()) {
+			return invalid("%d entries but %d messages", len(a.GetEntries()), len(a.GetMessages()))
+		}
+		o.Limits = store.QueueLimits{MaxLen: int(a.GetLimits().GetMaxLen()), DropOldest: a.GetLimits().GetDropOldest()}
+		o.Entries = make([]store.Entry, len(a.GetEntries()))
+		o.Messages = make([]*store.Message, len(a.GetEntries()))
+		for i := range a.GetEntries() {
+			if o.Entries[i], err = d.entry(a.GetEntries()[i], false); err != nil {
+				return fmt.Errorf("entry %d: %w", i, err)
+			}
+			if o.Messages[i], err = d.message(a.GetMessages()[i], k.Tenant); err != nil {
+				return fmt.Errorf("message %d: %w", i, err)
+			}
+			if o.Messages[i].ID != o.Entries[i].MsgID {
+				return invalid("entry %d and its message have different msgIDs", i)
+			}
+			o.Entries[i].PacketID, o.Entries[i].Pubrel = 0, false
+		}
+	case *persistencev1.WriteOp_Send:
+		o.Kind = store.OpSend
+		if err = count(len(x.Send.GetEntries())); err != nil {
+			return err
+		}
+		seen := map[uint16]bool{}
+		for i, e := range x.Send.GetEntries() {
+			se, err := d.entry(e, true)
+			if err != nil {
+				return fmt.Errorf("entry %d: %w", i, err)
+			}
+			if se.QoS > 0 {
+				if seen[se.PacketID] {
+					return invalid("packet_id %d twice", se.PacketID)
+				}
+				seen[se.PacketID] = true
+			}
+			o.Entries = append(o.Entries, se)
+		}
+	case *persistencev1.WriteOp_Pubrel:
+		o.Kind = store.OpPubrel
+		o.PacketID, err = packetID(x.Pubrel.GetPacketId())
+	case *persistencev1.WriteOp_Complete:
+		o.Kind = store.OpComplete
+		if err = count(len(x.Complete.GetPacketIds())); err != nil {
+			return err
+		}
+		for _, p := range x.Complete.GetPacketIds() {
+			pid, err := packetID(p)
+			if err != nil {
+				return err
+			}
+			o.PacketIDs = append(o.PacketIDs, pid)
+		}
+	case *persistencev1.WriteOp_Dequeue:
+		o.Kind = store.OpDequeue
+		if err = count(len(x.Dequeue.GetMsgIds())); err != nil {
+			return err
+		}
+		for _, id := range x.Dequeue.GetMsgIds() {
+			s, err := d.msgID(id)
+			if err != nil {
+				return err
+			}
+			o.MsgIDs = append(o.MsgIDs, s)
+		}
+	case *persistencev1.WriteOp_PutIncoming:
+		o.Kind = store.OpPutIncoming
+		in := x.PutIncoming.GetIncoming()
+		if o.Incoming.PacketID, err = packetID(in.GetPacketId()); err != nil {
+			return err
+		}
+		o.Incoming.MsgID, err = d.msgID(in.GetMsgId())
+	case *persistencev1.WriteOp_DeleteIncoming:
+		o.Kind = store.OpDeleteIncoming
+		o.PacketID, err = packetID(x.DeleteIncoming.GetPacketId())
+	default:
+		return invalid("op kind is required")
+	}
+	return err
+}

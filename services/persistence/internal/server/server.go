@@ -1,0 +1,294 @@
+// Package server serves keel.persistence.v1.PersistenceService over Connect
+// (gRPC, gRPC-Web and Connect on one port) in front of a [store.Store].
+//
+// Write is a bidirectional stream of batches. The ops of every batch are
+// decoded and validated first (a malformed batch is answered
+// INVALID_ARGUMENT and nothing of it is stored), then handed to the store in
+// the order received, so two batches touching one session apply in order;
+// their answers are collected concurrently, so many batches share one Redis
+// pipeline and one WAIT (group commit). A batch is answered OK only when
+// every op is durable as promised.
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/services/persistence/internal/metrics"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+	"github.com/keelmq/keel/proto/gen/keel/persistence/v1/persistencev1connect"
+)
+
+// Config configures the server.
+type Config struct {
+	Limits Limits
+	// MaxInflightBatches bounds the batches of one stream awaiting their
+	// answer; the stream is not read further until one is answered.
+	MaxInflightBatches int
+	// MaxLookup caps LookupRetained's limit.
+	MaxLookup int
+	// Gate, if set, is asked before each batch; an error answers the batch
+	// UNAVAILABLE (the instance lost its coordinator lease: it must not
+	// acknowledge anything).
+	Gate func() error `yaml:"-"`
+}
+
+// Server implements persistencev1connect.PersistenceServiceHandler.
+type Server struct {
+	cfg     Config
+	dec     decoder
+	store   store.Store
+	metrics *metrics.Metrics
+	logger  *slog.Logger
+	status  func() *persistencev1.StatusResponse
+
+	stopping atomic.Bool
+	streams  sync.WaitGroup
+}
+
+var _ persistencev1connect.PersistenceServiceHandler = (*Server)(nil)
+
+// New returns a server over st. status fills Status answers; m may be nil.
+func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persistencev1.StatusResponse, logger *slog.Logger) *Server {
+	cfg.Limits = cfg.Limits.withDefaults()
+	if cfg.MaxInflightBatches <= 0 {
+		cfg.MaxInflightBatches = 256
+	}
+	if cfg.MaxLookup <= 0 {
+		cfg.MaxLookup = 10000
+	}
+	if status == nil {
+		status = func() *persistencev1.StatusResponse { return &persistencev1.StatusResponse{} }
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits}, store: st, metrics: m, status: status, logger: logger}
+}
+
+// Handler returns the Connect handler and its path prefix.
+func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	return persistencev1connect.NewPersistenceServiceHandler(s, opts...)
+}
+
+// Stop makes new batches fail with UNAVAILABLE and waits (until ctx ends)
+// for the batches already handed to the store to be answered.
+func (s *Server) Stop(ctx context.Context) error {
+	s.stopping.Store(true)
+	done := make(chan struct{})
+	go func() { s.streams.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Write implements the RPC.
+func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persistencev1.WriteRequest, persistencev1.WriteResponse]) error {
+	var (
+		sendMu  sync.Mutex
+		sendErr error
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, s.cfg.MaxInflightBatches)
+	)
+	defer wg.Wait()
+	send := func(resp *persistencev1.WriteResponse) {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if sendErr == nil {
+			sendErr = stream.Send(resp)
+		}
+	}
+	for {
+		req, err := stream.Receive()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			// An undecodable frame: connect reports it as InvalidArgument.
+			return err
+		}
+		start := time.Now()
+		if err := s.gate(); err != nil {
+			s.count(nil, nil, persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE)
+			send(&persistencev1.WriteResponse{BatchId: req.GetBatchId(), Status: persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE, Error: err.Error()})
+			continue
+		}
+		ops, err := s.dec.batch(req)
+		if err != nil {
+			s.count(nil, nil, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT)
+			send(&persistencev1.WriteResponse{BatchId: req.GetBatchId(), Status: persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, Error: err.Error()})
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		// Submitting here, on the reading goroutine, keeps the store's
+		// order the order of arrival.
+		s.streams.Add(1)
+		wait := store.Submit(ctx, s.store, ops)
+		wg.Add(1)
+		go func(id uint64) {
+			defer func() { <-sem; wg.Done(); s.streams.Done() }()
+			resp := s.answer(id, ops, wait())
+			send(resp)
+			if s.metrics != nil {
+				s.metrics.WriteLatency.Observe(time.Since(start).Seconds())
+			}
+		}(req.GetBatchId())
+		sendMu.Lock()
+		err = sendErr
+		sendMu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Server) gate() error {
+	if s.stopping.Load() {
+		return ErrStopping
+	}
+	if s.cfg.Gate != nil {
+		return s.cfg.Gate()
+	}
+	return nil
+}
+
+func (s *Server) answer(id uint64, ops []store.Op, res []store.OpResult) *persistencev1.WriteResponse {
+	resp := &persistencev1.WriteResponse{BatchId: id, Status: persistencev1.WriteStatus_WRITE_STATUS_OK, Results: make([]*persistencev1.OpResult, len(res))}
+	for i, r := range res {
+		_, st := classify(r.Err)
+		or := &persistencev1.OpResult{Status: st, Changed: r.Changed, Added: uint32(r.Append.Added), Duplicates: uint32(r.Append.Duplicates),
+			DroppedOldest: uint32(r.Append.DroppedOldest), Refused: uint32(r.Append.Refused)}
+		if r.Err != nil {
+			or.Error = r.Err.Error()
+			if resp.Status == persistencev1.WriteStatus_WRITE_STATUS_OK {
+				resp.Status, resp.Error = st, r.Err.Error()
+			}
+		}
+		resp.Results[i] = or
+		s.count(&ops[i], &r, st)
+	}
+	if s.metrics != nil {
+		n := 0
+		for i := range ops {
+			n += ops[i].Records()
+		}
+		s.metrics.BatchOps.Observe(float64(len(ops)))
+		s.metrics.BatchRecords.Observe(float64(n))
+	}
+	return resp
+}
+
+func (s *Server) count(o *store.Op, r *store.OpResult, st persistencev1.WriteStatus) {
+	m := s.metrics
+	if m == nil {
+		return
+	}
+	if o == nil {
+		m.Ops.WithLabelValues("batch", st.String()).Inc()
+		return
+	}
+	m.Ops.WithLabelValues(o.Kind.String(), st.String()).Inc()
+	if r.Err == nil {
+		m.Records.WithLabelValues(o.Kind.String()).Add(float64(o.Records()))
+	}
+	if r.Append.DroppedOldest > 0 {
+		m.QueueDrops.WithLabelValues("dropped_oldest").Add(float64(r.Append.DroppedOldest))
+	}
+	if r.Append.Refused > 0 {
+		m.QueueDrops.WithLabelValues("refused_newest").Add(float64(r.Append.Refused))
+	}
+}
+
+// LoadSession implements the RPC.
+func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persistencev1.LoadSessionRequest]) (*connect.Response[persistencev1.LoadSessionResponse], error) {
+	k, err := s.dec.sessionKey(req.Msg.GetSession())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	st, err := s.store.Load(ctx, k)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &persistencev1.LoadSessionResponse{Epoch: st.Epoch, Session: SessionOut(st.Session)}
+	for _, sub := range st.Subs {
+		out.Subscriptions = append(out.Subscriptions, &persistencev1.Subscription{Filter: sub.Filter, Qos: uint32(sub.QoS),
+			NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: uint32(sub.RetainHandling),
+			SubscriptionIdentifier: uint32(sub.Identifier)})
+	}
+	for _, e := range st.Queue {
+		out.Queue = append(out.Queue, EntryOut(e))
+	}
+	for _, e := range st.Inflight {
+		out.Inflight = append(out.Inflight, EntryOut(e))
+	}
+	for _, in := range st.Incoming {
+		id, _ := ParseMsgID(in.MsgID)
+		out.Incoming = append(out.Incoming, &persistencev1.Incoming{PacketId: uint32(in.PacketID), MsgId: id})
+	}
+	// In queue order, then in-flight, so a caller can deliver as it reads.
+	seen := make(map[string]bool, len(st.Messages))
+	add := func(id string) {
+		if m, ok := st.Messages[id]; ok && !seen[id] {
+			seen[id] = true
+			out.Messages = append(out.Messages, MessageOut(m))
+		}
+	}
+	for _, e := range st.Queue {
+		add(e.MsgID)
+	}
+	for _, e := range st.Inflight {
+		add(e.MsgID)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// LookupRetained implements the RPC.
+func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persistencev1.LookupRetainedRequest]) (*connect.Response[persistencev1.LookupRetainedResponse], error) {
+	m := req.Msg
+	if err := s.dec.tenant(m.GetTenant()); err != nil {
+		return nil, toConnect(err)
+	}
+	if err := topic.ValidateFilter(m.GetFilter(), topic.Limits{}); err != nil {
+		return nil, toConnect(invalid("filter: %v", err))
+	}
+	if _, _, shared, _ := topic.ParseShare(m.GetFilter()); shared {
+		return nil, toConnect(invalid("shared subscriptions get no retained messages; pass the inner filter"))
+	}
+	limit := int(m.GetLimit())
+	if limit <= 0 || limit > s.cfg.MaxLookup {
+		limit = s.cfg.MaxLookup
+	}
+	msgs, err := s.store.LookupRetained(ctx, m.GetTenant(), m.GetFilter(), limit)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &persistencev1.LookupRetainedResponse{Messages: make([]*commonv1.Message, 0, len(msgs))}
+	for _, sm := range msgs {
+		out.Messages = append(out.Messages, MessageOut(sm))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// Status implements the RPC.
+func (s *Server) Status(context.Context, *connect.Request[persistencev1.StatusRequest]) (*connect.Response[persistencev1.StatusResponse], error) {
+	return connect.NewResponse(s.status()), nil
+}

@@ -1,0 +1,337 @@
+package server
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/persistence/internal/redistest"
+	"github.com/keelmq/keel/services/persistence/internal/store"
+	"github.com/keelmq/keel/services/persistence/internal/store/boltstore"
+	"github.com/keelmq/keel/services/persistence/internal/store/redisstore"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+	"github.com/keelmq/keel/proto/gen/keel/persistence/v1/persistencev1connect"
+)
+
+type testServer struct {
+	url    string
+	client persistencev1connect.PersistenceServiceClient
+	grpc   persistencev1connect.PersistenceServiceClient
+}
+
+func h2cClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
+}
+
+// startServer serves st on a loopback port (HTTP/1.1 and h2c) and returns
+// a Connect and a gRPC client.
+func startServer(t testing.TB, st store.Store) *testServer {
+	t.Helper()
+	srv := New(Config{}, st, nil, nil, testutil.Logger(t))
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	hs := httptest.NewUnstartedServer(mux)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	hs.Config.Protocols = &p
+	hs.Start()
+	t.Cleanup(hs.Close)
+	return &testServer{url: hs.URL, client: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL),
+		grpc: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL, connect.WithGRPC())}
+}
+
+func boltStore(t *testing.T) store.Store {
+	s, err := boltstore.Open(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+var sess = &commonv1.SessionKey{Tenant: "acme", ClientId: "dev-1"}
+
+func fence(e uint64) *persistencev1.Fence { return &persistencev1.Fence{Epoch: e} }
+
+func mid(seq uint64) *commonv1.MsgID {
+	return &commonv1.MsgID{EdgeId: "edge/a", Incarnation: 7, Seq: seq}
+}
+
+func pmsg(seq uint64) *commonv1.Message {
+	exp := uint32(3600)
+	return &commonv1.Message{Id: mid(seq), Tenant: "acme", Topic: "a/b", Payload: []byte(fmt.Sprint(seq)), Qos: 1,
+		IngressUnixNano: time.Now().UnixNano(), ClientId: "pub", ContentType: "text/plain",
+		UserProperties: []*commonv1.UserProperty{{Key: "k", Value: "v"}}, MessageExpiryInterval: &exp}
+}
+
+func appendOp(e uint64, seqs ...uint64) *persistencev1.WriteOp {
+	a := &persistencev1.AppendOp{}
+	for _, s := range seqs {
+		a.Entries = append(a.Entries, &persistencev1.Entry{MsgId: mid(s), Qos: 1})
+		a.Messages = append(a.Messages, pmsg(s))
+	}
+	return &persistencev1.WriteOp{Session: sess, Fence: fence(e), Op: &persistencev1.WriteOp_Append{Append: a}}
+}
+
+func activate(e uint64) *persistencev1.WriteOp {
+	return &persistencev1.WriteOp{Session: sess, Fence: fence(e), Op: &persistencev1.WriteOp_Activate{Activate: &persistencev1.ActivateOp{}}}
+}
+
+// writer is one Write stream.
+type writer struct {
+	t      *testing.T
+	stream *connect.BidiStreamForClient[persistencev1.WriteRequest, persistencev1.WriteResponse]
+	next   uint64
+}
+
+func newWriter(t *testing.T, c persistencev1connect.PersistenceServiceClient) *writer {
+	st := c.Write(t.Context())
+	t.Cleanup(func() { _ = st.CloseRequest(); _ = st.CloseResponse() })
+	return &writer{t: t, stream: st}
+}
+
+// write sends one batch and returns its answer.
+func (w *writer) write(ops ...*persistencev1.WriteOp) *persistencev1.WriteResponse {
+	w.t.Helper()
+	w.next++
+	require.NoError(w.t, w.stream.Send(&persistencev1.WriteRequest{BatchId: w.next, Ops: ops}))
+	resp, err := w.stream.Receive()
+	require.NoError(w.t, err)
+	require.Equal(w.t, w.next, resp.GetBatchId())
+	return resp
+}
+
+func load(t *testing.T, c persistencev1connect.PersistenceServiceClient) *persistencev1.LoadSessionResponse {
+	t.Helper()
+	resp, err := c.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: sess}))
+	require.NoError(t, err)
+	return resp.Msg
+}
+
+func TestServer_Write_RoundTrip(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	for name, c := range map[string]persistencev1connect.PersistenceServiceClient{"connect": ts.client, "grpc": ts.grpc} {
+		t.Run(name, func(t *testing.T) {
+			w := newWriter(t, c)
+			resp := w.write(activate(3),
+				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_PutSession{PutSession: &persistencev1.PutSessionOp{
+					Session: &persistencev1.Session{ProtocolVersion: 5, SessionExpiryInterval: 60, Will: &persistencev1.Will{Message: pmsg(99), DelayInterval: 5}}}}},
+				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_PutSubscription{PutSubscription: &persistencev1.PutSubscriptionOp{
+					Subscription: &persistencev1.Subscription{Filter: "$share/g/a/#", Qos: 2, SubscriptionIdentifier: 9}}}},
+				appendOp(3, 1, 2, 3),
+				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_Send{Send: &persistencev1.SendOp{
+					Entries: []*persistencev1.Entry{{MsgId: mid(1), Qos: 1, PacketId: 10}}}}},
+				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_PutIncoming{PutIncoming: &persistencev1.PutIncomingOp{
+					Incoming: &persistencev1.Incoming{PacketId: 4, MsgId: mid(50)}}}},
+			)
+			require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+			require.Len(t, resp.GetResults(), 6)
+			require.Equal(t, uint32(3), resp.GetResults()[3].GetAdded())
+			// A retry is idempotent.
+			resp = w.write(appendOp(3, 2, 3))
+			require.Equal(t, uint32(2), resp.GetResults()[0].GetDuplicates())
+
+			st := load(t, c)
+			require.Equal(t, uint64(3), st.GetEpoch())
+			require.Equal(t, uint32(60), st.GetSession().GetSessionExpiryInterval())
+			require.Equal(t, "a/b", st.GetSession().GetWill().GetMessage().GetTopic())
+			require.Equal(t, "$share/g/a/#", st.GetSubscriptions()[0].GetFilter())
+			require.Len(t, st.GetQueue(), 2)
+			require.True(t, proto.Equal(mid(2), st.GetQueue()[0].GetMsgId()), "queue in order")
+			require.Len(t, st.GetInflight(), 1)
+			require.Equal(t, uint32(10), st.GetInflight()[0].GetPacketId())
+			require.Len(t, st.GetIncoming(), 1)
+			require.Len(t, st.GetMessages(), 3)
+			m := st.GetMessages()[0]
+			require.True(t, proto.Equal(mid(2), m.GetId()))
+			require.Equal(t, "text/plain", m.GetContentType())
+			require.Equal(t, uint32(3600), m.GetMessageExpiryInterval())
+			require.Equal(t, "v", m.GetUserProperties()[0].GetValue())
+
+			// Clean up for the next client.
+			resp = w.write(&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_DeleteSession{DeleteSession: &persistencev1.DeleteSessionOp{}}})
+			require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+		})
+	}
+}
+
+func TestServer_Write_Fenced(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	w := newWriter(t, ts.client)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, w.write(activate(5)).GetStatus())
+	resp := w.write(appendOp(4, 1), appendOp(5, 2))
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_FENCED, resp.GetStatus())
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_FENCED, resp.GetResults()[0].GetStatus())
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetResults()[1].GetStatus(), "other ops of the batch stand")
+	st := load(t, ts.client)
+	require.Len(t, st.GetQueue(), 1)
+	require.True(t, proto.Equal(mid(2), st.GetQueue()[0].GetMsgId()))
+}
+
+// badOps are malformed ops; each must be refused with nothing stored.
+func badOps() map[string]*persistencev1.WriteOp {
+	big := pmsg(1)
+	big.Payload = make([]byte, DefaultLimits.MaxPayload+1)
+	wild := pmsg(1)
+	wild.Topic = "a/+"
+	other := pmsg(1)
+	other.Tenant = "evil"
+	withMsg := func(m *commonv1.Message) *persistencev1.WriteOp {
+		op := appendOp(1, 1)
+		op.GetAppend().Messages[0] = m
+		return op
+	}
+	mismatch := appendOp(1, 1)
+	mismatch.GetAppend().Entries[0].MsgId = mid(2)
+	noSession := appendOp(1, 1)
+	noSession.Session = nil
+	badTenant := appendOp(1, 1)
+	badTenant.Session = &commonv1.SessionKey{Tenant: "Acme:x", ClientId: "c"}
+	noFence := appendOp(1, 1)
+	noFence.Fence = nil
+	noMsgID := appendOp(1, 1)
+	noMsgID.GetAppend().Entries[0].MsgId = nil
+	return map[string]*persistencev1.WriteOp{
+		"oversized_payload": withMsg(big),
+		"wildcard_topic":    withMsg(wild),
+		"other_tenant":      withMsg(other),
+		"msgid_mismatch":    mismatch,
+		"no_session":        noSession,
+		"bad_tenant":        badTenant,
+		"no_fence":          noFence,
+		"no_msgid":          noMsgID,
+		"no_kind":           {Session: sess, Fence: fence(1)},
+		"bad_qos":           {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_PutSubscription{PutSubscription: &persistencev1.PutSubscriptionOp{Subscription: &persistencev1.Subscription{Filter: "a", Qos: 3}}}},
+		"bad_filter":        {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_PutSubscription{PutSubscription: &persistencev1.PutSubscriptionOp{Subscription: &persistencev1.Subscription{Filter: "a/#/b"}}}},
+		"packet_id_zero":    {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Send{Send: &persistencev1.SendOp{Entries: []*persistencev1.Entry{{MsgId: mid(1), Qos: 1}}}}},
+		"packet_id_big":     {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Pubrel{Pubrel: &persistencev1.PubrelOp{PacketId: 70000}}},
+		"empty_complete":    {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Complete{Complete: &persistencev1.CompleteOp{}}},
+		"retained_session":  {Session: sess, Op: &persistencev1.WriteOp_PutRetained{PutRetained: &persistencev1.PutRetainedOp{Message: pmsg(1)}}},
+		"bad_protocol":      {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_PutSession{PutSession: &persistencev1.PutSessionOp{Session: &persistencev1.Session{ProtocolVersion: 9}}}},
+	}
+}
+
+func TestServer_Write_InvalidStoresNothing(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	w := newWriter(t, ts.client)
+	for name, op := range badOps() {
+		t.Run(name, func(t *testing.T) {
+			// The good op before the bad one is not applied either.
+			resp := w.write(appendOp(1, 100), op)
+			require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, resp.GetStatus())
+			require.NotEmpty(t, resp.GetError())
+			require.Empty(t, resp.GetResults())
+		})
+	}
+	st := load(t, ts.client)
+	require.Empty(t, st.GetQueue())
+	require.Zero(t, st.GetEpoch())
+	// The stream still works.
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, w.write(activate(1)).GetStatus())
+	resp := w.write()
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, resp.GetStatus(), "empty batch")
+}
+
+// A frame that is not a WriteRequest ends the stream with InvalidArgument.
+func TestServer_Write_GarbageFrame(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	var body bytes.Buffer
+	garbage := []byte{0xff, 0xff, 0xff, 0xff, 0x0f}
+	body.WriteByte(0)
+	_ = binary.Write(&body, binary.BigEndian, uint32(len(garbage)))
+	body.Write(garbage)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, ts.url+persistencev1connect.PersistenceServiceWriteProcedure, &body)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/connect+proto")
+	resp, err := h2cClient().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out bytes.Buffer
+	_, _ = out.ReadFrom(resp.Body)
+	require.Contains(t, out.String(), "invalid_argument")
+}
+
+func TestServer_LookupRetained(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	w := newWriter(t, ts.client)
+	var ops []*persistencev1.WriteOp
+	for i, tp := range []string{"a/b", "a/c", "$SYS/x", "b"} {
+		m := pmsg(uint64(i + 1))
+		m.Topic, m.Retain = tp, true
+		ops = append(ops, &persistencev1.WriteOp{Op: &persistencev1.WriteOp_PutRetained{PutRetained: &persistencev1.PutRetainedOp{Message: m}}})
+	}
+	resp := w.write(ops...)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	require.True(t, resp.GetResults()[0].GetChanged())
+	lk := func(filter string) ([]*commonv1.Message, error) {
+		r, err := ts.client.LookupRetained(t.Context(), connect.NewRequest(&persistencev1.LookupRetainedRequest{Tenant: "acme", Filter: filter}))
+		if err != nil {
+			return nil, err
+		}
+		return r.Msg.GetMessages(), nil
+	}
+	got, err := lk("a/+")
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	got, err = lk("#")
+	require.NoError(t, err)
+	require.Len(t, got, 3, "not $SYS")
+	for _, bad := range []string{"a/#/b", "", "$share/g/#"} {
+		_, err = lk(bad)
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), bad)
+	}
+	_, err = ts.client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+}
+
+// With its only replica gone, nothing is acknowledged: the batch says
+// NOT_REPLICATED (WAIT timed out) or UNAVAILABLE (min-replicas refusal).
+func TestServer_Write_NotReplicated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 0) // the primary accepts writes; only WAIT notices
+	rs, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1, WaitTimeout: 200 * time.Millisecond}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rs.Close() })
+	ts := startServer(t, rs)
+	w := newWriter(t, ts.client)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, w.write(activate(1), appendOp(1, 1)).GetStatus())
+	g.Replicas[0].Kill()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if st := w.write(appendOp(1, 2)).GetStatus(); st != persistencev1.WriteStatus_WRITE_STATUS_NOT_REPLICATED {
+			return fmt.Errorf("status %v", st)
+		}
+		return nil
+	})
+	// Acknowledgement deletes do not wait and still succeed.
+	resp := w.write(&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Dequeue{Dequeue: &persistencev1.DequeueOp{MsgIds: []*commonv1.MsgID{mid(1)}}}})
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+}
+
+func TestParseMsgID(t *testing.T) {
+	t.Parallel()
+	for _, id := range []*commonv1.MsgID{mid(1), {EdgeId: "x", Incarnation: 0, Seq: 1 << 63}, {EdgeId: "a/b/c/", Incarnation: 5, Seq: 2}} {
+		got, err := ParseMsgID(MsgIDString(id))
+		require.NoError(t, err)
+		require.True(t, proto.Equal(id, got))
+	}
+}
