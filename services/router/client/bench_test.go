@@ -3,10 +3,13 @@ package client
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/services/router/routes"
 )
 
 // BenchmarkClient_RouteWildcard measures Route answered locally (trie +
@@ -41,4 +44,53 @@ func BenchmarkClient_RouteWildcard(b *testing.B) {
 		i++
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "routes/s")
+}
+
+// BenchmarkClient_TrieMatch measures the bare wildcard trie match on the
+// edge with 10,000 wildcard-first filters (what Route adds on top is
+// validation, anchor probes and result building).
+func BenchmarkClient_TrieMatch(b *testing.B) {
+	var tr topic.Trie[wildVal]
+	for i := range 10000 {
+		f := fmt.Sprintf("+/dev%d/#", i)
+		if i%2 == 1 {
+			f = fmt.Sprintf("+/+/metric%d", i)
+		}
+		tr.Add(f, wildVal{edge: fmt.Sprintf("edge-%d", i%16), filter: f})
+	}
+	topics := []string{"site/dev42/temp", "site/x/metric77", "a/b/c/d"}
+	i, n := 0, 0
+	for b.Loop() {
+		tr.Match(topics[i%len(topics)], func(wildVal) bool { n++; return true })
+		i++
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "matches/s")
+}
+
+// BenchmarkClient_MemoryPerDevice measures what one device costs an edge in
+// the devices scenario: its local route (devices/<id>/cmd/#), its anchor in
+// the tenant's Bloom filter (sized as the router sizes it), and after
+// warm-up nothing in the cache (Bloom negatives need no entry).
+func BenchmarkClient_MemoryPerDevice(b *testing.B) {
+	const devices = 100_000
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		c, err := New(Config{URL: "http://127.0.0.1:1", EdgeID: "e", Incarnation: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bl := routes.NewBloom(4*devices, 0.01)
+		for i := range devices {
+			f := fmt.Sprintf("devices/%d/cmd/#", i)
+			c.local[routes.Key{Tenant: "t1", Filter: f}] = 1
+			bl.Add(fmt.Sprintf("devices/%d/cmd", i))
+		}
+		c.blooms["t1"] = bl
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/devices, "B/device")
+		runtime.KeepAlive(c)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/topic"
@@ -47,13 +48,20 @@ const (
 type Config struct {
 	// URL is the router node's API base URL; Lookups go to the same node as
 	// the stream, which records the edge as a cacher there.
-	URL         string
-	EdgeID      string
-	Incarnation uint64
+	URL string
+	// FallbackURLs are other router nodes; after a stream fails the client
+	// moves to the next URL in [URL, FallbackURLs...] (a Kubernetes Service URL
+	// in URL alone does the same through the load balancer).
+	FallbackURLs []string
+	EdgeID       string
+	Incarnation  uint64
 	// HTTPClient must speak HTTP/2 (h2c for plain http URLs).
 	HTTPClient *http.Client
 	CacheSize  int
 	Logger     *slog.Logger
+	// Registerer, when set, receives the client's metrics
+	// (keel_edge_route_*).
+	Registerer prometheus.Registerer
 }
 
 // Result is where a message must go.
@@ -86,19 +94,33 @@ type pending struct {
 	done  chan error
 }
 
+type syncStream = connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse]
+
 // Client is one edge's routing client.
+//
+// Lock order: sendMu before mu. mu is never held while sending on the
+// stream, so a stream blocked by flow control never stalls Route.
 type Client struct {
 	cfg    Config
-	api    routerv1connect.RouterServiceClient
+	apis   []routerv1connect.RouterServiceClient // one per URL
 	logger *slog.Logger
+	m      *metrics
+
+	// sendMu serialises stream sends and makes "assign seqs, then send" one
+	// step as seen by the router: deltas leave in seq order, and no delta is
+	// sent between the hello and the resend of a new stream, nor inside a
+	// snapshot. The router skips any delta at or below the last seq it
+	// applied, so a delta overtaken by a later one would be lost.
+	sendMu sync.Mutex
 
 	mu       sync.Mutex
+	cur      int                // index of the URL of the current stream; guarded by mu
 	local    map[routes.Key]int // local subscriber counts; guarded by mu
 	seq      uint64             // last delta seq assigned; guarded by mu
+	sent     uint64             // last delta seq sent on stream; guarded by mu
 	acked    uint64             // guarded by mu
 	unacked  []*pending         // in seq order; guarded by mu
-	stream   *connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse]
-	sendMu   sync.Mutex // serialises stream sends
+	stream   *syncStream        // guarded by mu
 	ready    bool
 	lastHB   time.Time
 	lease    time.Duration
@@ -107,13 +129,20 @@ type Client struct {
 	wild     map[string]*topic.Trie[wildVal] // by tenant
 	wildInc  map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
 	blooms   map[string]*routes.Bloom        // by tenant
-	bloomBuf map[string]*routerv1.BloomChunk // assembling: tenant → header with all bits so far
+	bloomBuf map[string]*bloomAsm            // assembling, by tenant
 	stats    Stats
 }
 
 // Stats counts how answers were found.
 type Stats struct {
-	Routes, Lookups, CacheHits, BloomNegatives uint64
+	// Routes is the number of Route calls; Local of them were answered
+	// without an RPC (the edge-side hit ratio is Local/Routes).
+	Routes, Local uint64
+	// Lookups and LookupErrors count Lookup RPCs.
+	Lookups, LookupErrors uint64
+	// CacheHits, BloomNegatives and Misses count anchor probes answered by
+	// the cache, by the Bloom filter, and by neither (which needs a Lookup).
+	CacheHits, BloomNegatives, Misses uint64
 }
 
 // New builds a client; Run connects it.
@@ -130,11 +159,26 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Discard()
 	}
-	return &Client{cfg: cfg, logger: cfg.Logger,
-		api:   routerv1connect.NewRouterServiceClient(cfg.HTTPClient, cfg.URL, connect.WithGRPC()),
+	c := &Client{cfg: cfg, logger: cfg.Logger,
 		local: map[routes.Key]int{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
 		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
-		bloomBuf: map[string]*routerv1.BloomChunk{}}, nil
+		bloomBuf: map[string]*bloomAsm{}}
+	for _, u := range append([]string{cfg.URL}, cfg.FallbackURLs...) {
+		c.apis = append(c.apis, routerv1connect.NewRouterServiceClient(cfg.HTTPClient, u, connect.WithGRPC()))
+	}
+	m, err := newMetrics(cfg.Registerer, c)
+	if err != nil {
+		return nil, err
+	}
+	c.m = m
+	return c, nil
+}
+
+// api returns the client of the router node the current stream goes to.
+func (c *Client) api() routerv1connect.RouterServiceClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.apis[c.cur]
 }
 
 // Stats returns counters.
@@ -211,7 +255,7 @@ func (c *Client) change(ctx context.Context, tenant, filter string, by int) erro
 	c.mu.Unlock()
 	if st != nil {
 		// A failed send is retried by the next stream from unacked.
-		_ = c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: []*routerv1.RouteDelta{p.delta}}}})
+		_ = c.flush(st)
 	}
 	select {
 	case err := <-p.done:
@@ -221,7 +265,36 @@ func (c *Client) change(ctx context.Context, tenant, filter string, by int) erro
 	}
 }
 
-func (c *Client) send(st *connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse], req *routerv1.RouteSyncRequest) error {
+// flush sends, in seq order and as one batch, every unacked delta not yet
+// sent on st. Deltas of concurrent subscribers coalesce here: whoever holds
+// sendMu sends what the others queued meanwhile.
+func (c *Client) flush(st *syncStream) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	c.mu.Lock()
+	if c.stream != st {
+		c.mu.Unlock()
+		return nil
+	}
+	i := len(c.unacked)
+	for i > 0 && c.unacked[i-1].delta.GetSeq() > c.sent {
+		i--
+	}
+	ds := make([]*routerv1.RouteDelta, 0, len(c.unacked)-i)
+	for _, p := range c.unacked[i:] {
+		ds = append(ds, p.delta)
+	}
+	if len(ds) > 0 {
+		c.sent = ds[len(ds)-1].GetSeq()
+	}
+	c.mu.Unlock()
+	if len(ds) == 0 {
+		return nil
+	}
+	return st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: ds}}})
+}
+
+func (c *Client) send(st *syncStream, req *routerv1.RouteSyncRequest) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	return st.Send(req)
@@ -237,6 +310,10 @@ func (c *Client) Run(ctx context.Context) error {
 			break
 		}
 		c.logger.Debug("route stream ended", logging.Err(err))
+		c.m.streamErrors.Inc()
+		c.mu.Lock()
+		c.cur = (c.cur + 1) % len(c.apis)
+		c.mu.Unlock()
 		if time.Since(start) > 5*time.Second {
 			backoff = 50 * time.Millisecond
 		}
@@ -258,33 +335,14 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) runStream(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st := c.api.RouteSync(ctx)
-	c.mu.Lock()
-	hello := &routerv1.RouteSyncHello{EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation, AckedSeq: c.acked}
-	var resend []*routerv1.RouteDelta
-	for _, p := range c.unacked {
-		resend = append(resend, p.delta)
-	}
-	dig, seq := c.digestLocked()
-	c.ready = false
-	c.stream = st
-	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		if c.stream == st {
-			c.stream = nil
-		}
+		c.stream = nil
+		c.ready = false
 		c.mu.Unlock()
 	}()
-	if err := c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Hello{Hello: hello}}); err != nil {
-		return err
-	}
-	if len(resend) > 0 {
-		if err := c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: resend}}}); err != nil {
-			return err
-		}
-	}
-	if err := c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Digest{Digest: &routerv1.RouteSetDigest{Seq: seq, RouteCount: dig.Count, Digest: dig.Sum}}}); err != nil {
+	st, err := c.open(ctx)
+	if err != nil {
 		return err
 	}
 	for {
@@ -296,6 +354,42 @@ func (c *Client) runStream(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// open starts a stream and sends the hello, every unacked delta and the
+// digest, holding sendMu so no other delta goes out in between.
+func (c *Client) open(ctx context.Context) (*syncStream, error) {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	c.mu.Lock()
+	st := c.apis[c.cur].RouteSync(ctx)
+	hello := &routerv1.RouteSyncHello{EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation, AckedSeq: c.acked}
+	var resend []*routerv1.RouteDelta
+	for _, p := range c.unacked {
+		resend = append(resend, p.delta)
+	}
+	dig, seq := c.digestLocked()
+	c.ready = false
+	c.stream = st
+	c.sent = seq
+	// Cache entries are invalidated only by the router node that served
+	// their Lookup, which may not be the one this stream goes to: drop them
+	// all, and keep in-flight Lookups from caching their answers.
+	clear(c.cache)
+	c.gen++
+	c.mu.Unlock()
+	if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Hello{Hello: hello}}); err != nil {
+		return nil, err
+	}
+	if len(resend) > 0 {
+		if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: resend}}}); err != nil {
+			return nil, err
+		}
+	}
+	if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Digest{Digest: &routerv1.RouteSetDigest{Seq: seq, RouteCount: dig.Count, Digest: dig.Sum}}}); err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // digestLocked returns the digest of the routes the router should hold: the
@@ -310,18 +404,28 @@ func (c *Client) digestLocked() (routes.Digest, uint64) {
 	return d, c.seq
 }
 
-func (c *Client) snapshot(st *connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse]) error {
+// snapshot sends the full local route set as of the last assigned seq. It
+// holds sendMu throughout: a delta sent between two chunks would be applied
+// before the snapshot and then undone by it (the router drops what the
+// snapshot lacks). Unsent deltas up to that seq are covered by the snapshot.
+func (c *Client) snapshot(st *syncStream) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
 	c.mu.Lock()
 	rs := make([]*routerv1.Route, 0, len(c.local))
 	for k := range c.local {
 		rs = append(rs, &routerv1.Route{Tenant: k.Tenant, Filter: k.Filter, ShareGroup: k.Group})
 	}
 	seq := c.seq
+	if c.stream == st {
+		c.sent = seq
+	}
 	c.mu.Unlock()
+	c.m.snapshots.Inc()
 	const chunk = 4096
 	for i := 0; ; i += chunk {
 		end := min(i+chunk, len(rs))
-		if err := c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Snapshot{Snapshot: &routerv1.RouteSetSnapshot{
+		if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Snapshot{Snapshot: &routerv1.RouteSetSnapshot{
 			Seq: seq, Routes: rs[i:end], Last: end == len(rs)}}}); err != nil {
 			return err
 		}
@@ -331,7 +435,7 @@ func (c *Client) snapshot(st *connect.BidiStreamForClient[routerv1.RouteSyncRequ
 	}
 }
 
-func (c *Client) handle(st *connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse], resp *routerv1.RouteSyncResponse) error {
+func (c *Client) handle(st *syncStream, resp *routerv1.RouteSyncResponse) error {
 	now := time.Now()
 	ack := true
 	switch m := resp.GetMsg().(type) {
@@ -446,27 +550,53 @@ func (c *Client) applyWildcard(w *routerv1.WildcardDeltas) {
 	}
 }
 
+// maxBloomBytes bounds one tenant's Bloom filter (2^31 bits, enough for
+// tens of millions of anchors): a garbage header cannot make the edge
+// allocate more.
+const maxBloomBytes = 1 << 28
+
+// bloomAsm is a Bloom filter being assembled from its chunks.
+type bloomAsm struct {
+	version, m uint64
+	k          uint32
+	bits       []byte
+}
+
+// applyBloom assembles a tenant's filter from chunks, which arrive in order
+// on one stream. A filter is installed only when every byte of it arrived;
+// anything inconsistent drops the assembly and keeps the previous filter.
 func (c *Client) applyBloom(b *routerv1.BloomChunk) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := b.GetTenant()
 	cur := c.bloomBuf[t]
-	if cur == nil || cur.GetVersion() != b.GetVersion() || b.GetOffset() == 0 {
-		if b.GetBitCount()/8 > 1<<30 {
+	if b.GetOffset() == 0 {
+		m, k := b.GetBitCount(), b.GetHashCount()
+		if m == 0 || m%8 != 0 || m/8 > maxBloomBytes || k == 0 || k > 32 {
+			delete(c.bloomBuf, t)
 			return
 		}
-		cur = &routerv1.BloomChunk{Tenant: t, Version: b.GetVersion(), BitCount: b.GetBitCount(), HashCount: b.GetHashCount(),
-			Bits: make([]byte, b.GetBitCount()/8)}
+		cur = &bloomAsm{version: b.GetVersion(), m: m, k: k, bits: make([]byte, 0, m/8)}
 		c.bloomBuf[t] = cur
-	}
-	if b.GetOffset()+uint64(len(b.GetBits())) <= uint64(len(cur.Bits)) {
-		copy(cur.Bits[b.GetOffset():], b.GetBits())
-	}
-	if b.GetLast() {
+	} else if cur == nil || cur.version != b.GetVersion() || cur.m != b.GetBitCount() || cur.k != b.GetHashCount() ||
+		b.GetOffset() != uint64(len(cur.bits)) {
 		delete(c.bloomBuf, t)
-		if bl, err := routes.BloomFromBits(cur.Bits, cur.GetBitCount(), cur.GetHashCount()); err == nil {
-			c.blooms[t] = bl
-		}
+		return
+	}
+	if uint64(len(b.GetBits())) > cur.m/8-uint64(len(cur.bits)) {
+		delete(c.bloomBuf, t)
+		return
+	}
+	cur.bits = append(cur.bits, b.GetBits()...)
+	if !b.GetLast() {
+		return
+	}
+	delete(c.bloomBuf, t)
+	if uint64(len(cur.bits)) != cur.m/8 {
+		return
+	}
+	if bl, err := routes.BloomFromBits(cur.bits, cur.m, cur.k); err == nil {
+		c.blooms[t] = bl
 	}
 }
 
@@ -478,8 +608,10 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 		return Result{}, err
 	}
 	now := time.Now()
-	edges := map[string]bool{}
-	groups := map[[2]string]map[string]bool{}
+	var (
+		edges  []string
+		groups []Group
+	)
 	c.mu.Lock()
 	c.stats.Routes++
 	valid := c.validLocked(now)
@@ -487,7 +619,7 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 	if valid {
 		if t := c.wild[tenant]; t != nil {
 			t.Match(name, func(v wildVal) bool {
-				addTo(edges, groups, v.edge, v.group, v.filter)
+				edges, groups = addTo(edges, groups, v.edge, v.group, v.filter)
 				return true
 			})
 		}
@@ -498,7 +630,7 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 				for _, r := range e.routes {
 					if topic.Match(r.GetFilter(), name) {
 						for _, id := range r.GetEdgeIds() {
-							addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
+							edges, groups = addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
 						}
 					}
 				}
@@ -508,25 +640,32 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 				c.stats.BloomNegatives++
 				return true
 			}
+			c.stats.Misses++
 			need = true
 			return false
 		})
 	}
+	if !need {
+		c.stats.Local++
+	}
 	gen := c.gen
+	api := c.apis[c.cur]
 	c.mu.Unlock()
 	if !need {
-		return toResult(edges, groups, false), nil
+		slices.Sort(edges)
+		return Result{Edges: edges, Groups: groups}, nil
 	}
 	backoff := 10 * time.Millisecond
 	for {
 		start := time.Now()
-		resp, err := c.api.Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: name, EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation}))
+		resp, err := api.Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: name, EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation}))
+		c.m.lookupSeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
 			c.mu.Lock()
 			c.stats.Lookups++
-			// Cache only if no invalidation arrived meanwhile: the answer may
-			// predate it.
-			if c.gen == gen {
+			// Cache only if no invalidation arrived meanwhile (the answer may
+			// predate it) and the stream still heartbeats.
+			if c.gen == gen && c.validLocked(time.Now()) {
 				until := start.Add(min(resp.Msg.GetCacheLease().AsDuration(), c.lease))
 				for _, ar := range resp.Msg.GetAnchors() {
 					if len(c.cache) >= c.cfg.CacheSize {
@@ -545,6 +684,10 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 			}
 			return res, nil
 		}
+		c.mu.Lock()
+		c.stats.LookupErrors++
+		api = c.apis[c.cur] // the stream may have moved to another node
+		c.mu.Unlock()
 		if connect.CodeOf(err) == connect.CodeInvalidArgument {
 			return Result{}, err
 		}
@@ -557,32 +700,23 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 	}
 }
 
-func addTo(edges map[string]bool, groups map[[2]string]map[string]bool, edge, group, filter string) {
+// addTo adds edge to edges (group empty) or to the group's edges, keeping
+// each list free of duplicates. Lists are short: linear scans beat maps and
+// allocate less.
+func addTo(edges []string, groups []Group, edge, group, filter string) ([]string, []Group) {
 	if group == "" {
-		edges[edge] = true
-		return
-	}
-	g := groups[[2]string{group, filter}]
-	if g == nil {
-		g = map[string]bool{}
-		groups[[2]string{group, filter}] = g
-	}
-	g[edge] = true
-}
-
-func toResult(edges map[string]bool, groups map[[2]string]map[string]bool, looked bool) Result {
-	r := Result{Looked: looked}
-	for e := range edges {
-		r.Edges = append(r.Edges, e)
-	}
-	slices.Sort(r.Edges)
-	for g, es := range groups {
-		gr := Group{Name: g[0], Filter: g[1]}
-		for e := range es {
-			gr.Edges = append(gr.Edges, e)
+		if !slices.Contains(edges, edge) {
+			edges = append(edges, edge)
 		}
-		slices.Sort(gr.Edges)
-		r.Groups = append(r.Groups, gr)
+		return edges, groups
 	}
-	return r
+	for i := range groups {
+		if groups[i].Name == group && groups[i].Filter == filter {
+			if !slices.Contains(groups[i].Edges, edge) {
+				groups[i].Edges = append(groups[i].Edges, edge)
+			}
+			return edges, groups
+		}
+	}
+	return edges, append(groups, Group{Name: group, Filter: filter, Edges: []string{edge}})
 }

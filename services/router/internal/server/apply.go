@@ -126,9 +126,11 @@ func (n *Node) applyOwned(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]
 	if len(wild) > 0 {
 		reqs = append(reqs, &routerv1.NotifyRequest{Wildcard: &routerv1.WildcardDeltas{Deltas: wild}, SenderNodeId: n.ID()})
 	}
+	var wg sync.WaitGroup
 	for _, r := range reqs {
-		n.notifyAll(ctx, r)
+		wg.Go(func() { n.notifyAll(ctx, r) })
 	}
+	wg.Wait()
 	return rejected, nil
 }
 
@@ -145,7 +147,7 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	var rejected []*routerv1.RouteReject
 	var wild []*routerv1.WildcardDelta
 	var inv *routerv1.RouteInvalidation
-	changed := false
+	changed, retriedAdd := false, false
 	for _, ed := range deltas {
 		d := ed.GetDelta()
 		r := d.GetRoute()
@@ -159,8 +161,29 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 			rejected = append(rejected, &routerv1.RouteReject{Seq: d.GetSeq(), Reason: ErrWildcardCap.Error()})
 			continue
 		}
+		// A retry: the edge re-sent a delta this key already reflects, after
+		// its stream broke. The owner that applied it may have died before
+		// notifying the router nodes, so notify again (cheap, idempotent).
+		// Snapshot and dead-edge removes carry seq MaxUint64 and are no
+		// retries.
+		cur, has := set.Routes[route][ed.GetEdgeId()]
+		retry := d.GetSeq() != math.MaxUint64 && (op == table.OpAdd && has && cur.Inc == ed.GetIncarnation() && cur.Seq == d.GetSeq() ||
+			op == table.OpRemove && !has)
 		res := set.Apply(table.Delta{Edge: ed.GetEdgeId(), Inc: ed.GetIncarnation(), Seq: d.GetSeq(), Op: op, Route: route, Count: d.GetCount()})
+		if !res.Changed && !retry {
+			continue
+		}
 		if !res.Changed {
+			if isWild {
+				wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation()})
+				continue
+			}
+			if inv == nil {
+				inv = &routerv1.RouteInvalidation{Tenant: r.GetTenant(), Anchors: []string{routes.Key{Filter: r.GetFilter()}.Anchor()}}
+			}
+			if op == table.OpAdd {
+				retriedAdd = true
+			}
 			continue
 		}
 		changed = true
@@ -185,7 +208,10 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 	}
 	if !changed {
-		return rejected, nil, nil, nil
+		if inv != nil && retriedAdd {
+			inv.NewAnchors = inv.Anchors
+		}
+		return rejected, inv, wild, nil
 	}
 	if set.Len() == 0 {
 		err = n.st.Delete(ctx, key)
@@ -198,7 +224,7 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("store route key: %w", err)
 	}
-	if inv != nil && wasEmpty && set.Len() > 0 {
+	if inv != nil && (wasEmpty && set.Len() > 0 || retriedAdd) {
 		inv.NewAnchors = inv.Anchors
 	}
 	return rejected, inv, wild, nil
@@ -254,48 +280,22 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || len(wd.GetDeltas()) > 0
 	if inv != nil {
 		if len(inv.GetNewAnchors()) > 0 {
-			bs := n.blooms[inv.GetTenant()]
-			if bs == nil {
-				bs = &bloomState{bloom: routes.NewBloom(1024, 0.01), version: uint64(time.Now().UnixNano())}
-				n.blooms[inv.GetTenant()] = bs
-			}
-			for _, a := range inv.GetNewAnchors() {
-				bs.bloom.Add(a)
-				bs.n++
+			// A new or rebuilt filter goes to every edge ahead of the
+			// invalidation, which they acknowledge after it.
+			if bs, fresh, _ := n.addAnchorsLocked(inv.GetTenant(), inv.GetNewAnchors()); fresh {
+				for _, c := range n.conns {
+					n.sendBloomLocked(c, inv.GetTenant(), bs)
+				}
 			}
 		}
 		for _, de := range inv.GetDeadEdges() {
 			n.dead[de.GetEdgeId()] = max(n.dead[de.GetEdgeId()], de.GetIncarnation())
-			for _, w := range n.wild {
-				var gone []wildVal
-				w.set.Edges(func(r table.Route, e string, en table.Entry) {
-					if e == de.GetEdgeId() && en.Inc <= de.GetIncarnation() {
-						gone = append(gone, wildVal{route: r, edge: e})
-					}
-				})
-				for _, g := range gone {
-					w.set.Apply(table.Delta{Edge: g.edge, Inc: de.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpRemove, Route: g.route})
-					w.trie.Remove(g.route.Filter, g)
-				}
-			}
 		}
+		applyDead(n.wild, inv.GetDeadEdges())
 	}
-	for _, d := range wd.GetDeltas() {
-		r := d.GetRoute()
-		w := n.wild[r.GetTenant()]
-		if w == nil {
-			w = &wildReplica{}
-			n.wild[r.GetTenant()] = w
-		}
-		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
-		v := wildVal{route: route, edge: d.GetEdgeId()}
-		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
-			w.set.Apply(table.Delta{Edge: d.GetEdgeId(), Inc: d.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpAdd, Route: route})
-			w.trie.Add(route.Filter, v)
-		} else {
-			w.set.Apply(table.Delta{Edge: d.GetEdgeId(), Inc: d.GetIncarnation(), Seq: math.MaxUint64, Op: table.OpRemove, Route: route})
-			w.trie.Remove(route.Filter, v)
-		}
+	applyWild(n.wild, wd)
+	if n.reloading && (len(inv.GetDeadEdges()) > 0 || len(wd.GetDeltas()) > 0) {
+		n.reloadLog = append(n.reloadLog, req)
 	}
 	if len(wd.GetDeltas()) > 0 {
 		var wr int
@@ -353,4 +353,76 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		}
 	}
 	return len(targets)
+}
+
+// applyDead drops the wildcard-first routes of dead edge incarnations from
+// the replicas in wild.
+func applyDead(wild map[string]*wildReplica, dead []*routerv1.DeadEdge) {
+	for _, de := range dead {
+		for _, w := range wild {
+			var gone []table.Route
+			w.set.Edges(func(r table.Route, e string, en table.Entry) {
+				if e == de.GetEdgeId() && en.Inc <= de.GetIncarnation() {
+					gone = append(gone, r)
+				}
+			})
+			for _, r := range gone {
+				w.remove(r, de.GetEdgeId(), de.GetIncarnation())
+			}
+		}
+	}
+}
+
+// applyWild applies wildcard deltas from a key owner to the replicas in wild.
+func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas) {
+	for _, d := range wd.GetDeltas() {
+		r := d.GetRoute()
+		w := wild[r.GetTenant()]
+		if w == nil {
+			w = &wildReplica{}
+			wild[r.GetTenant()] = w
+		}
+		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
+		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
+			w.add(route, d.GetEdgeId(), d.GetIncarnation())
+		} else {
+			w.remove(route, d.GetEdgeId(), d.GetIncarnation())
+		}
+	}
+}
+
+// add records that edge incarnation inc holds route, unless a newer
+// incarnation already does.
+//
+// NOTE(router): replicas are not the key's table: they are changed directly,
+// not through table.Set.Apply, whose seq rule would ignore every later
+// remove of an entry recorded without the edge's seq, so the set (which
+// full resends are built from) kept routes the trie had dropped.
+func (w *wildReplica) add(r table.Route, edge string, inc uint64) {
+	if cur, ok := w.set.Routes[r][edge]; ok && cur.Inc > inc {
+		return
+	}
+	if w.set.Routes == nil {
+		w.set.Routes = map[table.Route]map[string]table.Entry{}
+	}
+	es := w.set.Routes[r]
+	if es == nil {
+		es = map[string]table.Entry{}
+		w.set.Routes[r] = es
+	}
+	es[edge] = table.Entry{Inc: inc}
+	w.trie.Add(r.Filter, wildVal{route: r, edge: edge})
+}
+
+// remove drops route for edge incarnation inc and older ones.
+func (w *wildReplica) remove(r table.Route, edge string, inc uint64) {
+	es := w.set.Routes[r]
+	if cur, ok := es[edge]; !ok || cur.Inc > inc {
+		return
+	}
+	delete(es, edge)
+	if len(es) == 0 {
+		delete(w.set.Routes, r)
+	}
+	w.trie.Remove(r.Filter, wildVal{route: r, edge: edge})
 }

@@ -31,6 +31,14 @@ type testNode struct {
 	srv    *http.Server
 }
 
+// kill stops tn the hard way for an in-process node: the API server first,
+// which cuts every edge stream and peer call mid-flight, then the node and
+// its Olric member.
+func (tn *testNode) kill() {
+	_ = tn.srv.Close()
+	tn.stop()
+}
+
 func (tn *testNode) stop() {
 	tn.cancel()
 	<-tn.done
@@ -50,6 +58,22 @@ func startClusterB(t testing.TB, n int) []*testNode {
 	if testing.Short() {
 		t.Skip("multi-node olric cluster")
 	}
+	// NOTE(router): Olric members started at the same instant sometimes
+	// disagree on the cluster coordinator ("unrecognized cluster
+	// coordinator") and never converge; start afresh on new ports then.
+	for attempt := 1; ; attempt++ {
+		nodes, err := tryStartCluster(t, n)
+		if err == nil {
+			return nodes
+		}
+		if attempt == 3 {
+			require.NoError(t, err)
+		}
+		t.Logf("cluster start attempt %d failed: %v", attempt, err)
+	}
+}
+
+func tryStartCluster(t testing.TB, n int) ([]*testNode, error) {
 	rc := min(2, n)
 	cfgs := make([]store.Config, n)
 	var peers []string
@@ -100,8 +124,17 @@ func startClusterB(t testing.TB, n int) []*testNode {
 		})
 	}
 	wg.Wait()
-	for _, err := range errs {
-		require.NoError(t, err)
+	if err := errors.Join(errs...); err != nil {
+		for _, tn := range nodes {
+			if tn.cancel != nil {
+				tn.stop()
+			} else {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_ = tn.st.Stop(ctx)
+				cancel()
+			}
+		}
+		return nil, err
 	}
 	var once sync.Map
 	for _, tn := range nodes {
@@ -124,7 +157,7 @@ func startClusterB(t testing.TB, n int) []*testNode {
 		}
 		return nil
 	})
-	return nodes
+	return nodes, nil
 }
 
 func httpClient() *http.Client { return &http.Client{Transport: server.H2CTransport()} }
@@ -139,7 +172,18 @@ func startEdgeB(b testing.TB, url, id string) *client.Client { return startEdge(
 
 func startEdge(t testing.TB, url, id string, inc uint64) *client.Client {
 	t.Helper()
-	c, err := client.New(client.Config{URL: url, EdgeID: id, Incarnation: inc, HTTPClient: httpClient(), Logger: testutil.Logger(t).With("edge", id)})
+	return startEdgeCfg(t, client.Config{URL: url, EdgeID: id, Incarnation: inc})
+}
+
+// startEdgeCfg runs a routing client with cfg (HTTP client and logger filled
+// in when unset) until the test ends, and waits until it is ready.
+func startEdgeCfg(t testing.TB, cfg client.Config) *client.Client {
+	t.Helper()
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = httpClient()
+	}
+	cfg.Logger = testutil.Logger(t).With("edge", cfg.EdgeID)
+	c, err := client.New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -56,9 +56,9 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 	if err != nil {
 		return err
 	}
-	hello := first.GetHello()
-	if hello == nil || hello.GetEdgeId() == "" || len(hello.GetEdgeId()) > maxEdgeID || hello.GetIncarnation() == 0 {
-		return fmt.Errorf("%w: first message must be a hello with edge_id and incarnation", ErrInvalid)
+	hello, err := checkHello(first)
+	if err != nil {
+		return err
 	}
 	id, inc := hello.GetEdgeId(), hello.GetIncarnation()
 	rec, err := n.loadEdge(ctx, id)
@@ -113,9 +113,14 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 			case <-c.ctx.Done():
 				return
 			case req := <-work:
-				if err := n.handleEdgeRequest(c, req); err != nil {
-					c.close(err)
-					return
+				for req != nil {
+					var next *routerv1.RouteSyncRequest
+					req, next = mergeDeltas(req, work)
+					if err := n.handleEdgeRequest(c, req); err != nil {
+						c.close(err)
+						return
+					}
+					req = next
 				}
 			}
 		}
@@ -147,6 +152,48 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 		return cause
 	}
 	return nil
+}
+
+// checkHello returns the hello that must open every stream.
+func checkHello(first *routerv1.RouteSyncRequest) (*routerv1.RouteSyncHello, error) {
+	hello := first.GetHello()
+	if hello == nil || hello.GetEdgeId() == "" || len(hello.GetEdgeId()) > maxEdgeID || hello.GetIncarnation() == 0 {
+		return nil, fmt.Errorf("%w: first message must be a hello with edge_id and incarnation", ErrInvalid)
+	}
+	return hello, nil
+}
+
+// maxDeltaBatch bounds how many queued deltas one apply round takes.
+const maxDeltaBatch = 1024
+
+// mergeDeltas returns req, and when it carries deltas, with the deltas of the
+// delta messages queued right behind it appended (up to maxDeltaBatch): one
+// apply round, one write per route key and one notification per tenant
+// instead of one per subscribe. next is the first queued message that is
+// not a delta batch, to handle after.
+func mergeDeltas(req *routerv1.RouteSyncRequest, work <-chan *routerv1.RouteSyncRequest) (merged, next *routerv1.RouteSyncRequest) {
+	ds := req.GetDeltas().GetDeltas()
+	if ds == nil {
+		return req, nil
+	}
+	for len(ds) < maxDeltaBatch {
+		select {
+		case r := <-work:
+			more := r.GetDeltas()
+			if more == nil {
+				next = r
+			} else {
+				ds = append(slices.Clip(ds), more.GetDeltas()...)
+				continue
+			}
+		default:
+		}
+		break
+	}
+	if next == nil && len(ds) == len(req.GetDeltas().GetDeltas()) {
+		return req, nil
+	}
+	return &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: ds}}}, next
 }
 
 // sendInitialLocked queues the full wildcard table, every Bloom filter and

@@ -12,6 +12,8 @@ type metrics struct {
 	wildcardRejects prometheus.Counter
 	edges           prometheus.Gauge
 	forwards        prometheus.Counter
+	bloomRebuilds   prometheus.Counter
+	cachers         prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -28,9 +30,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		wildcardRejects: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_wildcard_rejects_total", Help: "Wildcard-first route adds refused by the per-tenant cap."}),
 		edges:           prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_connected_edges", Help: "Edges with an open RouteSync stream to this node."}),
 		forwards:        prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_forwarded_deltas_total", Help: "Deltas forwarded to the owning router node."}),
+		bloomRebuilds:   prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_bloom_rebuilds_total", Help: "Tenant anchor Bloom filters created or rebuilt larger (each is sent whole to every edge)."}),
+		cachers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_cacher_records", Help: "(tenant, anchor, edge) cache records kept for invalidation, after the last sweep."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards)
+		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers)
 	}
 	return m
 }

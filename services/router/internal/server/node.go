@@ -152,12 +152,6 @@ type wildVal struct {
 	edge  string
 }
 
-type bloomState struct {
-	bloom   *routes.Bloom
-	version uint64
-	n       int // anchors added
-}
-
 // Node is one router node.
 type Node struct {
 	cfg    Config
@@ -179,6 +173,8 @@ type Node struct {
 	wild      map[string]*wildReplica                        // by tenant; guarded by mu
 	blooms    map[string]*bloomState                         // by tenant; guarded by mu
 	dead      map[string]uint64                              // edge → highest dead incarnation; guarded by mu
+	reloading bool                                           // a reload scan is running; guarded by mu
+	reloadLog []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
 
 	wg sync.WaitGroup
 }
@@ -249,6 +245,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 	}
 	t := time.NewTicker(memberPoll)
 	defer t.Stop()
+	lastSweep := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -260,6 +257,10 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			n.wg.Wait()
 			return nil
 		case <-t.C:
+		}
+		if time.Since(lastSweep) >= n.cfg.CacheLease {
+			lastSweep = time.Now()
+			n.sweepCachers(lastSweep)
 		}
 		ms := n.st.Members(ctx)
 		n.mu.Lock()
@@ -277,13 +278,53 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			if err := n.reload(ctx); err != nil {
 				n.logger.Warn("reload replicas failed", logging.Err(err))
 			}
+			// A key owner that died between its write and its notification
+			// left edges without the change; the reloaded replicas have it,
+			// so send every edge the whole wildcard table and every filter
+			// again.
+			n.mu.Lock()
+			for _, c := range n.conns {
+				n.sendInitialLocked(c)
+			}
+			n.mu.Unlock()
 		}
 	}
 }
 
+// sweepCachers forgets cache records whose lease ended: an anchor no edge
+// caches any more needs no invalidation, and without the sweep every topic
+// ever looked up would stay recorded.
+func (n *Node) sweepCachers(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var records int
+	for ck, m := range n.cachers {
+		for e, until := range m {
+			if !until.After(now) {
+				delete(m, e)
+			}
+		}
+		if len(m) == 0 {
+			delete(n.cachers, ck)
+		}
+		records += len(m)
+	}
+	n.m.cachers.Set(float64(records))
+}
+
 // reload rebuilds the wildcard replicas, Bloom filters and dead map from the
 // store and sends the edges what changed.
+//
+// Only one reload runs at a time (Run calls it).
 func (n *Node) reload(ctx context.Context) error {
+	n.mu.Lock()
+	n.reloading, n.reloadLog = true, nil
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		n.reloading, n.reloadLog = false, nil
+		n.mu.Unlock()
+	}()
 	var wildKeys, anchorKeys, edgeKeys []string
 	for _, p := range []struct {
 		prefix string
@@ -293,6 +334,16 @@ func (n *Node) reload(ctx context.Context) error {
 			return fmt.Errorf("reload: %w", err)
 		}
 	}
+	// NOTE(router): an Olric scan during a rebalance can miss keys, so the
+	// wildcard keys of every tenant this node already knows are read with
+	// Get as well (one key per tenant).
+	n.mu.Lock()
+	for tenant := range n.wild {
+		if k := wildKey(tenant); !slices.Contains(wildKeys, k) {
+			wildKeys = append(wildKeys, k)
+		}
+	}
+	n.mu.Unlock()
 	wild := map[string]*wildReplica{}
 	for _, k := range wildKeys {
 		s, err := n.loadSet(ctx, k)
@@ -329,36 +380,27 @@ func (n *Node) reload(ctx context.Context) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	// Merge rather than replace: notifications that arrived during the scan
-	// are already applied to the current replicas.
-	for tenant, w := range wild {
-		cur := n.wild[tenant]
-		if cur == nil {
-			n.wild[tenant] = w
-			continue
-		}
-		w.set.Edges(func(r table.Route, e string, en table.Entry) {
-			if cur.set.Apply(table.Delta{Edge: e, Inc: en.Inc, Seq: en.Seq, Op: table.OpAdd, Route: r, Count: en.Count}).Added {
-				cur.trie.Add(r.Filter, wildVal{route: r, edge: e})
-			}
-		})
+	// Replace the wildcard replicas with what the store holds, then replay
+	// the wildcard and dead-edge notifications that arrived during the scan
+	// (in order; each is idempotent): a change whose notification was lost
+	// with a dying key owner is in the store, and a removal the scan saw
+	// must not be undone by merging in older replicas.
+	for _, req := range n.reloadLog {
+		applyDead(wild, req.GetInvalidation().GetDeadEdges())
+		applyWild(wild, req.GetWildcard())
 	}
+	n.wild = wild
+	n.reloading, n.reloadLog = false, nil
 	for e, inc := range dead {
 		n.dead[e] = max(n.dead[e], inc)
 	}
 	for tenant, as := range anchors {
-		bs := n.blooms[tenant]
-		if bs == nil || bs.n+len(as) > 2*cap0(bs) {
-			size := max(1024, 4*len(as))
-			bs = &bloomState{bloom: routes.NewBloom(size, 0.01), version: uint64(time.Now().UnixNano())}
-			n.blooms[tenant] = bs
-		}
-		for _, a := range as {
-			bs.bloom.Add(a)
-			bs.n++
-		}
-		for _, c := range n.conns {
-			n.sendBloomLocked(c, tenant, bs)
+		// Anchors missed meanwhile (a notification that predates this node's
+		// membership) reach edges only with the whole filter.
+		if bs, fresh, added := n.addAnchorsLocked(tenant, as); fresh || added > 0 {
+			for _, c := range n.conns {
+				n.sendBloomLocked(c, tenant, bs)
+			}
 		}
 	}
 	var wr int
@@ -367,11 +409,6 @@ func (n *Node) reload(ctx context.Context) error {
 	}
 	n.m.wildcardRoutes.Set(float64(wr))
 	return nil
-}
-
-func cap0(bs *bloomState) int {
-	_, m, _ := bs.bloom.Bits()
-	return int(m / 10)
 }
 
 func (n *Node) loadSet(ctx context.Context, key string) (*table.Set, error) {

@@ -1,0 +1,432 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/services/router/client"
+)
+
+// refMatch is the reference MQTT matcher of the model, written apart from
+// libs/topic on purpose: '+' is one level, a final '#' is the parent level
+// and any number below, and a filter starting with a wildcard matches no
+// topic starting with '$' (MQTT 5.0 §4.7).
+func refMatch(filter, topic string) bool {
+	if strings.HasPrefix(topic, "$") && (strings.HasPrefix(filter, "+") || strings.HasPrefix(filter, "#")) {
+		return false
+	}
+	fs, ts := strings.Split(filter, "/"), strings.Split(topic, "/")
+	for i, f := range fs {
+		if f == "#" && i == len(fs)-1 {
+			return true
+		}
+		if i >= len(ts) || f != "+" && f != ts[i] {
+			return false
+		}
+	}
+	return len(fs) == len(ts)
+}
+
+// refShare splits "$share/<g>/<f>" and "$queue/<f>" the way the edge does.
+func refShare(filter string) (group, inner string) {
+	switch {
+	case strings.HasPrefix(filter, "$share/"):
+		g, f, _ := strings.Cut(strings.TrimPrefix(filter, "$share/"), "/")
+		return g, f
+	case strings.HasPrefix(filter, "$queue/"):
+		return "$queue", strings.TrimPrefix(filter, "$queue/")
+	}
+	return "", filter
+}
+
+// routeModel is what the routing table must answer: per (edge, tenant,
+// filter as subscribed) the number of local subscribers.
+type routeModel struct {
+	mu    sync.Mutex
+	count map[[3]string]int
+}
+
+func newRouteModel() *routeModel { return &routeModel{count: map[[3]string]int{}} }
+
+func (m *routeModel) add(edge, tenant, filter string, by int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := [3]string{edge, tenant, filter}
+	m.count[k] += by
+	if m.count[k] <= 0 {
+		delete(m.count, k)
+	}
+}
+
+// expect renders what a publish on (tenant, topic) must reach, in the form
+// of render.
+func (m *routeModel) expect(tenant, topic string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	set := map[string]bool{}
+	for k := range m.count {
+		if k[1] != tenant {
+			continue
+		}
+		g, f := refShare(k[2])
+		if !refMatch(f, topic) {
+			continue
+		}
+		if g == "" {
+			set[k[0]] = true
+		} else {
+			set["$share/"+g+"/"+f+"@"+k[0]] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for s := range set {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func render(r client.Result) []string {
+	out := append([]string{}, r.Edges...)
+	for _, g := range r.Groups {
+		for _, e := range g.Edges {
+			out = append(out, "$share/"+g.Name+"/"+g.Filter+"@"+e)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func renderLookup(r *routerv1.LookupResponse) []string {
+	out := append([]string{}, r.GetEdgeIds()...)
+	for _, g := range r.GetSharedGroups() {
+		for _, e := range g.GetEdgeIds() {
+			out = append(out, "$share/"+g.GetGroup()+"/"+g.GetFilter()+"@"+e)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestCluster_RandomOpsMatchModel is a property test: random subscribe,
+// unsubscribe and publish steps over three edges on three router nodes and
+// two tenants, with bursts of concurrent subscribes, checked after every
+// publish against routeModel. Every publish starts after the SUBACKs (and
+// unsubscribe acks) before it, so the answer must be exact: no route
+// missing (invariant 4), none stale, nothing across tenants, no wildcard-
+// first filter matching a $ topic. The seed is logged; set
+// KEEL_ROUTER_PROP_SEED to replay one.
+func TestCluster_RandomOpsMatchModel(t *testing.T) {
+	nodes := startCluster(t, 3)
+	seed := uint64(time.Now().UnixNano())
+	if s := testutilEnvSeed(); s != 0 {
+		seed = s
+	}
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	edges := make([]*client.Client, 3)
+	ids := []string{"edge-0", "edge-1", "edge-2"}
+	for i := range edges {
+		edges[i] = startEdge(t, nodes[i].url, ids[i], 1)
+	}
+	tenants := []string{"t1", "t2"}
+	filters := []string{"a", "a/b", "a/+", "a/#", "#", "+", "+/b", "+/+", "a/b/c", "/a", "/+", "$SYS/#", "$SYS/+", "$SYS/a",
+		"$share/g1/a/#", "$share/g2/#", "$share/g1/+/b", "$queue/a/b", "dev/7/cmd/#", "dev/+/cmd/#"}
+	topics := []string{"a", "a/b", "a/c", "a/b/c", "b", "x/b", "$SYS/a", "$SYS/b", "$SYS", "/a", "/", "dev/7/cmd/x", "dev/8/cmd", "q"}
+	model := newRouteModel()
+	ctx := t.Context()
+	subscribe := func(e int, tenant, filter string) {
+		octx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		require.NoError(t, edges[e].Subscribe(octx, tenant, filter))
+		model.add(ids[e], tenant, filter, 1)
+	}
+	steps := 220
+	if testing.Short() {
+		steps = 60
+	}
+	var publishes, looked int
+	for step := range steps {
+		switch p := rng.IntN(100); {
+		case p < 8: // burst of concurrent subscribes, same and different edges
+			var wg sync.WaitGroup
+			for range 6 {
+				e, tn, f := rng.IntN(3), tenants[rng.IntN(2)], filters[rng.IntN(len(filters))]
+				wg.Go(func() { subscribe(e, tn, f) })
+			}
+			wg.Wait()
+		case p < 40:
+			subscribe(rng.IntN(3), tenants[rng.IntN(2)], filters[rng.IntN(len(filters))])
+		case p < 60:
+			e, tn, f := rng.IntN(3), tenants[rng.IntN(2)], filters[rng.IntN(len(filters))]
+			model.mu.Lock()
+			held := model.count[[3]string{ids[e], tn, f}] > 0
+			model.mu.Unlock()
+			if held {
+				require.NoError(t, edges[e].Unsubscribe(ctx, tn, f))
+				model.add(ids[e], tn, f, -1)
+			}
+		default:
+			e, tn, topic := rng.IntN(3), tenants[rng.IntN(2)], topics[rng.IntN(len(topics))]
+			r, err := edges[e].Route(ctx, tn, topic)
+			require.NoError(t, err)
+			publishes++
+			if r.Looked {
+				looked++
+			}
+			require.Equal(t, model.expect(tn, topic), render(r), "step %d: publish %s %q on %s (looked up: %v)", step, tn, topic, ids[e], r.Looked)
+		}
+	}
+	// Finally every (edge, tenant, topic) and a Lookup on every node.
+	for _, tn := range tenants {
+		for _, topic := range topics {
+			want := model.expect(tn, topic)
+			for e := range edges {
+				r, err := edges[e].Route(ctx, tn, topic)
+				require.NoError(t, err)
+				require.Equal(t, want, render(r), "final: %s %q on %s", tn, topic, ids[e])
+			}
+			for _, n := range nodes {
+				l, err := apiClient(n.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tn, Topic: topic}))
+				require.NoError(t, err)
+				require.Equal(t, want, renderLookup(l.Msg), "final lookup: %s %q on %s", tn, topic, n.url)
+			}
+		}
+	}
+	t.Logf("%d publishes checked, %d needed a Lookup", publishes, looked)
+}
+
+// TestCluster_KillNodeUnderRouteChanges: three edges keep toggling
+// overlapping routes (anchored, wildcard-first, shared) while one of the
+// three router nodes is killed; the edge that was on it fails over to the
+// others. Right after the changes stop, no acknowledged route is missing
+// from any edge's answer; after convergence every answer, on every edge and
+// every surviving node, is exactly the model: nothing lost, nothing stale.
+func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ids := []string{"edge-0", "edge-1", "edge-2"}
+	edges := make([]*client.Client, 3)
+	for i := range edges {
+		var fallbacks []string
+		for j := 1; j < 3; j++ {
+			fallbacks = append(fallbacks, nodes[(i+j)%3].url)
+		}
+		edges[i] = startEdgeCfg(t, client.Config{URL: nodes[i].url, FallbackURLs: fallbacks, EdgeID: ids[i], Incarnation: 1})
+	}
+	var filters, topics []string
+	for i := range 6 {
+		filters = append(filters, fmt.Sprintf("k/%d", i), fmt.Sprintf("k/+/%d", i), fmt.Sprintf("+/kw/%d", i), fmt.Sprintf("$share/g/k/%d/#", i))
+		topics = append(topics, fmt.Sprintf("k/%d", i), fmt.Sprintf("k/zz/%d", i), fmt.Sprintf("q/kw/%d", i), fmt.Sprintf("k/%d/x", i))
+	}
+	model := newRouteModel()
+	var stop atomic.Bool
+	var ops atomic.Int64
+	var wg sync.WaitGroup
+	for e := range edges {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(e), 42))
+			held := map[string]bool{}
+			for !stop.Load() {
+				f := filters[rng.IntN(len(filters))]
+				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+				var err error
+				if held[f] {
+					err = edges[e].Unsubscribe(ctx, "t1", f)
+				} else {
+					err = edges[e].Subscribe(ctx, "t1", f)
+				}
+				cancel()
+				if err != nil {
+					t.Errorf("%s toggle %s: %v", ids[e], f, err)
+					return
+				}
+				held[f] = !held[f]
+				if held[f] {
+					model.add(ids[e], "t1", f, 1)
+				} else {
+					model.add(ids[e], "t1", f, -1)
+				}
+				ops.Add(1)
+			}
+		})
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if ops.Load() < 30 {
+			return fmt.Errorf("%d ops so far", ops.Load())
+		}
+		return nil
+	})
+	nodes[2].kill()
+	before := ops.Load()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if ops.Load() < before+60 {
+			return fmt.Errorf("%d ops since the kill", ops.Load()-before)
+		}
+		return nil
+	})
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d route changes, %d after the kill", ops.Load(), ops.Load()-before)
+
+	ctx := t.Context()
+	route := func(e int, topic string) []string {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		r, err := edges[e].Route(rctx, "t1", topic)
+		require.NoError(t, err)
+		return render(r)
+	}
+	// Every change was acknowledged: nothing may be missing now.
+	for _, topic := range topics {
+		want := model.expect("t1", topic)
+		for e := range edges {
+			got := route(e, topic)
+			for _, w := range want {
+				require.Contains(t, got, w, "route lost: %q on %s", topic, ids[e])
+			}
+		}
+	}
+	// Converged: the table (Lookup on every surviving node) and every edge's
+	// answer are exact.
+	testutil.Eventually(t, 15*time.Second, func() error {
+		for _, topic := range topics {
+			want := model.expect("t1", topic)
+			for _, n := range nodes[:2] {
+				l, err := apiClient(n.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: topic}))
+				if err != nil {
+					return err
+				}
+				if got := renderLookup(l.Msg); !slices.Equal(want, got) {
+					return fmt.Errorf("lookup %q on %s: got %v, want %v", topic, n.url, got, want)
+				}
+			}
+			for e := range edges {
+				if got := route(e, topic); !slices.Equal(want, got) {
+					return fmt.Errorf("%q on %s: got %v, want %v", topic, ids[e], got, want)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// stallTransport wraps the edge's HTTP transport: while stalled, reads of
+// RouteSync response bodies block, as when the edge process or its network
+// path stops; unary calls (Lookup) pass.
+type stallTransport struct {
+	base    http.RoundTripper
+	mu      sync.Mutex
+	stalled bool
+	resume  chan struct{}
+}
+
+func (s *stallTransport) set(stalled bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stalled && !stalled {
+		close(s.resume)
+	}
+	if !s.stalled && stalled {
+		s.resume = make(chan struct{})
+	}
+	s.stalled = stalled
+}
+
+func (s *stallTransport) gate() {
+	s.mu.Lock()
+	ch, stalled := s.resume, s.stalled
+	s.mu.Unlock()
+	if stalled {
+		<-ch
+	}
+}
+
+func (s *stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(req)
+	if err == nil && strings.HasSuffix(req.URL.Path, "/RouteSync") {
+		resp.Body = &stallBody{ReadCloser: resp.Body, s: s}
+	}
+	return resp, err
+}
+
+type stallBody struct {
+	io.ReadCloser
+	s *stallTransport
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	b.s.gate()
+	return b.ReadCloser.Read(p)
+}
+
+// TestCluster_StalledStreamLookupFallback: edge B's RouteSync stream stops
+// delivering (no heartbeats, no invalidations) after B cached that nothing
+// routes to a topic. Edge A then subscribes to it; the router waits out B's
+// lease before acking A. A publish on B after A's SUBACK must find the route:
+// B's lease has expired, so it asks Lookup instead of trusting its cache and
+// Bloom filter.
+func TestCluster_StalledStreamLookupFallback(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ea := startEdge(t, nodes[0].url, "edge-a", 1)
+	st := &stallTransport{base: httpClientTransport()}
+	eb := startEdgeCfg(t, client.Config{URL: nodes[1].url, EdgeID: "edge-b", Incarnation: 1, HTTPClient: &http.Client{Transport: st}})
+	ctx := t.Context()
+
+	// B holds a negative answer (cache or Bloom) for the topic's anchors.
+	require.NoError(t, ea.Subscribe(ctx, "t1", "stall/other"))
+	for range 2 {
+		r, err := eb.Route(ctx, "t1", "stall/1/cmd")
+		require.NoError(t, err)
+		require.Empty(t, r.Edges)
+	}
+	r, err := eb.Route(ctx, "t1", "stall/1/cmd")
+	require.NoError(t, err)
+	require.False(t, r.Looked, "B answers from its cache/Bloom while its stream is live")
+
+	st.set(true)
+	start := time.Now()
+	require.NoError(t, ea.Subscribe(ctx, "t1", "stall/1/#"))
+	waited := time.Since(start)
+	// Publish on B right after A's SUBACK.
+	r, err = eb.Route(ctx, "t1", "stall/1/cmd")
+	require.NoError(t, err)
+	require.Equal(t, []string{"edge-a"}, r.Edges, "route missing on the stalled edge after SUBACK (waited %v)", waited)
+	require.True(t, r.Looked, "a stalled edge must not trust its cache")
+	require.False(t, eb.Ready())
+	t.Logf("SUBACK on A waited %v for the stalled edge", waited)
+
+	st.set(false)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		r, err := eb.Route(ctx, "t1", "stall/1/cmd")
+		if err != nil {
+			return err
+		}
+		if r.Looked || !slices.Equal(r.Edges, []string{"edge-a"}) {
+			return fmt.Errorf("after resume: %+v", r)
+		}
+		return nil
+	})
+}
+
+func httpClientTransport() http.RoundTripper { return httpClient().Transport }
+
+func testutilEnvSeed() uint64 {
+	var s uint64
+	_, _ = fmt.Sscan(strings.TrimSpace(os.Getenv("KEEL_ROUTER_PROP_SEED")), &s)
+	return s
+}
