@@ -11,9 +11,9 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/routes"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/services/router/internal/table"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 func toKey(tenant string, r *routerv1.Route) routes.Key {

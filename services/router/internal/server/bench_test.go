@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/keelmq/keel/services/router/client"
+	client "github.com/keelmq/keel/libs/routerclient"
 )
 
 // BenchmarkCluster_Devices is the devices scenario scaled to one process:

@@ -3,7 +3,7 @@ package server
 import (
 	"time"
 
-	"github.com/keelmq/keel/services/router/routes"
+	"github.com/keelmq/keel/libs/routes"
 )
 
 // Bloom sizing. A tenant's filter is sized for bloomHeadroom times the

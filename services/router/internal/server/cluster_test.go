@@ -14,10 +14,10 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/testutil"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
-	"github.com/keelmq/keel/services/router/client"
 	"github.com/keelmq/keel/services/router/internal/server"
 	"github.com/keelmq/keel/services/router/internal/store"
 )

@@ -7,8 +7,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keelmq/keel/libs/routes"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // edgeConn is one edge's RouteSync stream on this node.

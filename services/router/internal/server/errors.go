@@ -6,9 +6,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/libs/routes"
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/router/internal/store"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // ErrInvalid reports input from outside that the router refuses; nothing of

@@ -17,9 +17,9 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/testutil"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
-	"github.com/keelmq/keel/services/router/client"
 )
 
 // refMatch is the reference MQTT matcher of the model, written apart from

@@ -10,9 +10,9 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/keelmq/keel/libs/routes"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/services/router/internal/table"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // syncFrames are RouteSync requests from edges, valid and not, shared by the

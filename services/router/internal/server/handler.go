@@ -14,12 +14,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/routes"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 	"github.com/keelmq/keel/services/router/internal/store"
 	"github.com/keelmq/keel/services/router/internal/table"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 var _ routerv1connect.RouterServiceHandler = (*Node)(nil)

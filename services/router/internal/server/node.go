@@ -25,12 +25,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/routes"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 	"github.com/keelmq/keel/services/router/internal/store"
 	"github.com/keelmq/keel/services/router/internal/table"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // Defaults.

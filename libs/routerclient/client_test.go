@@ -1,4 +1,4 @@
-package client
+package routerclient
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keelmq/keel/libs/routes"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 func TestNew_Validation(t *testing.T) {

@@ -1,4 +1,4 @@
-// Package client is the edge side of the router: it keeps the edge's
+// Package routerclient is the edge side of the router: it keeps the edge's
 // aggregated route set in sync with the router over one RouteSync stream and
 // answers "which edges must receive (tenant, topic)?" from a replicated trie
 // of wildcard-first filters, a bounded cache of anchor answers, per-tenant
@@ -9,7 +9,7 @@
 // lease). When nothing valid is held, [Client.Route] asks the router and
 // retries until it gets an answer or its context ends: a message is never
 // dropped for lack of a route answer.
-package client
+package routerclient
 
 import (
 	"context"
@@ -26,10 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/routes"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // ErrRejected reports a route the router refused (e.g. the wildcard cap).

@@ -1,4 +1,4 @@
-package client
+package routerclient
 
 import (
 	"testing"
@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/keelmq/keel/libs/routes"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // FuzzClient_ApplyFrames feeds router frames (wildcard deltas, invalidations,

@@ -1,4 +1,4 @@
-package client
+package routerclient
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keelmq/keel/libs/routes"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
-	"github.com/keelmq/keel/services/router/routes"
 )
 
 // BenchmarkClient_RouteWildcard measures Route answered locally (trie +
