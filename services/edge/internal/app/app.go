@@ -9,19 +9,24 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/cluster"
 	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/forward"
 	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/output"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -56,7 +61,10 @@ type Config struct {
 	SysInterval     time.Duration
 	OutputURL       string
 	CoordinatorURL  string
+	RouterURL       string
+	APIAddr         string
 	AdvertiseAddr   string
+	ForwardTimeout  time.Duration
 	Broker          broker.Config
 }
 
@@ -95,7 +103,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
 	fs.StringVar(&c.CoordinatorURL, "cluster.coordinator", "", "URL of the coordinator API (e.g. http://keel-coordinator:7401); empty runs single-node")
-	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "address peers reach this edge at")
+	fs.StringVar(&c.RouterURL, "cluster.router", "", "URL of a router node (e.g. http://keel-router:7403); needs cluster.coordinator")
+	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
+	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
+	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish waits for the edges it is forwarded to before the publisher is closed unacknowledged")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); every message is offered to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
@@ -109,6 +120,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLSAddr != "" || c.WSSAddr != "") && (c.TLSCert == "" || c.TLSKey == "") {
 		errs = append(errs, errors.New("mqtt.tls-addr and mqtt.wss-addr need tls.cert and tls.key"))
+	}
+	if c.RouterURL != "" && c.CoordinatorURL == "" {
+		errs = append(errs, errors.New("cluster.router needs cluster.coordinator"))
 	}
 	if c.MTLS && c.TLSClientCA == "" {
 		errs = append(errs, errors.New("auth.mtls needs tls.client-ca"))
@@ -140,6 +154,13 @@ type Edge struct {
 	tls    *tlsconf.Config
 	output *output.Sink
 	member *cluster.Member
+	peers  *cluster.Peers
+	api    *http.Server
+	// Set once the lease is held (cluster mode with a router).
+	routes    *routerclient.Client
+	forwarder *forward.Forwarder
+	stopPlane context.CancelFunc
+	planeWG   sync.WaitGroup
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -215,7 +236,11 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		client := cluster.NewClient(cfg.CoordinatorURL)
 		edgeID, _ := b.ID()
 		joins := 0
-		e.member = &cluster.Member{Client: client, ID: edgeID, Address: cfg.AdvertiseAddr, Margin: time.Second,
+		advertise := cfg.AdvertiseAddr
+		if advertise == "" {
+			advertise = cfg.APIAddr
+		}
+		e.member = &cluster.Member{Client: client, ID: edgeID, Address: advertise, Margin: time.Second,
 			Logger: logger.With("component", "lease"), OnFence: b.Fence,
 			OnJoin: func(uint64) {
 				if joins++; joins > 1 {
@@ -296,6 +321,63 @@ func (e *Edge) closeStore() {
 	}
 }
 
+// startDataPlane connects the edge to the router and to the other edges,
+// under the incarnation its lease was granted for: routes before SUBACK,
+// forwarding of publishes to the edges whose routes match, and the edge API
+// the others forward to.
+func (e *Edge) startDataPlane(ctx context.Context) error {
+	edgeID, _ := e.broker.ID()
+	inc := e.member.Incarnation()
+	rc, err := routerclient.New(routerclient.Config{URL: e.cfg.RouterURL, EdgeID: edgeID, Incarnation: inc,
+		HTTPClient: cluster.H2CClient(), Logger: e.logger.With("component", "routes"), Registerer: e.reg})
+	if err != nil {
+		return err
+	}
+	e.routes = rc
+	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
+	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout,
+		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
+	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder})
+
+	srv := &forward.Server{Deliver: e.broker, Logger: e.logger.With("component", "edge-api")}
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	e.api.Protocols = new(http.Protocols)
+	e.api.Protocols.SetHTTP1(true)
+	e.api.Protocols.SetUnencryptedHTTP2(true)
+	ln, err := net.Listen("tcp", e.cfg.APIAddr)
+	if err != nil {
+		return fmt.Errorf("edge api: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	e.stopPlane = cancel
+	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run} {
+		e.planeWG.Add(1)
+		go func() {
+			defer e.planeWG.Done()
+			_ = run(runCtx)
+		}()
+	}
+	e.planeWG.Add(1)
+	go func() {
+		defer e.planeWG.Done()
+		if err := e.api.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.logger.Error("edge api stopped", "error", err)
+		}
+	}()
+	return nil
+}
+
+func (e *Edge) stopDataPlane(ctx context.Context) error {
+	err := e.api.Shutdown(ctx)
+	if e.stopPlane != nil {
+		e.stopPlane()
+	}
+	e.planeWG.Wait()
+	return err
+}
+
 // Broker returns the MQTT broker.
 func (e *Edge) Broker() *broker.Broker { return e.broker }
 
@@ -321,6 +403,9 @@ func (e *Edge) Run(ctx context.Context) error {
 			}
 		}, nil)
 		g.AddRun("cluster-lease-renewal", e.member.Run)
+		if e.cfg.RouterURL != "" {
+			g.Add("cluster-data-plane", e.startDataPlane, e.stopDataPlane)
+		}
 	}
 	if e.file != nil {
 		g.AddRun("auth-file-watch", func(ctx context.Context) error {

@@ -1,0 +1,126 @@
+package cluster
+
+import (
+	"fmt"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// buildBin builds a command of the workspace into dir.
+func buildBin(t *testing.T, root, dir, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "build %s: %s", pkg, out)
+	return bin
+}
+
+// startProcess runs bin with args, waits for /readyz on ops and stops it at
+// cleanup (logs shown when the test failed).
+func startProcess(t *testing.T, name, bin, ops string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+		}
+		if t.Failed() {
+			t.Logf("%s logs:\n%s", name, logs.String())
+		}
+	})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		resp, err := http.Get("http://" + ops + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s readyz %d", name, resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// TestCluster_CrossEdgePubSub runs a coordinator, a router and two edges as
+// processes. A subscriber on edge B gets its SUBACK once the route is at the
+// router; a QoS 1 publish on edge A afterwards reaches it through forwarding,
+// and A's PUBACK comes only after B took the message.
+func TestCluster_CrossEdgePubSub(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	coordURL, _ := startCoordinator(t, 10*time.Second)
+	root := repoRootOf(t)
+	dir := t.TempDir()
+	router := buildBin(t, root, dir, "./services/router/cmd/keel-router")
+	edgeBin := buildBin(t, root, dir, "./services/edge/cmd/keel-edge")
+
+	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	startProcess(t, "router", router, routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
+		"--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
+		"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
+
+	type edgeProc struct{ mqtt string }
+	start := func(id string) edgeProc {
+		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
+		startProcess(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
+			"--ops.addr", ops, "--data-dir", t.TempDir(), "--mqtt.edge-id", id, "--log.level", "warn",
+			"--cluster.coordinator", coordURL, "--cluster.router", "http://"+routerAPI, "--cluster.api-addr", api,
+			"--cluster.forward-timeout", "5s")
+		return edgeProc{mqtt: mqtt}
+	}
+	a, b := start("edge-a"), start("edge-b")
+
+	sub := mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "sensors/#", 1).ReasonCodes)
+
+	pub := mqtttest.Dial(t, a.mqtt, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	const n = 50
+	for i := range n {
+		pub.Publish(uint16(i+1), "sensors/x", 1, []byte{byte(i)})
+		require.Equal(t, uint16(i+1), pub.Expect(packets.Puback).PacketID)
+	}
+	for i := range n {
+		got := sub.Expect(packets.Publish)
+		require.Equal(t, []byte{byte(i)}, got.Payload, "message %d in order", i)
+		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	}
+}
+
+func repoRootOf(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(".")
+	require.NoError(t, err)
+	for {
+		if _, err := exec.Command("test", "-f", filepath.Join(dir, "go.work")).Output(); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		require.NotEqual(t, parent, dir, "go.work not found")
+		dir = parent
+	}
+}
