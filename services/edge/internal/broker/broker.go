@@ -495,6 +495,11 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	b.sessMu.Unlock()
 	for _, sub := range subs {
 		b.index.remove(sub)
+		// The session's routes go with it, or other edges keep forwarding
+		// to this one for subscribers that are gone.
+		if err := b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil {
+			b.logger.Warn("route not removed", "client_id", id, "error", err)
+		}
 	}
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
@@ -95,4 +96,18 @@ func TestBroker_Fence(t *testing.T) {
 	require.Equal(t, packets.CodeSuccess.Code, ok.Connect("e", true, packets.Properties{}).ReasonCode)
 	ok.Publish(1, "x", 1, []byte("y"))
 	ok.Expect(packets.Puback)
+}
+
+// A session that ends takes its routes with it.
+func TestBroker_SessionEndRemovesRoutes(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	routes := &fakeRoutes{add: func(string, string, string) error { return nil }}
+	b.SetCluster(Cluster{Routes: routes})
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("c", true, packets.Properties{})
+	c.Subscribe(1, "a/#", 1)
+	c.Subscribe(2, "$share/g/b", 1)
+	_ = c.Conn.Close()
+	require.Eventually(t, func() bool { return routes.removed.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
 }
