@@ -28,6 +28,10 @@ type clusterOpts struct {
 	leaseTTL time.Duration
 	// fast selects short Raft timeouts; false keeps the production defaults.
 	fast bool
+	// deadServerTimeout is --dead-server-timeout (0: off).
+	deadServerTimeout time.Duration
+	// watchHeartbeat overrides the WatchCluster heartbeat (default 200ms).
+	watchHeartbeat time.Duration
 }
 
 // testNode is one coordinator of a test cluster. Its addresses survive a
@@ -120,6 +124,10 @@ func (tn *testNode) config() Config {
 	}
 	cfg.Server.ReconcileInterval = 100 * time.Millisecond
 	cfg.Server.WatchHeartbeat = 200 * time.Millisecond
+	if tn.opts.watchHeartbeat > 0 {
+		cfg.Server.WatchHeartbeat = tn.opts.watchHeartbeat
+	}
+	cfg.Server.DeadServerTimeout = tn.opts.deadServerTimeout
 	cfg.Registry = prometheus.NewRegistry()
 	return cfg
 }

@@ -115,7 +115,10 @@ func TestCluster_ClaimRace(t *testing.T) {
 			cl := c.nodes[w%3].client()
 			for i := range perWorker {
 				id := fmt.Sprintf("s%d", (w+i)%sessions)
-				g, err := claimOne(t.Context(), cl, edge, 1, "acme", id, "")
+				// A request ID per claim: a retry after an unknown outcome
+				// (a leader change mid-claim) gets the first answer instead
+				// of a second grant the model would not know of.
+				g, err := claimOne(t.Context(), cl, edge, 1, "acme", id, fmt.Sprintf("w%d-%d", w, i))
 				if err != nil {
 					errs <- err
 					return

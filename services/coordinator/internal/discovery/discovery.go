@@ -92,6 +92,15 @@ type Discovery struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	stopOnce sync.Once
+	stopErr  error
+
+	// members is kept from memberlist's events, which run under its lock:
+	// the *Node values memberlist.Members returns are its live state, and
+	// reading their Meta outside that lock races with gossip updates.
+	membersMu sync.Mutex
+	members   map[string]Member // by node name; guarded by membersMu
 }
 
 // New validates cfg; it starts nothing.
@@ -109,7 +118,8 @@ func New(cfg Config, self Meta, logger *slog.Logger) (*Discovery, error) {
 	if logger == nil {
 		logger = logging.Discard()
 	}
-	return &Discovery{cfg: cfg, self: self, logger: logger.With(logging.KeyComponent, "gossip"), changed: make(chan struct{}, 1)}, nil
+	return &Discovery{cfg: cfg, self: self, logger: logger.With(logging.KeyComponent, "gossip"), changed: make(chan struct{}, 1),
+		members: map[string]Member{}}, nil
 }
 
 // Start creates the memberlist and, if join addresses are set, keeps trying
@@ -197,16 +207,28 @@ func (d *Discovery) notify() {
 
 // Members returns the live members with valid metadata, sorted by ID.
 func (d *Discovery) Members() []Member {
-	var out []Member
-	for _, n := range d.ml.Members() {
-		var m Meta
-		if json.Unmarshal(n.Meta, &m) != nil || m.ID == "" {
-			continue
-		}
-		out = append(out, Member{Name: n.Name, Meta: m})
+	d.membersMu.Lock()
+	out := make([]Member, 0, len(d.members))
+	for _, m := range d.members {
+		out = append(out, m)
 	}
+	d.membersMu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Meta.ID < out[j].Meta.ID })
 	return out
+}
+
+// update records n (called from memberlist's events, under its lock).
+func (d *Discovery) update(n *memberlist.Node, alive bool) {
+	var m Meta
+	valid := alive && json.Unmarshal(n.Meta, &m) == nil && m.ID != ""
+	d.membersMu.Lock()
+	if valid {
+		d.members[n.Name] = Member{Name: n.Name, Meta: m}
+	} else {
+		delete(d.members, n.Name)
+	}
+	d.membersMu.Unlock()
+	d.notify()
 }
 
 // Coordinators returns the live coordinators, this one included, sorted by ID.
@@ -226,16 +248,20 @@ func (d *Discovery) Stop(timeout time.Duration) error {
 	if d.ml == nil {
 		return nil
 	}
-	d.cancel()
-	d.wg.Wait()
-	var errs []error
-	if err := d.ml.Leave(timeout); err != nil {
-		errs = append(errs, fmt.Errorf("leave gossip: %w", err))
-	}
-	if err := d.ml.Shutdown(); err != nil {
-		errs = append(errs, fmt.Errorf("stop gossip: %w", err))
-	}
-	return errors.Join(errs...)
+	// memberlist panics on Leave after Shutdown, so only the first call acts.
+	d.stopOnce.Do(func() {
+		d.cancel()
+		d.wg.Wait()
+		var errs []error
+		if err := d.ml.Leave(timeout); err != nil {
+			errs = append(errs, fmt.Errorf("leave gossip: %w", err))
+		}
+		if err := d.ml.Shutdown(); err != nil {
+			errs = append(errs, fmt.Errorf("stop gossip: %w", err))
+		}
+		d.stopErr = errors.Join(errs...)
+	})
+	return d.stopErr
 }
 
 type delegate struct{ d *Discovery }
@@ -251,9 +277,9 @@ func (delegate) MergeRemoteState([]byte, bool)   {}
 
 type events struct{ d *Discovery }
 
-func (e events) NotifyJoin(*memberlist.Node)   { e.d.notify() }
-func (e events) NotifyLeave(*memberlist.Node)  { e.d.notify() }
-func (e events) NotifyUpdate(*memberlist.Node) { e.d.notify() }
+func (e events) NotifyJoin(n *memberlist.Node)   { e.d.update(n, true) }
+func (e events) NotifyLeave(n *memberlist.Node)  { e.d.update(n, false) }
+func (e events) NotifyUpdate(n *memberlist.Node) { e.d.update(n, true) }
 
 // logWriter maps memberlist's "[LEVEL] memberlist: ..." lines onto slog.
 type logWriter struct{ l *slog.Logger }

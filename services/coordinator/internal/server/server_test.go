@@ -1,0 +1,269 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/coordinator/internal/discovery"
+	"github.com/keelmq/keel/services/coordinator/internal/fsm"
+	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
+	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+)
+
+func memberEvent(id string) fsm.Event {
+	return fsm.Event{Kind: fsm.EventMember, Member: &raftpb.MemberRecord{MemberId: id}}
+}
+
+func indexes(evs []hubEvent) []uint64 {
+	var out []uint64
+	for _, e := range evs {
+		out = append(out, e.index)
+	}
+	return out
+}
+
+func TestHub_ResumeAndGaps(t *testing.T) {
+	h := newHub(fsm.New(nil))
+	evs, gap, changed := h.since(0)
+	require.Empty(t, evs)
+	require.False(t, gap)
+
+	h.publish(3, []fsm.Event{memberEvent("a"), memberEvent("b")})
+	select {
+	case <-changed:
+	default:
+		t.Fatal("publish did not signal")
+	}
+	h.publish(5, []fsm.Event{memberEvent("c")})
+
+	evs, gap, _ = h.since(0)
+	require.False(t, gap)
+	require.Equal(t, []uint64{3, 3, 5}, indexes(evs))
+	evs, _, _ = h.since(3)
+	require.Equal(t, []uint64{5}, indexes(evs), "resume after index 3 skips both of its events")
+	evs, _, _ = h.since(4)
+	require.Equal(t, []uint64{5}, indexes(evs))
+	evs, gap, _ = h.since(5)
+	require.Empty(t, evs)
+	require.False(t, gap)
+
+	// A restore (nil events) makes everything up to its index unreplayable.
+	h.publish(10, nil)
+	_, gap, _ = h.since(5)
+	require.True(t, gap, "a watcher from before the restored snapshot needs a snapshot")
+	evs, gap, _ = h.since(10)
+	require.False(t, gap)
+	require.Empty(t, evs)
+	h.publish(11, []fsm.Event{memberEvent("d")})
+	evs, _, _ = h.since(10)
+	require.Equal(t, []uint64{11}, indexes(evs))
+}
+
+func TestHub_Overflow(t *testing.T) {
+	h := newHub(fsm.New(nil))
+	for i := uint64(1); i <= hubCapacity+10; i++ {
+		h.publish(i, []fsm.Event{memberEvent("m")})
+	}
+	_, gap, _ := h.since(5)
+	require.True(t, gap, "a watcher behind the ring gets a snapshot")
+	evs, gap, _ := h.since(10)
+	require.False(t, gap, "the oldest kept event is 11")
+	require.Len(t, evs, hubCapacity)
+	require.Equal(t, uint64(11), evs[0].index)
+	evs, _, _ = h.since(hubCapacity + 9)
+	require.Equal(t, []uint64{hubCapacity + 10}, indexes(evs))
+}
+
+func TestConfig_Validate(t *testing.T) {
+	good := func() Config {
+		return Config{LeaseTTL: time.Second, MaxClaimsPerCall: 1, MaxClaimsPerEntry: 1, CustodyBatch: 1,
+			WatchHeartbeat: time.Second, PromotionLeaseTTL: time.Second, ReconcileInterval: time.Second}
+	}
+	c := good()
+	require.NoError(t, c.Validate())
+	for name, mut := range map[string]func(*Config){
+		"short ttl":          func(c *Config) { c.LeaseTTL = time.Millisecond },
+		"zero batch":         func(c *Config) { c.MaxClaimsPerEntry = 0 },
+		"zero custody batch": func(c *Config) { c.CustodyBatch = 0 },
+		"zero heartbeat":     func(c *Config) { c.WatchHeartbeat = 0 },
+		"promotion too long": func(c *Config) { c.PromotionLeaseTTL = time.Hour },
+		"negative dead":      func(c *Config) { c.DeadServerTimeout = -time.Second },
+	} {
+		c := good()
+		mut(&c)
+		require.Error(t, c.Validate(), name)
+	}
+}
+
+type fakePeers struct{ members []discovery.Member }
+
+func (p fakePeers) Coordinators() []discovery.Member { return p.members }
+
+// testServer is a single-node coordinator without the HTTP layer: handlers
+// are called directly.
+type testServer struct {
+	s    *Server
+	node *raftnode.Node
+}
+
+func newTestServer(t *testing.T, bootstrap bool, cfgFn func(*Config)) *testServer {
+	t.Helper()
+	logger := testutil.Logger(t)
+	f := fsm.New(logger)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	node, err := raftnode.New(raftnode.Config{NodeID: "n1", DataDir: t.TempDir(), Listener: ln,
+		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond,
+		CommitTimeout: 5 * time.Millisecond, ApplyTimeout: 5 * time.Second, SnapshotInterval: time.Minute,
+		SnapshotThreshold: 8192, TrailingLogs: 1024}, f, logger)
+	require.NoError(t, err)
+	cfg := Config{LeaseTTL: 2 * time.Second, MaxClaimsPerCall: 100, MaxClaimsPerEntry: 64, CustodyBatch: 100,
+		WatchHeartbeat: 100 * time.Millisecond, PromotionLeaseTTL: time.Second, ReconcileInterval: time.Hour}
+	if cfgFn != nil {
+		cfgFn(&cfg)
+	}
+	s, err := New(cfg, node, fakePeers{}, prometheus.NewRegistry(), logger)
+	require.NoError(t, err)
+	require.NoError(t, node.Start())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = node.Kill()
+	})
+	if bootstrap {
+		_, err := node.BootstrapIfEmpty([]raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(node.Addr())}})
+		require.NoError(t, err)
+		testutil.Eventually(t, 10*time.Second, func() error { return s.Ready() })
+	}
+	return &testServer{s: s, node: node}
+}
+
+func (ts *testServer) renew(t *testing.T, id string, inc uint64) *coordinatorv1.RenewLeaseResponse {
+	t.Helper()
+	resp, err := ts.s.RenewLease(t.Context(), connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: id,
+		Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc, Address: "http://" + id, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}))
+	require.NoError(t, err)
+	return resp.Msg
+}
+
+func (ts *testServer) claim(ctx context.Context, edge, client, req string) (*coordinatorv1.SessionGrant, error) {
+	resp, err := ts.s.ClaimSession(ctx, connect.NewRequest(&coordinatorv1.ClaimSessionRequest{RequestId: req,
+		Session: &commonv1.SessionKey{Tenant: "acme", ClientId: client}, EdgeId: edge, Incarnation: 1}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetGrant(), nil
+}
+
+// TestServer_Claims exercises the claim path of one leader without HTTP: a
+// lease is required, the epoch is the entry's index and names the previous
+// owner, a retried request ID gets the first answer, and concurrent claims of
+// one session (which the batcher must split across entries) all succeed with
+// distinct, chained epochs.
+func TestServer_Claims(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+
+	_, err := ts.claim(t.Context(), "e1", "c1", "")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "no lease: %v", err)
+
+	ts.renew(t, "e1", 1)
+	ts.renew(t, "e2", 1)
+	g1, err := ts.claim(t.Context(), "e1", "c1", "r1")
+	require.NoError(t, err)
+	require.NotZero(t, g1.GetEpoch())
+	require.Nil(t, g1.GetPrevious())
+	require.Equal(t, g1.GetEpoch(), ts.s.fsm.State().Session("acme", "c1").GetEpoch())
+
+	again, err := ts.claim(t.Context(), "e1", "c1", "r1")
+	require.NoError(t, err)
+	require.Equal(t, g1.GetEpoch(), again.GetEpoch(), "a retried request ID is not applied twice")
+
+	g2, err := ts.claim(t.Context(), "e2", "c1", "r2")
+	require.NoError(t, err)
+	require.Greater(t, g2.GetEpoch(), g1.GetEpoch())
+	require.Equal(t, "e1", g2.GetPrevious().GetOwnerEdgeId())
+	require.Equal(t, g1.GetEpoch(), g2.GetPrevious().GetEpoch())
+	require.Equal(t, "http://e1", g2.GetPreviousOwnerAddress())
+
+	const n = 40
+	var mu sync.Mutex
+	grants := map[uint64]*coordinatorv1.SessionGrant{}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g, err := ts.claim(t.Context(), []string{"e1", "e2"}[i%2], "hot", fmt.Sprintf("hot-%d", i))
+			if !errors.Is(err, nil) {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			grants[g.GetEpoch()] = g
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	require.Len(t, grants, n, "every claim got its own epoch")
+	for ep, g := range grants {
+		if p := g.GetPrevious(); p != nil {
+			require.Contains(t, grants, p.GetEpoch(), "grant %d names an unknown previous epoch", ep)
+			require.Equal(t, grants[p.GetEpoch()].GetSession().GetClientId(), "hot")
+		}
+	}
+}
+
+// TestServer_NoLeader: a node that knows no leader refuses writes with
+// Unavailable and a NotLeaderDetail, and is not ready.
+func TestServer_NoLeader(t *testing.T) {
+	ts := newTestServer(t, false, nil)
+	require.Error(t, ts.s.Ready())
+	_, err := ts.claim(t.Context(), "e1", "c1", "")
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
+	var ce *connect.Error
+	require.True(t, errors.As(err, &ce))
+	require.Len(t, ce.Details(), 1)
+	v, derr := ce.Details()[0].Value()
+	require.NoError(t, derr)
+	_, ok := v.(*coordinatorv1.NotLeaderDetail)
+	require.True(t, ok, "detail is %T", v)
+}
+
+// TestServer_LeaseExpiry: a member that stops renewing is marked EXPIRED only
+// after its TTL on the leader's clock (a fake one here).
+func TestServer_LeaseExpiry(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	ts := newTestServer(t, true, func(c *Config) { c.Now = clock })
+	resp := ts.renew(t, "e1", 1)
+	require.NotNil(t, resp)
+	advance(1900 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // several leader ticks
+	require.Equal(t, raftpb.MemberState_MEMBER_STATE_ALIVE, ts.s.fsm.State().Member("e1").GetState())
+	advance(200 * time.Millisecond)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if st := ts.s.fsm.State().Member("e1").GetState(); st != raftpb.MemberState_MEMBER_STATE_EXPIRED {
+			return fmt.Errorf("e1 is %v", st)
+		}
+		return nil
+	})
+}
