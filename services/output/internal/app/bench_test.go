@@ -1,10 +1,14 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
+	"github.com/keelmq/keel/services/output/internal/pipeline"
 	"github.com/keelmq/keel/services/output/internal/sink/kafkasink"
 )
 
@@ -59,6 +64,8 @@ tenants:
 		const queue = 100000
 		c, _ := newClient(b, h, func(c *client.Config) { c.QueueRecords = queue; c.QueueBytes = 1 << 30; c.MaxBatch = 1024 })
 		reg := h.out.Registry()
+		pids := h.out.Host().PluginPIDs("acme/bench")
+		cpu0 := cpuTime(b, append([]int{os.Getpid()}, pids...)...)
 		b.ReportAllocs()
 		b.SetBytes(benchPayload)
 		b.ResetTimer()
@@ -81,12 +88,17 @@ tenants:
 				b.Fatal("queue full")
 			}
 		}
-		waitWritten(b, reg, b.N)
+		waitWritten(b, h.out.Host(), reg, b.N)
 		elapsed := time.Since(start)
 		b.StopTimer()
+		b.ReportMetric(float64(cpuTime(b, append([]int{os.Getpid()}, pids...)...)-cpu0)/1e3/float64(b.N), "cpu-us/msg")
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 		b.ReportMetric(histQuantile(b, reg, "keel_output_latency_seconds", 0.99)*1e3, "p99-ms")
 		b.ReportMetric(histQuantile(b, reg, "keel_output_latency_seconds", 0.50)*1e3, "p50-ms")
+		if writes := metric(b, reg, "keel_output_sink_write_seconds", nil); writes > 0 {
+			b.ReportMetric(float64(b.N)/writes, "recs/write")
+			b.ReportMetric(histSum(b, reg, "keel_output_sink_write_seconds")/writes*1e3, "ms/write")
+		}
 		require.Zero(b, metric(b, reg, "keel_output_dropped_total", nil))
 	}
 	b.Run("path=output", func(b *testing.B) { output(b, 0) })
@@ -99,6 +111,7 @@ tenants:
 			BatchSize: 5000, BatchBytes: 4 << 20, BatchTimeout: time.Millisecond, MaxAttempts: 5,
 		}
 		b.Cleanup(func() { _ = w.Close() })
+		cpu0 := cpuTime(b, os.Getpid())
 		b.ReportAllocs()
 		b.SetBytes(benchPayload)
 		b.ResetTimer()
@@ -128,19 +141,67 @@ tenants:
 		}
 		elapsed := time.Since(start)
 		b.StopTimer()
+		b.ReportMetric(float64(cpuTime(b, os.Getpid())-cpu0)/1e3/float64(b.N), "cpu-us/msg")
 		b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
 	})
 }
 
-func waitWritten(b *testing.B, reg prometheus.Gatherer, n int) {
+// waitWritten waits until n records were written. It polls the pipelines'
+// counters (cheap) rather than gathering the registry, whose process
+// collector reads /proc and would take CPU from the path being measured.
+func waitWritten(b *testing.B, host *pipeline.Host, reg prometheus.Gatherer, n int) {
 	b.Helper()
 	deadline := time.Now().Add(5 * time.Minute)
-	for metric(b, reg, "keel_output_records_out_total", nil) < float64(n) {
+	written := func() (w uint64) {
+		for _, st := range host.Status() {
+			w += st.GetWrittenRecords()
+		}
+		return w
+	}
+	for written() < uint64(n) {
 		if time.Now().After(deadline) {
 			b.Fatalf("only %v of %d written", metric(b, reg, "keel_output_records_out_total", nil), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// cpuTime returns the user+sys CPU time the processes pids have used, from
+// /proc/<pid>/stat (clock ticks, taken as 100 Hz), in nanoseconds.
+func cpuTime(b *testing.B, pids ...int) time.Duration {
+	b.Helper()
+	var total time.Duration
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			b.Skipf("cpu time: %v", err)
+		}
+		// Fields after the parenthesised command name: state is field 3,
+		// utime and stime are fields 14 and 15.
+		f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+		for _, i := range []int{14 - 3, 15 - 3} {
+			v, err := strconv.ParseInt(f[i], 10, 64)
+			require.NoError(b, err)
+			total += time.Duration(v) * 10 * time.Millisecond
+		}
+	}
+	return total
+}
+
+// histSum returns the sum of the samples of histogram family name.
+func histSum(t testing.TB, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return sum
 }
 
 // histQuantile interpolates quantile q linearly inside the histogram bucket

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"sort"
 
 	"github.com/keelmq/keel/libs/logging"
@@ -19,6 +20,13 @@ import (
 
 // LogLevelEnv sets a plugin process's log level (debug, info, warn, error).
 const LogLevelEnv = "KEEL_PLUGIN_LOG_LEVEL"
+
+// CPUProfileEnv, when set to a path prefix, makes a plugin process write a
+// CPU profile to "<prefix>.<id>.<pid>" while it serves (the profile is
+// complete once the host stopped the plugin gracefully). For profiling the
+// plugin side of a pipeline; the host sets it in its own environment, which
+// plugins inherit.
+const CPUProfileEnv = "KEEL_PLUGIN_CPUPROFILE"
 
 var serveFns = map[string]func(*slog.Logger){
 	kafkasink.ID: func(l *slog.Logger) { pluginkit.ServeSink(kafkasink.New(l)) },
@@ -48,8 +56,29 @@ func Serve(id string) error {
 	if err != nil {
 		lvl = slog.LevelInfo
 	}
-	fn(pluginkit.PluginLogger(lvl).With("plugin", id))
+	logger := pluginkit.PluginLogger(lvl).With("plugin", id)
+	if prefix := os.Getenv(CPUProfileEnv); prefix != "" {
+		stop, err := startCPUProfile(fmt.Sprintf("%s.%s.%d", prefix, id, os.Getpid()))
+		if err != nil {
+			logger.Warn("cpu profile not started", logging.Err(err))
+		} else {
+			defer stop()
+		}
+	}
+	fn(logger)
 	return nil
+}
+
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path) //nolint:gosec // operator-chosen profiling path
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }
 
 // Main is the whole main function of a plugin binary.

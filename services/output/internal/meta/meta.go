@@ -85,6 +85,95 @@ func Headers(r *pluginv1.Record, withUserProps bool) []Header {
 	return hs
 }
 
+// HeaderLike is any header type shaped like [Header] (e.g. kafka.Header),
+// so that [AppendHeaders] can build a sink's own header type directly.
+type HeaderLike interface {
+	~struct {
+		Key   string
+		Value []byte
+	}
+}
+
+// AppendHeaders appends the headers [Headers] returns to dst, the same
+// ones in the same order, with every value that must be formatted or copied
+// from a string appended to arena instead of allocated on its own. It
+// returns both grown. The values alias arena (and r's bytes fields), so
+// arena must not be reused while they are in use.
+func AppendHeaders[H HeaderLike](dst []H, arena []byte, r *pluginv1.Record, withUserProps bool) ([]H, []byte) {
+	m := r.GetMessage()
+	add := func(k string, v []byte) {
+		dst = append(dst, H(struct {
+			Key   string
+			Value []byte
+		}{k, v}))
+	}
+	addStr := func(k, v string) {
+		n := len(arena)
+		arena = append(arena, v...)
+		add(k, arena[n:len(arena):len(arena)])
+	}
+	addStr(HeaderTenant, m.GetTenant())
+	addStr(HeaderTopic, m.GetTopic())
+	addStr(HeaderClientID, m.GetClientId())
+	n := len(arena)
+	if id := m.GetId(); id != nil {
+		arena = append(arena, id.GetEdgeId()...)
+		arena = append(arena, ':')
+		arena = strconv.AppendUint(arena, id.GetIncarnation(), 10)
+		arena = append(arena, ':')
+		arena = strconv.AppendUint(arena, id.GetSeq(), 10)
+	}
+	add(HeaderMsgID, arena[n:len(arena):len(arena)])
+	n = len(arena)
+	arena = strconv.AppendUint(arena, uint64(m.GetQos()), 10)
+	add(HeaderQoS, arena[n:len(arena):len(arena)])
+	addStr(HeaderRetain, strconv.FormatBool(m.GetRetain()))
+	if m.GetIngressUnixNano() != 0 {
+		n = len(arena)
+		arena = strconv.AppendInt(arena, m.GetIngressUnixNano(), 10)
+		add(HeaderIngress, arena[n:len(arena):len(arena)])
+	}
+	if m.GetContentType() != "" {
+		addStr(HeaderContentType, m.GetContentType())
+	}
+	if m.GetResponseTopic() != "" {
+		addStr(HeaderResponseTopic, m.GetResponseTopic())
+	}
+	if len(m.GetCorrelationData()) > 0 {
+		add(HeaderCorrelationData, m.GetCorrelationData())
+	}
+	if m.GetPayloadFormat() != 0 {
+		n = len(arena)
+		arena = strconv.AppendUint(arena, uint64(m.GetPayloadFormat()), 10)
+		add(HeaderPayloadFormat, arena[n:len(arena):len(arena)])
+	}
+	if withUserProps {
+		for _, up := range m.GetUserProperties() {
+			addStr(up.GetKey(), up.GetValue())
+		}
+	}
+	for _, h := range r.GetHeaders() {
+		add(h.GetKey(), h.GetValue())
+	}
+	return dst, arena
+}
+
+// HeadersSize returns an upper bound of the headers AppendHeaders appends
+// for r and of the arena bytes it uses.
+func HeadersSize(r *pluginv1.Record, withUserProps bool) (headers, arenaBytes int) {
+	m := r.GetMessage()
+	headers = 11 + len(r.GetHeaders())
+	arenaBytes = len(m.GetTenant()) + len(m.GetTopic()) + len(m.GetClientId()) + len(m.GetId().GetEdgeId()) +
+		len(m.GetContentType()) + len(m.GetResponseTopic()) + 2*20 + 20 + 3*3 + 5
+	if withUserProps {
+		headers += len(m.GetUserProperties())
+		for _, up := range m.GetUserProperties() {
+			arenaBytes += len(up.GetValue())
+		}
+	}
+	return headers, arenaBytes
+}
+
 // Duration is a time.Duration written in JSON as a Go duration string
 // ("250ms") or a number of nanoseconds.
 type Duration time.Duration

@@ -273,29 +273,42 @@ func tlsConfig(c *TLSConfig) (*tls.Config, error) {
 	return t, nil
 }
 
-// Messages converts records to Kafka messages, as Write sends them.
+// Messages converts records to Kafka messages, as Write sends them. The
+// messages of one call share one header slice and one buffer for keys and
+// header values (a few allocations per batch rather than per record).
 func Messages(recs []*pluginv1.Record, defaultTopic, keyMode string) []kafka.Message {
 	msgs := make([]kafka.Message, len(recs))
+	nh, nb := 0, 0
+	for _, r := range recs {
+		h, b := meta.HeadersSize(r, true)
+		nh, nb = nh+h, nb+b+len(r.GetMessage().GetTopic())+len(r.GetMessage().GetClientId())
+	}
+	hs := make([]kafka.Header, 0, nh)
+	arena := make([]byte, 0, nb)
 	for i, r := range recs {
 		m := r.GetMessage()
 		km := kafka.Message{Topic: defaultTopic, Value: m.GetPayload()}
 		if r.GetDestination() != "" {
 			km.Topic = r.GetDestination()
 		}
+		var key string
 		switch {
 		case len(r.GetKey()) > 0:
 			km.Key = r.GetKey()
 		case keyMode == "client_id":
-			km.Key = []byte(m.GetClientId())
+			key = m.GetClientId()
 		case keyMode == "none":
 		default:
-			km.Key = []byte(m.GetTopic())
+			key = m.GetTopic()
 		}
-		hs := meta.Headers(r, true)
-		km.Headers = make([]kafka.Header, len(hs))
-		for j, h := range hs {
-			km.Headers[j] = kafka.Header{Key: h.Key, Value: h.Value}
+		if km.Key == nil && keyMode != "none" {
+			n := len(arena)
+			arena = append(arena, key...)
+			km.Key = arena[n:len(arena):len(arena)]
 		}
+		n := len(hs)
+		hs, arena = meta.AppendHeaders(hs, arena, r, true)
+		km.Headers = hs[n:len(hs):len(hs)]
 		msgs[i] = km
 	}
 	return msgs
