@@ -5,41 +5,22 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
-	"io"
+	"log/slog"
 
-	"github.com/keelmq/keel/libs/config"
-	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/coordinator/internal/app"
 )
 
 func main() { service.Main("keel-coordinator", run) }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keel-coordinator", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cfg app.Config
-	cfg.RegisterFlags(fs)
-	checkOnly := fs.Bool("check-config", false, "validate the configuration and exit")
-	if err := config.Parse(fs, args); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
-	if *checkOnly {
-		_, _ = fmt.Fprintln(stdout, "configuration ok")
-		return nil
-	}
-	logger, _, err := logging.New(stderr, cfg.LogLevel, cfg.LogFormat)
-	if err != nil {
-		return err
-	}
-	a, err := app.New(cfg, logger)
-	if err != nil {
-		return err
-	}
-	return a.Run(ctx)
-}
+var run = service.Command[app.Config, *app.Config]{
+	Name:    "keel-coordinator",
+	Logging: func(cfg *app.Config) (string, string) { return cfg.LogLevel, cfg.LogFormat },
+	Start: func(ctx context.Context, cfg *app.Config, logger *slog.Logger) error {
+		a, err := app.New(*cfg, logger)
+		if err != nil {
+			return err
+		}
+		return a.Run(ctx)
+	},
+}.Run

@@ -5,45 +5,32 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 
-	"github.com/keelmq/keel/libs/config"
-	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/output/internal/app"
 )
 
 func main() { service.Main("keel-output", run) }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("keel-output", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cfg app.Config
-	cfg.RegisterFlags(fs)
-	checkOnly := fs.Bool("check-config", false, "validate the configuration and the rules file, then exit")
-	if err := config.Parse(fs, args); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
-	if *checkOnly {
+var run = service.Command[app.Config, *app.Config]{
+	Name:    "keel-output",
+	Logging: func(cfg *app.Config) (string, string) { return cfg.LogLevel, cfg.LogFormat },
+	Start: func(ctx context.Context, cfg *app.Config, logger *slog.Logger) error {
+		out, err := app.New(*cfg, logger)
+		if err != nil {
+			return err
+		}
+		return out.Run(ctx)
+	},
+	Check: func(cfg *app.Config, stdout io.Writer) error {
 		set, err := cfg.CheckRules()
 		if err != nil {
 			return err
 		}
-		_, _ = fmt.Fprintf(stdout, "configuration ok: %d rules\n", len(set.Pipelines))
-		return nil
-	}
-	logger, _, err := logging.New(stderr, cfg.LogLevel, cfg.LogFormat)
-	if err != nil {
+		_, err = fmt.Fprintf(stdout, "configuration ok: %d rules\n", len(set.Pipelines))
 		return err
-	}
-	out, err := app.New(cfg, logger)
-	if err != nil {
-		return err
-	}
-	return out.Run(ctx)
-}
+	},
+}.Run
