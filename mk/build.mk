@@ -7,7 +7,7 @@ APT_PACKAGES := redis-server mosquitto mosquitto-clients postgresql kcat
 .PHONY: build
 build: ## Build every binary into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router ./services/coordinator/cmd/keel-coordinator
+	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router ./services/coordinator/cmd/keel-coordinator ./services/persistence/cmd/keel-persistence
 	$(GO) build -o $(BIN)/ ./services/output/cmd/...
 
 .PHONY: run
@@ -59,3 +59,7 @@ e2e: ## Run the container end-to-end suite (needs a Docker engine; builds images
 		$(GO) test -count=1 -timeout 20m ./test/e2e/...
 	@docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f >/dev/null
 	@docker network prune -f --filter label=org.testcontainers=true >/dev/null
+
+.PHONY: run-cluster
+run-cluster: build ## Run a local cluster as processes: coordinator, router, persistence, output and EDGES edges (MQTT on :1883..)
+	EDGES=$${EDGES:-3} BIN=$(BIN) scripts/run-cluster.sh
