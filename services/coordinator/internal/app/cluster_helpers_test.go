@@ -90,7 +90,7 @@ func startCluster(t testing.TB, n int, opts clusterOpts) *cluster {
 		tn.start()
 	}
 	t.Cleanup(c.stopAll)
-	c.waitLeader(10 * time.Second)
+	c.waitLeader(30 * time.Second) // generous: CI runs many clusters at once on 2 cores
 	return c
 }
 
