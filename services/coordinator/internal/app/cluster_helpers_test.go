@@ -32,6 +32,9 @@ type clusterOpts struct {
 	deadServerTimeout time.Duration
 	// watchHeartbeat overrides the WatchCluster heartbeat (default 200ms).
 	watchHeartbeat time.Duration
+	// strictFormation fails the test when the first leader is slow, instead
+	// of starting over (see startCluster).
+	strictFormation bool
 }
 
 // testNode is one coordinator of a test cluster. Its addresses survive a
@@ -75,8 +78,28 @@ func freeListener(t testing.TB, addr string) net.Listener {
 
 // startCluster starts n coordinators that find each other through gossip and
 // bootstrap with bootstrap-expect=n, and waits until a leader is ready.
+//
+// NOTE(coordinator): under heavy CI load a cluster has once failed to elect a
+// first leader within 30 s (not reproduced since). Tests about other things
+// start over on fresh ports when formation takes over 20 s, and say so in
+// the log; TestCluster_BootstrapExpect (opts.strictFormation) never does, so
+// the formation path itself stays under test.
 func startCluster(t testing.TB, n int, opts clusterOpts) *cluster {
 	t.Helper()
+	if !opts.strictFormation {
+		if c := formCluster(t, n, opts, 20*time.Second); c != nil {
+			return c
+		}
+		t.Logf("cluster of %d did not elect a leader within 20s; starting over on fresh ports", n)
+	}
+	c := formCluster(t, n, opts, 0)
+	c.waitLeader(30 * time.Second) // generous: CI runs many clusters at once on 2 cores
+	return c
+}
+
+// formCluster starts the nodes; with a positive wait it returns nil (after
+// stopping them) when no leader is ready within it.
+func formCluster(t testing.TB, n int, opts clusterOpts, wait time.Duration) *cluster {
 	c := &cluster{t: t}
 	var gossip []string
 	for range n {
@@ -90,8 +113,16 @@ func startCluster(t testing.TB, n int, opts clusterOpts) *cluster {
 		tn.start()
 	}
 	t.Cleanup(c.stopAll)
-	c.waitLeader(30 * time.Second) // generous: CI runs many clusters at once on 2 cores
-	return c
+	if wait <= 0 {
+		return c
+	}
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c.leader() != nil {
+			return c
+		}
+	}
+	c.stopAll()
+	return nil
 }
 
 func (tn *testNode) config() Config {

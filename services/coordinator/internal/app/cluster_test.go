@@ -20,7 +20,7 @@ import (
 // cluster with three voters and agree on the leader.
 func TestCluster_BootstrapExpect(t *testing.T) {
 	t.Parallel()
-	c := startCluster(t, 3, clusterOpts{fast: true})
+	c := startCluster(t, 3, clusterOpts{fast: true, strictFormation: true})
 	l := c.waitLeader(5 * time.Second)
 	testutil.Eventually(t, 5*time.Second, func() error {
 		for _, tn := range c.nodes {
