@@ -2,7 +2,7 @@ package broker
 
 import (
 	"context"
-	"sync"
+	"sync/atomic"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
 )
@@ -73,35 +73,17 @@ type Cluster struct {
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs
-// counting up per process.
+// counting up per process. There is no other edge to hand a session over
+// from, so no previous owner is reported and nothing is kept per session.
 type localOwnership struct {
-	mu    sync.Mutex
-	epoch uint64
-	owner map[string]bool
+	epoch atomic.Uint64
 }
 
-func (o *localOwnership) Claim(_ context.Context, tenant, clientID string) (uint64, string, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.epoch++
-	key := tenant + "\x00" + clientID
-	prev := ""
-	if o.owner[key] {
-		prev = "local"
-	}
-	if o.owner == nil {
-		o.owner = map[string]bool{}
-	}
-	o.owner[key] = true
-	return o.epoch, prev, nil
+func (o *localOwnership) Claim(context.Context, string, string) (uint64, string, error) {
+	return o.epoch.Add(1), "", nil
 }
 
-func (o *localOwnership) Release(_ context.Context, tenant, clientID string, _ uint64) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	delete(o.owner, tenant+"\x00"+clientID)
-	return nil
-}
+func (o *localOwnership) Release(context.Context, string, string, uint64) error { return nil }
 
 // localRoutes: on one edge the subscription index is the whole routing
 // table, so there is nothing to tell anyone.

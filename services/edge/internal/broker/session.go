@@ -456,14 +456,6 @@ func (r *ring) pop() delivery {
 	return d
 }
 
-func (r *ring) drain() []delivery {
-	out := make([]delivery, 0, r.size)
-	for r.size > 0 {
-		out = append(out, r.pop())
-	}
-	return out
-}
-
 // inflightPacket builds the packet kept in the client's in-flight store, from
 // which the broker core matches PUBACK/PUBREC/PUBCOMP and resends on resume.
 func inflightPacket(d *delivery, packetID uint16, retain bool, order int64) packets.Packet {
