@@ -99,7 +99,7 @@ func TestPostgresAuthenticator(t *testing.T) {
 	t.Parallel()
 	dsn := startPostgres(t)
 	ctx := context.Background()
-	a, err := NewPostgresAuthenticator(ctx, PostgresConfig{DSN: dsn, Migrate: true, CacheTTL: 300 * time.Millisecond, NegativeTTL: 50 * time.Millisecond}, nil)
+	a, err := NewPostgresAuthenticator(ctx, PostgresConfig{DSN: dsn, Migrate: true, CacheTTL: 3 * time.Second, NegativeTTL: 50 * time.Millisecond}, nil)
 	require.NoError(t, err)
 	t.Cleanup(a.Close)
 	// Migrations are idempotent.
@@ -127,7 +127,10 @@ func TestPostgresAuthenticator(t *testing.T) {
 	_, err = a.Authenticate(ctx, &Request{Username: "carol@acme", Password: []byte("pw")})
 	require.ErrorIs(t, err, ErrBadCredentials)
 
-	// Revoked: refused once the cache TTL has passed, not before.
+	// Revoked: refused once the cache TTL has passed, not before. (The TTL
+	// is long enough for a loaded CI machine to reach the second check.)
+	_, err = a.Authenticate(ctx, &Request{Username: "alice@acme", Password: []byte("pw")})
+	require.NoError(t, err)
 	_, err = a.pool.Exec(ctx, `UPDATE keel_users SET disabled = true WHERE tenant = 'acme' AND username = 'alice'`)
 	require.NoError(t, err)
 	_, err = a.Authenticate(ctx, &Request{Username: "alice@acme", Password: []byte("pw")})
@@ -135,7 +138,7 @@ func TestPostgresAuthenticator(t *testing.T) {
 	require.Eventually(t, func() bool {
 		_, err := a.Authenticate(ctx, &Request{Username: "alice@acme", Password: []byte("pw")})
 		return err != nil
-	}, 5*time.Second, 50*time.Millisecond)
+	}, 15*time.Second, 50*time.Millisecond)
 
 	// Outage: cached users still get in within the TTL; others get
 	// "unavailable", never "bad credentials".
