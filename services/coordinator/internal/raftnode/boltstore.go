@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -21,6 +22,16 @@ import (
 // big-endian index, one bucket of stable keys.
 type BoltStore struct {
 	db *bolt.DB
+
+	// mu orders Close after every operation in flight; closed parks those
+	// that arrive later. Raft's transport can run a heartbeat on its own
+	// goroutine while the node shuts down, and raft panics when it cannot
+	// save the term: an error would crash the process and a silent success
+	// would acknowledge what was never stored, so a late caller waits for
+	// good on a node that is gone.
+	mu     sync.RWMutex
+	closed bool
+	parked chan struct{}
 }
 
 var (
@@ -50,18 +61,49 @@ func OpenBoltStore(path string) (*BoltStore, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("init raft store: %w", err)
 	}
-	return &BoltStore{db: db}, nil
+	return &BoltStore{db: db, parked: make(chan struct{})}, nil
 }
 
-// Close closes the file.
-func (s *BoltStore) Close() error { return s.db.Close() }
+// Close waits for operations in flight and closes the file. Later calls
+// park (see BoltStore.mu).
+func (s *BoltStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.db.Close()
+}
+
+func (s *BoltStore) view(fn func(*bolt.Tx) error) error {
+	s.enter()
+	defer s.mu.RUnlock()
+	return s.db.View(fn)
+}
+
+func (s *BoltStore) update(fn func(*bolt.Tx) error) error {
+	s.enter()
+	defer s.mu.RUnlock()
+	return s.db.Update(fn)
+}
+
+// enter takes the read lock, or parks for good once the store is closed
+// (see BoltStore.mu).
+func (s *BoltStore) enter() {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		<-s.parked
+	}
+}
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // FirstIndex implements raft.LogStore.
 func (s *BoltStore) FirstIndex() (uint64, error) {
 	var idx uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if k, _ := tx.Bucket(bucketLogs).Cursor().First(); k != nil {
 			idx = binary.BigEndian.Uint64(k)
 		}
@@ -73,7 +115,7 @@ func (s *BoltStore) FirstIndex() (uint64, error) {
 // LastIndex implements raft.LogStore.
 func (s *BoltStore) LastIndex() (uint64, error) {
 	var idx uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		if k, _ := tx.Bucket(bucketLogs).Cursor().Last(); k != nil {
 			idx = binary.BigEndian.Uint64(k)
 		}
@@ -84,7 +126,7 @@ func (s *BoltStore) LastIndex() (uint64, error) {
 
 // GetLog implements raft.LogStore.
 func (s *BoltStore) GetLog(index uint64, out *raft.Log) error {
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketLogs).Get(u64(index))
 		if v == nil {
 			return raft.ErrLogNotFound
@@ -98,7 +140,7 @@ func (s *BoltStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log
 
 // StoreLogs implements raft.LogStore: all logs in one fsynced transaction.
 func (s *BoltStore) StoreLogs(logs []*raft.Log) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLogs)
 		for _, l := range logs {
 			if err := b.Put(u64(l.Index), encodeLog(l)); err != nil {
@@ -111,7 +153,7 @@ func (s *BoltStore) StoreLogs(logs []*raft.Log) error {
 
 // DeleteRange implements raft.LogStore.
 func (s *BoltStore) DeleteRange(minIdx, maxIdx uint64) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.update(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketLogs).Cursor()
 		for k, _ := c.Seek(u64(minIdx)); k != nil; k, _ = c.Next() {
 			if binary.BigEndian.Uint64(k) > maxIdx {
@@ -127,13 +169,13 @@ func (s *BoltStore) DeleteRange(minIdx, maxIdx uint64) error {
 
 // Set implements raft.StableStore.
 func (s *BoltStore) Set(k, v []byte) error {
-	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketStable).Put(k, v) })
+	return s.update(func(tx *bolt.Tx) error { return tx.Bucket(bucketStable).Put(k, v) })
 }
 
 // Get implements raft.StableStore.
 func (s *BoltStore) Get(k []byte) ([]byte, error) {
 	var out []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketStable).Get(k)
 		if v == nil {
 			return errKeyNotFound
