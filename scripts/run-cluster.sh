@@ -3,11 +3,26 @@
 # one router, one persistence instance (embedded store), one output service
 # (empty rules) and EDGES edges (MQTT on 1883, 1884, ...). Ctrl-C stops them
 # all. State lives under data/cluster.
+#
+#   scripts/run-cluster.sh [-- command args...]
+#
+# With a command, it runs the command once the cluster is ready, stops the
+# cluster and exits with the command's status (used by the cluster
+# benchmarks). PORT_OFFSET moves every port, so a benchmark cluster can run
+# beside `make run`; the command sees MQTT_ADDRS (the edges' MQTT addresses,
+# space-separated) and OPS_ADDRS (their ops addresses).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/bin}
 EDGES=${EDGES:-3}
 DATA=${DATA:-$ROOT/data/cluster}
+LOG_LEVEL=${LOG_LEVEL:-info}
+O=${PORT_OFFSET:-0}
+cmd=()
+if [[ ${1:-} == -- ]]; then
+  shift
+  cmd=("$@")
+fi
 mkdir -p "$DATA"
 pids=()
 stop() {
@@ -32,26 +47,35 @@ ready() { # name, ops address
   exit 1
 }
 
-start coordinator "$BIN/keel-coordinator" --api.addr 127.0.0.1:7401 --ops.addr 127.0.0.1:9201 \
-  --raft.bind-addr 127.0.0.1:7400 --gossip.bind-addr 127.0.0.1:7946 --raft.bootstrap-expect 1 \
-  --raft.node-id coordinator-1 --raft.data-dir "$DATA/coordinator" --log.format text
-ready coordinator 127.0.0.1:9201
-start router "$BIN/keel-router" --api.addr 127.0.0.1:9300 --ops.addr 127.0.0.1:9202 --olric.single-node \
-  --olric.bind-addr 127.0.0.1 --olric.port 3320 --olric.memberlist-port 3322 --log.format text
-ready router 127.0.0.1:9202
-start persistence "$BIN/keel-persistence" --api.addr 127.0.0.1:7402 --ops.addr 127.0.0.1:9203 \
-  --data-dir "$DATA/persistence" --coordinator.addr http://127.0.0.1:7401 --log.format text
-ready persistence 127.0.0.1:9203
+start coordinator "$BIN/keel-coordinator" --api.addr 127.0.0.1:$((7401 + O)) --ops.addr 127.0.0.1:$((9201 + O)) \
+  --raft.bind-addr 127.0.0.1:$((7400 + O)) --gossip.bind-addr 127.0.0.1:$((7946 + O)) --raft.bootstrap-expect 1 \
+  --raft.node-id coordinator-1 --raft.data-dir "$DATA/coordinator" --log.format text --log.level "$LOG_LEVEL"
+ready coordinator 127.0.0.1:$((9201 + O))
+start router "$BIN/keel-router" --api.addr 127.0.0.1:$((9300 + O)) --ops.addr 127.0.0.1:$((9202 + O)) --olric.single-node \
+  --olric.bind-addr 127.0.0.1 --olric.port $((3320 + O)) --olric.memberlist-port $((3322 + O)) --log.format text --log.level "$LOG_LEVEL"
+ready router 127.0.0.1:$((9202 + O))
+start persistence "$BIN/keel-persistence" --api.addr 127.0.0.1:$((7402 + O)) --ops.addr 127.0.0.1:$((9203 + O)) \
+  --data-dir "$DATA/persistence" --coordinator.addr http://127.0.0.1:$((7401 + O)) --log.format text --log.level "$LOG_LEVEL"
+ready persistence 127.0.0.1:$((9203 + O))
 printf 'tenants: {}\n' >"$DATA/output-rules.yaml"
-start output "$BIN/keel-output" --listen-addr 127.0.0.1:9310 --ops.addr 127.0.0.1:9204 \
-  --rules.file "$DATA/output-rules.yaml" --log.format text
-ready output 127.0.0.1:9204
+start output "$BIN/keel-output" --listen-addr 127.0.0.1:$((9310 + O)) --ops.addr 127.0.0.1:$((9204 + O)) \
+  --rules.file "$DATA/output-rules.yaml" --log.format text --log.level "$LOG_LEVEL"
+ready output 127.0.0.1:$((9204 + O))
+MQTT_ADDRS="" OPS_ADDRS=""
 for i in $(seq 0 $((EDGES - 1))); do
+  port=$((1883 + i + O)) ops=127.0.0.1:$((9100 + i + O))
   start "edge-$i" "$BIN/keel-edge" --auth.anonymous --mqtt.edge-id "edge-$i" \
-    --mqtt.tcp-addr ":$((1883 + i))" --mqtt.ws-addr "" --ops.addr "127.0.0.1:$((9100 + i))" \
-    --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:7401 --cluster.router http://127.0.0.1:9300 \
-    --cluster.api-addr "127.0.0.1:$((7411 + i))" --output.url http://127.0.0.1:9310 --log.format text
-  ready "edge-$i" "127.0.0.1:$((9100 + i))"
+    --mqtt.tcp-addr ":$port" --mqtt.ws-addr "" --ops.addr "$ops" \
+    --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:$((7401 + O)) \
+    --cluster.router http://127.0.0.1:$((9300 + O)) --cluster.api-addr "127.0.0.1:$((7411 + i + O))" \
+    --output.url http://127.0.0.1:$((9310 + O)) --log.format text --log.level "$LOG_LEVEL"
+  ready "edge-$i" "$ops"
+  MQTT_ADDRS+="${MQTT_ADDRS:+ }127.0.0.1:$port" OPS_ADDRS+="${OPS_ADDRS:+ }$ops"
 done
-echo "Keel is up: MQTT on $(seq -s ' ' 1883 $((1883 + EDGES - 1))) — Ctrl-C stops everything"
+export MQTT_ADDRS OPS_ADDRS
+if ((${#cmd[@]})); then
+  "${cmd[@]}"
+  exit $?
+fi
+echo "Keel is up: MQTT on $MQTT_ADDRS — Ctrl-C stops everything"
 wait -n || true

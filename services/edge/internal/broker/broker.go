@@ -59,7 +59,10 @@ type Broker struct {
 	cluster Cluster
 	restore *restored // state for mochi to load in Serve
 
-	done     chan struct{}
+	done chan struct{}
+	// stopped ends what waits on other edges when the broker stops.
+	stopped  context.Context
+	stop     context.CancelFunc
 	stopping atomic.Bool
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
@@ -87,6 +90,7 @@ type conn struct {
 	pubACL   map[string]bool
 	limiter  *rateLimiter
 	listener string
+	acks     ackQueue
 }
 
 // New builds a broker; Serve starts it.
@@ -127,6 +131,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		done:     make(chan struct{}),
 		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
 	}
+	b.stopped, b.stop = context.WithCancel(context.Background())
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities:           caps,
 		Logger:                 logger.With("component", "mochi"),
@@ -204,6 +209,11 @@ func (b *Broker) Close() error {
 	b.stopOnce.Do(func() {
 		b.stopping.Store(true)
 		close(b.done)
+		b.stop()
+		b.conns.Range(func(_, v any) bool {
+			v.(*conn).acks.fail() // readers held for a window slot
+			return true
+		})
 		_ = b.server.Close()
 		b.writers.Wait()
 		b.willMu.Lock()
@@ -279,17 +289,32 @@ var targetPool = sync.Pool{New: func() any { s := make([]target, 0, 16); return 
 // back. An error means some recipient could not take it: the publisher must
 // not be acknowledged.
 func (b *Broker) route(m *Message) error {
-	if !b.cluster.Output.Offer(m) {
-		b.m.dropped.WithLabelValues("output_queue_full").Inc()
-	}
-	err := b.deliverLocal(m)
-	if b.cluster.Peers != nil {
-		if ferr := b.cluster.Peers.Forward(context.Background(), m); ferr != nil {
+	wait, err := b.routeAsync(m)
+	if err == nil && wait != nil {
+		if err = wait(); err != nil {
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
-			err = errors.Join(err, ferr)
 		}
 	}
 	return err
+}
+
+// routeAsync delivers m to this edge's subscribers and hands it to the
+// other edges; the returned wait, nil when there is nothing to wait for,
+// blocks until the other edges took it.
+func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
+	if !b.cluster.Output.Offer(m) {
+		b.m.dropped.WithLabelValues("output_queue_full").Inc()
+	}
+	err = b.deliverLocal(m)
+	if b.cluster.Peers != nil {
+		w, ferr := b.cluster.Peers.Forward(b.stopped, m)
+		if ferr != nil {
+			b.m.dropped.WithLabelValues("forward_failed").Inc()
+			return nil, errors.Join(err, ferr)
+		}
+		wait = w
+	}
+	return wait, err
 }
 
 // deliverLocal hands m to this edge's own subscribers.
@@ -329,7 +354,10 @@ func (b *Broker) deliverLocal(m *Message) error {
 	return failed
 }
 
-var errStoreFailed = errors.New("durable store failed; message not taken")
+var (
+	errStoreFailed = errors.New("durable store failed; message not taken")
+	errFenced      = errors.New("edge lease lapsed; acknowledging nothing")
+)
 
 func (b *Broker) retain(m *Message) {
 	if b.cfg.RetainDisabled {

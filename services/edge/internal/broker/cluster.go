@@ -57,10 +57,13 @@ type Output interface {
 }
 
 // Peers forwards a message published on this edge to every other edge
-// whose routes match it. For QoS 1/2 it returns once each of them took the
-// message, or an error: then the publisher must not be acknowledged.
+// whose routes match it. Forward hands the message over without waiting;
+// for QoS 1/2 the returned wait (nil when there is nothing to wait for)
+// returns once each of them took the message, or an error after a bound:
+// then the publisher must not be acknowledged. Messages handed over in
+// turn reach each peer in that order.
 type Peers interface {
-	Forward(ctx context.Context, m *Message) error
+	Forward(ctx context.Context, m *Message) (wait func() error, err error)
 }
 
 // Cluster bundles the interfaces; nil fields take the single-node defaults

@@ -567,6 +567,20 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
 		return pk, packets.ErrRejectPacket
 	}
+	if pk.FixedHeader.Qos > 0 {
+		if c.acks.isFailed() {
+			return pk, packets.ErrRejectPacket // being disconnected unacknowledged
+		}
+		if c.acks.holds(pk.PacketID) {
+			// Sent again while its acknowledgement is pending: that one
+			// will be answered, and a QoS 2 message is routed once.
+			b.m.duplicatePubs.Inc()
+			return pk, packets.ErrRejectPacket
+		}
+		if cl.Properties.ProtocolVersion < 5 && !c.acks.reserve(int(b.cfg.ReceiveMaximum)) {
+			return pk, packets.ErrRejectPacket
+		}
+	}
 	now := time.Now()
 	m := &Message{
 		ID:      b.ids.next(),
@@ -600,12 +614,17 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if m.Retain {
 		b.retain(m)
 	}
-	if err := b.route(m); err != nil {
+	wait, err := b.routeAsync(m)
+	if err != nil {
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
+	}
+	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
+		b.queueAck(cl, c, &pk, wait)
+		return pk, packets.ErrRejectPacket // acknowledged by the queue
 	}
 	// Success, but mochi must not fan the message out itself.
 	return pk, packets.CodeSuccessIgnore

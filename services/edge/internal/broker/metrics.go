@@ -24,6 +24,8 @@ type metrics struct {
 	willsPublished prometheus.Counter
 	throttledPubs  prometheus.Counter
 	bans           prometheus.Counter
+	acksDeferred   prometheus.Counter
+	duplicatePubs  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -83,13 +85,20 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		throttledPubs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_throttled_total", Help: "Publishes delayed by the per-client rate limit.",
 		}),
+		acksDeferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_publish_acks_deferred_total", Help: "QoS 1/2 publishes acknowledged after other edges took them, off the reading goroutine.",
+		}),
+		duplicatePubs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_publish_duplicates_ignored_total", Help: "PUBLISH packets ignored because their packet ID was still awaiting its acknowledgement.",
+		}),
 		bans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
 		}),
 	}
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
-		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs)
+		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs,
+		m.acksDeferred, m.duplicatePubs)
 	return m
 }
 

@@ -43,7 +43,9 @@ func startProcess(t *testing.T, name, bin, ops string, args ...string) {
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
+			t.Logf("%s did not stop within 10s of SIGTERM; killed", name)
 			_ = cmd.Process.Kill()
+			<-done
 		}
 		if t.Failed() {
 			t.Logf("%s logs:\n%s", name, logs.String())
@@ -104,11 +106,30 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		pub.Publish(uint16(i+1), "sensors/x", 1, []byte{byte(i)})
 		require.Equal(t, uint16(i+1), pub.Expect(packets.Puback).PacketID)
 	}
-	for i := range n {
+	// Pipelined: every PUBLISH is on the wire before the first
+	// acknowledgement, which still come back in order. QoS 2 completes
+	// through PUBREL/PUBCOMP on edge A.
+	for i := n; i < 3*n; i++ {
+		qos := byte(1 + (i-n)/n)
+		pub.Publish(uint16(i+1), "sensors/x", qos, []byte{byte(i)})
+	}
+	for i := n; i < 2*n; i++ {
+		require.Equal(t, uint16(i+1), pub.Expect(packets.Puback).PacketID)
+	}
+	for i := 2 * n; i < 3*n; i++ {
+		require.Equal(t, uint16(i+1), pub.Expect(packets.Pubrec).PacketID)
+	}
+	for i := 2 * n; i < 3*n; i++ {
+		pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: uint16(i + 1)})
+		require.Equal(t, uint16(i+1), pub.Expect(packets.Pubcomp).PacketID)
+	}
+	for i := range 3 * n {
 		got := sub.Expect(packets.Publish)
-		require.Equal(t, []byte{byte(i)}, got.Payload, "message %d in order", i)
+		require.Equal(t, []byte{byte(i)}, got.Payload, "message %d once, in order", i)
 		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	}
+	_, err := sub.Read(200 * time.Millisecond)
+	require.Error(t, err, "nothing after the last message")
 }
 
 func repoRootOf(t *testing.T) string {

@@ -290,7 +290,13 @@ func (l *Link) isClosed() bool {
 
 // Wait waits for the channels returned by Send, up to the bound.
 func Wait(ctx context.Context, bound time.Duration, chans []<-chan error) error {
-	t := time.NewTimer(bound)
+	return WaitUntil(ctx, time.Now().Add(bound), bound, chans)
+}
+
+// WaitUntil waits for the channels returned by Send until deadline (bound
+// only names it in the error).
+func WaitUntil(ctx context.Context, deadline time.Time, bound time.Duration, chans []<-chan error) error {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	for _, c := range chans {
 		select {

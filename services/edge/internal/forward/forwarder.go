@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
@@ -71,19 +72,23 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	return l, nil
 }
 
-// Forward implements broker.Peers.
-func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) error {
+// Forward implements broker.Peers: m is queued on the link of every peer
+// with a matching route before it returns, so a publisher's messages reach
+// each peer in order; the wait is bounded from this call on.
+func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() error, error) {
 	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.bound())
-	defer cancel()
-	peers, err := f.Resolver.Route(ctx, tenant, topic)
+	bound := f.bound()
+	deadline := time.Now().Add(bound)
+	rctx, cancel := context.WithDeadline(ctx, deadline)
+	peers, err := f.Resolver.Route(rctx, tenant, topic)
+	cancel()
 	if err != nil {
-		return fmt.Errorf("resolve routes: %w", err)
+		return nil, fmt.Errorf("resolve routes: %w", err)
 	}
-	var pm = m.Proto()
+	var pm *commonv1.Message
 	var waits []<-chan error
 	for _, p := range peers {
 		if p.ID == f.Self {
@@ -91,14 +96,17 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) error {
 		}
 		l, err := f.link(p)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		if pm == nil {
+			pm = m.Proto()
 		}
 		waits = append(waits, l.Send(pm))
 	}
 	if m.QoS == 0 || len(waits) == 0 {
-		return nil // QoS 0 is best effort across edges too
+		return nil, nil // QoS 0 is best effort across edges too
 	}
-	return Wait(ctx, f.bound(), waits)
+	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, nil
 }
 
 func (f *Forwarder) bound() time.Duration {

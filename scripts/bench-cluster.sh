@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Cross-edge benchmark: keel-bench pairs with publisher and subscriber on the
+# same edge, then on two different edges of a local cluster (coordinator,
+# router, persistence, output, two edges; scripts/run-cluster.sh), QoS 0 and
+# QoS 1, alternating REPEAT times. Prints medians and the cross/same ratio
+# (bench-report; "broker" is same-edge or cross-edge).
+#
+# Environment: DURATION=5s WARMUP=1s REPEAT=3 CLIENTS=50 QOS="0 1"
+#              INFLIGHT=1000 PORT_OFFSET=20000 OUT=.tmp/bench/cluster-<ts>
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+GO=${GO:-go}
+BIN=${BIN:-$ROOT/bin}
+
+if [[ ${1:-} != --inside ]]; then
+  OUT=${OUT:-$ROOT/.tmp/bench/cluster-$(date +%Y%m%d-%H%M%S)}
+  mkdir -p "$OUT"
+  echo "bench-cluster: building the services, keel-bench and bench-report"
+  for svc in coordinator router persistence output edge; do
+    "$GO" build -o "$BIN/keel-$svc" "./services/$svc/cmd/keel-$svc"
+  done
+  "$GO" build -o "$BIN/keel-bench" ./test/bench/cmd/keel-bench
+  "$GO" build -o "$BIN/bench-report" ./test/bench/cmd/bench-report
+  export OUT BIN
+  EDGES=2 PORT_OFFSET=${PORT_OFFSET:-20000} LOG_LEVEL=warn DATA=$OUT/cluster \
+    exec "$ROOT/scripts/run-cluster.sh" -- "$0" --inside
+fi
+
+# Inside the running cluster.
+read -r A B _ <<<"$MQTT_ADDRS"
+DURATION=${DURATION:-5s} WARMUP=${WARMUP:-1s} REPEAT=${REPEAT:-3}
+CLIENTS=${CLIENTS:-50} INFLIGHT=${INFLIGHT:-1000}
+results=$OUT/results.jsonl
+: >"$results"
+for qos in ${QOS:-0 1}; do
+  for rep in $(seq 1 "$REPEAT"); do
+    for where in same-edge cross-edge; do
+      sub=$A
+      [[ $where == cross-edge ]] && sub=$B
+      "$BIN/keel-bench" -scenario pairs -clients "$CLIENTS" -qos "$qos" -size 64 \
+        -duration "$DURATION" -warmup "$WARMUP" -inflight "$INFLIGHT" \
+        -pub-addr "$A" -sub-addr "$sub" -broker "$where" -label "qos$qos-pairs-$CLIENTS" -json >>"$results"
+      echo "bench-cluster: qos $qos $where run $rep: $(tail -1 "$results" | grep -o '"rate":[0-9.]*')"
+    done
+  done
+done
+"$BIN/bench-report" -ratios cross-edge/same-edge "$results" | tee "$OUT/summary.md"

@@ -1,0 +1,172 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// heldPeers stands in for the other edges: every QoS 1/2 forward waits
+// until the test answers it, in whatever order the test picks.
+type heldPeers struct {
+	mu      sync.Mutex
+	pending map[string]chan error // payload → answer
+	routed  map[string]int
+}
+
+func newHeldPeers() *heldPeers {
+	return &heldPeers{pending: map[string]chan error{}, routed: map[string]int{}}
+}
+
+func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := string(m.Payload)
+	p.routed[key]++
+	if m.QoS == 0 {
+		return nil, nil
+	}
+	c := make(chan error, 1)
+	p.pending[key] = c
+	return func() error {
+		select {
+		case err := <-c:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, nil
+}
+
+func (p *heldPeers) answer(t *testing.T, key string, err error) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.pending[key] != nil
+	}, 5*time.Second, time.Millisecond, "forward of %q", key)
+	p.mu.Lock()
+	c := p.pending[key]
+	p.mu.Unlock()
+	c <- err
+}
+
+func (p *heldPeers) routes(key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.routed[key]
+}
+
+// expectNothing fails if a packet arrives within d.
+func expectNothing(t *testing.T, c *mqtttest.Client, d time.Duration) {
+	t.Helper()
+	pk, err := c.Read(d)
+	require.Error(t, err, "unexpected packet type %d id %d", pk.FixedHeader.Type, pk.PacketID)
+}
+
+// Acknowledgements wait for the other edges without holding up the
+// publisher's next PUBLISH, and leave in the order the PUBLISHes came even
+// when the peers answer out of order.
+func TestBroker_DeferredAcksInOrder(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := newHeldPeers()
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t", 1, []byte("m1"))
+	pub.Publish(2, "t", 2, []byte("m2"))
+	pub.Publish(3, "t", 1, []byte("m3"))
+	// Every message was routed while none was acknowledged.
+	require.Eventually(t, func() bool { return peers.routes("m3") == 1 }, 5*time.Second, time.Millisecond)
+
+	peers.answer(t, "m3", nil)
+	peers.answer(t, "m2", nil)
+	expectNothing(t, pub, 100*time.Millisecond) // m1 still waits
+	// A QoS 2 PUBLISH sent again before its PUBREC is not routed twice.
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 2, TopicName: "t", Payload: []byte("m2")})
+	peers.answer(t, "m1", nil)
+
+	require.Equal(t, uint16(1), pub.Expect(packets.Puback).PacketID)
+	rec := pub.Expect(packets.Pubrec)
+	require.Equal(t, uint16(2), rec.PacketID)
+	require.Equal(t, uint16(3), pub.Expect(packets.Puback).PacketID)
+	require.Equal(t, 1, peers.routes("m2"))
+
+	// The QoS 2 flow completes through mochi's in-flight store.
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 2})
+	comp := pub.Expect(packets.Pubcomp)
+	require.Equal(t, packets.CodeSuccess.Code, comp.ReasonCode)
+
+	// A publish with nothing to wait for is acknowledged at once again.
+	b.SetCluster(Cluster{Peers: &heldPeers{pending: map[string]chan error{}, routed: map[string]int{}}})
+	pub.Publish(4, "t", 0, []byte("m4"))
+	pub.Publish(5, "t", 1, []byte("m5"))
+	peers2 := b.cluster.Peers.(*heldPeers)
+	peers2.answer(t, "m5", nil)
+	require.Equal(t, uint16(5), pub.Expect(packets.Puback).PacketID)
+}
+
+// When a peer does not take a message, neither it nor anything published
+// after it is acknowledged: the publisher is disconnected and sends them
+// again on its next connection.
+func TestBroker_DeferredAckFailure(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := newHeldPeers()
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t", 1, []byte("a"))
+	pub.Publish(2, "t", 1, []byte("b"))
+	peers.answer(t, "b", nil)
+	peers.answer(t, "a", errors.New("peer gone"))
+	require.Equal(t, packets.ErrServerBusy.Code, pub.Expect(packets.Disconnect).ReasonCode)
+}
+
+// An MQTT 5 client that exceeds the edge's Receive Maximum with publishes
+// awaiting acknowledgement is disconnected with 0x93 [MQTT-3.3.4-8].
+func TestBroker_DeferredAcksReceiveMaximum(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, func(c *Config) { c.ReceiveMaximum = 2 })
+	peers := newHeldPeers()
+	b.SetCluster(Cluster{Peers: peers})
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	for i := range 3 {
+		pub.Publish(uint16(i+1), "t", 1, []byte{'x', byte('0' + i)})
+	}
+	require.Equal(t, packets.ErrReceiveMaximum.Code, pub.Expect(packets.Disconnect).ReasonCode)
+}
+
+// An MQTT 3.1.1 client has no Receive Maximum: past the edge's window its
+// reads wait until the oldest publish is acknowledged.
+func TestBroker_DeferredAcksHoldMQTT3(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, func(c *Config) { c.ReceiveMaximum = 2 })
+	peers := newHeldPeers()
+	b.SetCluster(Cluster{Peers: peers})
+	pub := mqtttest.Dial(t, addr, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	for i := range 3 {
+		pub.Publish(uint16(i+1), "t", 1, []byte{'x', byte('0' + i)})
+	}
+	require.Eventually(t, func() bool { return peers.routes("x1") == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	require.Zero(t, peers.routes("x2"), "third publish read while two wait")
+	peers.answer(t, "x0", nil)
+	require.Equal(t, uint16(1), pub.Expect(packets.Puback).PacketID)
+	peers.answer(t, "x1", nil)
+	peers.answer(t, "x2", nil)
+	require.Equal(t, uint16(2), pub.Expect(packets.Puback).PacketID)
+	require.Equal(t, uint16(3), pub.Expect(packets.Puback).PacketID)
+}
