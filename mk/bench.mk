@@ -1,7 +1,8 @@
 # Benchmarks: Go micro-benchmarks across the workspace, and the keel-bench load
 # generator against Mosquitto, bare mochi and the Keel edge (scripts/bench.sh).
 #
-#   make bench                       both (about 10 minutes on 2 cores)
+#   make bench                       all three (about 12 minutes on 2 cores)
+#   make bench-cluster REPEAT=3      same-edge vs cross-edge pairs on a local cluster
 #   make bench BENCH_GO=0            load benchmarks only
 #   make bench-load DURATION=10s REPEAT=5 SCENARIOS=qos0-fanin-64B,qos1-pairs-50
 #   make bench-go BENCH_PKGS=./libs/...   then compare runs with benchstat
@@ -16,12 +17,13 @@ BENCH_COUNT ?= 1
 BENCH_PKGS  ?= work
 BENCH_OUT   ?= $(TMP)/bench
 
-.PHONY: bench bench-go bench-load
+.PHONY: bench bench-go bench-load bench-cluster
 
 bench: ## Run benchmarks: Go benchmarks + load generator vs Mosquitto and bare mochi
 	@rc=0; \
 	if [ "$(BENCH_GO)" != 0 ]; then $(MAKE) bench-go || rc=$$?; fi; \
 	$(MAKE) bench-load || rc=$$?; \
+	$(MAKE) bench-cluster || rc=$$?; \
 	exit $$rc
 
 bench-go: ## Run Go benchmarks with -benchmem over the workspace modules (BENCH_PKGS, BENCH_TIME)
@@ -31,3 +33,6 @@ bench-go: ## Run Go benchmarks with -benchmem over the workspace modules (BENCH_
 
 bench-load: ## Run keel-bench scenarios against Mosquitto, bare mochi and the Keel edge
 	GO=$(GO) BIN=$(BIN) scripts/bench.sh
+
+bench-cluster: ## Run keel-bench pairs on one edge and across two edges of a local cluster
+	GO=$(GO) BIN=$(BIN) scripts/bench-cluster.sh
