@@ -10,7 +10,8 @@
 # cluster and exits with the command's status (used by the cluster
 # benchmarks). PORT_OFFSET moves every port, so a benchmark cluster can run
 # beside `make run`; the command sees MQTT_ADDRS (the edges' MQTT addresses,
-# space-separated) and OPS_ADDRS (their ops addresses).
+# space-separated) and OPS_ADDRS (their ops addresses). EDGE_ARGS adds flags
+# to every edge (for example --ops.pprof).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/bin}
@@ -68,7 +69,7 @@ for i in $(seq 0 $((EDGES - 1))); do
     --mqtt.tcp-addr ":$port" --mqtt.ws-addr "" --ops.addr "$ops" \
     --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:$((7401 + O)) \
     --cluster.router http://127.0.0.1:$((9300 + O)) --cluster.api-addr "127.0.0.1:$((7411 + i + O))" \
-    --output.url http://127.0.0.1:$((9310 + O)) --log.format text --log.level "$LOG_LEVEL"
+    --output.url http://127.0.0.1:$((9310 + O)) --log.format text --log.level "$LOG_LEVEL" ${EDGE_ARGS:-}
   ready "edge-$i" "$ops"
   MQTT_ADDRS+="${MQTT_ADDRS:+ }127.0.0.1:$port" OPS_ADDRS+="${OPS_ADDRS:+ }$ops"
 done

@@ -16,11 +16,8 @@ package outputclient
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +26,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keelmq/keel/libs/rpc"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
@@ -131,7 +129,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
-		hc = newH2CClient()
+		hc = rpc.H2CClient()
 	}
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "keel_edge_output_dropped_total",
@@ -157,18 +155,6 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 		}
 	}
 	return c, nil
-}
-
-func newH2CClient() *http.Client {
-	var protos http.Protocols
-	protos.SetUnencryptedHTTP2(true)
-	protos.SetHTTP2(true)
-	return &http.Client{Transport: &http.Transport{
-		Protocols:       &protos,
-		DialContext:     (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12},
-		HTTP2:           &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
-	}}
 }
 
 // Offer queues m for the output service and returns at once. It returns

@@ -42,6 +42,8 @@ var ErrClosed = errors.New("router client: closed")
 const (
 	DefaultCacheSize = 100_000
 	DefaultLease     = 2 * time.Second
+	// DefaultLookupTimeout: see Config.LookupTimeout.
+	DefaultLookupTimeout = 10 * time.Second
 )
 
 // Config configures a Client.
@@ -58,7 +60,12 @@ type Config struct {
 	// HTTPClient must speak HTTP/2 (h2c for plain http URLs).
 	HTTPClient *http.Client
 	CacheSize  int
-	Logger     *slog.Logger
+	// LookupTimeout bounds the Lookup retries of a Route call whose context
+	// has no deadline of its own (default DefaultLookupTimeout). A cached
+	// answer needs no deadline, so callers on the hot path need not make
+	// one per message.
+	LookupTimeout time.Duration
+	Logger        *slog.Logger
 	// Registerer, when set, receives the client's metrics
 	// (keel_edge_route_*).
 	Registerer prometheus.Registerer
@@ -152,6 +159,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = http.DefaultClient
+	}
+	if cfg.LookupTimeout <= 0 {
+		cfg.LookupTimeout = DefaultLookupTimeout
 	}
 	if cfg.CacheSize <= 0 {
 		cfg.CacheSize = DefaultCacheSize
@@ -654,6 +664,11 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 	if !need {
 		slices.Sort(edges)
 		return Result{Edges: edges, Groups: groups}, nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.LookupTimeout)
+		defer cancel()
 	}
 	backoff := 10 * time.Millisecond
 	for {

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/coordinator/internal/discovery"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
@@ -157,13 +158,10 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(a.srv.Handler(connect.WithReadMaxBytes(4 << 20)))
-	var protos http.Protocols
-	protos.SetHTTP1(true)
-	protos.SetUnencryptedHTTP2(true)
 	// Shutdown does not end server streams (WatchCluster); cancelling their
 	// base context when it starts does, so the stop step is not held up.
 	apiCtx, apiCancel := context.WithCancel(context.Background())
-	a.http = &http.Server{Handler: mux, Protocols: &protos, ReadHeaderTimeout: 10 * time.Second,
+	a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return apiCtx }}
 	a.http.RegisterOnShutdown(apiCancel)

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/services/coordinator/internal/discovery"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
@@ -152,7 +153,7 @@ func New(cfg Config, node *raftnode.Node, peers Peers, reg prometheus.Registerer
 
 // Handler returns the Connect handler's path and HTTP handler.
 func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
-	return coordinatorv1connect.NewCoordinatorServiceHandler(s, opts...)
+	return coordinatorv1connect.NewCoordinatorServiceHandler(s, rpc.HandlerOptions(opts...)...)
 }
 
 // observe runs on the FSM's apply goroutine for every entry with events.
@@ -283,8 +284,4 @@ func forward[Req, Resp any](ctx context.Context, s *Server, in *connect.Request[
 	return call(c, ctx, out)
 }
 
-func newHTTPClient() *http.Client {
-	var p http.Protocols
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: &p, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16}}
-}
+func newHTTPClient() *http.Client { return rpc.H2CClient() }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/routerclient"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
@@ -329,7 +330,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	edgeID, _ := e.broker.ID()
 	inc := e.member.Incarnation()
 	rc, err := routerclient.New(routerclient.Config{URL: e.cfg.RouterURL, EdgeID: edgeID, Incarnation: inc,
-		HTTPClient: cluster.H2CClient(), Logger: e.logger.With("component", "routes"), Registerer: e.reg})
+		HTTPClient: rpc.H2CClient(), Logger: e.logger.With("component", "routes"), Registerer: e.reg})
 	if err != nil {
 		return err
 	}
@@ -342,10 +343,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	srv := &forward.Server{Deliver: e.broker, Logger: e.logger.With("component", "edge-api")}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
-	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	e.api.Protocols = new(http.Protocols)
-	e.api.Protocols.SetHTTP1(true)
-	e.api.Protocols.SetUnencryptedHTTP2(true)
+	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}
 	ln, err := net.Listen("tcp", e.cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("edge api: %w", err)

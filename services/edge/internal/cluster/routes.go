@@ -2,30 +2,17 @@ package cluster
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
-	"net"
-	"net/http"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
 
 	"github.com/keelmq/keel/libs/routerclient"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
 	"github.com/keelmq/keel/services/edge/internal/forward"
 )
-
-// H2CClient speaks HTTP/2 without TLS, for Connect streams between services.
-func H2CClient() *http.Client {
-	return &http.Client{Transport: &http2.Transport{AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		}}}
-}
 
 // Routes registers the edge's filters at the router through its client.
 type Routes struct{ Client *routerclient.Client }

@@ -6,18 +6,16 @@ package forward
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
-	"golang.org/x/net/http2"
 
+	"github.com/keelmq/keel/libs/rpc"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
@@ -51,7 +49,7 @@ type peerKey struct {
 
 // Handler returns the HTTP handler of the edge API.
 func (s *Server) Handler() (string, http.Handler) {
-	return edgev1connect.NewEdgeServiceHandler(s)
+	return edgev1connect.NewEdgeServiceHandler(s, rpc.HandlerOptions()...)
 }
 
 // Forward implements edgev1connect.EdgeServiceHandler.
@@ -128,11 +126,7 @@ type frame struct {
 
 // NewLink returns a link from this edge to the peer at baseURL (h2c).
 func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *slog.Logger) *Link {
-	hc := &http.Client{Transport: &http2.Transport{AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, network, addr)
-		}}}
+	hc := rpc.H2CClient()
 	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger,
 		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
 }

@@ -82,9 +82,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 	}
 	bound := f.bound()
 	deadline := time.Now().Add(bound)
-	rctx, cancel := context.WithDeadline(ctx, deadline)
-	peers, err := f.Resolver.Route(rctx, tenant, topic)
-	cancel()
+	// No per-message deadline: a cached answer needs none, and the router
+	// client bounds its own lookups.
+	peers, err := f.Resolver.Route(ctx, tenant, topic)
 	if err != nil {
 		return nil, fmt.Errorf("resolve routes: %w", err)
 	}

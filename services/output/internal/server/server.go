@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
 	"github.com/keelmq/keel/services/output/internal/pipeline"
@@ -58,7 +59,7 @@ func New(host *pipeline.Host, memberID string, credit uint64, logger *slog.Logge
 
 // Mount returns the path and handler to mount on a mux.
 func (h *Handler) Mount() (string, http.Handler) {
-	return outputv1connect.NewOutputServiceHandler(h)
+	return outputv1connect.NewOutputServiceHandler(h, rpc.HandlerOptions()...)
 }
 
 // Streams is the number of open Publish streams.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/keelmq/keel/libs/config"
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/persistence/internal/failover"
 	"github.com/keelmq/keel/services/persistence/internal/metrics"
@@ -182,10 +183,7 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	a.ops = service.NewOps(cfg.OpsAddr, a.reg, logger.With("component", "ops"))
 	a.ops.EnablePprof = cfg.Pprof
 	if cfg.Coordinator != "" {
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		hc := &http.Client{Transport: &http.Transport{Protocols: &p}}
-		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(hc, cfg.Coordinator)
+		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), cfg.Coordinator)
 		a.records = &failover.CoordinatorRecords{Client: a.coord, GroupID: uint32(cfg.RedisGroupID), MemberID: cfg.MemberID, Incarnation: cfg.Incarnation}
 	}
 	return a, nil
@@ -393,10 +391,7 @@ func (a *App) Run(ctx context.Context) error {
 			a.logger.With("component", "server"))
 		mux := http.NewServeMux()
 		mux.Handle(a.srv.Handler())
-		var p http.Protocols
-		p.SetHTTP1(true)
-		p.SetUnencryptedHTTP2(true)
-		a.http = &http.Server{Handler: mux, Protocols: &p, ReadHeaderTimeout: 10 * time.Second}
+		a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = a.http.Serve(a.ln) }()
 		a.ops.SetReady(true)
 		a.logger.Info("persistence ready", "api", a.Addr(), "ops", a.ops.Addr(), "backend", a.status().GetBackend(),

@@ -22,6 +22,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/persistence/internal/metrics"
 	"github.com/keelmq/keel/services/persistence/internal/store"
@@ -80,7 +81,7 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 
 // Handler returns the Connect handler and its path prefix.
 func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
-	return persistencev1connect.NewPersistenceServiceHandler(s, opts...)
+	return persistencev1connect.NewPersistenceServiceHandler(s, rpc.HandlerOptions(opts...)...)
 }
 
 // Stop makes new batches fail with UNAVAILABLE and waits (until ctx ends)

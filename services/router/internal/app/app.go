@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 	"github.com/keelmq/keel/services/router/internal/server"
@@ -91,14 +92,14 @@ func (r *Router) Run(ctx context.Context) error {
 	g.Add("ops", func(context.Context) error { return r.ops.Start() }, r.ops.Stop)
 	g.Add("olric", r.st.Start, r.st.Stop)
 	var node *server.Node
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Protocols: server.ServerProtocols()}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}
 	g.Add("api", func(context.Context) error {
 		node, err = server.New(r.cfg.Router, r.st, r.reg, r.logger.With(logging.KeyComponent, "router"))
 		if err != nil {
 			return err
 		}
 		mux := http.NewServeMux()
-		mux.Handle(routerv1connect.NewRouterServiceHandler(node))
+		mux.Handle(routerv1connect.NewRouterServiceHandler(node, rpc.HandlerOptions()...))
 		srv.Handler = mux
 		go func() { _ = srv.Serve(ln) }()
 		return nil

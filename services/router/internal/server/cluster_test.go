@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	client "github.com/keelmq/keel/libs/routerclient"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/testutil"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
@@ -110,7 +111,7 @@ func tryStartCluster(t testing.TB, n int) ([]*testNode, error) {
 			tn.node = node
 			mux := http.NewServeMux()
 			mux.Handle(routerv1connect.NewRouterServiceHandler(node))
-			tn.srv = &http.Server{Handler: mux, Protocols: server.ServerProtocols()}
+			tn.srv = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols()}
 			go func() { _ = tn.srv.Serve(ln) }()
 			ctx, cancel := context.WithCancel(context.Background())
 			tn.cancel = cancel
@@ -160,7 +161,7 @@ func tryStartCluster(t testing.TB, n int) ([]*testNode, error) {
 	return nodes, nil
 }
 
-func httpClient() *http.Client { return &http.Client{Transport: server.H2CTransport()} }
+func httpClient() *http.Client { return rpc.H2CClient() }
 
 func apiClient(url string) routerv1connect.RouterServiceClient {
 	return routerv1connect.NewRouterServiceClient(httpClient(), url, connect.WithGRPC())

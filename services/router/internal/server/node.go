@@ -26,6 +26,7 @@ import (
 
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/routes"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
@@ -195,7 +196,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, logger *slog.Logger) (
 	}
 	return &Node{
 		cfg: cfg, logger: logger, st: st, m: newMetrics(reg),
-		http:    &http.Client{Transport: h2cTransport()},
+		http:    rpc.H2CClient(),
 		seed:    maphash.MakeSeed(),
 		peerURL: map[string]string{}, peers: map[string]routerv1connect.RouterServiceClient{},
 		conns: map[string]*edgeConn{}, cachers: map[cacheKey]map[string]time.Time{},
