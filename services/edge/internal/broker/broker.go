@@ -67,6 +67,7 @@ type Broker struct {
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
 	writers  sync.WaitGroup
+	releases sync.WaitGroup
 }
 
 // conn is the per-connection state the hooks share.
@@ -221,6 +222,7 @@ func (b *Broker) Close() error {
 			pw.timer.Stop()
 		}
 		b.willMu.Unlock()
+		b.releases.Wait()
 	})
 	return nil
 }
@@ -509,6 +511,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	}
 	delete(b.sessions, id)
 	wasDurable := s.durable
+	epoch := s.epoch
 	s.closed = true
 	s.client = nil
 	s.online.Store(false)
@@ -534,6 +537,20 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	}
 	if b.store != nil && wasDurable {
 		_ = b.store.DeleteSession(context.Background(), id, false)
+	}
+	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 {
+		// The session ended here, so no edge owns it. The release carries
+		// the epoch of this edge's claim: if the client has meanwhile
+		// connected elsewhere, the newer claim stands and this is refused.
+		b.releases.Add(1)
+		go func() {
+			defer b.releases.Done()
+			ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
+			defer cancel()
+			if err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch); err != nil {
+				b.logger.Debug("session release refused", "client_id", id, "error", err)
+			}
+		}()
 	}
 }
 

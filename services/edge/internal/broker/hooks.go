@@ -210,7 +210,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	// read lock twice and deadlocks against the edge's writer adding a
 	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
 	cl.State.Inflight.ResetSendQuota(0)
-	s.bind(cl, c.rules, persistent(cl), window)
+	s.bind(cl, c.rules, persistent(cl), window, c.epoch)
 	b.m.connects.WithLabelValues("ok").Inc()
 }
 

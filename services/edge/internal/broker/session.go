@@ -47,6 +47,7 @@ type session struct {
 	window     int // receive maximum of the client: QoS>0 messages in flight
 	inflight   int
 	persistent bool
+	epoch      uint64 // of the ownership claim that bound the session here
 	queue      ring
 	queueBytes int
 	writing    bool
@@ -205,8 +206,9 @@ func (s *session) wait(p *durable.Pending) error {
 }
 
 // bind attaches a connected client to the session.
-func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int) {
+func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int, epoch uint64) {
 	s.mu.Lock()
+	s.epoch = epoch
 	s.durable = persistent && s.b.store != nil
 	s.client = cl
 	s.version = cl.Properties.ProtocolVersion

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -130,6 +133,31 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	}
 	_, err := sub.Read(200 * time.Millisecond)
 	require.Error(t, err, "nothing after the last message")
+
+	// A session that ends gives up its ownership at the coordinator; a
+	// persistent one keeps it while offline.
+	coord := NewClient(coordURL)
+	owner := func(id string) string {
+		resp, err := coord.GetSession(t.Context(), connect.NewRequest(&coordinatorv1.GetSessionRequest{
+			Session: &commonv1.SessionKey{Tenant: "default", ClientId: id}}))
+		require.NoError(t, err)
+		return resp.Msg.GetSession().GetOwnerEdgeId()
+	}
+	clean := mqtttest.Dial(t, a.mqtt, 5)
+	clean.Connect("clean", true, packets.Properties{})
+	kept := mqtttest.Dial(t, a.mqtt, 5)
+	kept.Connect("kept", true, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
+	require.Equal(t, "edge-a", owner("clean"))
+	require.Equal(t, "edge-a", owner("kept"))
+	clean.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	kept.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if o := owner("clean"); o != "" {
+			return fmt.Errorf("clean session still owned by %q", o)
+		}
+		return nil
+	})
+	require.Equal(t, "edge-a", owner("kept"))
 }
 
 func repoRootOf(t *testing.T) string {
