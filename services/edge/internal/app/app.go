@@ -338,9 +338,10 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout,
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
-	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder})
+	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
+		Takeover: &forward.Takeovers{Self: edgeID, Incarnation: inc, Peers: e.peers}})
 
-	srv := &forward.Server{Deliver: e.broker, Logger: e.logger.With("component", "edge-api")}
+	srv := &forward.Server{Deliver: e.broker, Sessions: e.broker, Logger: e.logger.With("component", "edge-api")}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}

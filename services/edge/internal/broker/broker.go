@@ -185,6 +185,9 @@ func (b *Broker) SetCluster(c Cluster) {
 	if c.Ownership != nil {
 		b.cluster.Ownership = c.Ownership
 	}
+	if c.Takeover != nil {
+		b.cluster.Takeover = c.Takeover
+	}
 	if c.Routes != nil {
 		b.cluster.Routes = c.Routes
 	}

@@ -73,6 +73,7 @@ type Cluster struct {
 	Routes    Routes
 	Output    Output
 	Peers     Peers
+	Takeover  Takeover
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
 type fakeOwnership struct {
@@ -110,4 +111,37 @@ func TestBroker_SessionEndRemovesRoutes(t *testing.T) {
 	c.Subscribe(2, "$share/g/b", 1)
 	_ = c.Conn.Close()
 	require.Eventually(t, func() bool { return routes.removed.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// Another edge's claim closes the local connection with 0x8E, but only a
+// claim newer than the one the session holds here.
+func TestBroker_TakeOver(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("x", true, packets.Properties{})
+	s := b.session(b.mustScope(t, "default").ClientID("x"))
+	require.NotNil(t, s)
+	s.mu.Lock()
+	epoch := s.epoch
+	s.mu.Unlock()
+
+	owned, connected := b.TakeOver("default", "x", epoch)
+	require.False(t, owned, "a claim no newer than the session's own is stale")
+	require.False(t, connected)
+	owned, connected = b.TakeOver("default", "nobody", epoch+1)
+	require.False(t, owned)
+	require.False(t, connected)
+
+	owned, connected = b.TakeOver("default", "x", epoch+1)
+	require.True(t, owned)
+	require.True(t, connected)
+	require.Equal(t, packets.ErrSessionTakenOver.Code, c.Expect(packets.Disconnect).ReasonCode)
+}
+
+func (b *Broker) mustScope(t *testing.T, tenant string) *tenancy.Scope {
+	t.Helper()
+	sc, err := b.scope(tenant)
+	require.NoError(t, err)
+	return sc
 }

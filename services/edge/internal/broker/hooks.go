@@ -126,7 +126,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	// Claim the session before the CONNACK: in a cluster this is where a
 	// session on another edge is taken over, and its epoch fences every write.
 	ctx, cancel = context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
-	epoch, _, err := b.cluster.Ownership.Claim(ctx, id.Tenant, external)
+	epoch, previous, err := b.cluster.Ownership.Claim(ctx, id.Tenant, external)
+	if err == nil && previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
+		if terr := b.cluster.Takeover.Begin(ctx, previous, id.Tenant, external, epoch); terr != nil {
+			b.logger.Warn("previous owner did not give the session up", "previous", previous, "error", terr)
+		}
+	}
 	cancel()
 	if err != nil {
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)

@@ -26,6 +26,7 @@ type metrics struct {
 	bans           prometheus.Counter
 	acksDeferred   prometheus.Counter
 	duplicatePubs  prometheus.Counter
+	takeovers      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -91,6 +92,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		duplicatePubs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_duplicates_ignored_total", Help: "PUBLISH packets ignored because their packet ID was still awaiting its acknowledgement.",
 		}),
+		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
+		}),
 		bans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
 		}),
@@ -98,7 +102,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs)
+		m.acksDeferred, m.duplicatePubs, m.takeovers)
 	return m
 }
 

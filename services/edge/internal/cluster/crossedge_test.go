@@ -158,6 +158,19 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		return nil
 	})
 	require.Equal(t, "edge-a", owner("kept"))
+
+	// One live connection per client ID across the cluster: connecting on
+	// edge B closes the connection on edge A with 0x8E.
+	first := mqtttest.Dial(t, a.mqtt, 5)
+	first.Connect("roamer", true, packets.Properties{})
+	second := mqtttest.Dial(t, b.mqtt, 5)
+	require.Equal(t, packets.CodeSuccess.Code, second.Connect("roamer", true, packets.Properties{}).ReasonCode)
+	require.Equal(t, packets.ErrSessionTakenOver.Code, first.Expect(packets.Disconnect).ReasonCode)
+	require.Equal(t, "edge-b", owner("roamer"))
+	second.Subscribe(1, "roam", 1)
+	pub.Publish(200, "roam", 1, []byte("here"))
+	require.Equal(t, uint16(200), pub.Expect(packets.Puback).PacketID)
+	require.Equal(t, []byte("here"), second.Expect(packets.Publish).Payload)
 }
 
 func repoRootOf(t *testing.T) string {

@@ -36,7 +36,10 @@ var ErrPeerGone = errors.New("peer edge did not take the message")
 type Server struct {
 	edgev1connect.UnimplementedEdgeServiceHandler
 	Deliver Deliverer
-	Logger  *slog.Logger
+	// Sessions gives sessions up to an edge that claimed them (nil: this
+	// edge refuses TakeoverBegin).
+	Sessions SessionHandover
+	Logger   *slog.Logger
 
 	mu  sync.Mutex
 	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation

@@ -1,0 +1,80 @@
+package forward
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/rpc"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
+	"github.com/keelmq/keel/services/edge/internal/broker"
+)
+
+// SessionHandover is the local side of a takeover: the broker.
+type SessionHandover interface {
+	TakeOver(tenant, clientID string, newEpoch uint64) (owned, wasConnected bool)
+}
+
+// TakeoverBegin implements edgev1connect.EdgeServiceHandler.
+func (s *Server) TakeoverBegin(_ context.Context, req *connect.Request[edgev1.TakeoverBeginRequest]) (*connect.Response[edgev1.TakeoverBeginResponse], error) {
+	if s.Sessions == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge hands no sessions over"))
+	}
+	k := req.Msg.GetSession()
+	if k.GetTenant() == "" || k.GetClientId() == "" || req.Msg.GetNewEpoch() == 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("takeover needs session.tenant, session.client_id and new_epoch"))
+	}
+	owned, connected := s.Sessions.TakeOver(k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch())
+	return connect.NewResponse(&edgev1.TakeoverBeginResponse{Owned: owned, WasConnected: connected}), nil
+}
+
+// URLs finds a peer edge's API URL by its ID.
+type URLs interface {
+	URL(edgeID string) (string, bool)
+}
+
+// Takeovers calls TakeoverBegin on the previous owner of a claimed session.
+type Takeovers struct {
+	Self        string
+	Incarnation uint64
+	Peers       URLs
+
+	mu      sync.Mutex
+	clients map[string]edgev1connect.EdgeServiceClient // by URL
+}
+
+// Begin implements broker.Takeover.
+func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) error {
+	url, ok := t.Peers.URL(previousOwner)
+	if !ok {
+		// Not a live member: its lease has expired or is about to, and a
+		// fenced edge has already closed its connections.
+		return fmt.Errorf("previous owner %q is not a live member", previousOwner)
+	}
+	_, err := t.client(url).TakeoverBegin(ctx, connect.NewRequest(&edgev1.TakeoverBeginRequest{
+		Session:  &commonv1.SessionKey{Tenant: tenant, ClientId: clientID},
+		NewEpoch: newEpoch, NewOwnerEdgeId: t.Self, NewOwnerIncarnation: t.Incarnation,
+	}))
+	return err
+}
+
+func (t *Takeovers) client(url string) edgev1connect.EdgeServiceClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.clients == nil {
+		t.clients = map[string]edgev1connect.EdgeServiceClient{}
+	}
+	c := t.clients[url]
+	if c == nil {
+		c = edgev1connect.NewEdgeServiceClient(rpc.H2CClient(), url, connect.WithGRPC())
+		t.clients[url] = c
+	}
+	return c
+}
+
+var _ broker.Takeover = (*Takeovers)(nil)
