@@ -30,6 +30,8 @@ type DurableState interface {
 	PutIncoming(ctx context.Context, id string, in durable.Incoming) error
 	DeleteIncoming(ctx context.Context, id string, packetID uint16) error
 	PutRetained(ctx context.Context, m *durable.Message, wait bool) error
+	LoadSession(ctx context.Context, id string) (durable.SessionState, bool, error)
+	ImportSession(ctx context.Context, st durable.SessionState) error
 }
 
 var _ DurableState = (*durable.Store)(nil)

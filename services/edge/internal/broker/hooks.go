@@ -127,16 +127,19 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	// session on another edge is taken over, and its epoch fences every write.
 	ctx, cancel = context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
 	epoch, previous, err := b.cluster.Ownership.Claim(ctx, id.Tenant, external)
-	if err == nil && previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
-		if terr := b.cluster.Takeover.Begin(ctx, previous, id.Tenant, external, epoch); terr != nil {
-			b.logger.Warn("previous owner did not give the session up", "previous", previous, "error", terr)
-		}
-	}
-	cancel()
 	if err != nil {
+		cancel()
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
 		return refuse(packets.ErrServerUnavailable, "claim_failed")
 	}
+	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
+		if err := b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
+			cancel()
+			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
+			return refuse(packets.ErrServerUnavailable, "takeover_failed")
+		}
+	}
+	cancel()
 	c.epoch = epoch
 	cl.ID = sc.ClientID(external)
 	if w := c.will.Load(); w != nil {

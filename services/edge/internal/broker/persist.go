@@ -62,58 +62,71 @@ func (b *Broker) Restore(st DurableState) error {
 		if err != nil {
 			continue
 		}
-		s := newSession(b, rec.ID, sc)
-		s.persistent, s.durable = true, true
-		for _, sub := range st.Subs {
-			x := &subscription{sess: s, full: sub.Filter, filter: sub.Filter, qos: sub.QoS, noLocal: sub.NoLocal,
-				rap: sub.RetainAsPublished, rh: sub.RetainHandling}
-			if sub.Identifier > 0 {
-				x.ids = []int{sub.Identifier}
-			}
-			if group, inner, shared, _ := parseShare(sub.Filter); shared {
-				x.filter = inner
-				x.group = &shareGroup{name: group, filter: inner}
-			}
-			s.subs[sub.Filter] = x
-			s.nsubs.Store(int32(len(s.subs)))
-			b.index.add(x)
-			rs.subs = append(rs.subs, storage.Subscription{Client: rec.ID, Filter: sub.Filter, Qos: sub.QoS,
-				NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: sub.RetainHandling, Identifier: sub.Identifier})
-		}
-		for _, e := range st.Queue {
-			m := toMsg(e.Msg)
-			s.queue.push(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs, seq: e.Seq})
-			s.queueBytes += m.size()
-			s.seq = max(s.seq, e.Seq)
-			queued++
-		}
-		for _, e := range st.Inflight {
-			m := toMsg(e.Msg)
-			d := delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}
-			pk := inflightPacket(&d, e.PacketID, e.Retain, e.Order)
-			if e.Pubrel {
-				pk = packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: e.PacketID, Created: e.Order}
-			}
-			s.resend = append(s.resend, pk)
-			s.seq = max(s.seq, e.Seq)
-			inflight++
-		}
-		slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
-		for _, in := range st.Incoming {
-			rs.incoming = append(rs.incoming, storage.Message{Client: rec.ID, PacketID: in.PacketID,
-				FixedHeader: packets.FixedHeader{Type: packets.Pubrec}})
-		}
-		var props storage.ClientProperties
-		_ = json.Unmarshal(rec.Props, &props)
-		props.SessionExpiryInterval = rec.ExpiryInterval
-		props.SessionExpiryIntervalFlag = rec.ExpiryInterval > 0
-		rs.clients = append(rs.clients, storage.Client{ID: rec.ID, Listener: rec.Listener, Username: rec.Username,
-			ProtocolVersion: rec.ProtocolVersion, Clean: rec.Clean, Properties: props})
+		s, client, subs, incoming := b.adopt(st, sc, toMsg)
+		rs.subs = append(rs.subs, subs...)
+		rs.incoming = append(rs.incoming, incoming...)
+		rs.clients = append(rs.clients, client)
+		queued += len(st.Queue)
+		inflight += len(st.Inflight)
 		b.sessions[rec.ID] = s
 	}
 	b.restore = rs
 	b.logger.Info("durable state loaded", "sessions", len(sessions), "queued", queued, "inflight", inflight, "retained", len(retained))
 	return nil
+}
+
+// adopt builds the live session of a stored one, and what mochi must know
+// of it: the offline client, its subscriptions and its inbound QoS 2 state.
+func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*durable.Message) *Message) (*session, storage.Client, []storage.Subscription, []storage.Message) {
+	rec := st.Session
+	var subs []storage.Subscription
+	var incoming []storage.Message
+	s := newSession(b, rec.ID, sc)
+	s.persistent, s.durable = true, true
+	for _, sub := range st.Subs {
+		x := &subscription{sess: s, full: sub.Filter, filter: sub.Filter, qos: sub.QoS, noLocal: sub.NoLocal,
+			rap: sub.RetainAsPublished, rh: sub.RetainHandling}
+		if sub.Identifier > 0 {
+			x.ids = []int{sub.Identifier}
+		}
+		if group, inner, shared, _ := parseShare(sub.Filter); shared {
+			x.filter = inner
+			x.group = &shareGroup{name: group, filter: inner}
+		}
+		s.subs[sub.Filter] = x
+		s.nsubs.Store(int32(len(s.subs)))
+		b.index.add(x)
+		subs = append(subs, storage.Subscription{Client: rec.ID, Filter: sub.Filter, Qos: sub.QoS,
+			NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: sub.RetainHandling, Identifier: sub.Identifier})
+	}
+	for _, e := range st.Queue {
+		m := toMsg(e.Msg)
+		s.queue.push(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs, seq: e.Seq})
+		s.queueBytes += m.size()
+		s.seq = max(s.seq, e.Seq)
+	}
+	for _, e := range st.Inflight {
+		m := toMsg(e.Msg)
+		d := delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}
+		pk := inflightPacket(&d, e.PacketID, e.Retain, e.Order)
+		if e.Pubrel {
+			pk = packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: e.PacketID, Created: e.Order}
+		}
+		s.resend = append(s.resend, pk)
+		s.seq = max(s.seq, e.Seq)
+	}
+	slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+	for _, in := range st.Incoming {
+		incoming = append(incoming, storage.Message{Client: rec.ID, PacketID: in.PacketID,
+			FixedHeader: packets.FixedHeader{Type: packets.Pubrec}})
+	}
+	var props storage.ClientProperties
+	_ = json.Unmarshal(rec.Props, &props)
+	props.SessionExpiryInterval = rec.ExpiryInterval
+	props.SessionExpiryIntervalFlag = rec.ExpiryInterval > 0
+	client := storage.Client{ID: rec.ID, Listener: rec.Listener, Username: rec.Username,
+		ProtocolVersion: rec.ProtocolVersion, Clean: rec.Clean, Properties: props}
+	return s, client, subs, incoming
 }
 
 // The storage hooks mochi calls once, in Serve.

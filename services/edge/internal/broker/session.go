@@ -48,6 +48,15 @@ type session struct {
 	inflight   int
 	persistent bool
 	epoch      uint64 // of the ownership claim that bound the session here
+	// moving is set while another edge takes the session over.
+	moving *moving
+	// recent holds the msgIDs queued since the session was taken over from
+	// another edge, until the previous owner's late messages are merged: a
+	// message may arrive by both ways, and is queued once.
+	recent map[MsgID]struct{}
+	// hold, while open, keeps new messages back until the previous owner's
+	// late ones are queued, so the session's order holds.
+	hold chan struct{}
 	queue      ring
 	queueBytes int
 	writing    bool
@@ -86,6 +95,35 @@ const (
 // session queue, a non-persistent one is disconnected with 0x97. For a
 // durable session the message counts as taken only once it is stored.
 func (s *session) enqueue(d delivery) enqueueResult {
+	s.mu.Lock()
+	hold := s.hold
+	s.mu.Unlock()
+	if hold != nil {
+		// Taken over just now: what the previous owner held back goes
+		// first. The wait is bounded by the CONNECT timeout of the client
+		// taking the session over.
+		<-hold
+	}
+	return s.enqueueNow(d)
+}
+
+// enqueueNow is enqueue without waiting for a takeover to complete.
+func (s *session) enqueueNow(d delivery) enqueueResult {
+	s.mu.Lock()
+	if s.moving != nil && s.moving.done {
+		// Moved to another edge, whose copy no longer takes what arrives
+		// here: the publisher is not acknowledged and sends again.
+		s.mu.Unlock()
+		return storeFailed
+	}
+	if s.recent != nil {
+		if _, seen := s.recent[d.msg.ID]; seen {
+			s.mu.Unlock()
+			return enqueued
+		}
+		s.recent[d.msg.ID] = struct{}{}
+	}
+	s.mu.Unlock()
 	cfg := &s.b.cfg
 	size := d.msg.size()
 	var deadline time.Time

@@ -2,49 +2,274 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
 // Takeover reaches the edge that owned a session before this one claimed
-// it. Begin asks it to let the session go: close the client's connection
-// there (0x8E), so that a client ID has at most one live connection in the
-// cluster. An error leaves the claim standing: the previous owner, if it is
-// cut off, fences itself when its lease runs out.
+// it (DESIGN: takeover, two phases). Begin asks it to let the session go:
+// it closes the client's connection there (0x8E), so that a client ID has
+// at most one live connection in the cluster, and returns the persistent
+// session's state when the session moves (no clean start). End, once this
+// edge has taken the state and registered the session's routes, returns
+// what the previous owner queued for the session meanwhile, and the
+// previous owner lets the session go. An error from Begin leaves the claim
+// standing: a previous owner that is cut off fences itself when its lease
+// runs out.
 type Takeover interface {
-	Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) error
+	Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64, cleanStart bool) (state []byte, err error)
+	End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) (late []byte, err error)
+}
+
+// takeoverGrace is how long the previous owner keeps queueing for a moved
+// session after the new owner's routes are in place: messages routed to it
+// just before then are still in flight on the forward links.
+const takeoverGrace = 250 * time.Millisecond
+
+// moving marks a session that another edge has claimed and is taking over.
+type moving struct {
+	epoch   uint64 // the new owner's
+	fromSeq uint64 // queue entries after this one arrived after TakeoverBegin
+	done    bool   // the late messages were handed over: take no more
 }
 
 // TakeOver gives up, on this edge, the session that another edge claimed
 // under newEpoch: its connection is closed with 0x8E (MQTT 5) and its will
 // is not sent, because the session goes on elsewhere ([MQTT-3.1.3-9]). A
-// session without expiry ends with its connection; a persistent one stays
-// here offline, its stored state untouched, until it expires. owned is false
-// when this edge holds no session under an older epoch (a stale request
-// never closes a newer connection).
-func (b *Broker) TakeOver(tenant, clientID string, newEpoch uint64) (owned, wasConnected bool) {
+// persistent session that moves (no clean start) is returned in the
+// session transfer encoding and stays here, offline and still queueing,
+// until [Broker.TakeoverEnd]; any other session ends. owned is false when
+// this edge holds no session under an older epoch (a stale request never
+// closes a newer connection).
+func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error) {
 	sc, err := b.scope(tenant)
 	if err != nil {
-		return false, false
+		return false, false, nil, err
 	}
-	s := b.session(sc.ClientID(clientID))
+	id := sc.ClientID(clientID)
+	s := b.session(id)
 	if s == nil {
-		return false, false
+		return false, false, nil, nil
 	}
 	s.mu.Lock()
-	epoch, cl := s.epoch, s.client
-	s.mu.Unlock()
+	epoch, cl, persistent := s.epoch, s.client, s.persistent && s.durable
 	if epoch >= newEpoch {
-		return false, false
+		s.mu.Unlock()
+		return false, false, nil, nil
 	}
+	if persistent && !cleanStart {
+		// From here on the session keeps what it queues apart for End.
+		s.moving = &moving{epoch: newEpoch, fromSeq: s.seq}
+	}
+	s.mu.Unlock()
 	b.m.takeovers.Inc()
-	if cl == nil {
-		return true, false
+	if cl != nil {
+		wasConnected = true
+		if c := b.conn(cl); c != nil {
+			c.will.Store(nil)
+		}
+		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
+		_ = b.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
+		// The connection's in-flight messages go back to the session (as on
+		// a local takeover) so that they move with it.
+		s.detach(cl)
 	}
-	if c := b.conn(cl); c != nil {
-		c.will.Store(nil)
+	if !persistent || cleanStart {
+		b.endSession(id, nil)
+		return true, wasConnected, nil, nil
 	}
-	b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
-	_ = b.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
-	return true, true
+	st, ok, err := b.store.LoadSession(ctx, id)
+	if err != nil || !ok {
+		return true, wasConnected, nil, errors.Join(errors.New("session not stored"), err)
+	}
+	// detach put the connection's in-flight messages back in memory; the
+	// stored in-flight set already holds them, with their packet IDs.
+	state, err = durable.EncodeTransfer(st)
+	return true, wasConnected, state, err
+}
+
+// TakeoverEnd completes a takeover on the previous owner: after a grace for
+// messages still in flight to it, it returns what it queued for the session
+// since TakeoverBegin and ends the session here (its routes and stored
+// state go).
+func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEpoch uint64) ([]byte, error) {
+	sc, err := b.scope(tenant)
+	if err != nil {
+		return nil, err
+	}
+	id := sc.ClientID(clientID)
+	s := b.session(id)
+	if s == nil {
+		return nil, nil
+	}
+	s.mu.Lock()
+	mv := s.moving
+	s.mu.Unlock()
+	if mv == nil || mv.epoch != newEpoch {
+		return nil, fmt.Errorf("session %s is not moving under epoch %d", clientID, newEpoch)
+	}
+	select {
+	case <-time.After(takeoverGrace):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	s.mu.Lock()
+	mv.done = true
+	s.mu.Unlock()
+	st, ok, err := b.store.LoadSession(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	var late durable.SessionState
+	late.Session = st.Session
+	if ok {
+		for _, e := range st.Queue {
+			if e.Seq > mv.fromSeq {
+				late.Queue = append(late.Queue, e)
+			}
+		}
+	}
+	out, err := durable.EncodeTransfer(late)
+	if err != nil {
+		return nil, err
+	}
+	b.endSession(id, nil)
+	return out, nil
+}
+
+// importSession takes over a persistent session from the previous owner's
+// state: stored here first, then live, with mochi told of an offline client
+// so that the CONNACK reports the session present and the connection
+// inherits its subscriptions.
+func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string, epoch uint64, state []byte) error {
+	st, err := durable.DecodeTransfer(state)
+	if err != nil {
+		return err
+	}
+	if st.Session.ID != id {
+		return fmt.Errorf("session transfer for %q answers a takeover of %q", st.Session.ID, id)
+	}
+	if b.store == nil {
+		return errors.New("no durable store to take a persistent session into")
+	}
+	if old := b.session(id); old != nil {
+		b.endSession(id, nil)
+	}
+	if err := b.store.ImportSession(ctx, st); err != nil {
+		return fmt.Errorf("store session: %w", err)
+	}
+	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
+	s.epoch = epoch
+	s.recent = map[MsgID]struct{}{}
+	s.hold = make(chan struct{})
+	b.sessMu.Lock()
+	b.sessions[id] = s
+	b.sessMu.Unlock()
+
+	cl := b.server.NewClient(nil, client.Listener, id, false)
+	cl.Properties.Username = client.Username
+	cl.Properties.Clean = client.Clean
+	cl.Properties.ProtocolVersion = client.ProtocolVersion
+	cl.Properties.Props = packets.Properties{
+		SessionExpiryInterval: client.Properties.SessionExpiryInterval, SessionExpiryIntervalFlag: client.Properties.SessionExpiryIntervalFlag,
+		ReceiveMaximum: client.Properties.ReceiveMaximum, TopicAliasMaximum: client.Properties.TopicAliasMaximum,
+		MaximumPacketSize: client.Properties.MaximumPacketSize,
+	}
+	cl.Stop(packets.ErrSessionTakenOver)
+	for _, sub := range subs {
+		pk := mochiSub(sub)
+		if b.server.Topics.Subscribe(id, pk) {
+			cl.State.Subscriptions.Add(sub.Filter, pk)
+		}
+	}
+	for _, in := range incoming {
+		cl.State.Inflight.Set(in.ToPacket())
+	}
+	b.server.Clients.Add(cl)
+
+	// The session's routes, before the client hears it is back.
+	for _, x := range s.subs {
+		if err := b.cluster.Routes.Add(ctx, sc.Tenant(), s.outsideFilter(x), groupName(x)); err != nil {
+			return fmt.Errorf("route of the taken-over session: %w", err)
+		}
+	}
+	return nil
+}
+
+func mochiSub(sub storage.Subscription) packets.Subscription {
+	return packets.Subscription{Filter: sub.Filter, RetainHandling: sub.RetainHandling, Qos: sub.Qos,
+		RetainAsPublished: sub.RetainAsPublished, NoLocal: sub.NoLocal, Identifier: sub.Identifier}
+}
+
+// mergeLate queues what the previous owner held back for the session,
+// skipping messages that reached it here directly, and stops remembering
+// which did.
+func (b *Broker) mergeLate(id string, late []byte) error {
+	s := b.session(id)
+	if s == nil {
+		return nil
+	}
+	var st durable.SessionState
+	if len(late) > 0 {
+		var err error
+		if st, err = durable.DecodeTransfer(late); err != nil {
+			return err
+		}
+	}
+	var failed error
+	for _, e := range st.Queue {
+		m := fromRecord(e.Msg)
+		if s.enqueueNow(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}) == storeFailed {
+			failed = errStoreFailed
+		}
+	}
+	return failed
+}
+
+// releaseHold lets messages held back during a takeover in.
+func (s *session) releaseHold() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.recent = nil
+	if s.hold != nil {
+		close(s.hold)
+		s.hold = nil
+	}
+}
+
+// takeOverFrom runs the new owner's side of a takeover before the CONNACK.
+// A previous owner that does not answer Begin keeps nothing this edge
+// needs to wait for (it fences itself when its lease runs out); one that
+// handed a session over and then fails End still holds the late messages,
+// so the connection is refused and the client comes back.
+func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) error {
+	state, err := b.cluster.Takeover.Begin(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
+	if err != nil {
+		b.logger.Warn("previous owner did not give the session up", "previous", previous, "error", err)
+		return nil
+	}
+	if len(state) == 0 {
+		return nil
+	}
+	id := sc.ClientID(clientID)
+	defer func() {
+		if s := b.session(id); s != nil {
+			s.releaseHold() // whatever happened, nothing waits on it any longer
+		}
+	}()
+	if err := b.importSession(ctx, sc, id, epoch, state); err != nil {
+		return err
+	}
+	late, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
+	if err != nil {
+		return fmt.Errorf("end takeover: %w", err)
+	}
+	return b.mergeLate(id, late)
 }

@@ -171,6 +171,61 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	pub.Publish(200, "roam", 1, []byte("here"))
 	require.Equal(t, uint16(200), pub.Expect(packets.Puback).PacketID)
 	require.Equal(t, []byte("here"), second.Expect(packets.Publish).Payload)
+
+	// A persistent session moves to the edge its client comes back to, with
+	// what was queued for it while away and what kept arriving during the
+	// takeover: every acknowledged message arrives, in order.
+	persistent := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+	mover := mqtttest.Dial(t, a.mqtt, 5)
+	mover.Connect("mover", false, persistent)
+	require.Equal(t, []byte{1}, mover.Subscribe(1, "move/#", 1).ReasonCodes)
+	mover.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+
+	flow := mqtttest.Dial(t, a.mqtt, 5)
+	flow.Connect("flow", true, packets.Properties{})
+	stop := make(chan struct{})
+	acked := make(chan int, 1)
+	go func() {
+		k := 0
+		defer func() { acked <- k }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			flow.Publish(uint16(k%60000+1), "move/x", 1, []byte(fmt.Sprint(k)))
+			pk, err := flow.Read(5 * time.Second)
+			if err != nil || pk.FixedHeader.Type != packets.Puback {
+				return
+			}
+			k++
+		}
+	}()
+	time.Sleep(300 * time.Millisecond) // queued on edge A while away
+	back := mqtttest.Dial(t, b.mqtt, 5)
+	ack := back.Connect("mover", false, persistent)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+	require.True(t, ack.SessionPresent, "the session came along")
+	time.Sleep(300 * time.Millisecond) // live on edge B
+	close(stop)
+	sent := <-acked
+	require.Positive(t, sent)
+	require.Equal(t, "edge-b", owner("mover"))
+	next := 0
+	for next < sent {
+		pk := back.Expect(packets.Publish)
+		got := 0
+		_, err := fmt.Sscan(string(pk.Payload), &got)
+		require.NoError(t, err)
+		require.LessOrEqual(t, got, next, "message %d lost (got %d)", next, got)
+		if got == next {
+			next++
+		}
+		if pk.FixedHeader.Qos > 0 {
+			back.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
 }
 
 func repoRootOf(t *testing.T) string {

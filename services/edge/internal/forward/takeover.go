@@ -17,11 +17,12 @@ import (
 
 // SessionHandover is the local side of a takeover: the broker.
 type SessionHandover interface {
-	TakeOver(tenant, clientID string, newEpoch uint64) (owned, wasConnected bool)
+	TakeOver(ctx context.Context, tenant, clientID string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error)
+	TakeoverEnd(ctx context.Context, tenant, clientID string, newEpoch uint64) ([]byte, error)
 }
 
 // TakeoverBegin implements edgev1connect.EdgeServiceHandler.
-func (s *Server) TakeoverBegin(_ context.Context, req *connect.Request[edgev1.TakeoverBeginRequest]) (*connect.Response[edgev1.TakeoverBeginResponse], error) {
+func (s *Server) TakeoverBegin(ctx context.Context, req *connect.Request[edgev1.TakeoverBeginRequest]) (*connect.Response[edgev1.TakeoverBeginResponse], error) {
 	if s.Sessions == nil {
 		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge hands no sessions over"))
 	}
@@ -29,8 +30,27 @@ func (s *Server) TakeoverBegin(_ context.Context, req *connect.Request[edgev1.Ta
 	if k.GetTenant() == "" || k.GetClientId() == "" || req.Msg.GetNewEpoch() == 0 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("takeover needs session.tenant, session.client_id and new_epoch"))
 	}
-	owned, connected := s.Sessions.TakeOver(k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch())
-	return connect.NewResponse(&edgev1.TakeoverBeginResponse{Owned: owned, WasConnected: connected}), nil
+	owned, connected, state, err := s.Sessions.TakeOver(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch(), req.Msg.GetCleanStart())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	return connect.NewResponse(&edgev1.TakeoverBeginResponse{Owned: owned, WasConnected: connected, SessionState: state}), nil
+}
+
+// TakeoverEnd implements edgev1connect.EdgeServiceHandler.
+func (s *Server) TakeoverEnd(ctx context.Context, req *connect.Request[edgev1.TakeoverEndRequest]) (*connect.Response[edgev1.TakeoverEndResponse], error) {
+	if s.Sessions == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge hands no sessions over"))
+	}
+	k := req.Msg.GetSession()
+	if k.GetTenant() == "" || k.GetClientId() == "" || req.Msg.GetNewEpoch() == 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("takeover needs session.tenant, session.client_id and new_epoch"))
+	}
+	late, err := s.Sessions.TakeoverEnd(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewResponse(&edgev1.TakeoverEndResponse{LateState: late}), nil
 }
 
 // URLs finds a peer edge's API URL by its ID.
@@ -49,18 +69,44 @@ type Takeovers struct {
 }
 
 // Begin implements broker.Takeover.
-func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) error {
-	url, ok := t.Peers.URL(previousOwner)
+func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64, cleanStart bool) ([]byte, error) {
+	c, err := t.peer(previousOwner)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.TakeoverBegin(ctx, connect.NewRequest(&edgev1.TakeoverBeginRequest{
+		Session:  &commonv1.SessionKey{Tenant: tenant, ClientId: clientID},
+		NewEpoch: newEpoch, NewOwnerEdgeId: t.Self, NewOwnerIncarnation: t.Incarnation, CleanStart: cleanStart,
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetSessionState(), nil
+}
+
+// End implements broker.Takeover.
+func (t *Takeovers) End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) ([]byte, error) {
+	c, err := t.peer(previousOwner)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.TakeoverEnd(ctx, connect.NewRequest(&edgev1.TakeoverEndRequest{
+		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, NewEpoch: newEpoch,
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetLateState(), nil
+}
+
+func (t *Takeovers) peer(id string) (edgev1connect.EdgeServiceClient, error) {
+	url, ok := t.Peers.URL(id)
 	if !ok {
 		// Not a live member: its lease has expired or is about to, and a
 		// fenced edge has already closed its connections.
-		return fmt.Errorf("previous owner %q is not a live member", previousOwner)
+		return nil, fmt.Errorf("previous owner %q is not a live member", id)
 	}
-	_, err := t.client(url).TakeoverBegin(ctx, connect.NewRequest(&edgev1.TakeoverBeginRequest{
-		Session:  &commonv1.SessionKey{Tenant: tenant, ClientId: clientID},
-		NewEpoch: newEpoch, NewOwnerEdgeId: t.Self, NewOwnerIncarnation: t.Incarnation,
-	}))
-	return err
+	return t.client(url), nil
 }
 
 func (t *Takeovers) client(url string) edgev1connect.EdgeServiceClient {

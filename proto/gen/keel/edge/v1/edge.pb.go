@@ -782,8 +782,11 @@ type TakeoverBeginRequest struct {
 	NewOwnerEdgeId string `protobuf:"bytes,4,opt,name=new_owner_edge_id,json=newOwnerEdgeId,proto3" json:"new_owner_edge_id,omitempty"`
 	// new_owner_incarnation is its incarnation.
 	NewOwnerIncarnation uint64 `protobuf:"varint,5,opt,name=new_owner_incarnation,json=newOwnerIncarnation,proto3" json:"new_owner_incarnation,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// clean_start is the new connection's Clean Start flag: the session ends here
+	// rather than moving.
+	CleanStart    bool `protobuf:"varint,6,opt,name=clean_start,json=cleanStart,proto3" json:"clean_start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TakeoverBeginRequest) Reset() {
@@ -851,6 +854,13 @@ func (x *TakeoverBeginRequest) GetNewOwnerIncarnation() uint64 {
 	return 0
 }
 
+func (x *TakeoverBeginRequest) GetCleanStart() bool {
+	if x != nil {
+		return x.CleanStart
+	}
+	return false
+}
+
 // TakeoverBeginResponse confirms the previous owner stopped and persisted.
 type TakeoverBeginResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -858,7 +868,12 @@ type TakeoverBeginResponse struct {
 	// already gave it up, or never had it); the new owner proceeds as usual.
 	Owned bool `protobuf:"varint,1,opt,name=owned,proto3" json:"owned,omitempty"`
 	// was_connected is true when a client connection was closed (0x8E).
-	WasConnected  bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	WasConnected bool `protobuf:"varint,2,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	// session_state is the persistent session moving to the new owner
+	// (subscriptions, in-flight messages with their packet IDs, queue, inbound
+	// QoS 2 state), in the edges' session transfer encoding (versioned JSON);
+	// empty when the session does not move (clean start, or none persistent).
+	SessionState  []byte `protobuf:"bytes,3,opt,name=session_state,json=sessionState,proto3" json:"session_state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -905,6 +920,13 @@ func (x *TakeoverBeginResponse) GetWasConnected() bool {
 		return x.WasConnected
 	}
 	return false
+}
+
+func (x *TakeoverBeginResponse) GetSessionState() []byte {
+	if x != nil {
+		return x.SessionState
+	}
+	return nil
 }
 
 // TakeoverEndRequest completes a takeover.
@@ -968,8 +990,13 @@ type TakeoverEndResponse struct {
 	// route_release_after is when (from now) this edge drops its share of the
 	// session's routes: at least the route-cache lease.
 	RouteReleaseAfter *durationpb.Duration `protobuf:"bytes,1,opt,name=route_release_after,json=routeReleaseAfter,proto3" json:"route_release_after,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// late_state holds the messages this edge queued for the session after
+	// TakeoverBegin (routed here before the new owner's routes were visible), in
+	// the session transfer encoding; the new owner queues them, skipping those it
+	// received itself.
+	LateState     []byte `protobuf:"bytes,2,opt,name=late_state,json=lateState,proto3" json:"late_state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TakeoverEndResponse) Reset() {
@@ -1005,6 +1032,13 @@ func (*TakeoverEndResponse) Descriptor() ([]byte, []int) {
 func (x *TakeoverEndResponse) GetRouteReleaseAfter() *durationpb.Duration {
 	if x != nil {
 		return x.RouteReleaseAfter
+	}
+	return nil
+}
+
+func (x *TakeoverEndResponse) GetLateState() []byte {
+	if x != nil {
+		return x.LateState
 	}
 	return nil
 }
@@ -1407,21 +1441,26 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\rSharedOutcome\x12,\n" +
 	"\x06msg_id\x18\x01 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x123\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x1f.keel.edge.v1.SharedOutcomeKindR\x04kind\"\xe5\x01\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x1f.keel.edge.v1.SharedOutcomeKindR\x04kind\"\x86\x02\n" +
 	"\x14TakeoverBeginRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1b\n" +
 	"\told_epoch\x18\x02 \x01(\x04R\boldEpoch\x12\x1b\n" +
 	"\tnew_epoch\x18\x03 \x01(\x04R\bnewEpoch\x12)\n" +
 	"\x11new_owner_edge_id\x18\x04 \x01(\tR\x0enewOwnerEdgeId\x122\n" +
-	"\x15new_owner_incarnation\x18\x05 \x01(\x04R\x13newOwnerIncarnation\"R\n" +
+	"\x15new_owner_incarnation\x18\x05 \x01(\x04R\x13newOwnerIncarnation\x12\x1f\n" +
+	"\vclean_start\x18\x06 \x01(\bR\n" +
+	"cleanStart\"w\n" +
 	"\x15TakeoverBeginResponse\x12\x14\n" +
 	"\x05owned\x18\x01 \x01(\bR\x05owned\x12#\n" +
-	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected\"g\n" +
+	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected\x12#\n" +
+	"\rsession_state\x18\x03 \x01(\fR\fsessionState\"g\n" +
 	"\x12TakeoverEndRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1b\n" +
-	"\tnew_epoch\x18\x02 \x01(\x04R\bnewEpoch\"`\n" +
+	"\tnew_epoch\x18\x02 \x01(\x04R\bnewEpoch\"\x7f\n" +
 	"\x13TakeoverEndResponse\x12I\n" +
-	"\x13route_release_after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11routeReleaseAfter\"p\n" +
+	"\x13route_release_after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11routeReleaseAfter\x12\x1d\n" +
+	"\n" +
+	"late_state\x18\x02 \x01(\fR\tlateState\"p\n" +
 	"\fDrainRequest\x125\n" +
 	"\bdeadline\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12)\n" +
 	"\x10server_reference\x18\x02 \x01(\tR\x0fserverReference\"\xa2\x01\n" +
