@@ -338,10 +338,11 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout,
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
+	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: inc, Peers: e.peers}
 	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
-		Takeover: &forward.Takeovers{Self: edgeID, Incarnation: inc, Peers: e.peers}})
+		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})
 
-	srv := &forward.Server{Deliver: e.broker, Sessions: e.broker, Logger: e.logger.With("component", "edge-api")}
+	srv := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Logger: e.logger.With("component", "edge-api")}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}
@@ -431,8 +432,13 @@ func (e *Edge) Run(ctx context.Context) error {
 		e.ops.SetReady(true)
 		e.logger.Info("edge ready", "tcp", e.cfg.TCPAddr, "tls", e.cfg.TLSAddr, "ws", e.cfg.WSAddr, "wss", e.cfg.WSSAddr, "ops", e.ops.Addr())
 		return nil
-	}, func(context.Context) error {
+	}, func(ctx context.Context) error {
 		e.ops.SetReady(false)
+		if e.forwarder != nil {
+			// A rolling restart loses no session: persistent ones move to
+			// custodian edges before this one stops.
+			e.broker.Drain(ctx)
+		}
 		err := e.broker.Close()
 		e.closeStore()
 		return err

@@ -64,6 +64,7 @@ type Broker struct {
 	stopped  context.Context
 	stop     context.CancelFunc
 	stopping atomic.Bool
+	draining atomic.Bool // handing sessions to custodians: admit no one
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
 	writers  sync.WaitGroup
@@ -187,6 +188,9 @@ func (b *Broker) SetCluster(c Cluster) {
 	}
 	if c.Takeover != nil {
 		b.cluster.Takeover = c.Takeover
+	}
+	if c.Custody != nil {
+		b.cluster.Custody = c.Custody
 	}
 	if c.Routes != nil {
 		b.cluster.Routes = c.Routes

@@ -76,6 +76,7 @@ type Cluster struct {
 	Output    Output
 	Peers     Peers
 	Takeover  Takeover
+	Custody   Custody
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs

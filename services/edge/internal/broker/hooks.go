@@ -49,6 +49,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if b.fenced.Load() {
 		return refuse(packets.ErrServerUnavailable, "fenced")
 	}
+	if b.draining.Load() {
+		return refuse(packets.ErrServerUnavailable, "draining")
+	}
 	now := time.Now()
 	if !b.guard.admit(cl.Net.Listener, now) {
 		b.m.packetErrors.WithLabelValues("connect_rate").Inc()

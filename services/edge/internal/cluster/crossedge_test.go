@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -31,25 +32,32 @@ func buildBin(t *testing.T, root, dir, pkg string) string {
 	return bin
 }
 
-// startProcess runs bin with args, waits for /readyz on ops and stops it at
-// cleanup (logs shown when the test failed).
-func startProcess(t *testing.T, name, bin, ops string, args ...string) {
+// startProcess runs bin with args and waits for /readyz on ops. The
+// returned stop sends SIGTERM and waits (killing after 20 s); cleanup calls
+// it too, and shows the logs when the test failed.
+func startProcess(t *testing.T, name, bin, ops string, args ...string) (stop func()) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				t.Logf("%s did not stop within 20s of SIGTERM; killed", name)
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Logf("%s did not stop within 10s of SIGTERM; killed", name)
-			_ = cmd.Process.Kill()
-			<-done
-		}
+		stop()
 		if t.Failed() {
 			t.Logf("%s logs:\n%s", name, logs.String())
 		}
@@ -65,6 +73,7 @@ func startProcess(t *testing.T, name, bin, ops string, args ...string) {
 		}
 		return nil
 	})
+	return stop
 }
 
 // TestCluster_CrossEdgePubSub runs a coordinator, a router and two edges as
@@ -87,14 +96,17 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		"--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
 		"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
 
-	type edgeProc struct{ mqtt string }
+	type edgeProc struct {
+		mqtt string
+		stop func()
+	}
 	start := func(id string) edgeProc {
 		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
-		startProcess(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
+		stop := startProcess(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
 			"--ops.addr", ops, "--data-dir", t.TempDir(), "--mqtt.edge-id", id, "--log.level", "warn",
 			"--cluster.coordinator", coordURL, "--cluster.router", "http://"+routerAPI, "--cluster.api-addr", api,
 			"--cluster.forward-timeout", "5s")
-		return edgeProc{mqtt: mqtt}
+		return edgeProc{mqtt: mqtt, stop: stop}
 	}
 	a, b := start("edge-a"), start("edge-b")
 
@@ -224,6 +236,50 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		}
 		if pk.FixedHeader.Qos > 0 {
 			back.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
+
+	// An edge that stops (SIGTERM) hands its persistent sessions to another
+	// edge first: the client finds its session, and what was queued for it,
+	// on the edge that remains.
+	away := mqtttest.Dial(t, a.mqtt, 5)
+	away.Connect("away", false, persistent)
+	require.Equal(t, []byte{1}, away.Subscribe(1, "drain/#", 1).ReasonCodes)
+	away.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	online := mqtttest.Dial(t, a.mqtt, 5)
+	online.Connect("online", false, persistent)
+	require.Equal(t, []byte{1}, online.Subscribe(1, "drain/#", 1).ReasonCodes)
+	feeder := mqtttest.Dial(t, b.mqtt, 5)
+	feeder.Connect("feeder", true, packets.Properties{})
+	for i := range 10 {
+		feeder.Publish(uint16(i+1), "drain/x", 1, []byte{byte(i)})
+		require.Equal(t, uint16(i+1), feeder.Expect(packets.Puback).PacketID)
+	}
+	a.stop()
+	require.Equal(t, packets.ErrServerShuttingDown.Code, online.Expect(packets.Disconnect).ReasonCode)
+	require.Equal(t, "edge-b", owner("away"))
+	require.Equal(t, "edge-b", owner("online"))
+	for k, id := range []string{"away", "online"} {
+		c := mqtttest.Dial(t, b.mqtt, 5)
+		ack := c.Connect(id, false, persistent)
+		require.True(t, ack.SessionPresent, "%s: session handed over", id)
+		queued := map[byte]bool{}
+		for len(queued) < 10 {
+			pk := c.Expect(packets.Publish)
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+			if pk.Payload[0] < 10 {
+				queued[pk.Payload[0]] = true
+			}
+		}
+		live := byte(100 + k)
+		feeder.Publish(uint16(live), "drain/x", 1, []byte{live})
+		require.Equal(t, uint16(live), feeder.Expect(packets.Puback).PacketID)
+		for {
+			pk := c.Expect(packets.Publish)
+			if pk.Payload[0] == live {
+				break // the session's routes moved along
+			}
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
 		}
 	}
 }

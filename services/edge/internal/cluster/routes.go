@@ -77,6 +77,17 @@ func (p *Peers) refresh(ctx context.Context) {
 }
 
 // URL returns the edge API URL of an edge, if it is a live member.
+// IDs lists the live edges known, this one included.
+func (p *Peers) IDs() []string {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	ids := make([]string, 0, len(p.urls))
+	for id := range p.urls {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 func (p *Peers) URL(edgeID string) (string, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()

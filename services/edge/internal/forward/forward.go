@@ -39,7 +39,9 @@ type Server struct {
 	// Sessions gives sessions up to an edge that claimed them (nil: this
 	// edge refuses TakeoverBegin).
 	Sessions SessionHandover
-	Logger   *slog.Logger
+	// Custodian adopts sessions of draining edges (nil: refused).
+	Custodian Custodian
+	Logger    *slog.Logger
 
 	mu  sync.Mutex
 	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"sort"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -124,3 +126,96 @@ func (t *Takeovers) client(url string) edgev1connect.EdgeServiceClient {
 }
 
 var _ broker.Takeover = (*Takeovers)(nil)
+
+// Adopt implements edgev1connect.EdgeServiceHandler.
+func (s *Server) Adopt(ctx context.Context, req *connect.Request[edgev1.AdoptRequest]) (*connect.Response[edgev1.AdoptResponse], error) {
+	if s.Custodian == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge adopts no sessions"))
+	}
+	k := req.Msg.GetSession()
+	if k.GetTenant() == "" || k.GetClientId() == "" || req.Msg.GetFromEdgeId() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("adopt needs session.tenant, session.client_id and from_edge_id"))
+	}
+	adopted, err := s.Custodian.Adopt(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetFromEdgeId())
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(&edgev1.AdoptResponse{Adopted: adopted}), nil
+}
+
+// Custodian is the local side of an adoption: the broker.
+type Custodian interface {
+	Adopt(ctx context.Context, tenant, clientID, fromEdge string) (bool, error)
+}
+
+// Members lists the live peer edges and their API URLs.
+type Members interface {
+	URLs
+	IDs() []string
+}
+
+// Custody hands the sessions of this (draining) edge to custodians: the
+// live peer edge with the highest rendezvous hash of (tenant, client ID,
+// edge), and the next ones if it fails, so that handovers spread evenly and
+// the same session goes to the same edge from any drain.
+type Custody struct {
+	Self  string
+	Peers Members
+	// Calls reuses the clients of the takeover path.
+	Calls *Takeovers
+}
+
+// Handover implements broker.Custody.
+func (c *Custody) Handover(ctx context.Context, tenant, clientID string) error {
+	var errs []error
+	for _, id := range custodians(c.Self, c.Peers.IDs(), tenant, clientID) {
+		cl, err := c.Calls.peer(id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		resp, err := cl.Adopt(ctx, connect.NewRequest(&edgev1.AdoptRequest{
+			Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, FromEdgeId: c.Self}))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", id, err))
+			continue
+		}
+		if !resp.Msg.GetAdopted() {
+			return fmt.Errorf("%s did not adopt the session", id)
+		}
+		return nil
+	}
+	if len(errs) == 0 {
+		return errors.New("no other live edge to hand the session to")
+	}
+	return errors.Join(errs...)
+}
+
+// custodians orders the candidate edges for a session by rendezvous hash.
+func custodians(self string, ids []string, tenant, clientID string) []string {
+	type scored struct {
+		id    string
+		score uint64
+	}
+	var out []scored
+	for _, id := range ids {
+		if id == self {
+			continue
+		}
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(tenant))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(clientID))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(id))
+		out = append(out, scored{id, h.Sum64()})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].score > out[j].score })
+	ids = ids[:0:0]
+	for _, s := range out {
+		ids = append(ids, s.id)
+	}
+	return ids
+}
+
+var _ broker.Custody = (*Custody)(nil)

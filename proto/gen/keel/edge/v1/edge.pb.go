@@ -1043,6 +1043,108 @@ func (x *TakeoverEndResponse) GetLateState() []byte {
 	return nil
 }
 
+// AdoptRequest names the session to take custody of.
+type AdoptRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session to adopt.
+	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// from_edge_id is the draining edge that owns it.
+	FromEdgeId    string `protobuf:"bytes,2,opt,name=from_edge_id,json=fromEdgeId,proto3" json:"from_edge_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptRequest) Reset() {
+	*x = AdoptRequest{}
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptRequest) ProtoMessage() {}
+
+func (x *AdoptRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptRequest.ProtoReflect.Descriptor instead.
+func (*AdoptRequest) Descriptor() ([]byte, []int) {
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AdoptRequest) GetSession() *v1.SessionKey {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *AdoptRequest) GetFromEdgeId() string {
+	if x != nil {
+		return x.FromEdgeId
+	}
+	return ""
+}
+
+// AdoptResponse reports the adoption.
+type AdoptResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// adopted is false when the session had no owner to take it from any more
+	// (it ended, or its client already connected elsewhere).
+	Adopted       bool `protobuf:"varint,1,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptResponse) Reset() {
+	*x = AdoptResponse{}
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptResponse) ProtoMessage() {}
+
+func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
+func (*AdoptResponse) Descriptor() ([]byte, []int) {
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AdoptResponse) GetAdopted() bool {
+	if x != nil {
+		return x.Adopted
+	}
+	return false
+}
+
 // DrainRequest asks the edge to drain.
 type DrainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1058,7 +1160,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1172,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[11]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1185,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{11}
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DrainRequest) GetDeadline() *durationpb.Duration {
@@ -1115,7 +1217,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1229,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[12]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1242,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{12}
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainResponse) GetState() EdgeState {
@@ -1173,7 +1275,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1287,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[13]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1300,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{13}
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{15}
 }
 
 // PeerStatus describes the forward stream to one peer edge.
@@ -1220,7 +1322,7 @@ type PeerStatus struct {
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1334,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[14]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1347,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{14}
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PeerStatus) GetEdgeId() string {
@@ -1310,7 +1412,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1424,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_edge_v1_edge_proto_msgTypes[15]
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1437,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{15}
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *StatusResponse) GetEdgeId() string {
@@ -1460,7 +1562,13 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x13TakeoverEndResponse\x12I\n" +
 	"\x13route_release_after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11routeReleaseAfter\x12\x1d\n" +
 	"\n" +
-	"late_state\x18\x02 \x01(\fR\tlateState\"p\n" +
+	"late_state\x18\x02 \x01(\fR\tlateState\"f\n" +
+	"\fAdoptRequest\x124\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12 \n" +
+	"\ffrom_edge_id\x18\x02 \x01(\tR\n" +
+	"fromEdgeId\")\n" +
+	"\rAdoptResponse\x12\x18\n" +
+	"\aadopted\x18\x01 \x01(\bR\aadopted\"p\n" +
 	"\fDrainRequest\x125\n" +
 	"\bdeadline\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bdeadline\x12)\n" +
 	"\x10server_reference\x18\x02 \x01(\tR\x0fserverReference\"\xa2\x01\n" +
@@ -1502,12 +1610,13 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x10EDGE_STATE_READY\x10\x02\x12\x17\n" +
 	"\x13EDGE_STATE_DRAINING\x10\x03\x12\x16\n" +
 	"\x12EDGE_STATE_DRAINED\x10\x04\x12\x15\n" +
-	"\x11EDGE_STATE_FENCED\x10\x052\x8e\x03\n" +
+	"\x11EDGE_STATE_FENCED\x10\x052\xd0\x03\n" +
 	"\vEdgeService\x12J\n" +
 	"\aForward\x12\x1c.keel.edge.v1.ForwardRequest\x1a\x1d.keel.edge.v1.ForwardResponse(\x010\x01\x12X\n" +
 	"\rTakeoverBegin\x12\".keel.edge.v1.TakeoverBeginRequest\x1a#.keel.edge.v1.TakeoverBeginResponse\x12R\n" +
 	"\vTakeoverEnd\x12 .keel.edge.v1.TakeoverEndRequest\x1a!.keel.edge.v1.TakeoverEndResponse\x12@\n" +
-	"\x05Drain\x12\x1a.keel.edge.v1.DrainRequest\x1a\x1b.keel.edge.v1.DrainResponse\x12C\n" +
+	"\x05Drain\x12\x1a.keel.edge.v1.DrainRequest\x1a\x1b.keel.edge.v1.DrainResponse\x12@\n" +
+	"\x05Adopt\x12\x1a.keel.edge.v1.AdoptRequest\x1a\x1b.keel.edge.v1.AdoptResponse\x12C\n" +
 	"\x06Status\x12\x1b.keel.edge.v1.StatusRequest\x1a\x1c.keel.edge.v1.StatusResponseB\xa5\x01\n" +
 	"\x10com.keel.edge.v1B\tEdgeProtoP\x01Z4github.com/keelmq/keel/proto/gen/keel/edge/v1;edgev1\xa2\x02\x03KEX\xaa\x02\fKeel.Edge.V1\xca\x02\fKeel\\Edge\\V1\xe2\x02\x18Keel\\Edge\\V1\\GPBMetadata\xea\x02\x0eKeel::Edge::V1b\x06proto3"
 
@@ -1524,7 +1633,7 @@ func file_keel_edge_v1_edge_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_edge_v1_edge_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_keel_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_keel_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_keel_edge_v1_edge_proto_goTypes = []any{
 	(ForwardRefusalReason)(0),     // 0: keel.edge.v1.ForwardRefusalReason
 	(SharedOutcomeKind)(0),        // 1: keel.edge.v1.SharedOutcomeKind
@@ -1540,52 +1649,57 @@ var file_keel_edge_v1_edge_proto_goTypes = []any{
 	(*TakeoverBeginResponse)(nil), // 11: keel.edge.v1.TakeoverBeginResponse
 	(*TakeoverEndRequest)(nil),    // 12: keel.edge.v1.TakeoverEndRequest
 	(*TakeoverEndResponse)(nil),   // 13: keel.edge.v1.TakeoverEndResponse
-	(*DrainRequest)(nil),          // 14: keel.edge.v1.DrainRequest
-	(*DrainResponse)(nil),         // 15: keel.edge.v1.DrainResponse
-	(*StatusRequest)(nil),         // 16: keel.edge.v1.StatusRequest
-	(*PeerStatus)(nil),            // 17: keel.edge.v1.PeerStatus
-	(*StatusResponse)(nil),        // 18: keel.edge.v1.StatusResponse
-	(*v1.Message)(nil),            // 19: keel.common.v1.Message
-	(*v1.SessionKey)(nil),         // 20: keel.common.v1.SessionKey
-	(*v1.MsgID)(nil),              // 21: keel.common.v1.MsgID
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*AdoptRequest)(nil),          // 14: keel.edge.v1.AdoptRequest
+	(*AdoptResponse)(nil),         // 15: keel.edge.v1.AdoptResponse
+	(*DrainRequest)(nil),          // 16: keel.edge.v1.DrainRequest
+	(*DrainResponse)(nil),         // 17: keel.edge.v1.DrainResponse
+	(*StatusRequest)(nil),         // 18: keel.edge.v1.StatusRequest
+	(*PeerStatus)(nil),            // 19: keel.edge.v1.PeerStatus
+	(*StatusResponse)(nil),        // 20: keel.edge.v1.StatusResponse
+	(*v1.Message)(nil),            // 21: keel.common.v1.Message
+	(*v1.SessionKey)(nil),         // 22: keel.common.v1.SessionKey
+	(*v1.MsgID)(nil),              // 23: keel.common.v1.MsgID
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
 }
 var file_keel_edge_v1_edge_proto_depIdxs = []int32{
 	4,  // 0: keel.edge.v1.ForwardRequest.messages:type_name -> keel.edge.v1.ForwardMessage
-	19, // 1: keel.edge.v1.ForwardMessage.message:type_name -> keel.common.v1.Message
+	21, // 1: keel.edge.v1.ForwardMessage.message:type_name -> keel.common.v1.Message
 	5,  // 2: keel.edge.v1.ForwardMessage.sessions:type_name -> keel.edge.v1.SessionTarget
 	6,  // 3: keel.edge.v1.ForwardMessage.shared:type_name -> keel.edge.v1.SharedTarget
-	20, // 4: keel.edge.v1.SessionTarget.session:type_name -> keel.common.v1.SessionKey
+	22, // 4: keel.edge.v1.SessionTarget.session:type_name -> keel.common.v1.SessionKey
 	8,  // 5: keel.edge.v1.ForwardResponse.refusals:type_name -> keel.edge.v1.ForwardRefusal
 	9,  // 6: keel.edge.v1.ForwardResponse.shared_outcomes:type_name -> keel.edge.v1.SharedOutcome
-	21, // 7: keel.edge.v1.ForwardRefusal.msg_id:type_name -> keel.common.v1.MsgID
+	23, // 7: keel.edge.v1.ForwardRefusal.msg_id:type_name -> keel.common.v1.MsgID
 	0,  // 8: keel.edge.v1.ForwardRefusal.reason:type_name -> keel.edge.v1.ForwardRefusalReason
-	20, // 9: keel.edge.v1.ForwardRefusal.session:type_name -> keel.common.v1.SessionKey
-	21, // 10: keel.edge.v1.SharedOutcome.msg_id:type_name -> keel.common.v1.MsgID
+	22, // 9: keel.edge.v1.ForwardRefusal.session:type_name -> keel.common.v1.SessionKey
+	23, // 10: keel.edge.v1.SharedOutcome.msg_id:type_name -> keel.common.v1.MsgID
 	1,  // 11: keel.edge.v1.SharedOutcome.kind:type_name -> keel.edge.v1.SharedOutcomeKind
-	20, // 12: keel.edge.v1.TakeoverBeginRequest.session:type_name -> keel.common.v1.SessionKey
-	20, // 13: keel.edge.v1.TakeoverEndRequest.session:type_name -> keel.common.v1.SessionKey
-	22, // 14: keel.edge.v1.TakeoverEndResponse.route_release_after:type_name -> google.protobuf.Duration
-	22, // 15: keel.edge.v1.DrainRequest.deadline:type_name -> google.protobuf.Duration
-	2,  // 16: keel.edge.v1.DrainResponse.state:type_name -> keel.edge.v1.EdgeState
-	2,  // 17: keel.edge.v1.StatusResponse.state:type_name -> keel.edge.v1.EdgeState
-	22, // 18: keel.edge.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
-	17, // 19: keel.edge.v1.StatusResponse.peers:type_name -> keel.edge.v1.PeerStatus
-	3,  // 20: keel.edge.v1.EdgeService.Forward:input_type -> keel.edge.v1.ForwardRequest
-	10, // 21: keel.edge.v1.EdgeService.TakeoverBegin:input_type -> keel.edge.v1.TakeoverBeginRequest
-	12, // 22: keel.edge.v1.EdgeService.TakeoverEnd:input_type -> keel.edge.v1.TakeoverEndRequest
-	14, // 23: keel.edge.v1.EdgeService.Drain:input_type -> keel.edge.v1.DrainRequest
-	16, // 24: keel.edge.v1.EdgeService.Status:input_type -> keel.edge.v1.StatusRequest
-	7,  // 25: keel.edge.v1.EdgeService.Forward:output_type -> keel.edge.v1.ForwardResponse
-	11, // 26: keel.edge.v1.EdgeService.TakeoverBegin:output_type -> keel.edge.v1.TakeoverBeginResponse
-	13, // 27: keel.edge.v1.EdgeService.TakeoverEnd:output_type -> keel.edge.v1.TakeoverEndResponse
-	15, // 28: keel.edge.v1.EdgeService.Drain:output_type -> keel.edge.v1.DrainResponse
-	18, // 29: keel.edge.v1.EdgeService.Status:output_type -> keel.edge.v1.StatusResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	22, // 12: keel.edge.v1.TakeoverBeginRequest.session:type_name -> keel.common.v1.SessionKey
+	22, // 13: keel.edge.v1.TakeoverEndRequest.session:type_name -> keel.common.v1.SessionKey
+	24, // 14: keel.edge.v1.TakeoverEndResponse.route_release_after:type_name -> google.protobuf.Duration
+	22, // 15: keel.edge.v1.AdoptRequest.session:type_name -> keel.common.v1.SessionKey
+	24, // 16: keel.edge.v1.DrainRequest.deadline:type_name -> google.protobuf.Duration
+	2,  // 17: keel.edge.v1.DrainResponse.state:type_name -> keel.edge.v1.EdgeState
+	2,  // 18: keel.edge.v1.StatusResponse.state:type_name -> keel.edge.v1.EdgeState
+	24, // 19: keel.edge.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	19, // 20: keel.edge.v1.StatusResponse.peers:type_name -> keel.edge.v1.PeerStatus
+	3,  // 21: keel.edge.v1.EdgeService.Forward:input_type -> keel.edge.v1.ForwardRequest
+	10, // 22: keel.edge.v1.EdgeService.TakeoverBegin:input_type -> keel.edge.v1.TakeoverBeginRequest
+	12, // 23: keel.edge.v1.EdgeService.TakeoverEnd:input_type -> keel.edge.v1.TakeoverEndRequest
+	16, // 24: keel.edge.v1.EdgeService.Drain:input_type -> keel.edge.v1.DrainRequest
+	14, // 25: keel.edge.v1.EdgeService.Adopt:input_type -> keel.edge.v1.AdoptRequest
+	18, // 26: keel.edge.v1.EdgeService.Status:input_type -> keel.edge.v1.StatusRequest
+	7,  // 27: keel.edge.v1.EdgeService.Forward:output_type -> keel.edge.v1.ForwardResponse
+	11, // 28: keel.edge.v1.EdgeService.TakeoverBegin:output_type -> keel.edge.v1.TakeoverBeginResponse
+	13, // 29: keel.edge.v1.EdgeService.TakeoverEnd:output_type -> keel.edge.v1.TakeoverEndResponse
+	17, // 30: keel.edge.v1.EdgeService.Drain:output_type -> keel.edge.v1.DrainResponse
+	15, // 31: keel.edge.v1.EdgeService.Adopt:output_type -> keel.edge.v1.AdoptResponse
+	20, // 32: keel.edge.v1.EdgeService.Status:output_type -> keel.edge.v1.StatusResponse
+	27, // [27:33] is the sub-list for method output_type
+	21, // [21:27] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_keel_edge_v1_edge_proto_init() }
@@ -1603,7 +1717,7 @@ func file_keel_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_edge_v1_edge_proto_rawDesc), len(file_keel_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,8 @@ const (
 	EdgeServiceTakeoverEndProcedure = "/keel.edge.v1.EdgeService/TakeoverEnd"
 	// EdgeServiceDrainProcedure is the fully-qualified name of the EdgeService's Drain RPC.
 	EdgeServiceDrainProcedure = "/keel.edge.v1.EdgeService/Drain"
+	// EdgeServiceAdoptProcedure is the fully-qualified name of the EdgeService's Adopt RPC.
+	EdgeServiceAdoptProcedure = "/keel.edge.v1.EdgeService/Adopt"
 	// EdgeServiceStatusProcedure is the fully-qualified name of the EdgeService's Status RPC.
 	EdgeServiceStatusProcedure = "/keel.edge.v1.EdgeService/Status"
 )
@@ -67,6 +69,11 @@ type EdgeServiceClient interface {
 	// Drain makes this edge leave: readiness off, sessions handed to custodians,
 	// clients disconnected with 0x8B. Calling it again reports progress.
 	Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error)
+	// Adopt asks this edge to take custody of a persistent session from an edge
+	// that is draining: it claims the session and takes it over from that edge
+	// as a client connecting here would, and keeps it offline (queueing, timers
+	// running) until its client comes back.
+	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	// Status reports this edge's state, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
@@ -106,6 +113,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("Drain")),
 			connect.WithClientOptions(opts...),
 		),
+		adopt: connect.NewClient[v1.AdoptRequest, v1.AdoptResponse](
+			httpClient,
+			baseURL+EdgeServiceAdoptProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("Adopt")),
+			connect.WithClientOptions(opts...),
+		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
 			httpClient,
 			baseURL+EdgeServiceStatusProcedure,
@@ -121,6 +134,7 @@ type edgeServiceClient struct {
 	takeoverBegin *connect.Client[v1.TakeoverBeginRequest, v1.TakeoverBeginResponse]
 	takeoverEnd   *connect.Client[v1.TakeoverEndRequest, v1.TakeoverEndResponse]
 	drain         *connect.Client[v1.DrainRequest, v1.DrainResponse]
+	adopt         *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
 }
 
@@ -142,6 +156,11 @@ func (c *edgeServiceClient) TakeoverEnd(ctx context.Context, req *connect.Reques
 // Drain calls keel.edge.v1.EdgeService.Drain.
 func (c *edgeServiceClient) Drain(ctx context.Context, req *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error) {
 	return c.drain.CallUnary(ctx, req)
+}
+
+// Adopt calls keel.edge.v1.EdgeService.Adopt.
+func (c *edgeServiceClient) Adopt(ctx context.Context, req *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error) {
+	return c.adopt.CallUnary(ctx, req)
 }
 
 // Status calls keel.edge.v1.EdgeService.Status.
@@ -167,6 +186,11 @@ type EdgeServiceHandler interface {
 	// Drain makes this edge leave: readiness off, sessions handed to custodians,
 	// clients disconnected with 0x8B. Calling it again reports progress.
 	Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error)
+	// Adopt asks this edge to take custody of a persistent session from an edge
+	// that is draining: it claims the session and takes it over from that edge
+	// as a client connecting here would, and keeps it offline (queueing, timers
+	// running) until its client comes back.
+	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	// Status reports this edge's state, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 }
@@ -202,6 +226,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("Drain")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceAdoptHandler := connect.NewUnaryHandler(
+		EdgeServiceAdoptProcedure,
+		svc.Adopt,
+		connect.WithSchema(edgeServiceMethods.ByName("Adopt")),
+		connect.WithHandlerOptions(opts...),
+	)
 	edgeServiceStatusHandler := connect.NewUnaryHandler(
 		EdgeServiceStatusProcedure,
 		svc.Status,
@@ -218,6 +248,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceTakeoverEndHandler.ServeHTTP(w, r)
 		case EdgeServiceDrainProcedure:
 			edgeServiceDrainHandler.ServeHTTP(w, r)
+		case EdgeServiceAdoptProcedure:
+			edgeServiceAdoptHandler.ServeHTTP(w, r)
 		case EdgeServiceStatusProcedure:
 			edgeServiceStatusHandler.ServeHTTP(w, r)
 		default:
@@ -243,6 +275,10 @@ func (UnimplementedEdgeServiceHandler) TakeoverEnd(context.Context, *connect.Req
 
 func (UnimplementedEdgeServiceHandler) Drain(context.Context, *connect.Request[v1.DrainRequest]) (*connect.Response[v1.DrainResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.edge.v1.EdgeService.Drain is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.edge.v1.EdgeService.Adopt is not implemented"))
 }
 
 func (UnimplementedEdgeServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {

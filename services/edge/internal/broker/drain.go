@@ -1,0 +1,126 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// Custody hands a persistent session of a draining edge to another edge,
+// which adopts it (DESIGN: custody of offline sessions).
+type Custody interface {
+	Handover(ctx context.Context, tenant, clientID string) error
+}
+
+// drainParallel bounds the handovers in flight while draining.
+const drainParallel = 16
+
+// Drain prepares the edge to stop without losing a session: new
+// connections are refused, every client is disconnected with 0x8B (its will
+// is not sent: the edge, not the client, went away), and each persistent
+// session is handed to a custodian edge, which takes it over with its queue
+// and keeps queueing for it until the client comes back. A session that
+// could not be handed over stays in this edge's store. It returns how many
+// sessions moved and how many stayed.
+func (b *Broker) Drain(ctx context.Context) (moved, stayed int) {
+	b.draining.Store(true)
+	b.stopping.Store(true)
+	for _, cl := range b.server.Clients.GetAll() {
+		if cl.Net.Conn != nil && !cl.Closed() {
+			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
+	// Sessions go offline as their connections close.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && b.onlineSessions() > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if b.cluster.Custody == nil {
+		return 0, b.sessionCount()
+	}
+	var persistent []*session
+	b.sessMu.Lock()
+	for _, s := range b.sessions {
+		if s.persistent && s.durable {
+			persistent = append(persistent, s)
+		}
+	}
+	b.sessMu.Unlock()
+
+	var mu sync.Mutex
+	sem := make(chan struct{}, drainParallel)
+	var wg sync.WaitGroup
+	for _, s := range persistent {
+		external, ok := s.scope.ExternalClientID(s.id)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := b.cluster.Custody.Handover(ctx, s.scope.Tenant(), external)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				stayed++
+				b.logger.Warn("session not handed over; it stays in this edge's store", "client_id", s.id, "error", err)
+				return
+			}
+			moved++
+		}()
+	}
+	wg.Wait()
+	b.m.drainedSessions.WithLabelValues("moved").Add(float64(moved))
+	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
+	b.logger.Info("drained", "sessions_moved", moved, "sessions_stayed", stayed)
+	return moved, stayed
+}
+
+func (b *Broker) onlineSessions() int {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	n := 0
+	for _, s := range b.sessions {
+		if s.online.Load() {
+			n++
+		}
+	}
+	return n
+}
+
+// Adopt takes custody of a session whose owner, fromEdge, is draining: the
+// session is claimed here and taken over from fromEdge as a connecting
+// client would, then stays offline here until its client comes back.
+// adopted is false when the session has moved on already.
+func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (adopted bool, err error) {
+	if b.draining.Load() {
+		return false, errors.New("this edge is draining too")
+	}
+	if b.cluster.Takeover == nil {
+		return false, errors.New("this edge takes no sessions over")
+	}
+	sc, err := b.scope(tenant)
+	if err != nil {
+		return false, err
+	}
+	epoch, previous, err := b.cluster.Ownership.Claim(ctx, tenant, clientID)
+	if err != nil {
+		return false, err
+	}
+	if previous == "" || previous == b.cfg.EdgeID {
+		// Nothing to take: the session ended, or it is here already. A
+		// claim with no session behind it is given back.
+		if b.session(sc.ClientID(clientID)) == nil {
+			_ = b.cluster.Ownership.Release(ctx, tenant, clientID, epoch)
+		}
+		return false, nil
+	}
+	if err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false); err != nil {
+		return false, err
+	}
+	return b.session(sc.ClientID(clientID)) != nil, nil
+}
