@@ -10,8 +10,11 @@ build: ## Build every binary into bin/
 	$(GO) build -o $(BIN)/ ./services/edge/cmd/keel-edge ./services/edge/cmd/keelctl ./services/router/cmd/keel-router ./services/coordinator/cmd/keel-coordinator ./services/persistence/cmd/keel-persistence
 	$(GO) build -o $(BIN)/ ./services/output/cmd/...
 
-.PHONY: run
-run: build ## Run a local Keel on embedded defaults (MQTT on :1883, WebSocket on :8083, ops on :9100)
+.PHONY: run run-edge
+run: build ## Run a local Keel cluster on embedded defaults (MQTT on :1883, WebSocket on :8083; EDGES=3 for :1883-:1885)
+	EDGES=$${EDGES:-1} BIN=$(BIN) scripts/run-cluster.sh
+
+run-edge: build ## Run one edge alone, with no cluster (MQTT on :1883, WebSocket on :8083, ops on :9100)
 	$(BIN)/keel-edge --auth.anonymous=true --data-dir $(ROOT)/data/edge --log.format text
 
 .PHONY: deps

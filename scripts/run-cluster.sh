@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs a local Keel cluster as processes on this machine: one coordinator,
 # one router, one persistence instance (embedded store), one output service
-# (empty rules) and EDGES edges (MQTT on 1883, 1884, ...). Ctrl-C stops them
-# all. State lives under data/cluster.
+# (empty rules) and EDGES edges (MQTT on 1883, 1884, ..., WebSocket on 8083,
+# 8084, ..., ops on 9100, 9101, ...). Ctrl-C stops them all; each edge hands
+# its persistent sessions to another one as it stops. State lives under
+# data/cluster. `make run` is this with one edge.
 #
 #   scripts/run-cluster.sh [-- command args...]
 #
@@ -66,7 +68,7 @@ MQTT_ADDRS="" OPS_ADDRS=""
 for i in $(seq 0 $((EDGES - 1))); do
   port=$((1883 + i + O)) ops=127.0.0.1:$((9100 + i + O))
   start "edge-$i" "$BIN/keel-edge" --auth.anonymous --mqtt.edge-id "edge-$i" \
-    --mqtt.tcp-addr ":$port" --mqtt.ws-addr "" --ops.addr "$ops" \
+    --mqtt.tcp-addr ":$port" --mqtt.ws-addr ":$((8083 + i + O))" --ops.addr "$ops" \
     --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:$((7401 + O)) \
     --cluster.router http://127.0.0.1:$((9300 + O)) --cluster.api-addr "127.0.0.1:$((7411 + i + O))" \
     --output.url http://127.0.0.1:$((9310 + O)) --log.format text --log.level "$LOG_LEVEL" ${EDGE_ARGS:-}
