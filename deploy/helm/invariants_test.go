@@ -561,8 +561,9 @@ func TestBadValues(t *testing.T) {
 var assumedPersistenceFlags = []string{"redis.addr", "redis.min-replicas", "coordinator.addr", "ops.addr"}
 
 // TestFlagsKnown: every --flag the chart passes is one the service binary
-// defines (a typo or a renamed flag would stop the pod at start). The
-// binaries are built from this workspace and asked for --help.
+// defines (a typo or a renamed flag would stop the pod at start), and every
+// KEEL_* variable names one of them (an unknown one is silently ignored).
+// The binaries are built from this workspace and asked for --help.
 func TestFlagsKnown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the service binaries")
@@ -623,6 +624,16 @@ func TestFlagsKnown(t *testing.T) {
 					name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 					if !strings.HasPrefix(a, "--") || !flags[name] {
 						t.Errorf("%s/%s: keel-%s has no flag %q", w.name, c.Name, c.Name, a)
+					}
+				}
+				// A KEEL_* variable is read only if it names a flag (libs/config).
+				env := map[string]bool{}
+				for f := range flags {
+					env["KEEL_"+strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(f))] = true
+				}
+				for _, e := range c.Env {
+					if strings.HasPrefix(e.Name, "KEEL_") && !env[e.Name] {
+						t.Errorf("%s/%s: keel-%s reads no variable %s", w.name, c.Name, c.Name, e.Name)
 					}
 				}
 			}
