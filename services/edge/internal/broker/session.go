@@ -56,7 +56,7 @@ type session struct {
 	recent map[MsgID]struct{}
 	// hold, while open, keeps new messages back until the previous owner's
 	// late ones are queued, so the session's order holds.
-	hold chan struct{}
+	hold       chan struct{}
 	queue      ring
 	queueBytes int
 	writing    bool

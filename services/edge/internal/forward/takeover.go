@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
-	"sort"
+	"slices"
 	"sync"
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/libs/rendezvous"
 	"github.com/keelmq/keel/libs/rpc"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
@@ -155,9 +155,9 @@ type Members interface {
 }
 
 // Custody hands the sessions of this (draining) edge to custodians: the
-// live peer edge with the highest rendezvous hash of (tenant, client ID,
-// edge), and the next ones if it fails, so that handovers spread evenly and
-// the same session goes to the same edge from any drain.
+// live peer edge ranked first for the session by rendezvous hashing, and the
+// next ones if it fails, so that handovers spread evenly and a session goes
+// where the coordinator would send it.
 type Custody struct {
 	Self  string
 	Peers Members
@@ -191,31 +191,10 @@ func (c *Custody) Handover(ctx context.Context, tenant, clientID string) error {
 	return errors.Join(errs...)
 }
 
-// custodians orders the candidate edges for a session by rendezvous hash.
+// custodians orders the candidate edges for a session as the coordinator
+// does when it reassigns sessions (libs/rendezvous), leaving out this edge.
 func custodians(self string, ids []string, tenant, clientID string) []string {
-	type scored struct {
-		id    string
-		score uint64
-	}
-	var out []scored
-	for _, id := range ids {
-		if id == self {
-			continue
-		}
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(tenant))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(clientID))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(id))
-		out = append(out, scored{id, h.Sum64()})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].score > out[j].score })
-	ids = ids[:0:0]
-	for _, s := range out {
-		ids = append(ids, s.id)
-	}
-	return ids
+	return slices.DeleteFunc(rendezvous.Rank(tenant, clientID, ids), func(id string) bool { return id == self })
 }
 
 var _ broker.Custody = (*Custody)(nil)
