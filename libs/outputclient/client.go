@@ -10,8 +10,17 @@
 // acknowledged when the stream breaks is sent again on the next stream, so
 // the output service may see a record twice (it carries its msgID).
 //
+// Only messages that match an output rule are queued. The output service
+// sends the topic filters of its rules on the Publish stream, when it opens
+// and after every reload that changes them; [Client.Offer] checks a message
+// against the latest set before anything is built for it, and a message no
+// rule matches costs a lookup and a counter
+// (keel_edge_output_skipped_total). Until a set has arrived, and with an
+// output service that sends none, every message is queued, as the output
+// service then matches them itself.
+//
 // The edge creates one [Client], runs [Client.Run] in a goroutine it owns,
-// and calls [Client.Offer] for every message that may match an output rule.
+// and calls [Client.Offer] for every application message.
 package outputclient
 
 import (
@@ -27,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/topic"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
@@ -91,12 +101,76 @@ func (c *Config) defaults() {
 	}
 }
 
+// AllTenants is the tenant of a filter entry that applies to the messages of
+// every tenant. It cannot be a tenant name.
+const AllTenants = "*"
+
 // Stats are counters since the client was created.
 type Stats struct {
 	Offered uint64 // Offer calls
+	Skipped uint64 // matched no output rule, so not queued
 	Queued  uint64 // taken into the queue
 	Acked   uint64 // acknowledged by the output service as accepted
 	Dropped uint64 // dropped, any reason
+}
+
+// matcher holds one filter set of the output service. It is immutable once
+// built, so that Offer can read it without a lock.
+type matcher struct {
+	version uint64
+	tenants map[string]*topic.Trie[struct{}]
+	all     *topic.Trie[struct{}] // entry AllTenants; nil without one
+}
+
+func newMatcher(f *outputv1.RuleFilters) *matcher {
+	m := &matcher{version: f.GetVersion(), tenants: make(map[string]*topic.Trie[struct{}], len(f.GetTenants()))}
+	for _, tf := range f.GetTenants() {
+		if len(tf.GetFilters()) == 0 {
+			continue
+		}
+		tr := m.trie(tf.GetTenant())
+		for _, fl := range tf.GetFilters() {
+			tr.Add(fl, struct{}{})
+		}
+	}
+	return m
+}
+
+// trie returns the trie of tenant's entry, adding it when missing.
+func (m *matcher) trie(tenant string) *topic.Trie[struct{}] {
+	if tenant == AllTenants {
+		if m.all == nil {
+			m.all = &topic.Trie[struct{}]{}
+		}
+		return m.all
+	}
+	tr := m.tenants[tenant]
+	if tr == nil {
+		tr = &topic.Trie[struct{}]{}
+		m.tenants[tenant] = tr
+	}
+	return tr
+}
+
+// match reports whether a filter of tenant, or of every tenant, matches the
+// topic name. An empty name matches nothing: the output service refuses it.
+func (m *matcher) match(tenant, name string) bool {
+	if name == "" {
+		return false
+	}
+	return hit(m.tenants[tenant], name) || hit(m.all, name)
+}
+
+func hit(tr *topic.Trie[struct{}], name string) bool {
+	if tr == nil {
+		return false
+	}
+	found := false
+	tr.Match(name, func(struct{}) bool {
+		found = true
+		return false
+	})
+	return found
 }
 
 // Client streams messages to the output service. Use [New].
@@ -105,17 +179,28 @@ type Client struct {
 	logger *slog.Logger
 	rpc    outputv1connect.OutputServiceClient
 
+	// filters is the latest filter set of the output service; nil means
+	// none, and every message is queued. Every Offer reads it and a skipped
+	// one adds to skipped only (Offered is the sum of skipped and matched),
+	// so the padding keeps both off the cache lines that queuing writes.
+	filters atomic.Pointer[matcher]
+	_       [56]byte
+	skipped atomic.Uint64
+	_       [56]byte
+
 	mu     sync.Mutex
 	q      []*commonv1.Message // q[head:] queued, oldest first; guarded by mu
 	head   int
 	qbytes int64
 	notify chan struct{}
 
-	offered, queued, acked, dropped atomic.Uint64
+	matched, queued, acked, dropped atomic.Uint64
 	dropsSinceLog                   atomic.Uint64
 	lastDropLog                     atomic.Int64
 
 	mDropFull, mDropRefused prometheus.Counter
+	mSkipped                prometheus.CounterFunc
+	mFiltersVersion         prometheus.Gauge
 	mSent                   prometheus.Counter
 	mQueue                  prometheus.Gauge
 	mConnected              prometheus.Gauge
@@ -147,8 +232,15 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 		mConnected: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_edge_output_connected",
 			Help: "1 while the Publish stream to the output service is open."}),
 	}
+	// A function of the Stats counter, so that a skipped message costs one
+	// atomic add.
+	c.mSkipped = prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keel_edge_output_skipped_total",
+		Help: "Messages not sent to the output service because none of its rules matches them."},
+		func() float64 { return float64(c.skipped.Load()) })
+	c.mFiltersVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_edge_output_filters_version",
+		Help: "Version of the output service's rule filters in use; 0 while every message is sent."})
 	if reg != nil {
-		for _, col := range []prometheus.Collector{dropped, c.mSent, c.mQueue, c.mConnected} {
+		for _, col := range []prometheus.Collector{dropped, c.mSent, c.mQueue, c.mConnected, c.mSkipped, c.mFiltersVersion} {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register output client metrics: %w", err)
 			}
@@ -157,11 +249,57 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 	return c, nil
 }
 
-// Offer queues m for the output service and returns at once. It returns
+// Offer queues the message of tenant published on topicName (as the
+// tenant's clients see it) if an output rule matches it, and returns at
+// once. build is called, before Offer returns, only then: a message no rule
+// matches is counted as skipped and nothing is built for it. Offer returns
 // false when the queue is full; the message is then dropped and counted.
-// m must not be modified afterwards.
-func (c *Client) Offer(m *commonv1.Message) bool {
-	c.offered.Add(1)
+// The message build returns must not be modified afterwards.
+func (c *Client) Offer(tenant, topicName string, build func() *commonv1.Message) bool {
+	if f := c.filters.Load(); f != nil && !f.match(tenant, topicName) {
+		c.skipped.Add(1)
+		return true
+	}
+	return c.enqueue(build())
+}
+
+// OfferMessage is [Client.Offer] for a message already built: it is queued
+// if an output rule matches its tenant and topic.
+func (c *Client) OfferMessage(m *commonv1.Message) bool {
+	if f := c.filters.Load(); f != nil && !f.match(m.GetTenant(), m.GetTopic()) {
+		c.skipped.Add(1)
+		return true
+	}
+	return c.enqueue(m)
+}
+
+// Filters returns the version of the output service's filter set in use,
+// and false while there is none (every message is queued).
+func (c *Client) Filters() (version uint64, ok bool) {
+	if f := c.filters.Load(); f != nil {
+		return f.version, true
+	}
+	return 0, false
+}
+
+// setFilters switches to the filter set f, or with nil to queuing every
+// message.
+func (c *Client) setFilters(f *outputv1.RuleFilters) {
+	if f == nil {
+		c.mFiltersVersion.Set(0)
+		if c.filters.Swap(nil) != nil {
+			c.logger.Info("output service sends no rule filters: offering every message")
+		}
+		return
+	}
+	m := newMatcher(f)
+	c.filters.Store(m)
+	c.mFiltersVersion.Set(float64(m.version))
+	c.logger.Info("output rule filters applied", "version", m.version, "tenants", len(f.GetTenants()))
+}
+
+func (c *Client) enqueue(m *commonv1.Message) bool {
+	c.matched.Add(1)
 	size := int64(len(m.GetPayload()))
 	c.mu.Lock()
 	if len(c.q)-c.head >= c.cfg.QueueRecords || c.qbytes+size > c.cfg.QueueBytes {
@@ -197,7 +335,9 @@ func (c *Client) drop(ctr prometheus.Counter, reason string, n uint64) {
 
 // Stats returns the counters.
 func (c *Client) Stats() Stats {
-	return Stats{Offered: c.offered.Load(), Queued: c.queued.Load(), Acked: c.acked.Load(), Dropped: c.dropped.Load()}
+	skipped := c.skipped.Load()
+	return Stats{Offered: c.matched.Load() + skipped, Skipped: skipped, Queued: c.queued.Load(), Acked: c.acked.Load(),
+		Dropped: c.dropped.Load()}
 }
 
 // QueueLen returns the number of queued messages.
@@ -301,6 +441,11 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 	}
 	recvErr := make(chan error, 1)
 	go func() {
+		// The filter set of the previous stream stays in use until this
+		// one's first response: while the output service is unreachable the
+		// queue then keeps what its rules want, and an instance that sends
+		// filters sends them first.
+		first := true
 		for {
 			resp, err := st.Receive()
 			if err != nil {
@@ -308,6 +453,10 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 				cancel()
 				return
 			}
+			if f := resp.GetFilters(); f != nil || first {
+				c.setFilters(f)
+			}
+			first = false
 			mu.Lock()
 			b := inflight[resp.GetBatchId()]
 			delete(inflight, resp.GetBatchId())
@@ -354,6 +503,14 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 		}
 		c.mSent.Add(float64(len(b.req.GetRecords())))
 		return nil
+	}
+	// An empty batch opens the stream, so that the output service sends its
+	// filters, and is acknowledged at once, so that the first response comes
+	// even from an instance that sends no filters. It is not tracked: there
+	// is nothing in it to send again.
+	*nextID++
+	if err := st.Send(&outputv1.PublishRequest{BatchId: *nextID, EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation}); err != nil {
+		return fail(err)
 	}
 	c.mConnected.Set(1)
 	for _, b := range resend {

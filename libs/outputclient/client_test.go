@@ -29,7 +29,7 @@ func TestClient_Offer_NeverBlocks(t *testing.T) {
 	var slowest time.Duration
 	for i := range 10000 {
 		s := time.Now()
-		c.Offer(&commonv1.Message{Tenant: "a", Topic: "t", Payload: []byte{byte(i)}})
+		c.OfferMessage(&commonv1.Message{Tenant: "a", Topic: "t", Payload: []byte{byte(i)}})
 		slowest = max(slowest, time.Since(s))
 	}
 	st := c.Stats()
@@ -61,7 +61,7 @@ func TestClient_DropLog_RateLimited(t *testing.T) {
 	c, err := New(Config{URL: "http://127.0.0.1:1", QueueRecords: 1, DropLogInterval: time.Hour}, logging.Discard(), nil)
 	require.NoError(t, err)
 	for range 1000 {
-		c.Offer(&commonv1.Message{Tenant: "a", Topic: "t"})
+		c.OfferMessage(&commonv1.Message{Tenant: "a", Topic: "t"})
 	}
 	require.Equal(t, uint64(999), c.Stats().Dropped)
 	// One log line was allowed (the first drop), then none for an hour.

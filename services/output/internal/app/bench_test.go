@@ -84,7 +84,7 @@ tenants:
 				Tenant: "acme", Topic: topics[i%len(topics)], Payload: payload, Qos: 1,
 				ClientId: "bench", IngressUnixNano: time.Now().UnixNano(),
 			}
-			if !c.Offer(m) {
+			if !c.OfferMessage(m) {
 				b.Fatal("queue full")
 			}
 		}

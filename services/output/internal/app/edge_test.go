@@ -2,9 +2,12 @@ package app
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,9 +39,11 @@ func repoRoot(t *testing.T) string {
 }
 
 // TestOutput_FromEdge_MQTTToKafka is the whole path: MQTT clients publish
-// to a real keel-edge process, which offers every message to this output
-// service, whose Kafka plugin writes them to a kfake broker; kafka-go reads
-// them back with their MQTT metadata.
+// to a real keel-edge process, which sends the messages a rule matches to
+// this output service, whose Kafka plugin writes them to a kfake broker;
+// kafka-go reads them back with their MQTT metadata. Messages no rule
+// matches stay on the edge (keel_edge_output_skipped_total) and never reach
+// the output service.
 func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
@@ -53,9 +58,9 @@ func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
 
 	addr := outputtest.StartKafka(t, 4, kafkaTopic)
 	h := startOutput(t, kafkaRules(addr, ""))
-	mqttAddr := testutil.FreeAddr(t)
+	mqttAddr, opsAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	edge := exec.Command(bin, "--auth.anonymous", "--auth.anonymous-tenant", "acme", "--mqtt.tcp-addr", mqttAddr,
-		"--mqtt.ws-addr", "", "--ops.addr", "127.0.0.1:0", "--data-dir", t.TempDir(), "--output.url", h.url, "--log.level", "warn")
+		"--mqtt.ws-addr", "", "--ops.addr", opsAddr, "--data-dir", t.TempDir(), "--output.url", h.url, "--log.level", "warn")
 	var logs strings.Builder
 	edge.Stdout, edge.Stderr = &logs, &logs
 	require.NoError(t, edge.Start())
@@ -74,11 +79,43 @@ func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
 	require.True(t, tok.WaitTimeout(15*time.Second), "connect to the edge")
 	require.NoError(t, tok.Error())
 	defer c.Disconnect(100)
-	const n = 50
-	for i := range n {
-		pt := c.Publish(fmt.Sprintf("sensors/%d", i%3), 1, false, fmt.Appendf(nil, "m%d", i))
+	// The edge has the rules' filters once its stream is open.
+	edgeMetric := func(name string) float64 {
+		t.Helper()
+		resp, err := http.Get("http://" + opsAddr + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		// An unlabelled sample is the line "<name> <value>".
+		for line := range strings.Lines(string(body)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				require.NoError(t, err)
+				return f
+			}
+		}
+		t.Fatalf("edge metric %s missing", name)
+		return 0
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if v := edgeMetric("keel_edge_output_filters_version"); v != float64(h.out.Host().Filters().Proto.GetVersion()) {
+			return fmt.Errorf("edge filters version %v", v)
+		}
+		return nil
+	})
+	publish := func(topic string, i int) {
+		t.Helper()
+		pt := c.Publish(topic, 1, false, fmt.Appendf(nil, "m%d", i))
 		require.True(t, pt.WaitTimeout(5*time.Second))
 		require.NoError(t, pt.Error())
+	}
+	const n, other = 50, 20
+	for i := range n {
+		publish(fmt.Sprintf("sensors/%d", i%3), i)
+		if i < other {
+			publish(fmt.Sprintf("other/%d", i%3), i)
+		}
 	}
 	testutil.Eventually(t, 20*time.Second, func() error {
 		if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); int(w) < n {
@@ -86,6 +123,9 @@ func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
 		}
 		return nil
 	})
+	require.Equal(t, float64(other), edgeMetric("keel_edge_output_skipped_total"))
+	require.Equal(t, float64(n), edgeMetric("keel_edge_output_sent_total"))
+	require.Zero(t, metric(t, h.out.Registry(), "keel_output_unmatched_total", nil))
 	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 20*time.Second)
 	require.Len(t, msgs, n)
 	for _, km := range msgs {

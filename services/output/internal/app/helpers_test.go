@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -33,6 +34,12 @@ type harness struct {
 // outputtest.PluginDir) and returns it ready; it is stopped at cleanup.
 func startOutput(t testing.TB, rulesYAML string) *harness {
 	t.Helper()
+	return startOutputWith(t, rulesYAML, nil)
+}
+
+// startOutputWith is startOutput with the configuration changed by mod.
+func startOutputWith(t testing.TB, rulesYAML string, mod func(*Config)) *harness {
+	t.Helper()
 	dir := t.TempDir()
 	h := &harness{rulesPath: filepath.Join(dir, "rules.yaml"), pluginDir: outputtest.PluginDir(t)}
 	require.NoError(t, os.WriteFile(h.rulesPath, []byte(rulesYAML), 0o600))
@@ -45,6 +52,9 @@ func startOutput(t testing.TB, rulesYAML string) *harness {
 	cfg.Pipeline.BackoffMax = 300 * time.Millisecond
 	cfg.Pipeline.CallTimeout = 5 * time.Second
 	cfg.Pipeline.DrainTimeout = 2 * time.Second
+	if mod != nil {
+		mod(&cfg)
+	}
 	out, err := New(cfg, testutil.Logger(t))
 	require.NoError(t, err)
 	h.out = out
@@ -77,10 +87,13 @@ func startOutput(t testing.TB, rulesYAML string) *harness {
 	return h
 }
 
-// writeRules replaces the rules file.
+// writeRules replaces the rules file in one step, so that a watcher never
+// reads it half written.
 func (h *harness) writeRules(t testing.TB, y string) {
 	t.Helper()
-	require.NoError(t, os.WriteFile(h.rulesPath, []byte(y), 0o600))
+	tmp := h.rulesPath + ".tmp"
+	require.NoError(t, os.WriteFile(tmp, []byte(y), 0o600))
+	require.NoError(t, os.Rename(tmp, h.rulesPath))
 }
 
 // newClient runs an edge-side client against h.
@@ -98,6 +111,18 @@ func newClient(t testing.TB, h *harness, mod func(*client.Config)) (*client.Clie
 	go func() { defer close(done); _ = c.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return c, reg
+}
+
+// waitFilters waits until c uses the filter set h's rules publish.
+func waitFilters(t testing.TB, c *client.Client, h *harness) {
+	t.Helper()
+	want := h.out.Host().Filters().Proto.GetVersion()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if v, ok := c.Filters(); !ok || v != want {
+			return fmt.Errorf("client filters version %d (ok %v), want %d", v, ok, want)
+		}
+		return nil
+	})
 }
 
 // metric sums the samples of a counter or gauge family whose labels include

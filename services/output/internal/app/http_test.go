@@ -105,7 +105,7 @@ func TestOutput_HTTP_RetriesSignaturesBatches(t *testing.T) {
 		} else {
 			want[meta.MsgID(m.GetId())] = true
 		}
-		require.True(t, c.Offer(m))
+		require.True(t, c.OfferMessage(m))
 	}
 	reqs := func() int { mu.Lock(); defer mu.Unlock(); return requests }
 	testutil.Eventually(t, 10*time.Second, func() error {
@@ -193,17 +193,23 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 	seq := uint64(0)
 	var dropped uint32
 	publish := func(n int) time.Duration {
-		req := &outputv1.PublishRequest{BatchId: seq, EdgeId: "edge-raw"}
+		req := &outputv1.PublishRequest{BatchId: seq + 1, EdgeId: "edge-raw"}
 		for range n {
 			seq++
 			req.Records = append(req.Records, &outputv1.OutputRecord{Message: outputtest.Message("acme", "sensors/x", seq, []byte(`{"v":1}`))})
 		}
 		start := time.Now()
 		require.NoError(t, st.Send(req))
-		resp, err := st.Receive()
-		require.NoError(t, err)
-		dropped += resp.GetDropped()
-		return time.Since(start)
+		for {
+			resp, err := st.Receive()
+			require.NoError(t, err)
+			if resp.GetFilters() != nil {
+				continue // not an ack
+			}
+			require.Equal(t, req.GetBatchId(), resp.GetBatchId())
+			dropped += resp.GetDropped()
+			return time.Since(start)
+		}
 	}
 	measure := func(d time.Duration) []time.Duration {
 		var rtts []time.Duration
@@ -241,7 +247,7 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 			}
 			m := outputtest.Message("acme", "sensors/y", 1_000_000+uint64(i), []byte(`{"v":2}`))
 			s := time.Now()
-			c.Offer(m)
+			c.OfferMessage(m)
 			if d := time.Since(s).Nanoseconds(); d > offerMax.Load() {
 				offerMax.Store(d)
 			}

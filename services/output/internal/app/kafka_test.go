@@ -71,9 +71,10 @@ func header(hs []kafka.Header, key string) string {
 
 // TestOutput_Kafka_EndToEnd streams messages on three MQTT topics of tenant
 // acme through the Connect API (edge-side client) into the Kafka sink plugin
-// and a kfake broker, plus messages of another tenant that no rule matches.
-// It reads the topic back with kafka-go and with kcat and checks payloads,
-// keys, headers, tenant isolation and exact per-topic order.
+// and a kfake broker, plus messages of another tenant that no rule matches,
+// which the client leaves out once it has the rules' filters. It reads the
+// topic back with kafka-go and with kcat and checks payloads, keys, headers,
+// tenant isolation and exact per-topic order.
 func TestOutput_Kafka_EndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
@@ -81,7 +82,8 @@ func TestOutput_Kafka_EndToEnd(t *testing.T) {
 	t.Parallel()
 	addr := outputtest.StartKafka(t, 4, kafkaTopic)
 	h := startOutput(t, kafkaRules(addr, ""))
-	c, _ := newClient(t, h, nil)
+	c, creg := newClient(t, h, nil)
+	waitFilters(t, c, h)
 
 	topics := []string{"sensors/a/temp", "sensors/b/temp", "sensors/c"}
 	const perTopic = 100
@@ -92,9 +94,9 @@ func TestOutput_Kafka_EndToEnd(t *testing.T) {
 			seq++
 			m := outputtest.Message("acme", tp, seq, fmt.Appendf(nil, `{"i":%d,"topic":%q}`, i, tp))
 			sent[meta.MsgID(m.GetId())] = m
-			require.True(t, c.Offer(m))
+			require.True(t, c.OfferMessage(m))
 			// Another tenant, same topic: matches no rule, must not appear.
-			require.True(t, c.Offer(outputtest.Message("beta", tp, 100000+seq, []byte("beta"))))
+			require.True(t, c.OfferMessage(outputtest.Message("beta", tp, 100000+seq, []byte("beta"))))
 		}
 	}
 	total := perTopic * len(topics)
@@ -104,7 +106,8 @@ func TestOutput_Kafka_EndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	require.Equal(t, float64(total), metric(t, h.out.Registry(), "keel_output_unmatched_total", nil))
+	require.Zero(t, metric(t, h.out.Registry(), "keel_output_unmatched_total", nil), "the edge sent a message no rule matches")
+	require.Equal(t, float64(total), metric(t, creg, "keel_edge_output_skipped_total", nil))
 
 	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 10*time.Second)
 	require.Len(t, msgs, total)
@@ -215,7 +218,7 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 	for i := range n {
 		m := outputtest.Message("acme", fmt.Sprintf("sensors/%d", i%7), uint64(i+1), fmt.Appendf(nil, "m%d", i))
 		sent[meta.MsgID(m.GetId())] = true
-		require.True(t, c.Offer(m))
+		require.True(t, c.OfferMessage(m))
 		if i == n/3 {
 			require.NoError(t, syscall.Kill(sinkPid, sig))
 		}

@@ -31,7 +31,7 @@ func TestOutput_Reload_BadRulesKeepLastGood(t *testing.T) {
 	delivered := func() {
 		t.Helper()
 		seq++
-		require.True(t, c.Offer(outputtest.Message("acme", "sensors/r", seq, []byte("x"))))
+		require.True(t, c.OfferMessage(outputtest.Message("acme", "sensors/r", seq, []byte("x"))))
 		testutil.Eventually(t, 10*time.Second, func() error {
 			if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); w < float64(seq) {
 				return fmt.Errorf("written %v of %d", w, seq)
@@ -80,7 +80,7 @@ func TestOutput_Reload_KeepsBuffer(t *testing.T) {
 	c, _ := newClient(t, h, nil)
 	const n = 500
 	for i := range n {
-		require.True(t, c.Offer(outputtest.Message("acme", "sensors/k", uint64(i+1), fmt.Appendf(nil, "%d", i))))
+		require.True(t, c.OfferMessage(outputtest.Message("acme", "sensors/k", uint64(i+1), fmt.Appendf(nil, "%d", i))))
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if b := h.out.Host().Buffered(); b != n {

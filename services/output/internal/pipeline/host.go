@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -21,6 +23,28 @@ type snapshot struct {
 	pipes map[string]*Pipeline
 }
 
+// Filters is one published set of the running rules' topic filters, in the
+// form edges receive them. Edges send only what these filters match, so a
+// set must match exactly what the rules match, no less.
+type Filters struct {
+	// Proto is shared by every Publish stream and must not be modified.
+	Proto *outputv1.RuleFilters
+	// Changed is closed once a newer set replaces this one.
+	Changed <-chan struct{}
+
+	changed  chan struct{}
+	byTenant map[string][]string
+}
+
+func newFilters(version uint64, byTenant map[string][]string) *Filters {
+	pf := &outputv1.RuleFilters{Version: version, Tenants: make([]*outputv1.TenantFilters, 0, len(byTenant))}
+	for _, t := range slices.Sorted(maps.Keys(byTenant)) {
+		pf.Tenants = append(pf.Tenants, &outputv1.TenantFilters{Tenant: t, Filters: byTenant[t]})
+	}
+	ch := make(chan struct{})
+	return &Filters{Proto: pf, Changed: ch, changed: ch, byTenant: byTenant}
+}
+
 // Host owns the pipelines of one output instance.
 type Host struct {
 	cfg     Config
@@ -30,7 +54,8 @@ type Host struct {
 	mu      sync.Mutex // serialises Apply and Stop
 	stopped bool       // guarded by mu
 	snap    atomic.Pointer[snapshot]
-	wg      sync.WaitGroup // workers and drains
+	filters atomic.Pointer[Filters] // replaced under mu
+	wg      sync.WaitGroup          // workers and drains
 }
 
 // NewHost returns a host with no rules. m may be nil (unregistered metrics).
@@ -43,7 +68,25 @@ func NewHost(cfg Config, logger *slog.Logger, m *Metrics) *Host {
 	}
 	h := &Host{cfg: cfg.withDefaults(), logger: logger, metrics: m}
 	h.snap.Store(&snapshot{set: &rules.Set{}, pipes: map[string]*Pipeline{}})
+	h.filters.Store(newFilters(1, map[string][]string{}))
 	return h
+}
+
+// Filters returns the topic filters of the running rules.
+func (h *Host) Filters() *Filters { return h.filters.Load() }
+
+// publishFilters replaces the published filters when set matches other
+// messages than they do. Called with mu held, after set took effect, so that
+// an edge never leaves out a message the rules now match for longer than
+// the new set takes to reach it.
+func (h *Host) publishFilters(set *rules.Set) {
+	cur := h.filters.Load()
+	next := set.Filters()
+	if maps.EqualFunc(cur.byTenant, next, slices.Equal) {
+		return
+	}
+	h.filters.Store(newFilters(cur.Proto.GetVersion()+1, next))
+	close(cur.changed)
 }
 
 // Apply switches to set. Pipelines whose plugins and plugin configuration
@@ -111,6 +154,7 @@ func (h *Host) Apply(ctx context.Context, set *rules.Set) error {
 		}
 	}
 	h.snap.Store(next)
+	h.publishFilters(set)
 	for name, p := range old.pipes {
 		if _, ok := next.pipes[name]; !ok {
 			h.logger.Info("rule deleted: draining its buffer", "rule", name, "records", p.buf.len())

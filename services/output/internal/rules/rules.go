@@ -430,6 +430,22 @@ func expand(v any, lookup func(string) (string, bool)) (any, []string) {
 // Pipeline returns the pipeline named "tenant/rule", or nil.
 func (s *Set) Pipeline(name string) *Pipeline { return s.byName[name] }
 
+// Filters returns, by tenant, the topic filters of the tenant's rules, sorted
+// and without duplicates. A message matches one of its tenant's filters
+// exactly when [Set.Match] finds a pipeline for it, so edges can leave out
+// every other message. Tenants without rules have no entry.
+func (s *Set) Filters() map[string][]string {
+	out := make(map[string][]string)
+	for _, p := range s.Pipelines {
+		out[p.Tenant] = append(out[p.Tenant], p.Filters...)
+	}
+	for t, fs := range out {
+		slices.Sort(fs)
+		out[t] = slices.Compact(fs)
+	}
+	return out
+}
+
 // Match calls fn once for every pipeline of tenant with a filter matching
 // topicName. It allocates nothing when no filter of the tenant matches.
 func (s *Set) Match(tenant, topicName string, fn func(*Pipeline)) {

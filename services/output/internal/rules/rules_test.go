@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/topic"
 )
 
 func pluginDir(t *testing.T, ids ...string) string {
@@ -91,6 +93,26 @@ func TestSet_Match(t *testing.T) {
 			require.Equal(t, want, got)
 		})
 	}
+}
+
+// TestSet_Filters checks that the filters a set publishes match exactly the
+// messages Match finds a pipeline for, per tenant, on the topics of
+// TestSet_Match and a few more.
+func TestSet_Filters(t *testing.T) {
+	t.Parallel()
+	set, err := Parse("r.yaml", []byte(validRules), Options{SkipBinaryCheck: true, LookupEnv: func(string) (string, bool) { return "", true }})
+	require.NoError(t, err)
+	fs := set.Filters()
+	require.Equal(t, map[string][]string{"acme": {"#", "orders/#", "orders/+/eu"}, "beta": {"orders/#"}}, fs)
+	for _, tenant := range []string{"acme", "beta", "gamma"} {
+		for _, name := range []string{"orders", "orders/1/eu", "x/y", "x", "$SYS/x", "orders/", "/orders"} {
+			matched := false
+			set.Match(tenant, name, func(*Pipeline) { matched = true })
+			filtered := slices.ContainsFunc(fs[tenant], func(f string) bool { return topic.Match(f, name) })
+			require.Equal(t, matched, filtered, "tenant %s topic %q", tenant, name)
+		}
+	}
+	require.Empty(t, (&Set{}).Filters())
 }
 
 func TestParse_Errors(t *testing.T) {

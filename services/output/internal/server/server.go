@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -67,10 +68,31 @@ func (h *Handler) Streams() int { return int(h.streams.Load()) }
 
 // Publish takes batches into the pipelines' buffers and acknowledges each.
 // It never waits on a sink: a record that does not fit is counted as dropped
-// in the ack.
+// in the ack. Beside the acks it sends the rules' topic filters when the
+// stream opens and after every reload that changes them, so that the edge
+// leaves out the messages no rule matches.
 func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[outputv1.PublishRequest, outputv1.PublishResponse]) error {
 	h.streams.Add(1)
 	defer h.streams.Add(-1)
+	var sendMu sync.Mutex // acks and filter sets come from two goroutines
+	send := func(resp *outputv1.PublishResponse) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(resp)
+	}
+	// The filters go first, before anything is read, so that they are the
+	// first response the edge sees: an edge takes a first response without
+	// them for an instance that sends none.
+	f := h.host.Filters()
+	if err := stream.Send(h.filtersResponse(f)); err != nil {
+		return err
+	}
+	fctx, stopFilters := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { h.sendFilters(fctx, f, send) })
+	// The stream must not be used once Publish has returned.
+	defer wg.Wait()
+	defer stopFilters()
 	var edge string
 	for {
 		req, err := stream.Receive()
@@ -100,12 +122,35 @@ func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[output
 				accepted++
 			}
 		}
-		if err := stream.Send(&outputv1.PublishResponse{
+		if err := send(&outputv1.PublishResponse{
 			BatchId: req.GetBatchId(), Accepted: accepted, Dropped: dropped, CreditBytes: h.credit,
 		}); err != nil {
 			return err
 		}
 	}
+}
+
+// sendFilters sends every filter set that replaces sent, the one the
+// stream has, until ctx ends or a send fails (the receive loop then ends the
+// stream). A set replaced before it was sent is skipped: each one replaces
+// the previous whole.
+func (h *Handler) sendFilters(ctx context.Context, sent *pipeline.Filters, send func(*outputv1.PublishResponse) error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sent.Changed:
+		}
+		sent = h.host.Filters()
+		if err := send(h.filtersResponse(sent)); err != nil {
+			return
+		}
+	}
+}
+
+// filtersResponse carries a filter set and acknowledges no batch.
+func (h *Handler) filtersResponse(f *pipeline.Filters) *outputv1.PublishResponse {
+	return &outputv1.PublishResponse{Filters: f.Proto, CreditBytes: h.credit}
 }
 
 // Status reports the pipelines.

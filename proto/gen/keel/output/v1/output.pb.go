@@ -91,7 +91,10 @@ func (PipelineState) EnumDescriptor() ([]byte, []int) {
 // PublishRequest is one batch of messages.
 type PublishRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// batch_id identifies the batch on this stream; the response echoes it.
+	// batch_id identifies the batch on this stream; the response echoes it. It
+	// is never 0, which responses that acknowledge no batch carry. A request
+	// without records is a valid batch, acknowledged like any other; edges send
+	// one when a stream opens, so that every instance answers at once.
 	BatchId uint64 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
 	// edge_id of the sending edge.
 	EdgeId string `protobuf:"bytes,2,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
@@ -230,7 +233,16 @@ type PublishResponse struct {
 	Dropped uint32 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// credit_bytes is the window the edge may have in flight (sent, not yet
 	// acknowledged) from now on, in payload bytes. It shrinks when buffers fill.
-	CreditBytes   uint64 `protobuf:"varint,4,opt,name=credit_bytes,json=creditBytes,proto3" json:"credit_bytes,omitempty"`
+	CreditBytes uint64 `protobuf:"varint,4,opt,name=credit_bytes,json=creditBytes,proto3" json:"credit_bytes,omitempty"`
+	// filters, when set, are the topic filters of every rule this instance runs:
+	// the edge sends only the messages they match, because the instance would
+	// drop every other record. The instance sends them as soon as a stream
+	// opens and again whenever a rules reload changes them, each time in a
+	// response of its own that acknowledges no batch (batch_id 0, accepted and
+	// dropped 0); each set replaces the previous one whole. An edge sends every
+	// message until it has received a set, and again when the first response
+	// of a stream carries none (an instance that never sends filters).
+	Filters       *RuleFilters `protobuf:"bytes,5,opt,name=filters,proto3" json:"filters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -293,6 +305,132 @@ func (x *PublishResponse) GetCreditBytes() uint64 {
 	return 0
 }
 
+func (x *PublishResponse) GetFilters() *RuleFilters {
+	if x != nil {
+		return x.Filters
+	}
+	return nil
+}
+
+// RuleFilters are the topic filters of the rules an output instance runs, by
+// tenant. A message matches when one filter of its tenant's entry, or of the
+// entry for every tenant, matches its topic as MQTT defines it (a filter
+// whose first level is a wildcard does not match a topic beginning with '$').
+// A set with no entries matches nothing.
+type RuleFilters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is at least 1 and increases by one each time the instance's rules
+	// change what they match. It orders the sets of one instance only
+	// and is for logs and metrics: an edge applies every set it receives.
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// tenants are the entries, sorted by tenant, at most one per tenant.
+	Tenants       []*TenantFilters `protobuf:"bytes,2,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleFilters) Reset() {
+	*x = RuleFilters{}
+	mi := &file_keel_output_v1_output_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleFilters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleFilters) ProtoMessage() {}
+
+func (x *RuleFilters) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_output_v1_output_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleFilters.ProtoReflect.Descriptor instead.
+func (*RuleFilters) Descriptor() ([]byte, []int) {
+	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RuleFilters) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RuleFilters) GetTenants() []*TenantFilters {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// TenantFilters are the topic filters of one tenant's rules.
+type TenantFilters struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant is the tenant name, or "*" for filters that apply to the messages
+	// of every tenant ("*" cannot be a tenant name).
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// filters are MQTT topic filters in the tenant's outside form, as the rules
+	// are written (e.g. "sensors/#", without any tenant prefix), sorted and
+	// without duplicates. They are never shared subscriptions.
+	Filters       []string `protobuf:"bytes,2,rep,name=filters,proto3" json:"filters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantFilters) Reset() {
+	*x = TenantFilters{}
+	mi := &file_keel_output_v1_output_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantFilters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantFilters) ProtoMessage() {}
+
+func (x *TenantFilters) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_output_v1_output_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantFilters.ProtoReflect.Descriptor instead.
+func (*TenantFilters) Descriptor() ([]byte, []int) {
+	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TenantFilters) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantFilters) GetFilters() []string {
+	if x != nil {
+		return x.Filters
+	}
+	return nil
+}
+
 // StatusRequest asks for an instance's status.
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -302,7 +440,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_output_v1_output_proto_msgTypes[3]
+	mi := &file_keel_output_v1_output_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +452,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_output_v1_output_proto_msgTypes[3]
+	mi := &file_keel_output_v1_output_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +465,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{3}
+	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{5}
 }
 
 // PipelineStatus describes one pipeline.
@@ -357,7 +495,7 @@ type PipelineStatus struct {
 
 func (x *PipelineStatus) Reset() {
 	*x = PipelineStatus{}
-	mi := &file_keel_output_v1_output_proto_msgTypes[4]
+	mi := &file_keel_output_v1_output_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +507,7 @@ func (x *PipelineStatus) String() string {
 func (*PipelineStatus) ProtoMessage() {}
 
 func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_output_v1_output_proto_msgTypes[4]
+	mi := &file_keel_output_v1_output_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +520,7 @@ func (x *PipelineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PipelineStatus.ProtoReflect.Descriptor instead.
 func (*PipelineStatus) Descriptor() ([]byte, []int) {
-	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{4}
+	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PipelineStatus) GetName() string {
@@ -463,7 +601,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_output_v1_output_proto_msgTypes[5]
+	mi := &file_keel_output_v1_output_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +613,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_output_v1_output_proto_msgTypes[5]
+	mi := &file_keel_output_v1_output_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +626,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{5}
+	return file_keel_output_v1_output_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatusResponse) GetMemberId() string {
@@ -524,12 +662,19 @@ const file_keel_output_v1_output_proto_rawDesc = "" +
 	"\arecords\x18\x04 \x03(\v2\x1c.keel.output.v1.OutputRecordR\arecords\"_\n" +
 	"\fOutputRecord\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12\x1c\n" +
-	"\tpipelines\x18\x02 \x03(\tR\tpipelines\"\x85\x01\n" +
+	"\tpipelines\x18\x02 \x03(\tR\tpipelines\"\xbc\x01\n" +
 	"\x0fPublishResponse\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\rR\baccepted\x12\x18\n" +
 	"\adropped\x18\x03 \x01(\rR\adropped\x12!\n" +
-	"\fcredit_bytes\x18\x04 \x01(\x04R\vcreditBytes\"\x0f\n" +
+	"\fcredit_bytes\x18\x04 \x01(\x04R\vcreditBytes\x125\n" +
+	"\afilters\x18\x05 \x01(\v2\x1b.keel.output.v1.RuleFiltersR\afilters\"`\n" +
+	"\vRuleFilters\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x127\n" +
+	"\atenants\x18\x02 \x03(\v2\x1d.keel.output.v1.TenantFiltersR\atenants\"A\n" +
+	"\rTenantFilters\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
+	"\afilters\x18\x02 \x03(\tR\afilters\"\x0f\n" +
 	"\rStatusRequest\"\xdc\x02\n" +
 	"\x0ePipelineStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
@@ -571,31 +716,35 @@ func file_keel_output_v1_output_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_output_v1_output_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keel_output_v1_output_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_keel_output_v1_output_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_keel_output_v1_output_proto_goTypes = []any{
 	(PipelineState)(0),      // 0: keel.output.v1.PipelineState
 	(*PublishRequest)(nil),  // 1: keel.output.v1.PublishRequest
 	(*OutputRecord)(nil),    // 2: keel.output.v1.OutputRecord
 	(*PublishResponse)(nil), // 3: keel.output.v1.PublishResponse
-	(*StatusRequest)(nil),   // 4: keel.output.v1.StatusRequest
-	(*PipelineStatus)(nil),  // 5: keel.output.v1.PipelineStatus
-	(*StatusResponse)(nil),  // 6: keel.output.v1.StatusResponse
-	(*v1.Message)(nil),      // 7: keel.common.v1.Message
+	(*RuleFilters)(nil),     // 4: keel.output.v1.RuleFilters
+	(*TenantFilters)(nil),   // 5: keel.output.v1.TenantFilters
+	(*StatusRequest)(nil),   // 6: keel.output.v1.StatusRequest
+	(*PipelineStatus)(nil),  // 7: keel.output.v1.PipelineStatus
+	(*StatusResponse)(nil),  // 8: keel.output.v1.StatusResponse
+	(*v1.Message)(nil),      // 9: keel.common.v1.Message
 }
 var file_keel_output_v1_output_proto_depIdxs = []int32{
 	2, // 0: keel.output.v1.PublishRequest.records:type_name -> keel.output.v1.OutputRecord
-	7, // 1: keel.output.v1.OutputRecord.message:type_name -> keel.common.v1.Message
-	0, // 2: keel.output.v1.PipelineStatus.state:type_name -> keel.output.v1.PipelineState
-	5, // 3: keel.output.v1.StatusResponse.pipelines:type_name -> keel.output.v1.PipelineStatus
-	1, // 4: keel.output.v1.OutputService.Publish:input_type -> keel.output.v1.PublishRequest
-	4, // 5: keel.output.v1.OutputService.Status:input_type -> keel.output.v1.StatusRequest
-	3, // 6: keel.output.v1.OutputService.Publish:output_type -> keel.output.v1.PublishResponse
-	6, // 7: keel.output.v1.OutputService.Status:output_type -> keel.output.v1.StatusResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	9, // 1: keel.output.v1.OutputRecord.message:type_name -> keel.common.v1.Message
+	4, // 2: keel.output.v1.PublishResponse.filters:type_name -> keel.output.v1.RuleFilters
+	5, // 3: keel.output.v1.RuleFilters.tenants:type_name -> keel.output.v1.TenantFilters
+	0, // 4: keel.output.v1.PipelineStatus.state:type_name -> keel.output.v1.PipelineState
+	7, // 5: keel.output.v1.StatusResponse.pipelines:type_name -> keel.output.v1.PipelineStatus
+	1, // 6: keel.output.v1.OutputService.Publish:input_type -> keel.output.v1.PublishRequest
+	6, // 7: keel.output.v1.OutputService.Status:input_type -> keel.output.v1.StatusRequest
+	3, // 8: keel.output.v1.OutputService.Publish:output_type -> keel.output.v1.PublishResponse
+	8, // 9: keel.output.v1.OutputService.Status:output_type -> keel.output.v1.StatusResponse
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_keel_output_v1_output_proto_init() }
@@ -609,7 +758,7 @@ func file_keel_output_v1_output_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_output_v1_output_proto_rawDesc), len(file_keel_output_v1_output_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
