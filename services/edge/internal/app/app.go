@@ -336,7 +336,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	}
 	e.routes = rc
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
-	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout,
+	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
 	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: inc, Peers: e.peers}
 	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,

@@ -110,6 +110,7 @@ type Link struct {
 	peer        string
 	client      edgev1connect.EdgeServiceClient
 	logger      *slog.Logger
+	m           *Metrics
 
 	mu      sync.Mutex
 	queue   []*pending // not yet in a frame
@@ -130,9 +131,12 @@ type frame struct {
 }
 
 // NewLink returns a link from this edge to the peer at baseURL (h2c).
-func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *slog.Logger) *Link {
+func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *slog.Logger, m *Metrics) *Link {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
 	hc := rpc.H2CClient()
-	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger,
+	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m,
 		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
 }
 
@@ -193,6 +197,7 @@ func (l *Link) stream(ctx context.Context) error {
 		if err := st.Send(l.request(f)); err != nil {
 			return err
 		}
+		l.m.resent.Inc()
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -221,6 +226,8 @@ func (l *Link) stream(ctx context.Context) error {
 			if err := st.Send(l.request(f)); err != nil {
 				return err
 			}
+			l.m.frames.Inc()
+			l.m.frameMessages.Observe(float64(len(f.msgs)))
 		}
 	}
 }

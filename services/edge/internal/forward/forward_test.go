@@ -137,7 +137,7 @@ func TestServer_FramesDeliveredOnce(t *testing.T) {
 	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1,
 		Messages: []*edgev1.ForwardMessage{{Message: &commonv1.Message{Tenant: "acme", Topic: "t"}}}}
 	for range 2 { // two streams, as after a reconnect
-		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t))
+		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
 		st := l.client.Forward(t.Context())
 		require.NoError(t, st.Send(frame))
 		resp, err := st.Receive()
@@ -149,7 +149,7 @@ func TestServer_FramesDeliveredOnce(t *testing.T) {
 	require.Equal(t, 1, d.n)
 
 	// Garbage: a frame without sequence is refused.
-	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t))
+	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
 	st := l.client.Forward(t.Context())
 	require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a"}))
 	_, err := st.Receive()

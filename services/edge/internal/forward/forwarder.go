@@ -31,8 +31,9 @@ type Forwarder struct {
 	Resolver    Resolver
 	// Bound is how long a QoS 1/2 publish waits for its peers before the
 	// publisher is closed without an acknowledgement (DESIGN: PUBLISH).
-	Bound  time.Duration
-	Logger *slog.Logger
+	Bound   time.Duration
+	Logger  *slog.Logger
+	Metrics *Metrics // nil: not exported
 
 	mu    sync.Mutex
 	ctx   context.Context
@@ -61,7 +62,7 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	}
 	l := f.links[p.ID]
 	if l == nil || l.isClosed() {
-		l = NewLink(f.Self, f.Incarnation, p.ID, p.URL, f.log())
+		l = NewLink(f.Self, f.Incarnation, p.ID, p.URL, f.log(), f.Metrics)
 		f.links[p.ID] = l
 		f.wg.Add(1)
 		go func() {

@@ -1,0 +1,343 @@
+package e2e
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/stretchr/testify/require"
+)
+
+// The cluster suite runs a coordinator, a router and three edges as
+// containers and checks the delivery invariants of DESIGN.md with real
+// MQTT clients under takeovers, a paused edge and a replaced router.
+
+// TestE2E_Cluster_CrossEdgePubSub: publishers on edge 1 send a few hundred
+// pipelined messages each at QoS 0, 1 and 2; subscribers on edges 2 and 3
+// (forwarded) and on edge 1 (local) get every acknowledged QoS 1/2 message,
+// no QoS 2 message twice, and each publisher's messages in order.
+func TestE2E_Cluster_CrossEdgePubSub(t *testing.T) {
+	needDocker(t)
+	k := startCluster(t, clusterConfig{})
+	const perPub = 300
+	for _, qos := range []byte{0, 1, 2} {
+		t.Run(fmt.Sprintf("QoS%d", qos), func(t *testing.T) {
+			ck := NewChecker()
+			filter := fmt.Sprintf("e2e/cross/q%d/#", qos)
+			var subs []string
+			for _, edge := range []int{1, 2, 0} {
+				name := fmt.Sprintf("q%d-sub@%s", qos, edgeAlias(edge))
+				subscribe(t, k.URL(edge), name, true, ck.NewSubscriber(name, qos, filter), nil)
+				subs = append(subs, name)
+			}
+			var pubs []*Publisher
+			for i := range 2 {
+				id := fmt.Sprintf("q%d-pub%d", qos, i+1)
+				c := mustDial(t, mqttOpts(k.URL(0), id, true))
+				pubs = append(pubs, ck.NewPublisher(id, c, fmt.Sprintf("e2e/cross/q%d/p%d", qos, i+1), qos))
+			}
+			began := time.Now()
+			var wg sync.WaitGroup
+			for _, p := range pubs {
+				wg.Go(func() {
+					if err := p.Publish(perPub); err != nil {
+						t.Errorf("%s: %v", p.ID, err)
+					}
+					p.Flush()
+				})
+			}
+			wg.Wait()
+			acked := time.Since(began)
+			r := ck.WaitDelivered(30 * time.Second)
+			t.Logf("published and settled in %v, delivered in %v:%s", acked.Round(time.Millisecond),
+				time.Since(began).Round(time.Millisecond), r)
+			for _, p := range pubs {
+				// Nothing fails here, so a refused publish would be a bug too.
+				require.Equal(t, perPub, r.Pub(p.ID).Acked, "every publish acknowledged in a healthy cluster: %s", r.Pub(p.ID))
+			}
+			if qos == 0 {
+				for _, name := range subs {
+					if s := r.Sub(name); s.OutOfOrder > 0 {
+						t.Errorf("QoS 0 out of order: %s", s)
+					}
+				}
+				return
+			}
+			requireDelivery(t, r, subs...)
+			for _, name := range subs {
+				require.Equal(t, 2*perPub, r.Sub(name).Expected, "the window covers every message")
+			}
+		})
+	}
+}
+
+// lostSignal is a paho ConnectionLostHandler that records when it fired.
+type lostSignal struct {
+	ch   chan struct{}
+	once sync.Once
+	at   atomic.Pointer[time.Time]
+	err  atomic.Pointer[error]
+}
+
+func newLostSignal() *lostSignal { return &lostSignal{ch: make(chan struct{})} }
+
+func (l *lostSignal) handler(_ mqtt.Client, err error) {
+	l.once.Do(func() {
+		now := time.Now()
+		l.at.Store(&now)
+		l.err.Store(&err)
+		close(l.ch)
+	})
+}
+
+func (l *lostSignal) wait(d time.Duration) bool {
+	select {
+	case <-l.ch:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// TestE2E_Cluster_SessionTakeoverAcrossEdges: a clean-session client
+// "roamer" hops edge 2 → 3 → 1 → 2 → 3 with the same client ID while a QoS 1
+// stream from edge 1 flows. At each hop the server closes the previous
+// connection, the new one gets every acknowledged message published after
+// its SUBACK, and no message published after the takeover completed
+// reaches both connections. A witness on edge 3 that never moves shows the
+// stream itself loses nothing.
+//
+// The first hop comes right after the cluster started, when an edge may not
+// know the others yet (edges read the membership from the coordinator every
+// second); the later ones come once every edge knows every other.
+func TestE2E_Cluster_SessionTakeoverAcrossEdges(t *testing.T) {
+	needDocker(t)
+	const membershipRefresh = time.Second
+	k := startCluster(t, clusterConfig{})
+	ck := NewChecker()
+	const filter = "e2e/roam/#"
+	witness := ck.NewSubscriber("witness@edge-3", 1, filter)
+	subscribe(t, k.URL(2), "witness", true, witness, nil)
+
+	pc := mustDial(t, mqttOpts(k.URL(0), "roam-pub", true))
+	pub := ck.NewPublisher("roam-pub", pc, "e2e/roam/t", 1)
+	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(0), "roam-pub", true), 10*time.Second) }
+	stop := pub.GoStream(5 * time.Millisecond)
+	t.Cleanup(stop)
+
+	// waitFlow waits until s got n more messages than it had.
+	waitFlow := func(s *Subscriber, n int) {
+		t.Helper()
+		base := s.Count()
+		require.Eventually(t, func() bool { return s.Count() >= base+n }, 20*time.Second, 20*time.Millisecond,
+			"%s receives the stream", s.Name)
+	}
+
+	hops := []int{1, 2, 0, 1, 2}
+	cur := ck.NewSubscriber(fmt.Sprintf("roamer#0@%s", edgeAlias(hops[0])), 1, filter)
+	curLost := newLostSignal()
+	curClient := subscribe(t, k.URL(hops[0]), "roamer", true, cur, curLost.handler)
+	waitFlow(cur, 20)
+
+	for hop := 1; hop < len(hops); hop++ {
+		from, to := hops[hop-1], hops[hop]
+		if hop == 2 {
+			if d := 3*membershipRefresh - time.Since(k.Ready); d > 0 {
+				time.Sleep(d)
+			}
+		}
+		began := time.Since(k.Ready)
+		early := began < 2*membershipRefresh
+		// The current connection's window closes before the takeover starts;
+		// everything acknowledged in it must have arrived before it is closed.
+		cur.Stop()
+		if r := ck.WaitSub(cur, 20*time.Second); r.Lost > 0 || r.OutOfOrder > 0 {
+			t.Errorf("hop %d: %s lost messages before the takeover: %s", hop, cur.Name, r)
+		}
+		next := ck.NewSubscriber(fmt.Sprintf("roamer#%d@%s", hop, edgeAlias(to)), 1, filter)
+		nextLost := newLostSignal()
+		nc := mustDial(t, mqttOpts(k.URL(to), "roamer", true).
+			SetDefaultPublishHandler(next.Handler()).SetConnectionLostHandler(nextLost.handler))
+		// The previous owner closes the connection before the new one gets
+		// its CONNACK; the wait only absorbs scheduling.
+		closed := curLost.wait(5 * time.Second)
+		// The takeover is complete: from here on only the new connection may
+		// get messages.
+		done := ck.Watermark()
+		requireSubscribe(t, nc, next)
+		waitFlow(next, 50)
+		both := Overlap(cur, next, done)
+		switch {
+		case closed && len(both) > 0:
+			t.Errorf("hop %d: %d messages published after the takeover reached both connections: %s", hop, len(both), idRanges(both))
+		case !closed && !early:
+			t.Errorf("hop %d (%s → %s): the server did not close the first connection; %d messages reached both: %s",
+				hop, edgeAlias(from), edgeAlias(to), len(both), idRanges(both))
+		case !closed:
+			knownIssue(t, "hop %d (%s → %s), %v after the cluster started: the first connection stayed open, so client ID "+
+				"\"roamer\" had two live connections (invariant 3) and %d messages published after the new CONNACK reached both %s. "+
+				"The new owner's edge did not know the previous owner yet (services/edge/internal/forward/takeover.go: "+
+				"Takeovers.peer looks the edge up in a membership copy refreshed every second and fails with "+
+				"\"previous owner ... is not a live member\" without refreshing it), and broker.takeOverFrom admits the "+
+				"client anyway instead of waiting for the previous owner's lease to expire (DESIGN: takeover).",
+				hop, edgeAlias(from), edgeAlias(to), began.Round(100*time.Millisecond), len(both), idRanges(both))
+		}
+		if !closed {
+			// So that the next hops start from one connection.
+			curClient.Disconnect(0)
+		}
+		cur, curLost, curClient = next, nextLost, nc
+	}
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("takeovers done:%s", r)
+	require.Positive(t, r.Pub("roam-pub").Acked)
+	requireDelivery(t, r, witness.Name, cur.Name)
+	require.False(t, curLost.wait(0), "the last connection stays up")
+}
+
+// TestE2E_Cluster_PausedEdgeFencesAndRejoins pauses edge 2 (docker pause)
+// for twice the lease TTL while a QoS 1 stream from edge 1 flows to
+// subscribers on edges 1, 2 and 3. The subscribers on edges 1 and 3 lose
+// no acknowledged message; after the resume edge 2 finds its lease lapsed,
+// fences itself and closes its client, which can then connect to edge 2
+// again and gets every acknowledged message published after its SUBACK.
+func TestE2E_Cluster_PausedEdgeFencesAndRejoins(t *testing.T) {
+	needDocker(t)
+	// A short lease keeps the pause short; the forward timeout is below it
+	// so that the refusals after the lease expired show in the window below.
+	const ttl, forward = 3 * time.Second, 2 * time.Second
+	k := startCluster(t, clusterConfig{LeaseTTL: ttl, ForwardTimeout: forward})
+	ck := NewChecker()
+	const filter = "e2e/pause/#"
+	s1 := ck.NewSubscriber("sub@edge-1", 1, filter)
+	subscribe(t, k.URL(0), "sub-1", true, s1, nil)
+	s3 := ck.NewSubscriber("sub@edge-3", 1, filter)
+	subscribe(t, k.URL(2), "sub-3", true, s3, nil)
+	victim := ck.NewSubscriber("sub@edge-2", 1, filter)
+	victimLost := newLostSignal()
+	subscribe(t, k.URL(1), "sub-2", true, victim, victimLost.handler)
+
+	pc := mustDial(t, mqttOpts(k.URL(0), "pause-pub", true))
+	pub := ck.NewPublisher("pause-pub", pc, "e2e/pause/t", 1)
+	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(0), "pause-pub", true), 10*time.Second) }
+	stop := pub.GoStream(10 * time.Millisecond)
+	t.Cleanup(stop)
+	require.Eventually(t, func() bool { return victim.Count() >= 50 }, 20*time.Second, 20*time.Millisecond)
+
+	paused := time.Now()
+	beforePause := ck.Report().Pub("pause-pub").Acked
+	k.Pause(k.Edges[1])
+	// By now the lease has expired on the coordinator and edge 1 has
+	// dropped edge 2 from its peers (refreshed every second).
+	time.Sleep(ttl + 1500*time.Millisecond)
+	deadFrom := ck.Report().Pub("pause-pub").Acked
+	time.Sleep(2*ttl - time.Since(paused))
+	victim.Stop()
+	duringPause := ck.Report().Pub("pause-pub").Acked
+	resumed := time.Now()
+	k.Unpause(k.Edges[1])
+
+	if !victimLost.wait(20 * time.Second) {
+		t.Errorf("edge 2 did not close its client within 20s of resuming past its lease")
+	} else if at := *victimLost.at.Load(); at.Before(resumed) {
+		t.Errorf("the client of edge 2 lost its connection while the edge was paused (%v before the resume): the client timed out, not the edge", resumed.Sub(at))
+	} else {
+		t.Logf("edge 2 closed its client %v after resuming (%v)", at.Sub(resumed).Round(time.Millisecond), *victimLost.err.Load())
+	}
+
+	back := ck.NewSubscriber("sub@edge-2#2", 1, filter)
+	bc, err := dial(mqttOpts(k.URL(1), "sub-2", true).SetDefaultPublishHandler(back.Handler()), 45*time.Second)
+	require.NoError(t, err, "the client connects to edge 2 again once it rejoined")
+	t.Cleanup(func() { bc.Disconnect(50) })
+	t.Logf("client back on edge 2 %v after the resume", time.Since(resumed).Round(time.Millisecond))
+	requireSubscribe(t, bc, back)
+	require.Eventually(t, func() bool { return back.Count() >= 50 }, 30*time.Second, 20*time.Millisecond,
+		"the rejoined edge gets the stream again")
+
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("acknowledged before the pause %d, during it %d (%d after edge 2's lease expired); publisher reconnects %d:%s",
+		beforePause, duringPause-beforePause, duringPause-deadFrom, pub.Reconnects(), r)
+	requireDelivery(t, r, s1.Name, s3.Name, back.Name)
+	if duringPause == deadFrom {
+		knownIssue(t, "no publish on %q was acknowledged in the last %v of the pause, after edge 2's lease had expired: "+
+			"one dead edge with a subscriber stalls every QoS 1/2 publisher of the topic (invariant 6). Edge 1 still gets "+
+			"edge 2's routes from the router and refuses each publish (resolve routes: route to unknown edge \"edge-2\", "+
+			"services/edge/internal/cluster/routes.go Resolver.Route) because nothing removes a dead edge's routes: the router's "+
+			"RemoveEdge has no caller and custody of the dead edge's sessions (DESIGN: custody) is not built. It lasts until the edge rejoins.",
+			filter, 2*ttl-(ttl+1500*time.Millisecond))
+	}
+}
+
+// TestE2E_Cluster_RouterReplaced kills the router (SIGKILL) while a QoS 1
+// stream flows from edge 1 to subscribers on edges 1, 2 and 3 (persistent
+// sessions that reconnect by themselves), and starts a new, empty router
+// under the same name. Publishes may be refused while routes are missing,
+// but every acknowledged one must reach every subscriber.
+func TestE2E_Cluster_RouterReplaced(t *testing.T) {
+	needDocker(t)
+	k := startCluster(t, clusterConfig{ForwardTimeout: 5 * time.Second})
+	ck := NewChecker()
+	const filter = "e2e/router/#"
+	var drops atomic.Int32
+	sub := func(edge int) *Subscriber {
+		s := ck.NewSubscriber("sub@"+edgeAlias(edge), 1, filter)
+		opts := mqttOpts(k.URL(edge), "router-sub-"+edgeAlias(edge), false).
+			SetDefaultPublishHandler(s.Handler()).
+			SetAutoReconnect(true).SetMaxReconnectInterval(time.Second).
+			SetConnectionLostHandler(func(mqtt.Client, error) { drops.Add(1) })
+		requireSubscribe(t, mustDial(t, opts), s)
+		return s
+	}
+	local, remote := sub(0), []*Subscriber{sub(1), sub(2)}
+	pc := mustDial(t, mqttOpts(k.URL(0), "router-pub", true))
+	pub := ck.NewPublisher("router-pub", pc, "e2e/router/t", 1)
+	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(0), "router-pub", true), 10*time.Second) }
+	stop := pub.GoStream(10 * time.Millisecond)
+	t.Cleanup(stop)
+	require.Eventually(t, func() bool { return remote[0].Count() >= 50 }, 20*time.Second, 20*time.Millisecond)
+
+	before := ck.Report().Pub("router-pub").Acked
+	killed := time.Now()
+	k.KillRouter()
+	// Past the edges' route-cache lease (2 s): every answer they hold has
+	// expired and forwarding needs the router.
+	time.Sleep(4 * time.Second)
+	during := ck.Report().Pub("router-pub").Acked
+	k.StartRouter()
+	ready := time.Now()
+	t.Logf("new router ready %v after the kill", ready.Sub(killed).Round(time.Millisecond))
+	base := remote[0].Count()
+	require.Eventually(t, func() bool { return remote[0].Count() >= base+50 }, 30*time.Second, 20*time.Millisecond,
+		"the stream flows again through the new router")
+	time.Sleep(time.Second)
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("acknowledged before the kill %d, while no router ran %d; publisher reconnects %d; subscriber disconnections %d:%s",
+		before, during-before, pub.Reconnects(), drops.Load(), r)
+
+	// Local delivery needs no route: nothing may be missing there.
+	requireDelivery(t, r, local.Name)
+	for _, s := range remote {
+		sr := r.Sub(s.Name)
+		if sr.OutOfOrder > 0 {
+			t.Errorf("out of order: %s", sr)
+		}
+		if sr.Lost == 0 {
+			continue
+		}
+		first, last := ck.AckedAt(sr.LostIDs[0]), ck.AckedAt(sr.LostIDs[len(sr.LostIDs)-1])
+		knownIssue(t, "%s lost %d of %d acknowledged messages %s, acknowledged from %v to %v after the new router was ready "+
+			"(negative: before). The new router answers Lookup from its empty table as soon as it is ready, before the edges "+
+			"have re-sent their route sets (their RouteSync streams come back with a backoff of up to 2 s, "+
+			"libs/routerclient Client.Run); edge 1's Lookup gets \"no remote edge\", delivers locally only and acknowledges "+
+			"(services/router/internal/server/handler.go Node.lookup has no notion of a table still being rebuilt). "+
+			"Invariant 1 is broken by the loss of the (single) router.",
+			s.Name, sr.Lost, sr.Expected, idRanges(sr.LostIDs),
+			first.Sub(ready).Round(time.Millisecond), last.Sub(ready).Round(time.Millisecond))
+	}
+}
