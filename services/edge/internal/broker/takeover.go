@@ -28,6 +28,10 @@ type Takeover interface {
 	End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) (late []byte, err error)
 }
 
+// ErrPreviousOwnerGone is what a Takeover returns when the previous owner
+// is not a live member any more (its lease expired).
+var ErrPreviousOwnerGone = errors.New("previous owner is not a live member")
+
 // takeoverGrace is how long the previous owner keeps queueing for a moved
 // session after the new owner's routes are in place: messages routed to it
 // just before then are still in flight on the forward links.
@@ -251,9 +255,16 @@ func (s *session) releaseHold() {
 // so the connection is refused and the client comes back.
 func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) error {
 	state, err := b.cluster.Takeover.Begin(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
-	if err != nil {
-		b.logger.Warn("previous owner did not give the session up", "previous", previous, "error", err)
+	if errors.Is(err, ErrPreviousOwnerGone) {
+		// Its lease expired: it fenced itself and closed its connections.
+		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
 		return nil
+	}
+	if err != nil {
+		// It may still hold the client's connection: admitting this one
+		// would make two. The client comes back; by then the previous owner
+		// answers, or its lease has expired.
+		return fmt.Errorf("previous owner %s did not give the session up: %w", previous, err)
 	}
 	if len(state) == 0 {
 		return nil

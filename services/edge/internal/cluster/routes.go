@@ -57,12 +57,16 @@ func (p *Peers) Run(ctx context.Context) error {
 	}
 }
 
-func (p *Peers) refresh(ctx context.Context) {
+func (p *Peers) refresh(ctx context.Context) { _ = p.Refresh(ctx) }
+
+// Refresh reads the membership from the coordinator now. After it returns
+// nil, an edge missing from URL is not a live member: its lease expired.
+func (p *Peers) Refresh(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	resp, err := p.Client.Status(cctx, connect.NewRequest(&coordinatorv1.StatusRequest{}))
 	if err != nil {
-		return
+		return err
 	}
 	urls := map[string]string{}
 	for _, m := range resp.Msg.GetMembers() {
@@ -74,9 +78,9 @@ func (p *Peers) refresh(ctx context.Context) {
 	p.mu.Lock()
 	p.urls = urls
 	p.mu.Unlock()
+	return nil
 }
 
-// URL returns the edge API URL of an edge, if it is a live member.
 // IDs lists the live edges known, this one included.
 func (p *Peers) IDs() []string {
 	p.mu.RLock()
@@ -88,6 +92,7 @@ func (p *Peers) IDs() []string {
 	return ids
 }
 
+// URL returns the edge API URL of an edge, if it is a live member.
 func (p *Peers) URL(edgeID string) (string, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()

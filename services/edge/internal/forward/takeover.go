@@ -72,7 +72,7 @@ type Takeovers struct {
 
 // Begin implements broker.Takeover.
 func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64, cleanStart bool) ([]byte, error) {
-	c, err := t.peer(previousOwner)
+	c, err := t.peer(ctx, previousOwner)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID s
 
 // End implements broker.Takeover.
 func (t *Takeovers) End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) ([]byte, error) {
-	c, err := t.peer(previousOwner)
+	c, err := t.peer(ctx, previousOwner)
 	if err != nil {
 		return nil, err
 	}
@@ -101,12 +101,30 @@ func (t *Takeovers) End(ctx context.Context, previousOwner, tenant, clientID str
 	return resp.Msg.GetLateState(), nil
 }
 
-func (t *Takeovers) peer(id string) (edgev1connect.EdgeServiceClient, error) {
+// ErrNotMember means the edge is not a live member by the coordinator's
+// current membership: its lease expired, so it has fenced itself and
+// closed its connections, and there is nothing to take over from it.
+var ErrNotMember = broker.ErrPreviousOwnerGone
+
+// Refresher rereads the membership (cluster.Peers).
+type Refresher interface {
+	Refresh(ctx context.Context) error
+}
+
+func (t *Takeovers) peer(ctx context.Context, id string) (edgev1connect.EdgeServiceClient, error) {
 	url, ok := t.Peers.URL(id)
 	if !ok {
-		// Not a live member: its lease has expired or is about to, and a
-		// fenced edge has already closed its connections.
-		return nil, fmt.Errorf("previous owner %q is not a live member", id)
+		// The copy of the membership may predate the edge's join: ask
+		// again before concluding it is gone.
+		if r, can := t.Peers.(Refresher); can {
+			if err := r.Refresh(ctx); err != nil {
+				return nil, fmt.Errorf("membership unknown: %w", err)
+			}
+			url, ok = t.Peers.URL(id)
+		}
+		if !ok {
+			return nil, fmt.Errorf("edge %q: %w", id, ErrNotMember)
+		}
 	}
 	return t.client(url), nil
 }
@@ -169,7 +187,7 @@ type Custody struct {
 func (c *Custody) Handover(ctx context.Context, tenant, clientID string) error {
 	var errs []error
 	for _, id := range custodians(c.Self, c.Peers.IDs(), tenant, clientID) {
-		cl, err := c.Calls.peer(id)
+		cl, err := c.Calls.peer(ctx, id)
 		if err != nil {
 			errs = append(errs, err)
 			continue

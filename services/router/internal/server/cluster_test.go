@@ -63,7 +63,7 @@ func startClusterB(t testing.TB, n int) []*testNode {
 	// disagree on the cluster coordinator ("unrecognized cluster
 	// coordinator") and never converge; start afresh on new ports then.
 	for attempt := 1; ; attempt++ {
-		nodes, err := tryStartCluster(t, n)
+		nodes, err := tryStartCluster(t, n, time.Millisecond)
 		if err == nil {
 			return nodes
 		}
@@ -74,7 +74,9 @@ func startClusterB(t testing.TB, n int) []*testNode {
 	}
 }
 
-func tryStartCluster(t testing.TB, n int) ([]*testNode, error) {
+// tryStartCluster starts n router nodes over a new table; lookups wait
+// rebuildWait for the edges (see Config.RebuildWait).
+func tryStartCluster(t testing.TB, n int, rebuildWait time.Duration) ([]*testNode, error) {
 	rc := min(2, n)
 	cfgs := make([]store.Config, n)
 	var peers []string
@@ -103,7 +105,7 @@ func tryStartCluster(t testing.TB, n int) ([]*testNode, error) {
 			if errs[i] = st.Start(t.Context()); errs[i] != nil {
 				return
 			}
-			node, err := server.New(server.Config{AdvertiseURL: tn.url}, st, nil, logger)
+			node, err := server.New(server.Config{AdvertiseURL: tn.url, RebuildWait: rebuildWait}, st, nil, logger)
 			if err != nil {
 				errs[i] = err
 				return
@@ -371,4 +373,37 @@ func BenchmarkCluster_Lookup(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)*50/100].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// A router that starts a new, empty table refuses lookups (Unavailable)
+// until the edges have had time to register their routes again: an answer
+// from the half-built table would leave their subscribers out, and the
+// publisher would be acknowledged for a message they never get. Once an
+// edge re-registered, its route is in the answer.
+func TestCluster_NewTableWaitsForEdges(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a router node")
+	}
+	t.Parallel()
+	const wait = 2 * time.Second
+	nodes, err := tryStartCluster(t, 1, wait)
+	require.NoError(t, err)
+	started := time.Now()
+	api := apiClient(nodes[0].url)
+	_, err = api.Lookup(t.Context(), connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}))
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "lookup on a table still being rebuilt: %v", err)
+
+	e := startEdge(t, nodes[0].url, "edge-1", 1)
+	require.NoError(t, e.Subscribe(t.Context(), "t1", "a/+"))
+	testutil.Eventually(t, 10*time.Second, func() error {
+		resp, err := api.Lookup(t.Context(), connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}))
+		if err != nil {
+			return err
+		}
+		if len(resp.Msg.GetEdgeIds()) != 1 {
+			return fmt.Errorf("edges %v", resp.Msg.GetEdgeIds())
+		}
+		return nil
+	})
+	require.GreaterOrEqual(t, time.Since(started), wait-100*time.Millisecond)
 }

@@ -28,6 +28,10 @@ var ErrNoOwner = errors.New("router: no owner for route key")
 // ErrSlowEdge reports an edge whose stream did not keep up.
 var ErrSlowEdge = errors.New("router: edge stream too slow")
 
+// ErrRebuilding refuses a lookup while a new table waits for the edges to
+// register their routes again (Config.RebuildWait); callers retry.
+var ErrRebuilding = errors.New("router: routing table being rebuilt")
+
 // connectError maps an error to a Connect error; the one place that does.
 func connectError(err error) error {
 	var ce *connect.Error

@@ -369,6 +369,10 @@ func (n *Node) lookup(ctx context.Context, req *routerv1.LookupRequest) (*router
 	if len(req.GetEdgeId()) > maxEdgeID {
 		return nil, fmt.Errorf("%w: edge_id too long", ErrInvalid)
 	}
+	if start.UnixNano() < n.rebuildUntil.Load() {
+		n.m.lookupsRefused.Inc()
+		return nil, ErrRebuilding
+	}
 	var probes []string
 	routes.ProbeAnchors(name, func(a string) bool { probes = append(probes, a); return true })
 	// Register the caller as a cacher before reading, so a change that lands

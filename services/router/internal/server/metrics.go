@@ -14,6 +14,7 @@ type metrics struct {
 	forwards        prometheus.Counter
 	bloomRebuilds   prometheus.Counter
 	cachers         prometheus.Gauge
+	lookupsRefused  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -32,9 +33,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forwards:        prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_forwarded_deltas_total", Help: "Deltas forwarded to the owning router node."}),
 		bloomRebuilds:   prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_bloom_rebuilds_total", Help: "Tenant anchor Bloom filters created or rebuilt larger (each is sent whole to every edge)."}),
 		cachers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_cacher_records", Help: "(tenant, anchor, edge) cache records kept for invalidation, after the last sweep."}),
+		lookupsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_refused_total", Help: "Lookups refused while a new table waits for the edges to register their routes."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers)
+		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers, m.lookupsRefused)
 	}
 	return m
 }

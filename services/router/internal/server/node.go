@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -36,9 +37,12 @@ import (
 
 // Defaults.
 const (
-	DefaultHeartbeat   = 250 * time.Millisecond
-	DefaultCacheLease  = 2 * time.Second
-	DefaultLeaseGrace  = 250 * time.Millisecond
+	DefaultHeartbeat  = 250 * time.Millisecond
+	DefaultCacheLease = 2 * time.Second
+	DefaultLeaseGrace = 250 * time.Millisecond
+	// DefaultRebuildWait covers the edges' reconnect backoff (2 s at most)
+	// and the full route set each sends on a new stream.
+	DefaultRebuildWait = 5 * time.Second
 	DefaultWildcardCap = 10000
 	DefaultSendQueue   = 4096
 	memberPoll         = 200 * time.Millisecond
@@ -55,6 +59,11 @@ type Config struct {
 	WildcardCap  int           `yaml:"wildcard_cap"`
 	SendQueue    int           `yaml:"send_queue"`
 	Limits       topic.Limits  `yaml:"limits"`
+	// RebuildWait is how long a node that starts a new, empty table answers
+	// lookups with Unavailable while the edges register their routes again:
+	// an answer from a table still being rebuilt would leave out edges whose
+	// subscribers then miss acknowledged messages.
+	RebuildWait time.Duration `yaml:"rebuild_wait"`
 }
 
 // RegisterFlags registers c's flags under prefix.
@@ -65,6 +74,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.LeaseGrace, prefix+"lease-grace", DefaultLeaseGrace, "margin added to the cache lease before the router stops waiting for an edge")
 	fs.IntVar(&c.WildcardCap, prefix+"wildcard-cap", DefaultWildcardCap, "wildcard-first filters per tenant (replicated to every edge)")
 	fs.IntVar(&c.SendQueue, prefix+"send-queue", DefaultSendQueue, "messages queued per edge stream before the stream is closed as too slow")
+	fs.DurationVar(&c.RebuildWait, prefix+"rebuild-wait", DefaultRebuildWait, "after every router started afresh, how long lookups wait for the edges to register their routes again")
 	c.Limits = routes.DefaultLimits
 	fs.IntVar(&c.Limits.MaxLength, prefix+"max-filter-length", routes.DefaultLimits.MaxLength, "longest accepted filter or topic, bytes")
 	fs.IntVar(&c.Limits.MaxLevels, prefix+"max-filter-levels", routes.DefaultLimits.MaxLevels, "most levels in an accepted filter or topic")
@@ -98,6 +108,9 @@ func (c *Config) defaults() {
 	if c.SendQueue == 0 {
 		c.SendQueue = DefaultSendQueue
 	}
+	if c.RebuildWait == 0 {
+		c.RebuildWait = DefaultRebuildWait
+	}
 	if c.Limits == (topic.Limits{}) {
 		c.Limits = routes.DefaultLimits
 	}
@@ -119,6 +132,9 @@ const (
 	prefixWild   = "w/" // w/<tenant> → table.Set of wildcard-first routes
 	prefixEdge   = "e/" // e/<edge> → edgeRecord
 	prefixNode   = "n/" // n/<node> → API base URL
+	// keyTable marks a table that has been live: a node that finds it
+	// missing starts a new, empty table (every router started afresh).
+	keyTable = "m/table"
 )
 
 func anchorKey(tenant, anchor string) string { return prefixAnchor + tenant + "/" + anchor }
@@ -164,18 +180,20 @@ type Node struct {
 	seed     maphash.Seed
 	keyLocks [256]sync.Mutex // single-writer lock stripes by route key
 
-	mu        sync.Mutex
-	members   []string                                       // live router nodes, sorted; guarded by mu
-	memberGen uint64                                         // bumped on every membership change; guarded by mu
-	peerURL   map[string]string                              // node → API URL; guarded by mu
-	peers     map[string]routerv1connect.RouterServiceClient // guarded by mu
-	conns     map[string]*edgeConn                           // by edge ID; guarded by mu
-	cachers   map[cacheKey]map[string]time.Time              // (tenant, anchor) → edge → lease end; guarded by mu
-	wild      map[string]*wildReplica                        // by tenant; guarded by mu
-	blooms    map[string]*bloomState                         // by tenant; guarded by mu
-	dead      map[string]uint64                              // edge → highest dead incarnation; guarded by mu
-	reloading bool                                           // a reload scan is running; guarded by mu
-	reloadLog []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
+	mu      sync.Mutex
+	members []string // live router nodes, sorted; guarded by mu
+	// rebuildUntil (unix ns): lookups are refused until then (markTable).
+	rebuildUntil atomic.Int64
+	memberGen    uint64                                         // bumped on every membership change; guarded by mu
+	peerURL      map[string]string                              // node → API URL; guarded by mu
+	peers        map[string]routerv1connect.RouterServiceClient // guarded by mu
+	conns        map[string]*edgeConn                           // by edge ID; guarded by mu
+	cachers      map[cacheKey]map[string]time.Time              // (tenant, anchor) → edge → lease end; guarded by mu
+	wild         map[string]*wildReplica                        // by tenant; guarded by mu
+	blooms       map[string]*bloomState                         // by tenant; guarded by mu
+	dead         map[string]uint64                              // edge → highest dead incarnation; guarded by mu
+	reloading    bool                                           // a reload scan is running; guarded by mu
+	reloadLog    []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
 
 	wg sync.WaitGroup
 }
@@ -225,6 +243,9 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			return fmt.Errorf("register node: %w", err)
 		case <-time.After(50 * time.Millisecond):
 		}
+	}
+	if err := n.markTable(ctx); err != nil {
+		return err
 	}
 	n.mu.Lock()
 	n.members = n.st.Members(ctx)
@@ -410,6 +431,32 @@ func (n *Node) reload(ctx context.Context) error {
 	}
 	n.m.wildcardRoutes.Set(float64(wr))
 	return nil
+}
+
+// markTable finds out whether the table is new: then lookups wait
+// RebuildWait for the edges to register their routes again.
+func (n *Node) markTable(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		gctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := n.st.Get(gctx, keyTable)
+		if errors.Is(err, store.ErrNotFound) {
+			err = n.st.Put(gctx, keyTable, []byte(n.ID()))
+			if err == nil {
+				n.rebuildUntil.Store(time.Now().Add(n.cfg.RebuildWait).UnixNano())
+				n.logger.Info("new routing table; lookups wait for the edges to register their routes", "wait", n.cfg.RebuildWait)
+			}
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		n.logger.Debug("reading the table marker failed; retrying", "attempt", attempt, logging.Err(err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("table marker: %w", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (n *Node) loadSet(ctx context.Context, key string) (*table.Set, error) {
