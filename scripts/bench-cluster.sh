@@ -5,8 +5,14 @@
 # QoS 1, alternating REPEAT times. Prints medians and the cross/same ratio
 # (bench-report; "broker" is same-edge or cross-edge).
 #
+# Two windows: INFLIGHT=1000 messages in flight across the publishers
+# measures throughput; LAT_INFLIGHT=50 (one per publisher) measures the
+# latency a message sees on an unloaded path, so the p99 difference between
+# same-edge and cross-edge is what forwarding adds.
+#
 # Environment: DURATION=5s WARMUP=1s REPEAT=3 CLIENTS=50 QOS="0 1"
-#              INFLIGHT=1000 PORT_OFFSET=20000 OUT=.tmp/bench/cluster-<ts>
+#              INFLIGHT=1000 LAT_INFLIGHT=50 PORT_OFFSET=20000
+#              OUT=.tmp/bench/cluster-<ts>
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GO=${GO:-go}
@@ -32,15 +38,19 @@ DURATION=${DURATION:-5s} WARMUP=${WARMUP:-1s} REPEAT=${REPEAT:-3}
 CLIENTS=${CLIENTS:-50} INFLIGHT=${INFLIGHT:-1000}
 results=$OUT/results.jsonl
 : >"$results"
-for qos in ${QOS:-0 1}; do
-  for rep in $(seq 1 "$REPEAT"); do
-    for where in same-edge cross-edge; do
-      sub=$A
-      [[ $where == cross-edge ]] && sub=$B
-      "$BIN/keel-bench" -scenario pairs -clients "$CLIENTS" -qos "$qos" -size 64 \
-        -duration "$DURATION" -warmup "$WARMUP" -inflight "$INFLIGHT" \
-        -pub-addr "$A" -sub-addr "$sub" -broker "$where" -label "qos$qos-pairs-$CLIENTS" -json >>"$results"
-      echo "bench-cluster: qos $qos $where run $rep: $(tail -1 "$results" | grep -o '"rate":[0-9.]*')"
+for window in "$INFLIGHT" "${LAT_INFLIGHT:-50}"; do
+  label=pairs-$CLIENTS
+  [[ $window != "$INFLIGHT" ]] && label=pairs-$CLIENTS-inflight-$window
+  for qos in ${QOS:-0 1}; do
+    for rep in $(seq 1 "$REPEAT"); do
+      for where in same-edge cross-edge; do
+        sub=$A
+        [[ $where == cross-edge ]] && sub=$B
+        "$BIN/keel-bench" -scenario pairs -clients "$CLIENTS" -qos "$qos" -size 64 \
+          -duration "$DURATION" -warmup "$WARMUP" -inflight "$window" \
+          -pub-addr "$A" -sub-addr "$sub" -broker "$where" -label "qos$qos-$label" -json >>"$results"
+        echo "bench-cluster: qos $qos $label $where run $rep: $(tail -1 "$results" | grep -o '"rate":[0-9.]*\|"p99_us":[0-9.]*' | tr '\n' ' ')"
+      done
     done
   done
 done
