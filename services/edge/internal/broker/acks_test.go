@@ -25,13 +25,13 @@ func newHeldPeers() *heldPeers {
 	return &heldPeers{pending: map[string]chan error{}, routed: map[string]int{}}
 }
 
-func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, error) {
+func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, SharedChoice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := string(m.Payload)
 	p.routed[key]++
 	if m.QoS == 0 {
-		return nil, nil
+		return nil, SharedChoice{}, nil
 	}
 	c := make(chan error, 1)
 	p.pending[key] = c
@@ -42,7 +42,7 @@ func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, erro
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}, nil
+	}, SharedChoice{}, nil
 }
 
 func (p *heldPeers) answer(t *testing.T, key string, err error) {

@@ -314,23 +314,55 @@ func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
 	if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
-	err = b.deliverLocal(m)
+	var local SharedChoice
 	if b.cluster.Peers != nil {
-		w, ferr := b.cluster.Peers.Forward(b.stopped, m)
+		// Forwarding first: it decides which edge serves each shared group.
+		w, choice, ferr := b.cluster.Peers.Forward(b.stopped, m)
 		if ferr != nil {
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
-			return nil, errors.Join(err, ferr)
+			return nil, ferr
 		}
-		wait = w
+		wait, local = w, choice
 	}
-	return wait, err
+	return wait, b.deliverLocal(m, local)
+}
+
+// servesGroup turns a choice of shared groups into the index's filter.
+func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) bool {
+	if !shared.Chosen {
+		return nil
+	}
+	if len(shared.Groups) == 0 {
+		return func(*shareGroup) bool { return false }
+	}
+	tenant, _, ok := tenancy.TenantOfTopic(m.Topic)
+	if !ok {
+		return nil
+	}
+	sc, err := b.scope(tenant)
+	if err != nil {
+		return nil
+	}
+	keys := make([]GroupKey, len(shared.Groups))
+	for i, g := range shared.Groups {
+		inner, _ := sc.Filter(g.Filter)
+		keys[i] = GroupKey{Name: g.Name, Filter: inner}
+	}
+	return func(g *shareGroup) bool {
+		for _, k := range keys {
+			if k.Name == g.name && k.Filter == g.filter {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // deliverLocal hands m to this edge's own subscribers.
-func (b *Broker) deliverLocal(m *Message) error {
+func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 	var failed error
 	tp := targetPool.Get().(*[]target)
-	targets := b.index.match(m.Topic, (*tp)[:0])
+	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared))
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]

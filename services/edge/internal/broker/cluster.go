@@ -65,8 +65,23 @@ type Output interface {
 // then the publisher must not be acknowledged. Messages handed over in
 // turn reach each peer in that order.
 type Peers interface {
-	Forward(ctx context.Context, m *Message) (wait func() error, err error)
+	Forward(ctx context.Context, m *Message) (wait func() error, local SharedChoice, err error)
 }
+
+// SharedChoice says which shared-subscription groups an edge serves for one
+// message: each group's message goes to one member in the whole cluster,
+// so the publishing edge picks one edge per group.
+type SharedChoice struct {
+	// Chosen is false when no choice was made: every matching local group
+	// is served.
+	Chosen bool
+	// Groups are the groups served here when Chosen.
+	Groups []GroupKey
+}
+
+// GroupKey names a shared group: its name and its filter in the tenant's
+// outside form.
+type GroupKey struct{ Name, Filter string }
 
 // Cluster bundles the interfaces; nil fields take the single-node defaults
 // (a nil Peers: no other edges).

@@ -98,13 +98,19 @@ type target struct {
 // delivery at the highest QoS carrying every subscription identifier
 // (MQTT 5.0 §3.3.4). One member of each shared group is picked, connected
 // members first, round robin.
-func (x *index) match(topicName string, dst []target) []target {
+//
+// serve, when not nil, says which shared groups this edge serves for the
+// message (another edge may serve the others).
+func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bool) []target {
 	x.mu.RLock()
 	x.subs.Match(topicName, func(s *subscription) bool {
 		dst = append(dst, target{sess: s.sess, qos: s.qos, rap: s.rap, noLocal: s.noLocal, ids: s.ids})
 		return true
 	})
 	x.groups.Match(topicName, func(g *shareGroup) bool {
+		if serve != nil && !serve(g) {
+			return true
+		}
 		if m := g.pick(); m != nil {
 			dst = append(dst, target{sess: m.sess, qos: m.qos, ids: m.ids, shared: true})
 		}

@@ -81,7 +81,7 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 // DeliverForwarded takes a message another edge forwarded: it goes to this
 // edge's local recipients only (it was offered to the output and forwarded
 // at its ingress edge already). It returns once they took it.
-func (b *Broker) DeliverForwarded(pm *commonv1.Message) error {
+func (b *Broker) DeliverForwarded(pm *commonv1.Message, shared SharedChoice) error {
 	m, err := b.fromProto(pm)
 	if err != nil {
 		return err
@@ -89,5 +89,5 @@ func (b *Broker) DeliverForwarded(pm *commonv1.Message) error {
 	if m.Retain {
 		b.retain(m)
 	}
-	return b.deliverLocal(m)
+	return b.deliverLocal(m, shared)
 }

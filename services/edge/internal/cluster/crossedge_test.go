@@ -92,7 +92,9 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	edgeBin := buildBin(t, root, dir, "./services/edge/cmd/keel-edge")
 
 	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	startProcess(t, "router", router, routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
+	// The edges start after the router here, so its new table has nobody to
+	// wait for (router.rebuild-wait).
+	startProcess(t, "router", router, routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node", "--router.rebuild-wait", "200ms",
 		"--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
 		"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
 
@@ -183,6 +185,42 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	pub.Publish(200, "roam", 1, []byte("here"))
 	require.Equal(t, uint16(200), pub.Expect(packets.Puback).PacketID)
 	require.Equal(t, []byte("here"), second.Expect(packets.Publish).Payload)
+
+	// A shared group with members on both edges: each message goes to one
+	// member in the cluster, and the edges take turns.
+	m1 := mqtttest.Dial(t, a.mqtt, 5)
+	m1.Connect("member-1", true, packets.Properties{})
+	require.Equal(t, []byte{1}, m1.Subscribe(1, "$share/workers/jobs/#", 1).ReasonCodes)
+	m2 := mqtttest.Dial(t, b.mqtt, 5)
+	m2.Connect("member-2", true, packets.Properties{})
+	require.Equal(t, []byte{1}, m2.Subscribe(1, "$share/workers/jobs/#", 1).ReasonCodes)
+	const jobs = 40
+	for i := range jobs {
+		pub.Publish(uint16(300+i), "jobs/x", 1, []byte{byte(i)})
+		require.Equal(t, uint16(300+i), pub.Expect(packets.Puback).PacketID)
+	}
+	got := map[byte]int{}
+	perMember := [2]int{}
+	for k, m := range []*mqtttest.Client{m1, m2} {
+		for {
+			pk, err := m.Read(500 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			if pk.FixedHeader.Type != packets.Publish {
+				continue
+			}
+			got[pk.Payload[0]]++
+			perMember[k]++
+			m.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
+	require.Len(t, got, jobs, "every job delivered")
+	for job, n := range got {
+		require.Equal(t, 1, n, "job %d delivered once in the group", job)
+	}
+	require.Positive(t, perMember[0], "edge A's member got a share")
+	require.Positive(t, perMember[1], "edge B's member got a share")
 
 	// A persistent session moves to the edge its client comes back to, with
 	// what was queued for it while away and what kept arriving during the

@@ -101,9 +101,8 @@ func (p *Peers) URL(edgeID string) (string, bool) {
 }
 
 // Resolver answers which peers must receive a publish: the router's
-// matching edges, with their addresses from the membership. For a shared
-// group it names every edge with a member; each picks one of its members
-// (cross-edge group semantics come with the cluster data plane).
+// matching edges, with their addresses from the membership, and for each
+// matching shared group the edges with members (the forwarder picks one).
 type Resolver struct {
 	Self   string
 	Routes *routerclient.Client
@@ -111,39 +110,49 @@ type Resolver struct {
 }
 
 // Route implements forward.Resolver.
-func (r Resolver) Route(ctx context.Context, tenant, topic string) ([]forward.Peer, error) {
+func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Route, error) {
 	res, err := r.Routes.Route(ctx, tenant, topic)
 	if err != nil {
-		return nil, err
+		return forward.Route{}, err
 	}
-	ids := map[string]bool{}
-	for _, e := range res.Edges {
-		ids[e] = true
+	refreshed := false
+	peer := func(id string) (forward.Peer, error) {
+		if u, ok := r.Peers.URL(id); ok {
+			return forward.Peer{ID: id, URL: u}, nil
+		}
+		if id == r.Self {
+			return forward.Peer{ID: id}, nil
+		}
+		if !refreshed {
+			// A route names an edge this one has not heard of yet (it just
+			// joined): ask the coordinator now rather than drop its share.
+			refreshed = true
+			r.Peers.refresh(ctx)
+			if u, ok := r.Peers.URL(id); ok {
+				return forward.Peer{ID: id, URL: u}, nil
+			}
+		}
+		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerGone, id)
+	}
+	var out forward.Route
+	for _, id := range res.Edges {
+		p, err := peer(id)
+		if err != nil {
+			return forward.Route{}, err
+		}
+		out.Edges = append(out.Edges, p)
 	}
 	for _, g := range res.Groups {
-		for _, e := range g.Edges {
-			ids[e] = true
-		}
-	}
-	var out []forward.Peer
-	var unknown []string
-	for id := range ids {
-		if u, ok := r.Peers.URL(id); ok {
-			out = append(out, forward.Peer{ID: id, URL: u})
-		} else if id != r.Self {
-			unknown = append(unknown, id)
-		}
-	}
-	if len(unknown) > 0 {
-		// A route names an edge this one has not heard of yet (it just
-		// joined): ask the coordinator now rather than drop its share.
-		r.Peers.refresh(ctx)
-		for _, id := range unknown {
-			u, ok := r.Peers.URL(id)
-			if !ok {
-				return nil, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerGone, id)
+		gr := forward.GroupRoute{Name: g.Name, Filter: g.Filter}
+		for _, id := range g.Edges {
+			p, err := peer(id)
+			if err != nil {
+				return forward.Route{}, err
 			}
-			out = append(out, forward.Peer{ID: id, URL: u})
+			gr.Edges = append(gr.Edges, p)
+		}
+		if len(gr.Edges) > 0 {
+			out.Groups = append(out.Groups, gr)
 		}
 	}
 	return out, nil

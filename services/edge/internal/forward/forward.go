@@ -19,13 +19,23 @@ import (
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
+	"github.com/keelmq/keel/services/edge/internal/broker"
 )
 
 // Deliverer takes forwarded messages into the local edge. It returns once
 // every local recipient has taken the message (queued it, or stored it for a
 // persistent session), or an error when one could not.
 type Deliverer interface {
-	DeliverForwarded(m *commonv1.Message) error
+	DeliverForwarded(m *commonv1.Message, shared broker.SharedChoice) error
+}
+
+// sharedChoice reads which shared groups the sender chose this edge for.
+func sharedChoice(fm *edgev1.ForwardMessage) broker.SharedChoice {
+	c := broker.SharedChoice{Chosen: fm.GetSharedChosen()}
+	for _, t := range fm.GetShared() {
+		c.Groups = append(c.Groups, broker.GroupKey{Name: t.GetGroup(), Filter: t.GetFilter()})
+	}
+	return c
 }
 
 // ErrPeerGone means a frame could not be handed to the peer within the
@@ -79,7 +89,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		s.mu.Unlock()
 		if !seen {
 			for _, fm := range req.GetMessages() {
-				if err := s.Deliver.DeliverForwarded(fm.GetMessage()); err != nil {
+				if err := s.Deliver.DeliverForwarded(fm.GetMessage(), sharedChoice(fm)); err != nil {
 					// Not taken: close the stream without acking; the sender
 					// resends the frame (receivers are idempotent per frame).
 					s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
@@ -121,7 +131,7 @@ type Link struct {
 }
 
 type pending struct {
-	msg  *commonv1.Message
+	msg  *edgev1.ForwardMessage
 	done chan error
 }
 
@@ -142,7 +152,7 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 
 // Send queues m for the peer and returns a channel that yields nil once the
 // peer took it.
-func (l *Link) Send(m *commonv1.Message) <-chan error {
+func (l *Link) Send(m *edgev1.ForwardMessage) <-chan error {
 	p := &pending{msg: m, done: make(chan error, 1)}
 	l.mu.Lock()
 	if l.closed {
@@ -252,7 +262,7 @@ func (l *Link) nextFrame() *frame {
 func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, Seq: f.seq}
 	for _, p := range f.msgs {
-		req.Messages = append(req.Messages, &edgev1.ForwardMessage{Message: p.msg})
+		req.Messages = append(req.Messages, p.msg)
 	}
 	return req
 }

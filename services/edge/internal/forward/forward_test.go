@@ -53,7 +53,9 @@ func startEdge(t *testing.T, id string) *edge {
 // staticRoutes sends every topic to the listed peers.
 type staticRoutes []Peer
 
-func (s staticRoutes) Route(context.Context, string, string) ([]Peer, error) { return s, nil }
+func (s staticRoutes) Route(context.Context, string, string) (Route, error) {
+	return Route{Edges: s}, nil
+}
 
 func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwarder {
 	t.Helper()
@@ -118,7 +120,10 @@ func TestForward_PeerGoneNoAck(t *testing.T) {
 
 type countingDeliverer struct{ n int }
 
-func (c *countingDeliverer) DeliverForwarded(*commonv1.Message) error { c.n++; return nil }
+func (c *countingDeliverer) DeliverForwarded(*commonv1.Message, broker.SharedChoice) error {
+	c.n++
+	return nil
+}
 
 // A frame resent after a reconnect is acknowledged again but delivered once:
 // the receiver keeps the highest frame sequence per sending incarnation.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
@@ -20,7 +24,20 @@ type Peer struct {
 
 // Resolver answers which edges have routes matching a topic.
 type Resolver interface {
-	Route(ctx context.Context, tenant, topic string) ([]Peer, error)
+	Route(ctx context.Context, tenant, topic string) (Route, error)
+}
+
+// Route is where a message must go: the edges with matching plain
+// subscriptions, and per matching shared group the edges with members.
+type Route struct {
+	Edges  []Peer
+	Groups []GroupRoute
+}
+
+// GroupRoute is one shared group and the edges with members of it.
+type GroupRoute struct {
+	Name, Filter string // filter in the tenant's outside form
+	Edges        []Peer
 }
 
 // Forwarder sends messages published on this edge to the peers with
@@ -39,6 +56,7 @@ type Forwarder struct {
 	ctx   context.Context
 	links map[string]*Link
 	wg    sync.WaitGroup
+	turns sync.Map // shared group → *atomic.Uint64, whose turn it is
 }
 
 // Run serves the links until ctx ends.
@@ -75,39 +93,81 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 
 // Forward implements broker.Peers: m is queued on the link of every peer
 // with a matching route before it returns, so a publisher's messages reach
-// each peer in order; the wait is bounded from this call on.
-func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() error, error) {
+// each peer in order; the wait is bounded from this call on. Each shared
+// group is served by one of the edges with members, in turn, so that one
+// member in the whole cluster gets the message; local says which groups
+// this edge serves.
+func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() error, broker.SharedChoice, error) {
 	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
 	if !ok {
-		return nil, nil
+		return nil, broker.SharedChoice{}, nil
 	}
 	bound := f.bound()
 	deadline := time.Now().Add(bound)
 	// No per-message deadline: a cached answer needs none, and the router
 	// client bounds its own lookups.
-	peers, err := f.Resolver.Route(ctx, tenant, topic)
+	route, err := f.Resolver.Route(ctx, tenant, topic)
 	if err != nil {
-		return nil, fmt.Errorf("resolve routes: %w", err)
+		return nil, broker.SharedChoice{}, fmt.Errorf("resolve routes: %w", err)
+	}
+	local := broker.SharedChoice{Chosen: true}
+	type dest struct {
+		peer   Peer
+		shared []*edgev1.SharedTarget
+	}
+	var dests []dest
+	at := func(p Peer) *dest {
+		for i := range dests {
+			if dests[i].peer.ID == p.ID {
+				return &dests[i]
+			}
+		}
+		dests = append(dests, dest{peer: p})
+		return &dests[len(dests)-1]
+	}
+	for _, p := range route.Edges {
+		if p.ID != f.Self {
+			at(p)
+		}
+	}
+	for _, g := range route.Groups {
+		p := f.pick(tenant, g)
+		if p.ID == f.Self {
+			local.Groups = append(local.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter})
+			continue
+		}
+		d := at(p)
+		d.shared = append(d.shared, &edgev1.SharedTarget{Group: g.Name, Filter: g.Filter})
 	}
 	var pm *commonv1.Message
 	var waits []<-chan error
-	for _, p := range peers {
-		if p.ID == f.Self {
-			continue
-		}
-		l, err := f.link(p)
+	for _, d := range dests {
+		l, err := f.link(d.peer)
 		if err != nil {
-			return nil, err
+			return nil, broker.SharedChoice{}, err
 		}
 		if pm == nil {
 			pm = m.Proto()
 		}
-		waits = append(waits, l.Send(pm))
+		waits = append(waits, l.Send(&edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}))
 	}
 	if m.QoS == 0 || len(waits) == 0 {
-		return nil, nil // QoS 0 is best effort across edges too
+		return nil, local, nil // QoS 0 is best effort across edges too
 	}
-	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, nil
+	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, local, nil
+}
+
+// pick chooses the edge that serves a shared group for one message: the
+// group's edges in turn (sorted, so every publisher edge cycles the same
+// way).
+func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
+	if len(g.Edges) == 1 {
+		return g.Edges[0]
+	}
+	edges := slices.SortedFunc(slices.Values(g.Edges), func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
+	key := tenant + "\x00" + g.Name + "\x00" + g.Filter
+	c, _ := f.turns.LoadOrStore(key, new(atomic.Uint64))
+	return edges[c.(*atomic.Uint64).Add(1)%uint64(len(edges))]
 }
 
 func (f *Forwarder) bound() time.Duration {
