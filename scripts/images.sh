@@ -12,13 +12,18 @@ command -v docker >/dev/null || { echo "images: docker not found" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-# go_image NAME PACKAGE [PORT...]
+# [EXTRA="PACKAGE..."] go_image NAME PACKAGE [PORT...]
 go_image() {
   local name=$1 pkg=$2; shift 2
   local root="$WORK/$name"
   mkdir -p "$root/etc/ssl/certs" "$root/tmp" "$root/data"
   chmod 1777 "$root/tmp"; chmod 0777 "$root/data"
   CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/app" "$pkg"
+  # EXTRA: more binaries beside /app (the output service finds its plugins
+  # in its own directory).
+  for extra in ${EXTRA:-}; do
+    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$root/$(basename "$extra")" "$extra"
+  done
   [ -f /etc/ssl/certs/ca-certificates.crt ] && cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
   printf 'root:x:0:0:root:/:/sbin/nologin\nnobody:x:65534:65534:nobody:/:/sbin/nologin\n' > "$root/etc/passwd"
   printf 'root:x:0:\nnogroup:x:65534:\n' > "$root/etc/group"
@@ -45,8 +50,10 @@ redis_image() {
   echo "built keel/redis:$TAG"
 }
 
-go_image edge ./services/edge/cmd/keel-edge 1883 8083 8883 9100
+go_image edge ./services/edge/cmd/keel-edge 1883 8083 8883 7411 9100
 go_image router ./services/router/cmd/keel-router
-[ -d services/coordinator/cmd/keel-coordinator ] && go_image coordinator ./services/coordinator/cmd/keel-coordinator
-[ -d services/output/cmd/keel-output ] && go_image output ./services/output/cmd/keel-output
+go_image coordinator ./services/coordinator/cmd/keel-coordinator
+go_image persistence ./services/persistence/cmd/keel-persistence
+EXTRA="./services/output/cmd/keel-output-kafka ./services/output/cmd/keel-output-http ./services/output/cmd/keel-output-filter ./services/output/cmd/keel-output-json-map" \
+  go_image output ./services/output/cmd/keel-output 9310 9100
 redis_image

@@ -55,3 +55,7 @@ require (
 replace github.com/keelmq/keel/libs => ../../libs
 
 replace github.com/keelmq/keel/proto => ../../proto
+
+// Olric v0.5.7 with two iterator fixes (a data race, swallowed scan errors):
+// see third_party/olric/README.keel.md.
+replace github.com/buraksezer/olric => ../../third_party/olric

@@ -290,7 +290,14 @@ func (s *Store) Scan(ctx context.Context, prefix string, fn func(key string) boo
 	defer it.Close()
 	for it.Next() {
 		if !fn(it.Key()) {
-			break
+			return nil
+		}
+	}
+	// A scan that stopped on an error is not the whole prefix: a caller
+	// rebuilding state from it must not take it for complete.
+	if e, ok := it.(interface{ Err() error }); ok {
+		if err := e.Err(); err != nil {
+			return fmt.Errorf("olric scan: %w", err)
 		}
 	}
 	return nil
