@@ -352,6 +352,15 @@ func (c *Client) runStream(ctx context.Context) error {
 		c.mu.Unlock()
 	}()
 	st, err := c.open(ctx)
+	if st != nil {
+		// End the stream explicitly: cancelling its context alone can leave
+		// the router's handler (and its server's shutdown) waiting on a
+		// stream this side abandoned.
+		defer func() {
+			_ = st.CloseRequest()
+			_ = st.CloseResponse()
+		}()
+	}
 	if err != nil {
 		return err
 	}
@@ -367,7 +376,8 @@ func (c *Client) runStream(ctx context.Context) error {
 }
 
 // open starts a stream and sends the hello, every unacked delta and the
-// digest, holding sendMu so no other delta goes out in between.
+// digest, holding sendMu so no other delta goes out in between. The stream
+// comes back with an error too, for the caller to close.
 func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
@@ -389,15 +399,15 @@ func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	c.gen++
 	c.mu.Unlock()
 	if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Hello{Hello: hello}}); err != nil {
-		return nil, err
+		return st, err
 	}
 	if len(resend) > 0 {
 		if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: resend}}}); err != nil {
-			return nil, err
+			return st, err
 		}
 	}
 	if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Digest{Digest: &routerv1.RouteSetDigest{Seq: seq, RouteCount: dig.Count, Digest: dig.Sum}}}); err != nil {
-		return nil, err
+		return st, err
 	}
 	return st, nil
 }
