@@ -452,6 +452,10 @@ func (e *Edge) Run(ctx context.Context) error {
 	if e.output != nil {
 		g.AddRun("output", e.output.Run)
 	}
+	g.AddRun("load-score", func(ctx context.Context) error {
+		e.broker.RunLoad(ctx)
+		return nil
+	})
 	g.AddRun("sys", func(ctx context.Context) error {
 		e.broker.RunSys(ctx, e.cfg.SysInterval)
 		<-ctx.Done()

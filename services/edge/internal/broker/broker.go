@@ -69,6 +69,7 @@ type Broker struct {
 	stopOnce sync.Once
 	writers  sync.WaitGroup
 	releases sync.WaitGroup
+	load     loadScore
 }
 
 // conn is the per-connection state the hooks share.

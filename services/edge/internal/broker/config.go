@@ -10,9 +10,13 @@ import (
 
 // Config holds the MQTT limits and behaviour of the edge.
 type Config struct {
-	EdgeID            string        `yaml:"edge_id"`
-	MaxPacketSize     uint32        `yaml:"max_packet_size"`
-	MaxConnections    int64         `yaml:"max_connections"`
+	EdgeID         string `yaml:"edge_id"`
+	MaxPacketSize  uint32 `yaml:"max_packet_size"`
+	MaxConnections int64  `yaml:"max_connections"`
+	// LoadConnections and LoadMessageRate are what counts as a fully loaded
+	// edge in keel_edge_load_score (autoscaling).
+	LoadConnections   int64         `yaml:"load_connections"`
+	LoadMessageRate   float64       `yaml:"load_message_rate"`
 	ReceiveMaximum    uint16        `yaml:"receive_maximum"`
 	MaxInflight       uint16        `yaml:"max_inflight"`
 	TopicAliasMaximum uint16        `yaml:"topic_alias_maximum"`
@@ -59,6 +63,8 @@ const (
 	DefaultSlowConsumerGrace = 10 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
 	DefaultMaxMessageExpiry  = 7 * 24 * 3600
+	DefaultLoadConnections   = 50_000
+	DefaultLoadMessageRate   = 100_000
 )
 
 // RegisterFlags registers the config's flags under prefix (e.g. "mqtt.").
@@ -92,6 +98,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.AuthFailureWindow, prefix+"auth-failure-window", time.Minute, "window in which failed authentications are counted")
 	fs.DurationVar(&c.AuthBanDuration, prefix+"auth-ban-duration", 5*time.Minute, "how long a ban lasts")
 	fs.Float64Var(&c.ConnectRate, prefix+"connect-rate", 0, "new connections per second admitted per listener (0: no limit)")
+	fs.Int64Var(&c.LoadConnections, prefix+"load-connections", DefaultLoadConnections, "connections that count as full load in keel_edge_load_score")
+	fs.Float64Var(&c.LoadMessageRate, prefix+"load-message-rate", DefaultLoadMessageRate, "inbound messages per second that count as full load in keel_edge_load_score")
 	fs.IntVar(&c.ConnectBurst, prefix+"connect-burst", 1000, "burst of new connections above connect-rate")
 }
 
@@ -109,6 +117,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPacketSize != 0 && c.MaxPacketSize < 64 {
 		errs = append(errs, errors.New("max-packet-size must be 0 or at least 64"))
+	}
+	if c.LoadConnections <= 0 || c.LoadMessageRate <= 0 {
+		errs = append(errs, errors.New("load-connections and load-message-rate must be positive"))
 	}
 	if c.MaxConnections <= 0 {
 		errs = append(errs, errors.New("max-connections must be positive"))

@@ -28,6 +28,7 @@ type metrics struct {
 	duplicatePubs   prometheus.Counter
 	takeovers       prometheus.Counter
 	drainedSessions *prometheus.CounterVec // outcome
+	loadScore       prometheus.GaugeFunc
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -99,6 +100,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		drainedSessions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_drained_sessions_total", Help: "Persistent sessions at a drain, by outcome: moved to a custodian edge, or stayed in this edge's store.",
 		}, []string{"outcome"}),
+		loadScore: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "keel_edge_load_score", Help: "Load of this edge for autoscaling, 1 being full: the larger of connections over --mqtt.load-connections and inbound messages per second over --mqtt.load-message-rate.",
+		}, func() float64 { return b.loadScoreValue() }),
 		bans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
 		}),
@@ -106,7 +110,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.drainedSessions)
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.drainedSessions, m.loadScore)
 	return m
 }
 
