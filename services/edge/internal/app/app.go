@@ -336,13 +336,14 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	}
 	e.routes = rc
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
-	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: inc, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
+	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
-	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: inc, Peers: e.peers}
+	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: e.member.Incarnation, Peers: e.peers}
 	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
 		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})
 
-	srv := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Logger: e.logger.With("component", "edge-api")}
+	srv := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
+		Logger: e.logger.With("component", "edge-api")}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}

@@ -43,6 +43,7 @@ type Peers struct {
 
 	mu   sync.RWMutex
 	urls map[string]string
+	incs map[string]uint64 // incarnation of each live edge
 }
 
 // Run refreshes the membership until ctx ends.
@@ -68,17 +69,26 @@ func (p *Peers) Refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	urls := map[string]string{}
+	urls, incs := map[string]string{}, map[string]uint64{}
 	for _, m := range resp.Msg.GetMembers() {
 		if m.GetRole() == coordinatorv1.MemberRole_MEMBER_ROLE_EDGE && m.GetAddress() != "" &&
 			(m.GetState() == coordinatorv1.MemberState_MEMBER_STATE_ALIVE || m.GetState() == coordinatorv1.MemberState_MEMBER_STATE_DRAINING) {
 			urls[m.GetMemberId()] = "http://" + m.GetAddress()
+			incs[m.GetMemberId()] = m.GetIncarnation()
 		}
 	}
 	p.mu.Lock()
-	p.urls = urls
+	p.urls, p.incs = urls, incs
 	p.mu.Unlock()
 	return nil
+}
+
+// Incarnation returns the incarnation of a live edge.
+func (p *Peers) Incarnation(edgeID string) (uint64, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	inc, ok := p.incs[edgeID]
+	return inc, ok
 }
 
 // IDs lists the live edges known, this one included.

@@ -51,7 +51,11 @@ type Server struct {
 	Sessions SessionHandover
 	// Custodian adopts sessions of draining edges (nil: refused).
 	Custodian Custodian
-	Logger    *slog.Logger
+	// Members, when set, vets callers: a stream or takeover from an edge
+	// incarnation that is not live (its lease expired, or it rejoined under
+	// a newer one) is refused.
+	Members Incarnations
+	Logger  *slog.Logger
 
 	mu  sync.Mutex
 	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation
@@ -69,6 +73,7 @@ func (s *Server) Handler() (string, http.Handler) {
 
 // Forward implements edgev1connect.EdgeServiceHandler.
 func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
+	vetted := false
 	for {
 		req, err := st.Receive()
 		if err != nil {
@@ -79,6 +84,13 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		}
 		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
 			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
+		}
+		if !vetted {
+			if err := s.vet(ctx, req.GetEdgeId(), req.GetIncarnation()); err != nil {
+				s.log().Warn("forward stream refused", "from", req.GetEdgeId(), "incarnation", req.GetIncarnation(), "error", err)
+				return err
+			}
+			vetted = true
 		}
 		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
 		s.mu.Lock()
@@ -106,6 +118,36 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 	}
 }
 
+// Incarnations answers which incarnation of an edge is live (cluster.Peers).
+type Incarnations interface {
+	Incarnation(edgeID string) (uint64, bool)
+	Refresh(ctx context.Context) error
+}
+
+// ErrExpiredIncarnation refuses a call from an edge incarnation that is not
+// live: a fenced edge, or one that has since rejoined under a newer one.
+var ErrExpiredIncarnation = errors.New("caller's incarnation is not live")
+
+// vet checks a caller against the membership, reading it again when the
+// copy here may simply predate the caller's (re)join.
+func (s *Server) vet(ctx context.Context, edge string, inc uint64) error {
+	if s.Members == nil {
+		return nil
+	}
+	live, ok := s.Members.Incarnation(edge)
+	if !ok || live < inc {
+		if err := s.Members.Refresh(ctx); err != nil {
+			return connect.NewError(connect.CodeUnavailable, fmt.Errorf("membership unknown: %w", err))
+		}
+		live, ok = s.Members.Incarnation(edge)
+	}
+	if !ok || live != inc {
+		return connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("%w: edge %s incarnation %d (live: %d)", ErrExpiredIncarnation, edge, inc, live))
+	}
+	return nil
+}
+
 func (s *Server) log() *slog.Logger {
 	if s.Logger == nil {
 		return slog.New(slog.DiscardHandler)
@@ -121,6 +163,7 @@ type Link struct {
 	client      edgev1connect.EdgeServiceClient
 	logger      *slog.Logger
 	m           *Metrics
+	stop        context.CancelFunc // ends Run (set by the Forwarder)
 
 	mu      sync.Mutex
 	queue   []*pending // not yet in a frame
@@ -146,7 +189,7 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 		m = NewMetrics(nil)
 	}
 	hc := rpc.H2CClient()
-	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m,
+	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m, stop: func() {},
 		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
 }
 

@@ -60,7 +60,7 @@ func (s staticRoutes) Route(context.Context, string, string) (Route, error) {
 func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwarder {
 	t.Helper()
 	_, inc := from.b.ID()
-	f := &Forwarder{Self: self, Incarnation: inc, Resolver: staticRoutes(to), Bound: time.Second, Logger: testutil.Logger(t)}
+	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: time.Second, Logger: testutil.Logger(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = f.Run(ctx); close(done) }()
@@ -161,4 +161,61 @@ func TestServer_FramesDeliveredOnce(t *testing.T) {
 	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
 	_ = st.CloseRequest()
 	_ = st.CloseResponse()
+}
+
+// staticMembers is a membership that does not change.
+type staticMembers map[string]uint64
+
+func (m staticMembers) Incarnation(id string) (uint64, bool) { inc, ok := m[id]; return inc, ok }
+func (staticMembers) Refresh(context.Context) error          { return nil }
+
+// A stream or a takeover from an edge incarnation that is not live (a
+// fenced edge, one that rejoined since, or no member at all) is refused,
+// and nothing it sent is delivered.
+func TestServer_RefusesExpiredIncarnations(t *testing.T) {
+	t.Parallel()
+	d := &countingDeliverer{}
+	srv := &Server{Deliver: d, Members: staticMembers{"a": 2}, Sessions: refusingSessions{t}}
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.Protocols = new(http.Protocols)
+	ts.Config.Protocols.SetHTTP1(true)
+	ts.Config.Protocols.SetUnencryptedHTTP2(true)
+	ts.Start()
+	t.Cleanup(ts.Close)
+	send := func(edge string, inc uint64) error {
+		l := NewLink(edge, inc, "b", ts.URL, testutil.Logger(t), nil)
+		st := l.client.Forward(t.Context())
+		defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+		if err := st.Send(&edgev1.ForwardRequest{EdgeId: edge, Incarnation: inc, Seq: 1,
+			Messages: []*edgev1.ForwardMessage{{Message: &commonv1.Message{Tenant: "acme", Topic: "t"}}}}); err != nil {
+			return err
+		}
+		_, err := st.Receive()
+		return err
+	}
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(send("a", 1)), "an older incarnation")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(send("z", 1)), "not a member")
+	require.Zero(t, d.n)
+	require.NoError(t, send("a", 2))
+	require.Equal(t, 1, d.n)
+
+	client := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil).client
+	_, err := client.TakeoverBegin(t.Context(), connect.NewRequest(&edgev1.TakeoverBeginRequest{
+		Session: &commonv1.SessionKey{Tenant: "acme", ClientId: "c"}, NewEpoch: 9, NewOwnerEdgeId: "a", NewOwnerIncarnation: 1}))
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "a takeover from an expired incarnation: %v", err)
+}
+
+// refusingSessions fails the test if a takeover reaches it.
+type refusingSessions struct{ t *testing.T }
+
+func (r refusingSessions) TakeOver(context.Context, string, string, uint64, bool) (bool, bool, []byte, error) {
+	r.t.Error("takeover reached the sessions")
+	return false, false, nil, nil
+}
+
+func (r refusingSessions) TakeoverEnd(context.Context, string, string, uint64) ([]byte, error) {
+	r.t.Error("takeover end reached the sessions")
+	return nil, nil
 }

@@ -43,8 +43,12 @@ type GroupRoute struct {
 // Forwarder sends messages published on this edge to the peers with
 // matching routes, one [Link] per peer.
 type Forwarder struct {
-	Self        string
-	Incarnation uint64
+	Self string
+	// Incarnation is this edge's current incarnation. Links are made under
+	// one incarnation: after the edge rejoins under a new one, its links
+	// are replaced, and what the old ones still held fails (a fenced edge
+	// acknowledged none of it), because peers refuse the old incarnation.
+	Incarnation func() uint64
 	Resolver    Resolver
 	// Bound is how long a QoS 1/2 publish waits for its peers before the
 	// publisher is closed without an acknowledgement (DESIGN: PUBLISH).
@@ -78,14 +82,22 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	if f.links == nil {
 		f.links = map[string]*Link{}
 	}
+	inc := f.Incarnation()
 	l := f.links[p.ID]
+	if l != nil && l.incarnation != inc {
+		l.stop()
+		l = nil
+	}
 	if l == nil || l.isClosed() {
-		l = NewLink(f.Self, f.Incarnation, p.ID, p.URL, f.log(), f.Metrics)
+		l = NewLink(f.Self, inc, p.ID, p.URL, f.log(), f.Metrics)
 		f.links[p.ID] = l
+		ctx, cancel := context.WithCancel(f.ctx)
+		l.stop = cancel
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			_ = l.Run(f.ctx)
+			defer cancel()
+			_ = l.Run(ctx)
 		}()
 	}
 	return l, nil

@@ -32,6 +32,11 @@ func (s *Server) TakeoverBegin(ctx context.Context, req *connect.Request[edgev1.
 	if k.GetTenant() == "" || k.GetClientId() == "" || req.Msg.GetNewEpoch() == 0 {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("takeover needs session.tenant, session.client_id and new_epoch"))
 	}
+	if req.Msg.GetNewOwnerEdgeId() != "" {
+		if err := s.vet(ctx, req.Msg.GetNewOwnerEdgeId(), req.Msg.GetNewOwnerIncarnation()); err != nil {
+			return nil, err
+		}
+	}
 	owned, connected, state, err := s.Sessions.TakeOver(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch(), req.Msg.GetCleanStart())
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
@@ -63,7 +68,7 @@ type URLs interface {
 // Takeovers calls TakeoverBegin on the previous owner of a claimed session.
 type Takeovers struct {
 	Self        string
-	Incarnation uint64
+	Incarnation func() uint64 // this edge's current one
 	Peers       URLs
 
 	mu      sync.Mutex
@@ -78,7 +83,7 @@ func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID s
 	}
 	resp, err := c.TakeoverBegin(ctx, connect.NewRequest(&edgev1.TakeoverBeginRequest{
 		Session:  &commonv1.SessionKey{Tenant: tenant, ClientId: clientID},
-		NewEpoch: newEpoch, NewOwnerEdgeId: t.Self, NewOwnerIncarnation: t.Incarnation, CleanStart: cleanStart,
+		NewEpoch: newEpoch, NewOwnerEdgeId: t.Self, NewOwnerIncarnation: t.Incarnation(), CleanStart: cleanStart,
 	}))
 	if err != nil {
 		return nil, err
