@@ -371,7 +371,16 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 }
 
 func (e *Edge) stopDataPlane(ctx context.Context) error {
-	err := e.api.Shutdown(ctx)
+	// Other edges' forward streams stay open as long as those edges run,
+	// and Shutdown waits for them: after a short grace they are cut (this
+	// edge has drained and holds no sessions any more; the senders go
+	// elsewhere).
+	sctx, cancel := context.WithTimeout(ctx, time.Second)
+	err := e.api.Shutdown(sctx)
+	cancel()
+	if err != nil {
+		err = e.api.Close()
+	}
 	if e.stopPlane != nil {
 		e.stopPlane()
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/keelmq/keel/libs/testutil"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
@@ -98,13 +100,27 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		"--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
 		"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
 
+	// Two tenants with the same user name, besides anonymous clients in
+	// "default".
+	hash, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	require.NoError(t, err)
+	users := filepath.Join(dir, "users.yaml")
+	require.NoError(t, os.WriteFile(users, fmt.Appendf(nil, `tenants:
+  acme:
+    users:
+      dev: {password: %q, acl: {publish: ["#"], subscribe: ["#"]}}
+  globex:
+    users:
+      dev: {password: %q, acl: {publish: ["#"], subscribe: ["#"]}}
+`, hash, hash), 0o600))
+
 	type edgeProc struct {
 		mqtt string
 		stop func()
 	}
 	start := func(id string) edgeProc {
 		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
-		stop := startProcess(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
+		stop := startProcess(t, id, edgeBin, ops, "--auth.anonymous", "--auth.file", users, "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
 			"--ops.addr", ops, "--data-dir", t.TempDir(), "--mqtt.edge-id", id, "--log.level", "warn",
 			"--cluster.coordinator", coordURL, "--cluster.router", "http://"+routerAPI, "--cluster.api-addr", api,
 			"--cluster.forward-timeout", "5s")
@@ -145,7 +161,7 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		require.Equal(t, []byte{byte(i)}, got.Payload, "message %d once, in order", i)
 		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	}
-	_, err := sub.Read(200 * time.Millisecond)
+	_, err = sub.Read(200 * time.Millisecond)
 	require.Error(t, err, "nothing after the last message")
 
 	// A session that ends gives up its ownership at the coordinator; a
@@ -185,6 +201,33 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	pub.Publish(200, "roam", 1, []byte("here"))
 	require.Equal(t, uint16(200), pub.Expect(packets.Puback).PacketID)
 	require.Equal(t, []byte("here"), second.Expect(packets.Publish).Payload)
+
+	// Tenants stay apart across edges: the same client ID in two tenants is
+	// two sessions (no takeover, even across edges), and a message reaches
+	// only its own tenant's subscribers on the other edge.
+	tenantSub := map[string]*mqtttest.Client{}
+	for _, tenant := range []string{"acme", "globex"} {
+		c := mqtttest.Dial(t, b.mqtt, 5)
+		require.Equal(t, packets.CodeSuccess.Code, c.ConnectAs("same", "dev@"+tenant, "pw", true, packets.Properties{}).ReasonCode)
+		require.Equal(t, []byte{1}, c.Subscribe(1, "iso/#", 1).ReasonCodes)
+		tenantSub[tenant] = c
+	}
+	other := mqtttest.Dial(t, a.mqtt, 5) // "same" of a third tenant, on edge A
+	require.Equal(t, packets.CodeSuccess.Code, other.Connect("same", true, packets.Properties{}).ReasonCode)
+	for k, tenant := range []string{"acme", "globex"} {
+		c := mqtttest.Dial(t, a.mqtt, 5)
+		require.Equal(t, packets.CodeSuccess.Code, c.ConnectAs("publisher", "dev@"+tenant, "pw", true, packets.Properties{}).ReasonCode)
+		c.Publish(uint16(k+1), "iso/x", 1, []byte(tenant))
+		require.Equal(t, uint16(k+1), c.Expect(packets.Puback).PacketID)
+	}
+	for tenant, c := range tenantSub {
+		got := c.Expect(packets.Publish)
+		require.Equal(t, tenant, string(got.Payload), "%s's subscriber gets its own tenant's message", tenant)
+		require.Equal(t, "iso/x", got.TopicName)
+		c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+		_, err := c.Read(300 * time.Millisecond)
+		require.Error(t, err, "%s's subscriber gets nothing from the other tenant (and stays connected)", tenant)
+	}
 
 	// A shared group with members on both edges: each message goes to one
 	// member in the cluster, and the edges take turns.

@@ -158,6 +158,18 @@ func (c *Client) Connect(id string, clean bool, props packets.Properties) packet
 	return c.Expect(packets.Connack)
 }
 
+// ConnectAs connects with a user name and password.
+func (c *Client) ConnectAs(id, user, password string, clean bool, props packets.Properties) packets.Packet {
+	c.t.Helper()
+	c.Send(packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: clean, Keepalive: 30, ClientIdentifier: id,
+			UsernameFlag: true, Username: []byte(user), PasswordFlag: true, Password: []byte(password)},
+		Properties: props,
+	})
+	return c.Expect(packets.Connack)
+}
+
 func (c *Client) Subscribe(id uint16, filter string, qos byte) packets.Packet {
 	c.t.Helper()
 	c.Send(packets.Packet{
