@@ -152,7 +152,7 @@ func TestBroker_SharedSubscription_OneMemberEach(t *testing.T) {
 // appendPublish must produce what a standard decoder reads back.
 func TestAppendPublish_DecodesWithMochi(t *testing.T) {
 	t.Parallel()
-	m := &Message{Topic: "acme/x/y", Payload: []byte("payload"), Props: packets.Properties{
+	m := &Message{Topic: "acme/x/y", Payload: []byte("payload"), Props: Props{
 		PayloadFormat: 1, PayloadFormatFlag: true, ContentType: "text/plain", ResponseTopic: "r/t",
 		CorrelationData: []byte{1, 2, 3}, User: []packets.UserProperty{{Key: "k", Val: "v"}, {Key: "k", Val: "w"}},
 	}}

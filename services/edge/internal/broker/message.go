@@ -29,7 +29,7 @@ type Message struct {
 	// format, content type, response topic, correlation data, user properties
 	// and message expiry. Topic alias and subscription identifiers are per
 	// connection and never stored here.
-	Props   packets.Properties
+	Props   Props
 	Origin  string // internal client ID of the publisher; empty for the broker
 	Created int64  // unix nanoseconds at ingress
 	Expiry  int64  // unix seconds after which it must not be delivered; 0 never
@@ -67,10 +67,36 @@ func (g *msgIDs) next() MsgID {
 	return MsgID{Edge: g.edge, Incarnation: g.incarnation, Seq: g.seq.Add(1)}
 }
 
+// Props are the MQTT 5 properties that travel with a message, named as in
+// mochi's packets.Properties: only these, because a message is allocated
+// per publish and mochi's struct is four times the size.
+type Props struct {
+	PayloadFormat         byte
+	PayloadFormatFlag     bool
+	MessageExpiryInterval uint32
+	ContentType           string
+	ResponseTopic         string
+	CorrelationData       []byte
+	User                  []packets.UserProperty
+}
+
+// packet returns p in mochi's form.
+func (p *Props) packet() packets.Properties {
+	return packets.Properties{
+		PayloadFormat:         p.PayloadFormat,
+		PayloadFormatFlag:     p.PayloadFormatFlag,
+		MessageExpiryInterval: p.MessageExpiryInterval,
+		ContentType:           p.ContentType,
+		ResponseTopic:         p.ResponseTopic,
+		CorrelationData:       p.CorrelationData,
+		User:                  p.User,
+	}
+}
+
 // forwardProps copies the properties of an incoming PUBLISH that travel with
 // the message (MQTT 5.0 §3.3.2.3: the server forwards them unaltered).
-func forwardProps(p *packets.Properties) packets.Properties {
-	return packets.Properties{
+func forwardProps(p *packets.Properties) Props {
+	return Props{
 		PayloadFormat:         p.PayloadFormat,
 		PayloadFormatFlag:     p.PayloadFormatFlag,
 		ContentType:           p.ContentType,

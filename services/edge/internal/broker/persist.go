@@ -205,7 +205,7 @@ func fromRecord(r *durable.Message) *Message {
 		Origin: r.Origin, Created: r.Created, Expiry: r.Expiry}
 	var p propsRecord
 	if len(r.Props) > 0 && json.Unmarshal(r.Props, &p) == nil {
-		m.Props = packets.Properties{ContentType: p.ContentType, ResponseTopic: p.ResponseTopic,
+		m.Props = Props{ContentType: p.ContentType, ResponseTopic: p.ResponseTopic,
 			CorrelationData: p.CorrelationData, User: p.User, MessageExpiryInterval: p.Expiry}
 		if p.PayloadFormat != nil {
 			m.Props.PayloadFormat, m.Props.PayloadFormatFlag = *p.PayloadFormat, true

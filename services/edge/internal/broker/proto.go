@@ -59,7 +59,7 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 		QoS:     byte(pm.GetQos()),
 		Retain:  pm.GetRetain(),
 		Created: pm.GetIngressUnixNano(),
-		Props: packets.Properties{ContentType: pm.GetContentType(), ResponseTopic: pm.GetResponseTopic(),
+		Props: Props{ContentType: pm.GetContentType(), ResponseTopic: pm.GetResponseTopic(),
 			CorrelationData: pm.GetCorrelationData()},
 	}
 	if pm.GetClientId() != "" {

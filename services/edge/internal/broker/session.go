@@ -504,7 +504,7 @@ func inflightPacket(d *delivery, packetID uint16, retain bool, order int64) pack
 		TopicName:   d.msg.Topic,
 		Payload:     d.msg.Payload,
 		PacketID:    packetID,
-		Properties:  d.msg.Props,
+		Properties:  d.msg.Props.packet(),
 		Origin:      d.msg.Origin,
 		Created:     order, // send order, for resends; mochi's own use of it is off
 		Expiry:      d.msg.Expiry,
