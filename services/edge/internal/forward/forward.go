@@ -57,8 +57,15 @@ type Server struct {
 	Members Incarnations
 	Logger  *slog.Logger
 
-	mu  sync.Mutex
-	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation
+	mu      sync.Mutex
+	hwm     map[peerKey]uint64   // highest frame seq taken per sending incarnation
+	partial map[peerKey]progress // a frame that failed part-way, per sending incarnation
+}
+
+// progress is how much of a frame was taken before it failed.
+type progress struct {
+	seq   uint64
+	taken int // messages of the frame delivered
 }
 
 type peerKey struct {
@@ -96,20 +103,33 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		s.mu.Lock()
 		if s.hwm == nil {
 			s.hwm = map[peerKey]uint64{}
+			s.partial = map[peerKey]progress{}
 		}
 		seen := req.GetSeq() <= s.hwm[key]
+		skip := 0
+		if p, ok := s.partial[key]; ok && p.seq == req.GetSeq() {
+			skip = p.taken
+		}
 		s.mu.Unlock()
 		if !seen {
-			for _, fm := range req.GetMessages() {
+			for i, fm := range req.GetMessages() {
+				if i < skip {
+					continue // taken before the frame failed part-way
+				}
 				if err := s.Deliver.DeliverForwarded(fm.GetMessage(), sharedChoice(fm)); err != nil {
 					// Not taken: close the stream without acking; the sender
-					// resends the frame (receivers are idempotent per frame).
+					// resends the frame, and the messages before this one
+					// are not delivered again (a QoS 2 message arrives once).
+					s.mu.Lock()
+					s.partial[key] = progress{seq: req.GetSeq(), taken: i}
+					s.mu.Unlock()
 					s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
 					return connect.NewError(connect.CodeUnavailable, err)
 				}
 			}
 			s.mu.Lock()
 			s.hwm[key] = max(s.hwm[key], req.GetSeq())
+			delete(s.partial, key)
 			s.mu.Unlock()
 		}
 		if err := st.Send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {

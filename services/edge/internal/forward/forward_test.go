@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -218,4 +219,51 @@ func (r refusingSessions) TakeOver(context.Context, string, string, uint64, bool
 func (r refusingSessions) TakeoverEnd(context.Context, string, string, uint64) ([]byte, error) {
 	r.t.Error("takeover end reached the sessions")
 	return nil, nil
+}
+
+// failingDeliverer takes messages but fails once at the given position.
+type failingDeliverer struct {
+	failAt int
+	calls  int
+	got    []string
+}
+
+func (d *failingDeliverer) DeliverForwarded(m *commonv1.Message, _ broker.SharedChoice) error {
+	d.calls++
+	if d.calls == d.failAt {
+		return errors.New("store unavailable")
+	}
+	d.got = append(d.got, m.GetTopic())
+	return nil
+}
+
+// A frame that fails part-way is resent whole, and the messages taken
+// before the failure are not delivered again: a QoS 2 message arrives once.
+func TestServer_FrameFailingPartWay(t *testing.T) {
+	t.Parallel()
+	d := &failingDeliverer{failAt: 3}
+	srv := &Server{Deliver: d}
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.Protocols = new(http.Protocols)
+	ts.Config.Protocols.SetHTTP1(true)
+	ts.Config.Protocols.SetUnencryptedHTTP2(true)
+	ts.Start()
+	t.Cleanup(ts.Close)
+	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1}
+	for _, topic := range []string{"t1", "t2", "t3", "t4"} {
+		frame.Messages = append(frame.Messages, &edgev1.ForwardMessage{Message: &commonv1.Message{Tenant: "acme", Topic: topic, Qos: 2}})
+	}
+	send := func() error {
+		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
+		st := l.client.Forward(t.Context())
+		defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+		require.NoError(t, st.Send(frame))
+		_, err := st.Receive()
+		return err
+	}
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(send()))
+	require.NoError(t, send())
+	require.Equal(t, []string{"t1", "t2", "t3", "t4"}, d.got)
 }
