@@ -560,11 +560,10 @@ func TestBadValues(t *testing.T) {
 // keel-persistence builds, its --help is checked instead.
 var assumedPersistenceFlags = []string{"redis.addr", "redis.min-replicas", "coordinator.addr", "ops.addr"}
 
-// TestFlagsKnown: every --flag the chart passes is one the service binary
-// defines (a typo or a renamed flag would stop the pod at start), and every
-// KEEL_* variable names one of them (an unknown one is silently ignored).
-// The binaries are built from this workspace and asked for --help.
-func TestFlagsKnown(t *testing.T) {
+// knownFlags builds the service binaries from this workspace and reads
+// their flags from --help, by service name.
+func knownFlags(t *testing.T) map[string]map[string]bool {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the service binaries")
 	}
@@ -607,6 +606,15 @@ func TestFlagsKnown(t *testing.T) {
 			t.Fatalf("%s --help listed no flags:\n%s", svc, help)
 		}
 	}
+	return known
+}
+
+// TestFlagsKnown: every --flag the chart passes is one the service binary
+// defines (a typo or a renamed flag would stop the pod at start), and every
+// KEEL_* variable names one of them (an unknown one is silently ignored).
+// The binaries are built from this workspace and asked for --help.
+func TestFlagsKnown(t *testing.T) {
+	known := knownFlags(t)
 	renders := []rendering{render(t, umbrella, nil), render(t, umbrella, readValues(t, filepath.Join(umbrella, "ci", "production-values.yaml")))}
 	renders = append(renders, render(t, umbrella, map[string]any{"edge": map[string]any{"tls": map[string]any{"enabled": true, "wss": true, "existingSecret": "x", "clientAuth": true}}}))
 	for _, r := range renders {
