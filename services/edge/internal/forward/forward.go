@@ -213,14 +213,19 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
 }
 
-// Send queues m for the peer and returns a channel that yields nil once the
-// peer took it.
-func (l *Link) Send(m *edgev1.ForwardMessage) <-chan error {
-	p := &pending{msg: m, done: make(chan error, 1)}
+// Send queues m for the peer. With wait it returns a channel that yields
+// nil once the peer took it (nil without).
+func (l *Link) Send(m *edgev1.ForwardMessage, wait bool) <-chan error {
+	p := &pending{msg: m}
+	if wait {
+		p.done = make(chan error, 1)
+	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		p.done <- ErrPeerGone
+		if p.done != nil {
+			p.done <- ErrPeerGone
+		}
 		return p.done
 	}
 	l.queue = append(l.queue, p)
@@ -340,7 +345,9 @@ func (l *Link) acked(seq uint64) {
 	l.mu.Unlock()
 	for _, f := range done {
 		for _, p := range f.msgs {
-			p.done <- nil
+			if p.done != nil {
+				p.done <- nil
+			}
 		}
 	}
 }
@@ -357,7 +364,9 @@ func (l *Link) fail(err error) {
 	l.unacked, l.queue = nil, nil
 	l.mu.Unlock()
 	for _, p := range all {
-		p.done <- err
+		if p.done != nil {
+			p.done <- err
+		}
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -123,23 +122,12 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 		return nil, broker.SharedChoice{}, fmt.Errorf("resolve routes: %w", err)
 	}
 	local := broker.SharedChoice{Chosen: true}
-	type dest struct {
-		peer   Peer
-		shared []*edgev1.SharedTarget
-	}
-	var dests []dest
-	at := func(p Peer) *dest {
-		for i := range dests {
-			if dests[i].peer.ID == p.ID {
-				return &dests[i]
-			}
-		}
-		dests = append(dests, dest{peer: p})
-		return &dests[len(dests)-1]
-	}
+	// Most messages go to a few edges: the destinations stay on the stack.
+	var buf [8]dest
+	dests := buf[:0]
 	for _, p := range route.Edges {
 		if p.ID != f.Self {
-			at(p)
+			dests, _ = destFor(dests, p)
 		}
 	}
 	for _, g := range route.Groups {
@@ -148,25 +136,47 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 			local.Groups = append(local.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter})
 			continue
 		}
-		d := at(p)
-		d.shared = append(d.shared, &edgev1.SharedTarget{Group: g.Name, Filter: g.Filter})
+		var i int
+		dests, i = destFor(dests, p)
+		dests[i].shared = append(dests[i].shared, &edgev1.SharedTarget{Group: g.Name, Filter: g.Filter})
 	}
-	var pm *commonv1.Message
+	if len(dests) == 0 {
+		return nil, local, nil
+	}
+	pm := m.Proto()
+	// QoS 0 is best effort across edges too: nobody waits for it.
+	wait := m.QoS > 0
 	var waits []<-chan error
 	for _, d := range dests {
 		l, err := f.link(d.peer)
 		if err != nil {
 			return nil, broker.SharedChoice{}, err
 		}
-		if pm == nil {
-			pm = m.Proto()
+		done := l.Send(&edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}, wait)
+		if wait {
+			waits = append(waits, done)
 		}
-		waits = append(waits, l.Send(&edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}))
 	}
-	if m.QoS == 0 || len(waits) == 0 {
-		return nil, local, nil // QoS 0 is best effort across edges too
+	if !wait {
+		return nil, local, nil
 	}
 	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, local, nil
+}
+
+// dest is one peer a message goes to, with the shared groups it serves.
+type dest struct {
+	peer   Peer
+	shared []*edgev1.SharedTarget
+}
+
+// destFor returns dests with p in it, and p's index.
+func destFor(dests []dest, p Peer) ([]dest, int) {
+	for i := range dests {
+		if dests[i].peer.ID == p.ID {
+			return dests, i
+		}
+	}
+	return append(dests, dest{peer: p}), len(dests)
 }
 
 // pick chooses the edge that serves a shared group for one message: the
