@@ -200,17 +200,6 @@ func (s *Store) Load() ([]SessionState, []Message, error) {
 	var retained []Message
 	err := s.db.View(func(tx *bolt.Tx) error {
 		msgs := tx.Bucket(bucketMsgs)
-		loadMsg := func(id string) *Message {
-			data := msgs.Get([]byte(id))
-			if data == nil {
-				return nil
-			}
-			var m Message
-			if json.Unmarshal(data, &m) != nil {
-				return nil
-			}
-			return &m
-		}
 		index := map[string]int{}
 		if err := tx.Bucket(bucketSessions).ForEach(func(k, v []byte) error {
 			var rec Session
@@ -253,12 +242,9 @@ func (s *Store) Load() ([]SessionState, []Message, error) {
 				if st == nil {
 					return nil
 				}
-				var e Entry
-				if err := json.Unmarshal(v, &e); err != nil {
+				e, ok, err := readEntry(msgs, v)
+				if err != nil || !ok {
 					return err
-				}
-				if e.Msg = loadMsg(e.MsgID); e.Msg == nil {
-					return nil
 				}
 				if bytes.Equal(bucket, bucketQueue) {
 					st.Queue = append(st.Queue, e) // keys sort by seq
@@ -294,4 +280,22 @@ func (s *Store) Load() ([]SessionState, []Message, error) {
 		})
 	})
 	return sessions, retained, err
+}
+
+// readEntry decodes a queue or in-flight entry with its message. ok is
+// false when the message is gone (expired and collected) or unreadable: the
+// entry is skipped, as a restart would.
+func readEntry(msgs *bolt.Bucket, v []byte) (e Entry, ok bool, err error) {
+	if err := json.Unmarshal(v, &e); err != nil {
+		return e, false, err
+	}
+	data := msgs.Get([]byte(e.MsgID))
+	if data == nil {
+		return e, false, nil
+	}
+	e.Msg = new(Message)
+	if json.Unmarshal(data, e.Msg) != nil {
+		return e, false, nil
+	}
+	return e, true, nil
 }

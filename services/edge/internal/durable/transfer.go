@@ -39,20 +39,11 @@ func (s *Store) LoadSession(ctx context.Context, id string) (st SessionState, ok
 		msgs := tx.Bucket(bucketMsgs)
 		entry := func(into *[]Entry) func(v []byte) error {
 			return func(v []byte) error {
-				var e Entry
-				if err := json.Unmarshal(v, &e); err != nil {
-					return err
+				e, ok, err := readEntry(msgs, v)
+				if ok {
+					*into = append(*into, e)
 				}
-				data := msgs.Get([]byte(e.MsgID))
-				if data == nil {
-					return nil // expired and collected
-				}
-				e.Msg = new(Message)
-				if err := json.Unmarshal(data, e.Msg); err != nil {
-					return err
-				}
-				*into = append(*into, e)
-				return nil
+				return err
 			}
 		}
 		if err := each(bucketSubs, func(v []byte) error {
