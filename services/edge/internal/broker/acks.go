@@ -34,18 +34,23 @@ type pendingAck struct {
 	wait     func() error
 }
 
-// holds reports whether the client's publish with packetID is still
-// waiting: a QoS 2 PUBLISH sent again before its PUBREC must not be routed
-// twice [MQTT-4.3.3-10], and a packet ID in use is not a new message.
-func (q *ackQueue) holds(packetID uint16) bool {
+// check tells how a QoS 1/2 PUBLISH with packetID stands against the
+// queue: the client is being disconnected (failed), or the packet ID still
+// awaits its acknowledgement (held): a QoS 2 PUBLISH sent again before its
+// PUBREC must not be routed twice [MQTT-4.3.3-10], and a packet ID in use
+// is not a new message.
+func (q *ackQueue) check(packetID uint16) (failed, held bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.failed {
+		return true, false
+	}
 	for i := range q.pending {
 		if q.pending[i].packetID == packetID {
-			return true
+			return false, true
 		}
 	}
-	return false
+	return false, false
 }
 
 // idle reports whether an acknowledgement may be sent right away.
@@ -53,12 +58,6 @@ func (q *ackQueue) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.pending) == 0 && !q.failed
-}
-
-func (q *ackQueue) isFailed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.failed
 }
 
 // reserve holds an MQTT 3 client's reader while limit publishes await

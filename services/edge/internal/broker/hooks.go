@@ -579,10 +579,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, packets.ErrRejectPacket
 	}
 	if pk.FixedHeader.Qos > 0 {
-		if c.acks.isFailed() {
+		failed, held := c.acks.check(pk.PacketID)
+		if failed {
 			return pk, packets.ErrRejectPacket // being disconnected unacknowledged
 		}
-		if c.acks.holds(pk.PacketID) {
+		if held {
 			// Sent again while its acknowledgement is pending: that one
 			// will be answered, and a QoS 2 message is routed once.
 			b.m.duplicatePubs.Inc()
