@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/testutil"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
@@ -21,6 +22,18 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
+
+// serveAPI serves srv's edge API on an h2c test server until the test ends.
+func serveAPI(t *testing.T, srv *Server) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(srv.Handler())
+	ts := httptest.NewUnstartedServer(mux)
+	ts.Config.Protocols = rpc.ServerProtocols()
+	ts.Start()
+	t.Cleanup(ts.Close)
+	return ts
+}
 
 type edge struct {
 	b    *broker.Broker
@@ -40,14 +53,7 @@ func startEdge(t *testing.T, id string) *edge {
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
 	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
-	mux := http.NewServeMux()
-	mux.Handle(srv.Handler())
-	ts := httptest.NewUnstartedServer(mux)
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
+	ts := serveAPI(t, srv)
 	return &edge{b: b, mqtt: l.Address(), api: ts}
 }
 
@@ -132,14 +138,7 @@ func TestServer_FramesDeliveredOnce(t *testing.T) {
 	t.Parallel()
 	d := &countingDeliverer{}
 	srv := &Server{Deliver: d}
-	mux := http.NewServeMux()
-	mux.Handle(srv.Handler())
-	ts := httptest.NewUnstartedServer(mux)
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
+	ts := serveAPI(t, srv)
 	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1,
 		Messages: []*edgev1.ForwardMessage{{Message: &commonv1.Message{Tenant: "acme", Topic: "t"}}}}
 	for range 2 { // two streams, as after a reconnect
@@ -177,14 +176,7 @@ func TestServer_RefusesExpiredIncarnations(t *testing.T) {
 	t.Parallel()
 	d := &countingDeliverer{}
 	srv := &Server{Deliver: d, Members: staticMembers{"a": 2}, Sessions: refusingSessions{t}}
-	mux := http.NewServeMux()
-	mux.Handle(srv.Handler())
-	ts := httptest.NewUnstartedServer(mux)
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
+	ts := serveAPI(t, srv)
 	send := func(edge string, inc uint64) error {
 		l := NewLink(edge, inc, "b", ts.URL, testutil.Logger(t), nil)
 		st := l.client.Forward(t.Context())
@@ -243,14 +235,7 @@ func TestServer_FrameFailingPartWay(t *testing.T) {
 	t.Parallel()
 	d := &failingDeliverer{failAt: 3}
 	srv := &Server{Deliver: d}
-	mux := http.NewServeMux()
-	mux.Handle(srv.Handler())
-	ts := httptest.NewUnstartedServer(mux)
-	ts.Config.Protocols = new(http.Protocols)
-	ts.Config.Protocols.SetHTTP1(true)
-	ts.Config.Protocols.SetUnencryptedHTTP2(true)
-	ts.Start()
-	t.Cleanup(ts.Close)
+	ts := serveAPI(t, srv)
 	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1}
 	for _, topic := range []string{"t1", "t2", "t3", "t4"} {
 		frame.Messages = append(frame.Messages, &edgev1.ForwardMessage{Message: &commonv1.Message{Tenant: "acme", Topic: topic, Qos: 2}})
