@@ -120,8 +120,17 @@ func TestBroker_TakeOver(t *testing.T) {
 	b, addr := startBroker(t, nil)
 	c := mqtttest.Dial(t, addr, 5)
 	c.Connect("x", true, packets.Properties{})
-	s := b.session(b.mustScope(t, "default").ClientID("x"))
-	require.NotNil(t, s)
+	// mochi binds the session after it has written the CONNACK.
+	var s *session
+	require.Eventually(t, func() bool {
+		s = b.session(b.mustScope(t, "default").ClientID("x"))
+		if s == nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client != nil
+	}, 5*time.Second, time.Millisecond)
 	s.mu.Lock()
 	epoch := s.epoch
 	s.mu.Unlock()
