@@ -35,6 +35,10 @@ type clusterOpts struct {
 	// strictFormation fails the test when the first leader is slow, instead
 	// of starting over (see startCluster).
 	strictFormation bool
+	// routerURL is --router.url (empty: dead edges' routes are not removed).
+	routerURL string
+	// routeGrace is --custody.route-grace (0: the default).
+	routeGrace time.Duration
 }
 
 // testNode is one coordinator of a test cluster. Its addresses survive a
@@ -159,6 +163,10 @@ func (tn *testNode) config() Config {
 		cfg.Server.WatchHeartbeat = tn.opts.watchHeartbeat
 	}
 	cfg.Server.DeadServerTimeout = tn.opts.deadServerTimeout
+	cfg.Server.RouterURL = tn.opts.routerURL
+	if tn.opts.routeGrace > 0 {
+		cfg.Server.RouteGrace = tn.opts.routeGrace
+	}
 	cfg.Registry = prometheus.NewRegistry()
 	return cfg
 }

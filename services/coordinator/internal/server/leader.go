@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -20,20 +21,42 @@ import (
 type leaderTerm struct {
 	leases  *lease.Table
 	claims  *batcher
+	routes  *deadRoutes   // nil without a router URL
 	kick    chan struct{} // one-slot: run the custody scan soon
 	dirtyMu sync.Mutex
-	dirty   map[string]struct{} // edges whose sessions may need custody; guarded by dirtyMu
+	// dirty holds the edges whose sessions may need custody, each with the
+	// Raft index of the latest change that marked it: a scan of an older
+	// state must not clear a mark it has not seen. Guarded by dirtyMu.
+	dirty map[string]uint64
+	incs  map[string]uint64 // latest incarnation of every edge member; guarded by dirtyMu
 }
 
-// observe marks edges whose membership changed for the custody scan.
-func (t *leaderTerm) observe(events []fsm.Event) {
+// observe marks edges whose membership changed for the custody scan, and
+// records dead edge incarnations whose routes must leave the router. It runs
+// on the FSM's apply goroutine, in log order.
+func (t *leaderTerm) observe(index uint64, events []fsm.Event) {
 	marked := false
 	t.dirtyMu.Lock()
 	for _, e := range events {
-		if e.Kind == fsm.EventMember && e.Member.GetRole() == raftpb.MemberRole_MEMBER_ROLE_EDGE {
-			t.dirty[e.Member.GetMemberId()] = struct{}{}
-			marked = true
+		m := e.Member
+		if e.Kind != fsm.EventMember || m.GetRole() != raftpb.MemberRole_MEMBER_ROLE_EDGE {
+			continue
 		}
+		id, inc := m.GetMemberId(), m.GetIncarnation()
+		t.dirty[id] = index
+		marked = true
+		if t.routes != nil {
+			switch prev := t.incs[id]; {
+			case deadState(m.GetState()):
+				t.routes.add(id, inc)
+			case prev != 0 && prev < inc:
+				// A rejoin that came before the old incarnation's lease ran
+				// out leaves no EXPIRED record of it, yet its routes stay in
+				// the router (hidden from lookups, still stored).
+				t.routes.add(id, prev)
+			}
+		}
+		t.incs[id] = inc
 	}
 	t.dirtyMu.Unlock()
 	if marked {
@@ -73,7 +96,8 @@ func commandName(ct fsm.CommandType) string {
 // leaderLoop runs for one term. It first waits for a barrier, so the FSM holds
 // every entry of earlier terms, then grants every known member a full TTL
 // (a new leader never expires anyone early), and then serves: expiring leases
-// on its own clock, reassigning orphaned sessions and adding voters.
+// on its own clock, reassigning orphaned sessions, removing the routes of dead
+// edges from the router once their sessions are adopted, and adding voters.
 func (s *Server) leaderLoop(ctx context.Context) {
 	log := s.logger.With("term_leader", s.node.ID())
 	for {
@@ -91,13 +115,25 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	t := &leaderTerm{
 		leases: lease.NewTable(s.cfg.LeaseTTL),
 		kick:   make(chan struct{}, 1),
-		dirty:  map[string]struct{}{},
+		dirty:  map[string]uint64{},
+		incs:   map[string]uint64{},
+	}
+	if s.router != nil {
+		t.routes = newDeadRoutes(s.cfg.RouteGrace)
 	}
 	st := s.fsm.State()
 	t.leases.Reset(st.Members(), s.now())
 	for _, m := range st.Members() {
-		if m.GetRole() == raftpb.MemberRole_MEMBER_ROLE_EDGE {
-			t.dirty[m.GetMemberId()] = struct{}{}
+		if m.GetRole() != raftpb.MemberRole_MEMBER_ROLE_EDGE {
+			continue
+		}
+		t.dirty[m.GetMemberId()] = st.Index()
+		t.incs[m.GetMemberId()] = m.GetIncarnation()
+		// Removals are not recorded in Raft, so whether an earlier leader
+		// got to this one is unknown; RemoveEdge is idempotent, and the
+		// custody scan below gates it as for a fresh death.
+		if t.routes != nil && deadState(m.GetState()) {
+			t.routes.add(m.GetMemberId(), m.GetIncarnation())
 		}
 	}
 	t.claims = newBatcher(s)
@@ -107,6 +143,13 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		defer wg.Done()
 		t.claims.run(ctx)
 	}()
+	if t.routes != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.removeDeadRoutes(ctx, t.routes)
+		}()
+	}
 	s.term.Store(t)
 	log.Info("leader ready", logging.KeyRaftIndex, st.Index(), "members", len(st.Members()))
 	defer func() {
@@ -158,7 +201,8 @@ func (s *Server) expireLeases(ctx context.Context, t *leaderTerm) {
 
 // runCustody reassigns the sessions of every dirty edge whose owning
 // incarnation is no longer alive to live custodians, in batched entries. An
-// edge stays dirty until a scan finds nothing left to move.
+// edge stays dirty until a scan finds nothing left to move; that scan also
+// starts the grace before the edge's dead incarnations lose their routes.
 func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 	t.dirtyMu.Lock()
 	edges := make([]string, 0, len(t.dirty))
@@ -191,13 +235,23 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 		})
 		if len(byInc) == 0 {
 			t.dirtyMu.Lock()
-			delete(t.dirty, edge)
+			if t.dirty[edge] <= st.Index() {
+				delete(t.dirty, edge)
+			}
 			t.dirtyMu.Unlock()
+			if t.routes != nil {
+				t.routes.adopted(rec, now)
+			}
 			continue
 		}
-		// The edge itself may be a candidate (a rejoin with a new incarnation
-		// adopts its old sessions if the hash says so), unless it is dead.
-		if len(candidates) == 0 {
+		// The FSM never moves a session to its own edge ID, whatever the
+		// incarnation (applyReassignSessions), so a rejoined edge cannot
+		// adopt its old incarnation's sessions: proposing it would write an
+		// entry that moves nothing on every tick and leave those sessions
+		// with the dead incarnation for good. A client reconnecting to the
+		// rejoined edge takes its session from the custodian by a claim.
+		custodians := slices.DeleteFunc(slices.Clone(candidates), func(c string) bool { return c == edge })
+		if len(custodians) == 0 {
 			s.logger.Warn("no live edge to take custody", logging.KeyEdgeID, edge)
 			continue
 		}
@@ -206,7 +260,7 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 				chunk := recs[start:min(start+s.cfg.CustodyBatch, len(recs))]
 				cmd := &raftpb.ReassignSessionsCommand{NowUnixNano: now.UnixNano(), FromEdgeId: edge, FromIncarnation: inc}
 				for _, r := range chunk {
-					to := candidates[lease.Custodian(r.GetTenant(), r.GetClientId(), candidates)]
+					to := custodians[lease.Custodian(r.GetTenant(), r.GetClientId(), custodians)]
 					cmd.Assignments = append(cmd.Assignments, &raftpb.Reassignment{Tenant: r.GetTenant(), ClientId: r.GetClientId(),
 						ToEdgeId: to, ToIncarnation: incs[to]})
 				}

@@ -15,6 +15,7 @@ type metrics struct {
 	custody       prometheus.Counter
 	expired       prometheus.Counter
 	forwarded     *prometheus.CounterVec
+	routeRemovals *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -35,7 +36,14 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_leases_expired_total", Help: "Member leases that expired on this leader's clock."}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_coordinator_forwarded_total", Help: "Requests forwarded to the leader, by procedure."}, []string{"procedure"}),
+		routeRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_coordinator_dead_edge_route_removals_total",
+			Help: "RemoveEdge calls the leader made to the router for dead edges, by outcome (ok, error)."}, []string{"outcome"}),
 	}
+	// Both outcomes exist from the start, so a rate or an alert on errors
+	// works before the first failure.
+	m.routeRemovals.WithLabelValues("ok")
+	m.routeRemovals.WithLabelValues("error")
 	if reg == nil {
 		return m
 	}
@@ -49,7 +57,15 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			return v
 		})
 	}
-	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded,
+	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded, m.routeRemovals,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_dead_edge_routes_pending",
+			Help: "Dead edges whose routes the leader has yet to remove from the router (waiting for custody, the grace, or a retry); 0 on followers."},
+			func() float64 {
+				if t := s.term.Load(); t != nil && t.routes != nil {
+					return float64(t.routes.len())
+				}
+				return 0
+			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_raft_state",
 			Help: "Raft state: 0 follower, 1 candidate, 2 leader, 3 shutdown."}, func() float64 {
 			if r := s.node.Raft(); r != nil {

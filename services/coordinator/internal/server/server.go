@@ -16,8 +16,11 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +36,7 @@ import (
 	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
 
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 )
 
 // ForwardedHeader marks a request a follower forwarded to the leader.
@@ -59,6 +63,13 @@ type Config struct {
 	PromotionLeaseTTL time.Duration `yaml:"promotion_lease_ttl"`
 	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
 	DeadServerTimeout time.Duration `yaml:"dead_server_timeout"`
+	// RouterURL is a router node's API base URL, where the leader removes the
+	// routes of dead edges; empty leaves them in the router.
+	RouterURL string `yaml:"router_url"`
+	// RouteGrace is how long after custody of a dead edge's last session the
+	// leader waits before removing its routes, so that the custodians have
+	// registered the adopted sessions' routes first.
+	RouteGrace time.Duration `yaml:"route_grace"`
 
 	// Now is the leader's clock; nil means time.Now.
 	Now func() time.Time `yaml:"-"`
@@ -74,6 +85,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.PromotionLeaseTTL, prefix+"promotion-lease-ttl", DefaultPromotionLeaseTTL, "default TTL of a Redis group promotion lease")
 	fs.DurationVar(&c.ReconcileInterval, prefix+"reconcile-interval", DefaultReconcileInterval, "how often the leader adds discovered coordinators as voters")
 	fs.DurationVar(&c.DeadServerTimeout, prefix+"dead-server-timeout", 0, "remove a voter missing from gossip this long, if a majority stays (0: never)")
+	fs.StringVar(&c.RouterURL, prefix+"router.url", "", "API base URL of a router node (e.g. http://keel-router:9300), where the leader removes dead edges' routes (empty: they are never removed)")
+	fs.DurationVar(&c.RouteGrace, prefix+"custody.route-grace", DefaultRouteGrace, "after a dead edge's last session was adopted, wait this long for the custodians to register its routes before removing the dead edge's")
 }
 
 // Validate checks c.
@@ -94,6 +107,14 @@ func (c *Config) Validate() error {
 	if c.DeadServerTimeout < 0 {
 		errs = append(errs, errors.New("dead server timeout must not be negative"))
 	}
+	if c.RouteGrace < 0 {
+		errs = append(errs, errors.New("custody route grace must not be negative"))
+	}
+	if c.RouterURL != "" {
+		if u, err := url.Parse(c.RouterURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("router url %q: want http(s)://host:port", c.RouterURL))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -113,6 +134,7 @@ type Server struct {
 	hub     *hub
 	now     func() time.Time
 	httpc   *http.Client
+	router  routerv1connect.RouterServiceClient // nil without Config.RouterURL
 
 	// term is the leader's state for the current term; nil on followers and
 	// while a new leader is not ready.
@@ -145,6 +167,11 @@ func New(cfg Config, node *raftnode.Node, peers Peers, reg prometheus.Registerer
 	if s.now == nil {
 		s.now = time.Now
 	}
+	if cfg.RouterURL != "" {
+		s.router = routerv1connect.NewRouterServiceClient(s.httpc, strings.TrimRight(cfg.RouterURL, "/"), connect.WithGRPC())
+	} else {
+		s.logger.Warn("no router.url: the routes of dead edges stay in the router, and publishers keep forwarding to them")
+	}
 	s.metrics = newMetrics(reg, s)
 	s.hub = newHub(s.fsm)
 	s.fsm.SetObserver(s.observe)
@@ -160,7 +187,7 @@ func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 func (s *Server) observe(index uint64, events []fsm.Event) {
 	s.hub.publish(index, events)
 	if t := s.term.Load(); t != nil {
-		t.observe(events)
+		t.observe(index, events)
 	}
 }
 

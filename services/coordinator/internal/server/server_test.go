@@ -95,6 +95,8 @@ func TestConfig_Validate(t *testing.T) {
 	}
 	c := good()
 	require.NoError(t, c.Validate())
+	c.RouterURL = "http://keel-router:9300"
+	require.NoError(t, c.Validate())
 	for name, mut := range map[string]func(*Config){
 		"short ttl":          func(c *Config) { c.LeaseTTL = time.Millisecond },
 		"zero batch":         func(c *Config) { c.MaxClaimsPerEntry = 0 },
@@ -102,6 +104,10 @@ func TestConfig_Validate(t *testing.T) {
 		"zero heartbeat":     func(c *Config) { c.WatchHeartbeat = 0 },
 		"promotion too long": func(c *Config) { c.PromotionLeaseTTL = time.Hour },
 		"negative dead":      func(c *Config) { c.DeadServerTimeout = -time.Second },
+		"negative grace":     func(c *Config) { c.RouteGrace = -time.Second },
+		"router no scheme":   func(c *Config) { c.RouterURL = "keel-router:9300" },
+		"router no host":     func(c *Config) { c.RouterURL = "http://" },
+		"router bad scheme":  func(c *Config) { c.RouterURL = "ftp://keel-router:9300" },
 	} {
 		c := good()
 		mut(&c)
@@ -266,4 +272,38 @@ func TestServer_LeaseExpiry(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestServer_CustodyAfterRejoin: the sessions of an edge's old incarnation
+// go to another edge, never to the rejoined edge itself (the FSM refuses
+// that move), and while no other edge lives the leader writes no entry for
+// them at all.
+func TestServer_CustodyAfterRejoin(t *testing.T) {
+	ts := newTestServer(t, true, func(c *Config) { c.LeaseTTL = 3 * time.Second }) // ticks every 300ms
+	ts.renew(t, "e1", 1)
+	const n = 20 // rendezvous hashing over e1 and e2 would give e1 some of them
+	for i := range n {
+		_, err := ts.claim(t.Context(), "e1", fmt.Sprintf("c%d", i), fmt.Sprintf("r%d", i))
+		require.NoError(t, err)
+	}
+	ts.renew(t, "e1", 2)
+	time.Sleep(time.Second)
+	idx := ts.s.fsm.State().Index()
+	time.Sleep(time.Second)
+	require.Equal(t, idx, ts.s.fsm.State().Index(), "custody wrote entries with no edge to move the sessions to")
+	require.Equal(t, uint64(1), ts.s.fsm.State().Session("acme", "c0").GetOwnerIncarnation())
+
+	ts.renew(t, "e2", 1)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		for i := range n {
+			rec := ts.s.fsm.State().Session("acme", fmt.Sprintf("c%d", i))
+			if rec.GetOwnerEdgeId() != "e2" || rec.GetOwnerKind() != raftpb.OwnerKind_OWNER_KIND_CUSTODY {
+				return fmt.Errorf("c%d is owned by %s/%d", i, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation())
+			}
+		}
+		return nil
+	})
+	idx = ts.s.fsm.State().Index()
+	time.Sleep(time.Second)
+	require.Equal(t, idx, ts.s.fsm.State().Index(), "custody kept writing entries after every session moved")
 }

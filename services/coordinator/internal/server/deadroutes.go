@@ -1,0 +1,234 @@
+package server
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
+
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+)
+
+// DefaultRouteGrace is the default of Config.RouteGrace.
+const DefaultRouteGrace = 5 * time.Second
+
+const (
+	// removeEdgeTimeout bounds one RemoveEdge call. The router answers only
+	// after every router node passed the dead edge on to its edges (each of
+	// them acknowledging or letting its cache lease run out) and it scanned
+	// the table, which takes seconds, not minutes.
+	removeEdgeTimeout = 30 * time.Second
+	removeBackoffMin  = 500 * time.Millisecond
+	removeBackoffMax  = 30 * time.Second
+)
+
+// deadState reports whether an incarnation in state st is dead for good: the
+// FSM never brings a left or expired incarnation back.
+func deadState(st raftpb.MemberState) bool {
+	return st == raftpb.MemberState_MEMBER_STATE_EXPIRED || st == raftpb.MemberState_MEMBER_STATE_LEFT
+}
+
+// deadEdge is one edge whose routes of incarnation inc and older must leave
+// the router.
+type deadEdge struct {
+	inc      uint64
+	adopted  bool      // custody found no session of inc or older left to reassign
+	due      time.Time // earliest next RemoveEdge; set once adopted
+	attempts int       // failed RemoveEdge calls
+}
+
+// deadRoute is a removal handed to the caller by [deadRoutes.takeDue].
+type deadRoute struct {
+	edge     string
+	inc      uint64
+	attempts int
+}
+
+// deadRoutes is one leader term's list of dead edges whose routes are still to
+// be removed from the router. It is kept in memory only: a new leader rebuilds
+// it from the FSM, which is enough because RemoveEdge is idempotent. It is
+// safe for concurrent use (the FSM observer adds, the leader loop marks
+// custody done, the removal loop takes and completes).
+//
+// One entry per edge suffices: RemoveEdge(edge, inc) removes the routes of inc
+// and every older incarnation and never those of a newer one, so the highest
+// dead incarnation stands for all of them.
+type deadRoutes struct {
+	grace time.Duration
+	wake  chan struct{} // one-slot: something became due sooner
+
+	mu      sync.Mutex
+	pending map[string]*deadEdge // by edge ID; guarded by mu
+	removed map[string]uint64    // highest incarnation removed this term, by edge ID; guarded by mu
+}
+
+func newDeadRoutes(grace time.Duration) *deadRoutes {
+	return &deadRoutes{grace: grace, wake: make(chan struct{}, 1), pending: map[string]*deadEdge{}, removed: map[string]uint64{}}
+}
+
+// add records that the routes of edge's incarnation inc and older are dead.
+func (d *deadRoutes) add(edge string, inc uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.removed[edge] >= inc {
+		return
+	}
+	if p := d.pending[edge]; p != nil {
+		if p.inc >= inc {
+			return
+		}
+		// A later incarnation died as well: its sessions must be adopted
+		// before any of its routes go, and its removal covers the older one.
+		*p = deadEdge{inc: inc}
+		return
+	}
+	d.pending[edge] = &deadEdge{inc: inc}
+}
+
+// adopted is told that custody found no session of any dead incarnation of
+// rec's edge left to reassign, in the state rec was read from. The pending
+// removal then becomes due after the grace, during which the custodians
+// register the adopted sessions' routes: removing the dead edge's routes
+// first could leave a publish with no route for an adopted session. A
+// state older than the death the entry stands for says nothing about that
+// incarnation's sessions, so it leaves the entry waiting for a later scan.
+func (d *deadRoutes) adopted(rec *raftpb.MemberRecord, now time.Time) {
+	if rec == nil {
+		return
+	}
+	d.mu.Lock()
+	p := d.pending[rec.GetMemberId()]
+	covered := p != nil && !p.adopted &&
+		(p.inc < rec.GetIncarnation() || p.inc == rec.GetIncarnation() && deadState(rec.GetState()))
+	if covered {
+		p.adopted, p.due = true, now.Add(d.grace)
+	}
+	d.mu.Unlock()
+	if covered {
+		d.poke()
+	}
+}
+
+func (d *deadRoutes) poke() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeDue returns the removals due at now, in edge ID order.
+func (d *deadRoutes) takeDue(now time.Time) []deadRoute {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []deadRoute
+	for id, p := range d.pending {
+		if p.adopted && !now.Before(p.due) {
+			out = append(out, deadRoute{edge: id, inc: p.inc, attempts: p.attempts})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].edge < out[j].edge })
+	return out
+}
+
+// next returns when the earliest adopted removal is due; false if none is.
+func (d *deadRoutes) next() (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var at time.Time
+	found := false
+	for _, p := range d.pending {
+		if p.adopted && (!found || p.due.Before(at)) {
+			at, found = p.due, true
+		}
+	}
+	return at, found
+}
+
+// done records a successful removal of (edge, inc). An entry raised to a
+// newer dead incarnation meanwhile stays pending.
+func (d *deadRoutes) done(edge string, inc uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.removed[edge] = max(d.removed[edge], inc)
+	if p := d.pending[edge]; p != nil && p.inc <= inc {
+		delete(d.pending, edge)
+	}
+}
+
+// failed records a failed removal of (edge, inc) at now and returns the
+// backoff before the next attempt.
+func (d *deadRoutes) failed(edge string, inc uint64, now time.Time) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pending[edge]
+	if p == nil || p.inc != inc {
+		return 0
+	}
+	p.attempts++
+	wait := removeBackoffMin << min(p.attempts-1, 16)
+	wait = min(wait, removeBackoffMax)
+	p.due = now.Add(wait)
+	return wait
+}
+
+// len returns the number of edges whose routes are still to be removed.
+func (d *deadRoutes) len() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.pending)
+}
+
+// removeDeadRoutes calls RemoveEdge for every due entry of d, one at a time
+// (each call scans the router's whole table), until ctx ends with the term.
+// It runs beside the leader loop so that a slow router never delays lease
+// expiry or custody.
+func (s *Server) removeDeadRoutes(ctx context.Context, d *deadRoutes) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		for _, e := range d.takeDue(s.now()) {
+			if ctx.Err() != nil {
+				return
+			}
+			s.removeEdgeRoutes(ctx, d, e)
+		}
+		// The due times are on s.now, which tests may drive; waking at least
+		// every second keeps such a clock from stalling removals.
+		wait := time.Second
+		if at, ok := d.next(); ok {
+			wait = min(max(at.Sub(s.now()), time.Millisecond), wait)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+func (s *Server) removeEdgeRoutes(ctx context.Context, d *deadRoutes, e deadRoute) {
+	cctx, cancel := context.WithTimeout(ctx, removeEdgeTimeout)
+	resp, err := s.router.RemoveEdge(cctx, connect.NewRequest(&routerv1.RemoveEdgeRequest{EdgeId: e.edge, Incarnation: e.inc}))
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return // the term ended; the next leader starts over
+		}
+		wait := d.failed(e.edge, e.inc, s.now())
+		s.metrics.routeRemovals.WithLabelValues("error").Inc()
+		s.logger.Warn("cannot remove a dead edge's routes from the router; retrying", logging.KeyEdgeID, e.edge,
+			"incarnation", e.inc, "attempt", e.attempts+1, "retry_in", wait, logging.Err(err))
+		return
+	}
+	d.done(e.edge, e.inc)
+	s.metrics.routeRemovals.WithLabelValues("ok").Inc()
+	s.logger.Info("dead edge's routes removed from the router", logging.KeyEdgeID, e.edge, "incarnation", e.inc,
+		"routes_removed", resp.Msg.GetRoutesRemoved(), "failed_attempts", e.attempts)
+}
