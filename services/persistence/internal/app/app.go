@@ -304,6 +304,14 @@ func (a *App) advertise() string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
+// leaseMargin is the configured margin, but at most a quarter of the TTL:
+// renewals come every TTL/3, so a margin beyond that would let the lease
+// lapse between two punctual renewals and refuse writes for nothing (a
+// cluster run with a short lease TTL).
+func (a *App) leaseMargin(ttl time.Duration) time.Duration {
+	return min(a.cfg.LeaseMargin, ttl/4)
+}
+
 // renew keeps the member lease: every TTL/3, and valid until the TTL
 // (measured from sending) minus the margin.
 func (a *App) renew(ctx context.Context) error {
@@ -317,7 +325,7 @@ func (a *App) renew(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			ttl := resp.Msg.GetRemainingTtl().AsDuration()
-			a.leaseUntil.Store(sent.Add(ttl - a.cfg.LeaseMargin).UnixNano())
+			a.leaseUntil.Store(sent.Add(ttl - a.leaseMargin(ttl)).UnixNano())
 			interval = max(ttl/3, 100*time.Millisecond)
 		} else {
 			a.logger.Warn("lease renewal failed", "error", err)
@@ -371,7 +379,8 @@ func (a *App) Run(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				a.leaseUntil.Store(sent.Add(resp.Msg.GetRemainingTtl().AsDuration() - a.cfg.LeaseMargin).UnixNano())
+				ttl := resp.Msg.GetRemainingTtl().AsDuration()
+				a.leaseUntil.Store(sent.Add(ttl - a.leaseMargin(ttl)).UnixNano())
 				return nil
 			})
 		}, a.leave)
