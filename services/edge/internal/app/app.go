@@ -30,6 +30,7 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/forward"
 	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/output"
+	"github.com/keelmq/keel/services/edge/internal/remotestore"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 	"github.com/keelmq/keel/services/edge/internal/tlsconf"
 )
@@ -63,6 +64,7 @@ type Config struct {
 	OutputURL       string
 	CoordinatorURL  string
 	RouterURL       string
+	PersistenceURL  string
 	APIAddr         string
 	AdvertiseAddr   string
 	ForwardTimeout  time.Duration
@@ -104,7 +106,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log.format", "json", "log format: json or text")
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
 	fs.StringVar(&c.CoordinatorURL, "cluster.coordinator", "", "URL of the coordinator API (e.g. http://keel-coordinator:7401); empty runs single-node")
-	fs.StringVar(&c.RouterURL, "cluster.router", "", "URL of a router node (e.g. http://keel-router:7403); needs cluster.coordinator")
+	fs.StringVar(&c.RouterURL, "cluster.router", "", "URL of a router node (e.g. http://keel-router:9300); needs cluster.coordinator")
+	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402): persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
 	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish waits for the edges it is forwarded to before the publisher is closed unacknowledged")
@@ -125,6 +128,10 @@ func (c *Config) Validate() error {
 	if c.RouterURL != "" && c.CoordinatorURL == "" {
 		errs = append(errs, errors.New("cluster.router needs cluster.coordinator"))
 	}
+	if c.PersistenceURL != "" && c.CoordinatorURL == "" {
+		// Writes to the shared store are fenced by the coordinator's epochs.
+		errs = append(errs, errors.New("cluster.persistence needs cluster.coordinator"))
+	}
 	if c.MTLS && c.TLSClientCA == "" {
 		errs = append(errs, errors.New("auth.mtls needs tls.client-ca"))
 	}
@@ -143,6 +150,12 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// closingStore is the durable state the edge closes when it stops.
+type closingStore interface {
+	broker.DurableState
+	Close() error
+}
+
 // Edge is a running edge process.
 type Edge struct {
 	cfg    Config
@@ -151,7 +164,7 @@ type Edge struct {
 	ops    *service.Ops
 	broker *broker.Broker
 	file   *auth.FileAuthenticator
-	store  *durable.Store
+	store  closingStore
 	tls    *tlsconf.Config
 	output *output.Sink
 	member *cluster.Member
@@ -250,7 +263,18 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 			}}
 		b.SetCluster(broker.Cluster{Ownership: &cluster.Ownership{Client: client, Member: e.member, MaxBatch: 256, Linger: time.Millisecond}})
 	}
-	if cfg.DataDir != "" {
+	if cfg.PersistenceURL != "" {
+		st, err := remotestore.New(remotestore.Config{URL: cfg.PersistenceURL, HTTPClient: rpc.H2CClient(),
+			Logger: logger.With("component", "persistence"), Registerer: e.reg})
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Restore(st); err != nil {
+			_ = st.Close()
+			return nil, err
+		}
+		e.store = st
+	} else if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
 		}
@@ -353,7 +377,13 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
 	e.stopPlane = cancel
-	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run} {
+	watch := &cluster.Watch{Client: e.peers.Client, Self: edgeID, Incarnation: e.member.Incarnation,
+		Logger: e.logger.With("component", "cluster-watch")}
+	if e.store != nil && e.store.Shared() {
+		// Sessions of edges whose lease expired come here from the store.
+		watch.Custodian = e.broker
+	}
+	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run, watch.Run} {
 		e.planeWG.Add(1)
 		go func() {
 			defer e.planeWG.Done()

@@ -51,6 +51,11 @@ type Broker struct {
 	scopes   sync.Map // tenant -> *tenancy.Scope
 	sessMu   sync.Mutex
 	sessions map[string]*session // internal client ID -> session
+	// unfinished remembers, per internal client ID, the previous owner of a
+	// takeover that failed after this edge's claim went through: the next
+	// claim names this edge as the previous owner, but the session is still
+	// there (guarded by sessMu).
+	unfinished map[string]string
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
@@ -551,6 +556,9 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	}
 	delete(b.sessions, id)
 	wasDurable := s.durable
+	// A session handed to another edge lives on in a shared store: the new
+	// owner reads it there.
+	handedOver := s.moving != nil && s.moving.done && b.store != nil && b.store.Shared()
 	epoch := s.epoch
 	s.closed = true
 	s.client = nil
@@ -575,8 +583,11 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
 	}
-	if b.store != nil && wasDurable {
+	if b.store != nil && wasDurable && !handedOver {
 		_ = b.store.DeleteSession(context.Background(), id, false)
+	}
+	if b.store != nil {
+		b.store.Deactivate(id)
 	}
 	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 {
 		// The session ended here, so no edge owns it. The release carries

@@ -16,14 +16,35 @@ import (
 // messages, inbound QoS 2 state and retained messages. A method that
 // returns a [durable.Pending] or takes a wait flag lets the caller decide
 // what must be stored before it acknowledges anything to a client.
+//
+// Every write for a session is made under the epoch last given to Activate
+// for it. A store shared by all edges (the persistence service) refuses
+// writes under an epoch older than the session's current one, so an edge
+// that lost a session can no longer change it; an edge-local store has no
+// other writer and ignores epochs.
 type DurableState interface {
+	// Load returns what the store holds for this edge at start: every
+	// session and retained message of a local store; nothing of a shared
+	// one, whose sessions are loaded as their clients or custody bring them.
 	Load() ([]durable.SessionState, []durable.Message, error)
+	// Activate makes epoch the session's current one (replicated before it
+	// returns, in a shared store): from then on writes under older epochs
+	// are refused, and this edge's writes for the session carry it.
+	Activate(ctx context.Context, id string, epoch uint64) error
+	// Deactivate forgets the epoch of a session that left this edge.
+	Deactivate(id string)
+	// Shared reports whether every edge reads and writes the same state: a
+	// session can then be resumed from the store alone, and an edge that
+	// hands a session over must not delete what the new owner reads.
+	Shared() bool
 	PutSession(ctx context.Context, rec durable.Session) error
 	DeleteSession(ctx context.Context, id string, wait bool) error
 	PutSubscription(ctx context.Context, id string, sub durable.Subscription) error
 	DeleteSubscription(ctx context.Context, id, filter string) error
 	Enqueue(id string, e durable.Entry) *durable.Pending
-	Dequeue(ctx context.Context, id string, seqs []uint64) error
+	// Dequeue removes queue entries, named by Seq (edge-local store) or
+	// MsgID (shared store).
+	Dequeue(ctx context.Context, id string, gone []durable.Entry) error
 	Send(id string, entries []durable.Entry) *durable.Pending
 	Pubrel(ctx context.Context, id string, packetID uint16) error
 	Complete(ctx context.Context, id string, packetID uint16) error
@@ -35,6 +56,13 @@ type DurableState interface {
 }
 
 var _ DurableState = (*durable.Store)(nil)
+
+// RetainedIndex is implemented by a shared [DurableState]: the retained
+// messages of every edge, looked up by filter (internal form) through the
+// store's index when a subscription is made.
+type RetainedIndex interface {
+	MatchRetained(ctx context.Context, filter string) ([]durable.Message, error)
+}
 
 // Ownership decides which edge owns a session. Claim returns the epoch of
 // the claim (monotonic per session, the fencing token of every write) and

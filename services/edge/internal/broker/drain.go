@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keelmq/keel/services/edge/internal/durable"
+
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
@@ -119,8 +121,75 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		}
 		return false, nil
 	}
-	if err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false); err != nil {
+	moved, err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
+	if err != nil {
 		return false, err
 	}
+	if b.store != nil && b.store.Shared() {
+		if err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, moved); err != nil {
+			return false, err
+		}
+	}
 	return b.session(sc.ClientID(clientID)) != nil, nil
+}
+
+// TakeCustody adopts a session that the coordinator assigned to this edge
+// under epoch because its owner's lease expired: the session is read from
+// the shared store, its routes are registered, and it stays offline here,
+// queueing, until its client comes back. adopted is false when nothing was
+// stored for it (its ownership is given back) or a newer owner exists.
+func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch uint64) (adopted bool, err error) {
+	if b.store == nil || !b.store.Shared() {
+		b.m.adoptedSessions.WithLabelValues("no_shared_store").Inc()
+		return false, errors.New("custody of another edge's sessions needs the shared store (cluster.persistence)")
+	}
+	sc, err := b.scope(tenant)
+	if err != nil {
+		return false, err
+	}
+	id := sc.ClientID(clientID)
+	if s := b.session(id); s != nil {
+		s.mu.Lock()
+		newer := s.epoch >= epoch
+		s.mu.Unlock()
+		if newer {
+			b.m.adoptedSessions.WithLabelValues("stale").Inc()
+			return false, nil
+		}
+		b.forgetSession(id)
+	}
+	if err := b.store.Activate(ctx, id, epoch); err != nil {
+		if errors.Is(err, durable.ErrFenced) {
+			// Its client has connected somewhere since.
+			b.m.adoptedSessions.WithLabelValues("stale").Inc()
+			return false, nil
+		}
+		b.m.adoptedSessions.WithLabelValues("error").Inc()
+		return false, err
+	}
+	st, ok, err := b.store.LoadSession(ctx, id)
+	if err != nil {
+		b.m.adoptedSessions.WithLabelValues("error").Inc()
+		return false, err
+	}
+	if !ok {
+		// A session that stored nothing ended with its connection.
+		b.store.Deactivate(id)
+		b.m.adoptedSessions.WithLabelValues("nothing_stored").Inc()
+		if err := b.cluster.Ownership.Release(ctx, tenant, clientID, epoch); err != nil {
+			b.logger.Debug("custody release refused", "client_id", id, "error", err)
+		}
+		return false, nil
+	}
+	defer func() {
+		if s := b.session(id); s != nil {
+			s.releaseHold()
+		}
+	}()
+	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
+		b.m.adoptedSessions.WithLabelValues("error").Inc()
+		return false, err
+	}
+	b.m.adoptedSessions.WithLabelValues("adopted").Inc()
+	return true, nil
 }

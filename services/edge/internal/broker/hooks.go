@@ -135,11 +135,24 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
 		return refuse(packets.ErrServerUnavailable, "claim_failed")
 	}
+	moved := false
+	if previous == b.cfg.EdgeID {
+		previous = b.unfinishedTakeover(sc.ClientID(external), previous)
+	}
 	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
-		if err := b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
+		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
+			b.setUnfinished(sc.ClientID(external), previous)
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")
+		}
+		b.setUnfinished(sc.ClientID(external), "")
+	}
+	if b.store != nil && b.store.Shared() {
+		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl), moved); err != nil {
+			cancel()
+			b.logger.Error("session not resumed from the store", "tenant", id.Tenant, "previous", previous, "error", err)
+			return refuse(packets.ErrServerUnavailable, "store_failed")
 		}
 	}
 	cancel()
@@ -548,7 +561,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			continue // [MQTT-3.3.1-10] [MQTT-3.3.1-11]; no retained for shares (§4.8.2)
 		}
 		now := time.Now().Unix()
-		b.retained.match(sub.filter, now, func(m *Message) {
+		b.matchRetained(sub.filter, now, func(m *Message) {
 			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids}) // [MQTT-3.3.1-9]
 		})
 	}

@@ -5,30 +5,32 @@ import "github.com/prometheus/client_golang/prometheus"
 // metrics are the edge's MQTT metrics. Label values are fixed sets, never
 // client or topic names.
 type metrics struct {
-	connections     prometheus.GaugeFunc
-	connects        *prometheus.CounterVec // result
-	disconnects     *prometheus.CounterVec // reason
-	authFailures    *prometheus.CounterVec // reason
-	messagesIn      *prometheus.CounterVec // qos
-	bytesIn         prometheus.Counter
-	messagesOut     *prometheus.CounterVec // qos
-	bytesOut        prometheus.Counter
-	dropped         *prometheus.CounterVec // cause
-	packetErrors    *prometheus.CounterVec // reason
-	inflight        prometheus.GaugeFunc
-	retained        prometheus.GaugeFunc
-	subscriptions   prometheus.GaugeFunc
-	sessions        prometheus.GaugeFunc
-	publishWait     prometheus.Histogram
-	slowConsumers   prometheus.Counter
-	willsPublished  prometheus.Counter
-	throttledPubs   prometheus.Counter
-	bans            prometheus.Counter
-	acksDeferred    prometheus.Counter
-	duplicatePubs   prometheus.Counter
-	takeovers       prometheus.Counter
-	drainedSessions *prometheus.CounterVec // outcome
-	loadScore       prometheus.GaugeFunc
+	connections      prometheus.GaugeFunc
+	connects         *prometheus.CounterVec // result
+	disconnects      *prometheus.CounterVec // reason
+	authFailures     *prometheus.CounterVec // reason
+	messagesIn       *prometheus.CounterVec // qos
+	bytesIn          prometheus.Counter
+	messagesOut      *prometheus.CounterVec // qos
+	bytesOut         prometheus.Counter
+	dropped          *prometheus.CounterVec // cause
+	packetErrors     *prometheus.CounterVec // reason
+	inflight         prometheus.GaugeFunc
+	retained         prometheus.GaugeFunc
+	subscriptions    prometheus.GaugeFunc
+	sessions         prometheus.GaugeFunc
+	publishWait      prometheus.Histogram
+	slowConsumers    prometheus.Counter
+	willsPublished   prometheus.Counter
+	throttledPubs    prometheus.Counter
+	bans             prometheus.Counter
+	acksDeferred     prometheus.Counter
+	duplicatePubs    prometheus.Counter
+	takeovers        prometheus.Counter
+	resumedFromStore prometheus.Counter
+	adoptedSessions  *prometheus.CounterVec
+	drainedSessions  *prometheus.CounterVec // outcome
+	loadScore        prometheus.GaugeFunc
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -97,6 +99,12 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
+		resumedFromStore: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_sessions_resumed_from_store_total", Help: "Persistent sessions resumed from the shared store because no live edge handed them over.",
+		}),
+		adoptedSessions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_custody_sessions_total", Help: "Sessions of dead or draining edges assigned to this edge by the coordinator, by outcome.",
+		}, []string{"outcome"}),
 		drainedSessions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_drained_sessions_total", Help: "Persistent sessions at a drain, by outcome: moved to a custodian edge, or stayed in this edge's store.",
 		}, []string{"outcome"}),
@@ -110,7 +118,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.drainedSessions, m.loadScore)
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore)
 	return m
 }
 

@@ -157,16 +157,6 @@ func (h *hook) StoredInflightMessages() ([]storage.Message, error) {
 	return out, nil
 }
 
-// propsRecord is the stored form of the properties a message carries.
-type propsRecord struct {
-	PayloadFormat   *byte                  `json:"pf,omitempty"`
-	ContentType     string                 `json:"ct,omitempty"`
-	ResponseTopic   string                 `json:"rt,omitempty"`
-	CorrelationData []byte                 `json:"cd,omitempty"`
-	User            []packets.UserProperty `json:"u,omitempty"`
-	Expiry          uint32                 `json:"mei,omitempty"`
-}
-
 func msgIDString(id MsgID) string {
 	return id.Edge + "/" + strconv.FormatUint(id.Incarnation, 10) + "/" + strconv.FormatUint(id.Seq, 10)
 }
@@ -187,7 +177,7 @@ func (m *Message) record() *durable.Message {
 	if r := m.rec.Load(); r != nil {
 		return r
 	}
-	p := propsRecord{ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic,
+	p := durable.Props{ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic,
 		CorrelationData: m.Props.CorrelationData, User: m.Props.User, Expiry: m.Props.MessageExpiryInterval}
 	if m.Props.PayloadFormatFlag {
 		f := m.Props.PayloadFormat
@@ -203,7 +193,7 @@ func (m *Message) record() *durable.Message {
 func fromRecord(r *durable.Message) *Message {
 	m := &Message{ID: parseMsgID(r.ID), Topic: r.Topic, Payload: r.Payload, QoS: r.QoS, Retain: r.Retain,
 		Origin: r.Origin, Created: r.Created, Expiry: r.Expiry}
-	var p propsRecord
+	var p durable.Props
 	if len(r.Props) > 0 && json.Unmarshal(r.Props, &p) == nil {
 		m.Props = Props{ContentType: p.ContentType, ResponseTopic: p.ResponseTopic,
 			CorrelationData: p.CorrelationData, User: p.User, MessageExpiryInterval: p.Expiry}

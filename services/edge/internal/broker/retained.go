@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"context"
 	"strings"
 	"sync"
+	"time"
 )
 
 // retainedStore keeps the last retained message per internal topic and
@@ -152,4 +154,46 @@ func emit(m *Message, now int64, fn func(*Message)) {
 		return // expired retained messages are not sent ([MQTT-3.3.2-5])
 	}
 	fn(m)
+}
+
+// retainedLookupTimeout bounds the shared store's retained lookup on a
+// subscriber's path.
+const retainedLookupTimeout = 5 * time.Second
+
+// matchRetained calls fn with the retained messages matching filter: this
+// edge's own and, with a shared store, every edge's, the newest per topic.
+// A store that cannot answer leaves the subscriber with this edge's.
+func (b *Broker) matchRetained(filter string, now int64, fn func(*Message)) {
+	idx, ok := b.store.(RetainedIndex)
+	if !ok {
+		b.retained.match(filter, now, fn)
+		return
+	}
+	byTopic := map[string]*Message{}
+	var order []string
+	keep := func(m *Message) {
+		old, seen := byTopic[m.Topic]
+		if !seen {
+			order = append(order, m.Topic)
+		}
+		if !seen || m.Created > old.Created {
+			byTopic[m.Topic] = m
+		}
+	}
+	b.retained.match(filter, now, keep)
+	ctx, cancel := context.WithTimeout(context.Background(), retainedLookupTimeout)
+	stored, err := idx.MatchRetained(ctx, filter)
+	cancel()
+	if err != nil {
+		b.m.packetErrors.WithLabelValues("retained_lookup_failed").Inc()
+		b.logger.Warn("retained lookup in the shared store failed; sending this edge's only", "filter", filter, "error", err)
+	}
+	for i := range stored {
+		emit(fromRecord(&stored[i]), now, keep)
+	}
+	for _, t := range order {
+		if m := byTopic[t]; len(m.Payload) > 0 {
+			fn(m)
+		}
+	}
 }

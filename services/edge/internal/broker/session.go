@@ -148,7 +148,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				old := s.queue.pop()
 				s.queueBytes -= old.msg.size()
 				if old.seq > 0 && s.b.store != nil {
-					_ = s.b.store.Dequeue(context.Background(), s.id, []uint64{old.seq})
+					_ = s.b.store.Dequeue(context.Background(), s.id, []durable.Entry{{Seq: old.seq, MsgID: msgIDString(old.msg.ID)}})
 				}
 				result = droppedOverflow
 			}
@@ -373,7 +373,7 @@ func (s *session) acked() {
 func (s *session) writeLoop() {
 	var batch []delivery
 	var entries []durable.Entry
-	var dropped []uint64
+	var dropped []durable.Entry
 	bufp := writeBufs.Get().(*[]byte)
 	defer writeBufs.Put(bufp)
 	for {
@@ -422,7 +422,7 @@ func (s *session) writeLoop() {
 			case sent:
 				entries = append(entries, entryOf(d, id, s.sent))
 			case d.seq > 0:
-				dropped = append(dropped, d.seq)
+				dropped = append(dropped, durable.Entry{Seq: d.seq, MsgID: msgIDString(d.msg.ID)})
 			}
 			batch[i] = delivery{}
 		}
@@ -484,6 +484,9 @@ func (r *ring) push(d delivery) {
 }
 
 func (r *ring) peek() delivery { return r.buf[r.head] }
+
+// at returns the i-th delivery from the head.
+func (r *ring) at(i int) *delivery { return &r.buf[(r.head+i)%len(r.buf)] }
 
 func (r *ring) pop() delivery {
 	d := r.buf[r.head]

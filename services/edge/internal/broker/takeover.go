@@ -124,22 +124,18 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	// What arrived since Begin is in memory, in order: an offline session's
+	// queue holds everything the store does (and a shared store's sequence
+	// numbers are not this edge's).
 	s.mu.Lock()
 	mv.done = true
-	s.mu.Unlock()
-	st, ok, err := b.store.LoadSession(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	var late durable.SessionState
-	late.Session = st.Session
-	if ok {
-		for _, e := range st.Queue {
-			if e.Seq > mv.fromSeq {
-				late.Queue = append(late.Queue, e)
-			}
+	late := durable.SessionState{Session: durable.Session{ID: id}}
+	for i := 0; i < s.queue.len(); i++ {
+		if d := s.queue.at(i); d.seq > mv.fromSeq {
+			late.Queue = append(late.Queue, entryOf(d, 0, 0))
 		}
 	}
+	s.mu.Unlock()
 	out, err := durable.EncodeTransfer(late)
 	if err != nil {
 		return nil, err
@@ -148,27 +144,19 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	return out, nil
 }
 
-// importSession takes over a persistent session from the previous owner's
-// state: stored here first, then live, with mochi told of an offline client
-// so that the CONNACK reports the session present and the connection
-// inherits its subscriptions.
-func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string, epoch uint64, state []byte) error {
-	st, err := durable.DecodeTransfer(state)
-	if err != nil {
-		return err
-	}
+// importSession makes a persistent session live on this edge from its
+// stored state (taken over from the previous owner, or read from a shared
+// store): mochi is told of an offline client so that the CONNACK reports the
+// session present and the connection inherits its subscriptions, and the
+// session's routes are registered. It writes nothing to the store.
+func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string, epoch uint64, st durable.SessionState) error {
 	if st.Session.ID != id {
-		return fmt.Errorf("session transfer for %q answers a takeover of %q", st.Session.ID, id)
+		return fmt.Errorf("session state of %q given for %q", st.Session.ID, id)
 	}
 	if b.store == nil {
 		return errors.New("no durable store to take a persistent session into")
 	}
-	if old := b.session(id); old != nil {
-		b.endSession(id, nil)
-	}
-	if err := b.store.ImportSession(ctx, st); err != nil {
-		return fmt.Errorf("store session: %w", err)
-	}
+	b.forgetSession(id)
 	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
 	s.epoch = epoch
 	s.recent = map[MsgID]struct{}{}
@@ -205,6 +193,20 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		}
 	}
 	return nil
+}
+
+// forgetSession ends this edge's copy of a session that is being replaced
+// by a newer one. A shared store keeps what it holds (the newer copy reads
+// it); an edge-local store drops it before the newer copy is written.
+func (b *Broker) forgetSession(id string) {
+	s := b.session(id)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.moving = &moving{done: true}
+	s.mu.Unlock()
+	b.endSession(id, nil)
 }
 
 func mochiSub(sub storage.Subscription) packets.Subscription {
@@ -252,22 +254,27 @@ func (s *session) releaseHold() {
 // A previous owner that does not answer Begin keeps nothing this edge
 // needs to wait for (it fences itself when its lease runs out); one that
 // handed a session over and then fails End still holds the late messages,
-// so the connection is refused and the client comes back.
-func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) error {
+// so the connection is refused and the client comes back. moved is true
+// when the session came over from the previous owner.
+func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) (moved bool, err error) {
 	state, err := b.cluster.Takeover.Begin(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
 	if errors.Is(err, ErrPreviousOwnerGone) {
 		// Its lease expired: it fenced itself and closed its connections.
 		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
-		return nil
+		return false, nil
 	}
 	if err != nil {
 		// It may still hold the client's connection: admitting this one
 		// would make two. The client comes back; by then the previous owner
 		// answers, or its lease has expired.
-		return fmt.Errorf("previous owner %s did not give the session up: %w", previous, err)
+		return false, fmt.Errorf("previous owner %s did not give the session up: %w", previous, err)
 	}
 	if len(state) == 0 {
-		return nil
+		return false, nil
+	}
+	st, err := durable.DecodeTransfer(state)
+	if err != nil {
+		return false, err
 	}
 	id := sc.ClientID(clientID)
 	defer func() {
@@ -275,12 +282,85 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 			s.releaseHold() // whatever happened, nothing waits on it any longer
 		}
 	}()
-	if err := b.importSession(ctx, sc, id, epoch, state); err != nil {
-		return err
+	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
+		return false, err
 	}
 	late, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
 	if err != nil {
-		return fmt.Errorf("end takeover: %w", err)
+		return false, fmt.Errorf("end takeover: %w", err)
 	}
-	return b.mergeLate(id, late)
+	// Only now, with the previous owner done writing, is the new epoch made
+	// current: a shared store refuses the previous owner's writes from here
+	// on, and anything it stored before is in st or late.
+	if err := b.store.Activate(ctx, id, epoch); err != nil {
+		return false, fmt.Errorf("activate the taken-over session: %w", err)
+	}
+	if err := b.store.ImportSession(ctx, st); err != nil {
+		return false, fmt.Errorf("store the taken-over session: %w", err)
+	}
+	return true, b.mergeLate(id, late)
+}
+
+// unfinishedTakeover returns the edge a failed takeover of id was from,
+// or self if there is none.
+func (b *Broker) unfinishedTakeover(id, self string) string {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	if prev, ok := b.unfinished[id]; ok && b.sessions[id] == nil {
+		return prev
+	}
+	return self
+}
+
+// setUnfinished records (or with "" forgets) the previous owner of a
+// takeover of id that failed after the claim.
+func (b *Broker) setUnfinished(id, previous string) {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	if previous == "" {
+		delete(b.unfinished, id)
+		return
+	}
+	if b.unfinished == nil {
+		b.unfinished = map[string]string{}
+	}
+	b.unfinished[id] = previous
+}
+
+// claimShared makes this edge the writer of a session in a store every
+// edge shares, and resumes the session from it when no live edge handed it
+// over: its previous owner died, or a custodian holds it only in the store.
+// A session that nobody owned before and that stores nothing costs the
+// store nothing.
+func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, persistent, moved bool) error {
+	if moved || (previous == "" && !persistent) {
+		return nil
+	}
+	id := sc.ClientID(clientID)
+	if err := b.store.Activate(ctx, id, epoch); err != nil {
+		return fmt.Errorf("activate session: %w", err)
+	}
+	if previous == "" {
+		return nil
+	}
+	if cleanStart {
+		// Whatever a dead owner left must not come back.
+		return b.store.DeleteSession(ctx, id, true)
+	}
+	if s := b.session(id); s != nil {
+		return nil // this edge holds it already
+	}
+	st, ok, err := b.store.LoadSession(ctx, id)
+	if err != nil || !ok {
+		return err
+	}
+	defer func() {
+		if s := b.session(id); s != nil {
+			s.releaseHold()
+		}
+	}()
+	b.m.resumedFromStore.Inc()
+	b.logger.Info("session resumed from the shared store", "client_id", id, "previous", previous,
+		"queued", len(st.Queue), "inflight", len(st.Inflight))
+	return b.importSession(ctx, sc, id, epoch, st)
 }

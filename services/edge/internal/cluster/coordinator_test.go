@@ -20,8 +20,8 @@ import (
 )
 
 // startCoordinator builds and runs a single-node keel-coordinator with the
-// given lease TTL and returns its API URL and process.
-func startCoordinator(t *testing.T, ttl time.Duration) (string, *os.Process) {
+// given lease TTL (and extra flags) and returns its API URL and process.
+func startCoordinator(t *testing.T, ttl time.Duration, extra ...string) (string, *os.Process) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a coordinator process; skipped under -short")
@@ -47,6 +47,7 @@ func startCoordinator(t *testing.T, ttl time.Duration) (string, *os.Process) {
 	cmd := exec.Command(bin, "--api.addr", api, "--ops.addr", ops, "--raft.bind-addr", testutil.FreeAddr(t),
 		"--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1", "--raft.node-id", "c1",
 		"--raft.data-dir", t.TempDir(), "--lease-ttl", ttl.String(), "--log.level", "warn")
+	cmd.Args = append(cmd.Args, extra...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())

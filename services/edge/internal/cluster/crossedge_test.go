@@ -39,6 +39,14 @@ func buildBin(t *testing.T, root, dir, pkg string) string {
 // it too, and shows the logs when the test failed.
 func startProcess(t *testing.T, name, bin, ops string, args ...string) (stop func()) {
 	t.Helper()
+	stop, _ = startKillable(t, name, bin, ops, args...)
+	return stop
+}
+
+// startKillable is startProcess that can also kill the process (SIGKILL:
+// no graceful stop).
+func startKillable(t *testing.T, name, bin, ops string, args ...string) (stop, kill func()) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -75,7 +83,11 @@ func startProcess(t *testing.T, name, bin, ops string, args ...string) (stop fun
 		}
 		return nil
 	})
-	return stop
+	kill = func() {
+		_ = cmd.Process.Kill()
+		stop()
+	}
+	return stop, kill
 }
 
 // TestCluster_CrossEdgePubSub runs a coordinator, a router and two edges as

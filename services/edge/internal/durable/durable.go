@@ -19,11 +19,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mochi-mqtt/server/v2/packets"
 	bolt "go.etcd.io/bbolt"
 )
 
-// ErrClosed is returned for operations after Close.
-var ErrClosed = errors.New("durable store closed")
+var (
+	// ErrClosed is returned for operations after Close.
+	ErrClosed = errors.New("durable store closed")
+	// ErrFenced is returned (wrapped) by a shared store for a write, or an
+	// activation, under an epoch older than the session's current one:
+	// another edge owns the session now.
+	ErrFenced = errors.New("session owned under a newer epoch")
+)
 
 var (
 	bucketSessions = []byte("sessions")
@@ -46,11 +53,22 @@ type Message struct {
 	Payload []byte          `json:"p,omitempty"`
 	QoS     byte            `json:"q,omitempty"`
 	Retain  bool            `json:"r,omitempty"`
-	Props   json.RawMessage `json:"props,omitempty"`
+	Props   json.RawMessage `json:"props,omitempty"` // [Props] as JSON
 	Origin  string          `json:"o,omitempty"`
 	Created int64           `json:"c"`
 	Expiry  int64           `json:"e,omitempty"`
 	Refs    int             `json:"refs,omitempty"`
+}
+
+// Props is the stored form of the MQTT 5 properties a message carries
+// ([Message.Props]).
+type Props struct {
+	PayloadFormat   *byte                  `json:"pf,omitempty"`
+	ContentType     string                 `json:"ct,omitempty"`
+	ResponseTopic   string                 `json:"rt,omitempty"`
+	CorrelationData []byte                 `json:"cd,omitempty"`
+	User            []packets.UserProperty `json:"u,omitempty"`
+	Expiry          uint32                 `json:"mei,omitempty"` // message expiry interval as received, seconds
 }
 
 // Session is a stored persistent session.

@@ -8,6 +8,16 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
+// Activate does nothing: one edge's disk holds only its own sessions, so
+// there is no other writer to fence.
+func (s *Store) Activate(context.Context, string, uint64) error { return nil }
+
+// Deactivate does nothing (see [Store.Activate]).
+func (s *Store) Deactivate(string) {}
+
+// Shared is false: no other edge reads this store.
+func (s *Store) Shared() bool { return false }
+
 // PutSession stores or replaces a session record and waits for it.
 func (s *Store) PutSession(ctx context.Context, rec Session) error {
 	return s.do(ctx, true, func(tx *bolt.Tx) error {
@@ -78,11 +88,12 @@ func (s *Store) Enqueue(id string, e Entry) *Pending {
 	})
 }
 
-// Dequeue removes queue entries without sending them (dropped or expired).
-func (s *Store) Dequeue(ctx context.Context, id string, seqs []uint64) error {
+// Dequeue removes queue entries (by Seq) without sending them (dropped or
+// expired).
+func (s *Store) Dequeue(ctx context.Context, id string, gone []Entry) error {
 	return s.do(ctx, false, func(tx *bolt.Tx) error {
-		for _, seq := range seqs {
-			if err := removeEntry(tx, bucketQueue, seqKey(id, seq)); err != nil {
+		for _, e := range gone {
+			if err := removeEntry(tx, bucketQueue, seqKey(id, e.Seq)); err != nil {
 				return err
 			}
 		}

@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+)
+
+// Custodian takes custody of one session the coordinator assigned to this
+// edge under epoch: it loads the session from the shared store and
+// registers its routes. adopted is false when there was nothing to adopt.
+type Custodian interface {
+	TakeCustody(ctx context.Context, tenant, clientID string, epoch uint64) (adopted bool, err error)
+}
+
+// ACLWatcher is told the ACL version of a tenant whenever it changes, and
+// every version in force when the watch (re)starts.
+type ACLWatcher interface {
+	ACLVersion(tenant string, version uint64)
+}
+
+// Watch follows the coordinator's cluster watch for this edge. It hands
+// the custodian every session assigned to it when another edge's lease
+// expired (DESIGN: custody of offline sessions): a session it fails to
+// adopt is not lost, it stays assigned to this edge in the coordinator and
+// in the store, and its client resumes it here or anywhere else. It tells
+// the ACL watcher about ACL version changes.
+type Watch struct {
+	Client      coordinatorv1connect.CoordinatorServiceClient
+	Self        string
+	Incarnation func() uint64
+	Custodian   Custodian  // nil: custody events are ignored
+	ACL         ACLWatcher // nil: ACL versions are ignored
+	Logger      *slog.Logger
+	// Workers bounds how many sessions are adopted at once (default 16).
+	Workers int
+}
+
+// Run watches until ctx ends, reconnecting after a broken stream and
+// resuming after the last event it processed.
+func (w *Watch) Run(ctx context.Context) error {
+	var from uint64
+	jobs := make(chan *coordinatorv1.SessionEpoch)
+	var wg sync.WaitGroup
+	workers := w.Workers
+	if workers <= 0 {
+		workers = 16
+	}
+	for range workers {
+		wg.Go(func() {
+			for se := range jobs {
+				w.adopt(ctx, se)
+			}
+		})
+	}
+	defer func() {
+		close(jobs)
+		wg.Wait()
+	}()
+	for ctx.Err() == nil {
+		err := w.watch(ctx, &from, jobs)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.Logger.Debug("cluster watch ended; reconnecting", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return nil
+}
+
+func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- *coordinatorv1.SessionEpoch) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := w.Client.WatchCluster(sctx, connect.NewRequest(&coordinatorv1.WatchClusterRequest{
+		MemberId: w.Self, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: w.Incarnation(), FromIndex: *from}))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		ev := stream.Msg()
+		if w.ACL != nil {
+			for _, a := range ev.GetSnapshot().GetAclVersions() {
+				w.ACL.ACLVersion(a.GetTenant(), a.GetVersion())
+			}
+			if a := ev.GetAclVersion(); a != nil {
+				w.ACL.ACLVersion(a.GetTenant(), a.GetVersion())
+			}
+		}
+		if c := ev.GetCustody(); c != nil && c.GetToEdgeId() == w.Self && w.Custodian != nil {
+			w.Logger.Info("custody assigned", "from_edge", c.GetFromEdgeId(), "from_incarnation", c.GetFromIncarnation(),
+				"sessions", len(c.GetSessions()))
+			for _, se := range c.GetSessions() {
+				select {
+				case jobs <- se:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
+		*from = ev.GetIndex()
+	}
+	return stream.Err()
+}
+
+func (w *Watch) adopt(ctx context.Context, se *coordinatorv1.SessionEpoch) {
+	k := se.GetSession()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	adopted, err := w.Custodian.TakeCustody(actx, k.GetTenant(), k.GetClientId(), se.GetEpoch())
+	switch {
+	case err != nil:
+		w.Logger.Warn("custody not taken; the session waits in the store for its client", "tenant", k.GetTenant(),
+			"client_id", k.GetClientId(), "epoch", se.GetEpoch(), "error", err)
+	case adopted:
+		w.Logger.Debug("session in custody", "tenant", k.GetTenant(), "client_id", k.GetClientId(), "epoch", se.GetEpoch())
+	}
+}
