@@ -52,7 +52,8 @@ ready() { # name, ops address
 
 start coordinator "$BIN/keel-coordinator" --api.addr 127.0.0.1:$((7401 + O)) --ops.addr 127.0.0.1:$((9201 + O)) \
   --raft.bind-addr 127.0.0.1:$((7400 + O)) --gossip.bind-addr 127.0.0.1:$((7946 + O)) --raft.bootstrap-expect 1 \
-  --raft.node-id coordinator-1 --raft.data-dir "$DATA/coordinator" --log.format text --log.level "$LOG_LEVEL"
+  --raft.node-id coordinator-1 --raft.data-dir "$DATA/coordinator" --router.url http://127.0.0.1:$((9300 + O)) \
+  --log.format text --log.level "$LOG_LEVEL"
 ready coordinator 127.0.0.1:$((9201 + O))
 start router "$BIN/keel-router" --api.addr 127.0.0.1:$((9300 + O)) --ops.addr 127.0.0.1:$((9202 + O)) --olric.single-node \
   --olric.bind-addr 127.0.0.1 --olric.port $((3320 + O)) --olric.memberlist-port $((3322 + O)) --log.format text --log.level "$LOG_LEVEL"
@@ -71,6 +72,7 @@ for i in $(seq 0 $((EDGES - 1))); do
     --mqtt.tcp-addr ":$port" --mqtt.ws-addr ":$((8083 + i + O))" --ops.addr "$ops" \
     --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:$((7401 + O)) \
     --cluster.router http://127.0.0.1:$((9300 + O)) --cluster.api-addr "127.0.0.1:$((7411 + i + O))" \
+    --cluster.persistence http://127.0.0.1:$((7402 + O)) \
     --output.url http://127.0.0.1:$((9310 + O)) --log.format text --log.level "$LOG_LEVEL" ${EDGE_ARGS:-}
   ready "edge-$i" "$ops"
   MQTT_ADDRS+="${MQTT_ADDRS:+ }127.0.0.1:$port" OPS_ADDRS+="${OPS_ADDRS:+ }$ops"

@@ -30,6 +30,11 @@ const (
 	edgeMQTTPort  = "1883/tcp"
 	coordAlias    = "coordinator"
 	routerAlias   = "router"
+	persistAlias  = "persistence"
+	persistPort   = 7402
+	persistOps    = "9102/tcp"
+	redisAlias    = "redis"
+	replicaAlias  = "redis-replica"
 )
 
 // clusterConfig shapes a test cluster; the zero value is 3 edges on the
@@ -41,6 +46,10 @@ type clusterConfig struct {
 	// ForwardTimeout is the edges' --cluster.forward-timeout (0: default).
 	ForwardTimeout time.Duration
 	EdgeArgs       []string
+	// Persistence runs a persistence instance over a Redis primary and
+	// replica (every write confirmed by the replica), and the edges keep
+	// their sessions there instead of on their own disks.
+	Persistence bool
 }
 
 // keelCluster is one coordinator, one router and N edges on a private
@@ -51,7 +60,9 @@ type keelCluster struct {
 	nw     *testcontainers.DockerNetwork
 	Coord  *testcontainers.DockerContainer
 	Router *testcontainers.DockerContainer
-	Edges  []*testcontainers.DockerContainer // Edges[0] is edge-1
+	// Persist, Redis and Replica run only with clusterConfig.Persistence.
+	Persist, Redis, Replica *testcontainers.DockerContainer
+	Edges                   []*testcontainers.DockerContainer // Edges[0] is edge-1
 	urls   []string
 	docker *testcontainers.DockerClient
 	// Ready is when every container answered /readyz.
@@ -82,9 +93,14 @@ func startCluster(t *testing.T, cfg clusterConfig) *keelCluster {
 	var coordErr, routerErr error
 	wg.Go(func() { k.Coord, coordErr = k.runCoordinator() })
 	wg.Go(func() { k.Router, routerErr = k.runRouter() })
+	var persistErr error
+	if cfg.Persistence {
+		wg.Go(func() { persistErr = k.runPersistence() })
+	}
 	wg.Wait()
 	require.NoError(t, coordErr, "coordinator")
 	require.NoError(t, routerErr, "router")
+	require.NoError(t, persistErr, "persistence")
 
 	k.Edges = make([]*testcontainers.DockerContainer, cfg.Edges)
 	errs := make([]error, cfg.Edges)
@@ -131,7 +147,8 @@ func (k *keelCluster) run(name, svc string, args []string, ports []string, ops s
 func (k *keelCluster) runCoordinator() (*testcontainers.DockerContainer, error) {
 	args := []string{"--raft.bootstrap-expect", "1", "--raft.node-id", "c1", "--raft.data-dir", "/data/raft",
 		"--raft.advertise-addr", fmt.Sprintf("%s:%d", coordAlias, coordRaftPort),
-		"--api.advertise-addr", fmt.Sprintf("%s:%d", coordAlias, coordAPIPort)}
+		"--api.advertise-addr", fmt.Sprintf("%s:%d", coordAlias, coordAPIPort),
+		"--router.url", fmt.Sprintf("http://%s:%d", routerAlias, routerAPIPort), "--custody.route-grace", "1s"}
 	if k.cfg.LeaseTTL > 0 {
 		args = append(args, "--lease-ttl", k.cfg.LeaseTTL.String())
 	}
@@ -146,6 +163,35 @@ func (k *keelCluster) runRouter() (*testcontainers.DockerContainer, error) {
 	return k.run(routerAlias, "router", args, []string{routerOpsPort}, routerOpsPort)
 }
 
+// runPersistence starts Redis, its replica and the persistence instance in
+// front of them.
+func (k *keelCluster) runPersistence() error {
+	redis := func(alias string, extra ...string) (*testcontainers.DockerContainer, error) {
+		args := append([]string{"--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "yes"}, extra...)
+		c, err := testcontainers.Run(context.Background(), image("redis"),
+			network.WithNetwork([]string{alias}, k.nw),
+			testcontainers.WithCmd(args...),
+			testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(60*time.Second)))
+		testcontainers.CleanupContainer(k.t, c, testcontainers.StopTimeout(time.Second))
+		if c != nil {
+			dumpLogs(k.t, c, alias)
+		}
+		return c, err
+	}
+	var err error
+	if k.Redis, err = redis(redisAlias); err != nil {
+		return err
+	}
+	if k.Replica, err = redis(replicaAlias, "--replicaof", redisAlias, "6379"); err != nil {
+		return err
+	}
+	args := []string{"--redis.addr", redisAlias + ":6379", "--redis.replicas", replicaAlias + ":6379", "--redis.min-replicas", "1",
+		"--api.addr", fmt.Sprintf(":%d", persistPort), "--api.advertise-addr", fmt.Sprintf("%s:%d", persistAlias, persistPort),
+		"--coordinator.addr", fmt.Sprintf("http://%s:%d", coordAlias, coordAPIPort)}
+	k.Persist, err = k.run(persistAlias, "persistence", args, []string{persistOps}, persistOps)
+	return err
+}
+
 func (k *keelCluster) runEdge(i int) (*testcontainers.DockerContainer, error) {
 	alias := edgeAlias(i)
 	args := []string{"--auth.anonymous", "--mqtt.ws-addr", "", "--ops.addr", ":9100", "--data-dir", "/data",
@@ -157,6 +203,9 @@ func (k *keelCluster) runEdge(i int) (*testcontainers.DockerContainer, error) {
 	if k.cfg.ForwardTimeout > 0 {
 		args = append(args, "--cluster.forward-timeout", k.cfg.ForwardTimeout.String())
 	}
+	if k.cfg.Persistence {
+		args = append(args, "--cluster.persistence", fmt.Sprintf("http://%s:%d", persistAlias, persistPort))
+	}
 	args = append(args, k.cfg.EdgeArgs...)
 	return k.run(alias, "edge", args, []string{edgeMQTTPort, edgeOpsPort}, edgeOpsPort)
 }
@@ -167,7 +216,10 @@ func (k *keelCluster) URL(i int) string { return k.urls[i] }
 func (k *keelCluster) stopAll() {
 	stop := 2 * time.Second
 	var wg sync.WaitGroup
-	for _, c := range append([]*testcontainers.DockerContainer{k.Coord, k.Router}, k.Edges...) {
+	for _, c := range append([]*testcontainers.DockerContainer{k.Coord, k.Router, k.Persist, k.Redis, k.Replica}, k.Edges...) {
+		if c == nil {
+			continue
+		}
 		wg.Go(func() {
 			// A paused container cannot stop; unpausing a running one fails
 			// harmlessly.
@@ -193,6 +245,13 @@ func (k *keelCluster) StartRouter() {
 	r, err := k.runRouter()
 	require.NoError(k.t, err, "new router")
 	k.Router = r
+}
+
+// Kill kills a container with SIGKILL: no graceful stop, no drain.
+func (k *keelCluster) Kill(c *testcontainers.DockerContainer) {
+	k.t.Helper()
+	_, err := k.docker.ContainerKill(context.Background(), c.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"})
+	require.NoError(k.t, err)
 }
 
 func (k *keelCluster) Pause(c *testcontainers.DockerContainer) {

@@ -321,3 +321,62 @@ func TestE2E_Cluster_RouterReplaced(t *testing.T) {
 			first.Sub(ready).Round(time.Millisecond), last.Sub(ready).Round(time.Millisecond))
 	}
 }
+
+// TestE2E_Cluster_KilledEdgeLosesNoSession keeps sessions in the persistence
+// service (Redis primary and replica) and kills edge 1 (SIGKILL: no drain)
+// while a QoS 1 stream from edge 2 flows to two persistent subscribers
+// whose sessions edge 1 owns: "online", connected to edge 1, and "offline",
+// whose client left before the kill. "online" comes back on edge 3 at once
+// and is admitted when edge 1's lease has expired, its session resumed
+// from the store; "offline" comes back on edge 3 later, after the
+// coordinator gave its session to a custodian edge, which queued for it.
+// Both get every message acknowledged to the publisher after their first
+// SUBACK; publishes that found no live holder of a session were not
+// acknowledged (the publisher is closed and publishes again).
+func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
+	needDocker(t)
+	const ttl, forward = 3 * time.Second, 2 * time.Second
+	k := startCluster(t, clusterConfig{LeaseTTL: ttl, ForwardTimeout: forward, Persistence: true})
+	ck := NewChecker()
+	const filter = "e2e/crash/#"
+	witness := ck.NewSubscriber("witness@edge-3", 1, filter)
+	subscribe(t, k.URL(2), "witness", true, witness, nil)
+	online := ck.NewSubscriber("online", 1, filter)
+	subscribe(t, k.URL(0), "crash-online", false, online, nil)
+	offline := ck.NewSubscriber("offline", 1, filter)
+	offClient := subscribe(t, k.URL(0), "crash-offline", false, offline, nil)
+	offClient.Disconnect(250)
+
+	dialPub := func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(1), "crash-pub", true), 30*time.Second) }
+	pc := mustDial(t, mqttOpts(k.URL(1), "crash-pub", true))
+	pub := ck.NewPublisher("crash-pub", pc, "e2e/crash/t", 1)
+	pub.AckTimeout = 20 * time.Second
+	pub.Dial = dialPub
+	stop := pub.GoStream(5 * time.Millisecond)
+	t.Cleanup(stop)
+	require.Eventually(t, func() bool { return online.Count() >= 50 }, 20*time.Second, 20*time.Millisecond, "the stream flows")
+
+	killed := time.Now()
+	k.Kill(k.Edges[0])
+	back, err := dial(mqttOpts(k.URL(2), "crash-online", false).SetDefaultPublishHandler(online.Handler()), 60*time.Second)
+	require.NoError(t, err, "online comes back on edge 3")
+	t.Cleanup(func() { back.Disconnect(0) })
+	t.Logf("online resumed on edge 3 %v after the kill", time.Since(killed).Round(100*time.Millisecond))
+
+	// The stream goes on until custody and the dead edge's routes are dealt
+	// with, and a while after.
+	base := witness.Count()
+	require.Eventually(t, func() bool { return witness.Count() >= base+300 }, 60*time.Second, 50*time.Millisecond,
+		"the stream flows again after the kill")
+	offBack, err := dial(mqttOpts(k.URL(2), "crash-offline", false).SetDefaultPublishHandler(offline.Handler()), 30*time.Second)
+	require.NoError(t, err, "offline comes back on edge 3")
+	t.Cleanup(func() { offBack.Disconnect(0) })
+	base = offline.Count()
+	require.Eventually(t, func() bool { return offline.Count() >= base+50 }, 20*time.Second, 20*time.Millisecond,
+		"offline receives the stream")
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("after the kill:%s", r)
+	require.Positive(t, r.Pub("crash-pub").Acked)
+	requireDelivery(t, r, witness.Name, online.Name, offline.Name)
+}
