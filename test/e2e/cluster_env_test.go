@@ -63,8 +63,8 @@ type keelCluster struct {
 	// Persist, Redis and Replica run only with clusterConfig.Persistence.
 	Persist, Redis, Replica *testcontainers.DockerContainer
 	Edges                   []*testcontainers.DockerContainer // Edges[0] is edge-1
-	urls   []string
-	docker *testcontainers.DockerClient
+	urls                    []string
+	docker                  *testcontainers.DockerClient
 	// Ready is when every container answered /readyz.
 	Ready time.Time
 }
