@@ -3,6 +3,7 @@
 #
 #   make bench                       all three (about 12 minutes on 2 cores)
 #   make bench-cluster REPEAT=3      same-edge vs cross-edge pairs on a local cluster
+#   make bench-persistent            QoS 1 across edges to persistent sessions in Redis (WAIT 1)
 #   make bench BENCH_GO=0            load benchmarks only
 #   make bench-load DURATION=10s REPEAT=5 SCENARIOS=qos0-fanin-64B,qos1-pairs-50
 #   make bench-go BENCH_PKGS=./libs/...   then compare runs with benchstat
@@ -17,13 +18,14 @@ BENCH_COUNT ?= 1
 BENCH_PKGS  ?= work
 BENCH_OUT   ?= $(TMP)/bench
 
-.PHONY: bench bench-go bench-load bench-cluster
+.PHONY: bench bench-go bench-load bench-cluster bench-persistent
 
 bench: ## Run benchmarks: Go benchmarks + load generator vs Mosquitto and bare mochi
 	@rc=0; \
 	if [ "$(BENCH_GO)" != 0 ]; then $(MAKE) bench-go || rc=$$?; fi; \
 	$(MAKE) bench-load || rc=$$?; \
 	$(MAKE) bench-cluster || rc=$$?; \
+	$(MAKE) bench-persistent || rc=$$?; \
 	exit $$rc
 
 bench-go: ## Run Go benchmarks with -benchmem over the workspace modules (BENCH_PKGS, BENCH_TIME)
@@ -36,3 +38,6 @@ bench-load: ## Run keel-bench scenarios against Mosquitto, bare mochi and the Ke
 
 bench-cluster: ## Run keel-bench pairs on one edge and across two edges of a local cluster
 	GO=$(GO) BIN=$(BIN) scripts/bench-cluster.sh
+
+bench-persistent: ## Run QoS 1 pairs across edges to persistent sessions (Redis primary + 2 replicas, WAIT 1), CPU per message by process
+	GO=$(GO) BIN=$(BIN) scripts/bench-persistent.sh

@@ -13,7 +13,10 @@
 # benchmarks). PORT_OFFSET moves every port, so a benchmark cluster can run
 # beside `make run`; the command sees MQTT_ADDRS (the edges' MQTT addresses,
 # space-separated) and OPS_ADDRS (their ops addresses). EDGE_ARGS adds flags
-# to every edge (for example --ops.pprof).
+# to every edge (for example --ops.pprof). REDIS_REPLICAS=N runs the
+# persistence instance in front of a local redis-server primary (port
+# 6379+PORT_OFFSET) and N replicas, every acknowledged write on one of them
+# (WAIT 1), instead of its embedded store.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$ROOT/bin}
@@ -27,6 +30,7 @@ if [[ ${1:-} == -- ]]; then
   cmd=("$@")
 fi
 mkdir -p "$DATA"
+: >"$DATA/pids" # "name pid" per process, for the benchmarks
 pids=()
 stop() {
   trap - INT TERM EXIT
@@ -39,6 +43,7 @@ start() { # name, command...
   local name=$1; shift
   "$@" >"$DATA/$name.log" 2>&1 &
   pids+=($!)
+  echo "$name $!" >>"$DATA/pids"
   echo "started $name (pid $!, log $DATA/$name.log)"
 }
 ready() { # name, ops address
@@ -58,8 +63,23 @@ ready coordinator 127.0.0.1:$((9201 + O))
 start router "$BIN/keel-router" --api.addr 127.0.0.1:$((9300 + O)) --ops.addr 127.0.0.1:$((9202 + O)) --olric.single-node \
   --olric.bind-addr 127.0.0.1 --olric.port $((3320 + O)) --olric.memberlist-port $((3322 + O)) --log.format text --log.level "$LOG_LEVEL"
 ready router 127.0.0.1:$((9202 + O))
+store=(--data-dir "$DATA/persistence")
+if ((${REDIS_REPLICAS:-0} > 0)); then
+  replicas=""
+  for i in $(seq 0 "$REDIS_REPLICAS"); do
+    port=$((6379 + i + O))
+    mkdir -p "$DATA/redis-$i"
+    args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly yes --dir "$DATA/redis-$i")
+    ((i > 0)) && args+=(--replicaof 127.0.0.1 $((6379 + O))) && replicas+="${replicas:+,}127.0.0.1:$port"
+    start "redis-$i" redis-server "${args[@]}"
+  done
+  for i in $(seq 0 "$REDIS_REPLICAS"); do
+    until redis-cli -p $((6379 + i + O)) ping >/dev/null 2>&1; do sleep 0.1; done
+  done
+  store=(--redis.addr 127.0.0.1:$((6379 + O)) --redis.replicas "$replicas" --redis.min-replicas 1)
+fi
 start persistence "$BIN/keel-persistence" --api.addr 127.0.0.1:$((7402 + O)) --ops.addr 127.0.0.1:$((9203 + O)) \
-  --data-dir "$DATA/persistence" --coordinator.addr http://127.0.0.1:$((7401 + O)) --log.format text --log.level "$LOG_LEVEL"
+  "${store[@]}" --coordinator.addr http://127.0.0.1:$((7401 + O)) --log.format text --log.level "$LOG_LEVEL"
 ready persistence 127.0.0.1:$((9203 + O))
 printf 'tenants: {}\n' >"$DATA/output-rules.yaml"
 start output "$BIN/keel-output" --listen-addr 127.0.0.1:$((9310 + O)) --ops.addr 127.0.0.1:$((9204 + O)) \

@@ -37,13 +37,18 @@ type client struct {
 
 // dial opens a TCP connection and completes the MQTT handshake.
 func dial(ctx context.Context, cfg *Config, addr, clientID string, readBuf int) (*client, error) {
+	return dialSession(ctx, cfg, addr, clientID, readBuf, true)
+}
+
+// dialSession is dial with the clean session flag given.
+func dialSession(ctx context.Context, cfg *Config, addr, clientID string, readBuf int, clean bool) (*client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	c := &client{conn: conn, r: wire.NewReader(conn, readBuf, maxPacketSize)}
-	opts := wire.ConnectOptions{ClientID: clientID, KeepAlive: uint16(cfg.KeepAlive), CleanSession: true}
+	opts := wire.ConnectOptions{ClientID: clientID, KeepAlive: uint16(cfg.KeepAlive), CleanSession: clean}
 	if cfg.Username != "" {
 		opts.Username = cfg.Username
 		if cfg.Password != "" {

@@ -84,6 +84,10 @@ type Config struct {
 	// Username and Password are sent in CONNECT when Username is set.
 	Username string
 	Password string
+	// Persistent makes subscribers keep persistent sessions (clean session
+	// off): every message to them is stored before it is acknowledged. Their
+	// sessions are ended after the run.
+	Persistent bool
 
 	// Broker and Label are copied into the result to tag it.
 	Broker string
@@ -109,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", DefaultStallTimeout, "reopen a publisher's window after this long without progress")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker pid to sample CPU and RSS from /proc")
 	fs.StringVar(&c.Username, "username", "", "CONNECT username")
+	fs.BoolVar(&c.Persistent, "persistent", false, "subscribers keep persistent sessions (clean session off), ended after the run")
 	fs.StringVar(&c.Password, "password", "", "CONNECT password (needs -username)")
 	fs.StringVar(&c.Broker, "broker", "", "broker name copied into the result")
 	fs.StringVar(&c.Label, "label", "", "run label copied into the result")

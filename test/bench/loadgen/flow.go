@@ -176,7 +176,7 @@ func runFlow(ctx context.Context, cfg *Config, runID uint32) (*Result, error) {
 	// Connect subscribers first, so nothing published is missed.
 	defer f.closeAll()
 	err := forEach(ctx, nSubs, cfg.ConnectConcurrency, func(ctx context.Context, i int) error {
-		c, err := dial(ctx, cfg, cfg.SubAddr, fmt.Sprintf("kb%08x-s%d", runID, i), bigReadBuf)
+		c, err := dialSession(ctx, cfg, cfg.SubAddr, fmt.Sprintf("kb%08x-s%d", runID, i), bigReadBuf, !cfg.Persistent)
 		if err != nil {
 			return fmt.Errorf("subscriber %d: %w", i, err)
 		}
@@ -335,6 +335,18 @@ func (f *flow) disconnectAll() {
 		if s.c != nil {
 			s.c.disconnect()
 		}
+	}
+	if f.cfg.Persistent {
+		// A clean connection ends each stored session, so that later runs
+		// do not queue for this one's subscribers.
+		_ = forEach(context.Background(), len(f.subs), f.cfg.ConnectConcurrency, func(ctx context.Context, i int) error {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if c, err := dial(ctx, f.cfg, f.cfg.SubAddr, fmt.Sprintf("kb%08x-s%d", f.runID, i), 4096); err == nil {
+				c.disconnect()
+			}
+			return nil
+		})
 	}
 	for _, p := range f.pubs {
 		if p.c != nil {
