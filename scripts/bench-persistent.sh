@@ -51,12 +51,12 @@ rate=$(grep -o '"rate":[0-9.]*' "$OUT/result.json" | cut -d: -f2)
   total=0
   while read -r name pid; do
     d=$(( $(ticks "$pid") - ${before[$name]} ))
-    us=$(awk -v d="$d" -v hz="$hz" -v n="$delivered" 'BEGIN { printf "%.1f", n > 0 ? d / hz * 1e6 / n : 0 }')
+    us=$(awk -v d="$d" -v hz="$hz" -v n="$delivered" 'BEGIN { printf "%.1f", (n > 0 ? d / hz * 1e6 / n : 0) }')
     total=$(awk -v a="$total" -v b="$us" 'BEGIN { print a + b }')
     printf '    %-12s %8s\n' "$name" "$us"
   done <"$OUT/cluster/pids"
   read -r u s <"$OUT/keel-bench.time"
-  lg=$(awk -v u="$u" -v s="$s" -v n="$delivered" 'BEGIN { printf "%.1f", n > 0 ? (u + s) * 1e6 / n : 0 }')
+  lg=$(awk -v u="$u" -v s="$s" -v n="$delivered" 'BEGIN { printf "%.1f", (n > 0 ? (u + s) * 1e6 / n : 0) }')
   printf '    %-12s %8s\n' keel-bench "$lg"
   printf '    %-12s %8s\n' total "$(awk -v a="$total" -v b="$lg" 'BEGIN { print a + b }')"
 } | tee "$OUT/summary.txt"

@@ -69,13 +69,16 @@ if ((${REDIS_REPLICAS:-0} > 0)); then
   for i in $(seq 0 "$REDIS_REPLICAS"); do
     port=$((6379 + i + O))
     mkdir -p "$DATA/redis-$i"
-    args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly yes --dir "$DATA/redis-$i")
+    # No 5 s wait for more replicas before the first sync: writes wait for
+    # a replica (WAIT 1), so they fail until one is in sync.
+    args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly yes --dir "$DATA/redis-$i" --repl-diskless-sync-delay 0)
     ((i > 0)) && args+=(--replicaof 127.0.0.1 $((6379 + O))) && replicas+="${replicas:+,}127.0.0.1:$port"
     start "redis-$i" redis-server "${args[@]}"
   done
   for i in $(seq 0 "$REDIS_REPLICAS"); do
     until redis-cli -p $((6379 + i + O)) ping >/dev/null 2>&1; do sleep 0.1; done
   done
+  until (($(redis-cli -p $((6379 + O)) info replication | grep -c 'state=online') >= REDIS_REPLICAS)); do sleep 0.1; done
   store=(--redis.addr 127.0.0.1:$((6379 + O)) --redis.replicas "$replicas" --redis.min-replicas 1)
 fi
 start persistence "$BIN/keel-persistence" --api.addr 127.0.0.1:$((7402 + O)) --ops.addr 127.0.0.1:$((9203 + O)) \
