@@ -24,6 +24,7 @@ import (
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/persistence/internal/failover"
 	"github.com/keelmq/keel/services/persistence/internal/metrics"
 	"github.com/keelmq/keel/services/persistence/internal/server"
@@ -78,6 +79,7 @@ type Config struct {
 	APIListener net.Listener `yaml:"-"`
 	// Registry, if set, receives the metrics (tests).
 	Registry *prometheus.Registry `yaml:"-"`
+	Tracing  tracing.Config
 }
 
 // RegisterFlags registers every flag.
@@ -103,11 +105,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", DefaultLeaseMargin, "stop acknowledging writes this long before the coordinator lease would expire")
 	fs.IntVar(&c.MaxPayload, "max-payload", server.DefaultLimits.MaxPayload, "largest message payload accepted, bytes")
 	c.Failover.RegisterFlags(fs, "failover.")
+	c.Tracing.RegisterFlags(fs, "tracing.")
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.APIAddr == "" && c.APIListener == nil {
 		errs = append(errs, errors.New("api.addr is empty"))
 	}
@@ -183,7 +189,7 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	a.ops = service.NewOps(cfg.OpsAddr, a.reg, logger.With("component", "ops"))
 	a.ops.EnablePprof = cfg.Pprof
 	if cfg.Coordinator != "" {
-		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), cfg.Coordinator)
+		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), cfg.Coordinator, rpc.ClientOptions()...)
 		a.records = &failover.CoordinatorRecords{Client: a.coord, GroupID: uint32(cfg.RedisGroupID), MemberID: cfg.MemberID, Incarnation: cfg.Incarnation}
 	}
 	return a, nil
@@ -222,6 +228,7 @@ func (a *App) openStore(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.Observer = a.metrics
 		a.store = s
 		a.logger.Info("embedded store", "data_dir", a.cfg.DataDir)
 		return nil

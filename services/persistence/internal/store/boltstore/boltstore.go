@@ -2,17 +2,27 @@
 // for a single-node Keel (`make run`). It keeps the same contract as the
 // Redis store; there is nothing to replicate, so every write is durable once
 // its transaction commits.
+//
+// Writes are group-committed: one goroutine applies every op waiting in one
+// bbolt transaction, so they share its fsync, while the ops arriving
+// meanwhile wait for the next. Ops apply in the order submitted, and each
+// one is all or nothing: one that is refused (fenced, invalid) or fails
+// leaves none of its writes and does not fail the others (see
+// [Store.Submit]).
 package boltstore
 
 import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
-	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -20,11 +30,57 @@ import (
 	"github.com/keelmq/keel/services/persistence/internal/store"
 )
 
-// Store is a [store.Store] on bbolt. Sessions are buckets named by their
-// hash tag, holding the sub-buckets below; messages and retained messages
-// have buckets of their own.
+// ErrClosed is returned for writes to a closed store.
+var ErrClosed = errors.New("bolt store closed")
+
+// maxBatchRecords bounds the records (see [store.Op.Records]) one
+// transaction takes on: a commit stops taking Submit calls once it holds
+// that many, so one transaction stays reasonably small. A call is never
+// split.
+const maxBatchRecords = 4096
+
+// Store is a [store.Store] and a [store.Batcher] on bbolt. Sessions are
+// buckets named by their hash tag, holding the sub-buckets below; messages
+// and retained messages have buckets of their own.
 type Store struct {
 	db *bolt.DB
+
+	mu       sync.Mutex
+	cond     sync.Cond // signalled when queue grows or closed is set
+	queue    []*call   // submitted, not yet taken by the committer
+	closed   bool
+	loopDone chan struct{}
+
+	closeOnce sync.Once
+	closeErr  error
+
+	commits, ops, replays atomic.Uint64
+
+	// Observer, if set, hears about every commit (metrics); set before use.
+	Observer Observer
+}
+
+// Observer hears about commits. Its method is that of the Redis store's
+// observer, so one implementation serves both.
+type Observer interface {
+	// Committed reports one batch: its ops and how long applying and
+	// committing them took (one transaction, more when an op failed after
+	// writing); waited and replicated are always false and true.
+	Committed(calls int, d time.Duration, waited, replicated bool)
+}
+
+// Stats counts the work of the committer.
+type Stats struct {
+	Commits uint64 // transactions committed (each one round of writes and fdatasync)
+	Ops     uint64 // ops answered by them, refused and failed ones included
+	Replays uint64 // transactions rolled back for an op that failed after writing
+}
+
+// call is the ops of one Submit, answered together.
+type call struct {
+	ops  []store.Op
+	res  []store.OpResult
+	done chan struct{} // closed once res is final
 }
 
 var (
@@ -37,7 +93,7 @@ var (
 	subNames  = [][]byte{[]byte("sub"), []byte("q"), []byte("qe"), []byte("inf"), []byte("in")}
 )
 
-// Open opens (creating) the store file in dir.
+// Open opens (creating) the store file in dir and starts the committer.
 func Open(dir string) (*Store, error) {
 	db, err := bolt.Open(filepath.Join(dir, "persistence.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
@@ -55,435 +111,306 @@ func Open(dir string) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	return &Store{db: db}, nil
-}
-
-// Close closes the file.
-func (s *Store) Close() error { return s.db.Close() }
-
-type sess struct {
-	b                   *bolt.Bucket
-	sub, q, qe, inf, in *bolt.Bucket
-}
-
-// session opens (creating) the session's buckets and checks the fence.
-func session(tx *bolt.Tx, k store.SessionKey, f *store.Fence) (*sess, error) {
-	if err := k.Validate(); err != nil {
-		return nil, err
-	}
-	root := tx.Bucket(bSessions)
-	b, err := root.CreateBucketIfNotExists([]byte(k.Tag()))
-	if err != nil {
-		return nil, err
-	}
-	if f != nil {
-		if cur := u64(b.Get(kEpoch)); f.Epoch < cur {
-			return nil, fmt.Errorf("%w: epoch %d < %d", store.ErrFenced, f.Epoch, cur)
-		}
-	}
-	s := &sess{b: b}
-	bs := make([]*bolt.Bucket, len(subNames))
-	for i, n := range subNames {
-		if bs[i], err = b.CreateBucketIfNotExists(n); err != nil {
-			return nil, err
-		}
-	}
-	s.sub, s.q, s.qe, s.inf, s.in = bs[0], bs[1], bs[2], bs[3], bs[4]
+	s := &Store{db: db, loopDone: make(chan struct{})}
+	s.cond.L = &s.mu
+	go s.commitLoop()
 	return s, nil
 }
 
-// queueLen counts the queue's entries. bbolt's bucket statistics do not see
-// the writes of the transaction in progress, so count with a cursor; queues
-// are bounded, and the single-node store is not the hot path of a cluster.
-func queueLen(q *bolt.Bucket) int {
-	n := 0
-	c := q.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		n++
+// Close answers every op already submitted, then closes the file. Writes
+// submitted afterwards fail with [ErrClosed].
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.cond.Broadcast()
+		s.mu.Unlock()
+		<-s.loopDone
+		s.closeErr = s.db.Close()
+	})
+	return s.closeErr
+}
+
+// Stats returns the committer's counts so far.
+func (s *Store) Stats() Stats {
+	return Stats{Commits: s.commits.Load(), Ops: s.ops.Load(), Replays: s.replays.Load()}
+}
+
+// Submit implements [store.Batcher]. The ops join the queue now, behind
+// every op submitted before (by Submit or a [store.Store] method), and are
+// applied with whatever else is waiting in the committer's next
+// transaction; wait returns once that transaction is committed (or ctx
+// ends: the ops' outcome is then unknown, as with the Redis store).
+//
+// Each op is all or nothing and answered on its own: one refused before
+// writing (bad input, fenced) just gets its error; one that fails after
+// writing part of itself makes the committer roll the transaction back,
+// commit the ops before it without it and go on with the ops after it, so
+// neither its writes nor its failure reach the ops around it. Only a failed
+// commit fails the ops of the transaction with it.
+func (s *Store) Submit(ctx context.Context, ops []store.Op) (wait func() []store.OpResult) {
+	c := s.submit(ctx, slices.Clone(ops))
+	return func() []store.OpResult { return s.await(ctx, c) }
+}
+
+func (s *Store) submit(ctx context.Context, ops []store.Op) *call {
+	c := &call{ops: ops, res: make([]store.OpResult, len(ops)), done: make(chan struct{})}
+	err := ctx.Err()
+	if err == nil && len(ops) > 0 {
+		s.mu.Lock()
+		if s.closed {
+			err = ErrClosed
+		} else {
+			s.queue = append(s.queue, c)
+			s.cond.Signal()
+		}
+		s.mu.Unlock()
+		if err == nil {
+			return c
+		}
 	}
+	for i := range c.res {
+		c.res[i].Err = err
+	}
+	close(c.done)
+	return c
+}
+
+func (s *Store) await(ctx context.Context, c *call) []store.OpResult {
+	select {
+	case <-c.done:
+		return c.res
+	case <-ctx.Done():
+		select {
+		case <-c.done: // answered at the same time: the answer is known
+			return c.res
+		default:
+		}
+		res := make([]store.OpResult, len(c.ops))
+		for i := range res {
+			res[i].Err = ctx.Err()
+		}
+		return res
+	}
+}
+
+// do applies one op through the queue and waits for it.
+func (s *Store) do(ctx context.Context, o store.Op) store.OpResult {
+	return s.await(ctx, s.submit(ctx, []store.Op{o}))[0]
+}
+
+// commitLoop takes everything queued (up to maxBatchRecords) and commits it
+// as one transaction, until the store is closed and the queue drained.
+func (s *Store) commitLoop() {
+	defer close(s.loopDone)
+	var batch []*call
+	var ops []slot
+	for {
+		s.mu.Lock()
+		for len(s.queue) == 0 && !s.closed {
+			s.cond.Wait()
+		}
+		if len(s.queue) == 0 {
+			s.mu.Unlock()
+			return
+		}
+		n, recs := 0, 0
+		for n < len(s.queue) && (n == 0 || recs < maxBatchRecords) {
+			for i := range s.queue[n].ops {
+				recs += s.queue[n].ops[i].Records()
+			}
+			n++
+		}
+		batch = append(batch[:0], s.queue[:n]...)
+		rest := copy(s.queue, s.queue[n:])
+		clear(s.queue[rest:])
+		s.queue = s.queue[:rest]
+		s.mu.Unlock()
+
+		ops = ops[:0]
+		for _, c := range batch {
+			for i := range c.ops {
+				ops = append(ops, slot{op: &c.ops[i], res: &c.res[i]})
+			}
+		}
+		start := time.Now()
+		for i := 0; i < len(ops); {
+			i = s.commit(ops[i:]) + i
+		}
+		s.ops.Add(uint64(len(ops)))
+		if s.Observer != nil {
+			s.Observer.Committed(len(ops), time.Since(start), false, true)
+		}
+		for _, c := range batch {
+			close(c.done)
+		}
+		clear(batch)
+		clear(ops)
+	}
+}
+
+// slot is one op of a batch and where its result goes.
+type slot struct {
+	op  *store.Op
+	res *store.OpResult
+}
+
+// errRollback rolls back a transaction in which an op failed after writing.
+var errRollback = errors.New("op failed after writing")
+
+// commit applies ops in order in one transaction and commits it, answering
+// each, and returns how many it answered: all of them, unless one fails
+// after writing part of itself. The transaction is then rolled back and
+// the ops before that one applied again in one of their own (bbolt has no
+// savepoints), so commit returns after the failed op, and the ops after it
+// go into the next transaction: every op is applied at most twice, however
+// many fail.
+func (s *Store) commit(ops []slot) int {
+	failed := -1
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for i, o := range ops {
+			r, err := apply(tx, o.op)
+			if err != nil {
+				*o.res = store.OpResult{Err: err}
+				failed = i
+				return errRollback
+			}
+			*o.res = r
+		}
+		return nil
+	})
+	n := len(ops)
+	if failed >= 0 {
+		s.replays.Add(1)
+		n = failed + 1
+		ops = ops[:failed]
+		err = nil
+		if len(ops) > 0 {
+			err = s.db.Update(func(tx *bolt.Tx) error {
+				for _, o := range ops {
+					r, err := apply(tx, o.op)
+					if err != nil {
+						// It did not the first time, on the same state:
+						// this cannot happen; fail them all, not guess.
+						return fmt.Errorf("%s failed on second application: %w", o.op.Kind, err)
+					}
+					*o.res = r
+				}
+				return nil
+			})
+		}
+	}
+	if len(ops) == 0 {
+		return n
+	}
+	if err != nil {
+		// Nothing of this transaction is stored.
+		err = fmt.Errorf("bolt commit: %w", err)
+		for _, o := range ops {
+			if o.res.Err == nil {
+				*o.res = store.OpResult{Err: err}
+			}
+		}
+		return n
+	}
+	s.commits.Add(1)
 	return n
 }
 
-func u64(b []byte) uint64 {
-	if len(b) != 8 {
-		return 0
-	}
-	return binary.BigEndian.Uint64(b)
-}
-
-func be(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
-
-func pk(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
-
-func (s *Store) update(fn func(tx *bolt.Tx) error) error { return s.db.Update(fn) }
-
-func ref(tx *bolt.Tx, m *store.Message) error {
-	b := tx.Bucket(bMsgs)
-	var rec struct {
-		M *store.Message `json:"m"`
-		N int            `json:"n"`
-	}
-	if v := b.Get([]byte(m.ID)); v != nil {
-		if err := json.Unmarshal(v, &rec); err != nil {
-			return err
-		}
-	} else {
-		rec.M = m
-	}
-	rec.N++
-	v, _ := json.Marshal(&rec)
-	return b.Put([]byte(m.ID), v)
-}
-
-func refExisting(tx *bolt.Tx, id string) (bool, error) {
-	b := tx.Bucket(bMsgs)
-	v := b.Get([]byte(id))
-	if v == nil {
-		return false, nil
-	}
-	var rec map[string]json.RawMessage
-	if err := json.Unmarshal(v, &rec); err != nil {
-		return false, err
-	}
-	n, _ := strconv.Atoi(string(rec["n"]))
-	rec["n"] = json.RawMessage(strconv.Itoa(n + 1))
-	nv, _ := json.Marshal(rec)
-	return true, b.Put([]byte(id), nv)
-}
-
-func unref(tx *bolt.Tx, id string) error {
-	b := tx.Bucket(bMsgs)
-	v := b.Get([]byte(id))
-	if v == nil {
-		return nil
-	}
-	var rec map[string]json.RawMessage
-	if err := json.Unmarshal(v, &rec); err != nil {
-		return err
-	}
-	n, _ := strconv.Atoi(string(rec["n"]))
-	if n <= 1 {
-		return b.Delete([]byte(id))
-	}
-	rec["n"] = json.RawMessage(strconv.Itoa(n - 1))
-	nv, _ := json.Marshal(rec)
-	return b.Put([]byte(id), nv)
-}
-
-func loadMsg(tx *bolt.Tx, id string) *store.Message {
-	v := tx.Bucket(bMsgs).Get([]byte(id))
-	if v == nil {
-		return nil
-	}
-	var rec struct {
-		M *store.Message `json:"m"`
-	}
-	if json.Unmarshal(v, &rec) != nil {
-		return nil
-	}
-	return rec.M
-}
-
 // Activate implements [store.Store].
-func (s *Store) Activate(_ context.Context, k store.SessionKey, f store.Fence) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.b.Put(kEpoch, be(f.Epoch))
-	})
+func (s *Store) Activate(ctx context.Context, k store.SessionKey, f store.Fence) error {
+	return s.do(ctx, store.Op{Kind: store.OpActivate, Key: k, Fence: f}).Err
 }
 
 // PutSession implements [store.Store].
-func (s *Store) PutSession(_ context.Context, k store.SessionKey, f store.Fence, rec store.Session) error {
-	v, _ := json.Marshal(&rec)
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.b.Put(kRec, v)
-	})
+func (s *Store) PutSession(ctx context.Context, k store.SessionKey, f store.Fence, rec store.Session) error {
+	return s.do(ctx, store.Op{Kind: store.OpPutSession, Key: k, Fence: f, Session: rec}).Err
 }
 
 // DeleteSession implements [store.Store].
-func (s *Store) DeleteSession(_ context.Context, k store.SessionKey, f store.Fence) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		if err := ss.qe.ForEach(func(id, _ []byte) error { return unref(tx, string(id)) }); err != nil {
-			return err
-		}
-		if err := ss.inf.ForEach(func(_, v []byte) error {
-			var e store.Entry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return err
-			}
-			return unref(tx, e.MsgID)
-		}); err != nil {
-			return err
-		}
-		for _, n := range subNames {
-			if err := ss.b.DeleteBucket(n); err != nil {
-				return err
-			}
-		}
-		_ = ss.b.Delete(kRec)
-		return ss.b.Delete(kSeq)
-	})
+func (s *Store) DeleteSession(ctx context.Context, k store.SessionKey, f store.Fence) error {
+	return s.do(ctx, store.Op{Kind: store.OpDeleteSession, Key: k, Fence: f}).Err
 }
 
 // PutSubscription implements [store.Store].
-func (s *Store) PutSubscription(_ context.Context, k store.SessionKey, f store.Fence, sub store.Subscription) error {
-	if sub.Filter == "" {
-		return fmt.Errorf("%w: empty filter", store.ErrInvalid)
-	}
-	v, _ := json.Marshal(&sub)
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.sub.Put([]byte(sub.Filter), v)
-	})
+func (s *Store) PutSubscription(ctx context.Context, k store.SessionKey, f store.Fence, sub store.Subscription) error {
+	return s.do(ctx, store.Op{Kind: store.OpPutSubscription, Key: k, Fence: f, Sub: sub}).Err
 }
 
 // DeleteSubscription implements [store.Store].
-func (s *Store) DeleteSubscription(_ context.Context, k store.SessionKey, f store.Fence, filter string) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.sub.Delete([]byte(filter))
-	})
+func (s *Store) DeleteSubscription(ctx context.Context, k store.SessionKey, f store.Fence, filter string) error {
+	return s.do(ctx, store.Op{Kind: store.OpDeleteSubscription, Key: k, Fence: f, Filter: filter}).Err
 }
 
 // Append implements [store.Store].
-func (s *Store) Append(_ context.Context, k store.SessionKey, f store.Fence, lim store.QueueLimits, entries []store.Entry, msgs []*store.Message) (store.AppendResult, error) {
-	var res store.AppendResult
-	if len(entries) != len(msgs) {
-		return res, fmt.Errorf("%w: %d entries, %d messages", store.ErrInvalid, len(entries), len(msgs))
-	}
-	for i, e := range entries {
-		if msgs[i] == nil || msgs[i].ID == "" || msgs[i].ID != e.MsgID {
-			return res, fmt.Errorf("%w: entry %d: message ID mismatch", store.ErrInvalid, i)
-		}
-	}
-	err := s.update(func(tx *bolt.Tx) error {
-		res = store.AppendResult{}
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		for i, e := range entries {
-			if ss.qe.Get([]byte(e.MsgID)) != nil {
-				res.Duplicates++
-				continue
-			}
-			if lim.MaxLen > 0 && queueLen(ss.q) >= lim.MaxLen {
-				if !lim.DropOldest {
-					res.Refused++
-					continue
-				}
-				ck, cv := ss.q.Cursor().First()
-				if ck != nil {
-					id := string(cv)
-					if err := ss.q.Delete(ck); err != nil {
-						return err
-					}
-					_ = ss.qe.Delete([]byte(id))
-					if err := unref(tx, id); err != nil {
-						return err
-					}
-					res.DroppedOldest++
-				}
-			}
-			seq := u64(ss.b.Get(kSeq)) + 1
-			if err := ss.b.Put(kSeq, be(seq)); err != nil {
-				return err
-			}
-			e.Seq = seq
-			v, _ := json.Marshal(&e)
-			if err := ss.q.Put(be(seq), []byte(e.MsgID)); err != nil {
-				return err
-			}
-			if err := ss.qe.Put([]byte(e.MsgID), v); err != nil {
-				return err
-			}
-			if err := ref(tx, msgs[i]); err != nil {
-				return err
-			}
-			res.Added++
-		}
-		return nil
-	})
-	return res, err
+func (s *Store) Append(ctx context.Context, k store.SessionKey, f store.Fence, lim store.QueueLimits, entries []store.Entry, msgs []*store.Message) (store.AppendResult, error) {
+	r := s.do(ctx, store.Op{Kind: store.OpAppend, Key: k, Fence: f, Limits: lim, Entries: entries, Messages: msgs})
+	return r.Append, r.Err
 }
 
 // Send implements [store.Store].
-func (s *Store) Send(_ context.Context, k store.SessionKey, f store.Fence, entries []store.Entry) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			queued := false
-			if v := ss.qe.Get([]byte(e.MsgID)); v != nil {
-				var qe store.Entry
-				if err := json.Unmarshal(v, &qe); err != nil {
-					return err
-				}
-				_ = ss.q.Delete(be(qe.Seq))
-				_ = ss.qe.Delete([]byte(e.MsgID))
-				queued = true
-			}
-			if e.QoS == 0 {
-				if queued {
-					if err := unref(tx, e.MsgID); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			if !queued {
-				ok, err := refExisting(tx, e.MsgID)
-				if err != nil {
-					return err
-				}
-				if !ok {
-					return fmt.Errorf("%w: message %s is not stored", store.ErrInvalid, e.MsgID)
-				}
-			}
-			if old := ss.inf.Get(pk(e.PacketID)); old != nil {
-				var oe store.Entry
-				if json.Unmarshal(old, &oe) == nil {
-					_ = unref(tx, oe.MsgID)
-				}
-			}
-			v, _ := json.Marshal(&e)
-			if err := ss.inf.Put(pk(e.PacketID), v); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+func (s *Store) Send(ctx context.Context, k store.SessionKey, f store.Fence, entries []store.Entry) error {
+	return s.do(ctx, store.Op{Kind: store.OpSend, Key: k, Fence: f, Entries: entries}).Err
 }
 
 // Pubrel implements [store.Store].
-func (s *Store) Pubrel(_ context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		v := ss.inf.Get(pk(packetID))
-		if v == nil {
-			return nil
-		}
-		var e store.Entry
-		if err := json.Unmarshal(v, &e); err != nil {
-			return err
-		}
-		e.Pubrel = true
-		nv, _ := json.Marshal(&e)
-		return ss.inf.Put(pk(packetID), nv)
-	})
+func (s *Store) Pubrel(ctx context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
+	return s.do(ctx, store.Op{Kind: store.OpPubrel, Key: k, Fence: f, PacketID: packetID}).Err
 }
 
 // Complete implements [store.Store].
-func (s *Store) Complete(_ context.Context, k store.SessionKey, f store.Fence, packetIDs []uint16) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		for _, p := range packetIDs {
-			v := ss.inf.Get(pk(p))
-			if v == nil {
-				continue
-			}
-			var e store.Entry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return err
-			}
-			_ = ss.inf.Delete(pk(p))
-			if err := unref(tx, e.MsgID); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+func (s *Store) Complete(ctx context.Context, k store.SessionKey, f store.Fence, packetIDs []uint16) error {
+	return s.do(ctx, store.Op{Kind: store.OpComplete, Key: k, Fence: f, PacketIDs: packetIDs}).Err
 }
 
 // Dequeue implements [store.Store].
-func (s *Store) Dequeue(_ context.Context, k store.SessionKey, f store.Fence, msgIDs []string) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		for _, id := range msgIDs {
-			v := ss.qe.Get([]byte(id))
-			if v == nil {
-				continue
-			}
-			var e store.Entry
-			if err := json.Unmarshal(v, &e); err != nil {
-				return err
-			}
-			_ = ss.q.Delete(be(e.Seq))
-			_ = ss.qe.Delete([]byte(id))
-			if err := unref(tx, id); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+func (s *Store) Dequeue(ctx context.Context, k store.SessionKey, f store.Fence, msgIDs []string) error {
+	return s.do(ctx, store.Op{Kind: store.OpDequeue, Key: k, Fence: f, MsgIDs: msgIDs}).Err
 }
 
 // PutIncoming implements [store.Store].
-func (s *Store) PutIncoming(_ context.Context, k store.SessionKey, f store.Fence, in store.Incoming) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.in.Put(pk(in.PacketID), []byte(in.MsgID))
-	})
+func (s *Store) PutIncoming(ctx context.Context, k store.SessionKey, f store.Fence, in store.Incoming) error {
+	return s.do(ctx, store.Op{Kind: store.OpPutIncoming, Key: k, Fence: f, Incoming: in}).Err
 }
 
 // DeleteIncoming implements [store.Store].
-func (s *Store) DeleteIncoming(_ context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
-	return s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, &f)
-		if err != nil {
-			return err
-		}
-		return ss.in.Delete(pk(packetID))
-	})
+func (s *Store) DeleteIncoming(ctx context.Context, k store.SessionKey, f store.Fence, packetID uint16) error {
+	return s.do(ctx, store.Op{Kind: store.OpDeleteIncoming, Key: k, Fence: f, PacketID: packetID}).Err
 }
 
-// Load implements [store.Store].
+// PutRetained implements [store.Store].
+func (s *Store) PutRetained(ctx context.Context, tenant string, m *store.Message) (bool, error) {
+	r := s.do(ctx, store.Op{Kind: store.OpPutRetained, Tenant: tenant, Retained: m})
+	return r.Changed, r.Err
+}
+
+// Load implements [store.Store]. It reads committed state only, in a
+// read-only transaction: every write answered before it started is seen.
 func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error) {
+	if err := k.Validate(); err != nil {
+		return nil, err
+	}
 	st := &store.State{Messages: map[string]*store.Message{}}
-	err := s.update(func(tx *bolt.Tx) error {
-		ss, err := session(tx, k, nil)
-		if err != nil {
-			return err
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bSessions).Bucket([]byte(k.Tag()))
+		if b == nil {
+			return nil
 		}
-		st.Epoch = u64(ss.b.Get(kEpoch))
-		if v := ss.b.Get(kRec); v != nil {
+		st.Epoch = u64(b.Get(kEpoch))
+		if v := b.Get(kRec); v != nil {
 			st.Session = &store.Session{}
 			if err := json.Unmarshal(v, st.Session); err != nil {
 				return err
 			}
 		}
-		if err := ss.sub.ForEach(func(_, v []byte) error {
+		// The sub-buckets are missing after DeleteSession until the next write.
+		each := func(name []byte, fn func(k, v []byte) error) error {
+			if sb := b.Bucket(name); sb != nil {
+				return sb.ForEach(fn)
+			}
+			return nil
+		}
+		if err := each(subNames[0], func(_, v []byte) error {
 			var sub store.Subscription
 			if err := json.Unmarshal(v, &sub); err != nil {
 				return err
@@ -500,9 +427,10 @@ func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error
 				}
 			}
 		}
-		if err := ss.q.ForEach(func(_, id []byte) error {
+		qe := b.Bucket(subNames[2]) // exists when q does
+		if err := each(subNames[1], func(_, id []byte) error {
 			var e store.Entry
-			if err := json.Unmarshal(ss.qe.Get(id), &e); err != nil {
+			if err := json.Unmarshal(qe.Get(id), &e); err != nil {
 				return err
 			}
 			st.Queue = append(st.Queue, e)
@@ -511,7 +439,7 @@ func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error
 		}); err != nil {
 			return err
 		}
-		if err := ss.inf.ForEach(func(_, v []byte) error {
+		if err := each(subNames[3], func(_, v []byte) error {
 			var e store.Entry
 			if err := json.Unmarshal(v, &e); err != nil {
 				return err
@@ -522,43 +450,12 @@ func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error
 		}); err != nil {
 			return err
 		}
-		return ss.in.ForEach(func(k, v []byte) error {
+		return each(subNames[4], func(k, v []byte) error {
 			st.Incoming = append(st.Incoming, store.Incoming{PacketID: binary.BigEndian.Uint16(k), MsgID: string(v)})
 			return nil
 		})
 	})
 	return st, err
-}
-
-// PutRetained implements [store.Store].
-func (s *Store) PutRetained(_ context.Context, tenant string, m *store.Message) (bool, error) {
-	if tenant == "" || m == nil || m.Topic == "" {
-		return false, fmt.Errorf("%w: tenant and topic are required", store.ErrInvalid)
-	}
-	changed := false
-	err := s.update(func(tx *bolt.Tx) error {
-		b, err := tx.Bucket(bRetained).CreateBucketIfNotExists([]byte(tenant))
-		if err != nil {
-			return err
-		}
-		key := []byte(m.Topic)
-		if v := b.Get(key); v != nil {
-			var old store.Message
-			if json.Unmarshal(v, &old) == nil && old.Created > m.Created {
-				return nil
-			}
-			if len(m.Payload) == 0 {
-				changed = true
-				return b.Delete(key)
-			}
-		} else if len(m.Payload) == 0 {
-			return nil
-		}
-		v, _ := json.Marshal(m)
-		changed = true
-		return b.Put(key, v)
-	})
-	return changed, err
 }
 
 // LookupRetained implements [store.Store]. Topics are kept sorted, so the
