@@ -19,7 +19,15 @@ import (
 	"github.com/buraksezer/olric/internal/discovery"
 )
 
-func (r *RoutingTable) processLeftOverDataReports(reports map[discovery.Member]*leftOverDataReport) {
+// processLeftOverDataReports adds every member that reported data for a
+// partition it does not own to the partition's owners (ahead of the others:
+// a previous owner), and reports whether it added any.
+//
+// keel patch: the owners are added to r.table as well, which updateRouting
+// then pushes again; upstream changed only this member's partitions, so the
+// other members, which serve reads, did not know where the data was.
+func (r *RoutingTable) processLeftOverDataReports(reports map[discovery.Member]*leftOverDataReport) bool {
+	var changed bool
 	check := func(member discovery.Member, owners []discovery.Member) bool {
 		for _, owner := range owners {
 			if member.CompareByID(owner) {
@@ -42,6 +50,14 @@ func (r *RoutingTable) processLeftOverDataReports(reports map[discovery.Member]*
 		// Prepend
 		newOwners = append([]discovery.Member{member}, newOwners...)
 		part.SetOwners(newOwners)
+		if rt := r.table[partID]; rt != nil { // keel patch
+			if part.Kind() == partitions.PRIMARY {
+				rt.Owners = newOwners
+			} else {
+				rt.Backups = newOwners
+			}
+		}
+		changed = true
 		r.log.V(2).Printf("[INFO] %s still have some data for PartID (kind: %s): %d", member, part.Kind(), partID)
 	}
 
@@ -57,4 +73,5 @@ func (r *RoutingTable) processLeftOverDataReports(reports map[discovery.Member]*
 			ensureOwnership(member, partID, part)
 		}
 	}
+	return changed
 }

@@ -123,7 +123,13 @@ func (r *RoutingTable) updateRoutingCommandHandler(conn redcon.Conn, cmd redcon.
 	}
 
 	// Call balancer to distribute load evenly
-	r.wg.Add(1)
-	go r.runCallbacks()
+	//
+	// keel patch: not once Shutdown began; its wg.Wait raced with this Add.
+	r.shutdownMtx.Lock()
+	if r.ctx.Err() == nil {
+		r.wg.Add(1)
+		go r.runCallbacks()
+	}
+	r.shutdownMtx.Unlock()
 	conn.WriteBulk(value)
 }

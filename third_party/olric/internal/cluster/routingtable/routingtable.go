@@ -70,6 +70,7 @@ type RoutingTable struct {
 	discovery        *discovery.Discovery
 	callbacks        []func()
 	callbackMtx      sync.Mutex
+	shutdownMtx      sync.Mutex // keel patch: orders wg.Add in handlers before Shutdown's cancel
 	pushPeriod       time.Duration
 	// The command handlers of the routing table service should wait for the cluster join event.
 	joined chan struct{}
@@ -256,8 +257,26 @@ func (r *RoutingTable) updateRouting() {
 		r.log.V(2).Printf("[ERROR] Failed to update routing table on cluster: %v", err)
 		return
 	}
-	r.processLeftOverDataReports(reports)
+	// keel patch: fillRoutingTable drops a previous owner whose partition
+	// was empty when it looked, but a write routed by the previous table can
+	// land there before the new one arrives. The members' reports reveal
+	// such data; push the table again with those owners so that every
+	// member's reads consult them. Upstream kept the correction on the
+	// coordinator only, and reads elsewhere answered "key not found" for an
+	// acknowledged write until the balancer moved the fragment (up to
+	// TriggerBalancerInterval) or the next push (RoutingTablePushInterval).
+	for i := 0; r.processLeftOverDataReports(reports) && i < maxLeftOverPushes; i++ {
+		reports, err = r.updateRoutingTableOnCluster()
+		if err != nil {
+			r.log.V(2).Printf("[ERROR] Failed to update routing table on cluster: %v", err)
+			return
+		}
+	}
 }
+
+// maxLeftOverPushes bounds the extra pushes of one routing table update
+// (keel patch); each only adds owners, so one is nearly always enough.
+const maxLeftOverPushes = 3
 
 func (r *RoutingTable) processClusterEvent(event *discovery.ClusterEvent) {
 	r.Members().Lock()
@@ -443,7 +462,11 @@ func (r *RoutingTable) Shutdown(ctx context.Context) error {
 		return err
 	}
 
+	// keel patch: under shutdownMtx, so that the routing table push handler
+	// adds no goroutine to wg once Wait may run.
+	r.shutdownMtx.Lock()
 	r.cancel()
+	r.shutdownMtx.Unlock()
 	done := make(chan struct{})
 	go func() {
 		r.wg.Wait()
