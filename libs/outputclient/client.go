@@ -222,7 +222,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Client, e
 	}, []string{"reason"})
 	c := &Client{
 		cfg: cfg, logger: logger,
-		rpc:       outputv1connect.NewOutputServiceClient(hc, cfg.URL),
+		rpc:       outputv1connect.NewOutputServiceClient(hc, cfg.URL, rpc.ClientOptions()...),
 		notify:    make(chan struct{}, 1),
 		mDropFull: dropped.WithLabelValues(ReasonQueueFull), mDropRefused: dropped.WithLabelValues(ReasonRefused),
 		mSent: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_edge_output_sent_total",

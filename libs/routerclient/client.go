@@ -27,6 +27,7 @@ import (
 
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/routes"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/topic"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
@@ -174,7 +175,7 @@ func New(cfg Config) (*Client, error) {
 		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
 		bloomBuf: map[string]*bloomAsm{}}
 	for _, u := range append([]string{cfg.URL}, cfg.FallbackURLs...) {
-		c.apis = append(c.apis, routerv1connect.NewRouterServiceClient(cfg.HTTPClient, u, connect.WithGRPC()))
+		c.apis = append(c.apis, routerv1connect.NewRouterServiceClient(cfg.HTTPClient, u, rpc.ClientOptions(connect.WithGRPC())...))
 	}
 	m, err := newMetrics(cfg.Registerer, c)
 	if err != nil {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/keelmq/keel/libs/config"
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/tracing"
 )
 
 // Configurable is the configuration of a service binary.
@@ -32,6 +34,10 @@ type Command[C any, P interface {
 	// Check, when set, runs under --check-config after Validate and prints
 	// what it checked.
 	Check func(cfg *C, stdout io.Writer) error
+	// Tracing, when set, returns the tracing configuration: Run installs
+	// the tracer provider (when the OTLP environment asks for one) before
+	// Start and flushes it after.
+	Tracing func(cfg *C) tracing.Config
 }
 
 // Run is the run function [Main] takes: flags (with KEEL_* environment
@@ -60,5 +66,21 @@ func (c Command[C, P]) Run(ctx context.Context, args []string, stdout, stderr io
 	if err != nil {
 		return err
 	}
+	if c.Tracing != nil {
+		shutdown, err := tracing.Setup(ctx, c.Name, c.Tracing(&cfg), logger.With("component", "tracing"))
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
+			defer cancel()
+			if err := shutdown(sctx); err != nil {
+				logger.Warn("tracing flush failed", "error", err)
+			}
+		}()
+	}
 	return c.Start(ctx, &cfg, logger)
 }
+
+// tracingFlushTimeout bounds the export of the last spans at exit.
+const tracingFlushTimeout = 5 * time.Second

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/coordinator/internal/app"
 )
 
@@ -16,6 +17,7 @@ func main() { service.Main("keel-coordinator", run) }
 var run = service.Command[app.Config, *app.Config]{
 	Name:    "keel-coordinator",
 	Logging: func(cfg *app.Config) (string, string) { return cfg.LogLevel, cfg.LogFormat },
+	Tracing: func(cfg *app.Config) tracing.Config { return cfg.Tracing },
 	Start: func(ctx context.Context, cfg *app.Config, logger *slog.Logger) error {
 		a, err := app.New(*cfg, logger)
 		if err != nil {

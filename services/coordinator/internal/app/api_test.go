@@ -90,6 +90,10 @@ func TestAPI_InvalidArgument(t *testing.T) {
 				Ttl: durationpb.New(-time.Second)}))
 			return err
 		},
+		"bump_acl_bad_tenant": func(ctx context.Context, cl client) error {
+			_, err := cl.BumpAclVersion(ctx, connect.NewRequest(&coordinatorv1.BumpAclVersionRequest{Tenant: "Bad Tenant"}))
+			return err
+		},
 		"watch_no_member": func(ctx context.Context, cl client) error {
 			s, err := cl.WatchCluster(ctx, connect.NewRequest(&coordinatorv1.WatchClusterRequest{}))
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/coordinator/internal/discovery"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
@@ -49,6 +50,7 @@ type Config struct {
 	APIListener net.Listener `yaml:"-"`
 	// Registry, if set, receives the metrics instead of a new registry (tests).
 	Registry *prometheus.Registry `yaml:"-"`
+	Tracing  tracing.Config
 }
 
 // RegisterFlags registers every flag of the coordinator.
@@ -64,11 +66,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Raft.RegisterFlags(fs, "raft.")
 	c.Gossip.RegisterFlags(fs, "gossip.")
 	c.Server.RegisterFlags(fs, "")
+	c.Tracing.RegisterFlags(fs, "tracing.")
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.APIAddr == "" && c.APIListener == nil {
 		errs = append(errs, errors.New("api.addr is empty"))
 	}
@@ -285,7 +291,7 @@ func (a *App) peersFresh(ctx context.Context, peers []discovery.Member) bool {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		c := coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, "http://"+p.Meta.APIAddr)
+		c := coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, "http://"+p.Meta.APIAddr, rpc.ClientOptions()...)
 		resp, err := c.Status(cctx, connect.NewRequest(&coordinatorv1.StatusRequest{}))
 		cancel()
 		if err != nil {

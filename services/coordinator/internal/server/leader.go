@@ -88,6 +88,8 @@ func commandName(ct fsm.CommandType) string {
 		return "acquire_promotion_lease"
 	case fsm.CmdCompareAndSetRedis:
 		return "cas_redis_primary"
+	case fsm.CmdBumpAclVersion:
+		return "bump_acl_version"
 	default:
 		return "other"
 	}

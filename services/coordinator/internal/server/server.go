@@ -168,7 +168,7 @@ func New(cfg Config, node *raftnode.Node, peers Peers, reg prometheus.Registerer
 		s.now = time.Now
 	}
 	if cfg.RouterURL != "" {
-		s.router = routerv1connect.NewRouterServiceClient(s.httpc, strings.TrimRight(cfg.RouterURL, "/"), connect.WithGRPC())
+		s.router = routerv1connect.NewRouterServiceClient(s.httpc, strings.TrimRight(cfg.RouterURL, "/"), rpc.ClientOptions(connect.WithGRPC())...)
 	} else {
 		s.logger.Warn("no router.url: the routes of dead edges stay in the router, and publishers keep forwarding to them")
 	}
@@ -274,7 +274,7 @@ func (s *Server) client(url string) coordinatorv1connect.CoordinatorServiceClien
 	defer s.clientsMu.Unlock()
 	c, ok := s.clients[url]
 	if !ok {
-		c = coordinatorv1connect.NewCoordinatorServiceClient(s.httpc, url)
+		c = coordinatorv1connect.NewCoordinatorServiceClient(s.httpc, url, rpc.ClientOptions()...)
 		s.clients[url] = c
 	}
 	return c

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -306,4 +307,63 @@ func TestServer_CustodyAfterRejoin(t *testing.T) {
 	idx = ts.s.fsm.State().Index()
 	time.Sleep(time.Second)
 	require.Equal(t, idx, ts.s.fsm.State().Index(), "custody kept writing entries after every session moved")
+}
+
+// TestServer_BumpAclVersion: a bump is one Raft entry whose index is the
+// tenant's new version, kept in the FSM (for watch snapshots) and published to
+// the watch hub; versions only grow, the empty tenant (cluster-wide rules) is
+// accepted, and a malformed tenant is refused without touching the log.
+func TestServer_BumpAclVersion(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	bump := func(tenant string) (uint64, error) {
+		resp, err := ts.s.BumpAclVersion(t.Context(), connect.NewRequest(&coordinatorv1.BumpAclVersionRequest{Tenant: tenant}))
+		if err != nil {
+			return 0, err
+		}
+		return resp.Msg.GetVersion(), nil
+	}
+	from := ts.s.fsm.State().Index()
+	v1, err := bump("acme")
+	require.NoError(t, err)
+	require.Equal(t, ts.s.fsm.State().Index(), v1, "the version is the index of the bump")
+	v2, err := bump("acme")
+	require.NoError(t, err)
+	require.Greater(t, v2, v1)
+	vAll, err := bump("")
+	require.NoError(t, err)
+	require.Greater(t, vAll, v2)
+
+	versions := map[string]uint64{}
+	for _, a := range ts.s.fsm.State().ACLVersions() {
+		versions[a.GetTenant()] = a.GetVersion()
+	}
+	require.Equal(t, map[string]uint64{"acme": v2, "": vAll}, versions)
+
+	evs, gap, _ := ts.s.hub.since(from)
+	require.False(t, gap)
+	var got []uint64
+	for _, e := range evs {
+		if e.ev.Kind == fsm.EventACL {
+			msg := ts.s.watchEvent(e, "e1")
+			require.NotNil(t, msg.GetAclVersion(), "an ACL event reaches every watcher")
+			require.Equal(t, e.index, msg.GetAclVersion().GetVersion())
+			got = append(got, msg.GetAclVersion().GetVersion())
+		}
+	}
+	require.Equal(t, []uint64{v1, v2, vAll}, got)
+
+	before := ts.s.fsm.State().Index()
+	for _, bad := range []string{"Acme", "a b", strings.Repeat("x", 64)} {
+		_, err := bump(bad)
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%q: %v", bad, err)
+	}
+	require.Equal(t, before, ts.s.fsm.State().Index(), "refused bumps write nothing")
+}
+
+// TestServer_BumpAclVersionNoLeader: a node without a leader refuses the
+// bump with Unavailable, so keelctl retries elsewhere.
+func TestServer_BumpAclVersionNoLeader(t *testing.T) {
+	ts := newTestServer(t, false, nil)
+	_, err := ts.s.BumpAclVersion(t.Context(), connect.NewRequest(&coordinatorv1.BumpAclVersionRequest{Tenant: "acme"}))
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
 }

@@ -1,10 +1,21 @@
 // Command keelctl administers Keel. Today: users and ACLs of the password
 // file and PostgreSQL credential backends.
 //
-//	keelctl users add    (--file F | --postgres DSN) TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
-//	keelctl users remove (--file F | --postgres DSN) TENANT USER
+//	keelctl users add    (--file F | --postgres DSN) [--coordinator URL] TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
+//	keelctl users remove (--file F | --postgres DSN) [--coordinator URL] TENANT USER
 //	keelctl users list   (--file F | --postgres DSN) [-o json]
-//	keelctl acl tenant   (--file F | --postgres DSN) TENANT --publish P,.. --subscribe S,..
+//	keelctl acl tenant   (--file F | --postgres DSN) [--coordinator URL] TENANT --publish P,.. --subscribe S,..
+//	keelctl acl bump     --coordinator URL (--tenant T | --all)
+//
+// With --coordinator (or KEEL_COORDINATOR), a command that changes users or
+// ACLs then bumps the tenant's ACL version at the coordinator, and every
+// edge of the cluster reloads the tenant's users and ACLs: cached answers
+// are dropped, connected clients are bound to their new ACL, subscriptions
+// it no longer allows are removed, and removed users are disconnected.
+// Without it, edges notice a changed password file within seconds and a
+// changed PostgreSQL user when its cache entry expires, and connected
+// clients keep the ACL they connected with. "acl bump" does the bump alone,
+// for example after editing the user store by other means.
 package main
 
 import (
@@ -18,21 +29,31 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keelmq/keel/libs/config"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/cluster"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 )
 
 func main() { service.Main("keelctl", run) }
 
 const usage = `usage:
-  keelctl users add    (--file F | --postgres DSN) TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
-  keelctl users remove (--file F | --postgres DSN) TENANT USER
+  keelctl users add    (--file F | --postgres DSN) [--coordinator URL] TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
+  keelctl users remove (--file F | --postgres DSN) [--coordinator URL] TENANT USER
   keelctl users list   (--file F | --postgres DSN) [-o json]
-  keelctl acl tenant   (--file F | --postgres DSN) TENANT --publish P,.. --subscribe S,..`
+  keelctl acl tenant   (--file F | --postgres DSN) [--coordinator URL] TENANT --publish P,.. --subscribe S,..
+  keelctl acl bump     --coordinator URL (--tenant T | --all)
+
+--coordinator (env KEEL_COORDINATOR) is a coordinator's API URL, e.g. http://keel-coordinator:9200:
+after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.`
 
 var errUsage = errors.New(usage)
 
@@ -50,7 +71,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var publish, subscribe config.StringList
 	fs.Var(&publish, "publish", "publish patterns (comma-separated, repeatable)")
 	fs.Var(&subscribe, "subscribe", "subscribe patterns (comma-separated, repeatable)")
+	coord := fs.String("coordinator", "", "coordinator API URL: bump the tenant's ACL version after a change, so every edge reloads")
+	bumpTenant := fs.String("tenant", "", "acl bump: the tenant whose users or ACLs changed")
+	bumpAll := fs.Bool("all", false, "acl bump: every tenant (the cluster-wide ACL version)")
 	if err := config.Parse(fs, args[2:]); err != nil {
+		return err
+	}
+	if cmd == "acl bump" {
+		return runBump(ctx, stdout, *coord, *bumpTenant, *bumpAll, fs.NArg())
+	}
+	// changed tells the edges about a change to tenant's users or ACLs.
+	changed := func(what, tenant string) error {
+		if *coord == "" {
+			_, err := fmt.Fprintf(stdout, "%s saved\n", what)
+			return err
+		}
+		v, err := bumpACL(ctx, *coord, tenant)
+		if err != nil {
+			return fmt.Errorf("%s saved, but the edges were not told (run `keelctl acl bump --tenant %s` again): %w", what, tenant, err)
+		}
+		_, err = fmt.Fprintf(stdout, "%s saved; acl version of tenant %s is now %d, edges reload\n", what, tenant, v)
 		return err
 	}
 	store, closeStore, err := openStore(ctx, *file, *dsn)
@@ -82,8 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := store.PutUser(ctx, rest[0], rest[1], pw, acl); err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "user %s@%s saved\n", rest[1], rest[0])
-		return err
+		return changed(fmt.Sprintf("user %s@%s", rest[1], rest[0]), rest[0])
 	case "users remove":
 		if len(rest) != 2 {
 			return errUsage
@@ -91,8 +130,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := store.DeleteUser(ctx, rest[0], rest[1]); err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "user %s@%s removed\n", rest[1], rest[0])
-		return err
+		return changed(fmt.Sprintf("removal of user %s@%s", rest[1], rest[0]), rest[0])
 	case "users list":
 		users, err := store.ListUsers(ctx)
 		if err != nil {
@@ -123,8 +161,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := store.SetTenantACL(ctx, rest[0], acl); err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "tenant %s acl saved\n", rest[0])
-		return err
+		return changed(fmt.Sprintf("tenant %s acl", rest[0]), rest[0])
 	}
 	return errUsage
 }
@@ -147,4 +184,53 @@ func openStore(ctx context.Context, file, dsn string) (auth.UserStore, func(), e
 		return auth.PostgresUserStore{Pool: pool}, pool.Close, nil
 	}
 	return nil, nil, errors.New("give --file or --postgres")
+}
+
+// runBump is "keelctl acl bump".
+func runBump(ctx context.Context, stdout io.Writer, coord, tenant string, all bool, nargs int) error {
+	switch {
+	case nargs != 0 || (tenant == "") == !all:
+		return fmt.Errorf("acl bump: give --tenant T or --all\n%w", errUsage)
+	case coord == "":
+		return errors.New("acl bump: give --coordinator URL (or KEEL_COORDINATOR)")
+	case tenant != "" && !tenancy.ValidTenant(tenant):
+		return fmt.Errorf("%w: %q", tenancy.ErrInvalidTenant, tenant)
+	}
+	v, err := bumpACL(ctx, coord, tenant)
+	if err != nil {
+		return err
+	}
+	name := "tenant " + tenant
+	if all {
+		name = "every tenant"
+	}
+	_, err = fmt.Fprintf(stdout, "acl version of %s is now %d, edges reload\n", name, v)
+	return err
+}
+
+// bumpTimeout bounds a bump, retries included.
+const bumpTimeout = 15 * time.Second
+
+// bumpACL bumps tenant's ACL version ("" for every tenant) at the
+// coordinator, retrying while it has no leader.
+func bumpACL(ctx context.Context, url, tenant string) (uint64, error) {
+	c := cluster.NewClient(strings.TrimRight(url, "/"))
+	ctx, cancel := context.WithTimeout(ctx, bumpTimeout)
+	defer cancel()
+	backoff := 100 * time.Millisecond
+	for {
+		resp, err := c.BumpAclVersion(ctx, connect.NewRequest(&coordinatorv1.BumpAclVersionRequest{Tenant: tenant}))
+		if err == nil {
+			return resp.Msg.GetVersion(), nil
+		}
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			return 0, fmt.Errorf("acl version bump at %s: %w", url, err)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("acl version bump at %s: %w", url, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/cluster"
@@ -69,6 +70,7 @@ type Config struct {
 	AdvertiseAddr   string
 	ForwardTimeout  time.Duration
 	Broker          broker.Config
+	Tracing         tracing.Config
 }
 
 // RegisterFlags registers every flag of the edge.
@@ -114,6 +116,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
+	c.Tracing.RegisterFlags(fs, "tracing.")
 }
 
 // Validate checks the configuration.
@@ -145,6 +148,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("auth.anonymous-tenant %q: want [a-z0-9-]{1,63}", c.AnonymousTenant))
 	}
 	if err := c.Broker.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -379,6 +385,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.stopPlane = cancel
 	watch := &cluster.Watch{Client: e.peers.Client, Self: edgeID, Incarnation: e.member.Incarnation,
 		Logger: e.logger.With("component", "cluster-watch")}
+	watch.ACL = e.broker
 	if e.store != nil && e.store.Shared() {
 		// Sessions of edges whose lease expired come here from the store.
 		watch.Custodian = e.broker

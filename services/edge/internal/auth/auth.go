@@ -36,6 +36,13 @@ type Identity struct {
 	// ExpiresAt, when set, is when the credentials stop being valid (a
 	// token's exp): the edge disconnects the client then.
 	ExpiresAt time.Time
+	// ACLSource is the backend that granted ACL when it can read it again
+	// (the password file, PostgreSQL): after an ACL version bump the edge
+	// re-binds connected clients to what it returns for ACLUser. Nil when
+	// the ACL cannot change under a connection (a JWT carries its own).
+	ACLSource ACLSource
+	// ACLUser is the name ACLSource knows the user by.
+	ACLUser string
 }
 
 // Authenticator checks credentials. It returns one of the sentinel errors of

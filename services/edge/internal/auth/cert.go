@@ -63,7 +63,7 @@ func (a CertAuthenticator) Authenticate(ctx context.Context, req *Request) (*Ide
 		if pid.Tenant != tenant {
 			return nil, fmt.Errorf("%w: certificate tenant %q, password tenant %q", ErrNotAuthorized, tenant, pid.Tenant)
 		}
-		id.ACL = pid.ACL
+		id.ACL, id.ACLSource, id.ACLUser = pid.ACL, pid.ACLSource, pid.ACLUser
 	}
 	return id, nil
 }

@@ -198,7 +198,7 @@ func (f *FileAuthenticator) Authenticate(_ context.Context, req *Request) (*Iden
 	if v, ok := s.verified.Load(key); ok {
 		d := v.([32]byte)
 		if subtle.ConstantTimeCompare(d[:], digest[:]) == 1 {
-			return &Identity{Tenant: rec.tenant, Username: rec.name, ACL: rec.acl}, nil
+			return &Identity{Tenant: rec.tenant, Username: rec.name, ACL: rec.acl, ACLSource: f, ACLUser: rec.name}, nil
 		}
 	}
 	h, err := parseHash(rec.hash)
@@ -214,7 +214,7 @@ func (f *FileAuthenticator) Authenticate(_ context.Context, req *Request) (*Iden
 	// Remember the verified password (as a salted digest) so a reconnect storm
 	// does not pay for bcrypt/argon2 on every connect. A reload drops it.
 	s.verified.Store(key, digest)
-	return &Identity{Tenant: rec.tenant, Username: rec.name, ACL: rec.acl}, nil
+	return &Identity{Tenant: rec.tenant, Username: rec.name, ACL: rec.acl, ACLSource: f, ACLUser: rec.name}, nil
 }
 
 // digestOf is a salted SHA-256 of a password, kept in memory to recognise a

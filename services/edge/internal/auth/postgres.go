@@ -182,6 +182,7 @@ func (a *PostgresAuthenticator) lookup(ctx context.Context, username string) (*p
 	}
 	e := found[0]
 	e.found, e.until = true, time.Now().Add(a.cfg.CacheTTL)
+	e.identity.ACLSource, e.identity.ACLUser = a, e.identity.Username
 	return e, nil
 }
 

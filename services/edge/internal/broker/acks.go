@@ -1,13 +1,19 @@
 package broker
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"go.opentelemetry.io/otel/trace"
 )
+
+// errFailedEarlier ends the span of a publish left unacknowledged because
+// an earlier one of its client failed.
+var errFailedEarlier = errors.New("an earlier publish of the client was not taken")
 
 // ackQueue acknowledges a client's QoS 1/2 publishes that wait for other
 // edges. The reading goroutine routes each PUBLISH and moves on to the next
@@ -32,6 +38,7 @@ type pendingAck struct {
 	packetID uint16
 	qos      byte
 	wait     func() error
+	span     trace.Span // the publish's, when traced: ends with the acknowledgement
 }
 
 // check tells how a QoS 1/2 PUBLISH with packetID stands against the
@@ -90,13 +97,14 @@ func (q *ackQueue) init() {
 }
 
 // queueAck defers the acknowledgement of pk until wait returns (wait may be
-// nil: the publish only waits for earlier ones).
-func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error) {
+// nil: the publish only waits for earlier ones). span, when not nil, ends
+// with the acknowledgement.
+func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error, span trace.Span) {
 	q := &c.acks
 	v5 := cl.Properties.ProtocolVersion == 5
 	q.mu.Lock()
 	q.init()
-	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait})
+	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait, span: span})
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -117,6 +125,9 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 	for {
 		q.mu.Lock()
 		if len(q.pending) == 0 || q.failed {
+			for _, p := range q.pending {
+				finishSpan(p.span, errFailedEarlier)
+			}
 			q.pending = nil
 			q.running = false
 			q.room.Broadcast()
@@ -134,8 +145,10 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			err = errFenced
 		}
 		if err != nil {
+			finishSpan(p.span, err)
 			q.mu.Lock()
 			q.failed = true
+			q.pending[0].span = nil
 			q.mu.Unlock()
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
@@ -143,6 +156,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			continue
 		}
 		b.writeAck(cl, p, v5)
+		finishSpan(p.span, nil)
 
 		q.mu.Lock()
 		q.pending = q.pending[1:]

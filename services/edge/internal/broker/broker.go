@@ -26,6 +26,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
@@ -75,13 +76,17 @@ type Broker struct {
 	writers  sync.WaitGroup
 	releases sync.WaitGroup
 	load     loadScore
+	aclw     aclWatch
 }
 
 // conn is the per-connection state the hooks share.
 type conn struct {
 	scope    *tenancy.Scope
 	identity *auth.Identity
-	rules    *auth.Rules
+	// rules is the connection's bound ACL (nil: everything in the tenant).
+	// An ACL version bump swaps it from another goroutine (aclwatch.go).
+	rules    atomic.Pointer[auth.Rules]
+	clientID string // as the client knows it (external)
 	// will and sessionEnds are written by a taking-over connection's
 	// goroutine too.
 	will      atomic.Pointer[Message]
@@ -99,6 +104,9 @@ type conn struct {
 	limiter  *rateLimiter
 	listener string
 	acks     ackQueue
+	// pubACLFor is the rules pubACL was filled under; other rules in force
+	// make it stale.
+	pubACLFor *auth.Rules
 }
 
 // New builds a broker; Serve starts it.
@@ -317,7 +325,9 @@ func (b *Broker) route(m *Message) error {
 // other edges; the returned wait, nil when there is nothing to wait for,
 // blocks until the other edges took it.
 func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
-	if !b.cluster.Output.Offer(m) {
+	if m.span != nil {
+		b.offerTraced(m)
+	} else if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
 	var local SharedChoice
@@ -414,7 +424,13 @@ func (b *Broker) retain(m *Message) {
 	if b.store != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		if err := b.store.PutRetained(ctx, m.record(), m.QoS > 0); err != nil {
+		span := childSpan(m, "persist", attrStore.String("retained"))
+		if span != nil {
+			ctx = trace.ContextWithSpan(ctx, span)
+		}
+		err := b.store.PutRetained(ctx, m.record(), m.QoS > 0)
+		finishSpan(span, err)
+		if err != nil {
 			b.logger.Error("retained message not stored", "error", err)
 		}
 	}

@@ -10,8 +10,11 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -41,7 +44,14 @@ func (h *hook) Provides(b byte) bool {
 // reason and closes.
 func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	b := h.b
+	// The CONNECT's span starts once the tenant is known (tracing on).
+	spanCtx := context.Background()
+	span := trace.SpanFromContext(spanCtx) // does nothing
+	defer func() { span.End() }()
 	refuse := func(code packets.Code, result string) error {
+		if span.IsRecording() {
+			span.SetStatus(codes.Error, result)
+		}
 		b.m.connects.WithLabelValues(result).Inc()
 		_ = b.server.SendConnack(cl, connackCode(cl, code), false, nil)
 		return code
@@ -76,9 +86,19 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if pk.Connect.PasswordFlag {
 		req.Password = pk.Connect.Password
 	}
+	// An ACL refresh running from here until the connection is registered
+	// may not see it: aclSeen tells (aclwatch.go).
+	aclGen := b.aclw.gen.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
 	id, err := b.auth.Authenticate(ctx, req)
 	cancel()
+	if tracing.Enabled() {
+		tenant := ""
+		if err == nil {
+			tenant = id.Tenant
+		}
+		spanCtx, span = startConnect(cl, tenant, now, time.Now(), err)
+	}
 	if err != nil {
 		code := authCode(err)
 		b.m.authFailures.WithLabelValues(authReason(code)).Inc()
@@ -95,7 +115,8 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		return refuse(packets.ErrNotAuthorized, "auth_failed")
 	}
 	external := cl.ID // assigned by mochi when the client sent none
-	c := &conn{scope: sc, identity: id, rules: id.ACL.Bind(id.Tenant, id.Username, external), listener: cl.Net.Listener}
+	c := &conn{scope: sc, identity: id, clientID: external, listener: cl.Net.Listener}
+	c.rules.Store(id.ACL.Bind(id.Tenant, id.Username, external))
 	if b.cfg.PublishRate > 0 {
 		c.limiter = newRateLimiter(b.cfg.PublishRate, b.cfg.PublishBurst)
 	}
@@ -105,7 +126,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			b.m.packetErrors.WithLabelValues("invalid_will_topic").Inc()
 			return refuse(packets.ErrTopicNameInvalid, "invalid_will")
 		}
-		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.CanPublish(w.TopicName) {
+		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.Load().CanPublish(w.TopicName) {
 			return refuse(packets.ErrNotAuthorized, "will_not_authorized")
 		}
 		c.will.Store(&Message{
@@ -128,8 +149,10 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	// Claim the session before the CONNACK: in a cluster this is where a
 	// session on another edge is taken over, and its epoch fences every write.
-	ctx, cancel = context.WithTimeout(context.Background(), b.cfg.ConnectTimeout)
-	epoch, previous, err := b.cluster.Ownership.Claim(ctx, id.Tenant, external)
+	ctx, cancel = context.WithTimeout(spanCtx, b.cfg.ConnectTimeout)
+	claimCtx, claimSpan := tracer.Start(ctx, "cluster.claim")
+	epoch, previous, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
+	finishSpan(claimSpan, err)
 	if err != nil {
 		cancel()
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
@@ -170,6 +193,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		})
 	}
 	b.conns.Store(cl, c)
+	b.aclSeen(c, aclGen)
 	return nil
 }
 
@@ -234,7 +258,9 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	// read lock twice and deadlocks against the edge's writer adding a
 	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
 	cl.State.Inflight.ResetSendQuota(0)
-	s.bind(cl, c.rules, persistent(cl), window, c.epoch)
+	s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch)
+	// A resumed session keeps only what its client may still subscribe to.
+	b.recheckSubscriptions(cl, c)
 	b.m.connects.WithLabelValues("ok").Inc()
 }
 
@@ -472,13 +498,17 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, internal string, write bool) bool {
 		if !ok || strings.HasPrefix(ext, "$SYS") {
 			return false // clients never publish into $SYS
 		}
-		if c.rules == nil {
+		rules := c.rules.Load()
+		if rules == nil {
 			return true
+		}
+		if c.pubACLFor != rules {
+			c.pubACL, c.pubACLFor = nil, rules // an ACL change made the cache stale
 		}
 		if allowed, hit := c.pubACL[ext]; hit {
 			return allowed
 		}
-		allowed := c.rules.CanPublish(ext)
+		allowed := rules.CanPublish(ext)
 		if c.pubACL == nil || len(c.pubACL) >= 256 {
 			c.pubACL = make(map[string]bool, 16)
 		}
@@ -492,10 +522,7 @@ func (h *hook) OnACLCheck(cl *mqtt.Client, internal string, write bool) bool {
 	if _, inner, shared, _ := topic.ParseShare(ext); shared {
 		ext = inner
 	}
-	if c.rules == nil {
-		return true
-	}
-	return c.rules.CanSubscribe(ext)
+	return c.rules.Load().CanSubscribe(ext)
 }
 
 // OnSubscribe records which filters already existed, for retain handling 1.
@@ -554,6 +581,16 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			cl.State.Subscriptions.Delete(f.Filter)
 			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
 			refuse(i, packets.ErrQuotaExceeded.Code)
+			continue
+		}
+		if !c.rules.Load().CanSubscribe(s.outsideFilter(sub)) {
+			// An ACL change came between the check and now, and its
+			// re-check of the session's subscriptions may have missed
+			// this one.
+			s.removeSub(f.Filter)
+			cl.State.Subscriptions.Delete(f.Filter)
+			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+			refuse(i, packets.ErrNotAuthorized.Code)
 			continue
 		}
 		existed := i < len(c.existed) && c.existed[i]
@@ -622,6 +659,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	b.mIn[m.QoS].Inc()
 	b.m.bytesIn.Add(float64(len(m.Payload)))
+	if tracing.Enabled() {
+		m.span = startPublish(c.scope, m)
+	}
 	if m.QoS == 2 && b.store != nil {
 		// [MQTT-4.3.3]: the PUBREC state is durable before the message is
 		// routed, so a resend after a crash is recognised, not delivered again.
@@ -630,6 +670,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			err := b.store.PutIncoming(ctx, cl.ID, durable.Incoming{PacketID: pk.PacketID, MsgID: msgIDString(m.ID)})
 			cancel()
 			if err != nil {
+				finishSpan(m.span, err)
 				b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 				_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
 				return pk, packets.ErrRejectPacket
@@ -643,14 +684,16 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if err != nil {
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
+		finishSpan(m.span, err)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
-		b.queueAck(cl, c, &pk, wait)
+		b.queueAck(cl, c, &pk, wait, m.span)
 		return pk, packets.ErrRejectPacket // acknowledged by the queue
 	}
+	finishSpan(m.span, nil)
 	// Success, but mochi must not fan the message out itself.
 	return pk, packets.CodeSuccessIgnore
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
 )
@@ -35,7 +36,14 @@ type Message struct {
 	Expiry  int64  // unix seconds after which it must not be delivered; 0 never
 
 	rec atomic.Pointer[durable.Message] // stored form, built on first need
+	// span is the message's sampled span on this edge (its publish, or its
+	// delivery from another edge); nil when its trace is not sampled, so
+	// an untraced message costs one nil check per traced step.
+	span trace.Span
 }
+
+// Span returns the message's sampled span, nil when it is not traced.
+func (m *Message) Span() trace.Span { return m.span }
 
 // remainingExpiry returns the message expiry interval to send, and whether
 // the message has already expired.

@@ -1,6 +1,10 @@
 package broker
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the edge's MQTT metrics. Label values are fixed sets, never
 // client or topic names.
@@ -31,13 +35,15 @@ type metrics struct {
 	adoptedSessions  *prometheus.CounterVec
 	drainedSessions  *prometheus.CounterVec // outcome
 	loadScore        prometheus.GaugeFunc
+	aclRevoked       prometheus.Counter
+	aclRefreshes     *prometheus.CounterVec // outcome
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	m := &metrics{
 		connections: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "keel_edge_connections", Help: "Connected MQTT clients.",
-		}, func() float64 { return float64(b.server.Info.ClientsConnected) }),
+		}, func() float64 { return float64(atomic.LoadInt64(&b.server.Info.ClientsConnected)) }),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_connects_total", Help: "CONNECT attempts by result.",
 		}, []string{"result"}),
@@ -67,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		}, []string{"reason"}),
 		inflight: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "keel_edge_inflight_messages", Help: "QoS 1/2 messages awaiting acknowledgement.",
-		}, func() float64 { return float64(b.server.Info.Inflight) }),
+		}, func() float64 { return float64(atomic.LoadInt64(&b.server.Info.Inflight)) }),
 		retained: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "keel_edge_retained_messages", Help: "Retained messages stored.",
 		}, func() float64 { return float64(b.retained.len()) }),
@@ -114,11 +120,18 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		bans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
 		}),
+		aclRevoked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_acl_revoked_subscriptions_total", Help: "Subscriptions removed because an ACL change no longer allows them (the client is not told: MQTT has no server-initiated unsubscribe).",
+		}),
+		aclRefreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_acl_refreshes_total", Help: "Refreshes of the connected clients' ACLs after ACL version bumps, by outcome (ok, error: retried).",
+		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore)
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.aclRevoked, m.aclRefreshes)
 	return m
 }
 

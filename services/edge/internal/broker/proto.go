@@ -1,10 +1,12 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"go.opentelemetry.io/otel/trace"
 
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -81,10 +83,16 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 // DeliverForwarded takes a message another edge forwarded: it goes to this
 // edge's local recipients only (it was offered to the output and forwarded
 // at its ingress edge already). It returns once they took it.
-func (b *Broker) DeliverForwarded(pm *commonv1.Message, shared SharedChoice) error {
+//
+// A sampled span in ctx (the forward server's deliver span, which joined
+// the sender's trace) becomes the message's span here.
+func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, shared SharedChoice) error {
 	m, err := b.fromProto(pm)
 	if err != nil {
 		return err
+	}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		m.span = span
 	}
 	if m.Retain {
 		b.retain(m)

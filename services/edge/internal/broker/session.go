@@ -154,7 +154,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			}
 			p := s.pushLocked(d, size)
 			s.mu.Unlock()
-			if err := s.wait(p); err != nil {
+			if err := s.wait(p, d.msg); err != nil {
 				return storeFailed
 			}
 			return result
@@ -181,7 +181,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			if start {
 				s.b.startWriter(s)
 			}
-			if err := s.wait(p); err != nil {
+			if err := s.wait(p, d.msg); err != nil {
 				return storeFailed
 			}
 			return enqueued
@@ -230,13 +230,17 @@ func (s *session) pushLocked(d delivery, size int) *durable.Pending {
 	return p
 }
 
-func (s *session) wait(p *durable.Pending) error {
+// wait waits until the store has p; m, when traced, gets a persist span
+// for the wait.
+func (s *session) wait(p *durable.Pending, m *Message) error {
 	if p == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
+	span := childSpan(m, "persist", attrStore.String("queue"))
 	err := p.Wait(ctx)
+	finishSpan(span, err)
 	if err != nil {
 		s.b.logger.Error("message not stored for a persistent session", "client_id", s.id, "error", err)
 	}
@@ -431,7 +435,7 @@ func (s *session) writeLoop() {
 		}
 		if len(entries) > 0 {
 			// The packet IDs must be durable before the first send.
-			if err := s.wait(s.b.store.Send(s.id, entries)); err != nil {
+			if err := s.wait(s.b.store.Send(s.id, entries), nil); err != nil {
 				cl.Stop(err) // resent from the store when the session resumes
 				s.mu.Lock()
 				s.writing = false

@@ -15,6 +15,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/libs/rpc"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
@@ -48,7 +49,7 @@ type Member struct {
 
 // NewClient returns a coordinator client for baseURL (h2c, gRPC protocol).
 func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
-	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL)
+	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL, rpc.ClientOptions()...)
 }
 
 // Incarnation returns the current incarnation (0 before the first join).

@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"context"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,7 +46,7 @@ func BenchmarkFrame_EncodeDecodeDeliver(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, fm := range got.GetMessages() {
-			if err := brk.DeliverForwarded(fm.GetMessage(), choice); err != nil {
+			if err := brk.DeliverForwarded(context.Background(), fm.GetMessage(), choice); err != nil {
 				b.Fatal(err)
 			}
 		}

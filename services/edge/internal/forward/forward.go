@@ -14,8 +14,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/tracing"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
@@ -25,8 +28,11 @@ import (
 // Deliverer takes forwarded messages into the local edge. It returns once
 // every local recipient has taken the message (queued it, or stored it for a
 // persistent session), or an error when one could not.
+//
+// ctx carries the deliver span of a message whose trace is sampled (the
+// sender's forward span is its parent); otherwise no span.
 type Deliverer interface {
-	DeliverForwarded(m *commonv1.Message, shared broker.SharedChoice) error
+	DeliverForwarded(ctx context.Context, m *commonv1.Message, shared broker.SharedChoice) error
 }
 
 // sharedChoice reads which shared groups the sender chose this edge for.
@@ -78,6 +84,25 @@ func (s *Server) Handler() (string, http.Handler) {
 	return edgev1connect.NewEdgeServiceHandler(s, rpc.HandlerOptions()...)
 }
 
+// deliver hands one forwarded message to the local edge, in a deliver span
+// that continues the sender's trace when the frame carries one.
+func (s *Server) deliver(ctx context.Context, from string, fm *edgev1.ForwardMessage) error {
+	tp := fm.GetTraceparent()
+	if tp == "" || !tracing.Enabled() {
+		return s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm))
+	}
+	ctx, span := tracer.Start(tracing.ContextFromTraceparent(ctx, tp), "deliver",
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+			tracing.TenantKey.String(fm.GetMessage().GetTenant()), attrFrom.String(from)))
+	err := s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	return err
+}
+
 // Forward implements edgev1connect.EdgeServiceHandler.
 func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
 	vetted := false
@@ -116,7 +141,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 				if i < skip {
 					continue // taken before the frame failed part-way
 				}
-				if err := s.Deliver.DeliverForwarded(fm.GetMessage(), sharedChoice(fm)); err != nil {
+				if err := s.deliver(ctx, req.GetEdgeId(), fm); err != nil {
 					// Not taken: close the stream without acking; the sender
 					// resends the frame, and the messages before this one
 					// are not delivered again (a QoS 2 message arrives once).
@@ -196,6 +221,7 @@ type Link struct {
 type pending struct {
 	msg  *edgev1.ForwardMessage
 	done chan error
+	span trace.Span // forward span of a traced message: ends when the peer took it
 }
 
 type frame struct {
@@ -210,22 +236,29 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 	}
 	hc := rpc.H2CClient()
 	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m, stop: func() {},
-		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, connect.WithGRPC()), wake: make(chan struct{}, 1)}
+		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1)}
 }
 
 // Send queues m for the peer. With wait it returns a channel that yields
 // nil once the peer took it (nil without).
 func (l *Link) Send(m *edgev1.ForwardMessage, wait bool) <-chan error {
-	p := &pending{msg: m}
+	return l.send(&pending{msg: m}, wait)
+}
+
+// SendTraced is Send for a message whose trace is sampled: span ends once
+// the peer took m, or with an error when the link fails first.
+func (l *Link) SendTraced(m *edgev1.ForwardMessage, wait bool, span trace.Span) <-chan error {
+	return l.send(&pending{msg: m, span: span}, wait)
+}
+
+func (l *Link) send(p *pending, wait bool) <-chan error {
 	if wait {
 		p.done = make(chan error, 1)
 	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		if p.done != nil {
-			p.done <- ErrPeerGone
-		}
+		p.finish(ErrPeerGone)
 		return p.done
 	}
 	l.queue = append(l.queue, p)
@@ -345,9 +378,7 @@ func (l *Link) acked(seq uint64) {
 	l.mu.Unlock()
 	for _, f := range done {
 		for _, p := range f.msgs {
-			if p.done != nil {
-				p.done <- nil
-			}
+			p.finish(nil)
 		}
 	}
 }
@@ -364,9 +395,21 @@ func (l *Link) fail(err error) {
 	l.unacked, l.queue = nil, nil
 	l.mu.Unlock()
 	for _, p := range all {
-		if p.done != nil {
-			p.done <- err
+		p.finish(err)
+	}
+}
+
+// finish answers a waiting sender and ends the message's span.
+func (p *pending) finish(err error) {
+	if p.done != nil {
+		p.done <- err
+	}
+	if p.span != nil {
+		if err != nil {
+			p.span.RecordError(err)
+			p.span.SetStatus(codes.Error, err.Error())
 		}
+		p.span.End()
 	}
 }
 

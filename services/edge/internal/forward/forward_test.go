@@ -127,7 +127,7 @@ func TestForward_PeerGoneNoAck(t *testing.T) {
 
 type countingDeliverer struct{ n int }
 
-func (c *countingDeliverer) DeliverForwarded(*commonv1.Message, broker.SharedChoice) error {
+func (c *countingDeliverer) DeliverForwarded(context.Context, *commonv1.Message, broker.SharedChoice) error {
 	c.n++
 	return nil
 }
@@ -220,7 +220,7 @@ type failingDeliverer struct {
 	got    []string
 }
 
-func (d *failingDeliverer) DeliverForwarded(m *commonv1.Message, _ broker.SharedChoice) error {
+func (d *failingDeliverer) DeliverForwarded(_ context.Context, m *commonv1.Message, _ broker.SharedChoice) error {
 	d.calls++
 	if d.calls == d.failAt {
 		return errors.New("store unavailable")

@@ -10,6 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/keelmq/keel/libs/tracing"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -152,7 +155,18 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 		if err != nil {
 			return nil, broker.SharedChoice{}, err
 		}
-		done := l.Send(&edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}, wait)
+		fm := &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}
+		var done <-chan error
+		if parent := m.Span(); parent != nil {
+			// Traced: a forward span per peer, until the peer took it, whose
+			// context travels in the frame for the peer's deliver span.
+			_, span := tracer.Start(trace.ContextWithSpan(context.Background(), parent), "forward",
+				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrPeer.String(d.peer.ID)))
+			fm.Traceparent = tracing.Traceparent(span.SpanContext())
+			done = l.SendTraced(fm, wait, span)
+		} else {
+			done = l.Send(fm, wait)
+		}
 		if wait {
 			waits = append(waits, done)
 		}

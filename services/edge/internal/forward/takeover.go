@@ -142,7 +142,7 @@ func (t *Takeovers) client(url string) edgev1connect.EdgeServiceClient {
 	}
 	c := t.clients[url]
 	if c == nil {
-		c = edgev1connect.NewEdgeServiceClient(rpc.H2CClient(), url, connect.WithGRPC())
+		c = edgev1connect.NewEdgeServiceClient(rpc.H2CClient(), url, rpc.ClientOptions(connect.WithGRPC())...)
 		t.clients[url] = c
 	}
 	return c

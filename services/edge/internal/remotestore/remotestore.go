@@ -162,7 +162,7 @@ func New(cfg Config) (*Store, error) {
 	cfg.setDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Store{cfg: cfg, logger: cfg.Logger, m: newMetrics(cfg.Registerer), epochs: map[string]uint64{},
-		client: persistencev1connect.NewPersistenceServiceClient(cfg.HTTPClient, cfg.URL, connect.WithGRPC()),
+		client: persistencev1connect.NewPersistenceServiceClient(cfg.HTTPClient, cfg.URL, rpc.ClientOptions(connect.WithGRPC())...),
 		codec:  codec{maxPayload: cfg.MaxPayload},
 		wake:   make(chan struct{}, 1), closingCh: make(chan struct{}), stopped: make(chan struct{}), ctx: ctx, cancel: cancel}
 	go s.run()

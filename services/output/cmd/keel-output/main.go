@@ -10,6 +10,7 @@ import (
 	"log/slog"
 
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/output/internal/app"
 )
 
@@ -18,6 +19,7 @@ func main() { service.Main("keel-output", run) }
 var run = service.Command[app.Config, *app.Config]{
 	Name:    "keel-output",
 	Logging: func(cfg *app.Config) (string, string) { return cfg.LogLevel, cfg.LogFormat },
+	Tracing: func(cfg *app.Config) tracing.Config { return cfg.Tracing },
 	Start: func(ctx context.Context, cfg *app.Config, logger *slog.Logger) error {
 		out, err := app.New(*cfg, logger)
 		if err != nil {

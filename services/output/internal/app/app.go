@@ -24,6 +24,7 @@ import (
 
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/output/internal/pipeline"
 	"github.com/keelmq/keel/services/output/internal/rules"
 	"github.com/keelmq/keel/services/output/internal/server"
@@ -44,6 +45,7 @@ type Config struct {
 	StopTimeout  time.Duration
 	DrainTimeout time.Duration
 	Pipeline     pipeline.Config
+	Tracing      tracing.Config
 }
 
 // RegisterFlags registers every flag of the output service.
@@ -65,11 +67,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Pipeline.CallTimeout, "plugin.call-timeout", pipeline.DefaultCallTimeout, "deadline of configure/transform calls; a plugin overrunning it is killed and restarted")
 	fs.DurationVar(&c.Pipeline.StartTimeout, "plugin.start-timeout", 10*time.Second, "deadline of a plugin's launch handshake")
 	fs.DurationVar(&c.Pipeline.DrainTimeout, "rules.drain-timeout", pipeline.DefaultDrainTimeout, "how long a deleted rule keeps delivering its buffer")
+	c.Tracing.RegisterFlags(fs, "tracing.")
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.ListenAddr == "" {
 		errs = append(errs, errors.New("listen-addr is required"))
 	}

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -472,10 +474,21 @@ func (p *Pipeline) transform(ctx context.Context, recs []*pluginv1.Record) ([]*p
 func (p *Pipeline) write(ctx context.Context, recs []*pluginv1.Record) ([]*pluginv1.Record, error) {
 	pr := p.rt.sink
 	cctx, cancel := context.WithTimeout(ctx, p.rt.spec.WriteTimeout)
+	// A sampled batch gets a span (the sampling ratio applies per batch).
+	cctx, span := tracer.StartRoot(cctx, "output.sink.write", trace.SpanKindClient, "")
 	start := time.Now()
 	resp, err := pr.sink.Write(cctx, &pluginv1.SinkServiceWriteRequest{Records: recs})
 	cancel()
 	p.pm.writeTime.Observe(time.Since(start).Seconds())
+	if span != nil {
+		span.SetAttributes(attrPipeline.String(p.name), attrSink.String(p.sinkID), attrRecords.Int(len(recs)),
+			attrFailures.Int(len(resp.GetFailures())))
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(otelcodes.Error, err.Error())
+		}
+		span.End()
+	}
 	if err != nil {
 		p.pm.errSink.Inc()
 		p.callFailed(ctx, pr, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 	"github.com/keelmq/keel/services/router/internal/server"
 	"github.com/keelmq/keel/services/router/internal/store"
@@ -31,6 +32,7 @@ type Config struct {
 	StopTimeout time.Duration
 	Olric       store.Config
 	Router      server.Config
+	Tracing     tracing.Config
 }
 
 // RegisterFlags registers every flag.
@@ -42,11 +44,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
 	c.Olric.RegisterFlags(fs, "olric.")
 	c.Router.RegisterFlags(fs, "router.")
+	c.Tracing.RegisterFlags(fs, "tracing.")
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	if err := c.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.APIAddr == "" {
 		errs = append(errs, errors.New("api.addr is required"))
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -230,15 +232,20 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	return rejected, inv, wild, nil
 }
 
-// notifyAll tells every router node about req and waits for each to answer;
-// a node that does not answer is waited out for one cache lease, after which
-// its edges' leases have expired.
+// notifyAll tells every router node about req and waits for each to answer.
+//
+// A node that does not answer is retried until one cache lease (plus grace)
+// has passed, after which its edges' cached answers have expired, and the
+// notification is then queued for it (see notifyPeer): what it carries is
+// not only invalidations, which a lapsed lease makes moot, but state the
+// node keeps without a lease (new anchors for its Bloom filters and its
+// edges', wildcard-first routes, dead edges). A node that missed a new
+// anchor skipped it in every later Lookup, and so did its edges.
 func (n *Node) notifyAll(ctx context.Context, req *routerv1.NotifyRequest) {
 	n.mu.Lock()
 	ms := n.members
 	n.mu.Unlock()
-	start := time.Now()
-	expired := start.Add(n.cfg.CacheLease + n.cfg.LeaseGrace)
+	expired := time.Now().Add(n.cfg.CacheLease + n.cfg.LeaseGrace)
 	var wg sync.WaitGroup
 	for _, m := range ms {
 		wg.Go(func() {
@@ -246,22 +253,212 @@ func (n *Node) notifyAll(ctx context.Context, req *routerv1.NotifyRequest) {
 				n.handleNotify(ctx, req)
 				return
 			}
-			c, err := n.peer(ctx, m)
-			if err == nil {
-				cctx, cancel := context.WithDeadline(ctx, expired.Add(time.Second))
-				_, err = c.Notify(cctx, connect.NewRequest(req))
-				cancel()
-			}
-			if err != nil {
-				n.logger.Warn("notify router node failed; waiting out the cache lease", "node", m, logging.Err(err))
-				select {
-				case <-time.After(time.Until(expired)):
-				case <-ctx.Done():
-				}
-			}
+			n.notifyPeer(ctx, m, req, expired)
 		})
 	}
 	wg.Wait()
+}
+
+// Notify retry backoff.
+const (
+	notifyBackoffMin = 25 * time.Millisecond
+	notifyBackoffMax = time.Second
+)
+
+// notifyPeer delivers req to router node m, retrying until expired (the
+// edges' leases on m have then run out) and returns once m answered or
+// expired passed. Undelivered by then, req joins m's outbox, which a
+// goroutine delivers in order until m answers or leaves the membership;
+// while m has an outbox, later notifications queue behind it, so that m
+// applies them in the order they were sent (a late add must not overtake
+// the remove that followed it).
+func (n *Node) notifyPeer(ctx context.Context, m string, req *routerv1.NotifyRequest, expired time.Time) {
+	n.mu.Lock()
+	if ob := n.outbox[m]; ob != nil {
+		it := ob.push(req)
+		n.mu.Unlock()
+		it.wait(ctx, expired)
+		return
+	}
+	n.mu.Unlock()
+	backoff := notifyBackoffMin
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = n.sendNotify(ctx, m, req, expired.Add(time.Second)); err == nil {
+			if attempt > 1 {
+				n.logger.Info("notified router node after retrying", "node", m, "attempts", attempt)
+			}
+			return
+		}
+		if permanent(err) {
+			n.logger.Warn("router node refused a notification", "node", m, logging.Err(err))
+			return
+		}
+		wait := min(backoff, time.Until(expired))
+		if wait <= 0 || ctx.Err() != nil || !n.isMember(m) {
+			break
+		}
+		n.logger.Debug("notify router node failed; retrying", "node", m, "attempt", attempt, logging.Err(err))
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+		backoff = min(2*backoff, notifyBackoffMax)
+	}
+	n.mu.Lock()
+	var it *outboxItem
+	// A node that left needs no queue: it reloads its replicas from the
+	// store when it comes back.
+	if slices.Contains(n.members, m) {
+		it = n.outboxLocked(m).push(req)
+	}
+	n.mu.Unlock()
+	if it != nil {
+		level := slog.LevelWarn
+		if ctx.Err() != nil {
+			level = slog.LevelDebug // the caller went away (its stream ended)
+		}
+		n.logger.Log(ctx, level, "notify router node failed; waiting out the cache lease, delivery goes on in the background", "node", m, logging.Err(err))
+		it.wait(ctx, expired)
+		return
+	}
+	n.logger.Warn("notify router node failed; it left, waiting out the cache lease", "node", m, logging.Err(err))
+	select {
+	case <-time.After(time.Until(expired)):
+	case <-ctx.Done():
+	}
+}
+
+// permanent reports a Notify error that retrying cannot cure: the node
+// refused the request itself.
+func permanent(err error) bool {
+	return connect.CodeOf(err) == connect.CodeInvalidArgument
+}
+
+// sendNotify calls Notify on router node m, resolving its address first.
+func (n *Node) sendNotify(ctx context.Context, m string, req *routerv1.NotifyRequest, deadline time.Time) error {
+	c, err := n.peer(ctx, m)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	_, err = c.Notify(cctx, connect.NewRequest(req))
+	return err
+}
+
+func (n *Node) isMember(m string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Contains(n.members, m)
+}
+
+// maxOutbox bounds the notifications kept for one router node: one that
+// stays a member but does not answer for long must not exhaust memory.
+const maxOutbox = 1 << 16
+
+// peerOutbox holds the notifications a router node has not answered yet,
+// oldest first.
+type peerOutbox struct {
+	logger  *slog.Logger
+	items   []*outboxItem // guarded by Node.mu
+	dropped int           // notifications not queued for want of room; guarded by Node.mu
+}
+
+type outboxItem struct {
+	req  *routerv1.NotifyRequest
+	done chan struct{} // closed once delivered, or once the node left
+}
+
+// push queues req, unless the outbox is full (the item returned is then
+// never done). Node.mu must be held.
+func (ob *peerOutbox) push(req *routerv1.NotifyRequest) *outboxItem {
+	it := &outboxItem{req: req, done: make(chan struct{})}
+	if len(ob.items) >= maxOutbox {
+		if ob.dropped++; ob.dropped == 1 {
+			ob.logger.Error("router node misses notifications: its outbox is full")
+		}
+		return it
+	}
+	ob.items = append(ob.items, it)
+	return it
+}
+
+// wait returns once it was delivered, expired passed, or ctx ended.
+func (it *outboxItem) wait(ctx context.Context, expired time.Time) {
+	t := time.NewTimer(time.Until(expired))
+	defer t.Stop()
+	select {
+	case <-it.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// outboxLocked returns m's outbox, creating it and starting its delivery
+// when there is none.
+//
+// n.mu must be held.
+func (n *Node) outboxLocked(m string) *peerOutbox {
+	ob := n.outbox[m]
+	if ob == nil {
+		ob = &peerOutbox{logger: n.logger.With("node", m)}
+		n.outbox[m] = ob
+		n.m.notifyOutboxes.Inc()
+		go n.drainOutbox(m, ob)
+	}
+	return ob
+}
+
+// drainOutbox delivers ob's notifications to router node m in order, each
+// retried until m answers, and ends once ob is empty, m left the membership
+// (it reloads its replicas when it comes back) or the node stops.
+func (n *Node) drainOutbox(m string, ob *peerOutbox) {
+	backoff := notifyBackoffMin
+	for {
+		n.mu.Lock()
+		if len(ob.items) == 0 || !slices.Contains(n.members, m) || n.life.Err() != nil {
+			if len(ob.items) > 0 && n.life.Err() == nil {
+				n.logger.Warn("router node left with notifications undelivered", "node", m, "count", len(ob.items))
+			}
+			if ob.dropped > 0 {
+				n.logger.Error("router node missed notifications: its outbox was full", "node", m, "dropped", ob.dropped)
+			}
+			for _, it := range ob.items {
+				close(it.done)
+			}
+			ob.items = nil
+			delete(n.outbox, m)
+			n.m.notifyOutboxes.Dec()
+			n.mu.Unlock()
+			return
+		}
+		it := ob.items[0]
+		n.mu.Unlock()
+		err := n.sendNotify(n.life, m, it.req, time.Now().Add(n.cfg.CacheLease+n.cfg.LeaseGrace+time.Second))
+		if err == nil {
+			n.mu.Lock()
+			ob.items = ob.items[1:]
+			n.mu.Unlock()
+			close(it.done)
+			backoff = notifyBackoffMin
+			continue
+		}
+		if permanent(err) {
+			n.logger.Warn("router node refused a notification", "node", m, logging.Err(err))
+			n.mu.Lock()
+			ob.items = ob.items[1:]
+			n.mu.Unlock()
+			close(it.done)
+			continue
+		}
+		n.logger.Debug("queued notification not delivered; retrying", "node", m, logging.Err(err))
+		select {
+		case <-time.After(backoff):
+		case <-n.life.Done():
+		}
+		backoff = min(2*backoff, notifyBackoffMax)
+	}
 }
 
 // handleNotify applies a change to this node's replicas and passes it to the

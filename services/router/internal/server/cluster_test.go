@@ -54,7 +54,11 @@ func (tn *testNode) stop() {
 // majority) and its Connect API, and returns once all serve.
 func startCluster(t *testing.T, n int) []*testNode { return startClusterB(t, n) }
 
-func startClusterB(t testing.TB, n int) []*testNode {
+func startClusterB(t testing.TB, n int) []*testNode { return startClusterWrap(t, n, nil) }
+
+// startClusterWrap is startClusterB with node i's API handler wrapped by
+// wrap(i, handler) when wrap is set (fault injection).
+func startClusterWrap(t testing.TB, n int, wrap func(i int, h http.Handler) http.Handler) []*testNode {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-node olric cluster")
@@ -63,7 +67,7 @@ func startClusterB(t testing.TB, n int) []*testNode {
 	// disagree on the cluster coordinator ("unrecognized cluster
 	// coordinator") and never converge; start afresh on new ports then.
 	for attempt := 1; ; attempt++ {
-		nodes, err := tryStartCluster(t, n, time.Millisecond)
+		nodes, err := tryStartClusterWrap(t, n, time.Millisecond, wrap)
 		if err == nil {
 			return nodes
 		}
@@ -77,6 +81,10 @@ func startClusterB(t testing.TB, n int) []*testNode {
 // tryStartCluster starts n router nodes over a new table; lookups wait
 // rebuildWait for the edges (see Config.RebuildWait).
 func tryStartCluster(t testing.TB, n int, rebuildWait time.Duration) ([]*testNode, error) {
+	return tryStartClusterWrap(t, n, rebuildWait, nil)
+}
+
+func tryStartClusterWrap(t testing.TB, n int, rebuildWait time.Duration, wrap func(i int, h http.Handler) http.Handler) ([]*testNode, error) {
 	rc := min(2, n)
 	cfgs := make([]store.Config, n)
 	var peers []string
@@ -113,7 +121,11 @@ func tryStartCluster(t testing.TB, n int, rebuildWait time.Duration) ([]*testNod
 			tn.node = node
 			mux := http.NewServeMux()
 			mux.Handle(routerv1connect.NewRouterServiceHandler(node))
-			tn.srv = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols()}
+			var h http.Handler = mux
+			if wrap != nil {
+				h = wrap(i, h)
+			}
+			tn.srv = &http.Server{Handler: h, Protocols: rpc.ServerProtocols()}
 			go func() { _ = tn.srv.Serve(ln) }()
 			ctx, cancel := context.WithCancel(context.Background())
 			tn.cancel = cancel

@@ -20,6 +20,7 @@ import (
 	client "github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/testutil"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/services/router/internal/server"
 )
 
 // refMatch is the reference MQTT matcher of the model, written apart from
@@ -442,4 +443,116 @@ func testutilEnvSeed() uint64 {
 	var s uint64
 	_, _ = fmt.Sscan(strings.TrimSpace(os.Getenv("KEEL_ROUTER_PROP_SEED")), &s)
 	return s
+}
+
+// notifyGate fails the Notify calls a router node receives while blocked,
+// as when its peers cannot reach it for a moment (in the CI run that found
+// this, the owner could not resolve the node's address: Olric answered
+// "not found" for its n/ key during a rebalance).
+type notifyGate struct{ blocked atomic.Bool }
+
+func (g *notifyGate) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if g.blocked.Load() && strings.HasSuffix(r.URL.Path, "/Notify") {
+			http.Error(w, "notify blocked by the test", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// missedNotifyCluster starts three router nodes whose node 1 refuses
+// Notify calls while its gate is blocked, edge-a on node 0 and edge-b on
+// node 1, and returns a tenant whose anchor "devices/42/cmd" another node
+// than node 1 owns (so that the notification of a route there must reach
+// node 1 over the network).
+func missedNotifyCluster(t *testing.T) (nodes []*testNode, gate *notifyGate, ea, eb *client.Client, tenant string) {
+	gate = &notifyGate{}
+	nodes = startClusterWrap(t, 3, func(i int, h http.Handler) http.Handler {
+		if i == 1 {
+			return gate.wrap(h)
+		}
+		return h
+	})
+	ea = startEdge(t, nodes[0].url, "edge-a", 1)
+	eb = startEdge(t, nodes[1].url, "edge-b", 1)
+	var members []string
+	for _, tn := range nodes {
+		members = append(members, tn.node.ID())
+	}
+	for i := 1; ; i++ {
+		tenant = fmt.Sprintf("t%d", i)
+		o, err := server.OwnerOfAnchor(tenant, "devices/42/cmd", members)
+		require.NoError(t, err)
+		if o != nodes[1].node.ID() {
+			return nodes, gate, ea, eb, tenant
+		}
+	}
+}
+
+// checkRoutedAfterNewAnchor: with edge-a's route on "devices/42/cmd/#" in
+// place, edge-a adds a shared route under the new anchor "devices" (node 1
+// builds its tenant's Bloom filter from that notification); edge-b and a
+// Lookup on node 1 must still see the first route.
+func checkRoutedAfterNewAnchor(t *testing.T, nodes []*testNode, ea, eb *client.Client, tenant string) {
+	t.Helper()
+	ctx := t.Context()
+	require.NoError(t, ea.Subscribe(ctx, tenant, "$share/g1/devices/+/cmd/#"))
+	want := []string{"$share/g1/devices/+/cmd/#@edge-a", "edge-a"}
+	require.ElementsMatch(t, want, route(t, eb, tenant, "devices/42/cmd/x"), "edge-b after the new anchor")
+	l, err := apiClient(nodes[1].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: "devices/42/cmd/y"}))
+	require.NoError(t, err)
+	require.Equal(t, want, renderLookup(l.Msg), "lookup on node 1")
+}
+
+// TestCluster_NotifyRetriedWithinLease: node 1 refuses Notify calls for a
+// moment while edge-a adds a route under a new anchor. The key owner must
+// retry within the cache lease, not give up at once: node 1 keeps the
+// anchor in its Bloom filter (and edge-b in its own) only from that
+// notification, and without it, once the tenant's filter exists, node 1's
+// Lookup and edge-b skip the anchor: edge-b would acknowledge publishes
+// that reach nobody. The CI failure of TestCluster_RouteVisibleAcrossNodes.
+func TestCluster_NotifyRetriedWithinLease(t *testing.T) {
+	nodes, gate, ea, eb, tenant := missedNotifyCluster(t)
+	ctx := t.Context()
+	require.Empty(t, route(t, eb, tenant, "devices/42/cmd/reboot"))
+
+	gate.blocked.Store(true)
+	unblock := time.AfterFunc(500*time.Millisecond, func() { gate.blocked.Store(false) })
+	defer unblock.Stop()
+	require.NoError(t, ea.Subscribe(ctx, tenant, "devices/42/cmd/#"))
+	require.Equal(t, []string{"edge-a"}, route(t, eb, tenant, "devices/42/cmd/reboot"))
+	checkRoutedAfterNewAnchor(t, nodes, ea, eb, tenant)
+}
+
+// TestCluster_NotifyDeliveredAfterLease: node 1 refuses Notify calls for
+// longer than the cache lease. The owner acknowledges the route once the
+// lease is waited out (as before), and keeps the notification for node 1
+// until it is delivered: node 1's Bloom filter must get the anchor.
+func TestCluster_NotifyDeliveredAfterLease(t *testing.T) {
+	nodes, gate, ea, eb, tenant := missedNotifyCluster(t)
+	ctx := t.Context()
+	require.Empty(t, route(t, eb, tenant, "devices/42/cmd/reboot"))
+
+	gate.blocked.Store(true)
+	start := time.Now()
+	require.NoError(t, ea.Subscribe(ctx, tenant, "devices/42/cmd/#"))
+	t.Logf("SUBACK after %v with node 1 unreachable", time.Since(start))
+	var queued int
+	for _, tn := range nodes {
+		queued += tn.node.NotifyBacklog()
+	}
+	require.Positive(t, queued, "the notification node 1 missed is kept for it")
+	gate.blocked.Store(false)
+	// Delivered in the background.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		for i, tn := range nodes {
+			if q := tn.node.NotifyBacklog(); q > 0 {
+				return fmt.Errorf("node %d holds %d notifications", i, q)
+			}
+		}
+		return nil
+	})
+	require.Equal(t, []string{"edge-a"}, route(t, eb, tenant, "devices/42/cmd/reboot"))
+	checkRoutedAfterNewAnchor(t, nodes, ea, eb, tenant)
 }

@@ -117,6 +117,11 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 					var next *routerv1.RouteSyncRequest
 					req, next = mergeDeltas(req, work)
 					if err := n.handleEdgeRequest(c, req); err != nil {
+						// The edge sees the stream end (EOF unless the
+						// request was invalid) and re-sends on a new one.
+						if c.ctx.Err() == nil {
+							n.logger.Warn("edge request failed; closing the stream", logging.KeyEdgeID, c.id, logging.Err(err))
+						}
 						c.close(err)
 						return
 					}

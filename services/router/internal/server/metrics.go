@@ -15,6 +15,7 @@ type metrics struct {
 	bloomRebuilds   prometheus.Counter
 	cachers         prometheus.Gauge
 	lookupsRefused  prometheus.Counter
+	notifyOutboxes  prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		bloomRebuilds:   prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_bloom_rebuilds_total", Help: "Tenant anchor Bloom filters created or rebuilt larger (each is sent whole to every edge)."}),
 		cachers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_cacher_records", Help: "(tenant, anchor, edge) cache records kept for invalidation, after the last sweep."}),
 		lookupsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_refused_total", Help: "Lookups refused while a new table waits for the edges to register their routes."}),
+		notifyOutboxes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_notify_backlog_nodes",
+			Help: "Router nodes this node holds undelivered notifications for (they did not answer within a cache lease)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers, m.lookupsRefused)
+		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers, m.lookupsRefused, m.notifyOutboxes)
 	}
 	return m
 }

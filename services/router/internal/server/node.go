@@ -194,6 +194,11 @@ type Node struct {
 	dead         map[string]uint64                              // edge → highest dead incarnation; guarded by mu
 	reloading    bool                                           // a reload scan is running; guarded by mu
 	reloadLog    []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
+	outbox       map[string]*peerOutbox                         // node → notifications it did not answer yet; guarded by mu
+
+	// life ends when Run returns; it bounds background deliveries.
+	life     context.Context
+	stopLife context.CancelFunc
 
 	wg sync.WaitGroup
 }
@@ -212,8 +217,10 @@ func New(cfg Config, st Store, reg prometheus.Registerer, logger *slog.Logger) (
 	if logger == nil {
 		logger = logging.Discard()
 	}
+	life, stopLife := context.WithCancel(context.Background())
 	return &Node{
 		cfg: cfg, logger: logger, st: st, m: newMetrics(reg),
+		outbox: map[string]*peerOutbox{}, life: life, stopLife: stopLife,
 		http:    rpc.H2CClient(),
 		seed:    maphash.MakeSeed(),
 		peerURL: map[string]string{}, peers: map[string]routerv1connect.RouterServiceClient{},
@@ -228,6 +235,7 @@ func (n *Node) ID() string { return n.st.Name() }
 // Run registers the node, loads its replicas and watches membership until ctx
 // ends.
 func (n *Node) Run(ctx context.Context, ready func()) error {
+	defer n.stopLife()
 	// NOTE(router): right after joining, an Olric write can hang while the
 	// partition table settles; retry with a deadline per attempt.
 	for attempt := 1; ; attempt++ {
@@ -276,6 +284,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 				c.close(errors.New("router node stopping"))
 			}
 			n.mu.Unlock()
+			n.stopLife()
 			n.wg.Wait()
 			return nil
 		case <-t.C:
@@ -517,7 +526,7 @@ func (n *Node) peer(ctx context.Context, id string) (routerv1connect.RouterServi
 	if err != nil {
 		return nil, fmt.Errorf("address of router node %s: %w", id, err)
 	}
-	c = routerv1connect.NewRouterServiceClient(n.http, string(b), connect.WithGRPC())
+	c = routerv1connect.NewRouterServiceClient(n.http, string(b), rpc.ClientOptions(connect.WithGRPC())...)
 	n.mu.Lock()
 	n.peers[id] = c
 	n.peerURL[id] = string(b)

@@ -2969,6 +2969,99 @@ func (x *StatusResponse) GetConfigVersion() uint64 {
 	return 0
 }
 
+// BumpAclVersionRequest bumps the ACL version of one tenant.
+type BumpAclVersionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant whose users or ACLs changed; empty means the cluster-wide rules.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BumpAclVersionRequest) Reset() {
+	*x = BumpAclVersionRequest{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BumpAclVersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BumpAclVersionRequest) ProtoMessage() {}
+
+func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BumpAclVersionRequest.ProtoReflect.Descriptor instead.
+func (*BumpAclVersionRequest) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *BumpAclVersionRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// BumpAclVersionResponse reports the new version.
+type BumpAclVersionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version of the tenant's ACLs now in force: the Raft index of the bump, so it
+	// only grows.
+	Version       uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BumpAclVersionResponse) Reset() {
+	*x = BumpAclVersionResponse{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BumpAclVersionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BumpAclVersionResponse) ProtoMessage() {}
+
+func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BumpAclVersionResponse.ProtoReflect.Descriptor instead.
+func (*BumpAclVersionResponse) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *BumpAclVersionResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_keel_coordinator_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
@@ -3155,7 +3248,11 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\amembers\x18\t \x03(\v2\x1b.keel.coordinator.v1.MemberR\amembers\x12#\n" +
 	"\rsession_count\x18\n" +
 	" \x01(\x04R\fsessionCount\x12%\n" +
-	"\x0econfig_version\x18\v \x01(\x04R\rconfigVersion*\x8c\x01\n" +
+	"\x0econfig_version\x18\v \x01(\x04R\rconfigVersion\"/\n" +
+	"\x15BumpAclVersionRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"2\n" +
+	"\x16BumpAclVersionResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion*\x8c\x01\n" +
 	"\n" +
 	"MemberRole\x12\x1b\n" +
 	"\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -3188,7 +3285,7 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xbf\b\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xaa\t\n" +
 	"\x12CoordinatorService\x12c\n" +
 	"\fClaimSession\x12(.keel.coordinator.v1.ClaimSessionRequest\x1a).keel.coordinator.v1.ClaimSessionResponse\x12f\n" +
 	"\rClaimSessions\x12).keel.coordinator.v1.ClaimSessionsRequest\x1a*.keel.coordinator.v1.ClaimSessionsResponse\x12i\n" +
@@ -3201,7 +3298,8 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x0fGetRedisPrimary\x12+.keel.coordinator.v1.GetRedisPrimaryRequest\x1a,.keel.coordinator.v1.GetRedisPrimaryResponse\x12\x8a\x01\n" +
 	"\x19CompareAndSetRedisPrimary\x125.keel.coordinator.v1.CompareAndSetRedisPrimaryRequest\x1a6.keel.coordinator.v1.CompareAndSetRedisPrimaryResponse\x12~\n" +
 	"\x15AcquirePromotionLease\x121.keel.coordinator.v1.AcquirePromotionLeaseRequest\x1a2.keel.coordinator.v1.AcquirePromotionLeaseResponse\x12Q\n" +
-	"\x06Status\x12\".keel.coordinator.v1.StatusRequest\x1a#.keel.coordinator.v1.StatusResponseB\xdd\x01\n" +
+	"\x06Status\x12\".keel.coordinator.v1.StatusRequest\x1a#.keel.coordinator.v1.StatusResponse\x12i\n" +
+	"\x0eBumpAclVersion\x12*.keel.coordinator.v1.BumpAclVersionRequest\x1a+.keel.coordinator.v1.BumpAclVersionResponseB\xdd\x01\n" +
 	"\x17com.keel.coordinator.v1B\x10CoordinatorProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/coordinator/v1;coordinatorv1\xa2\x02\x03KCX\xaa\x02\x13Keel.Coordinator.V1\xca\x02\x13Keel\\Coordinator\\V1\xe2\x02\x1fKeel\\Coordinator\\V1\\GPBMetadata\xea\x02\x15Keel::Coordinator::V1b\x06proto3"
 
 var (
@@ -3217,7 +3315,7 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
@@ -3261,30 +3359,32 @@ var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(*AcquirePromotionLeaseResponse)(nil),     // 39: keel.coordinator.v1.AcquirePromotionLeaseResponse
 	(*StatusRequest)(nil),                     // 40: keel.coordinator.v1.StatusRequest
 	(*StatusResponse)(nil),                    // 41: keel.coordinator.v1.StatusResponse
-	(*v1.SessionKey)(nil),                     // 42: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 43: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 44: google.protobuf.Duration
+	(*BumpAclVersionRequest)(nil),             // 42: keel.coordinator.v1.BumpAclVersionRequest
+	(*BumpAclVersionResponse)(nil),            // 43: keel.coordinator.v1.BumpAclVersionResponse
+	(*v1.SessionKey)(nil),                     // 44: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 45: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 46: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	42, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	44, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	43, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	42, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	45, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	44, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	42, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	44, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
 	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	44, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	46, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
 	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	42, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	44, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
 	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
 	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
 	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	42, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	44, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	42, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	44, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
 	0,  // 20: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	23, // 21: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
@@ -3300,22 +3400,22 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	26, // 31: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
 	27, // 32: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
 	7,  // 33: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	44, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	44, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	44, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	43, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	46, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	46, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	46, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	45, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
 	30, // 38: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
 	30, // 39: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	42, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	44, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
 	0,  // 41: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 42: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	44, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	46, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
 	1,  // 44: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
 	27, // 45: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 46: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	44, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	46, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	46, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
 	5,  // 50: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
 	7,  // 51: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
 	9,  // 52: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
@@ -3328,18 +3428,20 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	36, // 59: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
 	38, // 60: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
 	40, // 61: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	10, // 62: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 63: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 64: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 65: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 66: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	33, // 67: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	35, // 68: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	37, // 69: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	39, // 70: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	41, // 71: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	62, // [62:72] is the sub-list for method output_type
-	52, // [52:62] is the sub-list for method input_type
+	42, // 62: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	10, // 63: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 64: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 65: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 66: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 67: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	33, // 68: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	35, // 69: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	37, // 70: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	39, // 71: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	41, // 72: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	43, // 73: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	63, // [63:74] is the sub-list for method output_type
+	52, // [52:63] is the sub-list for method input_type
 	52, // [52:52] is the sub-list for extension type_name
 	52, // [52:52] is the sub-list for extension extendee
 	0,  // [0:52] is the sub-list for field type_name
@@ -3370,7 +3472,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

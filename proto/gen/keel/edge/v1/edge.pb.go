@@ -315,7 +315,11 @@ type ForwardMessage struct {
 	// shared_chosen is true when the sender chose which edge serves each shared
 	// group (the ones in shared): this edge then delivers to no other local group.
 	// False from older senders: every matching local group gets the message.
-	SharedChosen  bool `protobuf:"varint,5,opt,name=shared_chosen,json=sharedChosen,proto3" json:"shared_chosen,omitempty"`
+	SharedChosen bool `protobuf:"varint,5,opt,name=shared_chosen,json=sharedChosen,proto3" json:"shared_chosen,omitempty"`
+	// traceparent is the W3C trace context (https://www.w3.org/TR/trace-context/)
+	// of the sender's forward span, set only when the message's trace is sampled:
+	// this edge's delivery joins that trace. Empty otherwise.
+	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,6 +387,13 @@ func (x *ForwardMessage) GetSharedChosen() bool {
 		return x.SharedChosen
 	}
 	return false
+}
+
+func (x *ForwardMessage) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // SessionTarget is a delivery to one session.
@@ -1524,13 +1535,14 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12-\n" +
 	"\x12target_incarnation\x18\x03 \x01(\x04R\x11targetIncarnation\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x128\n" +
-	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\"\xef\x01\n" +
+	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\"\x91\x02\n" +
 	"\x0eForwardMessage\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12\x18\n" +
 	"\afilters\x18\x02 \x03(\tR\afilters\x127\n" +
 	"\bsessions\x18\x03 \x03(\v2\x1b.keel.edge.v1.SessionTargetR\bsessions\x122\n" +
 	"\x06shared\x18\x04 \x03(\v2\x1a.keel.edge.v1.SharedTargetR\x06shared\x12#\n" +
-	"\rshared_chosen\x18\x05 \x01(\bR\fsharedChosen\"\xa8\x01\n" +
+	"\rshared_chosen\x18\x05 \x01(\bR\fsharedChosen\x12 \n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"\xa8\x01\n" +
 	"\rSessionTarget\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +

@@ -68,6 +68,9 @@ const (
 	// CoordinatorServiceStatusProcedure is the fully-qualified name of the CoordinatorService's Status
 	// RPC.
 	CoordinatorServiceStatusProcedure = "/keel.coordinator.v1.CoordinatorService/Status"
+	// CoordinatorServiceBumpAclVersionProcedure is the fully-qualified name of the CoordinatorService's
+	// BumpAclVersion RPC.
+	CoordinatorServiceBumpAclVersionProcedure = "/keel.coordinator.v1.CoordinatorService/BumpAclVersion"
 )
 
 // CoordinatorServiceClient is a client for the keel.coordinator.v1.CoordinatorService service.
@@ -103,6 +106,11 @@ type CoordinatorServiceClient interface {
 	AcquirePromotionLease(context.Context, *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error)
 	// Status reports this node's Raft and membership view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// BumpAclVersion records that the users or ACLs of one tenant changed (an empty
+	// tenant: the cluster-wide rules, so every tenant). The new version is streamed to
+	// every watcher as an acl_version event; edges then drop their cached ACL decisions,
+	// re-read the tenant's rules and re-check the subscriptions of connected clients.
+	BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error)
 }
 
 // NewCoordinatorServiceClient constructs a client for the keel.coordinator.v1.CoordinatorService
@@ -176,6 +184,12 @@ func NewCoordinatorServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(coordinatorServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		bumpAclVersion: connect.NewClient[v1.BumpAclVersionRequest, v1.BumpAclVersionResponse](
+			httpClient,
+			baseURL+CoordinatorServiceBumpAclVersionProcedure,
+			connect.WithSchema(coordinatorServiceMethods.ByName("BumpAclVersion")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -191,6 +205,7 @@ type coordinatorServiceClient struct {
 	compareAndSetRedisPrimary *connect.Client[v1.CompareAndSetRedisPrimaryRequest, v1.CompareAndSetRedisPrimaryResponse]
 	acquirePromotionLease     *connect.Client[v1.AcquirePromotionLeaseRequest, v1.AcquirePromotionLeaseResponse]
 	status                    *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	bumpAclVersion            *connect.Client[v1.BumpAclVersionRequest, v1.BumpAclVersionResponse]
 }
 
 // ClaimSession calls keel.coordinator.v1.CoordinatorService.ClaimSession.
@@ -243,6 +258,11 @@ func (c *coordinatorServiceClient) Status(ctx context.Context, req *connect.Requ
 	return c.status.CallUnary(ctx, req)
 }
 
+// BumpAclVersion calls keel.coordinator.v1.CoordinatorService.BumpAclVersion.
+func (c *coordinatorServiceClient) BumpAclVersion(ctx context.Context, req *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error) {
+	return c.bumpAclVersion.CallUnary(ctx, req)
+}
+
 // CoordinatorServiceHandler is an implementation of the keel.coordinator.v1.CoordinatorService
 // service.
 type CoordinatorServiceHandler interface {
@@ -277,6 +297,11 @@ type CoordinatorServiceHandler interface {
 	AcquirePromotionLease(context.Context, *connect.Request[v1.AcquirePromotionLeaseRequest]) (*connect.Response[v1.AcquirePromotionLeaseResponse], error)
 	// Status reports this node's Raft and membership view, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// BumpAclVersion records that the users or ACLs of one tenant changed (an empty
+	// tenant: the cluster-wide rules, so every tenant). The new version is streamed to
+	// every watcher as an acl_version event; edges then drop their cached ACL decisions,
+	// re-read the tenant's rules and re-check the subscriptions of connected clients.
+	BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error)
 }
 
 // NewCoordinatorServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -346,6 +371,12 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 		connect.WithSchema(coordinatorServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	coordinatorServiceBumpAclVersionHandler := connect.NewUnaryHandler(
+		CoordinatorServiceBumpAclVersionProcedure,
+		svc.BumpAclVersion,
+		connect.WithSchema(coordinatorServiceMethods.ByName("BumpAclVersion")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.coordinator.v1.CoordinatorService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CoordinatorServiceClaimSessionProcedure:
@@ -368,6 +399,8 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 			coordinatorServiceAcquirePromotionLeaseHandler.ServeHTTP(w, r)
 		case CoordinatorServiceStatusProcedure:
 			coordinatorServiceStatusHandler.ServeHTTP(w, r)
+		case CoordinatorServiceBumpAclVersionProcedure:
+			coordinatorServiceBumpAclVersionHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -415,4 +448,8 @@ func (UnimplementedCoordinatorServiceHandler) AcquirePromotionLease(context.Cont
 
 func (UnimplementedCoordinatorServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.Status is not implemented"))
+}
+
+func (UnimplementedCoordinatorServiceHandler) BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.BumpAclVersion is not implemented"))
 }

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/keelmq/keel/libs/logging"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
+)
+
+// fakePeer is another router node's API as far as Notify goes: it refuses
+// calls while down and records the anchors of those it took, in order.
+type fakePeer struct {
+	routerv1connect.RouterServiceClient
+
+	mu   sync.Mutex
+	down bool
+	code connect.Code // refusal code while down
+	got  []string
+}
+
+func (p *fakePeer) Notify(_ context.Context, req *connect.Request[routerv1.NotifyRequest]) (*connect.Response[routerv1.NotifyResponse], error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.down {
+		return nil, connect.NewError(p.code, errors.New("peer down"))
+	}
+	p.got = append(p.got, req.Msg.GetInvalidation().GetNewAnchors()...)
+	return connect.NewResponse(&routerv1.NotifyResponse{}), nil
+}
+
+func (p *fakePeer) set(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+}
+
+func (p *fakePeer) received() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.got)
+}
+
+// newPeeredNode returns a node over a memStore whose membership also holds
+// "peer-1", reached through the returned fake.
+func newPeeredNode(t *testing.T) (*Node, *fakePeer) {
+	t.Helper()
+	n, err := New(Config{AdvertiseURL: "http://127.0.0.1:1", Heartbeat: 20 * time.Millisecond, CacheLease: 200 * time.Millisecond,
+		LeaseGrace: 50 * time.Millisecond}, newMemStore(), nil, logging.Discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.stopLife)
+	p := &fakePeer{code: connect.CodeUnavailable}
+	n.members = []string{"mem-0", "peer-1"}
+	n.peers["peer-1"] = p
+	return n, p
+}
+
+func newAnchor(a string) *routerv1.NotifyRequest {
+	return &routerv1.NotifyRequest{SenderNodeId: "mem-0", Invalidation: &routerv1.RouteInvalidation{Tenant: "t1", Anchors: []string{a}, NewAnchors: []string{a}}}
+}
+
+func eventually(t *testing.T, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A peer that misses a notification for longer than the lease gets it once
+// it answers again, in the order the notifications were sent, the later
+// ones included; the sender waits out the lease for each, no longer.
+func TestNotify_UndeliveredQueuedInOrder(t *testing.T) {
+	n, p := newPeeredNode(t)
+	ctx := t.Context()
+	lease := n.cfg.CacheLease + n.cfg.LeaseGrace
+
+	p.set(true)
+	for _, a := range []string{"a1", "a2"} {
+		start := time.Now()
+		n.notifyAll(ctx, newAnchor(a))
+		if d := time.Since(start); d < lease-10*time.Millisecond || d > lease+500*time.Millisecond {
+			t.Fatalf("notify %s returned after %v, want about the lease (%v)", a, d, lease)
+		}
+	}
+	if q := n.NotifyBacklog(); q != 2 {
+		t.Fatalf("backlog %d, want 2", q)
+	}
+	p.set(false)
+	// Sent while the backlog drains: after it, not before.
+	n.notifyAll(ctx, newAnchor("a3"))
+	eventually(t, 5*time.Second, func() error {
+		if q := n.NotifyBacklog(); q != 0 {
+			return fmt.Errorf("backlog %d", q)
+		}
+		return nil
+	})
+	if got, want := p.received(), []string{"a1", "a2", "a3"}; !slices.Equal(got, want) {
+		t.Fatalf("peer got %v, want %v", got, want)
+	}
+	// Its own state has all of them (the node notified itself at once).
+	for _, a := range []string{"a1", "a2", "a3"} {
+		if _, ok := n.blooms["t1"].anchors[a]; !ok {
+			t.Fatalf("own Bloom state lacks %s", a)
+		}
+	}
+}
+
+// A short outage within the lease is retried, not queued.
+func TestNotify_RetriedWithinLease(t *testing.T) {
+	n, p := newPeeredNode(t)
+	p.set(true)
+	time.AfterFunc(60*time.Millisecond, func() { p.set(false) })
+	start := time.Now()
+	n.notifyAll(t.Context(), newAnchor("a1"))
+	if d := time.Since(start); d >= n.cfg.CacheLease {
+		t.Fatalf("notify returned after %v: not retried", d)
+	}
+	if q := n.NotifyBacklog(); q != 0 {
+		t.Fatalf("backlog %d", q)
+	}
+	if got := p.received(); !slices.Equal(got, []string{"a1"}) {
+		t.Fatalf("peer got %v", got)
+	}
+}
+
+// A peer that leaves the membership is no longer owed anything (it reloads
+// its replicas when it comes back); a refusal of the request itself is not
+// retried.
+func TestNotify_BacklogDroppedWhenPeerLeaves(t *testing.T) {
+	n, p := newPeeredNode(t)
+	p.set(true)
+	n.notifyAll(t.Context(), newAnchor("a1"))
+	if q := n.NotifyBacklog(); q != 1 {
+		t.Fatalf("backlog %d, want 1", q)
+	}
+	n.mu.Lock()
+	n.members = []string{"mem-0"}
+	n.mu.Unlock()
+	eventually(t, 5*time.Second, func() error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if len(n.outbox) > 0 {
+			return errors.New("outbox still there")
+		}
+		return nil
+	})
+
+	n.mu.Lock()
+	n.members = []string{"mem-0", "peer-1"}
+	n.mu.Unlock()
+	p.mu.Lock()
+	p.code = connect.CodeInvalidArgument
+	p.mu.Unlock()
+	start := time.Now()
+	n.notifyAll(t.Context(), newAnchor("a2"))
+	if d := time.Since(start); d >= n.cfg.CacheLease {
+		t.Fatalf("refused notification retried for %v", d)
+	}
+	if q := n.NotifyBacklog(); q != 0 {
+		t.Fatalf("refused notification queued: backlog %d", q)
+	}
+}
