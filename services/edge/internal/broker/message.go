@@ -40,6 +40,9 @@ type Message struct {
 	// delivery from another edge); nil when its trace is not sampled, so
 	// an untraced message costs one nil check per traced step.
 	span trace.Span
+	// deferred, when set, collects the durable writes its delivery
+	// submitted instead of waiting for each (see [DeferWrites]).
+	deferred *Deferred
 }
 
 // Span returns the message's sampled span, nil when it is not traced.

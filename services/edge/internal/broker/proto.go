@@ -94,6 +94,7 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		m.span = span
 	}
+	m.deferred = deferredFrom(ctx)
 	if m.Retain {
 		b.retain(m)
 	}

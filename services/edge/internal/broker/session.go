@@ -236,6 +236,15 @@ func (s *session) wait(p *durable.Pending, m *Message) error {
 	if p == nil {
 		return nil
 	}
+	if m != nil && m.deferred != nil {
+		m.deferred.add(s, p, m)
+		return nil
+	}
+	return s.settle(p, m)
+}
+
+// settle waits for a durable write of m's delivery, in a persist span.
+func (s *session) settle(p *durable.Pending, m *Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	span := childSpan(m, "persist", attrStore.String("queue"))

@@ -5,6 +5,7 @@
 package forward
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,10 +69,10 @@ type Server struct {
 	partial map[peerKey]progress // a frame that failed part-way, per sending incarnation
 }
 
-// progress is how much of a frame was taken before it failed.
+// progress is which messages of a frame were taken before it failed.
 type progress struct {
 	seq   uint64
-	taken int // messages of the frame delivered
+	taken []bool // by index in the frame
 }
 
 type peerKey struct {
@@ -131,26 +132,21 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			s.partial = map[peerKey]progress{}
 		}
 		seen := req.GetSeq() <= s.hwm[key]
-		skip := 0
+		var before []bool
 		if p, ok := s.partial[key]; ok && p.seq == req.GetSeq() {
-			skip = p.taken
+			before = p.taken
 		}
 		s.mu.Unlock()
 		if !seen {
-			for i, fm := range req.GetMessages() {
-				if i < skip {
-					continue // taken before the frame failed part-way
-				}
-				if err := s.deliver(ctx, req.GetEdgeId(), fm); err != nil {
-					// Not taken: close the stream without acking; the sender
-					// resends the frame, and the messages before this one
-					// are not delivered again (a QoS 2 message arrives once).
-					s.mu.Lock()
-					s.partial[key] = progress{seq: req.GetSeq(), taken: i}
-					s.mu.Unlock()
-					s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
-					return connect.NewError(connect.CodeUnavailable, err)
-				}
+			if taken, err := s.deliverFrame(ctx, req, before); err != nil {
+				// Not all taken: close the stream without acking; the sender
+				// resends the frame, and the messages taken are not
+				// delivered again (a QoS 2 message arrives once).
+				s.mu.Lock()
+				s.partial[key] = progress{seq: req.GetSeq(), taken: taken}
+				s.mu.Unlock()
+				s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
+				return connect.NewError(connect.CodeUnavailable, err)
 			}
 			s.mu.Lock()
 			s.hwm[key] = max(s.hwm[key], req.GetSeq())
@@ -161,6 +157,42 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			return nil
 		}
 	}
+}
+
+// deliverFrame delivers a frame's messages in order, skipping those taken
+// by an earlier attempt, and returns which are taken now. The durable
+// writes of all of them are submitted before any is waited for, so a frame
+// costs the store one group commit rather than one round trip per message;
+// a message counts as taken once its writes are stored.
+func (s *Server) deliverFrame(ctx context.Context, req *edgev1.ForwardRequest, before []bool) ([]bool, error) {
+	msgs := req.GetMessages()
+	taken := make([]bool, len(msgs))
+	copy(taken, before)
+	deferred := make([]broker.Deferred, len(msgs))
+	delivered := len(msgs)
+	var failed error
+	for i, fm := range msgs {
+		if taken[i] {
+			continue
+		}
+		if err := s.deliver(broker.DeferWrites(ctx, &deferred[i]), req.GetEdgeId(), fm); err != nil {
+			// Later messages wait for the resend, in order.
+			failed, delivered = err, i
+			_ = deferred[i].Wait()
+			break
+		}
+	}
+	for i := range delivered {
+		if taken[i] {
+			continue
+		}
+		if err := deferred[i].Wait(); err != nil {
+			failed = cmp.Or(failed, err)
+			continue
+		}
+		taken[i] = true
+	}
+	return taken, failed
 }
 
 // Incarnations answers which incarnation of an edge is live (cluster.Peers).
