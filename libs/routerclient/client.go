@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -109,7 +110,10 @@ type syncStream = connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv
 // Lock order: sendMu before mu. mu is never held while sending on the
 // stream, so a stream blocked by flow control never stalls Route.
 type Client struct {
-	cfg    Config
+	cfg Config
+	// inc is the edge's current incarnation: cfg.Incarnation until the edge
+	// rejoins the cluster under a newer one (SetIncarnation).
+	inc    atomic.Uint64
 	apis   []routerv1connect.RouterServiceClient // one per URL
 	logger *slog.Logger
 	m      *metrics
@@ -121,24 +125,26 @@ type Client struct {
 	// applied, so a delta overtaken by a later one would be lost.
 	sendMu sync.Mutex
 
-	mu       sync.Mutex
-	cur      int                // index of the URL of the current stream; guarded by mu
-	local    map[routes.Key]int // local subscriber counts; guarded by mu
-	seq      uint64             // last delta seq assigned; guarded by mu
-	sent     uint64             // last delta seq sent on stream; guarded by mu
-	acked    uint64             // guarded by mu
-	unacked  []*pending         // in seq order; guarded by mu
-	stream   *syncStream        // guarded by mu
-	ready    bool
-	lastHB   time.Time
-	lease    time.Duration
-	gen      uint64 // bumped on every invalidation; guarded by mu
-	cache    map[[2]string]*cacheEntry
-	wild     map[string]*topic.Trie[wildVal] // by tenant
-	wildInc  map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
-	blooms   map[string]*routes.Bloom        // by tenant
-	bloomBuf map[string]*bloomAsm            // assembling, by tenant
-	stats    Stats
+	mu      sync.Mutex
+	cur     int                // index of the URL of the current stream; guarded by mu
+	local   map[routes.Key]int // local subscriber counts; guarded by mu
+	seq     uint64             // last delta seq assigned; guarded by mu
+	sent    uint64             // last delta seq sent on stream; guarded by mu
+	acked   uint64             // guarded by mu
+	unacked []*pending         // in seq order; guarded by mu
+	stream  *syncStream        // guarded by mu
+	// endStream cancels the current stream's context; guarded by mu.
+	endStream context.CancelFunc
+	ready     bool
+	lastHB    time.Time
+	lease     time.Duration
+	gen       uint64 // bumped on every invalidation; guarded by mu
+	cache     map[[2]string]*cacheEntry
+	wild      map[string]*topic.Trie[wildVal] // by tenant
+	wildInc   map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
+	blooms    map[string]*routes.Bloom        // by tenant
+	bloomBuf  map[string]*bloomAsm            // assembling, by tenant
+	stats     Stats
 }
 
 // Stats counts how answers were found.
@@ -174,6 +180,7 @@ func New(cfg Config) (*Client, error) {
 		local: map[routes.Key]int{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
 		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
 		bloomBuf: map[string]*bloomAsm{}}
+	c.inc.Store(cfg.Incarnation)
 	for _, u := range append([]string{cfg.URL}, cfg.FallbackURLs...) {
 		c.apis = append(c.apis, routerv1connect.NewRouterServiceClient(cfg.HTTPClient, u, rpc.ClientOptions(connect.WithGRPC())...))
 	}
@@ -311,6 +318,30 @@ func (c *Client) send(st *syncStream, req *routerv1.RouteSyncRequest) error {
 	return st.Send(req)
 }
 
+// SetIncarnation moves the client to the edge's new incarnation after the
+// edge rejoined the cluster: the route stream is opened again under it, so
+// the router takes the edge's whole route set anew, while routes of the
+// old incarnation are removed as a dead edge's. (A router refuses a
+// stream from an incarnation it has declared dead, so without this the
+// rejoined edge would register no route again.)
+func (c *Client) SetIncarnation(inc uint64) {
+	for {
+		cur := c.inc.Load()
+		if inc <= cur {
+			return
+		}
+		if c.inc.CompareAndSwap(cur, inc) {
+			break
+		}
+	}
+	c.mu.Lock()
+	end := c.endStream
+	c.mu.Unlock()
+	if end != nil {
+		end()
+	}
+}
+
 // Run keeps a stream to the router until ctx ends, reconnecting with backoff.
 func (c *Client) Run(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
@@ -346,6 +377,9 @@ func (c *Client) Run(ctx context.Context) error {
 func (c *Client) runStream(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	c.mu.Lock()
+	c.endStream = cancel
+	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		c.stream = nil
@@ -384,7 +418,7 @@ func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	defer c.sendMu.Unlock()
 	c.mu.Lock()
 	st := c.apis[c.cur].RouteSync(ctx)
-	hello := &routerv1.RouteSyncHello{EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation, AckedSeq: c.acked}
+	hello := &routerv1.RouteSyncHello{EdgeId: c.cfg.EdgeID, Incarnation: c.inc.Load(), AckedSeq: c.acked}
 	var resend []*routerv1.RouteDelta
 	for _, p := range c.unacked {
 		resend = append(resend, p.delta)
@@ -684,7 +718,7 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 	backoff := 10 * time.Millisecond
 	for {
 		start := time.Now()
-		resp, err := api.Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: name, EdgeId: c.cfg.EdgeID, Incarnation: c.cfg.Incarnation}))
+		resp, err := api.Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: name, EdgeId: c.cfg.EdgeID, Incarnation: c.inc.Load()}))
 		c.m.lookupSeconds.Observe(time.Since(start).Seconds())
 		if err == nil {
 			c.mu.Lock()

@@ -388,3 +388,30 @@ func TestClient_ApplyBloomChunks(t *testing.T) {
 	c.applyBloom(&routerv1.BloomChunk{Tenant: "t1", Version: 9, BitCount: 64, HashCount: 2, Bits: make([]byte, 9), Last: true})  // long
 	require.True(t, before == c.blooms["t1"], "a broken filter replaced the previous one")
 }
+
+// After the edge rejoined under a new incarnation, the client opens its
+// stream again under it, and the router (which has no routes for the new
+// incarnation, digest mismatch) gets the whole route set in a snapshot.
+func TestClient_SetIncarnationReopensStream(t *testing.T) {
+	t.Parallel()
+	f := startFake(t, time.Second)
+	c := startClient(t, nil, f.url)
+	f.waitReady(t, c)
+	require.NoError(t, c.Subscribe(t.Context(), "t1", "keep/me"))
+	f.match.Store(false)
+	c.SetIncarnation(c.cfg.Incarnation + 5)
+	c.SetIncarnation(c.cfg.Incarnation) // older: ignored
+	eventually(t, func() bool { _, _, hellos := f.received(); return len(hellos) == 2 })
+	_, _, hellos := f.received()
+	require.Equal(t, c.cfg.Incarnation+5, hellos[1].GetIncarnation())
+	eventually(t, func() bool { f.mu.Lock(); defer f.mu.Unlock(); return len(f.snapshots) == 1 })
+	f.mu.Lock()
+	snap := f.snapshots[0]
+	f.mu.Unlock()
+	require.Len(t, snap.GetRoutes(), 1)
+	require.Equal(t, "keep/me", snap.GetRoutes()[0].GetFilter())
+	// Lookups carry the new incarnation too.
+	f.waitReady(t, c)
+	_, err := c.Route(t.Context(), "t1", "x/y")
+	require.NoError(t, err)
+}

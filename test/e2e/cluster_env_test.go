@@ -267,8 +267,7 @@ func (k *keelCluster) Unpause(c *testcontainers.DockerContainer) {
 }
 
 // dumpLogs prints a container's logs when the test failed, or always when
-// KEEL_E2E_LOGS=1 (to read what the product did in a passing run, e.g.
-// behind a KNOWN ISSUE).
+// KEEL_E2E_LOGS=1 (to read what the product did in a passing run).
 func dumpLogs(t *testing.T, c *testcontainers.DockerContainer, name string) {
 	t.Cleanup(func() {
 		if !t.Failed() && os.Getenv("KEEL_E2E_LOGS") != "1" {
@@ -361,11 +360,4 @@ func requireSubscribe(t *testing.T, c mqtt.Client, s *Subscriber) {
 		require.Less(t, code, byte(0x80), "subscription %s of %s refused", f, s.Name)
 	}
 	s.Subscribed()
-}
-
-// knownIssue records a product defect the suite documents instead of
-// failing on, so the rest of the suite stays meaningful.
-func knownIssue(t *testing.T, format string, args ...any) {
-	t.Helper()
-	t.Logf("KNOWN ISSUE: "+format, args...)
 }

@@ -4,8 +4,8 @@
 //
 // Environment: KEEL_E2E=1 runs the suite; KEEL_E2E_IMAGES=keep reuses the
 // images already built under the e2e tag; KEEL_E2E_LOGS=1 prints every
-// cluster container's logs even when a test passes (to read what happened
-// behind a KNOWN ISSUE), and KEEL_E2E_LOG_LEVEL sets their --log.level.
+// cluster container's logs even when a test passes (to read what the
+// product did), and KEEL_E2E_LOG_LEVEL sets their --log.level.
 package e2e
 
 import (

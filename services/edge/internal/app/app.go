@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -177,10 +178,13 @@ type Edge struct {
 	peers  *cluster.Peers
 	api    *http.Server
 	// Set once the lease is held (cluster mode with a router).
-	routes    *routerclient.Client
-	forwarder *forward.Forwarder
-	stopPlane context.CancelFunc
-	planeWG   sync.WaitGroup
+	routes *routerclient.Client
+	// routesClient is routes for the lease's rejoin callback, which runs
+	// on another goroutine.
+	routesClient atomic.Pointer[routerclient.Client]
+	forwarder    *forward.Forwarder
+	stopPlane    context.CancelFunc
+	planeWG      sync.WaitGroup
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -262,8 +266,14 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		}
 		e.member = &cluster.Member{Client: client, ID: edgeID, Address: advertise, Margin: time.Second,
 			Logger: logger.With("component", "lease"), OnFence: b.Fence,
-			OnJoin: func(uint64) {
+			OnJoin: func(inc uint64) {
 				if joins++; joins > 1 {
+					// A new incarnation: the router takes the routes anew
+					// under it (the old one's are a dead edge's), then the
+					// edge serves again.
+					if rc := e.routesClient.Load(); rc != nil {
+						rc.SetIncarnation(inc)
+					}
 					b.Unfence()
 				}
 			}}
@@ -365,6 +375,8 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 		return err
 	}
 	e.routes = rc
+	e.routesClient.Store(rc)
+	rc.SetIncarnation(e.member.Incarnation()) // in case the edge rejoined meanwhile
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
