@@ -1,11 +1,18 @@
-// Command keelctl administers Keel. Today: users and ACLs of the password
-// file and PostgreSQL credential backends.
+// Command keelctl administers Keel: users and ACLs of the password file and
+// PostgreSQL credential backends, and the cluster (status, routes, sessions,
+// edge drain).
 //
 //	keelctl users add    (--file F | --postgres DSN) [--coordinator URL] TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
 //	keelctl users remove (--file F | --postgres DSN) [--coordinator URL] TENANT USER
 //	keelctl users list   (--file F | --postgres DSN) [-o json]
 //	keelctl acl tenant   (--file F | --postgres DSN) [--coordinator URL] TENANT --publish P,.. --subscribe S,..
 //	keelctl acl bump     --coordinator URL (--tenant T | --all)
+//	keelctl cluster status --coordinator URL [--router URL] [-o json]
+//	keelctl routes       --router URL --tenant T TOPIC [-o json]
+//	keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] CLIENT [-o json]
+//	keelctl edge status  --edge URL [-o json]
+//	keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
+//	keelctl raft remove-peer --coordinator URL NODE_ID
 //
 // With --coordinator (or KEEL_COORDINATOR), a command that changes users or
 // ACLs then bumps the tenant's ACL version at the coordinator, and every
@@ -51,13 +58,25 @@ const usage = `usage:
   keelctl users list   (--file F | --postgres DSN) [-o json]
   keelctl acl tenant   (--file F | --postgres DSN) [--coordinator URL] TENANT --publish P,.. --subscribe S,..
   keelctl acl bump     --coordinator URL (--tenant T | --all)
+  keelctl cluster status --coordinator URL [--router URL] [-o json]
+  keelctl routes       --router URL --tenant T [-o json] TOPIC
+  keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] [-o json] CLIENT
+  keelctl edge status  --edge URL [-o json]
+  keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
+  keelctl raft remove-peer --coordinator URL NODE_ID
 
 --coordinator (env KEEL_COORDINATOR) is a coordinator's API URL, e.g. http://keel-coordinator:9200:
-after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.`
+after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.
+--router, --persistence and --edge (env KEEL_ROUTER, KEEL_PERSISTENCE, KEEL_EDGE) are the API URLs of a
+router node, a persistence instance and an edge's cluster API. Flags come before the arguments.
+-o json prints the responses as protojson, for scripts.`
 
 var errUsage = errors.New(usage)
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if clusterCommand(args) {
+		return runCluster(ctx, args, stdout, stderr)
+	}
 	if len(args) < 2 {
 		return errUsage
 	}

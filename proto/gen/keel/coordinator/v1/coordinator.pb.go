@@ -3062,6 +3062,162 @@ func (x *BumpAclVersionResponse) GetVersion() uint64 {
 	return 0
 }
 
+// RemovePeerRequest names the coordinator node to remove.
+type RemovePeerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id of the node to remove from the Raft configuration.
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerRequest) Reset() {
+	*x = RemovePeerRequest{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerRequest) ProtoMessage() {}
+
+func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
+func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RemovePeerRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+// RaftPeer is one server of the Raft configuration.
+type RaftPeer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id of the server.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// address is the server's Raft address.
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// voter is true for a voter, false for a non-voter.
+	Voter         bool `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaftPeer) Reset() {
+	*x = RaftPeer{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaftPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaftPeer) ProtoMessage() {}
+
+func (x *RaftPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
+func (*RaftPeer) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RaftPeer) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RaftPeer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *RaftPeer) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+// RemovePeerResponse reports the configuration after the removal.
+type RemovePeerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// peers are the servers of the Raft configuration now in force.
+	Peers         []*RaftPeer `protobuf:"bytes,1,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerResponse) Reset() {
+	*x = RemovePeerResponse{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerResponse) ProtoMessage() {}
+
+func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
+func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *RemovePeerResponse) GetPeers() []*RaftPeer {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
 var File_keel_coordinator_v1_coordinator_proto protoreflect.FileDescriptor
 
 const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
@@ -3252,7 +3408,15 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x15BumpAclVersionRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"2\n" +
 	"\x16BumpAclVersionResponse\x12\x18\n" +
-	"\aversion\x18\x01 \x01(\x04R\aversion*\x8c\x01\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\",\n" +
+	"\x11RemovePeerRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"S\n" +
+	"\bRaftPeer\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\"I\n" +
+	"\x12RemovePeerResponse\x123\n" +
+	"\x05peers\x18\x01 \x03(\v2\x1d.keel.coordinator.v1.RaftPeerR\x05peers*\x8c\x01\n" +
 	"\n" +
 	"MemberRole\x12\x1b\n" +
 	"\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -3285,7 +3449,8 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xaa\t\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x89\n" +
+	"\n" +
 	"\x12CoordinatorService\x12c\n" +
 	"\fClaimSession\x12(.keel.coordinator.v1.ClaimSessionRequest\x1a).keel.coordinator.v1.ClaimSessionResponse\x12f\n" +
 	"\rClaimSessions\x12).keel.coordinator.v1.ClaimSessionsRequest\x1a*.keel.coordinator.v1.ClaimSessionsResponse\x12i\n" +
@@ -3299,7 +3464,9 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x19CompareAndSetRedisPrimary\x125.keel.coordinator.v1.CompareAndSetRedisPrimaryRequest\x1a6.keel.coordinator.v1.CompareAndSetRedisPrimaryResponse\x12~\n" +
 	"\x15AcquirePromotionLease\x121.keel.coordinator.v1.AcquirePromotionLeaseRequest\x1a2.keel.coordinator.v1.AcquirePromotionLeaseResponse\x12Q\n" +
 	"\x06Status\x12\".keel.coordinator.v1.StatusRequest\x1a#.keel.coordinator.v1.StatusResponse\x12i\n" +
-	"\x0eBumpAclVersion\x12*.keel.coordinator.v1.BumpAclVersionRequest\x1a+.keel.coordinator.v1.BumpAclVersionResponseB\xdd\x01\n" +
+	"\x0eBumpAclVersion\x12*.keel.coordinator.v1.BumpAclVersionRequest\x1a+.keel.coordinator.v1.BumpAclVersionResponse\x12]\n" +
+	"\n" +
+	"RemovePeer\x12&.keel.coordinator.v1.RemovePeerRequest\x1a'.keel.coordinator.v1.RemovePeerResponseB\xdd\x01\n" +
 	"\x17com.keel.coordinator.v1B\x10CoordinatorProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/coordinator/v1;coordinatorv1\xa2\x02\x03KCX\xaa\x02\x13Keel.Coordinator.V1\xca\x02\x13Keel\\Coordinator\\V1\xe2\x02\x1fKeel\\Coordinator\\V1\\GPBMetadata\xea\x02\x15Keel::Coordinator::V1b\x06proto3"
 
 var (
@@ -3315,7 +3482,7 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
@@ -3361,30 +3528,33 @@ var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(*StatusResponse)(nil),                    // 41: keel.coordinator.v1.StatusResponse
 	(*BumpAclVersionRequest)(nil),             // 42: keel.coordinator.v1.BumpAclVersionRequest
 	(*BumpAclVersionResponse)(nil),            // 43: keel.coordinator.v1.BumpAclVersionResponse
-	(*v1.SessionKey)(nil),                     // 44: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 45: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 46: google.protobuf.Duration
+	(*RemovePeerRequest)(nil),                 // 44: keel.coordinator.v1.RemovePeerRequest
+	(*RaftPeer)(nil),                          // 45: keel.coordinator.v1.RaftPeer
+	(*RemovePeerResponse)(nil),                // 46: keel.coordinator.v1.RemovePeerResponse
+	(*v1.SessionKey)(nil),                     // 47: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 48: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 49: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	44, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	47, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	45, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	44, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	48, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	47, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	44, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	47, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
 	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	46, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	49, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
 	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	44, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	47, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
 	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
 	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
 	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	44, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	47, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	44, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	47, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
 	0,  // 20: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	23, // 21: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
@@ -3400,51 +3570,54 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	26, // 31: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
 	27, // 32: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
 	7,  // 33: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	46, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	46, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	46, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	45, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	49, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	49, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	49, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	48, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
 	30, // 38: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
 	30, // 39: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	44, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	47, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
 	0,  // 41: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 42: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	46, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	49, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
 	1,  // 44: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
 	27, // 45: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 46: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
 	27, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	46, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	46, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	49, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	49, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
 	5,  // 50: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
 	7,  // 51: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	9,  // 52: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 53: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 54: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 55: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 56: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	32, // 57: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	34, // 58: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	36, // 59: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	38, // 60: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	40, // 61: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	42, // 62: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	10, // 63: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 64: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 65: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 66: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 67: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	33, // 68: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	35, // 69: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	37, // 70: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	39, // 71: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	41, // 72: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	43, // 73: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	63, // [63:74] is the sub-list for method output_type
-	52, // [52:63] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	45, // 52: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	9,  // 53: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 54: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 55: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 56: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 57: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	32, // 58: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	34, // 59: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	36, // 60: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	38, // 61: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	40, // 62: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	42, // 63: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	44, // 64: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	10, // 65: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 66: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 67: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 68: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 69: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	33, // 70: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	35, // 71: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	37, // 72: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	39, // 73: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	41, // 74: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	43, // 75: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	46, // 76: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	65, // [65:77] is the sub-list for method output_type
+	53, // [53:65] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
@@ -3472,7 +3645,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   38,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -71,6 +71,9 @@ const (
 	// CoordinatorServiceBumpAclVersionProcedure is the fully-qualified name of the CoordinatorService's
 	// BumpAclVersion RPC.
 	CoordinatorServiceBumpAclVersionProcedure = "/keel.coordinator.v1.CoordinatorService/BumpAclVersion"
+	// CoordinatorServiceRemovePeerProcedure is the fully-qualified name of the CoordinatorService's
+	// RemovePeer RPC.
+	CoordinatorServiceRemovePeerProcedure = "/keel.coordinator.v1.CoordinatorService/RemovePeer"
 )
 
 // CoordinatorServiceClient is a client for the keel.coordinator.v1.CoordinatorService service.
@@ -111,6 +114,11 @@ type CoordinatorServiceClient interface {
 	// every watcher as an acl_version event; edges then drop their cached ACL decisions,
 	// re-read the tenant's rules and re-check the subscriptions of connected clients.
 	BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error)
+	// RemovePeer removes a coordinator node from the Raft configuration, for an
+	// operator retiring a node that is gone for good (keelctl raft remove-peer). A
+	// node still found by gossip is added back as a voter. Leader only; a follower
+	// forwards it.
+	RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error)
 }
 
 // NewCoordinatorServiceClient constructs a client for the keel.coordinator.v1.CoordinatorService
@@ -190,6 +198,12 @@ func NewCoordinatorServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(coordinatorServiceMethods.ByName("BumpAclVersion")),
 			connect.WithClientOptions(opts...),
 		),
+		removePeer: connect.NewClient[v1.RemovePeerRequest, v1.RemovePeerResponse](
+			httpClient,
+			baseURL+CoordinatorServiceRemovePeerProcedure,
+			connect.WithSchema(coordinatorServiceMethods.ByName("RemovePeer")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -206,6 +220,7 @@ type coordinatorServiceClient struct {
 	acquirePromotionLease     *connect.Client[v1.AcquirePromotionLeaseRequest, v1.AcquirePromotionLeaseResponse]
 	status                    *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	bumpAclVersion            *connect.Client[v1.BumpAclVersionRequest, v1.BumpAclVersionResponse]
+	removePeer                *connect.Client[v1.RemovePeerRequest, v1.RemovePeerResponse]
 }
 
 // ClaimSession calls keel.coordinator.v1.CoordinatorService.ClaimSession.
@@ -263,6 +278,11 @@ func (c *coordinatorServiceClient) BumpAclVersion(ctx context.Context, req *conn
 	return c.bumpAclVersion.CallUnary(ctx, req)
 }
 
+// RemovePeer calls keel.coordinator.v1.CoordinatorService.RemovePeer.
+func (c *coordinatorServiceClient) RemovePeer(ctx context.Context, req *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error) {
+	return c.removePeer.CallUnary(ctx, req)
+}
+
 // CoordinatorServiceHandler is an implementation of the keel.coordinator.v1.CoordinatorService
 // service.
 type CoordinatorServiceHandler interface {
@@ -302,6 +322,11 @@ type CoordinatorServiceHandler interface {
 	// every watcher as an acl_version event; edges then drop their cached ACL decisions,
 	// re-read the tenant's rules and re-check the subscriptions of connected clients.
 	BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error)
+	// RemovePeer removes a coordinator node from the Raft configuration, for an
+	// operator retiring a node that is gone for good (keelctl raft remove-peer). A
+	// node still found by gossip is added back as a voter. Leader only; a follower
+	// forwards it.
+	RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error)
 }
 
 // NewCoordinatorServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -377,6 +402,12 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 		connect.WithSchema(coordinatorServiceMethods.ByName("BumpAclVersion")),
 		connect.WithHandlerOptions(opts...),
 	)
+	coordinatorServiceRemovePeerHandler := connect.NewUnaryHandler(
+		CoordinatorServiceRemovePeerProcedure,
+		svc.RemovePeer,
+		connect.WithSchema(coordinatorServiceMethods.ByName("RemovePeer")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.coordinator.v1.CoordinatorService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case CoordinatorServiceClaimSessionProcedure:
@@ -401,6 +432,8 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 			coordinatorServiceStatusHandler.ServeHTTP(w, r)
 		case CoordinatorServiceBumpAclVersionProcedure:
 			coordinatorServiceBumpAclVersionHandler.ServeHTTP(w, r)
+		case CoordinatorServiceRemovePeerProcedure:
+			coordinatorServiceRemovePeerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -452,4 +485,8 @@ func (UnimplementedCoordinatorServiceHandler) Status(context.Context, *connect.R
 
 func (UnimplementedCoordinatorServiceHandler) BumpAclVersion(context.Context, *connect.Request[v1.BumpAclVersionRequest]) (*connect.Response[v1.BumpAclVersionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.BumpAclVersion is not implemented"))
+}
+
+func (UnimplementedCoordinatorServiceHandler) RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.RemovePeer is not implemented"))
 }

@@ -1,0 +1,544 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/keelmq/keel/libs/config"
+	"github.com/keelmq/keel/libs/rpc"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+	"github.com/keelmq/keel/proto/gen/keel/edge/v1/edgev1connect"
+	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+	"github.com/keelmq/keel/proto/gen/keel/persistence/v1/persistencev1connect"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
+)
+
+// callTimeout bounds one cluster command, retries included.
+const callTimeout = 15 * time.Second
+
+// clusterCommand reports whether args name one of the cluster commands.
+func clusterCommand(args []string) bool {
+	if len(args) == 0 {
+		return false
+	}
+	switch args[0] {
+	case "cluster", "routes", "session", "edge", "raft", "redis":
+		return true
+	}
+	return false
+}
+
+// clusterFlags are the flags of the cluster commands.
+type clusterFlags struct {
+	coordinator, router, persistence, edge string
+	tenant, output, serverReference        string
+	limit                                  int
+	deadline                               time.Duration
+	wait                                   bool
+}
+
+// runCluster runs the cluster commands: cluster status, routes, session
+// show, edge status, edge drain, raft remove-peer.
+func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd, rest := args[0], args[1:]
+	if cmd != "routes" {
+		if len(rest) == 0 {
+			return errUsage
+		}
+		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
+	fs := flag.NewFlagSet("keelctl "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f clusterFlags
+	fs.StringVar(&f.coordinator, "coordinator", "", "coordinator API URL (env KEEL_COORDINATOR)")
+	fs.StringVar(&f.router, "router", "", "router API URL (env KEEL_ROUTER)")
+	fs.StringVar(&f.persistence, "persistence", "", "persistence API URL (env KEEL_PERSISTENCE)")
+	fs.StringVar(&f.edge, "edge", "", "edge cluster API URL (env KEEL_EDGE)")
+	fs.StringVar(&f.tenant, "tenant", "", "tenant of the topic or session")
+	fs.StringVar(&f.output, "o", "table", "output: table or json")
+	fs.IntVar(&f.limit, "limit", 10, "session show: queue and in-flight entries to list")
+	fs.DurationVar(&f.deadline, "deadline", 0, "edge drain: how long the drain may take (0: the edge's default)")
+	fs.StringVar(&f.serverReference, "server-reference", "", "edge drain: server reference sent to MQTT 5 clients")
+	fs.BoolVar(&f.wait, "wait", false, "edge drain: poll until the edge is drained")
+	if err := config.Parse(fs, rest); err != nil {
+		return err
+	}
+	if f.output != "table" && f.output != "json" {
+		return fmt.Errorf("-o %q: give table or json", f.output)
+	}
+	need := func(name, val string) error {
+		if val == "" {
+			return fmt.Errorf("%s: give --%s URL (or KEEL_%s)", cmd, name, strings.ToUpper(name))
+		}
+		return nil
+	}
+	pos := fs.Args()
+	switch cmd {
+	case "cluster status":
+		if err := need("coordinator", f.coordinator); err != nil {
+			return err
+		}
+		if len(pos) != 0 {
+			return errUsage
+		}
+		return clusterStatus(ctx, stdout, f)
+	case "routes":
+		if err := need("router", f.router); err != nil {
+			return err
+		}
+		if len(pos) != 1 || f.tenant == "" {
+			return fmt.Errorf("routes: give --tenant T and one TOPIC\n%w", errUsage)
+		}
+		return showRoutes(ctx, stdout, f, pos[0])
+	case "session show":
+		if f.coordinator == "" && f.persistence == "" {
+			return errors.New("session show: give --coordinator URL, --persistence URL or both")
+		}
+		if len(pos) != 1 || f.tenant == "" {
+			return fmt.Errorf("session show: give --tenant T and one CLIENT\n%w", errUsage)
+		}
+		return showSession(ctx, stdout, f, pos[0])
+	case "edge status", "edge drain":
+		if err := need("edge", f.edge); err != nil {
+			return err
+		}
+		if len(pos) != 0 {
+			return errUsage
+		}
+		if cmd == "edge status" {
+			return edgeStatus(ctx, stdout, f)
+		}
+		return edgeDrain(ctx, stdout, f)
+	case "raft remove-peer":
+		if err := need("coordinator", f.coordinator); err != nil {
+			return err
+		}
+		if len(pos) != 1 {
+			return fmt.Errorf("raft remove-peer: give one NODE_ID\n%w", errUsage)
+		}
+		return removePeer(ctx, stdout, f, pos[0])
+	case "session kick":
+		return errors.New("session kick: not supported yet: no RPC disconnects a client or ends its session (ReleaseSession is fenced to the owning edge)")
+	case "redis failover":
+		return errors.New("redis failover: not supported: failover runs in the persistence writers when a primary stops answering; " +
+			"no RPC promotes a replica on request, and setting the primary record alone (CompareAndSetRedisPrimary) would not promote the node")
+	}
+	return errUsage
+}
+
+func baseURL(u string) string { return strings.TrimRight(u, "/") }
+
+func coordinatorClient(u string) coordinatorv1connect.CoordinatorServiceClient {
+	return coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), baseURL(u), rpc.ClientOptions()...)
+}
+
+func routerClient(u string) routerv1connect.RouterServiceClient {
+	return routerv1connect.NewRouterServiceClient(rpc.H2CClient(), baseURL(u), rpc.ClientOptions()...)
+}
+
+func persistenceClient(u string) persistencev1connect.PersistenceServiceClient {
+	return persistencev1connect.NewPersistenceServiceClient(rpc.H2CClient(), baseURL(u), rpc.ClientOptions()...)
+}
+
+func edgeClient(u string) edgev1connect.EdgeServiceClient {
+	return edgev1connect.NewEdgeServiceClient(rpc.H2CClient(), baseURL(u), rpc.ClientOptions()...)
+}
+
+// call makes a unary call, retrying while the service answers Unavailable
+// (no Raft leader yet, router rebuilding) until ctx ends.
+func call[Req, Resp any](ctx context.Context, what, url string, fn func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), req *Req) (*Resp, error) {
+	backoff := 100 * time.Millisecond
+	for {
+		resp, err := fn(ctx, connect.NewRequest(req))
+		if err == nil {
+			return resp.Msg, nil
+		}
+		if connect.CodeOf(err) != connect.CodeUnavailable || ctx.Err() != nil {
+			return nil, fmt.Errorf("%s at %s: %w", what, url, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s at %s: %w", what, url, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// writeJSON prints v as one indented JSON object, each value rendered with
+// protojson (proto field names); nil values are left out.
+func writeJSON(w io.Writer, v map[string]proto.Message) error {
+	out := map[string]json.RawMessage{}
+	for k, m := range v {
+		if m == nil || !m.ProtoReflect().IsValid() {
+			continue
+		}
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+		if err != nil {
+			return err
+		}
+		out[k] = b
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+// enumName turns MEMBER_ROLE_EDGE into "edge".
+func enumName(s, prefix string) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s, prefix)), "_", "-")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func joinOrDash(ss []string) string { return orDash(strings.Join(ss, ",")) }
+
+// clusterStatus is "keelctl cluster status".
+func clusterStatus(ctx context.Context, w io.Writer, f clusterFlags) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	c := coordinatorClient(f.coordinator)
+	st, err := call(ctx, "coordinator status", f.coordinator, c.Status, &coordinatorv1.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	snap, err := clusterSnapshot(ctx, c, f.coordinator)
+	if err != nil {
+		return err
+	}
+	var rs *routerv1.StatusResponse
+	if f.router != "" {
+		if rs, err = call(ctx, "router status", f.router, routerClient(f.router).Status, &routerv1.StatusRequest{}); err != nil {
+			return err
+		}
+	}
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"coordinator": st, "snapshot": snap, "router": rs})
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "NODE\tRAFT STATE\tLEADER\tLEADER ADDRESS\tTERM\tCOMMIT\tAPPLIED\tSESSIONS\tCONFIG")
+	fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", st.GetNodeId(), enumName(st.GetRaftState().String(), "RAFT_STATE_"),
+		orDash(st.GetLeaderId()), orDash(st.GetLeaderAddress()), st.GetTerm(), st.GetCommitIndex(), st.GetAppliedIndex(),
+		st.GetSessionCount(), st.GetConfigVersion())
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "MEMBER\tROLE\tSTATE\tINCARNATION\tADDRESS")
+	if len(st.GetMembers()) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	for _, m := range st.GetMembers() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", m.GetMemberId(), enumName(m.GetRole().String(), "MEMBER_ROLE_"),
+			enumName(m.GetState().String(), "MEMBER_STATE_"), m.GetIncarnation(), orDash(m.GetAddress()))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "REDIS GROUP\tPRIMARY\tEPOCH\tREPLICAS\tUPDATED")
+	if len(snap.GetRedisGroups()) == 0 {
+		fmt.Fprintln(tw, "(none)")
+	}
+	for _, g := range snap.GetRedisGroups() {
+		updated := "-"
+		if g.GetUpdatedAt() != nil {
+			updated = g.GetUpdatedAt().AsTime().UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", g.GetGroupId(), orDash(g.GetPrimaryAddress()), g.GetRecordEpoch(),
+			joinOrDash(g.GetReplicaAddresses()), updated)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rs != nil {
+		fmt.Fprintln(w)
+		tw = newTable(w)
+		fmt.Fprintln(tw, "ROUTER NODE\tROUTER MEMBERS\tROUTE KEYS\tWILDCARD ROUTES\tCONNECTED EDGES")
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", rs.GetNodeId(), joinOrDash(rs.GetRouterMembers()), rs.GetRouteCount(),
+			rs.GetWildcardRouteCount(), rs.GetConnectedEdges())
+		return tw.Flush()
+	}
+	return nil
+}
+
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 2, 4, 2, ' ', 0) }
+
+// clusterSnapshot reads the first event of a WatchCluster stream: the full
+// cluster state (members, config, Redis group records).
+func clusterSnapshot(ctx context.Context, c coordinatorv1connect.CoordinatorServiceClient, url string) (*coordinatorv1.ClusterSnapshot, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.WatchCluster(ctx, connect.NewRequest(&coordinatorv1.WatchClusterRequest{
+		MemberId: "keelctl", Role: coordinatorv1.MemberRole_MEMBER_ROLE_OUTPUT}))
+	if err != nil {
+		return nil, fmt.Errorf("cluster watch at %s: %w", url, err)
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if s := stream.Msg().GetSnapshot(); s != nil {
+			return s, nil
+		}
+	}
+	err = stream.Err()
+	if err == nil {
+		err = errors.New("stream ended without a snapshot")
+	}
+	return nil, fmt.Errorf("cluster watch at %s: %w", url, err)
+}
+
+// showRoutes is "keelctl routes".
+func showRoutes(ctx context.Context, w io.Writer, f clusterFlags, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := call(ctx, "route lookup", f.router, routerClient(f.router).Lookup,
+		&routerv1.LookupRequest{Tenant: f.tenant, Topic: topic})
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"lookup": resp})
+	}
+	if len(resp.GetEdgeIds()) == 0 && len(resp.GetSharedGroups()) == 0 {
+		_, err := fmt.Fprintf(w, "no routes match topic %q of tenant %s\n", topic, f.tenant)
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "KIND\tSHARE GROUP\tFILTER\tEDGES")
+	if len(resp.GetEdgeIds()) > 0 {
+		fmt.Fprintf(tw, "direct\t-\t-\t%s\n", strings.Join(resp.GetEdgeIds(), ","))
+	}
+	for _, g := range resp.GetSharedGroups() {
+		fmt.Fprintf(tw, "shared\t%s\t%s\t%s\n", g.GetGroup(), g.GetFilter(), joinOrDash(g.GetEdgeIds()))
+	}
+	return tw.Flush()
+}
+
+// showSession is "keelctl session show".
+func showSession(ctx context.Context, w io.Writer, f clusterFlags, client string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	key := &commonv1.SessionKey{Tenant: f.tenant, ClientId: client}
+	var (
+		own    *coordinatorv1.GetSessionResponse
+		stored *persistencev1.LoadSessionResponse
+		err    error
+	)
+	if f.coordinator != "" {
+		if own, err = call(ctx, "session ownership", f.coordinator, coordinatorClient(f.coordinator).GetSession,
+			&coordinatorv1.GetSessionRequest{Session: key}); err != nil {
+			return err
+		}
+	}
+	if f.persistence != "" {
+		if stored, err = call(ctx, "session load", f.persistence, persistenceClient(f.persistence).LoadSession,
+			&persistencev1.LoadSessionRequest{Session: key}); err != nil {
+			return err
+		}
+	}
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"ownership": own, "stored": stored})
+	}
+	tw := newTable(w)
+	fmt.Fprintf(tw, "SESSION\t%s/%s\n", f.tenant, client)
+	if own != nil {
+		if r := own.GetSession(); r != nil {
+			granted := "-"
+			if r.GetGrantedAt() != nil {
+				granted = r.GetGrantedAt().AsTime().UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "OWNER\t%s (incarnation %d, %s)\n", r.GetOwnerEdgeId(), r.GetOwnerIncarnation(),
+				enumName(r.GetOwnerKind().String(), "SESSION_OWNER_KIND_"))
+			fmt.Fprintf(tw, "EPOCH\t%d (granted %s)\n", r.GetEpoch(), granted)
+		} else {
+			fmt.Fprintln(tw, "OWNER\t(none)")
+		}
+	}
+	if stored != nil {
+		fmt.Fprintf(tw, "STORED EPOCH\t%d\n", stored.GetEpoch())
+		if s := stored.GetSession(); s != nil {
+			disc := "connected (or never disconnected)"
+			if n := s.GetDisconnectedUnixNano(); n != 0 {
+				disc = time.Unix(0, n).UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "PROTOCOL\t%d\n", s.GetProtocolVersion())
+			fmt.Fprintf(tw, "EXPIRY\t%ds\n", s.GetSessionExpiryInterval())
+			fmt.Fprintf(tw, "DISCONNECTED\t%s\n", disc)
+			fmt.Fprintf(tw, "WILL\t%v\n", s.GetWill() != nil)
+		} else {
+			fmt.Fprintln(tw, "STORED\t(no session stored)")
+		}
+		fmt.Fprintf(tw, "SUBSCRIPTIONS\t%d\n", len(stored.GetSubscriptions()))
+		fmt.Fprintf(tw, "QUEUE\t%d\n", len(stored.GetQueue()))
+		fmt.Fprintf(tw, "IN-FLIGHT\t%d\n", len(stored.GetInflight()))
+		fmt.Fprintf(tw, "INCOMING QOS 2\t%d\n", len(stored.GetIncoming()))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if stored == nil {
+		return nil
+	}
+	msgs := map[string]*commonv1.Message{}
+	for _, m := range stored.GetMessages() {
+		msgs[msgIDString(m.GetId())] = m
+	}
+	if len(stored.GetSubscriptions()) > 0 {
+		fmt.Fprintln(w)
+		tw = newTable(w)
+		fmt.Fprintln(tw, "FILTER\tQOS\tNO LOCAL\tRETAIN AS PUBLISHED\tRETAIN HANDLING\tSUBSCRIPTION ID")
+		for _, s := range stored.GetSubscriptions() {
+			fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%d\t%d\n", s.GetFilter(), s.GetQos(), s.GetNoLocal(), s.GetRetainAsPublished(),
+				s.GetRetainHandling(), s.GetSubscriptionIdentifier())
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, list := range []struct {
+		name    string
+		entries []*persistencev1.Entry
+	}{{"QUEUE", stored.GetQueue()}, {"IN-FLIGHT", stored.GetInflight()}} {
+		if len(list.entries) == 0 {
+			continue
+		}
+		shown := list.entries
+		if f.limit >= 0 && len(shown) > f.limit {
+			shown = shown[:f.limit]
+		}
+		fmt.Fprintf(w, "\n%s (%d of %d)\n", list.name, len(shown), len(list.entries))
+		tw = newTable(w)
+		fmt.Fprintln(tw, "SEQ\tMSG ID\tQOS\tPACKET ID\tPUBREL\tTOPIC\tBYTES")
+		for _, e := range shown {
+			id := msgIDString(e.GetMsgId())
+			topic, size := "-", "-"
+			if m := msgs[id]; m != nil {
+				topic, size = m.GetTopic(), strconv.Itoa(len(m.GetPayload()))
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%v\t%s\t%s\n", e.GetSeq(), id, e.GetQos(), e.GetPacketId(), e.GetPubrel(), topic, size)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func msgIDString(id *commonv1.MsgID) string {
+	return fmt.Sprintf("%s/%d/%d", id.GetEdgeId(), id.GetIncarnation(), id.GetSeq())
+}
+
+// edgeStatus is "keelctl edge status".
+func edgeStatus(ctx context.Context, w io.Writer, f clusterFlags) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	st, err := call(ctx, "edge status", f.edge, edgeClient(f.edge).Status, &edgev1.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"edge": st})
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "EDGE\tINCARNATION\tSTATE\tLEASE LEFT\tCONNECTIONS\tSESSIONS\tIN CUSTODY\tROUTES")
+	fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\n", st.GetEdgeId(), st.GetIncarnation(), enumName(st.GetState().String(), "EDGE_STATE_"),
+		st.GetLeaseRemaining().AsDuration().Round(time.Millisecond), st.GetConnections(), st.GetSessionsOwned(),
+		st.GetSessionsInCustody(), st.GetRoutes())
+	if err := tw.Flush(); err != nil || len(st.GetPeers()) == 0 {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = newTable(w)
+	fmt.Fprintln(tw, "PEER\tINCARNATION\tCONNECTED\tIN FLIGHT BYTES\tCREDIT BYTES")
+	for _, p := range st.GetPeers() {
+		fmt.Fprintf(tw, "%s\t%d\t%v\t%d\t%d\n", p.GetEdgeId(), p.GetIncarnation(), p.GetConnected(), p.GetInflightBytes(), p.GetCreditBytes())
+	}
+	return tw.Flush()
+}
+
+// edgeDrain is "keelctl edge drain": it starts the drain (or, called again,
+// reports its progress) and with --wait polls until the edge is drained.
+func edgeDrain(ctx context.Context, w io.Writer, f clusterFlags) error {
+	req := &edgev1.DrainRequest{ServerReference: f.serverReference}
+	if f.deadline > 0 {
+		req.Deadline = durationpb.New(f.deadline)
+	}
+	c := edgeClient(f.edge)
+	// Fixed widths, not a tabwriter: with --wait, rows come one by one.
+	const row = "%-10s  %-16s  %s\n"
+	if f.output != "json" {
+		fmt.Fprintf(w, row, "STATE", "CONNECTIONS LEFT", "SESSIONS LEFT")
+	}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		resp, err := call(cctx, "edge drain", f.edge, c.Drain, req)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if f.output == "json" {
+			if err := writeJSON(w, map[string]proto.Message{"drain": resp}); err != nil {
+				return err
+			}
+		} else {
+			if _, err := fmt.Fprintf(w, row, enumName(resp.GetState().String(), "EDGE_STATE_"),
+				strconv.FormatUint(uint64(resp.GetConnectionsRemaining()), 10), strconv.FormatUint(uint64(resp.GetSessionsRemaining()), 10)); err != nil {
+				return err
+			}
+		}
+		if !f.wait || resp.GetState() == edgev1.EdgeState_EDGE_STATE_DRAINED {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("edge drain: stopped waiting: %w", ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// removePeer is "keelctl raft remove-peer".
+func removePeer(ctx context.Context, w io.Writer, f clusterFlags, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := call(ctx, "raft peer removal", f.coordinator, coordinatorClient(f.coordinator).RemovePeer,
+		&coordinatorv1.RemovePeerRequest{NodeId: id})
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"remove_peer": resp})
+	}
+	fmt.Fprintf(w, "removed %s from the raft configuration; it is now:\n", id)
+	tw := newTable(w)
+	fmt.Fprintln(tw, "NODE\tRAFT ADDRESS\tVOTER")
+	for _, p := range resp.GetPeers() {
+		fmt.Fprintf(tw, "%s\t%s\t%v\n", p.GetNodeId(), p.GetAddress(), p.GetVoter())
+	}
+	return tw.Flush()
+}
