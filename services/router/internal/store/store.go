@@ -145,6 +145,16 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	db, err := newOlric(cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{cfg: cfg, logger: logger, db: db, startErr: make(chan error, 1)}, nil
+}
+
+// newOlric builds an Olric member from cfg (a fresh configuration each
+// time: Olric keeps references into it).
+func newOlric(cfg Config, logger *slog.Logger) (*olric.Olric, error) {
 	oc := olricconfig.New(cfg.Env)
 	oc.BindAddr = cfg.BindAddr
 	oc.BindPort = cfg.Port
@@ -179,7 +189,7 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("olric: %w", err)
 	}
-	return &Store{cfg: cfg, logger: logger, db: db, startErr: make(chan error, 1)}, nil
+	return db, nil
 }
 
 // Name returns this member's name in Olric ("host:port"), which the router
@@ -190,7 +200,36 @@ func (s *Store) Name() string {
 
 // Start joins the cluster and returns once this member can serve reads and
 // writes (its member quorum is met), or ctx ends.
+//
+// Members started at the same moment can disagree on which of them is
+// Olric's cluster coordinator, and Olric then fails the loser's start
+// ("unrecognized cluster coordinator"); that member is built again and
+// started again, a few times, rather than fail the process.
 func (s *Store) Start(ctx context.Context) error {
+	const attempts = 4
+	for attempt := 1; ; attempt++ {
+		err := s.start(ctx)
+		if err == nil || attempt == attempts || ctx.Err() != nil || !strings.Contains(err.Error(), "unrecognized cluster coordinator") {
+			return err
+		}
+		s.logger.Warn("olric start lost the race for the cluster coordinator; starting this member again", "attempt", attempt, "error", err)
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = s.db.Shutdown(sctx)
+		cancel()
+		db, nerr := newOlric(s.cfg, s.logger)
+		if nerr != nil {
+			return nerr
+		}
+		s.db, s.startErr = db, make(chan error, 1)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt) * 200 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) start(ctx context.Context) error {
 	go func() { s.startErr <- s.db.Start() }()
 	s.ec = s.db.NewEmbeddedClient()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
