@@ -241,6 +241,48 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 		require.Error(t, err, "%s's subscriber gets nothing from the other tenant (and stays connected)", tenant)
 	}
 
+	// Retained messages, wills and shared groups keep to their tenant across
+	// edges too: same topics, same group name, same client IDs.
+	for k, tenant := range []string{"acme", "globex"} {
+		c := mqtttest.Dial(t, a.mqtt, 5)
+		require.Equal(t, packets.CodeSuccess.Code, c.ConnectAs("publisher", "dev@"+tenant, "pw", true, packets.Properties{}).ReasonCode)
+		c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Retain: true},
+			TopicName: "iso/r", PacketID: uint16(10 + k), Payload: []byte(tenant + "-retained")})
+		require.Equal(t, uint16(10+k), c.Expect(packets.Puback).PacketID)
+	}
+	tenantShare := map[string]*mqtttest.Client{}
+	for _, tenant := range []string{"acme", "globex"} {
+		// A new subscription on edge B gets its tenant's retained message only.
+		late := mqtttest.Dial(t, b.mqtt, 5)
+		require.Equal(t, packets.CodeSuccess.Code, late.ConnectAs("late", "dev@"+tenant, "pw", true, packets.Properties{}).ReasonCode)
+		require.Equal(t, []byte{1}, late.Subscribe(1, "iso/r", 1).ReasonCodes)
+		got := late.Expect(packets.Publish)
+		require.Equal(t, tenant+"-retained", string(got.Payload))
+		require.True(t, got.FixedHeader.Retain)
+		late.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+		_, err := late.Read(300 * time.Millisecond)
+		require.Error(t, err, "%s gets no other tenant's retained message", tenant)
+		// One shared group of the same name per tenant, its member on edge A.
+		m := mqtttest.Dial(t, a.mqtt, 5)
+		require.Equal(t, packets.CodeSuccess.Code, m.ConnectAs("member", "dev@"+tenant, "pw", true, packets.Properties{}).ReasonCode)
+		require.Equal(t, []byte{1}, m.Subscribe(1, "$share/g/iso/will", 1).ReasonCodes)
+		tenantShare[tenant] = m
+	}
+	// acme's client on edge B dies without DISCONNECT: its will goes to
+	// acme's share group member on edge A, not to globex's.
+	willer := mqtttest.Dial(t, b.mqtt, 5)
+	willer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "willer",
+			UsernameFlag: true, Username: []byte("dev@acme"), PasswordFlag: true, Password: []byte("pw"),
+			WillFlag: true, WillTopic: "iso/will", WillQos: 1, WillPayload: []byte("acme-will")}})
+	require.Equal(t, packets.CodeSuccess.Code, willer.Expect(packets.Connack).ReasonCode)
+	_ = willer.Conn.Close()
+	will := tenantShare["acme"].Expect(packets.Publish)
+	require.Equal(t, "acme-will", string(will.Payload))
+	tenantShare["acme"].Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: will.PacketID})
+	_, err = tenantShare["globex"].Read(300 * time.Millisecond)
+	require.Error(t, err, "globex's member gets nothing of acme's will")
+
 	// A shared group with members on both edges: each message goes to one
 	// member in the cluster, and the edges take turns.
 	m1 := mqtttest.Dial(t, a.mqtt, 5)
