@@ -157,6 +157,22 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// openStore opens the edge's durable state: the persistence service in a
+// cluster, else the data dir; nil when neither is set (memory only).
+func openStore(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (closingStore, error) {
+	switch {
+	case cfg.PersistenceURL != "":
+		return remotestore.New(remotestore.Config{URL: cfg.PersistenceURL, HTTPClient: rpc.H2CClient(),
+			Logger: logger.With("component", "persistence"), Registerer: reg})
+	case cfg.DataDir != "":
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return nil, fmt.Errorf("data dir: %w", err)
+		}
+		return durable.Open(cfg.DataDir, logger.With("component", "durable"))
+	}
+	return nil, nil
+}
+
 // closingStore is the durable state the edge closes when it stops.
 type closingStore interface {
 	broker.DurableState
@@ -279,25 +295,11 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 			}}
 		b.SetCluster(broker.Cluster{Ownership: &cluster.Ownership{Client: client, Member: e.member, MaxBatch: 256, Linger: time.Millisecond}})
 	}
-	if cfg.PersistenceURL != "" {
-		st, err := remotestore.New(remotestore.Config{URL: cfg.PersistenceURL, HTTPClient: rpc.H2CClient(),
-			Logger: logger.With("component", "persistence"), Registerer: e.reg})
-		if err != nil {
-			return nil, err
-		}
-		if err := b.Restore(st); err != nil {
-			_ = st.Close()
-			return nil, err
-		}
-		e.store = st
-	} else if cfg.DataDir != "" {
-		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-			return nil, fmt.Errorf("data dir: %w", err)
-		}
-		st, err := durable.Open(cfg.DataDir, logger.With("component", "durable"))
-		if err != nil {
-			return nil, err
-		}
+	st, err := openStore(cfg, logger, e.reg)
+	if err != nil {
+		return nil, err
+	}
+	if st != nil {
 		if err := b.Restore(st); err != nil {
 			_ = st.Close()
 			return nil, err
