@@ -7,51 +7,62 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
-// Deferred collects the durable writes that delivering one message
+// Deferred collects the durable writes that delivering a run of messages
 // submitted (queued copies for persistent sessions), so that a caller
 // delivering many messages in a row (a forward frame) submits them all and
 // then waits once: the store commits them together instead of one round
 // trip per message. Submission order, and so each session's order, is
-// unchanged.
+// unchanged. One Deferred serves a whole run, so the run costs one context
+// rather than one per message.
 type Deferred struct {
 	mu    sync.Mutex
+	msg   int // index of the message being delivered
 	waits []deferredWait
 }
 
 type deferredWait struct {
-	s *session
-	p *durable.Pending
-	m *Message
+	msg int
+	s   *session
+	p   *durable.Pending
+	m   *Message
+}
+
+// Message marks the writes collected from now on as the i-th message's.
+func (d *Deferred) Message(i int) {
+	d.mu.Lock()
+	d.msg = i
+	d.mu.Unlock()
 }
 
 func (d *Deferred) add(s *session, p *durable.Pending, m *Message) {
 	d.mu.Lock()
-	d.waits = append(d.waits, deferredWait{s, p, m})
+	d.waits = append(d.waits, deferredWait{d.msg, s, p, m})
 	d.mu.Unlock()
 }
 
-// Wait returns once every collected write is stored, or with the first
-// failure: the message was then not taken by every recipient.
-func (d *Deferred) Wait() error {
+// Wait returns once every collected write is stored or failed, with the
+// first failure of each of the n messages (nil: every recipient took it).
+func (d *Deferred) Wait(n int) []error {
 	d.mu.Lock()
 	waits := d.waits
 	d.waits = nil
 	d.mu.Unlock()
-	var failed error
+	errs := make([]error, n)
 	for _, w := range waits {
-		if err := w.s.settle(w.p, w.m); err != nil && failed == nil {
+		if err := w.s.settle(w.p, w.m); err != nil && errs[w.msg] == nil {
 			w.s.b.m.dropped.WithLabelValues("store_failed").Inc()
-			failed = errStoreFailed
+			errs[w.msg] = errStoreFailed
 		}
 	}
-	return failed
+	return errs
 }
 
 type deferredKey struct{}
 
 // DeferWrites makes [Broker.DeliverForwarded] with the returned context
 // collect its durable writes in d instead of waiting for them; the caller
-// must call d.Wait before it counts the message as taken.
+// marks each message with d.Message and must call d.Wait before it counts
+// any of them as taken.
 func DeferWrites(ctx context.Context, d *Deferred) context.Context {
 	return context.WithValue(ctx, deferredKey{}, d)
 }

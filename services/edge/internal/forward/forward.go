@@ -168,26 +168,28 @@ func (s *Server) deliverFrame(ctx context.Context, req *edgev1.ForwardRequest, b
 	msgs := req.GetMessages()
 	taken := make([]bool, len(msgs))
 	copy(taken, before)
-	deferred := make([]broker.Deferred, len(msgs))
+	var deferred broker.Deferred
+	dctx := broker.DeferWrites(ctx, &deferred)
 	delivered := len(msgs)
 	var failed error
 	for i, fm := range msgs {
 		if taken[i] {
 			continue
 		}
-		if err := s.deliver(broker.DeferWrites(ctx, &deferred[i]), req.GetEdgeId(), fm); err != nil {
+		deferred.Message(i)
+		if err := s.deliver(dctx, req.GetEdgeId(), fm); err != nil {
 			// Later messages wait for the resend, in order.
 			failed, delivered = err, i
-			_ = deferred[i].Wait()
 			break
 		}
 	}
+	errs := deferred.Wait(len(msgs))
 	for i := range delivered {
 		if taken[i] {
 			continue
 		}
-		if err := deferred[i].Wait(); err != nil {
-			failed = cmp.Or(failed, err)
+		if errs[i] != nil {
+			failed = cmp.Or(failed, errs[i])
 			continue
 		}
 		taken[i] = true
