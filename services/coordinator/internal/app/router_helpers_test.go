@@ -48,27 +48,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func repoRoot() (string, error) {
-	dir, err := filepath.Abs(".")
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.work not found above the test's directory")
-		}
-		dir = parent
-	}
-}
-
 func routerBin(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
-		root, err := repoRoot()
+		root, err := testutil.RepoRoot()
 		if err != nil {
 			binErr = err
 			return

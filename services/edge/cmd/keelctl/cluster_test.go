@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -36,16 +35,8 @@ func buildServices(t *testing.T, names ...string) map[string]string {
 	if testing.Short() {
 		t.Skip("builds and starts service processes; skipped under -short")
 	}
-	root, err := filepath.Abs(".")
+	root, err := testutil.RepoRoot()
 	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.work")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		require.NotEqual(t, parent, root, "go.work not found")
-		root = parent
-	}
 	dir := t.TempDir()
 	bins := map[string]string{}
 	errs := make([]error, len(names))

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -112,7 +111,7 @@ func benchPublish(b *testing.B, publishers int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := pipelinePublishes(c, fmt.Sprintf("bench/room-%d/temperature", i), payload, n, 64); err != nil {
+			if err := pipelineTopics(c, []string{fmt.Sprintf("bench/room-%d/temperature", i)}, payload, n, 64); err != nil {
 				b.Error(err)
 			}
 		}()
@@ -152,51 +151,4 @@ func benchWrite(b *testing.B, c net.Conn, pk packets.Packet) {
 	if err != nil {
 		b.Fatal(err)
 	}
-}
-
-// pipelinePublishes sends n QoS 1 PUBLISHes with up to window of them
-// unacknowledged, and returns once every PUBACK arrived.
-func pipelinePublishes(c net.Conn, topic string, payload []byte, n, window int) error {
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, TopicName: topic,
-		Payload: payload, PacketID: 0xffff, ProtocolVersion: 4}
-	var buf bytes.Buffer
-	if err := pk.PublishEncode(&buf); err != nil {
-		return err
-	}
-	frame := buf.Bytes()
-	idAt := bytes.Index(frame, []byte{0xff, 0xff}) // the packet ID follows the topic
-	slots := make(chan struct{}, window)
-	acks := make(chan error, 1)
-	go func() {
-		r := bufio.NewReader(c)
-		ack := make([]byte, 4)
-		for range n {
-			if _, err := io.ReadFull(r, ack); err != nil {
-				acks <- err
-				return
-			}
-			<-slots
-		}
-		acks <- nil
-	}()
-	w := bufio.NewWriterSize(c, 32<<10)
-	for i := range n {
-		select {
-		case slots <- struct{}{}:
-		default:
-			if err := w.Flush(); err != nil {
-				return err
-			}
-			slots <- struct{}{}
-		}
-		id := uint16(i%60000 + 1)
-		frame[idAt], frame[idAt+1] = byte(id>>8), byte(id)
-		if _, err := w.Write(frame); err != nil {
-			return err
-		}
-	}
-	if err := w.Flush(); err != nil {
-		return err
-	}
-	return <-acks
 }

@@ -60,9 +60,8 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[
 func TestACLWatch_BumpAppliesToConnectedClients(t *testing.T) {
 	t.Parallel()
 	coordURL, _ := startCoordinator(t, 10*time.Second)
-	root := repoRootOf(t)
 	dir := t.TempDir()
-	keelctl := buildBin(t, root, dir, "./services/edge/cmd/keelctl")
+	keelctl := testutil.Build(t, dir, "./services/edge/cmd/keelctl")
 	users := filepath.Join(dir, "users.yaml")
 	ctl := func(args ...string) string {
 		t.Helper()

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,23 +25,7 @@ func startCoordinator(t *testing.T, ttl time.Duration, extra ...string) (string,
 	if testing.Short() {
 		t.Skip("starts a coordinator process; skipped under -short")
 	}
-	root, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.work")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			t.Skip("go.work not found")
-		}
-		root = parent
-	}
-	bin := filepath.Join(t.TempDir(), "keel-coordinator")
-	build := exec.Command("go", "build", "-o", bin, "./services/coordinator/cmd/keel-coordinator")
-	build.Dir = root
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := testutil.Build(t, t.TempDir(), "./services/coordinator/cmd/keel-coordinator")
 	api, ops := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	cmd := exec.Command(bin, "--api.addr", api, "--ops.addr", ops, "--raft.bind-addr", testutil.FreeAddr(t),
 		"--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1", "--raft.node-id", "c1",

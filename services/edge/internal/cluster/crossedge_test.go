@@ -23,17 +23,6 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
-// buildBin builds a command of the workspace into dir.
-func buildBin(t *testing.T, root, dir, pkg string) string {
-	t.Helper()
-	bin := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", bin, pkg)
-	cmd.Dir = root
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "build %s: %s", pkg, out)
-	return bin
-}
-
 // startProcess runs bin with args and waits for /readyz on ops. The
 // returned stop sends SIGTERM and waits (killing after 20 s); cleanup calls
 // it too, and shows the logs when the test failed.
@@ -100,10 +89,9 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	}
 	t.Parallel()
 	coordURL, _ := startCoordinator(t, 10*time.Second)
-	root := repoRootOf(t)
 	dir := t.TempDir()
-	router := buildBin(t, root, dir, "./services/router/cmd/keel-router")
-	edgeBin := buildBin(t, root, dir, "./services/edge/cmd/keel-edge")
+	router := testutil.Build(t, dir, "./services/router/cmd/keel-router")
+	edgeBin := testutil.Build(t, dir, "./services/edge/cmd/keel-edge")
 
 	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	// The edges start after the router here, so its new table has nobody to
@@ -416,19 +404,5 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 			}
 			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
 		}
-	}
-}
-
-func repoRootOf(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs(".")
-	require.NoError(t, err)
-	for {
-		if _, err := exec.Command("test", "-f", filepath.Join(dir, "go.work")).Output(); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		require.NotEqual(t, parent, dir, "go.work not found")
-		dir = parent
 	}
 }

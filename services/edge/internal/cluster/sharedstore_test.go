@@ -28,11 +28,10 @@ type sharedEdge struct {
 // short so that a killed edge's sessions go to custodians within seconds.
 func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 	t.Helper()
-	root := repoRootOf(t)
 	dir := t.TempDir()
-	routerBin := buildBin(t, root, dir, "./services/router/cmd/keel-router")
-	persistBin := buildBin(t, root, dir, "./services/persistence/cmd/keel-persistence")
-	edgeBin := buildBin(t, root, dir, "./services/edge/cmd/keel-edge")
+	routerBin := testutil.Build(t, dir, "./services/router/cmd/keel-router")
+	persistBin := testutil.Build(t, dir, "./services/persistence/cmd/keel-persistence")
+	edgeBin := testutil.Build(t, dir, "./services/edge/cmd/keel-edge")
 
 	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	startProcess(t, "router", routerBin, routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",

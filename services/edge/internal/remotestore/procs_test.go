@@ -33,7 +33,7 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	root, err := repoRoot()
+	root, err := testutil.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -46,23 +46,6 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	return m.Run()
-}
-
-func repoRoot() (string, error) {
-	dir, err := filepath.Abs(".")
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("go.work not found above the test directory")
-		}
-		dir = parent
-	}
 }
 
 var (
