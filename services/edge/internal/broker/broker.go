@@ -30,6 +30,7 @@ import (
 
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
@@ -91,8 +92,10 @@ type conn struct {
 	// goroutine too.
 	will      atomic.Pointer[Message]
 	willDelay uint32
-	existed   []bool // per filter of the SUBSCRIBE being processed
-	refused   []byte // per filter of that SUBSCRIBE: the code the edge refuses it with, 0 if none
+	// record is the session record stored for this connection, nil if none.
+	record  *durable.Session
+	existed []bool // per filter of the SUBSCRIBE being processed
+	refused []byte // per filter of that SUBSCRIBE: the code the edge refuses it with, 0 if none
 	// sessionEnds is set when a clean-start takeover ends this connection's
 	// session: its will is published without delay.
 	sessionEnds atomic.Bool
@@ -571,7 +574,8 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 		return // a new connection owns it now
 	}
 	delete(b.sessions, id)
-	wasDurable := s.durable
+	wasStored := s.durable || s.record != nil
+	s.record = nil
 	// A session handed to another edge lives on in a shared store: the new
 	// owner reads it there.
 	handedOver := s.moving != nil && s.moving.done && b.store != nil && b.store.Shared()
@@ -599,7 +603,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
 	}
-	if b.store != nil && wasDurable && !handedOver {
+	if b.store != nil && wasStored && !handedOver {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}
 	if b.store != nil {

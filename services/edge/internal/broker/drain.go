@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -181,15 +182,63 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		}
 		return false, nil
 	}
+	if !st.Session.Persistent() {
+		// The session ended with its connection when its edge died: only
+		// its will is left, and it goes out now ([MQTT-3.1.3-9]).
+		if w := st.Session.Will; w != nil {
+			if err := b.publishStoredWill(id, w.Msg); err != nil {
+				b.m.adoptedSessions.WithLabelValues("error").Inc()
+				return false, err
+			}
+		}
+		if err := b.store.DeleteSession(ctx, id, true); err != nil {
+			b.logger.Warn("ended session not removed from the store", "client_id", id, "error", err)
+		}
+		b.store.Deactivate(id)
+		b.m.adoptedSessions.WithLabelValues("ended").Inc()
+		if err := b.cluster.Ownership.Release(ctx, tenant, clientID, epoch); err != nil {
+			b.logger.Debug("custody release refused", "client_id", id, "error", err)
+		}
+		return false, nil
+	}
 	defer func() {
 		if s := b.session(id); s != nil {
 			s.releaseHold()
 		}
 	}()
 	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
+		// Nothing half-adopted stays: the watch tries again.
+		b.forgetSession(id)
 		b.m.adoptedSessions.WithLabelValues("error").Inc()
 		return false, err
 	}
+	if w := st.Session.Will; w != nil {
+		// Its connection ended when its edge died, without a DISCONNECT:
+		// the will goes out after its delay, unless the client comes back
+		// first. The delay counts from now: when the edge died is not
+		// known to the second.
+		rec := &st.Session
+		if s := b.session(id); s != nil {
+			s.mu.Lock()
+			s.record = rec
+			s.mu.Unlock()
+		}
+		delay := w.Delay
+		if st.Session.ProtocolVersion == 5 {
+			delay = min(delay, st.Session.ExpiryInterval)
+		}
+		b.scheduleWill(id, fromRecord(w.Msg), delay, rec)
+	}
 	b.m.adoptedSessions.WithLabelValues("adopted").Inc()
 	return true, nil
+}
+
+// publishStoredWill publishes a will read from the shared store and fails
+// unless every recipient took it: custody is tried again then, and the
+// will, with the same msgID, is kept once by recipients that store it.
+func (b *Broker) publishStoredWill(id string, w *durable.Message) error {
+	if err := b.sendWill(fromRecord(w)); err != nil {
+		return fmt.Errorf("will of %s: %w", id, err)
+	}
+	return nil
 }

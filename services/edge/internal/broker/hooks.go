@@ -129,13 +129,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.Load().CanPublish(w.TopicName) {
 			return refuse(packets.ErrNotAuthorized, "will_not_authorized")
 		}
-		c.will.Store(&Message{
-			Topic:   sc.Topic(w.TopicName),
-			Payload: w.Payload,
-			QoS:     w.Qos,
-			Retain:  w.Retain,
-			Props:   forwardProps(&pk.Connect.WillProperties),
-		})
+		c.will.Store(b.newWill(sc.Topic(w.TopicName), w.Payload, w.Qos, w.Retain, forwardProps(&pk.Connect.WillProperties)))
 		c.willDelay = w.WillDelayInterval
 		// The edge publishes the will itself, exactly once, through routing.
 		atomic.StoreUint32(&w.Flag, 0)
@@ -172,7 +166,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.setUnfinished(sc.ClientID(external), "")
 	}
 	if b.store != nil && b.store.Shared() {
-		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl), moved); err != nil {
+		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl) || c.will.Load() != nil, moved); err != nil {
 			cancel()
 			b.logger.Error("session not resumed from the store", "tenant", id.Tenant, "previous", previous, "error", err)
 			return refuse(packets.ErrServerUnavailable, "store_failed")
@@ -259,6 +253,9 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
 	cl.State.Inflight.ResetSendQuota(0)
 	s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch)
+	s.mu.Lock()
+	s.record = c.record
+	s.mu.Unlock()
 	// A resumed session keeps only what its client may still subscribe to.
 	b.recheckSubscriptions(cl, c)
 	b.m.connects.WithLabelValues("ok").Inc()
@@ -304,7 +301,11 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
 		}
-		b.scheduleWill(cl.ID, will, delay)
+		b.scheduleWill(cl.ID, will, delay, c.record)
+	} else if c.record != nil {
+		// A normal DISCONNECT, or this edge stopping: the will never goes
+		// out, so no custodian may publish it either.
+		b.dropStoredWill(cl.ID, c.record)
 	}
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)

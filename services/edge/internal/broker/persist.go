@@ -205,30 +205,37 @@ func fromRecord(r *durable.Message) *Message {
 }
 
 // persistSession writes or removes the stored record of the session cl
-// establishes, before its CONNACK.
+// establishes, before its CONNACK. The record written is kept in c.record.
 func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	if b.store == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if !persistent(cl) {
-		// Only a session that was stored has a record to remove; a clean
-		// session costs the store nothing.
-		if s := b.session(cl.ID); s != nil && s.wasDurable() {
-			return b.store.DeleteSession(ctx, cl.ID, true)
-		}
-		return nil
-	}
 	props, _ := json.Marshal(storage.ClientProperties{
 		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
 		MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
 		RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
 		RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
 	})
-	return b.store.PutSession(ctx, durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
+	rec := b.willRecord(durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
-		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval, Props: props})
+		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval, Props: props}, c)
+	if rec == nil {
+		// Only a session that was stored has a record to remove; a clean
+		// session without a will costs the store nothing.
+		if s := b.session(cl.ID); s != nil && s.stored() {
+			return b.store.DeleteSession(ctx, cl.ID, true)
+		}
+		return nil
+	}
+	if err := b.store.PutSession(ctx, *rec); err != nil {
+		return err
+	}
+	if rec.Will != nil {
+		c.record = rec
+	}
+	return nil
 }
 
 func subRecord(sub *subscription) durable.Subscription {

@@ -69,6 +69,9 @@ type session struct {
 	slow       bool             // a non-persistent client being disconnected for staying full; drop what comes
 	durable    bool             // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
 	seq        uint64           // last stored queue position
+	// record is the stored session record while it holds a will (shared
+	// store only): the will leaves it once published or discarded.
+	record *durable.Session
 	sent       int64            // send order of in-flight messages; writer only (and bind, before the writer runs)
 	resend     []packets.Packet // in-flight messages to send again, in order, when a client binds
 }
@@ -303,6 +306,14 @@ func (s *session) wasDurable() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.durable
+}
+
+// stored reports whether the store holds a record of the session: it is
+// durable, or its record carries a will.
+func (s *session) stored() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.durable || s.record != nil
 }
 
 // detach takes the session away from its previous client ahead of a

@@ -45,8 +45,9 @@ type moving struct {
 }
 
 // TakeOver gives up, on this edge, the session that another edge claimed
-// under newEpoch: its connection is closed with 0x8E (MQTT 5) and its will
-// is not sent, because the session goes on elsewhere ([MQTT-3.1.3-9]). A
+// under newEpoch: its connection is closed with 0x8E (MQTT 5), and its will
+// goes out at once if the new connection starts clean (the session ends),
+// never if the session goes on elsewhere ([MQTT-3.1.3-9]). A
 // persistent session that moves (no clean start) is returned in the
 // session transfer encoding and stays here, offline and still queueing,
 // until [Broker.TakeoverEnd]; any other session ends. owned is false when
@@ -72,12 +73,24 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch
 		// From here on the session keeps what it queues apart for End.
 		s.moving = &moving{epoch: newEpoch, fromSeq: s.seq}
 	}
+	if !cleanStart {
+		// The session goes on elsewhere: its will is void, and the new
+		// owner stores the session's record again without it.
+		s.record = nil
+	}
 	s.mu.Unlock()
 	b.m.takeovers.Inc()
+	// A will waiting for its delay goes now if the session ends, never if
+	// it moves ([MQTT-3.1.3-9]).
+	b.cancelWill(id, cleanStart)
 	if cl != nil {
 		wasConnected = true
 		if c := b.conn(cl); c != nil {
-			c.will.Store(nil)
+			if cleanStart {
+				c.sessionEnds.Store(true) // its will goes out at once
+			} else {
+				c.will.Store(nil)
+			}
 		}
 		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
 		_ = b.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
@@ -289,6 +302,9 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	if err != nil {
 		return false, fmt.Errorf("end takeover: %w", err)
 	}
+	// The session goes on with the new connection, whose record replaces
+	// this one: the previous connection's will is void.
+	st.Session.Will = nil
 	// Only now, with the previous owner done writing, is the new epoch made
 	// current: a shared store refuses the previous owner's writes from here
 	// on, and anything it stored before is in st or late.
@@ -330,10 +346,10 @@ func (b *Broker) setUnfinished(id, previous string) {
 // claimShared makes this edge the writer of a session in a store every
 // edge shares, and resumes the session from it when no live edge handed it
 // over: its previous owner died, or a custodian holds it only in the store.
-// A session that nobody owned before and that stores nothing costs the
-// store nothing.
-func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, persistent, moved bool) error {
-	if moved || (previous == "" && !persistent) {
+// A session that nobody owned before and that stores nothing (it does not
+// outlive its connection and has no will) costs the store nothing.
+func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) error {
+	if moved || (previous == "" && !stores) {
 		return nil
 	}
 	id := sc.ClientID(clientID)
@@ -344,7 +360,11 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		return nil
 	}
 	if cleanStart {
-		// Whatever a dead owner left must not come back.
+		// Whatever a dead owner left must not come back; the session ends
+		// here, so a will it left goes out now ([MQTT-3.1.3-9]).
+		if st, ok, err := b.store.LoadSession(ctx, id); err == nil && ok && st.Session.Will != nil {
+			b.publishWill(id, fromRecord(st.Session.Will.Msg), nil)
+		}
 		return b.store.DeleteSession(ctx, id, true)
 	}
 	if s := b.session(id); s != nil {

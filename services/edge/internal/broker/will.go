@@ -1,6 +1,12 @@
 package broker
 
-import "time"
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+)
 
 // pendingWill is a will waiting for its delay.
 type pendingWill struct {
@@ -8,26 +14,61 @@ type pendingWill struct {
 	fire  func()
 }
 
-// scheduleWill publishes will after delay seconds unless the session
-// reconnects first ([MQTT-3.1.3-9]).
-func (b *Broker) scheduleWill(id string, will *Message, delay uint32) {
-	publish := func() {
-		if b.stopping.Load() {
+// newWill builds the will a connection carries. Its msgID is fixed now, so
+// that if a custodian has to publish it again from the shared store (its
+// first publisher died before clearing it there), every stored copy is the
+// same message and is kept once.
+func (b *Broker) newWill(topic string, payload []byte, qos byte, retain bool, props Props) *Message {
+	return &Message{ID: b.ids.next(), Topic: topic, Payload: payload, QoS: qos, Retain: retain, Props: props,
+		Created: time.Now().UnixNano()}
+}
+
+// errStopping refuses to publish a will while the edge stops: the edge,
+// not the client, went away.
+var errStopping = errors.New("edge stopping")
+
+// sendWill publishes a will now, and fails unless every recipient took it.
+func (b *Broker) sendWill(will *Message) error {
+	if b.stopping.Load() {
+		return errStopping
+	}
+	now := time.Now()
+	m := &Message{ID: will.ID, Topic: will.Topic, Payload: will.Payload, QoS: will.QoS, Retain: will.Retain,
+		Props: will.Props, Origin: will.Origin, Created: now.UnixNano()}
+	if m.ID == (MsgID{}) {
+		m.ID = b.ids.next()
+	}
+	if e := m.Props.MessageExpiryInterval; e > 0 {
+		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
+	}
+	if m.Retain {
+		b.retain(m)
+	}
+	if err := b.route(m); err != nil {
+		return err
+	}
+	b.m.willsPublished.Inc()
+	return nil
+}
+
+// publishWill publishes a will now. rec, when set, is the stored session
+// record that holds it: the will leaves the record once it is out.
+func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) {
+	if err := b.sendWill(will); err != nil {
+		if errors.Is(err, errStopping) {
 			return
 		}
-		m := &Message{ID: b.ids.next(), Topic: will.Topic, Payload: will.Payload, QoS: will.QoS, Retain: will.Retain,
-			Props: will.Props, Origin: will.Origin, Created: time.Now().UnixNano()}
-		if e := m.Props.MessageExpiryInterval; e > 0 {
-			m.Expiry = time.Now().Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
-		}
-		if m.Retain {
-			b.retain(m)
-		}
-		if err := b.route(m); err != nil {
-			b.logger.Error("will not stored for every recipient", "client_id", id, "error", err)
-		}
-		b.m.willsPublished.Inc()
+		b.logger.Error("will not stored for every recipient", "client_id", id, "error", err)
 	}
+	if rec != nil {
+		b.dropStoredWill(id, rec)
+	}
+}
+
+// scheduleWill publishes will after delay seconds unless the session
+// reconnects first ([MQTT-3.1.3-9]).
+func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durable.Session) {
+	publish := func() { b.publishWill(id, will, rec) }
 	if delay == 0 {
 		publish()
 		return
@@ -62,5 +103,52 @@ func (b *Broker) cancelWill(id string, clean bool) {
 	}
 	if clean {
 		pw.fire()
+	}
+}
+
+// willRecord is the session record to store for a connection's session:
+// with its will when a shared store holds it, so that a custodian can
+// publish the will if this edge dies. nil when nothing needs storing: a
+// session that does not outlive its connection and has no will there.
+func (b *Broker) willRecord(rec durable.Session, c *conn) *durable.Session {
+	if w := c.will.Load(); w != nil && b.store.Shared() {
+		rec.Will = &durable.Will{Msg: w.record(), Delay: c.willDelay}
+	}
+	if rec.Will == nil && !rec.Persistent() {
+		return nil
+	}
+	return &rec
+}
+
+// dropStoredWill takes the will out of the session's stored record once it
+// was published, or can no longer be (a normal DISCONNECT, a drain). It
+// does nothing if the record was replaced since: rec is the one that held
+// the will. A session that does not outlive its connection loses its record.
+func (b *Broker) dropStoredWill(id string, rec *durable.Session) {
+	s := b.session(id)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.record != rec {
+		s.mu.Unlock()
+		return
+	}
+	s.record = nil
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	var err error
+	if rec.Persistent() {
+		without := *rec
+		without.Will = nil
+		err = b.store.PutSession(ctx, without)
+	} else {
+		err = b.store.DeleteSession(ctx, id, true)
+	}
+	if err != nil {
+		// A custodian may publish it again if this edge dies now; with the
+		// same msgID, stored recipients keep it once.
+		b.logger.Warn("will not cleared from the stored session", "client_id", id, "error", err)
 	}
 }

@@ -112,16 +112,37 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- *coordinato
 	return stream.Err()
 }
 
+// adopt takes custody of one session, trying again for a while when it
+// fails (a store or router hiccup, a will some recipient did not take):
+// otherwise the session waits in the store until its client comes back,
+// and a session that ended with its dead edge never has its will published.
 func (w *Watch) adopt(ctx context.Context, se *coordinatorv1.SessionEpoch) {
 	k := se.GetSession()
-	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	adopted, err := w.Custodian.TakeCustody(actx, k.GetTenant(), k.GetClientId(), se.GetEpoch())
-	switch {
-	case err != nil:
-		w.Logger.Warn("custody not taken; the session waits in the store for its client", "tenant", k.GetTenant(),
-			"client_id", k.GetClientId(), "epoch", se.GetEpoch(), "error", err)
-	case adopted:
-		w.Logger.Debug("session in custody", "tenant", k.GetTenant(), "client_id", k.GetClientId(), "epoch", se.GetEpoch())
+	deadline := time.Now().Add(custodyPatience)
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 4*time.Second) {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		adopted, err := w.Custodian.TakeCustody(actx, k.GetTenant(), k.GetClientId(), se.GetEpoch())
+		cancel()
+		switch {
+		case err == nil && adopted:
+			w.Logger.Debug("session in custody", "tenant", k.GetTenant(), "client_id", k.GetClientId(), "epoch", se.GetEpoch())
+			return
+		case err == nil:
+			return
+		case time.Now().Add(wait).After(deadline):
+			w.Logger.Warn("custody not taken; the session waits in the store for its client", "tenant", k.GetTenant(),
+				"client_id", k.GetClientId(), "epoch", se.GetEpoch(), "error", err)
+			return
+		}
+		w.Logger.Info("custody failed; trying again", "tenant", k.GetTenant(), "client_id", k.GetClientId(),
+			"epoch", se.GetEpoch(), "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 }
+
+// custodyPatience bounds how long one session's custody is retried.
+const custodyPatience = time.Minute

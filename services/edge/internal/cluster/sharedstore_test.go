@@ -198,3 +198,74 @@ func TestCluster_SharedStore(t *testing.T) {
 	got = receive(t, offBack, payloads("k", 0, 10))
 	require.Equal(t, payloads("k", 0, 5), got[:5], "queued before the kill, in order")
 }
+
+// connectWithWill connects id to addr with a will of payload on topic
+// will/<id> at QoS 1; expiry is its session expiry interval (MQTT 5).
+func connectWithWill(t *testing.T, addr, id string, expiry, delay uint32) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: id,
+			WillFlag: true, WillTopic: "will/" + id, WillQos: 1, WillPayload: []byte(id + " is gone"),
+			WillProperties: packets.Properties{WillDelayInterval: delay}},
+		Properties: packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: expiry > 0}})
+	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
+	return c
+}
+
+// TestCluster_WillsOfAKilledEdge: when an edge dies, the wills of its
+// clients are published once, by the custodians of their sessions: at once
+// for a session that ended with its connection, after the will delay for a
+// persistent one, and never for a client that said DISCONNECT or came back
+// within the delay.
+func TestCluster_WillsOfAKilledEdge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
+	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
+
+	watcher := mqtttest.Dial(t, cc.mqtt, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
+
+	connectWithWill(t, a.mqtt, "ephemeral", 0, 0)    // ends with its connection
+	connectWithWill(t, a.mqtt, "persistent", 300, 2) // outlives it; will after 2 s
+	connectWithWill(t, a.mqtt, "returning", 300, 6)  // comes back within the delay
+	polite := connectWithWill(t, a.mqtt, "polite", 0, 0)
+	polite.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	// A normal DISCONNECT clears the stored will; give it time to land.
+	time.Sleep(500 * time.Millisecond)
+	killed := time.Now()
+	a.kill()
+
+	// The returning client is back as soon as edge A's lease lets it in.
+	connectResumed(t, b.mqtt, "returning", 30*time.Second)
+
+	got := map[string]int{}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && (got["will/ephemeral"] == 0 || got["will/persistent"] == 0) {
+		pk, err := watcher.Read(time.Second)
+		if err != nil || pk.FixedHeader.Type != packets.Publish {
+			continue
+		}
+		got[pk.TopicName]++
+		t.Logf("%s published %v after the kill", pk.TopicName, time.Since(killed).Round(10*time.Millisecond))
+		watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+	// Anything more would be a duplicate, or a will that must not go out:
+	// watch until the returning client's will delay has passed however late
+	// its custody began (the lease is 2 s).
+	for quiet := time.Now().Add(3 * time.Second); time.Now().Before(quiet) || time.Since(killed) < 12*time.Second; {
+		pk, err := watcher.Read(time.Second)
+		if err != nil {
+			continue
+		}
+		if pk.FixedHeader.Type == packets.Publish {
+			got[pk.TopicName]++
+			watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
+	require.Equal(t, map[string]int{"will/ephemeral": 1, "will/persistent": 1}, got)
+}

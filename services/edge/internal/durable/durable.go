@@ -80,6 +80,26 @@ type Session struct {
 	Clean           bool            `json:"clean,omitempty"`
 	ExpiryInterval  uint32          `json:"sei,omitempty"`
 	Props           json.RawMessage `json:"props,omitempty"`
+	// Will is the will of the session's last connection, kept while it may
+	// still be published: an edge that takes custody of the session after
+	// its owner died publishes it. Only a shared store holds one.
+	Will *Will `json:"will,omitempty"`
+}
+
+// Persistent reports whether the session outlives its connection.
+func (s *Session) Persistent() bool {
+	if s.ProtocolVersion == 5 {
+		return s.ExpiryInterval > 0
+	}
+	return !s.Clean
+}
+
+// Will is a stored will message. Its msgID is fixed when its connection
+// connects, so that publishing it again (after a second failure) stores it
+// once per recipient.
+type Will struct {
+	Msg   *Message `json:"m"`
+	Delay uint32   `json:"d,omitempty"` // will delay interval, seconds
 }
 
 // Subscription is a stored subscription of a session.

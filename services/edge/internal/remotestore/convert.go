@@ -310,7 +310,7 @@ type sessionProps struct {
 	Props    json.RawMessage `json:"p,omitempty"`
 }
 
-func sessionRecord(rec *durable.Session) (*persistencev1.Session, error) {
+func (c *codec) sessionRecord(rec *durable.Session) (*persistencev1.Session, error) {
 	switch rec.ProtocolVersion {
 	case 3, 4, 5:
 	default:
@@ -323,11 +323,28 @@ func sessionRecord(rec *durable.Session) (*persistencev1.Session, error) {
 	if len(props) > maxProperties {
 		return nil, fmt.Errorf("%w: session %q: properties of %d bytes exceed %d", ErrInvalid, rec.ID, len(props), maxProperties)
 	}
-	return &persistencev1.Session{ProtocolVersion: uint32(rec.ProtocolVersion), SessionExpiryInterval: rec.ExpiryInterval,
-		Properties: props}, nil
+	out := &persistencev1.Session{ProtocolVersion: uint32(rec.ProtocolVersion), SessionExpiryInterval: rec.ExpiryInterval,
+		Properties: props}
+	if w := rec.Will; w != nil {
+		tenant, _, _ := tenancy.TenantOfClientID(rec.ID)
+		m, err := c.message(w.Msg, tenant)
+		if err != nil {
+			return nil, fmt.Errorf("session %q: will: %w", rec.ID, err)
+		}
+		// A will's expiry interval counts from its publication, which has
+		// not happened: it travels as received.
+		if m.MessageExpiryInterval == nil && hasProps(w.Msg.Props) {
+			var p durable.Props
+			if json.Unmarshal(w.Msg.Props, &p) == nil && p.Expiry > 0 {
+				m.MessageExpiryInterval = &p.Expiry
+			}
+		}
+		out.Will = &persistencev1.Will{Message: m, DelayInterval: w.Delay}
+	}
+	return out, nil
 }
 
-func sessionIn(id string, s *persistencev1.Session) (durable.Session, error) {
+func (c *codec) sessionIn(id string, s *persistencev1.Session) (durable.Session, error) {
 	out := durable.Session{ID: id, ProtocolVersion: byte(s.GetProtocolVersion()), ExpiryInterval: s.GetSessionExpiryInterval()}
 	if len(s.GetProperties()) > 0 {
 		var p sessionProps
@@ -335,6 +352,15 @@ func sessionIn(id string, s *persistencev1.Session) (durable.Session, error) {
 			return out, fmt.Errorf("session %q: properties: %w", id, err)
 		}
 		out.Listener, out.Username, out.Clean, out.Props = p.Listener, p.Username, p.Clean, p.Props
+	}
+	if w := s.GetWill(); w.GetMessage() != nil {
+		tenant, _, _ := tenancy.TenantOfClientID(id)
+		m, err := c.messageIn(w.GetMessage(), tenant)
+		if err != nil {
+			return out, fmt.Errorf("session %q: will: %w", id, err)
+		}
+		m.Expiry = 0 // counted from its publication
+		out.Will = &durable.Will{Msg: m, Delay: w.GetDelayInterval()}
 	}
 	return out, nil
 }

@@ -39,7 +39,7 @@ func (s *Store) LoadSession(ctx context.Context, id string) (st durable.SessionS
 	if err != nil {
 		return st, false, fmt.Errorf("load session %q: %w", id, err)
 	}
-	if st.Session, err = sessionIn(id, r.GetSession()); err != nil {
+	if st.Session, err = s.codec.sessionIn(id, r.GetSession()); err != nil {
 		return st, false, fmt.Errorf("load session: %w", err)
 	}
 	msgs := make(map[string]*durable.Message, len(r.GetMessages()))
@@ -91,7 +91,7 @@ func (s *Store) ImportSession(ctx context.Context, st durable.SessionState) erro
 	if err != nil {
 		return fmt.Errorf("import session: %w", err)
 	}
-	rec, err := sessionRecord(&st.Session)
+	rec, err := s.codec.sessionRecord(&st.Session)
 	if err != nil {
 		return fmt.Errorf("import session: %w", err)
 	}

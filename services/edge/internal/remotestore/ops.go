@@ -32,7 +32,7 @@ func (s *Store) PutSession(ctx context.Context, rec durable.Session) error {
 	if err != nil {
 		return fmt.Errorf("put session: %w", err)
 	}
-	r, err := sessionRecord(&rec)
+	r, err := s.codec.sessionRecord(&rec)
 	if err != nil {
 		return fmt.Errorf("put session: %w", err)
 	}

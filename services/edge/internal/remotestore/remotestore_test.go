@@ -221,6 +221,51 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// TestWillRoundTrip: a session record keeps its will (msgID, body,
+// properties, delay) for the edge that takes custody of it, and loses it
+// when the record is written again without one.
+func TestWillRoundTrip(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			p := be.start(t)
+			s := newStore(t, p.URL)
+			ctx := ctxT(t)
+			sc := scope(t, "acme")
+			id := sc.ClientID("device-1")
+			require.NoError(t, s.Activate(ctx, id, 7))
+
+			will := message(sc, 9, "status/device-1", 1)
+			will.Retain, will.Origin, will.Expiry = true, id, 0 // a will's expiry counts from its publication
+			rec := durable.Session{ID: id, Listener: "tcp", ProtocolVersion: 4, Clean: true,
+				Will: &durable.Will{Msg: will, Delay: 30}}
+			require.False(t, rec.Persistent())
+			require.NoError(t, s.PutSession(ctx, rec))
+
+			other := newStore(t, p.URL)
+			require.NoError(t, other.Activate(ctx, id, 8))
+			st, ok, err := other.LoadSession(ctx, id)
+			require.NoError(t, err)
+			require.True(t, ok, "a record with only a will is a stored session")
+			require.NotNil(t, st.Session.Will)
+			require.Equal(t, uint32(30), st.Session.Will.Delay)
+			requireSameMessage(t, will, st.Session.Will.Msg)
+			require.True(t, st.Session.Will.Msg.Retain)
+			require.Equal(t, id, st.Session.Will.Msg.Origin)
+			require.Zero(t, st.Session.Will.Msg.Expiry)
+			require.JSONEq(t, string(will.Props), string(st.Session.Will.Msg.Props), "the expiry interval travels as received")
+			require.False(t, st.Session.Persistent())
+
+			rec.Will = nil
+			require.NoError(t, other.PutSession(ctx, rec))
+			st, ok, err = s.LoadSession(ctx, id)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Nil(t, st.Session.Will)
+		})
+	}
+}
+
 // TestFencing: once one edge activated epoch 5, another still writing
 // under epoch 3 is refused with ErrFenced and changes nothing.
 func TestFencing(t *testing.T) {
