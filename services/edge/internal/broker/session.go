@@ -63,17 +63,17 @@ type session struct {
 	space      chan struct{} // closed when the queue frees room; publishers wait on it
 	subs       map[string]*subscription
 	aliases    *mqtt.OutboundTopicAliases
-	closed     bool             // the session ended; nothing more is queued
-	nextID     uint16           // outbound packet ID cursor; writer only
-	spilling   bool             // a persistent session's queue went past the live bound; stays so until it drains
-	slow       bool             // a non-persistent client being disconnected for staying full; drop what comes
-	durable    bool             // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
-	seq        uint64           // last stored queue position
+	closed     bool   // the session ended; nothing more is queued
+	nextID     uint16 // outbound packet ID cursor; writer only
+	spilling   bool   // a persistent session's queue went past the live bound; stays so until it drains
+	slow       bool   // a non-persistent client being disconnected for staying full; drop what comes
+	durable    bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
+	seq        uint64 // last stored queue position
 	// record is the stored session record while it holds a will (shared
 	// store only): the will leaves it once published or discarded.
 	record *durable.Session
-	sent       int64            // send order of in-flight messages; writer only (and bind, before the writer runs)
-	resend     []packets.Packet // in-flight messages to send again, in order, when a client binds
+	sent   int64            // send order of in-flight messages; writer only (and bind, before the writer runs)
+	resend []packets.Packet // in-flight messages to send again, in order, when a client binds
 }
 
 func newSession(b *Broker, id string, scope *tenancy.Scope) *session {
