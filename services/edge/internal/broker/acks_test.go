@@ -25,6 +25,10 @@ func newHeldPeers() *heldPeers {
 	return &heldPeers{pending: map[string]chan error{}, routed: map[string]int{}}
 }
 
+func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey) (func() error, error) {
+	return nil, ErrNoMember
+}
+
 func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, SharedChoice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

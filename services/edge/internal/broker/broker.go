@@ -381,14 +381,14 @@ func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) 
 func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 	var failed error
 	tp := targetPool.Get().(*[]target)
-	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared))
+	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]
 		if t.noLocal && !t.shared && t.sess.id == m.Origin {
 			continue // [MQTT-3.8.3-3]
 		}
-		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids}
+		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
 		switch t.sess.enqueue(d) {
 		case enqueued:
 		case storeFailed:
@@ -490,6 +490,9 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 		}
 		p.packetID = id
 		s.sent++
+		if d.group != nil && d.qos == 1 {
+			s.sentShared(id, d)
+		}
 		if cl.State.Inflight.Set(inflightPacket(d, id, d.retain, s.sent)) {
 			atomic.AddInt64(&b.server.Info.Inflight, 1)
 		}
@@ -586,7 +589,13 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	subs := s.subs
 	s.subs = map[string]*subscription{}
 	s.nsubs.Store(0)
-	dropped := s.queue.len()
+	// A session that moves to another edge takes its group messages along.
+	var orphans []delivery
+	queuedOrphans := 0
+	if s.moving == nil {
+		orphans, queuedOrphans = s.orphanedShared()
+	}
+	dropped := s.queue.len() - queuedOrphans
 	s.queue = ring{}
 	s.queueBytes = 0
 	s.wakeLocked()
@@ -603,6 +612,9 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))
 	}
+	// After the session's subscriptions left the index, so that none of
+	// its group messages comes back to it.
+	b.redispatchAll(s, orphans)
 	if b.store != nil && wasStored && !handedOver {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
@@ -280,4 +281,68 @@ func TestBroker_CredentialsExpireDisconnects(t *testing.T) {
 	c.Connect("c", true, packets.Properties{})
 	pk := c.Expect(packets.Disconnect)
 	require.Equal(t, packets.ErrNotAuthorized.Code, pk.ReasonCode)
+}
+
+// TestBroker_SharedSubscription_Redispatch: a QoS 1 group message that its
+// member refuses (PUBACK 0x80), or that its member's session ends without
+// acknowledging, goes to another member; what a member acknowledged stays
+// with it. Every message reaches the group exactly once in the end.
+func TestBroker_SharedSubscription_Redispatch(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	leaver := mqtttest.Dial(t, addr, 5)
+	leaver.Connect("leaver", true, packets.Properties{})
+	require.Equal(t, []byte{1}, leaver.Subscribe(1, "$share/g/jobs/#", 1).ReasonCodes)
+	stayer := mqtttest.Dial(t, addr, 5)
+	stayer.Connect("stayer", true, packets.Properties{})
+	require.Equal(t, []byte{1}, stayer.Subscribe(1, "$share/g/jobs/#", 1).ReasonCodes)
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	const n = 20
+	for i := range n {
+		pub.Publish(uint16(i+1), "jobs/x", 1, seqPayload(i))
+		pub.Expect(packets.Puback)
+	}
+	// The leaver acknowledges its first message, refuses its second and
+	// leaves the rest unacknowledged when its connection drops.
+	var kept string
+	held := 0
+	for {
+		pk, err := leaver.Read(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if pk.FixedHeader.Type != packets.Publish {
+			continue
+		}
+		switch held++; held {
+		case 1:
+			kept = string(pk.Payload)
+			leaver.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		case 2:
+			leaver.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID,
+				ReasonCode: packets.ErrUnspecifiedError.Code})
+		}
+	}
+	require.GreaterOrEqual(t, held, 3, "the leaver got a share of the messages")
+	_ = leaver.Conn.Close()
+
+	seen := map[string]int{kept: 1}
+	for len(seen) < n {
+		pk, err := stayer.Read(5 * time.Second)
+		require.NoError(t, err, "the stayer got %d of %d", len(seen), n)
+		if pk.FixedHeader.Type != packets.Publish {
+			continue
+		}
+		seen[string(pk.Payload)]++
+		stayer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+	if pk, err := stayer.Read(500 * time.Millisecond); err == nil {
+		seen[string(pk.Payload)]++
+	}
+	for i := range n {
+		require.Equal(t, 1, seen[string(seqPayload(i))], "message %d reached the group once", i)
+	}
+	require.Equal(t, float64(held-1), testutil.ToFloat64(b.m.sharedRedispatch.WithLabelValues("local")))
 }

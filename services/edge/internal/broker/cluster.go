@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -94,7 +95,14 @@ type Output interface {
 // turn reach each peer in that order.
 type Peers interface {
 	Forward(ctx context.Context, m *Message) (wait func() error, local SharedChoice, err error)
+	// ForwardShared hands m to one other edge with members of group, for
+	// that group alone; ErrNoMember when no other edge has one.
+	ForwardShared(ctx context.Context, m *Message, group GroupKey) (wait func() error, err error)
 }
+
+// ErrNoMember is returned when a shared group has no member to take a
+// message.
+var ErrNoMember = errors.New("shared group has no other member")
 
 // SharedChoice says which shared-subscription groups an edge serves for one
 // message: each group's message goes to one member in the whole cluster,
@@ -105,6 +113,9 @@ type SharedChoice struct {
 	Chosen bool
 	// Groups are the groups served here when Chosen.
 	Groups []GroupKey
+	// Only leaves out every recipient here but the members of Groups: the
+	// message is a re-dispatch, which everyone else has already.
+	Only bool
 }
 
 // GroupKey names a shared group: its name and its filter in the tenant's

@@ -718,18 +718,22 @@ func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 			return
 		}
 	}
-	h.b.completed(cl, pk.PacketID)
+	h.b.completed(cl, pk.PacketID, pk.FixedHeader.Type == packets.Puback && pk.ReasonCode >= packets.ErrUnspecifiedError.Code)
 }
 
 func (h *hook) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
-	h.b.completed(cl, pk.PacketID)
+	h.b.completed(cl, pk.PacketID, false)
 }
 
-// completed frees a window slot and forgets the stored in-flight entry.
-func (b *Broker) completed(cl *mqtt.Client, packetID uint16) {
+// completed frees a window slot and forgets the stored in-flight entry. A
+// group message the client refused goes to another member of its group.
+func (b *Broker) completed(cl *mqtt.Client, packetID uint16, refused bool) {
 	s := b.session(cl.ID)
 	if s == nil {
 		return
+	}
+	if d, ok := s.ackedShared(packetID); ok && refused {
+		b.redispatchAll(s, []delivery{d})
 	}
 	s.acked()
 	if s.durable && b.store != nil {

@@ -91,6 +91,8 @@ type target struct {
 	noLocal bool
 	ids     []int
 	shared  bool
+	// group is the shared group that picked the session, if one did.
+	group *shareGroup
 }
 
 // match appends to dst every recipient of a message published on topic,
@@ -100,19 +102,22 @@ type target struct {
 // members first, round robin.
 //
 // serve, when not nil, says which shared groups this edge serves for the
-// message (another edge may serve the others).
-func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bool) []target {
+// message (another edge may serve the others); groupsOnly leaves out every
+// recipient but those groups' members.
+func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bool, groupsOnly bool) []target {
 	x.mu.RLock()
-	x.subs.Match(topicName, func(s *subscription) bool {
-		dst = append(dst, target{sess: s.sess, qos: s.qos, rap: s.rap, noLocal: s.noLocal, ids: s.ids})
-		return true
-	})
+	if !groupsOnly {
+		x.subs.Match(topicName, func(s *subscription) bool {
+			dst = append(dst, target{sess: s.sess, qos: s.qos, rap: s.rap, noLocal: s.noLocal, ids: s.ids})
+			return true
+		})
+	}
 	x.groups.Match(topicName, func(g *shareGroup) bool {
 		if serve != nil && !serve(g) {
 			return true
 		}
 		if m := g.pick(); m != nil {
-			dst = append(dst, target{sess: m.sess, qos: m.qos, ids: m.ids, shared: true})
+			dst = append(dst, target{sess: m.sess, qos: m.qos, ids: m.ids, shared: true, group: g})
 		}
 		return true
 	})
@@ -174,6 +179,9 @@ func mergeTarget(last *target, t target) {
 	// an ordinary one is only when every overlapping filter says so.
 	last.noLocal = last.noLocal && t.noLocal
 	last.shared = last.shared && t.shared
+	if last.group == nil {
+		last.group = t.group
+	}
 	if len(t.ids) > 0 {
 		merged := make([]int, 0, len(last.ids)+len(t.ids))
 		merged = append(merged, last.ids...)
@@ -181,6 +189,26 @@ func mergeTarget(last *target, t target) {
 		slices.Sort(merged)
 		last.ids = slices.Compact(merged)
 	}
+}
+
+// pickOnline returns the next connected member of the group named name on
+// filter (internal form) other than one of except's, or nil if there is
+// none.
+func (x *index) pickOnline(name, filter string, except *session) *subscription {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	g := x.byKey[name+"\x00"+filter]
+	if g == nil {
+		return nil
+	}
+	n := uint32(len(g.members))
+	start := g.next.Add(1)
+	for i := range n {
+		if m := g.members[(start+i)%n]; m.sess != except && m.sess.online.Load() {
+			return m
+		}
+	}
+	return nil
 }
 
 // pick returns the next member of g, preferring connected sessions.

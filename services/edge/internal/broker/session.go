@@ -23,6 +23,10 @@ type delivery struct {
 	retain bool
 	ids    []int
 	seq    uint64 // position in a durable session's stored queue; 0 when not stored
+	// group is the shared group that picked this session for the message;
+	// if the session ends before its client acknowledges a QoS 1 one, the
+	// group gets it again (shared.go).
+	group *shareGroup
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its
@@ -69,6 +73,11 @@ type session struct {
 	slow       bool   // a non-persistent client being disconnected for staying full; drop what comes
 	durable    bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
 	seq        uint64 // last stored queue position
+	// sharedOut holds the QoS 1 shared-group deliveries sent to the client
+	// and not yet acknowledged, by packet ID; nShared is its size, read
+	// without the lock on every acknowledgement.
+	sharedOut map[uint16]delivery
+	nShared   atomic.Int32
 	// record is the stored session record while it holds a will (shared
 	// store only): the will leaves it once published or discarded.
 	record *durable.Session

@@ -307,6 +307,47 @@ func TestCluster_CrossEdgePubSub(t *testing.T) {
 	require.Positive(t, perMember[0], "edge A's member got a share")
 	require.Positive(t, perMember[1], "edge B's member got a share")
 
+	// A member that leaves without acknowledging its share: its messages go
+	// to the member on the other edge, each once.
+	leaver := mqtttest.Dial(t, a.mqtt, 5)
+	leaver.Connect("relay-leaver", true, packets.Properties{})
+	require.Equal(t, []byte{1}, leaver.Subscribe(1, "$share/relay/relay/#", 1).ReasonCodes)
+	stayer := mqtttest.Dial(t, b.mqtt, 5)
+	stayer.Connect("relay-stayer", true, packets.Properties{})
+	require.Equal(t, []byte{1}, stayer.Subscribe(1, "$share/relay/relay/#", 1).ReasonCodes)
+	for i := range jobs {
+		pub.Publish(uint16(400+i), "relay/x", 1, []byte{byte(i)})
+		require.Equal(t, uint16(400+i), pub.Expect(packets.Puback).PacketID)
+	}
+	held := 0
+	for {
+		pk, err := leaver.Read(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if pk.FixedHeader.Type == packets.Publish {
+			held++ // never acknowledged
+		}
+	}
+	require.Positive(t, held, "edge A's member got a share")
+	_ = leaver.Conn.Close()
+	relayed := map[byte]int{}
+	for len(relayed) < jobs {
+		pk, err := stayer.Read(10 * time.Second)
+		require.NoError(t, err, "edge B's member got %d of %d jobs", len(relayed), jobs)
+		if pk.FixedHeader.Type != packets.Publish {
+			continue
+		}
+		relayed[pk.Payload[0]]++
+		stayer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+	if pk, err := stayer.Read(500 * time.Millisecond); err == nil && pk.FixedHeader.Type == packets.Publish {
+		relayed[pk.Payload[0]]++
+	}
+	for job, n := range relayed {
+		require.Equal(t, 1, n, "job %d delivered once in the group", job)
+	}
+
 	// A persistent session moves to the edge its client comes back to, with
 	// what was queued for it while away and what kept arriving during the
 	// takeover: every acknowledged message arrives, in order.

@@ -38,7 +38,7 @@ type Deliverer interface {
 
 // sharedChoice reads which shared groups the sender chose this edge for.
 func sharedChoice(fm *edgev1.ForwardMessage) broker.SharedChoice {
-	c := broker.SharedChoice{Chosen: fm.GetSharedChosen()}
+	c := broker.SharedChoice{Chosen: fm.GetSharedChosen() || fm.GetSharedOnly(), Only: fm.GetSharedOnly()}
 	for _, t := range fm.GetShared() {
 		c.Groups = append(c.Groups, broker.GroupKey{Name: t.GetGroup(), Filter: t.GetFilter()})
 	}

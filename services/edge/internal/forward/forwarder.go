@@ -177,6 +177,38 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, local, nil
 }
 
+// ForwardShared implements broker.Peers: m goes to one other edge with
+// members of group, for that group only. The wait is bounded as Forward's.
+func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group broker.GroupKey) (func() error, error) {
+	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
+	if !ok {
+		return nil, broker.ErrNoMember
+	}
+	bound := f.bound()
+	deadline := time.Now().Add(bound)
+	route, err := f.Resolver.Route(ctx, tenant, topic)
+	if err != nil {
+		return nil, fmt.Errorf("resolve routes: %w", err)
+	}
+	var others GroupRoute
+	for _, g := range route.Groups {
+		if g.Name == group.Name && g.Filter == group.Filter {
+			others = GroupRoute{Name: g.Name, Filter: g.Filter,
+				Edges: slices.DeleteFunc(slices.Clone(g.Edges), func(p Peer) bool { return p.ID == f.Self })}
+		}
+	}
+	if len(others.Edges) == 0 {
+		return nil, broker.ErrNoMember
+	}
+	l, err := f.link(f.pick(tenant, others))
+	if err != nil {
+		return nil, err
+	}
+	done := l.Send(&edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
+		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}, true)
+	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
+}
+
 // dest is one peer a message goes to, with the shared groups it serves.
 type dest struct {
 	peer   Peer

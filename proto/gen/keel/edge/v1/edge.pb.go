@@ -319,7 +319,11 @@ type ForwardMessage struct {
 	// traceparent is the W3C trace context (https://www.w3.org/TR/trace-context/)
 	// of the sender's forward span, set only when the message's trace is sampled:
 	// this edge's delivery joins that trace. Empty otherwise.
-	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// shared_only delivers the message to the groups in shared and to nobody
+	// else here: a group message re-dispatched because the member it went to
+	// left before acknowledging it; every other recipient has it already.
+	SharedOnly    bool `protobuf:"varint,7,opt,name=shared_only,json=sharedOnly,proto3" json:"shared_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -394,6 +398,13 @@ func (x *ForwardMessage) GetTraceparent() string {
 		return x.Traceparent
 	}
 	return ""
+}
+
+func (x *ForwardMessage) GetSharedOnly() bool {
+	if x != nil {
+		return x.SharedOnly
+	}
+	return false
 }
 
 // SessionTarget is a delivery to one session.
@@ -1525,6 +1536,128 @@ func (x *StatusResponse) GetPeers() []*PeerStatus {
 	return nil
 }
 
+// KickSessionRequest names the session whose client to disconnect.
+type KickSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session to kick.
+	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// discard ends the session as well; otherwise a persistent session stays here,
+	// offline and queueing, for its client to resume.
+	Discard       bool `protobuf:"varint,2,opt,name=discard,proto3" json:"discard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KickSessionRequest) Reset() {
+	*x = KickSessionRequest{}
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KickSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KickSessionRequest) ProtoMessage() {}
+
+func (x *KickSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KickSessionRequest.ProtoReflect.Descriptor instead.
+func (*KickSessionRequest) Descriptor() ([]byte, []int) {
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *KickSessionRequest) GetSession() *v1.SessionKey {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *KickSessionRequest) GetDiscard() bool {
+	if x != nil {
+		return x.Discard
+	}
+	return false
+}
+
+// KickSessionResponse reports what the kick did.
+type KickSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// was_connected is true when a client connection was closed; false for a
+	// session that was offline (persistent, or in custody) already.
+	WasConnected bool `protobuf:"varint,1,opt,name=was_connected,json=wasConnected,proto3" json:"was_connected,omitempty"`
+	// protocol_version of the closed connection (3, 4 or 5); 0 when none was.
+	ProtocolVersion uint32 `protobuf:"varint,2,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
+	// discarded is true when the session ended: discard was asked, or it was a
+	// session that does not outlive its connection (clean session, expiry 0).
+	Discarded     bool `protobuf:"varint,3,opt,name=discarded,proto3" json:"discarded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KickSessionResponse) Reset() {
+	*x = KickSessionResponse{}
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KickSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KickSessionResponse) ProtoMessage() {}
+
+func (x *KickSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_edge_v1_edge_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KickSessionResponse.ProtoReflect.Descriptor instead.
+func (*KickSessionResponse) Descriptor() ([]byte, []int) {
+	return file_keel_edge_v1_edge_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KickSessionResponse) GetWasConnected() bool {
+	if x != nil {
+		return x.WasConnected
+	}
+	return false
+}
+
+func (x *KickSessionResponse) GetProtocolVersion() uint32 {
+	if x != nil {
+		return x.ProtocolVersion
+	}
+	return 0
+}
+
+func (x *KickSessionResponse) GetDiscarded() bool {
+	if x != nil {
+		return x.Discarded
+	}
+	return false
+}
+
 var File_keel_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_keel_edge_v1_edge_proto_rawDesc = "" +
@@ -1535,14 +1668,16 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12-\n" +
 	"\x12target_incarnation\x18\x03 \x01(\x04R\x11targetIncarnation\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x128\n" +
-	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\"\x91\x02\n" +
+	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\"\xb2\x02\n" +
 	"\x0eForwardMessage\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12\x18\n" +
 	"\afilters\x18\x02 \x03(\tR\afilters\x127\n" +
 	"\bsessions\x18\x03 \x03(\v2\x1b.keel.edge.v1.SessionTargetR\bsessions\x122\n" +
 	"\x06shared\x18\x04 \x03(\v2\x1a.keel.edge.v1.SharedTargetR\x06shared\x12#\n" +
 	"\rshared_chosen\x18\x05 \x01(\bR\fsharedChosen\x12 \n" +
-	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"\xa8\x01\n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x12\x1f\n" +
+	"\vshared_only\x18\a \x01(\bR\n" +
+	"sharedOnly\"\xa8\x01\n" +
 	"\rSessionTarget\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -1617,7 +1752,14 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x0esessions_owned\x18\x06 \x01(\rR\rsessionsOwned\x12.\n" +
 	"\x13sessions_in_custody\x18\a \x01(\rR\x11sessionsInCustody\x12\x16\n" +
 	"\x06routes\x18\b \x01(\rR\x06routes\x12.\n" +
-	"\x05peers\x18\t \x03(\v2\x18.keel.edge.v1.PeerStatusR\x05peers*\xad\x01\n" +
+	"\x05peers\x18\t \x03(\v2\x18.keel.edge.v1.PeerStatusR\x05peers\"d\n" +
+	"\x12KickSessionRequest\x124\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x18\n" +
+	"\adiscard\x18\x02 \x01(\bR\adiscard\"\x83\x01\n" +
+	"\x13KickSessionResponse\x12#\n" +
+	"\rwas_connected\x18\x01 \x01(\bR\fwasConnected\x12)\n" +
+	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12\x1c\n" +
+	"\tdiscarded\x18\x03 \x01(\bR\tdiscarded*\xad\x01\n" +
 	"\x14ForwardRefusalReason\x12&\n" +
 	"\"FORWARD_REFUSAL_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" FORWARD_REFUSAL_REASON_NOT_OWNER\x10\x01\x12$\n" +
@@ -1634,14 +1776,15 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x10EDGE_STATE_READY\x10\x02\x12\x17\n" +
 	"\x13EDGE_STATE_DRAINING\x10\x03\x12\x16\n" +
 	"\x12EDGE_STATE_DRAINED\x10\x04\x12\x15\n" +
-	"\x11EDGE_STATE_FENCED\x10\x052\xd0\x03\n" +
+	"\x11EDGE_STATE_FENCED\x10\x052\xa4\x04\n" +
 	"\vEdgeService\x12J\n" +
 	"\aForward\x12\x1c.keel.edge.v1.ForwardRequest\x1a\x1d.keel.edge.v1.ForwardResponse(\x010\x01\x12X\n" +
 	"\rTakeoverBegin\x12\".keel.edge.v1.TakeoverBeginRequest\x1a#.keel.edge.v1.TakeoverBeginResponse\x12R\n" +
 	"\vTakeoverEnd\x12 .keel.edge.v1.TakeoverEndRequest\x1a!.keel.edge.v1.TakeoverEndResponse\x12@\n" +
 	"\x05Drain\x12\x1a.keel.edge.v1.DrainRequest\x1a\x1b.keel.edge.v1.DrainResponse\x12@\n" +
 	"\x05Adopt\x12\x1a.keel.edge.v1.AdoptRequest\x1a\x1b.keel.edge.v1.AdoptResponse\x12C\n" +
-	"\x06Status\x12\x1b.keel.edge.v1.StatusRequest\x1a\x1c.keel.edge.v1.StatusResponseB\xa5\x01\n" +
+	"\x06Status\x12\x1b.keel.edge.v1.StatusRequest\x1a\x1c.keel.edge.v1.StatusResponse\x12R\n" +
+	"\vKickSession\x12 .keel.edge.v1.KickSessionRequest\x1a!.keel.edge.v1.KickSessionResponseB\xa5\x01\n" +
 	"\x10com.keel.edge.v1B\tEdgeProtoP\x01Z4github.com/keelmq/keel/proto/gen/keel/edge/v1;edgev1\xa2\x02\x03KEX\xaa\x02\fKeel.Edge.V1\xca\x02\fKeel\\Edge\\V1\xe2\x02\x18Keel\\Edge\\V1\\GPBMetadata\xea\x02\x0eKeel::Edge::V1b\x06proto3"
 
 var (
@@ -1657,7 +1800,7 @@ func file_keel_edge_v1_edge_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_edge_v1_edge_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_keel_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_keel_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_keel_edge_v1_edge_proto_goTypes = []any{
 	(ForwardRefusalReason)(0),     // 0: keel.edge.v1.ForwardRefusalReason
 	(SharedOutcomeKind)(0),        // 1: keel.edge.v1.SharedOutcomeKind
@@ -1680,50 +1823,55 @@ var file_keel_edge_v1_edge_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 18: keel.edge.v1.StatusRequest
 	(*PeerStatus)(nil),            // 19: keel.edge.v1.PeerStatus
 	(*StatusResponse)(nil),        // 20: keel.edge.v1.StatusResponse
-	(*v1.Message)(nil),            // 21: keel.common.v1.Message
-	(*v1.SessionKey)(nil),         // 22: keel.common.v1.SessionKey
-	(*v1.MsgID)(nil),              // 23: keel.common.v1.MsgID
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*KickSessionRequest)(nil),    // 21: keel.edge.v1.KickSessionRequest
+	(*KickSessionResponse)(nil),   // 22: keel.edge.v1.KickSessionResponse
+	(*v1.Message)(nil),            // 23: keel.common.v1.Message
+	(*v1.SessionKey)(nil),         // 24: keel.common.v1.SessionKey
+	(*v1.MsgID)(nil),              // 25: keel.common.v1.MsgID
+	(*durationpb.Duration)(nil),   // 26: google.protobuf.Duration
 }
 var file_keel_edge_v1_edge_proto_depIdxs = []int32{
 	4,  // 0: keel.edge.v1.ForwardRequest.messages:type_name -> keel.edge.v1.ForwardMessage
-	21, // 1: keel.edge.v1.ForwardMessage.message:type_name -> keel.common.v1.Message
+	23, // 1: keel.edge.v1.ForwardMessage.message:type_name -> keel.common.v1.Message
 	5,  // 2: keel.edge.v1.ForwardMessage.sessions:type_name -> keel.edge.v1.SessionTarget
 	6,  // 3: keel.edge.v1.ForwardMessage.shared:type_name -> keel.edge.v1.SharedTarget
-	22, // 4: keel.edge.v1.SessionTarget.session:type_name -> keel.common.v1.SessionKey
+	24, // 4: keel.edge.v1.SessionTarget.session:type_name -> keel.common.v1.SessionKey
 	8,  // 5: keel.edge.v1.ForwardResponse.refusals:type_name -> keel.edge.v1.ForwardRefusal
 	9,  // 6: keel.edge.v1.ForwardResponse.shared_outcomes:type_name -> keel.edge.v1.SharedOutcome
-	23, // 7: keel.edge.v1.ForwardRefusal.msg_id:type_name -> keel.common.v1.MsgID
+	25, // 7: keel.edge.v1.ForwardRefusal.msg_id:type_name -> keel.common.v1.MsgID
 	0,  // 8: keel.edge.v1.ForwardRefusal.reason:type_name -> keel.edge.v1.ForwardRefusalReason
-	22, // 9: keel.edge.v1.ForwardRefusal.session:type_name -> keel.common.v1.SessionKey
-	23, // 10: keel.edge.v1.SharedOutcome.msg_id:type_name -> keel.common.v1.MsgID
+	24, // 9: keel.edge.v1.ForwardRefusal.session:type_name -> keel.common.v1.SessionKey
+	25, // 10: keel.edge.v1.SharedOutcome.msg_id:type_name -> keel.common.v1.MsgID
 	1,  // 11: keel.edge.v1.SharedOutcome.kind:type_name -> keel.edge.v1.SharedOutcomeKind
-	22, // 12: keel.edge.v1.TakeoverBeginRequest.session:type_name -> keel.common.v1.SessionKey
-	22, // 13: keel.edge.v1.TakeoverEndRequest.session:type_name -> keel.common.v1.SessionKey
-	24, // 14: keel.edge.v1.TakeoverEndResponse.route_release_after:type_name -> google.protobuf.Duration
-	22, // 15: keel.edge.v1.AdoptRequest.session:type_name -> keel.common.v1.SessionKey
-	24, // 16: keel.edge.v1.DrainRequest.deadline:type_name -> google.protobuf.Duration
+	24, // 12: keel.edge.v1.TakeoverBeginRequest.session:type_name -> keel.common.v1.SessionKey
+	24, // 13: keel.edge.v1.TakeoverEndRequest.session:type_name -> keel.common.v1.SessionKey
+	26, // 14: keel.edge.v1.TakeoverEndResponse.route_release_after:type_name -> google.protobuf.Duration
+	24, // 15: keel.edge.v1.AdoptRequest.session:type_name -> keel.common.v1.SessionKey
+	26, // 16: keel.edge.v1.DrainRequest.deadline:type_name -> google.protobuf.Duration
 	2,  // 17: keel.edge.v1.DrainResponse.state:type_name -> keel.edge.v1.EdgeState
 	2,  // 18: keel.edge.v1.StatusResponse.state:type_name -> keel.edge.v1.EdgeState
-	24, // 19: keel.edge.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
+	26, // 19: keel.edge.v1.StatusResponse.lease_remaining:type_name -> google.protobuf.Duration
 	19, // 20: keel.edge.v1.StatusResponse.peers:type_name -> keel.edge.v1.PeerStatus
-	3,  // 21: keel.edge.v1.EdgeService.Forward:input_type -> keel.edge.v1.ForwardRequest
-	10, // 22: keel.edge.v1.EdgeService.TakeoverBegin:input_type -> keel.edge.v1.TakeoverBeginRequest
-	12, // 23: keel.edge.v1.EdgeService.TakeoverEnd:input_type -> keel.edge.v1.TakeoverEndRequest
-	16, // 24: keel.edge.v1.EdgeService.Drain:input_type -> keel.edge.v1.DrainRequest
-	14, // 25: keel.edge.v1.EdgeService.Adopt:input_type -> keel.edge.v1.AdoptRequest
-	18, // 26: keel.edge.v1.EdgeService.Status:input_type -> keel.edge.v1.StatusRequest
-	7,  // 27: keel.edge.v1.EdgeService.Forward:output_type -> keel.edge.v1.ForwardResponse
-	11, // 28: keel.edge.v1.EdgeService.TakeoverBegin:output_type -> keel.edge.v1.TakeoverBeginResponse
-	13, // 29: keel.edge.v1.EdgeService.TakeoverEnd:output_type -> keel.edge.v1.TakeoverEndResponse
-	17, // 30: keel.edge.v1.EdgeService.Drain:output_type -> keel.edge.v1.DrainResponse
-	15, // 31: keel.edge.v1.EdgeService.Adopt:output_type -> keel.edge.v1.AdoptResponse
-	20, // 32: keel.edge.v1.EdgeService.Status:output_type -> keel.edge.v1.StatusResponse
-	27, // [27:33] is the sub-list for method output_type
-	21, // [21:27] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	24, // 21: keel.edge.v1.KickSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	3,  // 22: keel.edge.v1.EdgeService.Forward:input_type -> keel.edge.v1.ForwardRequest
+	10, // 23: keel.edge.v1.EdgeService.TakeoverBegin:input_type -> keel.edge.v1.TakeoverBeginRequest
+	12, // 24: keel.edge.v1.EdgeService.TakeoverEnd:input_type -> keel.edge.v1.TakeoverEndRequest
+	16, // 25: keel.edge.v1.EdgeService.Drain:input_type -> keel.edge.v1.DrainRequest
+	14, // 26: keel.edge.v1.EdgeService.Adopt:input_type -> keel.edge.v1.AdoptRequest
+	18, // 27: keel.edge.v1.EdgeService.Status:input_type -> keel.edge.v1.StatusRequest
+	21, // 28: keel.edge.v1.EdgeService.KickSession:input_type -> keel.edge.v1.KickSessionRequest
+	7,  // 29: keel.edge.v1.EdgeService.Forward:output_type -> keel.edge.v1.ForwardResponse
+	11, // 30: keel.edge.v1.EdgeService.TakeoverBegin:output_type -> keel.edge.v1.TakeoverBeginResponse
+	13, // 31: keel.edge.v1.EdgeService.TakeoverEnd:output_type -> keel.edge.v1.TakeoverEndResponse
+	17, // 32: keel.edge.v1.EdgeService.Drain:output_type -> keel.edge.v1.DrainResponse
+	15, // 33: keel.edge.v1.EdgeService.Adopt:output_type -> keel.edge.v1.AdoptResponse
+	20, // 34: keel.edge.v1.EdgeService.Status:output_type -> keel.edge.v1.StatusResponse
+	22, // 35: keel.edge.v1.EdgeService.KickSession:output_type -> keel.edge.v1.KickSessionResponse
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_keel_edge_v1_edge_proto_init() }
@@ -1741,7 +1889,7 @@ func file_keel_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_edge_v1_edge_proto_rawDesc), len(file_keel_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

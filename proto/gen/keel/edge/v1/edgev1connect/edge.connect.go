@@ -49,6 +49,8 @@ const (
 	EdgeServiceAdoptProcedure = "/keel.edge.v1.EdgeService/Adopt"
 	// EdgeServiceStatusProcedure is the fully-qualified name of the EdgeService's Status RPC.
 	EdgeServiceStatusProcedure = "/keel.edge.v1.EdgeService/Status"
+	// EdgeServiceKickSessionProcedure is the fully-qualified name of the EdgeService's KickSession RPC.
+	EdgeServiceKickSessionProcedure = "/keel.edge.v1.EdgeService/KickSession"
 )
 
 // EdgeServiceClient is a client for the keel.edge.v1.EdgeService service.
@@ -76,6 +78,14 @@ type EdgeServiceClient interface {
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	// Status reports this edge's state, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// KickSession disconnects the client of a session this edge holds, for an
+	// operator (keelctl session kick): an MQTT 5 client gets DISCONNECT with reason
+	// 0x98 (administrative action), an MQTT 3 client's connection is closed, and
+	// its will is published as on any disconnect the server causes. With discard
+	// the session ends too: its subscriptions, queue and stored state are removed
+	// and its ownership is released at the coordinator. NotFound when this edge
+	// holds no such session.
+	KickSession(context.Context, *connect.Request[v1.KickSessionRequest]) (*connect.Response[v1.KickSessionResponse], error)
 }
 
 // NewEdgeServiceClient constructs a client for the keel.edge.v1.EdgeService service. By default, it
@@ -125,6 +135,12 @@ func NewEdgeServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(edgeServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		kickSession: connect.NewClient[v1.KickSessionRequest, v1.KickSessionResponse](
+			httpClient,
+			baseURL+EdgeServiceKickSessionProcedure,
+			connect.WithSchema(edgeServiceMethods.ByName("KickSession")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -136,6 +152,7 @@ type edgeServiceClient struct {
 	drain         *connect.Client[v1.DrainRequest, v1.DrainResponse]
 	adopt         *connect.Client[v1.AdoptRequest, v1.AdoptResponse]
 	status        *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	kickSession   *connect.Client[v1.KickSessionRequest, v1.KickSessionResponse]
 }
 
 // Forward calls keel.edge.v1.EdgeService.Forward.
@@ -168,6 +185,11 @@ func (c *edgeServiceClient) Status(ctx context.Context, req *connect.Request[v1.
 	return c.status.CallUnary(ctx, req)
 }
 
+// KickSession calls keel.edge.v1.EdgeService.KickSession.
+func (c *edgeServiceClient) KickSession(ctx context.Context, req *connect.Request[v1.KickSessionRequest]) (*connect.Response[v1.KickSessionResponse], error) {
+	return c.kickSession.CallUnary(ctx, req)
+}
+
 // EdgeServiceHandler is an implementation of the keel.edge.v1.EdgeService service.
 type EdgeServiceHandler interface {
 	// Forward is the one long-lived stream from a sending edge to this edge (one per
@@ -193,6 +215,14 @@ type EdgeServiceHandler interface {
 	Adopt(context.Context, *connect.Request[v1.AdoptRequest]) (*connect.Response[v1.AdoptResponse], error)
 	// Status reports this edge's state, for operators and keelctl.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// KickSession disconnects the client of a session this edge holds, for an
+	// operator (keelctl session kick): an MQTT 5 client gets DISCONNECT with reason
+	// 0x98 (administrative action), an MQTT 3 client's connection is closed, and
+	// its will is published as on any disconnect the server causes. With discard
+	// the session ends too: its subscriptions, queue and stored state are removed
+	// and its ownership is released at the coordinator. NotFound when this edge
+	// holds no such session.
+	KickSession(context.Context, *connect.Request[v1.KickSessionRequest]) (*connect.Response[v1.KickSessionResponse], error)
 }
 
 // NewEdgeServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -238,6 +268,12 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(edgeServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	edgeServiceKickSessionHandler := connect.NewUnaryHandler(
+		EdgeServiceKickSessionProcedure,
+		svc.KickSession,
+		connect.WithSchema(edgeServiceMethods.ByName("KickSession")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.edge.v1.EdgeService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case EdgeServiceForwardProcedure:
@@ -252,6 +288,8 @@ func NewEdgeServiceHandler(svc EdgeServiceHandler, opts ...connect.HandlerOption
 			edgeServiceAdoptHandler.ServeHTTP(w, r)
 		case EdgeServiceStatusProcedure:
 			edgeServiceStatusHandler.ServeHTTP(w, r)
+		case EdgeServiceKickSessionProcedure:
+			edgeServiceKickSessionHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -283,4 +321,8 @@ func (UnimplementedEdgeServiceHandler) Adopt(context.Context, *connect.Request[v
 
 func (UnimplementedEdgeServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.edge.v1.EdgeService.Status is not implemented"))
+}
+
+func (UnimplementedEdgeServiceHandler) KickSession(context.Context, *connect.Request[v1.KickSessionRequest]) (*connect.Response[v1.KickSessionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.edge.v1.EdgeService.KickSession is not implemented"))
 }
