@@ -13,7 +13,8 @@
 # benchmarks). PORT_OFFSET moves every port, so a benchmark cluster can run
 # beside `make run`; the command sees MQTT_ADDRS (the edges' MQTT addresses,
 # space-separated) and OPS_ADDRS (their ops addresses). EDGE_ARGS adds flags
-# to every edge (for example --ops.pprof). REDIS_REPLICAS=N runs the
+# to every edge (for example --ops.pprof), PERSISTENCE_ARGS to the
+# persistence instance. REDIS_REPLICAS=N runs the
 # persistence instance in front of a local redis-server primary (port
 # 6379+PORT_OFFSET) and N replicas, every acknowledged write on one of them
 # (WAIT 1), instead of its embedded store.
@@ -82,7 +83,7 @@ if ((${REDIS_REPLICAS:-0} > 0)); then
   store=(--redis.addr 127.0.0.1:$((6379 + O)) --redis.replicas "$replicas" --redis.min-replicas 1)
 fi
 start persistence "$BIN/keel-persistence" --api.addr 127.0.0.1:$((7402 + O)) --ops.addr 127.0.0.1:$((9203 + O)) \
-  "${store[@]}" --coordinator.addr http://127.0.0.1:$((7401 + O)) --log.format text --log.level "$LOG_LEVEL"
+  "${store[@]}" --coordinator.addr http://127.0.0.1:$((7401 + O)) --log.format text --log.level "$LOG_LEVEL" ${PERSISTENCE_ARGS:-}
 ready persistence 127.0.0.1:$((9203 + O))
 printf 'tenants: {}\n' >"$DATA/output-rules.yaml"
 start output "$BIN/keel-output" --listen-addr 127.0.0.1:$((9310 + O)) --ops.addr 127.0.0.1:$((9204 + O)) \

@@ -46,22 +46,37 @@ type Watch struct {
 // resuming after the last event it processed.
 func (w *Watch) Run(ctx context.Context) error {
 	var from uint64
-	jobs := make(chan *coordinatorv1.SessionEpoch)
-	var wg sync.WaitGroup
+	jobs := make(chan custodyJob)
+	var wg, retries sync.WaitGroup
 	workers := w.Workers
 	if workers <= 0 {
 		workers = 16
 	}
 	for range workers {
 		wg.Go(func() {
-			for se := range jobs {
-				w.adopt(ctx, se)
+			for j := range jobs {
+				if w.adopt(ctx, j) {
+					continue
+				}
+				// Tried again off the workers, so that one session that
+				// keeps failing holds up no other.
+				retries.Go(func() {
+					for done := false; !done; done = w.adopt(ctx, j) {
+						select {
+						case <-ctx.Done():
+							return
+						case <-time.After(custodyBackoff(j.attempt)):
+						}
+						j.attempt++
+					}
+				})
 			}
 		})
 	}
 	defer func() {
 		close(jobs)
 		wg.Wait()
+		retries.Wait()
 	}()
 	for ctx.Err() == nil {
 		err := w.watch(ctx, &from, jobs)
@@ -77,7 +92,19 @@ func (w *Watch) Run(ctx context.Context) error {
 	return nil
 }
 
-func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- *coordinatorv1.SessionEpoch) error {
+// custodyJob is one session to adopt, and how many tries it had.
+type custodyJob struct {
+	se      *coordinatorv1.SessionEpoch
+	attempt int
+}
+
+// custodyBackoff is the wait before try attempt+1: from 250 ms, doubling,
+// up to 15 s.
+func custodyBackoff(attempt int) time.Duration {
+	return min(250*time.Millisecond<<min(attempt, 6), 15*time.Second)
+}
+
+func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := w.Client.WatchCluster(sctx, connect.NewRequest(&coordinatorv1.WatchClusterRequest{
@@ -101,7 +128,7 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- *coordinato
 				"sessions", len(c.GetSessions()))
 			for _, se := range c.GetSessions() {
 				select {
-				case jobs <- se:
+				case jobs <- custodyJob{se: se}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -112,37 +139,25 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- *coordinato
 	return stream.Err()
 }
 
-// adopt takes custody of one session, trying again for a while when it
-// fails (a store or router hiccup, a will some recipient did not take):
-// otherwise the session waits in the store until its client comes back,
-// and a session that ended with its dead edge never has its will published.
-func (w *Watch) adopt(ctx context.Context, se *coordinatorv1.SessionEpoch) {
-	k := se.GetSession()
-	deadline := time.Now().Add(custodyPatience)
-	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 4*time.Second) {
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		adopted, err := w.Custodian.TakeCustody(actx, k.GetTenant(), k.GetClientId(), se.GetEpoch())
-		cancel()
-		switch {
-		case err == nil && adopted:
-			w.Logger.Debug("session in custody", "tenant", k.GetTenant(), "client_id", k.GetClientId(), "epoch", se.GetEpoch())
-			return
-		case err == nil:
-			return
-		case time.Now().Add(wait).After(deadline):
-			w.Logger.Warn("custody not taken; the session waits in the store for its client", "tenant", k.GetTenant(),
-				"client_id", k.GetClientId(), "epoch", se.GetEpoch(), "error", err)
-			return
+// adopt tries once to take custody of one session, and reports whether it
+// is done: adopted, or nothing to adopt. A failure (a store or router
+// hiccup, a will some recipient did not take) is tried again until it
+// succeeds or the session moves on: until then its routes and its will
+// depend on it.
+func (w *Watch) adopt(ctx context.Context, j custodyJob) bool {
+	k := j.se.GetSession()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	adopted, err := w.Custodian.TakeCustody(actx, k.GetTenant(), k.GetClientId(), j.se.GetEpoch())
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			w.Logger.Warn("custody failed; trying again", "tenant", k.GetTenant(), "client_id", k.GetClientId(),
+				"epoch", j.se.GetEpoch(), "attempt", j.attempt+1, "error", err)
 		}
-		w.Logger.Info("custody failed; trying again", "tenant", k.GetTenant(), "client_id", k.GetClientId(),
-			"epoch", se.GetEpoch(), "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+		return ctx.Err() != nil
+	case adopted:
+		w.Logger.Debug("session in custody", "tenant", k.GetTenant(), "client_id", k.GetClientId(), "epoch", j.se.GetEpoch())
 	}
+	return true
 }
-
-// custodyPatience bounds how long one session's custody is retried.
-const custodyPatience = time.Minute

@@ -1,0 +1,79 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+)
+
+// flakyCustodian fails each session's first failures tries.
+type flakyCustodian struct {
+	failures int
+	mu       sync.Mutex
+	tries    map[string]int
+	adopted  map[string]uint64 // client ID → epoch
+}
+
+func (c *flakyCustodian) TakeCustody(_ context.Context, tenant, clientID string, epoch uint64) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.tries[clientID]++
+	if c.tries[clientID] <= c.failures {
+		return false, errors.New("store unavailable")
+	}
+	c.adopted[clientID] = epoch
+	return true, nil
+}
+
+// TestWatch_CustodyTriedUntilAdopted: sessions of an edge whose lease
+// expired are assigned to the watching edge by a real coordinator, and a
+// custody that fails is tried again, off the workers, until it succeeds.
+func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
+	t.Parallel()
+	url, _ := startCoordinator(t, time.Second)
+	logger := testutil.Logger(t)
+	client := NewClient(url)
+
+	dead := &Member{Client: client, ID: "edge-dead", Logger: logger, Margin: 100 * time.Millisecond}
+	require.NoError(t, dead.Join(t.Context()))
+	deadCtx, stopDead := context.WithCancel(t.Context())
+	go func() { _ = dead.Run(deadCtx) }()
+	owner := &Ownership{Client: client, Member: dead, MaxBatch: 8}
+	var epochs []uint64
+	for i := range 3 {
+		epoch, _, err := owner.Claim(t.Context(), "acme", fmt.Sprintf("dev-%d", i))
+		require.NoError(t, err)
+		epochs = append(epochs, epoch)
+	}
+
+	live := &Member{Client: client, ID: "edge-live", Logger: logger, Margin: 100 * time.Millisecond}
+	require.NoError(t, live.Join(t.Context()))
+	go func() { _ = live.Run(t.Context()) }()
+	custodian := &flakyCustodian{failures: 2, tries: map[string]int{}, adopted: map[string]uint64{}}
+	w := &Watch{Client: client, Self: "edge-live", Incarnation: live.Incarnation, Custodian: custodian, Logger: logger, Workers: 1}
+	go func() { _ = w.Run(t.Context()) }()
+
+	stopDead() // its lease runs out
+	testutil.Eventually(t, 20*time.Second, func() error {
+		custodian.mu.Lock()
+		defer custodian.mu.Unlock()
+		if len(custodian.adopted) < 3 {
+			return fmt.Errorf("adopted %v after tries %v", custodian.adopted, custodian.tries)
+		}
+		return nil
+	})
+	custodian.mu.Lock()
+	defer custodian.mu.Unlock()
+	for i := range 3 {
+		id := fmt.Sprintf("dev-%d", i)
+		require.Equal(t, 3, custodian.tries[id], "%s: two failures, then adopted", id)
+		require.Greater(t, custodian.adopted[id], epochs[i], "%s: custody comes with a newer epoch", id)
+	}
+}
