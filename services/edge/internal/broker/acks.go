@@ -125,6 +125,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 	for {
 		q.mu.Lock()
 		if len(q.pending) == 0 || q.failed {
+			unacked := q.pending
 			for _, p := range q.pending {
 				finishSpan(p.span, errFailedEarlier)
 			}
@@ -132,6 +133,9 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			q.running = false
 			q.room.Broadcast()
 			q.mu.Unlock()
+			for _, p := range unacked {
+				b.forgetIncoming(cl, p.qos, p.packetID)
+			}
 			return
 		}
 		p := q.pending[0]

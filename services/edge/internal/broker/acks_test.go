@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -173,4 +176,54 @@ func TestBroker_DeferredAcksHoldMQTT3(t *testing.T) {
 	peers.answer(t, "x2", nil)
 	require.Equal(t, uint16(2), pub.Expect(packets.Puback).PacketID)
 	require.Equal(t, uint16(3), pub.Expect(packets.Puback).PacketID)
+}
+
+// A QoS 2 PUBLISH that not every recipient took is not acknowledged, and
+// its stored PUBREC state goes: when the client resumes its session (here
+// after a restart of the edge) and sends it again, it is routed again
+// rather than answered as a duplicate of a message that was never taken.
+func TestBroker_FailedQoS2PublishIsRoutedAgainAfterResume(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	open := func() (*Broker, string, func()) {
+		cfg := DefaultConfig()
+		cfg.EdgeID = "test"
+		b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+		require.NoError(t, err)
+		st, err := durable.Open(dir, testutil.Logger(t))
+		require.NoError(t, err)
+		require.NoError(t, b.Restore(st))
+		l := newTCP("127.0.0.1:0")
+		require.NoError(t, b.AddListener(l))
+		require.NoError(t, b.Serve())
+		stop := func() { _ = b.Close(); _ = st.Close() }
+		return b, l.Address(), stop
+	}
+	b, addr, stop := open()
+	peers := newHeldPeers()
+	b.SetCluster(Cluster{Peers: peers})
+	pub := mqtttest.Dial(t, addr, 4)
+	require.False(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
+	pub.Publish(7, "t", 2, []byte("once"))
+	peers.answer(t, "once", errors.New("peer gone"))
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		if err != nil {
+			break // closed without a PUBREC
+		}
+		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "not every recipient took it: no PUBREC")
+	}
+	stop()
+
+	_, addr, stop = open()
+	t.Cleanup(stop)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	require.Equal(t, []byte{2}, sub.Subscribe(1, "t", 2).ReasonCodes)
+	pub = mqtttest.Dial(t, addr, 4)
+	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 7,
+		TopicName: "t", Payload: []byte("once")})
+	require.Equal(t, uint16(7), pub.Expect(packets.Pubrec).PacketID)
+	require.Equal(t, "once", string(sub.Expect(packets.Publish).Payload), "routed again")
 }

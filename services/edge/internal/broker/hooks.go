@@ -686,6 +686,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
 		finishSpan(m.span, err)
+		b.forgetIncoming(cl, pk.FixedHeader.Qos, pk.PacketID)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
@@ -697,6 +698,29 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	finishSpan(m.span, nil)
 	// Success, but mochi must not fan the message out itself.
 	return pk, packets.CodeSuccessIgnore
+}
+
+// forgetIncoming removes the stored PUBREC state of a QoS 2 PUBLISH that
+// was not acknowledged because not every recipient took it. Left in place,
+// it would make the client's resend, after it resumes the session on any
+// edge, look like a duplicate of a message already taken, and be answered
+// without being routed: the recipients that missed it would never get it.
+// Routed again, it may reach twice a recipient that did take it the first
+// time, which the store failure made unavoidable; losing it is worse.
+func (b *Broker) forgetIncoming(cl *mqtt.Client, qos byte, packetID uint16) {
+	if qos != 2 || b.store == nil {
+		return
+	}
+	s := b.session(cl.ID)
+	if s == nil || !s.wasDurable() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := b.store.DeleteIncoming(ctx, cl.ID, packetID); err != nil {
+		b.logger.Warn("PUBREC state of an unacknowledged QoS 2 publish not removed; its resend may be taken for a duplicate",
+			"client_id", cl.ID, "packet_id", packetID, "error", err)
+	}
 }
 
 // OnQosComplete frees a slot of the client's receive window when one of the
