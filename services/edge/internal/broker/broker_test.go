@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -345,4 +346,52 @@ func TestBroker_SharedSubscription_Redispatch(t *testing.T) {
 		require.Equal(t, 1, seen[string(seqPayload(i))], "message %d reached the group once", i)
 	}
 	require.Equal(t, float64(held-1), testutil.ToFloat64(b.m.sharedRedispatch.WithLabelValues("local")))
+}
+
+// A connection the edge itself closes (here as when credentials expire,
+// with 0x87) ended without a normal DISCONNECT: its will goes out, every
+// time, however the close meets the connection's read loop.
+func TestBroker_WillOnServerInitiatedDisconnect(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/#", 1).ReasonCodes)
+	for i := range 30 {
+		id := fmt.Sprintf("dev-%d", i)
+		c := mqtttest.Dial(t, addr, 5)
+		c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+			Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: id,
+				WillFlag: true, WillTopic: "gone/" + id, WillQos: 1, WillPayload: []byte(id)}})
+		require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
+		sc, err := b.scope("default")
+		require.NoError(t, err)
+		var cl *mqtt.Client
+		require.Eventually(t, func() bool {
+			found, ok := b.server.Clients.Get(sc.ClientID(id))
+			cl = found
+			return ok && b.conn(found) != nil
+		}, 5*time.Second, time.Millisecond)
+		// The client is busy, so that the close may meet its read loop
+		// between two packets (mochi then reports no error, as for a
+		// normal DISCONNECT) as well as inside a read.
+		busy := make(chan struct{})
+		go func() {
+			defer close(busy)
+			// QoS 0 publishes: handled without a reply, so the read loop
+			// can find the connection closed right after one.
+			pub := []byte{packets.Publish << 4, 7, 0, 4, 'n', 'o', 'n', 'e', 0}
+			for range 2000 {
+				if _, err := c.Conn.Write(pub); err != nil {
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		_ = b.server.DisconnectClient(cl, packets.ErrNotAuthorized) // returns the code it sent
+		<-busy
+		will := watcher.Expect(packets.Publish)
+		require.Equal(t, id, string(will.Payload), "round %d", i)
+		watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: will.PacketID})
+	}
 }

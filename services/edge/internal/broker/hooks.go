@@ -295,8 +295,12 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		s.unbind(cl)
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
-	// end publishes it, unless the edge itself is stopping.
-	if will := c.will.Load(); will != nil && err != nil && !b.stopping.Load() {
+	// end publishes it, unless the edge itself is stopping. mochi reports
+	// no error both for a normal DISCONNECT and for a connection the server
+	// stopped between two packets (DisconnectClient, Stop): the stop cause
+	// tells them apart.
+	normal := err == nil && errors.Is(cl.StopCause(), packets.CodeDisconnect)
+	if will := c.will.Load(); will != nil && !normal && !b.stopping.Load() {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
