@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,15 +165,103 @@ func (s *Store) commitLoop() {
 	}
 }
 
+// scriptCall is one EVALSHA of a commit: one op, or several ops of one
+// session merged (see merge).
+type scriptCall struct {
+	script string
+	keys   []string
+	args   []any
+	wait   bool
+	ops    []int  // indexes in the batch, in order
+	sends  uint64 // sends seen in the batch when the call was made
+}
+
+// Where the per-op arguments start, after the fence (and queue limits).
+const (
+	appendBody = 5 // epoch gepoch maxLen dropOldest ttl
+	fenceBody  = 2 // epoch gepoch
+)
+
+// merge folds the ops of a batch into script calls: a session's appends
+// join into one call, and so do its completes, as long as the fence (and
+// queue limits) are the same and no other write of the session comes
+// between; so a busy session costs a call or two per commit instead of two
+// per message. Redis's cost per call (dispatch, the fence's reads, the
+// MULTI/EXEC that wraps a script's effects for replicas) dominates these
+// small writes.
+//
+// Merging moves an op earlier in the batch. Past other sessions' ops that
+// is safe: their keys are disjoint but for the shared message records,
+// which appends only reference and completes only release. References
+// commute, and so do releases, except against a send of an entry that was
+// never queued, which needs its message to exist (scriptSend): a complete
+// never moves past a send. Within the session, an append and a complete
+// commute too: they touch the queue and the in-flight set apart, and an
+// append carries its message's body, so the record exists after it
+// whichever runs first. Every other write of the session ends the merging.
+func merge(batch []*op) []*scriptCall {
+	type open struct{ append, complete *scriptCall }
+	calls := make([]*scriptCall, 0, len(batch))
+	sessions := make(map[string]*open, len(batch))
+	var sends uint64
+	for i, o := range batch {
+		if o.script == scriptSend {
+			sends++
+		}
+		k := o.keys[0]
+		st := sessions[k]
+		if st == nil {
+			st = &open{}
+			sessions[k] = st
+		}
+		var into **scriptCall
+		body := fenceBody
+		switch o.script {
+		case scriptAppend:
+			into, body = &st.append, appendBody
+		case scriptComplete:
+			into = &st.complete
+		default:
+			st.append, st.complete = nil, nil
+		}
+		if into != nil {
+			if c := *into; c != nil && sameArgs(c.args[:body], o.args[:body]) && (o.script == scriptAppend || c.sends == sends) {
+				c.args = append(c.args, o.args[body:]...)
+				c.wait = c.wait || o.wait
+				c.ops = append(c.ops, i)
+				continue
+			}
+		}
+		c := &scriptCall{script: o.script, keys: o.keys, args: o.args, wait: o.wait, ops: []int{i}, sends: sends}
+		if into != nil {
+			c.args = slices.Clip(o.args) // appended to if merged into: never into the op's own array
+			*into = c
+		}
+		calls = append(calls, c)
+	}
+	return calls
+}
+
+// sameArgs compares fence and limit arguments: strings and ints only.
+func sameArgs(a, b []any) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error {
+	calls := merge(batch)
 	needWait := false
-	cmds := make([]*redis.Cmd, len(batch))
+	cmds := make([]*redis.Cmd, len(calls))
 	var waitCmd *redis.IntCmd
 	start := time.Now()
 	_, perr := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, o := range batch {
-			cmds[i] = p.EvalSha(ctx, shaOf(o.script), o.keys, o.args...)
-			needWait = needWait || o.wait
+		for i, c := range calls {
+			cmds[i] = p.EvalSha(ctx, shaOf(c.script), c.keys, c.args...)
+			needWait = needWait || c.wait
 		}
 		if needWait && s.cfg.MinReplicas > 0 {
 			waitCmd = redis.NewIntCmd(ctx, "wait", s.cfg.MinReplicas, s.cfg.WaitTimeout.Milliseconds())
@@ -189,10 +278,10 @@ func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error
 		}
 	}
 	if s.Observer != nil {
-		s.Observer.Committed(len(batch), time.Since(start), waitCmd != nil, replicated)
+		s.Observer.Committed(len(calls), time.Since(start), waitCmd != nil, replicated)
 	}
 	noscript := false
-	for i, o := range batch {
+	for i, c := range calls {
 		val, err := cmds[i].Result()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			// The script cache was flushed (or this is another server):
@@ -200,10 +289,23 @@ func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error
 			noscript = true
 			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-		if err == nil && o.wait && !replicated {
-			err = store.ErrNotReplicated
+		segments, _ := val.([]any)
+		for seg, j := range c.ops {
+			o := batch[j]
+			v := val
+			if c.script == scriptAppend && err == nil {
+				// One result per merged append, in order.
+				v = nil
+				if seg < len(segments) {
+					v = segments[seg]
+				}
+			}
+			oerr := err
+			if oerr == nil && o.wait && !replicated {
+				oerr = store.ErrNotReplicated
+			}
+			o.result <- opResult{val: v, err: mapErr(oerr)}
 		}
-		o.result <- opResult{val: val, err: mapErr(err)}
 	}
 	if noscript {
 		return errors.New("scripts not loaded")
@@ -378,7 +480,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if so.Limits.DropOldest {
 			drop = "1"
 		}
-		args := append(fa, so.Limits.MaxLen, drop, int(s.cfg.MessageTTL.Seconds()))
+		args := append(fa, so.Limits.MaxLen, drop, int(s.cfg.MessageTTL.Seconds()), len(so.Entries))
 		for i, e := range so.Entries {
 			m := so.Messages[i]
 			if m == nil || m.ID == "" || m.ID != e.MsgID {

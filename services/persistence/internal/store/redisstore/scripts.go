@@ -71,38 +71,48 @@ local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 return redis.call('HDEL', KEYS[2], ARGV[3])`
 
 // append: KEYS s q qe; ARGV epoch gepoch maxLen dropOldest ttl, then
-// (msgID, entryJSON, msgJSON) triples. Returns {added, dups, dropped, refused}.
+// segments, each a count n and n (msgID, entryJSON, msgJSON) triples: the
+// appends of one session that a commit merged into one call. Returns one
+// {added, dups, dropped, refused} per segment.
 const scriptAppend = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', ARGV[5]
-local added, dups, dropped, refused = 0, 0, 0, 0
-for i = 6, #ARGV, 3 do
-  local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
-  if redis.call('HEXISTS', KEYS[3], id) == 1 then
-    dups = dups + 1
-  else
-    local ok = true
-    if maxLen > 0 and redis.call('ZCARD', KEYS[2]) >= maxLen then
-      if dropOldest then
-        local old = redis.call('ZPOPMIN', KEYS[2])
-        if old[1] then redis.call('HDEL', KEYS[3], old[1]); unref(old[1]); dropped = dropped + 1 end
-      else
-        refused = refused + 1
-        ok = false
+local results = {}
+local i = 6
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  i = i + 1
+  local added, dups, dropped, refused = 0, 0, 0, 0
+  for _ = 1, n do
+    local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
+    i = i + 3
+    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+      dups = dups + 1
+    else
+      local ok = true
+      if maxLen > 0 and redis.call('ZCARD', KEYS[2]) >= maxLen then
+        if dropOldest then
+          local old = redis.call('ZPOPMIN', KEYS[2])
+          if old[1] then redis.call('HDEL', KEYS[3], old[1]); unref(old[1]); dropped = dropped + 1 end
+        else
+          refused = refused + 1
+          ok = false
+        end
+      end
+      if ok then
+        local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+        local e = cjson.decode(entry)
+        e.s = seq
+        redis.call('ZADD', KEYS[2], seq, id)
+        redis.call('HSET', KEYS[3], id, cjson.encode(e))
+        ref(id, msg, ttl)
+        added = added + 1
       end
     end
-    if ok then
-      local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-      local e = cjson.decode(entry)
-      e.s = seq
-      redis.call('ZADD', KEYS[2], seq, id)
-      redis.call('HSET', KEYS[3], id, cjson.encode(e))
-      ref(id, msg, ttl)
-      added = added + 1
-    end
   end
+  table.insert(results, {added, dups, dropped, refused})
 end
-return {added, dups, dropped, refused}`
+return results`
 
 // send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,
 // qos) quads. A queued entry moves with its reference; an entry that was

@@ -22,6 +22,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("session_lifecycle", func(t *testing.T) { testSessionLifecycle(t, newStore(t)) })
 	t.Run("retained", func(t *testing.T) { testRetained(t, newStore(t)) })
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore(t)) })
+	t.Run("batch", func(t *testing.T) { testBatch(t, newStore(t)) })
 }
 
 var (
@@ -237,4 +238,62 @@ func testBadInput(t *testing.T, s store.Store) {
 	st, err := s.Load(ctx, key)
 	require.NoError(t, err)
 	require.Empty(t, st.Queue)
+}
+
+// testBatch submits interleaved ops of several sessions in one batch, as
+// the persistence service does with what its streams bring: every op gets
+// its own result, whatever the store merges, and the batch's order holds
+// where it matters.
+func testBatch(t *testing.T, s store.Store) {
+	a, b, c := key, store.SessionKey{Tenant: "acme", ClientID: "dev-2"}, store.SessionKey{Tenant: "acme", ClientID: "dev-3"}
+	f := store.Fence{Epoch: 1}
+	for _, k := range []store.SessionKey{a, b} {
+		require.NoError(t, s.Activate(ctx, k, f))
+	}
+	require.NoError(t, s.Activate(ctx, c, store.Fence{Epoch: 5}))
+	// A holds message 10 in flight, its only reference, and message 11.
+	appendN(t, s, f, store.QueueLimits{}, 10, 11)
+	inflight := []store.Entry{entry(10), entry(11)}
+	inflight[0].PacketID, inflight[1].PacketID = 1, 2
+	require.NoError(t, s.Send(ctx, a, f, inflight))
+
+	lim := store.QueueLimits{MaxLen: 3}
+	app := func(k store.SessionKey, fence store.Fence, i int) store.Op {
+		return store.Op{Kind: store.OpAppend, Key: k, Fence: fence, Limits: lim, Entries: []store.Entry{entry(i)}, Messages: []*store.Message{msg(i)}}
+	}
+	neverQueued := entry(10)
+	neverQueued.PacketID = 7
+	ops := []store.Op{
+		app(a, f, 1),
+		app(b, f, 1),
+		{Kind: store.OpComplete, Key: a, Fence: f, PacketIDs: []uint16{2}},
+		app(a, f, 2),
+		app(c, store.Fence{Epoch: 4}, 1), // fenced: C is at epoch 5
+		// B takes message 10 while A still holds it; A lets it go after.
+		{Kind: store.OpSend, Key: b, Fence: f, Entries: []store.Entry{neverQueued}},
+		{Kind: store.OpComplete, Key: a, Fence: f, PacketIDs: []uint16{1}},
+		app(a, f, 3),
+		app(a, f, 4), // A's queue is full: refused
+		app(a, f, 2), // a retry: duplicate
+		app(b, f, 2),
+	}
+	res := store.Submit(ctx, s, ops)()
+	require.Len(t, res, len(ops))
+	want := []store.AppendResult{{Added: 1}, {Added: 1}, {}, {Added: 1}, {}, {}, {}, {Added: 1}, {Refused: 1}, {Duplicates: 1}, {Added: 1}}
+	for i, r := range res {
+		if i == 4 {
+			require.ErrorIs(t, r.Err, store.ErrFenced, "op %d", i)
+			continue
+		}
+		require.NoError(t, r.Err, "op %d", i)
+		require.Equal(t, want[i], r.Append, "op %d", i)
+	}
+	require.Equal(t, []string{msg(1).ID, msg(2).ID, msg(3).ID}, queueIDs(t, s), "A's queue in batch order")
+	st, err := s.Load(ctx, b)
+	require.NoError(t, err)
+	require.Len(t, st.Inflight, 1)
+	require.NotNil(t, st.Messages[msg(10).ID], "B's in-flight message outlived A's release")
+	st, err = s.Load(ctx, c)
+	require.NoError(t, err)
+	require.Empty(t, st.Queue, "the fenced append stored nothing")
 }
