@@ -1,7 +1,10 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/binary"
+	"slices"
+	"strings"
 
 	iradix "github.com/hashicorp/go-immutable-radix/v2"
 
@@ -124,6 +127,63 @@ func (s *State) SessionsOwnedBy(edge string, fn func(*raftpb.SessionRecord) bool
 		}
 		return fn(rec)
 	})
+}
+
+// SessionScan selects the session records [State.ScanSessions] visits.
+type SessionScan struct {
+	// Tenant limits the scan to one tenant; empty: every tenant.
+	Tenant string
+	// Owner limits the scan to the sessions one edge owns; empty: any owner.
+	Owner string
+	// ClientIDPrefix selects client IDs starting with it. With Tenant set the
+	// scan seeks straight to them; without, every record is looked at.
+	ClientIDPrefix string
+	// AfterTenant and AfterClientID, when AfterTenant is set, start the scan
+	// after that session (which need not exist): the continuation of an
+	// earlier scan.
+	AfterTenant, AfterClientID string
+}
+
+// ScanSessions calls fn for the session records in the range q selects, in
+// key order (grouped by tenant, shorter tenant names first; client IDs in
+// byte order within a tenant), until fn returns false. match is false for a
+// record in the range that q's client ID prefix rules out, which happens
+// only without a tenant: the caller sees every record looked at, so it can
+// bound the work of one call and continue after the last one.
+func (s *State) ScanSessions(q SessionScan, fn func(rec *raftpb.SessionRecord, match bool) bool) {
+	// Both the records and the owner index end in lp(tenant) + client ID.
+	base := []byte{prefixSession}
+	if q.Owner != "" {
+		base = ownerPrefix(q.Owner)
+	}
+	scan := base
+	if q.Tenant != "" {
+		scan = append(lp(slices.Clip(base), q.Tenant), q.ClientIDPrefix...)
+	}
+	start := scan
+	if q.AfterTenant != "" {
+		// The smallest key after the continuation point's own key.
+		after := append(append(lp(slices.Clip(base), q.AfterTenant), q.AfterClientID...), 0)
+		if bytes.Compare(after, start) > 0 {
+			start = after
+		}
+	}
+	it := s.root.Root().Iterator()
+	it.SeekLowerBound(start)
+	for k, v, ok := it.Next(); ok && bytes.HasPrefix(k, scan); k, v, ok = it.Next() {
+		rest := k[len(base):]
+		n := int(rest[0])
+		tenant, client := string(rest[1:1+n]), string(rest[1+n:])
+		rec, isRec := v.(*raftpb.SessionRecord)
+		if !isRec {
+			if rec = s.Session(tenant, client); rec == nil {
+				continue // cannot happen: the index is kept with the records
+			}
+		}
+		if !fn(rec, strings.HasPrefix(client, q.ClientIDPrefix)) {
+			return
+		}
+	}
 }
 
 // Member returns a member record, or nil.

@@ -50,13 +50,35 @@ func clusterCommand(args []string) bool {
 type clusterFlags struct {
 	coordinator, router, persistence, edge string
 	tenant, output, serverReference        string
+	prefix                                 string
 	limit                                  int
 	deadline                               time.Duration
-	wait                                   bool
+	wait, discard                          bool
+	// given are the flags given on the command line, not taken from the
+	// environment or left at their defaults.
+	given map[string]bool
+}
+
+// listLimit is the default --limit of session list.
+const listLimit = 1000
+
+func (f *clusterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.coordinator, "coordinator", "", "coordinator API URL (env KEEL_COORDINATOR)")
+	fs.StringVar(&f.router, "router", "", "router API URL (env KEEL_ROUTER)")
+	fs.StringVar(&f.persistence, "persistence", "", "persistence API URL (env KEEL_PERSISTENCE)")
+	fs.StringVar(&f.edge, "edge", "", "edge cluster API URL (env KEEL_EDGE); session list: the ID of the owner edge to list the sessions of")
+	fs.StringVar(&f.tenant, "tenant", "", "tenant of the topic or session")
+	fs.StringVar(&f.output, "o", "table", "output: table or json")
+	fs.StringVar(&f.prefix, "prefix", "", "session list: only client IDs starting with this")
+	fs.IntVar(&f.limit, "limit", 10, fmt.Sprintf("session show: queue and in-flight entries to list; session list: sessions to list (default %d, 0: all)", listLimit))
+	fs.DurationVar(&f.deadline, "deadline", 0, "edge drain: how long the drain may take (0: the edge's default)")
+	fs.StringVar(&f.serverReference, "server-reference", "", "edge drain: server reference sent to MQTT 5 clients")
+	fs.BoolVar(&f.wait, "wait", false, "edge drain: poll until the edge is drained")
+	fs.BoolVar(&f.discard, "discard", false, "session kick: end the session too (its subscriptions, queue and stored state go)")
 }
 
 // runCluster runs the cluster commands: cluster status, routes, session
-// show, edge status, edge drain, raft remove-peer.
+// show, list and kick, edge status, edge drain, raft remove-peer.
 func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd, rest := args[0], args[1:]
 	if cmd != "routes" {
@@ -68,16 +90,16 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("keelctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var f clusterFlags
-	fs.StringVar(&f.coordinator, "coordinator", "", "coordinator API URL (env KEEL_COORDINATOR)")
-	fs.StringVar(&f.router, "router", "", "router API URL (env KEEL_ROUTER)")
-	fs.StringVar(&f.persistence, "persistence", "", "persistence API URL (env KEEL_PERSISTENCE)")
-	fs.StringVar(&f.edge, "edge", "", "edge cluster API URL (env KEEL_EDGE)")
-	fs.StringVar(&f.tenant, "tenant", "", "tenant of the topic or session")
-	fs.StringVar(&f.output, "o", "table", "output: table or json")
-	fs.IntVar(&f.limit, "limit", 10, "session show: queue and in-flight entries to list")
-	fs.DurationVar(&f.deadline, "deadline", 0, "edge drain: how long the drain may take (0: the edge's default)")
-	fs.StringVar(&f.serverReference, "server-reference", "", "edge drain: server reference sent to MQTT 5 clients")
-	fs.BoolVar(&f.wait, "wait", false, "edge drain: poll until the edge is drained")
+	f.register(fs)
+	// Which flags the command line gives, before the environment fills in
+	// the others: --edge of session list is an edge ID, not KEEL_EDGE's URL.
+	probe := flag.NewFlagSet("", flag.ContinueOnError)
+	probe.SetOutput(io.Discard)
+	new(clusterFlags).register(probe)
+	f.given = map[string]bool{}
+	if probe.Parse(rest) == nil {
+		probe.Visit(func(fl *flag.Flag) { f.given[fl.Name] = true })
+	}
 	if err := config.Parse(fs, rest); err != nil {
 		return err
 	}
@@ -135,8 +157,34 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("raft remove-peer: give one NODE_ID\n%w", errUsage)
 		}
 		return removePeer(ctx, stdout, f, pos[0])
+	case "session list":
+		if err := need("coordinator", f.coordinator); err != nil {
+			return err
+		}
+		if len(pos) != 0 {
+			return fmt.Errorf("session list: takes no arguments\n%w", errUsage)
+		}
+		if !f.given["limit"] {
+			f.limit = listLimit
+		}
+		if f.limit < 0 {
+			return fmt.Errorf("session list: --limit %d: give 0 (all) or more", f.limit)
+		}
+		if !f.given["edge"] {
+			f.edge = "" // KEEL_EDGE is an edge's API URL, not an owner to list
+		}
+		return listSessions(ctx, stdout, f)
 	case "session kick":
-		return errors.New("session kick: not supported yet: no RPC disconnects a client or ends its session (ReleaseSession is fenced to the owning edge)")
+		if err := need("coordinator", f.coordinator); err != nil {
+			return err
+		}
+		if len(pos) != 1 || f.tenant == "" {
+			return fmt.Errorf("session kick: give --tenant T and one CLIENT\n%w", errUsage)
+		}
+		if !f.given["edge"] {
+			f.edge = "" // the owner's address comes from the coordinator
+		}
+		return kickSession(ctx, stdout, f, pos[0])
 	case "redis failover":
 		return errors.New("redis failover: not supported: failover runs in the persistence writers when a primary stops answering; " +
 			"no RPC promotes a replica on request, and setting the primary record alone (CompareAndSetRedisPrimary) would not promote the node")
@@ -541,4 +589,166 @@ func removePeer(ctx context.Context, w io.Writer, f clusterFlags, id string) err
 		fmt.Fprintf(tw, "%s\t%s\t%v\n", p.GetNodeId(), p.GetAddress(), p.GetVoter())
 	}
 	return tw.Flush()
+}
+
+// listSessions is "keelctl session list": it pages through the ownership
+// records at the coordinator until --limit.
+func listSessions(ctx context.Context, w io.Writer, f clusterFlags) error {
+	c := coordinatorClient(f.coordinator)
+	req := &coordinatorv1.ListSessionsRequest{Tenant: f.tenant, OwnerEdgeId: f.edge, ClientIdPrefix: f.prefix}
+	all := &coordinatorv1.ListSessionsResponse{}
+	for {
+		req.PageSize = maxListPage
+		if f.limit > 0 {
+			req.PageSize = uint32(min(f.limit-len(all.Sessions), maxListPage))
+		}
+		cctx, cancel := context.WithTimeout(ctx, callTimeout) // per page: a long listing takes many
+		page, err := call(cctx, "session list", f.coordinator, c.ListSessions, req)
+		cancel()
+		if err != nil {
+			return err
+		}
+		all.Sessions = append(all.Sessions, page.GetSessions()...)
+		all.Index, all.NextPageToken = page.GetIndex(), page.GetNextPageToken()
+		if all.NextPageToken == "" || (f.limit > 0 && len(all.Sessions) >= f.limit) {
+			break
+		}
+		req.PageToken = all.NextPageToken
+	}
+	if f.limit > 0 && len(all.Sessions) > f.limit {
+		all.Sessions = all.Sessions[:f.limit]
+	}
+	// With sessions left out, next_page_token still names where they
+	// continue.
+	if f.output == "json" {
+		return writeJSON(w, map[string]proto.Message{"list": all})
+	}
+	if len(all.Sessions) == 0 {
+		_, err := fmt.Fprintln(w, "no sessions")
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "TENANT\tCLIENT ID\tOWNER\tINCARNATION\tKIND\tEPOCH\tGRANTED")
+	for _, r := range all.Sessions {
+		granted := "-"
+		if r.GetGrantedAt() != nil {
+			granted = r.GetGrantedAt().AsTime().UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", r.GetSession().GetTenant(), r.GetSession().GetClientId(), r.GetOwnerEdgeId(),
+			r.GetOwnerIncarnation(), enumName(r.GetOwnerKind().String(), "SESSION_OWNER_KIND_"), r.GetEpoch(), granted)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if all.NextPageToken != "" {
+		_, err := fmt.Fprintf(w, "(first %d sessions; the listing goes on: raise --limit, or 0 for all)\n", len(all.Sessions))
+		return err
+	}
+	return nil
+}
+
+// maxListPage is the page size session list asks for: the coordinator's cap.
+const maxListPage = 1000
+
+// kickAttempts bounds how often session kick looks the owner up again when
+// the session moved between the lookup and the kick.
+const kickAttempts = 3
+
+// kickSession is "keelctl session kick": it finds the session's owner edge
+// at the coordinator and asks that edge to disconnect the client (and with
+// --discard to end the session).
+func kickSession(ctx context.Context, w io.Writer, f clusterFlags, client string) error {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	c := coordinatorClient(f.coordinator)
+	key := &commonv1.SessionKey{Tenant: f.tenant, ClientId: client}
+	var prev *coordinatorv1.SessionRecord
+	for attempt := 1; ; attempt++ {
+		own, err := call(ctx, "session ownership", f.coordinator, c.GetSession, &coordinatorv1.GetSessionRequest{Session: key})
+		if err != nil {
+			return err
+		}
+		rec := own.GetSession()
+		if rec == nil {
+			return connect.NewError(connect.CodeNotFound, fmt.Errorf("session kick: session %s/%s has no owner at the coordinator: no such session", f.tenant, client))
+		}
+		if prev != nil && rec.GetEpoch() == prev.GetEpoch() {
+			// The owner answered that it holds no such session, and the
+			// coordinator still names it: nothing moved.
+			return connect.NewError(connect.CodeNotFound, fmt.Errorf("session kick: edge %s owns session %s/%s at the coordinator (epoch %d) but holds no such session",
+				rec.GetOwnerEdgeId(), f.tenant, client, rec.GetEpoch()))
+		}
+		url := f.edge
+		if url == "" {
+			if url, err = ownerURL(ctx, c, f.coordinator, rec); err != nil {
+				return err
+			}
+		}
+		resp, err := call(ctx, "session kick", url, edgeClient(url).KickSession,
+			&edgev1.KickSessionRequest{Session: key, Discard: f.discard})
+		if connect.CodeOf(err) == connect.CodeNotFound && f.edge == "" && attempt < kickAttempts {
+			prev = rec // the session may have moved since the lookup: look again
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if f.output == "json" {
+			return writeJSON(w, map[string]proto.Message{"ownership": own, "kick": resp})
+		}
+		what := "offline, nothing to disconnect"
+		switch {
+		case resp.GetWasConnected() && resp.GetProtocolVersion() == 5:
+			what = "client disconnected (DISCONNECT 0x98, administrative action)"
+		case resp.GetWasConnected():
+			what = fmt.Sprintf("client disconnected (MQTT %s: connection closed)", protocolName(resp.GetProtocolVersion()))
+		}
+		session := "session kept"
+		if resp.GetDiscarded() {
+			session = "session ended"
+		}
+		_, err = fmt.Fprintf(w, "session %s/%s on edge %s (epoch %d): %s; %s\n", f.tenant, client, rec.GetOwnerEdgeId(), rec.GetEpoch(), what, session)
+		return err
+	}
+}
+
+// ownerURL returns the edge API URL of the session's owner from the
+// coordinator's membership.
+func ownerURL(ctx context.Context, c coordinatorv1connect.CoordinatorServiceClient, url string, rec *coordinatorv1.SessionRecord) (string, error) {
+	st, err := call(ctx, "coordinator status", url, c.Status, &coordinatorv1.StatusRequest{})
+	if err != nil {
+		return "", err
+	}
+	for _, m := range st.GetMembers() {
+		if m.GetMemberId() != rec.GetOwnerEdgeId() || m.GetRole() != coordinatorv1.MemberRole_MEMBER_ROLE_EDGE {
+			continue
+		}
+		switch {
+		case m.GetIncarnation() != rec.GetOwnerIncarnation():
+			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("session kick: owner edge %s rejoined (incarnation %d, the session's is %d); "+
+				"the session goes to a custodian: try again shortly", m.GetMemberId(), m.GetIncarnation(), rec.GetOwnerIncarnation()))
+		case m.GetState() != coordinatorv1.MemberState_MEMBER_STATE_ALIVE && m.GetState() != coordinatorv1.MemberState_MEMBER_STATE_DRAINING:
+			return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("session kick: owner edge %s is %s; its sessions go to custodians: try again shortly",
+				m.GetMemberId(), enumName(m.GetState().String(), "MEMBER_STATE_")))
+		case m.GetAddress() == "":
+			return "", fmt.Errorf("session kick: owner edge %s has no API address; give --edge URL", m.GetMemberId())
+		}
+		if addr := m.GetAddress(); strings.Contains(addr, "://") {
+			return addr, nil
+		}
+		// Edges advertise host:port, and call each other there over h2c.
+		return "http://" + m.GetAddress(), nil
+	}
+	return "", connect.NewError(connect.CodeUnavailable, fmt.Errorf("session kick: owner edge %s is not a member any more; its sessions go to custodians: try again shortly",
+		rec.GetOwnerEdgeId()))
+}
+
+func protocolName(v uint32) string {
+	switch v {
+	case 3:
+		return "3.1"
+	case 4:
+		return "3.1.1"
+	}
+	return strconv.FormatUint(uint64(v), 10)
 }

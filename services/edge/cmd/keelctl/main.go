@@ -10,6 +10,8 @@
 //	keelctl cluster status --coordinator URL [--router URL] [-o json]
 //	keelctl routes       --router URL --tenant T TOPIC [-o json]
 //	keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] CLIENT [-o json]
+//	keelctl session list --coordinator URL [--tenant T] [--edge EDGE_ID] [--prefix P] [--limit N] [-o json]
+//	keelctl session kick --coordinator URL --tenant T [--discard] [--edge URL] [-o json] CLIENT
 //	keelctl edge status  --edge URL [-o json]
 //	keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
 //	keelctl raft remove-peer --coordinator URL NODE_ID
@@ -61,6 +63,8 @@ const usage = `usage:
   keelctl cluster status --coordinator URL [--router URL] [-o json]
   keelctl routes       --router URL --tenant T [-o json] TOPIC
   keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] [-o json] CLIENT
+  keelctl session list --coordinator URL [--tenant T] [--edge EDGE_ID] [--prefix P] [--limit N] [-o json]
+  keelctl session kick --coordinator URL --tenant T [--discard] [--edge URL] [-o json] CLIENT
   keelctl edge status  --edge URL [-o json]
   keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
   keelctl raft remove-peer --coordinator URL NODE_ID
@@ -69,6 +73,11 @@ const usage = `usage:
 after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.
 --router, --persistence and --edge (env KEEL_ROUTER, KEEL_PERSISTENCE, KEEL_EDGE) are the API URLs of a
 router node, a persistence instance and an edge's cluster API. Flags come before the arguments.
+session list pages through the coordinator's session ownership records (--limit: default 1000, 0 for all);
+its --edge is the ID of an owner edge to list the sessions of, never taken from KEEL_EDGE.
+session kick asks the session's owner edge (found at the coordinator; --edge URL calls that edge instead) to
+disconnect the client: DISCONNECT 0x98 (administrative action) for MQTT 5, the connection closed for MQTT 3,
+the will published; --discard ends the session too (subscriptions, queue, stored state, ownership).
 -o json prints the responses as protojson, for scripts.`
 
 var errUsage = errors.New(usage)

@@ -23,7 +23,7 @@ type loadScore struct {
 }
 
 func (b *Broker) loadScoreValue() float64 {
-	conns := float64(b.server.Info.ClientsConnected) / float64(b.cfg.LoadConnections)
+	conns := float64(atomic.LoadInt64(&b.server.Info.ClientsConnected)) / float64(b.cfg.LoadConnections)
 	rate := math.Float64frombits(b.load.rate.Load()) / b.cfg.LoadMessageRate
 	return max(conns, rate)
 }

@@ -1380,6 +1380,168 @@ func (x *GetSessionResponse) GetIndex() uint64 {
 	return 0
 }
 
+// ListSessionsRequest asks for one page of ownership records.
+type ListSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant lists only the sessions of this tenant; empty lists every tenant.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// owner_edge_id lists only the sessions owned by this edge (by a connection or
+	// in custody); empty lists every owner.
+	OwnerEdgeId string `protobuf:"bytes,2,opt,name=owner_edge_id,json=ownerEdgeId,proto3" json:"owner_edge_id,omitempty"`
+	// client_id_prefix lists only the sessions whose client ID starts with it; at
+	// most 256 bytes (the longest client ID). Cheapest together with tenant.
+	ClientIdPrefix string `protobuf:"bytes,3,opt,name=client_id_prefix,json=clientIdPrefix,proto3" json:"client_id_prefix,omitempty"`
+	// page_size is the most records to return; 0 means 100, and the server caps it
+	// at 1000.
+	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token continues a listing: the next_page_token of the previous page,
+	// with the same filters. Empty starts at the beginning.
+	PageToken string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// allow_stale lets a follower answer from its own state, which may lag the leader.
+	AllowStale    bool `protobuf:"varint,6,opt,name=allow_stale,json=allowStale,proto3" json:"allow_stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListSessionsRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ListSessionsRequest) GetOwnerEdgeId() string {
+	if x != nil {
+		return x.OwnerEdgeId
+	}
+	return ""
+}
+
+func (x *ListSessionsRequest) GetClientIdPrefix() string {
+	if x != nil {
+		return x.ClientIdPrefix
+	}
+	return ""
+}
+
+func (x *ListSessionsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSessionsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListSessionsRequest) GetAllowStale() bool {
+	if x != nil {
+		return x.AllowStale
+	}
+	return false
+}
+
+// ListSessionsResponse is one page of ownership records.
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sessions in listing order.
+	Sessions []*SessionRecord `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	// next_page_token continues the listing after this page; empty when there is
+	// nothing more. Opaque. A page may hold fewer than page_size records, even none,
+	// while more follow (a client ID prefix without a tenant makes the server look
+	// at every record, a bounded number per call): continue while it is set.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// index is the Raft index this page was read at.
+	Index         uint64 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*SessionRecord {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+func (x *ListSessionsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListSessionsResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 // WatchClusterRequest opens a watch.
 type WatchClusterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1399,7 +1561,7 @@ type WatchClusterRequest struct {
 
 func (x *WatchClusterRequest) Reset() {
 	*x = WatchClusterRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1573,7 @@ func (x *WatchClusterRequest) String() string {
 func (*WatchClusterRequest) ProtoMessage() {}
 
 func (x *WatchClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1586,7 @@ func (x *WatchClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchClusterRequest.ProtoReflect.Descriptor instead.
 func (*WatchClusterRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchClusterRequest) GetMemberId() string {
@@ -1480,7 +1642,7 @@ type WatchClusterResponse struct {
 
 func (x *WatchClusterResponse) Reset() {
 	*x = WatchClusterResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1654,7 @@ func (x *WatchClusterResponse) String() string {
 func (*WatchClusterResponse) ProtoMessage() {}
 
 func (x *WatchClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1667,7 @@ func (x *WatchClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchClusterResponse.ProtoReflect.Descriptor instead.
 func (*WatchClusterResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchClusterResponse) GetIndex() uint64 {
@@ -1673,7 +1835,7 @@ type ClusterSnapshot struct {
 
 func (x *ClusterSnapshot) Reset() {
 	*x = ClusterSnapshot{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1847,7 @@ func (x *ClusterSnapshot) String() string {
 func (*ClusterSnapshot) ProtoMessage() {}
 
 func (x *ClusterSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1860,7 @@ func (x *ClusterSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterSnapshot.ProtoReflect.Descriptor instead.
 func (*ClusterSnapshot) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClusterSnapshot) GetMembers() []*Member {
@@ -1740,7 +1902,7 @@ type MembershipChange struct {
 
 func (x *MembershipChange) Reset() {
 	*x = MembershipChange{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1914,7 @@ func (x *MembershipChange) String() string {
 func (*MembershipChange) ProtoMessage() {}
 
 func (x *MembershipChange) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1927,7 @@ func (x *MembershipChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipChange.ProtoReflect.Descriptor instead.
 func (*MembershipChange) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MembershipChange) GetMember() *Member {
@@ -1800,7 +1962,7 @@ type ClusterConfig struct {
 
 func (x *ClusterConfig) Reset() {
 	*x = ClusterConfig{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1974,7 @@ func (x *ClusterConfig) String() string {
 func (*ClusterConfig) ProtoMessage() {}
 
 func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1987,7 @@ func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterConfig.ProtoReflect.Descriptor instead.
 func (*ClusterConfig) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ClusterConfig) GetVersion() uint64 {
@@ -1890,7 +2052,7 @@ type AclVersionChange struct {
 
 func (x *AclVersionChange) Reset() {
 	*x = AclVersionChange{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2064,7 @@ func (x *AclVersionChange) String() string {
 func (*AclVersionChange) ProtoMessage() {}
 
 func (x *AclVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2077,7 @@ func (x *AclVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclVersionChange.ProtoReflect.Descriptor instead.
 func (*AclVersionChange) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AclVersionChange) GetTenant() string {
@@ -1952,7 +2114,7 @@ type RedisGroupRecord struct {
 
 func (x *RedisGroupRecord) Reset() {
 	*x = RedisGroupRecord{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2126,7 @@ func (x *RedisGroupRecord) String() string {
 func (*RedisGroupRecord) ProtoMessage() {}
 
 func (x *RedisGroupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2139,7 @@ func (x *RedisGroupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedisGroupRecord.ProtoReflect.Descriptor instead.
 func (*RedisGroupRecord) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RedisGroupRecord) GetGroupId() uint32 {
@@ -2033,7 +2195,7 @@ type CustodyAssignment struct {
 
 func (x *CustodyAssignment) Reset() {
 	*x = CustodyAssignment{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2207,7 @@ func (x *CustodyAssignment) String() string {
 func (*CustodyAssignment) ProtoMessage() {}
 
 func (x *CustodyAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2220,7 @@ func (x *CustodyAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustodyAssignment.ProtoReflect.Descriptor instead.
 func (*CustodyAssignment) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CustodyAssignment) GetFromEdgeId() string {
@@ -2104,7 +2266,7 @@ type SessionTakeover struct {
 
 func (x *SessionTakeover) Reset() {
 	*x = SessionTakeover{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2278,7 @@ func (x *SessionTakeover) String() string {
 func (*SessionTakeover) ProtoMessage() {}
 
 func (x *SessionTakeover) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2291,7 @@ func (x *SessionTakeover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionTakeover.ProtoReflect.Descriptor instead.
 func (*SessionTakeover) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SessionTakeover) GetNewOwnerEdgeId() string {
@@ -2166,7 +2328,7 @@ type SessionEpoch struct {
 
 func (x *SessionEpoch) Reset() {
 	*x = SessionEpoch{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2340,7 @@ func (x *SessionEpoch) String() string {
 func (*SessionEpoch) ProtoMessage() {}
 
 func (x *SessionEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2353,7 @@ func (x *SessionEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEpoch.ProtoReflect.Descriptor instead.
 func (*SessionEpoch) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SessionEpoch) GetSession() *v1.SessionKey {
@@ -2221,7 +2383,7 @@ type ClusterHeartbeat struct {
 
 func (x *ClusterHeartbeat) Reset() {
 	*x = ClusterHeartbeat{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2395,7 @@ func (x *ClusterHeartbeat) String() string {
 func (*ClusterHeartbeat) ProtoMessage() {}
 
 func (x *ClusterHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2408,7 @@ func (x *ClusterHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterHeartbeat.ProtoReflect.Descriptor instead.
 func (*ClusterHeartbeat) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClusterHeartbeat) GetLeaderId() string {
@@ -2284,7 +2446,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2458,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2471,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RenewLeaseRequest) GetMemberId() string {
@@ -2363,7 +2525,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2537,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2550,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RenewLeaseResponse) GetRemainingTtl() *durationpb.Duration {
@@ -2423,7 +2585,7 @@ type GetRedisPrimaryRequest struct {
 
 func (x *GetRedisPrimaryRequest) Reset() {
 	*x = GetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2435,7 +2597,7 @@ func (x *GetRedisPrimaryRequest) String() string {
 func (*GetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2448,7 +2610,7 @@ func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetRedisPrimaryRequest) GetGroupId() uint32 {
@@ -2469,7 +2631,7 @@ type GetRedisPrimaryResponse struct {
 
 func (x *GetRedisPrimaryResponse) Reset() {
 	*x = GetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2481,7 +2643,7 @@ func (x *GetRedisPrimaryResponse) String() string {
 func (*GetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2494,7 +2656,7 @@ func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetRedisPrimaryResponse) GetGroup() *RedisGroupRecord {
@@ -2523,7 +2685,7 @@ type CompareAndSetRedisPrimaryRequest struct {
 
 func (x *CompareAndSetRedisPrimaryRequest) Reset() {
 	*x = CompareAndSetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2535,7 +2697,7 @@ func (x *CompareAndSetRedisPrimaryRequest) String() string {
 func (*CompareAndSetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2548,7 +2710,7 @@ func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CompareAndSetRedisPrimaryRequest) GetRequestId() string {
@@ -2599,7 +2761,7 @@ type CompareAndSetRedisPrimaryResponse struct {
 
 func (x *CompareAndSetRedisPrimaryResponse) Reset() {
 	*x = CompareAndSetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2773,7 @@ func (x *CompareAndSetRedisPrimaryResponse) String() string {
 func (*CompareAndSetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2786,7 @@ func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CompareAndSetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CompareAndSetRedisPrimaryResponse) GetSwapped() bool {
@@ -2658,7 +2820,7 @@ type AcquirePromotionLeaseRequest struct {
 
 func (x *AcquirePromotionLeaseRequest) Reset() {
 	*x = AcquirePromotionLeaseRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2832,7 @@ func (x *AcquirePromotionLeaseRequest) String() string {
 func (*AcquirePromotionLeaseRequest) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2845,7 @@ func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AcquirePromotionLeaseRequest) GetMemberId() string {
@@ -2733,7 +2895,7 @@ type AcquirePromotionLeaseResponse struct {
 
 func (x *AcquirePromotionLeaseResponse) Reset() {
 	*x = AcquirePromotionLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2907,7 @@ func (x *AcquirePromotionLeaseResponse) String() string {
 func (*AcquirePromotionLeaseResponse) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2920,7 @@ func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AcquirePromotionLeaseResponse) GetAcquired() bool {
@@ -2805,7 +2967,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +2979,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +2992,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
 }
 
 // StatusResponse is one node's view of the cluster.
@@ -2864,7 +3026,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2876,7 +3038,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2889,7 +3051,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2980,7 +3142,7 @@ type BumpAclVersionRequest struct {
 
 func (x *BumpAclVersionRequest) Reset() {
 	*x = BumpAclVersionRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3154,7 @@ func (x *BumpAclVersionRequest) String() string {
 func (*BumpAclVersionRequest) ProtoMessage() {}
 
 func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3167,7 @@ func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionRequest.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BumpAclVersionRequest) GetTenant() string {
@@ -3027,7 +3189,7 @@ type BumpAclVersionResponse struct {
 
 func (x *BumpAclVersionResponse) Reset() {
 	*x = BumpAclVersionResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3201,7 @@ func (x *BumpAclVersionResponse) String() string {
 func (*BumpAclVersionResponse) ProtoMessage() {}
 
 func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3214,7 @@ func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionResponse.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BumpAclVersionResponse) GetVersion() uint64 {
@@ -3073,7 +3235,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3085,7 +3247,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3098,7 +3260,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RemovePeerRequest) GetNodeId() string {
@@ -3123,7 +3285,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3297,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3310,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RaftPeer) GetNodeId() string {
@@ -3183,7 +3345,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3357,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3370,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemovePeerResponse) GetPeers() []*RaftPeer {
@@ -3289,7 +3451,20 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"allowStale\"h\n" +
 	"\x12GetSessionResponse\x12<\n" +
 	"\asession\x18\x01 \x01(\v2\".keel.coordinator.v1.SessionRecordR\asession\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\xa8\x01\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\xd8\x01\n" +
+	"\x13ListSessionsRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\"\n" +
+	"\rowner_edge_id\x18\x02 \x01(\tR\vownerEdgeId\x12(\n" +
+	"\x10client_id_prefix\x18\x03 \x01(\tR\x0eclientIdPrefix\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x12\x1f\n" +
+	"\vallow_stale\x18\x06 \x01(\bR\n" +
+	"allowStale\"\x94\x01\n" +
+	"\x14ListSessionsResponse\x12>\n" +
+	"\bsessions\x18\x01 \x03(\v2\".keel.coordinator.v1.SessionRecordR\bsessions\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\xa8\x01\n" +
 	"\x13WatchClusterRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x123\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1f.keel.coordinator.v1.MemberRoleR\x04role\x12 \n" +
@@ -3449,14 +3624,15 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x89\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xee\n" +
 	"\n" +
 	"\x12CoordinatorService\x12c\n" +
 	"\fClaimSession\x12(.keel.coordinator.v1.ClaimSessionRequest\x1a).keel.coordinator.v1.ClaimSessionResponse\x12f\n" +
 	"\rClaimSessions\x12).keel.coordinator.v1.ClaimSessionsRequest\x1a*.keel.coordinator.v1.ClaimSessionsResponse\x12i\n" +
 	"\x0eReleaseSession\x12*.keel.coordinator.v1.ReleaseSessionRequest\x1a+.keel.coordinator.v1.ReleaseSessionResponse\x12]\n" +
 	"\n" +
-	"GetSession\x12&.keel.coordinator.v1.GetSessionRequest\x1a'.keel.coordinator.v1.GetSessionResponse\x12e\n" +
+	"GetSession\x12&.keel.coordinator.v1.GetSessionRequest\x1a'.keel.coordinator.v1.GetSessionResponse\x12c\n" +
+	"\fListSessions\x12(.keel.coordinator.v1.ListSessionsRequest\x1a).keel.coordinator.v1.ListSessionsResponse\x12e\n" +
 	"\fWatchCluster\x12(.keel.coordinator.v1.WatchClusterRequest\x1a).keel.coordinator.v1.WatchClusterResponse0\x01\x12]\n" +
 	"\n" +
 	"RenewLease\x12&.keel.coordinator.v1.RenewLeaseRequest\x1a'.keel.coordinator.v1.RenewLeaseResponse\x12l\n" +
@@ -3482,7 +3658,7 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
@@ -3505,119 +3681,124 @@ var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(*ReleaseSessionResponse)(nil),            // 18: keel.coordinator.v1.ReleaseSessionResponse
 	(*GetSessionRequest)(nil),                 // 19: keel.coordinator.v1.GetSessionRequest
 	(*GetSessionResponse)(nil),                // 20: keel.coordinator.v1.GetSessionResponse
-	(*WatchClusterRequest)(nil),               // 21: keel.coordinator.v1.WatchClusterRequest
-	(*WatchClusterResponse)(nil),              // 22: keel.coordinator.v1.WatchClusterResponse
-	(*ClusterSnapshot)(nil),                   // 23: keel.coordinator.v1.ClusterSnapshot
-	(*MembershipChange)(nil),                  // 24: keel.coordinator.v1.MembershipChange
-	(*ClusterConfig)(nil),                     // 25: keel.coordinator.v1.ClusterConfig
-	(*AclVersionChange)(nil),                  // 26: keel.coordinator.v1.AclVersionChange
-	(*RedisGroupRecord)(nil),                  // 27: keel.coordinator.v1.RedisGroupRecord
-	(*CustodyAssignment)(nil),                 // 28: keel.coordinator.v1.CustodyAssignment
-	(*SessionTakeover)(nil),                   // 29: keel.coordinator.v1.SessionTakeover
-	(*SessionEpoch)(nil),                      // 30: keel.coordinator.v1.SessionEpoch
-	(*ClusterHeartbeat)(nil),                  // 31: keel.coordinator.v1.ClusterHeartbeat
-	(*RenewLeaseRequest)(nil),                 // 32: keel.coordinator.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),                // 33: keel.coordinator.v1.RenewLeaseResponse
-	(*GetRedisPrimaryRequest)(nil),            // 34: keel.coordinator.v1.GetRedisPrimaryRequest
-	(*GetRedisPrimaryResponse)(nil),           // 35: keel.coordinator.v1.GetRedisPrimaryResponse
-	(*CompareAndSetRedisPrimaryRequest)(nil),  // 36: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	(*CompareAndSetRedisPrimaryResponse)(nil), // 37: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	(*AcquirePromotionLeaseRequest)(nil),      // 38: keel.coordinator.v1.AcquirePromotionLeaseRequest
-	(*AcquirePromotionLeaseResponse)(nil),     // 39: keel.coordinator.v1.AcquirePromotionLeaseResponse
-	(*StatusRequest)(nil),                     // 40: keel.coordinator.v1.StatusRequest
-	(*StatusResponse)(nil),                    // 41: keel.coordinator.v1.StatusResponse
-	(*BumpAclVersionRequest)(nil),             // 42: keel.coordinator.v1.BumpAclVersionRequest
-	(*BumpAclVersionResponse)(nil),            // 43: keel.coordinator.v1.BumpAclVersionResponse
-	(*RemovePeerRequest)(nil),                 // 44: keel.coordinator.v1.RemovePeerRequest
-	(*RaftPeer)(nil),                          // 45: keel.coordinator.v1.RaftPeer
-	(*RemovePeerResponse)(nil),                // 46: keel.coordinator.v1.RemovePeerResponse
-	(*v1.SessionKey)(nil),                     // 47: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 48: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 49: google.protobuf.Duration
+	(*ListSessionsRequest)(nil),               // 21: keel.coordinator.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),              // 22: keel.coordinator.v1.ListSessionsResponse
+	(*WatchClusterRequest)(nil),               // 23: keel.coordinator.v1.WatchClusterRequest
+	(*WatchClusterResponse)(nil),              // 24: keel.coordinator.v1.WatchClusterResponse
+	(*ClusterSnapshot)(nil),                   // 25: keel.coordinator.v1.ClusterSnapshot
+	(*MembershipChange)(nil),                  // 26: keel.coordinator.v1.MembershipChange
+	(*ClusterConfig)(nil),                     // 27: keel.coordinator.v1.ClusterConfig
+	(*AclVersionChange)(nil),                  // 28: keel.coordinator.v1.AclVersionChange
+	(*RedisGroupRecord)(nil),                  // 29: keel.coordinator.v1.RedisGroupRecord
+	(*CustodyAssignment)(nil),                 // 30: keel.coordinator.v1.CustodyAssignment
+	(*SessionTakeover)(nil),                   // 31: keel.coordinator.v1.SessionTakeover
+	(*SessionEpoch)(nil),                      // 32: keel.coordinator.v1.SessionEpoch
+	(*ClusterHeartbeat)(nil),                  // 33: keel.coordinator.v1.ClusterHeartbeat
+	(*RenewLeaseRequest)(nil),                 // 34: keel.coordinator.v1.RenewLeaseRequest
+	(*RenewLeaseResponse)(nil),                // 35: keel.coordinator.v1.RenewLeaseResponse
+	(*GetRedisPrimaryRequest)(nil),            // 36: keel.coordinator.v1.GetRedisPrimaryRequest
+	(*GetRedisPrimaryResponse)(nil),           // 37: keel.coordinator.v1.GetRedisPrimaryResponse
+	(*CompareAndSetRedisPrimaryRequest)(nil),  // 38: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	(*CompareAndSetRedisPrimaryResponse)(nil), // 39: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	(*AcquirePromotionLeaseRequest)(nil),      // 40: keel.coordinator.v1.AcquirePromotionLeaseRequest
+	(*AcquirePromotionLeaseResponse)(nil),     // 41: keel.coordinator.v1.AcquirePromotionLeaseResponse
+	(*StatusRequest)(nil),                     // 42: keel.coordinator.v1.StatusRequest
+	(*StatusResponse)(nil),                    // 43: keel.coordinator.v1.StatusResponse
+	(*BumpAclVersionRequest)(nil),             // 44: keel.coordinator.v1.BumpAclVersionRequest
+	(*BumpAclVersionResponse)(nil),            // 45: keel.coordinator.v1.BumpAclVersionResponse
+	(*RemovePeerRequest)(nil),                 // 46: keel.coordinator.v1.RemovePeerRequest
+	(*RaftPeer)(nil),                          // 47: keel.coordinator.v1.RaftPeer
+	(*RemovePeerResponse)(nil),                // 48: keel.coordinator.v1.RemovePeerResponse
+	(*v1.SessionKey)(nil),                     // 49: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 50: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 51: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	47, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	49, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	48, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	47, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	50, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	49, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	47, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	49, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
 	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	49, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	51, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
 	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	47, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	49, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
 	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
 	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
 	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	47, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	49, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	47, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	49, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
-	0,  // 20: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
-	23, // 21: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
-	24, // 22: keel.coordinator.v1.WatchClusterResponse.membership:type_name -> keel.coordinator.v1.MembershipChange
-	25, // 23: keel.coordinator.v1.WatchClusterResponse.config:type_name -> keel.coordinator.v1.ClusterConfig
-	26, // 24: keel.coordinator.v1.WatchClusterResponse.acl_version:type_name -> keel.coordinator.v1.AclVersionChange
-	27, // 25: keel.coordinator.v1.WatchClusterResponse.redis_group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	28, // 26: keel.coordinator.v1.WatchClusterResponse.custody:type_name -> keel.coordinator.v1.CustodyAssignment
-	29, // 27: keel.coordinator.v1.WatchClusterResponse.takeover:type_name -> keel.coordinator.v1.SessionTakeover
-	31, // 28: keel.coordinator.v1.WatchClusterResponse.heartbeat:type_name -> keel.coordinator.v1.ClusterHeartbeat
-	7,  // 29: keel.coordinator.v1.ClusterSnapshot.members:type_name -> keel.coordinator.v1.Member
-	25, // 30: keel.coordinator.v1.ClusterSnapshot.config:type_name -> keel.coordinator.v1.ClusterConfig
-	26, // 31: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
-	27, // 32: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
-	7,  // 33: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	49, // 34: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	49, // 35: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	49, // 36: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	48, // 37: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
-	30, // 38: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	30, // 39: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	47, // 40: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
-	0,  // 41: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
-	1,  // 42: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	49, // 43: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
-	1,  // 44: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
-	27, // 45: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	27, // 46: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	27, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	49, // 48: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	49, // 49: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
-	5,  // 50: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 51: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	45, // 52: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
-	9,  // 53: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 54: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 55: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 56: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 57: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	32, // 58: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	34, // 59: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	36, // 60: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	38, // 61: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	40, // 62: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	42, // 63: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	44, // 64: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
-	10, // 65: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 66: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 67: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 68: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 69: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	33, // 70: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	35, // 71: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	37, // 72: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	39, // 73: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	41, // 74: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	43, // 75: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	46, // 76: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
-	65, // [65:77] is the sub-list for method output_type
-	53, // [53:65] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	8,  // 20: keel.coordinator.v1.ListSessionsResponse.sessions:type_name -> keel.coordinator.v1.SessionRecord
+	0,  // 21: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
+	25, // 22: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
+	26, // 23: keel.coordinator.v1.WatchClusterResponse.membership:type_name -> keel.coordinator.v1.MembershipChange
+	27, // 24: keel.coordinator.v1.WatchClusterResponse.config:type_name -> keel.coordinator.v1.ClusterConfig
+	28, // 25: keel.coordinator.v1.WatchClusterResponse.acl_version:type_name -> keel.coordinator.v1.AclVersionChange
+	29, // 26: keel.coordinator.v1.WatchClusterResponse.redis_group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	30, // 27: keel.coordinator.v1.WatchClusterResponse.custody:type_name -> keel.coordinator.v1.CustodyAssignment
+	31, // 28: keel.coordinator.v1.WatchClusterResponse.takeover:type_name -> keel.coordinator.v1.SessionTakeover
+	33, // 29: keel.coordinator.v1.WatchClusterResponse.heartbeat:type_name -> keel.coordinator.v1.ClusterHeartbeat
+	7,  // 30: keel.coordinator.v1.ClusterSnapshot.members:type_name -> keel.coordinator.v1.Member
+	27, // 31: keel.coordinator.v1.ClusterSnapshot.config:type_name -> keel.coordinator.v1.ClusterConfig
+	28, // 32: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
+	29, // 33: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
+	7,  // 34: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
+	51, // 35: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	51, // 36: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	51, // 37: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	50, // 38: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 39: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	32, // 40: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	49, // 41: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	0,  // 42: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
+	1,  // 43: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
+	51, // 44: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	1,  // 45: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
+	29, // 46: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 48: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	51, // 49: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	51, // 50: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	5,  // 51: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	7,  // 52: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	47, // 53: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	9,  // 54: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 55: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 56: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 57: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 58: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
+	23, // 59: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	34, // 60: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	36, // 61: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	38, // 62: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	40, // 63: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	42, // 64: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	44, // 65: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	46, // 66: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	10, // 67: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 68: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 69: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 70: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 71: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
+	24, // 72: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	35, // 73: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	37, // 74: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	39, // 75: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	41, // 76: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	43, // 77: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	45, // 78: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	48, // 79: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	67, // [67:80] is the sub-list for method output_type
+	54, // [54:67] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
@@ -3629,7 +3810,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 		(*ClaimResult_Grant)(nil),
 		(*ClaimResult_Error)(nil),
 	}
-	file_keel_coordinator_v1_coordinator_proto_msgTypes[16].OneofWrappers = []any{
+	file_keel_coordinator_v1_coordinator_proto_msgTypes[18].OneofWrappers = []any{
 		(*WatchClusterResponse_Snapshot)(nil),
 		(*WatchClusterResponse_Membership)(nil),
 		(*WatchClusterResponse_Config)(nil),
@@ -3645,7 +3826,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -50,6 +50,9 @@ const (
 	// CoordinatorServiceGetSessionProcedure is the fully-qualified name of the CoordinatorService's
 	// GetSession RPC.
 	CoordinatorServiceGetSessionProcedure = "/keel.coordinator.v1.CoordinatorService/GetSession"
+	// CoordinatorServiceListSessionsProcedure is the fully-qualified name of the CoordinatorService's
+	// ListSessions RPC.
+	CoordinatorServiceListSessionsProcedure = "/keel.coordinator.v1.CoordinatorService/ListSessions"
 	// CoordinatorServiceWatchClusterProcedure is the fully-qualified name of the CoordinatorService's
 	// WatchCluster RPC.
 	CoordinatorServiceWatchClusterProcedure = "/keel.coordinator.v1.CoordinatorService/WatchCluster"
@@ -90,6 +93,13 @@ type CoordinatorServiceClient interface {
 	ReleaseSession(context.Context, *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error)
 	// GetSession returns the ownership record of one session.
 	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
+	// ListSessions lists ownership records one page at a time, optionally only those
+	// of one tenant, of one owner edge, or whose client ID starts with a prefix; for
+	// operators (keelctl session list). Records come grouped by tenant (shorter tenant
+	// names first), client IDs in byte order. Each page is read from one consistent
+	// state; a listing of several pages may see changes made between them. Like
+	// GetSession, a follower forwards it unless allow_stale.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 	// WatchCluster streams cluster state to a member: first a full snapshot, then every
 	// change in Raft index order. A member resumes with from_index after a reconnect.
 	WatchCluster(context.Context, *connect.Request[v1.WatchClusterRequest]) (*connect.ServerStreamForClient[v1.WatchClusterResponse], error)
@@ -156,6 +166,12 @@ func NewCoordinatorServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(coordinatorServiceMethods.ByName("GetSession")),
 			connect.WithClientOptions(opts...),
 		),
+		listSessions: connect.NewClient[v1.ListSessionsRequest, v1.ListSessionsResponse](
+			httpClient,
+			baseURL+CoordinatorServiceListSessionsProcedure,
+			connect.WithSchema(coordinatorServiceMethods.ByName("ListSessions")),
+			connect.WithClientOptions(opts...),
+		),
 		watchCluster: connect.NewClient[v1.WatchClusterRequest, v1.WatchClusterResponse](
 			httpClient,
 			baseURL+CoordinatorServiceWatchClusterProcedure,
@@ -213,6 +229,7 @@ type coordinatorServiceClient struct {
 	claimSessions             *connect.Client[v1.ClaimSessionsRequest, v1.ClaimSessionsResponse]
 	releaseSession            *connect.Client[v1.ReleaseSessionRequest, v1.ReleaseSessionResponse]
 	getSession                *connect.Client[v1.GetSessionRequest, v1.GetSessionResponse]
+	listSessions              *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
 	watchCluster              *connect.Client[v1.WatchClusterRequest, v1.WatchClusterResponse]
 	renewLease                *connect.Client[v1.RenewLeaseRequest, v1.RenewLeaseResponse]
 	getRedisPrimary           *connect.Client[v1.GetRedisPrimaryRequest, v1.GetRedisPrimaryResponse]
@@ -241,6 +258,11 @@ func (c *coordinatorServiceClient) ReleaseSession(ctx context.Context, req *conn
 // GetSession calls keel.coordinator.v1.CoordinatorService.GetSession.
 func (c *coordinatorServiceClient) GetSession(ctx context.Context, req *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error) {
 	return c.getSession.CallUnary(ctx, req)
+}
+
+// ListSessions calls keel.coordinator.v1.CoordinatorService.ListSessions.
+func (c *coordinatorServiceClient) ListSessions(ctx context.Context, req *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return c.listSessions.CallUnary(ctx, req)
 }
 
 // WatchCluster calls keel.coordinator.v1.CoordinatorService.WatchCluster.
@@ -298,6 +320,13 @@ type CoordinatorServiceHandler interface {
 	ReleaseSession(context.Context, *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error)
 	// GetSession returns the ownership record of one session.
 	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
+	// ListSessions lists ownership records one page at a time, optionally only those
+	// of one tenant, of one owner edge, or whose client ID starts with a prefix; for
+	// operators (keelctl session list). Records come grouped by tenant (shorter tenant
+	// names first), client IDs in byte order. Each page is read from one consistent
+	// state; a listing of several pages may see changes made between them. Like
+	// GetSession, a follower forwards it unless allow_stale.
+	ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error)
 	// WatchCluster streams cluster state to a member: first a full snapshot, then every
 	// change in Raft index order. A member resumes with from_index after a reconnect.
 	WatchCluster(context.Context, *connect.Request[v1.WatchClusterRequest], *connect.ServerStream[v1.WatchClusterResponse]) error
@@ -360,6 +389,12 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 		connect.WithSchema(coordinatorServiceMethods.ByName("GetSession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	coordinatorServiceListSessionsHandler := connect.NewUnaryHandler(
+		CoordinatorServiceListSessionsProcedure,
+		svc.ListSessions,
+		connect.WithSchema(coordinatorServiceMethods.ByName("ListSessions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	coordinatorServiceWatchClusterHandler := connect.NewServerStreamHandler(
 		CoordinatorServiceWatchClusterProcedure,
 		svc.WatchCluster,
@@ -418,6 +453,8 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 			coordinatorServiceReleaseSessionHandler.ServeHTTP(w, r)
 		case CoordinatorServiceGetSessionProcedure:
 			coordinatorServiceGetSessionHandler.ServeHTTP(w, r)
+		case CoordinatorServiceListSessionsProcedure:
+			coordinatorServiceListSessionsHandler.ServeHTTP(w, r)
 		case CoordinatorServiceWatchClusterProcedure:
 			coordinatorServiceWatchClusterHandler.ServeHTTP(w, r)
 		case CoordinatorServiceRenewLeaseProcedure:
@@ -457,6 +494,10 @@ func (UnimplementedCoordinatorServiceHandler) ReleaseSession(context.Context, *c
 
 func (UnimplementedCoordinatorServiceHandler) GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.GetSession is not implemented"))
+}
+
+func (UnimplementedCoordinatorServiceHandler) ListSessions(context.Context, *connect.Request[v1.ListSessionsRequest]) (*connect.Response[v1.ListSessionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.ListSessions is not implemented"))
 }
 
 func (UnimplementedCoordinatorServiceHandler) WatchCluster(context.Context, *connect.Request[v1.WatchClusterRequest], *connect.ServerStream[v1.WatchClusterResponse]) error {
