@@ -91,8 +91,12 @@ func (s *Server) WatchCluster(ctx context.Context, req *connect.Request[coordina
 		events, gap, changed := s.hub.since(from)
 		if needSnapshot || gap || from > s.fsm.State().Index() {
 			st := s.fsm.State()
+			snap := s.clusterSnapshot(st)
+			if m.GetRole() == coordinatorv1.MemberRole_MEMBER_ROLE_EDGE {
+				snap.Custody = custodyOf(st, m.GetMemberId(), m.GetIncarnation())
+			}
 			if err := stream.Send(&coordinatorv1.WatchClusterResponse{Index: st.Index(),
-				Event: &coordinatorv1.WatchClusterResponse_Snapshot{Snapshot: s.clusterSnapshot(st)}}); err != nil {
+				Event: &coordinatorv1.WatchClusterResponse_Snapshot{Snapshot: snap}}); err != nil {
 				return err
 			}
 			from, needSnapshot = st.Index(), false
@@ -150,6 +154,21 @@ func (s *Server) watchEvent(e hubEvent, member string) *coordinatorv1.WatchClust
 	default:
 		return nil
 	}
+	return out
+}
+
+// custodyOf lists the sessions edge holds in custody under incarnation:
+// those a watch snapshot hands it again, in case it missed their
+// assignment.
+func custodyOf(st *fsm.State, edge string, incarnation uint64) []*coordinatorv1.SessionEpoch {
+	var out []*coordinatorv1.SessionEpoch
+	st.SessionsOwnedBy(edge, func(r *raftpb.SessionRecord) bool {
+		if r.GetOwnerKind() == raftpb.OwnerKind_OWNER_KIND_CUSTODY && r.GetOwnerIncarnation() == incarnation {
+			out = append(out, &coordinatorv1.SessionEpoch{Session: &commonv1.SessionKey{Tenant: r.GetTenant(), ClientId: r.GetClientId()},
+				Epoch: r.GetEpoch()})
+		}
+		return true
+	})
 	return out
 }
 

@@ -123,6 +123,19 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 				w.ACL.ACLVersion(a.GetTenant(), a.GetVersion())
 			}
 		}
+		if snap := ev.GetSnapshot(); len(snap.GetCustody()) > 0 && w.Custodian != nil {
+			// The custody assignments this edge may have missed (it watched
+			// from a coordinator that could not replay them): adopting a
+			// session held already is a no-op.
+			w.Logger.Info("custody listed in a watch snapshot", "sessions", len(snap.GetCustody()))
+			for _, se := range snap.GetCustody() {
+				select {
+				case jobs <- custodyJob{se: se}:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
 		if c := ev.GetCustody(); c != nil && c.GetToEdgeId() == w.Self && w.Custodian != nil {
 			w.Logger.Info("custody assigned", "from_edge", c.GetFromEdgeId(), "from_incarnation", c.GetFromIncarnation(),
 				"sessions", len(c.GetSessions()))

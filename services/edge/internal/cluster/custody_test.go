@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -33,8 +34,9 @@ func (c *flakyCustodian) TakeCustody(_ context.Context, tenant, clientID string,
 }
 
 // TestWatch_CustodyTriedUntilAdopted: sessions of an edge whose lease
-// expired are assigned to the watching edge by a real coordinator, and a
-// custody that fails is tried again, off the workers, until it succeeds.
+// expired are assigned to the watching edge by a real coordinator, a
+// custody that fails is tried again, off the workers, until it succeeds,
+// and a watch that starts over finds them in its snapshot.
 func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 	t.Parallel()
 	url, _ := startCoordinator(t, time.Second)
@@ -70,10 +72,26 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 		return nil
 	})
 	custodian.mu.Lock()
-	defer custodian.mu.Unlock()
 	for i := range 3 {
 		id := fmt.Sprintf("dev-%d", i)
 		require.Equal(t, 3, custodian.tries[id], "%s: two failures, then adopted", id)
 		require.Greater(t, custodian.adopted[id], epochs[i], "%s: custody comes with a newer epoch", id)
 	}
+	adopted := maps.Clone(custodian.adopted)
+	custodian.mu.Unlock()
+
+	// A watch that starts over (from a snapshot, as after reconnecting to
+	// a coordinator that cannot replay what it missed) is handed the
+	// sessions in custody again, with their epochs.
+	again := &flakyCustodian{tries: map[string]int{}, adopted: map[string]uint64{}}
+	w2 := &Watch{Client: client, Self: "edge-live", Incarnation: live.Incarnation, Custodian: again, Logger: logger}
+	go func() { _ = w2.Run(t.Context()) }()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		again.mu.Lock()
+		defer again.mu.Unlock()
+		if !maps.Equal(again.adopted, adopted) {
+			return fmt.Errorf("from the snapshot: %v, want %v", again.adopted, adopted)
+		}
+		return nil
+	})
 }

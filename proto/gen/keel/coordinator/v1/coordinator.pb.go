@@ -1828,7 +1828,11 @@ type ClusterSnapshot struct {
 	// acl_versions currently in force.
 	AclVersions []*AclVersionChange `protobuf:"bytes,3,rep,name=acl_versions,json=aclVersions,proto3" json:"acl_versions,omitempty"`
 	// redis_groups are the records of all Redis groups.
-	RedisGroups   []*RedisGroupRecord `protobuf:"bytes,4,rep,name=redis_groups,json=redisGroups,proto3" json:"redis_groups,omitempty"`
+	RedisGroups []*RedisGroupRecord `protobuf:"bytes,4,rep,name=redis_groups,json=redisGroups,proto3" json:"redis_groups,omitempty"`
+	// custody lists the sessions held in custody by the watching edge (at its
+	// incarnation) at this index: a watcher that resumed too late to replay the
+	// custody assignments it missed adopts from here those it does not hold.
+	Custody       []*SessionEpoch `protobuf:"bytes,5,rep,name=custody,proto3" json:"custody,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1887,6 +1891,13 @@ func (x *ClusterSnapshot) GetAclVersions() []*AclVersionChange {
 func (x *ClusterSnapshot) GetRedisGroups() []*RedisGroupRecord {
 	if x != nil {
 		return x.RedisGroups
+	}
+	return nil
+}
+
+func (x *ClusterSnapshot) GetCustody() []*SessionEpoch {
+	if x != nil {
+		return x.Custody
 	}
 	return nil
 }
@@ -3485,12 +3496,13 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\acustody\x18\a \x01(\v2&.keel.coordinator.v1.CustodyAssignmentH\x00R\acustody\x12B\n" +
 	"\btakeover\x18\b \x01(\v2$.keel.coordinator.v1.SessionTakeoverH\x00R\btakeover\x12E\n" +
 	"\theartbeat\x18\t \x01(\v2%.keel.coordinator.v1.ClusterHeartbeatH\x00R\theartbeatB\a\n" +
-	"\x05event\"\x98\x02\n" +
+	"\x05event\"\xd5\x02\n" +
 	"\x0fClusterSnapshot\x125\n" +
 	"\amembers\x18\x01 \x03(\v2\x1b.keel.coordinator.v1.MemberR\amembers\x12:\n" +
 	"\x06config\x18\x02 \x01(\v2\".keel.coordinator.v1.ClusterConfigR\x06config\x12H\n" +
 	"\facl_versions\x18\x03 \x03(\v2%.keel.coordinator.v1.AclVersionChangeR\vaclVersions\x12H\n" +
-	"\fredis_groups\x18\x04 \x03(\v2%.keel.coordinator.v1.RedisGroupRecordR\vredisGroups\"G\n" +
+	"\fredis_groups\x18\x04 \x03(\v2%.keel.coordinator.v1.RedisGroupRecordR\vredisGroups\x12;\n" +
+	"\acustody\x18\x05 \x03(\v2!.keel.coordinator.v1.SessionEpochR\acustody\"G\n" +
 	"\x10MembershipChange\x123\n" +
 	"\x06member\x18\x01 \x01(\v2\x1b.keel.coordinator.v1.MemberR\x06member\"\xec\x02\n" +
 	"\rClusterConfig\x12\x18\n" +
@@ -3748,57 +3760,58 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	27, // 31: keel.coordinator.v1.ClusterSnapshot.config:type_name -> keel.coordinator.v1.ClusterConfig
 	28, // 32: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
 	29, // 33: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
-	7,  // 34: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	51, // 35: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	51, // 36: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	51, // 37: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	50, // 38: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 39: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	32, // 40: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	49, // 41: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
-	0,  // 42: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
-	1,  // 43: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	51, // 44: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
-	1,  // 45: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
-	29, // 46: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 47: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 48: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	51, // 49: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	51, // 50: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
-	5,  // 51: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 52: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	47, // 53: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
-	9,  // 54: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 55: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 56: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 57: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 58: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
-	23, // 59: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	34, // 60: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	36, // 61: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	38, // 62: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	40, // 63: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	42, // 64: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	44, // 65: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	46, // 66: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
-	10, // 67: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 68: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 69: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 70: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 71: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
-	24, // 72: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	35, // 73: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	37, // 74: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	39, // 75: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	41, // 76: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	43, // 77: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	45, // 78: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	48, // 79: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
-	67, // [67:80] is the sub-list for method output_type
-	54, // [54:67] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	32, // 34: keel.coordinator.v1.ClusterSnapshot.custody:type_name -> keel.coordinator.v1.SessionEpoch
+	7,  // 35: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
+	51, // 36: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	51, // 37: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	51, // 38: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	50, // 39: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	32, // 40: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	32, // 41: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	49, // 42: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	0,  // 43: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
+	1,  // 44: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
+	51, // 45: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	1,  // 46: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
+	29, // 47: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 48: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 49: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	51, // 50: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	51, // 51: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	5,  // 52: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	7,  // 53: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	47, // 54: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	9,  // 55: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 56: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 57: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 58: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 59: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
+	23, // 60: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	34, // 61: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	36, // 62: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	38, // 63: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	40, // 64: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	42, // 65: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	44, // 66: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	46, // 67: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	10, // 68: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 69: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 70: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 71: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 72: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
+	24, // 73: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	35, // 74: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	37, // 75: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	39, // 76: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	41, // 77: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	43, // 78: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	45, // 79: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	48, // 80: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	68, // [68:81] is the sub-list for method output_type
+	55, // [55:68] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
