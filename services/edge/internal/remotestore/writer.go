@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
 )
@@ -81,6 +83,7 @@ type op struct {
 // batch is a WriteRequest awaiting its answer.
 type batch struct {
 	ops  []*op
+	at   []int // per op, the index of the WriteOp that carries it
 	sent time.Time
 }
 
@@ -405,12 +408,10 @@ func (s *Store) serve() (healthy bool, err error) {
 func (s *Store) send(l *link, ops []*op) error {
 	s.batchID++
 	id := s.batchID
-	req := &persistencev1.WriteRequest{BatchId: id, Ops: make([]*persistencev1.WriteOp, len(ops))}
-	for i, o := range ops {
-		req.Ops[i] = o.w
-	}
+	ws, at := mergeOps(ops)
+	req := &persistencev1.WriteRequest{BatchId: id, Ops: ws}
 	l.mu.Lock()
-	l.out[id] = &batch{ops: ops, sent: time.Now()}
+	l.out[id] = &batch{ops: ops, at: at, sent: time.Now()}
 	l.mu.Unlock()
 	s.m.batches.Inc()
 	s.m.batchOps.Observe(float64(len(ops)))
@@ -481,8 +482,8 @@ func (s *Store) receive(l *link) error {
 		results := resp.GetResults()
 		for i, o := range b.ops {
 			st, msg := resp.GetStatus(), resp.GetError()
-			if len(results) == len(b.ops) {
-				st, msg = results[i].GetStatus(), results[i].GetError()
+			if j := b.at[i]; j < len(results) {
+				st, msg = results[j].GetStatus(), results[j].GetError()
 			}
 			status, err := statusError(st, msg)
 			if status == statusInvalid {
@@ -537,4 +538,82 @@ func statusError(st persistencev1.WriteStatus, msg string) (status int, err erro
 		return statusInvalid, fmt.Errorf("%w: refused by the persistence service: %s", ErrInvalid, msg)
 	}
 	return statusUnavailable, fmt.Errorf("%w: %s: %s", ErrUnavailable, st, msg)
+}
+
+// mergeOps builds a batch's WriteOps: a session's appends join into one
+// op, and so do its completes, as long as their fence (and queue limits)
+// are the same and no other write of the session comes between. A busy
+// session's messages then cost the service one op per kind and batch
+// instead of two per message. at maps each op to the WriteOp carrying it.
+//
+// An op merged into an earlier one moves ahead of other sessions' ops;
+// the service's store allows exactly that (see the persistence Redis
+// store's merge): appends only take references to shared message records,
+// completes only release them and never move past a send, and within the
+// session appends and completes touch the queue and the in-flight set
+// apart.
+func mergeOps(ops []*op) (ws []*persistencev1.WriteOp, at []int) {
+	type open struct {
+		append, complete int // index in ws; -1: none
+		sends            int // sends in the batch when complete was made
+	}
+	ws = make([]*persistencev1.WriteOp, 0, len(ops))
+	at = make([]int, len(ops))
+	sessions := make(map[string]*open, len(ops))
+	owned := make(map[int]bool) // WriteOps built here, which may be extended
+	sends := 0
+	for i, o := range ops {
+		w := o.w
+		if w.GetSend() != nil {
+			sends++
+		}
+		k := w.GetSession()
+		key := k.GetTenant() + "\x00" + k.GetClientId()
+		st := sessions[key]
+		if st == nil {
+			st = &open{append: -1, complete: -1}
+			sessions[key] = st
+		}
+		switch {
+		case w.GetAppend() != nil:
+			if j := st.append; j >= 0 && sameFence(ws[j], w) && proto.Equal(ws[j].GetAppend().GetLimits(), w.GetAppend().GetLimits()) &&
+				len(ws[j].GetAppend().GetEntries())+len(w.GetAppend().GetEntries()) <= maxOpEntries {
+				if !owned[j] {
+					a := ws[j].GetAppend()
+					ws[j] = &persistencev1.WriteOp{Session: ws[j].Session, Fence: ws[j].Fence, Op: &persistencev1.WriteOp_Append{
+						Append: &persistencev1.AppendOp{Limits: a.Limits, Entries: slices.Clone(a.Entries), Messages: slices.Clone(a.Messages)}}}
+					owned[j] = true
+				}
+				a := ws[j].GetAppend()
+				a.Entries = append(a.Entries, w.GetAppend().GetEntries()...)
+				a.Messages = append(a.Messages, w.GetAppend().GetMessages()...)
+				at[i] = j
+				continue
+			}
+			st.append = len(ws)
+		case w.GetComplete() != nil:
+			if j := st.complete; j >= 0 && st.sends == sends && sameFence(ws[j], w) &&
+				len(ws[j].GetComplete().GetPacketIds())+len(w.GetComplete().GetPacketIds()) <= maxOpEntries {
+				if !owned[j] {
+					ws[j] = &persistencev1.WriteOp{Session: ws[j].Session, Fence: ws[j].Fence, Op: &persistencev1.WriteOp_Complete{
+						Complete: &persistencev1.CompleteOp{PacketIds: slices.Clone(ws[j].GetComplete().GetPacketIds())}}}
+					owned[j] = true
+				}
+				c := ws[j].GetComplete()
+				c.PacketIds = append(c.PacketIds, w.GetComplete().GetPacketIds()...)
+				at[i] = j
+				continue
+			}
+			st.complete, st.sends = len(ws), sends
+		default:
+			st.append, st.complete = -1, -1
+		}
+		at[i] = len(ws)
+		ws = append(ws, w)
+	}
+	return ws, at
+}
+
+func sameFence(a, b *persistencev1.WriteOp) bool {
+	return a.GetFence().GetEpoch() == b.GetFence().GetEpoch() && a.GetFence().GetGroupEpoch() == b.GetFence().GetGroupEpoch()
 }
