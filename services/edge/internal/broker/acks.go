@@ -156,7 +156,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			q.mu.Unlock()
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
-			_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
+			_ = b.disconnect(cl, packets.ErrServerBusy)
 			continue
 		}
 		b.writeAck(cl, p, v5)

@@ -231,7 +231,7 @@ func (b *Broker) revokeUser(cl *mqtt.Client, c *conn) {
 	b.recheckSubscriptions(cl, c)
 	b.logger.Info("user removed or disabled; disconnecting", "client_id", cl.ID, "tenant", c.scope.Tenant())
 	b.m.disconnects.WithLabelValues("user_revoked").Inc()
-	go func() { _ = b.server.DisconnectClient(cl, packets.ErrNotAuthorized) }()
+	go func() { _ = b.disconnect(cl, packets.ErrNotAuthorized) }()
 }
 
 // recheckSubscriptions removes the subscriptions of cl's session that its

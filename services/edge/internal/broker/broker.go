@@ -185,7 +185,7 @@ func (b *Broker) Fence() {
 	b.logger.Error("edge fenced: disconnecting every client until the lease is back")
 	b.conns.Range(func(k, _ any) bool {
 		cl := k.(*mqtt.Client)
-		go func() { _ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown) }()
+		go func() { _ = b.disconnect(cl, packets.ErrServerShuttingDown) }()
 		return true
 	})
 }
@@ -557,7 +557,7 @@ func (b *Broker) disconnectSlow(s *session, cl *mqtt.Client) {
 	}
 	b.logger.Warn("slow consumer disconnected", "client_id", cl.ID, "reason", "queue full past grace")
 	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-	go func() { _ = b.server.DisconnectClient(cl, packets.ErrQuotaExceeded) }()
+	go func() { _ = b.disconnect(cl, packets.ErrQuotaExceeded) }()
 	time.AfterFunc(2*time.Second, func() { cl.Stop(packets.ErrQuotaExceeded) })
 }
 
@@ -635,6 +635,19 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 			}
 		}()
 	}
+}
+
+// disconnect closes cl's connection for the server's reason code: an MQTT
+// 5 client is told the code in a DISCONNECT first; an MQTT 3.1.1 or 3.1
+// connection is only closed, since DISCONNECT goes from client to server
+// alone in those versions. Either way its disconnect is handled as one the
+// server caused (the will goes out).
+func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) error {
+	if cl.Properties.ProtocolVersion == 5 {
+		return b.server.DisconnectClient(cl, code)
+	}
+	cl.Stop(code)
+	return code
 }
 
 // guardedListener closes connections that do not send CONNECT in time

@@ -183,7 +183,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		c.expiry = time.AfterFunc(time.Until(id.ExpiresAt), func() {
 			b.logger.Info("credentials expired; disconnecting", "client_id", cl.ID)
 			b.m.disconnects.WithLabelValues("credentials_expired").Inc()
-			_ = b.server.DisconnectClient(cl, packets.ErrNotAuthorized)
+			_ = b.disconnect(cl, packets.ErrNotAuthorized)
 		})
 	}
 	b.conns.Store(cl, c)
@@ -422,7 +422,7 @@ var errSharedDisabled = errors.New("shared subscriptions are disabled")
 // the reason for MQTT 5 clients.
 func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) error {
 	if cl.Properties.ProtocolVersion == 5 {
-		_ = b.server.DisconnectClient(cl, code)
+		_ = b.disconnect(cl, code)
 	}
 	return code
 }
@@ -630,7 +630,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if b.fenced.Load() {
 		// No acknowledgement from a fenced edge: the client sends it again
 		// elsewhere.
-		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		_ = b.disconnect(cl, packets.ErrServerShuttingDown)
 		return pk, packets.ErrRejectPacket
 	}
 	if pk.FixedHeader.Qos > 0 {
@@ -677,7 +677,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			if err != nil {
 				finishSpan(m.span, err)
 				b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
-				_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
+				_ = b.disconnect(cl, packets.ErrServerBusy)
 				return pk, packets.ErrRejectPacket
 			}
 		}
@@ -692,7 +692,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		finishSpan(m.span, err)
 		b.forgetIncoming(cl, pk.FixedHeader.Qos, pk.PacketID)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
-		_ = b.server.DisconnectClient(cl, packets.ErrServerBusy)
+		_ = b.disconnect(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {

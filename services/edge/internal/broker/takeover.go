@@ -93,7 +93,7 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch
 			}
 		}
 		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
-		_ = b.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
+		_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		// The connection's in-flight messages go back to the session (as on
 		// a local takeover) so that they move with it.
 		s.detach(cl)
