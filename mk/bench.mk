@@ -4,6 +4,7 @@
 #   make bench                       all three (about 12 minutes on 2 cores)
 #   make bench-cluster REPEAT=3      same-edge vs cross-edge pairs on a local cluster
 #   make bench-persistent            QoS 1 across edges to persistent sessions in Redis (WAIT 1)
+#   make bench-failover CLIENTS=1000 kill one of 3 edges under persistent QoS 1 subscribers
 #   make bench BENCH_GO=0            load benchmarks only
 #   make bench-load DURATION=10s REPEAT=5 SCENARIOS=qos0-fanin-64B,qos1-pairs-50
 #   make bench-go BENCH_PKGS=./libs/...   then compare runs with benchstat
@@ -18,7 +19,7 @@ BENCH_COUNT ?= 1
 BENCH_PKGS  ?= work
 BENCH_OUT   ?= $(TMP)/bench
 
-.PHONY: bench bench-go bench-load bench-cluster bench-persistent
+.PHONY: bench bench-go bench-load bench-cluster bench-persistent bench-failover
 
 bench: ## Run benchmarks: Go benchmarks + load generator vs Mosquitto and bare mochi
 	@rc=0; \
@@ -41,3 +42,6 @@ bench-cluster: ## Run keel-bench pairs on one edge and across two edges of a loc
 
 bench-persistent: ## Run QoS 1 pairs across edges to persistent sessions (Redis primary + 2 replicas, WAIT 1), CPU per message by process
 	GO=$(GO) BIN=$(BIN) scripts/bench-persistent.sh
+
+bench-failover: ## Kill one of 3 edges under CLIENTS persistent QoS 1 subscribers: time until all are back and every acked message delivered
+	GO=$(GO) BIN=$(BIN) scripts/bench-failover.sh

@@ -28,6 +28,17 @@ const (
 // ErrRefused is returned when the broker refuses a CONNECT or a SUBSCRIBE.
 var ErrRefused = errors.New("broker refused")
 
+// RefusedError is a CONNACK with a nonzero return code. It matches
+// [ErrRefused] under errors.Is.
+type RefusedError struct{ Code byte }
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%v: connack return code %d", ErrRefused, e.Code)
+}
+
+// Is reports whether target is [ErrRefused].
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
 // client is one MQTT connection.
 type client struct {
 	conn net.Conn
@@ -42,10 +53,17 @@ func dial(ctx context.Context, cfg *Config, addr, clientID string, readBuf int) 
 
 // dialSession is dial with the clean session flag given.
 func dialSession(ctx context.Context, cfg *Config, addr, clientID string, readBuf int, clean bool) (*client, error) {
+	c, _, err := dialResume(ctx, cfg, addr, clientID, readBuf, clean)
+	return c, err
+}
+
+// dialResume is dialSession that also reports the CONNACK's session present
+// flag. A refusal is a [*RefusedError].
+func dialResume(ctx context.Context, cfg *Config, addr, clientID string, readBuf int, clean bool) (*client, bool, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
+		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
 	}
 	c := &client{conn: conn, r: wire.NewReader(conn, readBuf, maxPacketSize)}
 	opts := wire.ConnectOptions{ClientID: clientID, KeepAlive: uint16(cfg.KeepAlive), CleanSession: clean}
@@ -58,24 +76,24 @@ func dialSession(ctx context.Context, cfg *Config, addr, clientID string, readBu
 	_ = conn.SetDeadline(time.Now().Add(handshakeTimeout))
 	if _, err := conn.Write(wire.AppendConnect(nil, opts)); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("send connect: %w", err)
+		return nil, false, fmt.Errorf("send connect: %w", err)
 	}
 	h, body, err := c.r.Next()
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("read connack: %w", err)
+		return nil, false, fmt.Errorf("read connack: %w", err)
 	}
 	p, err := wire.DecodeBody(h, body)
 	if err != nil || p.Type != wire.Connack {
 		conn.Close()
-		return nil, fmt.Errorf("read connack: got type %d: %w", h>>4, errors.Join(err, wire.ErrMalformed))
+		return nil, false, fmt.Errorf("read connack: got type %d: %w", h>>4, errors.Join(err, wire.ErrMalformed))
 	}
 	if p.ReturnCode != 0 {
 		conn.Close()
-		return nil, fmt.Errorf("%w: connack return code %d", ErrRefused, p.ReturnCode)
+		return nil, false, &RefusedError{Code: p.ReturnCode}
 	}
 	_ = conn.SetDeadline(time.Time{})
-	return c, nil
+	return c, p.SessionPresent, nil
 }
 
 // subscribe sends one SUBSCRIBE and waits for its SUBACK. It must run before

@@ -14,6 +14,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -30,6 +32,10 @@ const (
 	// ScenarioIdle connects N clients, holds them idle and reports the broker's
 	// resident memory per client.
 	ScenarioIdle = "idle"
+	// ScenarioFailover spreads N persistent QoS 1 subscribers over several
+	// edges, kills one edge, and measures how long its clients take to come
+	// back on the others and to get every acknowledged message (failover.go).
+	ScenarioFailover = "failover"
 )
 
 // Defaults for [Config.RegisterFlags].
@@ -47,6 +53,12 @@ const (
 	DefaultConnectConcurrency = 100
 	DefaultIdleHold           = 3 * time.Second
 	DefaultStallTimeout       = time.Second
+	DefaultKillAfter          = time.Second
+	// DefaultAckTimeout is longer than the Keel edge's default
+	// --cluster.forward-timeout (30 s), after which the edge itself closes a
+	// publisher whose forwards did not complete.
+	DefaultAckTimeout     = 40 * time.Second
+	DefaultRecoverTimeout = 2 * time.Minute
 
 	// MinSize is the smallest payload: it carries run id, publisher id,
 	// sequence number and send time.
@@ -89,14 +101,32 @@ type Config struct {
 	// sessions are ended after the run.
 	Persistent bool
 
+	// Failover scenario. Addrs are the edges' MQTT addresses; subscribers
+	// are spread over them round-robin. KillPID, if set, is sent SIGKILL
+	// KillAfter after the first round is acknowledged; KilledAddr is that
+	// process's address, which nobody reconnects to. AckTimeout is how long
+	// the publisher waits for a PUBACK before it resends on another edge.
+	// RecoverTimeout bounds the wait, from the kill, for every client to be
+	// back and every publish acknowledged; Drain then bounds the wait for
+	// deliveries.
+	Addrs          []string
+	KillPID        int
+	KillAfter      time.Duration
+	KilledAddr     string
+	AckTimeout     time.Duration
+	RecoverTimeout time.Duration
+
 	// Broker and Label are copied into the result to tag it.
 	Broker string
 	Label  string
+
+	// kill, when set, replaces sending SIGKILL to KillPID (tests).
+	kill func() error
 }
 
 // RegisterFlags registers the config's flags on fs with their defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Scenario, "scenario", DefaultScenario, "fanin | fanout | pairs | storm | idle")
+	fs.StringVar(&c.Scenario, "scenario", DefaultScenario, "fanin | fanout | pairs | storm | idle | failover")
 	fs.IntVar(&c.QoS, "qos", 0, "QoS of publishes and subscriptions: 0, 1 or 2")
 	fs.IntVar(&c.Size, "size", DefaultSize, fmt.Sprintf("payload bytes (at least %d)", MinSize))
 	fs.IntVar(&c.Clients, "clients", DefaultClients, "publishers (fanin), subscribers (fanout), pairs, or connections (storm, idle)")
@@ -115,6 +145,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Username, "username", "", "CONNECT username")
 	fs.BoolVar(&c.Persistent, "persistent", false, "subscribers keep persistent sessions (clean session off), ended after the run")
 	fs.StringVar(&c.Password, "password", "", "CONNECT password (needs -username)")
+	fs.Func("addrs", "failover: comma-separated MQTT addresses of the edges", func(v string) error {
+		c.Addrs = splitAddrs(v)
+		return nil
+	})
+	fs.IntVar(&c.KillPID, "kill-pid", 0, "failover: pid to send SIGKILL (an edge's)")
+	fs.DurationVar(&c.KillAfter, "kill-after", DefaultKillAfter, "failover: wait this long after the first round is acknowledged, then kill")
+	fs.StringVar(&c.KilledAddr, "killed-addr", "", "failover: MQTT address of the killed edge (one of -addrs)")
+	fs.DurationVar(&c.AckTimeout, "ack-timeout", DefaultAckTimeout, "failover: resend on another edge when a PUBACK takes longer than this")
+	fs.DurationVar(&c.RecoverTimeout, "recover-timeout", DefaultRecoverTimeout, "failover: longest wait after the kill for all clients back and all publishes acknowledged")
 	fs.StringVar(&c.Broker, "broker", "", "broker name copied into the result")
 	fs.StringVar(&c.Label, "label", "", "run label copied into the result")
 }
@@ -128,6 +167,10 @@ func (c *Config) Validate() error {
 		if c.Hold == 0 {
 			c.Hold = DefaultIdleHold
 		}
+	case ScenarioFailover:
+		// Persistent sessions and QoS 1 are what the scenario measures.
+		c.QoS, c.Persistent = 1, true
+		errs = append(errs, c.validateFailover()...)
 	default:
 		errs = append(errs, fmt.Errorf("unknown scenario %q", c.Scenario))
 	}
@@ -161,8 +204,44 @@ func (c *Config) Validate() error {
 	if c.Password != "" && c.Username == "" {
 		errs = append(errs, errors.New("password needs a username"))
 	}
-	if c.PubAddr == "" || c.SubAddr == "" {
+	if c.Scenario != ScenarioFailover && (c.PubAddr == "" || c.SubAddr == "") {
 		errs = append(errs, errors.New("pub-addr and sub-addr must be set"))
 	}
 	return errors.Join(errs...)
+}
+
+// validateFailover checks the failover flags and fills their defaults.
+func (c *Config) validateFailover() []error {
+	var errs []error
+	if len(c.Addrs) < 2 {
+		errs = append(errs, errors.New("failover needs -addrs with at least two addresses"))
+	}
+	if c.KilledAddr != "" && addrIndex(c.Addrs, c.KilledAddr) < 0 {
+		errs = append(errs, fmt.Errorf("killed-addr %s is not one of -addrs", c.KilledAddr))
+	}
+	if (c.KillPID > 0 || c.kill != nil) != (c.KilledAddr != "") {
+		errs = append(errs, errors.New("kill-pid and killed-addr go together"))
+	}
+	if c.KillPID < 0 || c.KillAfter < 0 {
+		errs = append(errs, errors.New("kill-pid and kill-after must not be negative"))
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.RecoverTimeout <= 0 {
+		c.RecoverTimeout = DefaultRecoverTimeout
+	}
+	// Packet ids of one connection: the window must fit in them.
+	c.Inflight = min(c.Inflight, 65000)
+	return errs
+}
+
+// splitAddrs splits a comma- or space-separated address list.
+func splitAddrs(v string) []string {
+	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })
+}
+
+// addrIndex returns the index of addr in addrs, or -1.
+func addrIndex(addrs []string, addr string) int {
+	return slices.Index(addrs, addr)
 }

@@ -59,6 +59,12 @@ type Result struct {
 	Errors     int    `json:"errors,omitempty"`
 	FirstError string `json:"first_error,omitempty"`
 
+	// Failover has the failover scenario's figures; its Rate is the seconds
+	// from the kill until everyone was back and every acknowledged message
+	// delivered (0 if that never happened), and Seconds the time from the
+	// kill to the end of the wait.
+	Failover *FailoverResult `json:"failover,omitempty"`
+
 	// GenCores is the load generator's own CPU use in the window, to check
 	// that it is not the bottleneck.
 	GenCores float64 `json:"gen_cores"`
@@ -87,6 +93,10 @@ func (r *Result) String() string {
 	}
 	fmt.Fprintf(&b, " window=%.1fs\n", r.Seconds)
 	switch r.Scenario {
+	case ScenarioFailover:
+		if r.Failover != nil {
+			b.WriteString(r.Failover.String())
+		}
 	case ScenarioIdle:
 		fmt.Fprintf(&b, "  connected %d clients; broker rss %.1f MiB, %.0f B/client\n",
 			r.Clients-int(r.ConnectErrors), float64(r.BrokerRSS)/(1<<20), r.RSSPerClient)

@@ -15,6 +15,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	switch cfg.Scenario {
 	case ScenarioStorm, ScenarioIdle:
 		return runStorm(ctx, &cfg, runID)
+	case ScenarioFailover:
+		return runFailover(ctx, &cfg, runID)
 	default:
 		return runFlow(ctx, &cfg, runID)
 	}

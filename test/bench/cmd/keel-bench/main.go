@@ -3,6 +3,8 @@
 // generator is not the bottleneck. See package loadgen for the scenarios.
 //
 //	keel-bench -scenario fanin -qos 1 -clients 50 -duration 10s -pub-addr 127.0.0.1:1883 -sub-addr 127.0.0.1:1883
+//	keel-bench -scenario failover -clients 1000 -addrs 127.0.0.1:1883,127.0.0.1:1884,127.0.0.1:1885 \
+//	  -kill-pid <pid of the third edge> -killed-addr 127.0.0.1:1885
 package main
 
 import (
@@ -29,6 +31,7 @@ func run() int {
 	cfg.RegisterFlags(fs)
 	addr := fs.String("addr", "", "broker address for publishers and subscribers (overrides -pub-addr and -sub-addr)")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
+	textOut := fs.String("text-out", "", "also write the human-readable result to this file")
 	waitQuiet := fs.Duration("wait-quiet", 0, "first wait up to this long for the machine to be idle (see -quiet-cores)")
 	quietCores := fs.Float64("quiet-cores", 0.3, "CPU use, in cores, below which the machine counts as idle")
 	procs := fs.Int("procs", 1, "GOMAXPROCS for the generator, unless the GOMAXPROCS variable is set (0 = runtime default)")
@@ -72,6 +75,12 @@ func run() int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "keel-bench: %v\n", err)
 		return 1
+	}
+	if *textOut != "" {
+		if err := os.WriteFile(*textOut, []byte(res.String()), 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "keel-bench: %v\n", err)
+			return 1
+		}
 	}
 	if *asJSON {
 		if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
