@@ -40,6 +40,10 @@ func shareForm(filter, group string) string {
 type Peers struct {
 	Client   coordinatorv1connect.CoordinatorServiceClient
 	Interval time.Duration
+	// OnGone, if set, hears of every edge that left the membership (its
+	// lease expired, or it came back under a new incarnation) at the
+	// refresh that noticed it; called without locks held.
+	OnGone func(edgeID string)
 
 	mu   sync.RWMutex
 	urls map[string]string
@@ -78,8 +82,19 @@ func (p *Peers) Refresh(ctx context.Context) error {
 		}
 	}
 	p.mu.Lock()
+	var gone []string
+	for id, inc := range p.incs {
+		if now, ok := incs[id]; !ok || now != inc {
+			gone = append(gone, id)
+		}
+	}
 	p.urls, p.incs = urls, incs
 	p.mu.Unlock()
+	if p.OnGone != nil {
+		for _, id := range gone {
+			p.OnGone(id)
+		}
+	}
 	return nil
 }
 

@@ -66,8 +66,13 @@ func (s staticRoutes) Route(context.Context, string, string) (Route, error) {
 
 func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwarder {
 	t.Helper()
+	return connectForwarderBound(t, from, self, time.Second, to...)
+}
+
+func connectForwarderBound(t *testing.T, from *edge, self string, bound time.Duration, to ...Peer) *Forwarder {
+	t.Helper()
 	_, inc := from.b.ID()
-	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: time.Second, Logger: testutil.Logger(t)}
+	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: bound, Logger: testutil.Logger(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = f.Run(ctx); close(done) }()
@@ -251,4 +256,31 @@ func TestServer_FrameFailingPartWay(t *testing.T) {
 	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(send()))
 	require.NoError(t, send())
 	require.Equal(t, []string{"t1", "t2", "t3", "t4"}, d.got)
+}
+
+// When the peer leaves the membership, what waits for it fails at once,
+// well before the forward bound: its publisher is closed unacknowledged.
+func TestForward_PeerGoneFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	url := b.api.URL
+	b.api.Close() // the peer stopped answering
+	f := connectForwarderBound(t, a, "edge-a", time.Minute, Peer{ID: "edge-b", URL: url})
+
+	pub := mqtttest.Dial(t, a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	_, err := pub.Read(300 * time.Millisecond)
+	require.Error(t, err, "nothing while the peer may still take it")
+	gone := time.Now()
+	f.PeerGone("edge-b")
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		require.NoError(t, err, "expected a DISCONNECT soon after the peer left")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no peer took it")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			break
+		}
+	}
+	require.Less(t, time.Since(gone), 5*time.Second)
 }

@@ -105,6 +105,22 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	return l, nil
 }
 
+// PeerGone fails at once what waits on the link to an edge that left the
+// membership: its lease expired, so it fenced itself and acknowledges
+// nothing more. The publishers waiting on it are closed without an
+// acknowledgement now, and send again (to the sessions' new holders), rather
+// than at the end of the forward bound.
+func (f *Forwarder) PeerGone(edgeID string) {
+	f.mu.Lock()
+	l := f.links[edgeID]
+	delete(f.links, edgeID)
+	f.mu.Unlock()
+	if l != nil {
+		f.log().Info("peer edge left the membership; failing what waits for it", "peer", edgeID)
+		l.stop()
+	}
+}
+
 // Forward implements broker.Peers: m is queued on the link of every peer
 // with a matching route before it returns, so a publisher's messages reach
 // each peer in order; the wait is bounded from this call on. Each shared
