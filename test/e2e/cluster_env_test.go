@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -50,21 +51,43 @@ type clusterConfig struct {
 	// replica (every write confirmed by the replica), and the edges keep
 	// their sessions there instead of on their own disks.
 	Persistence bool
+	// HA runs the topology the product runs (see startHA): 3 coordinators,
+	// 3 routers, a Redis group of a primary and 2 replicas each fronted by
+	// its persistence instance, and the edges (3 unless Edges says
+	// otherwise), the edges reaching every service through a name shared
+	// by its nodes, as through a Kubernetes Service. It implies
+	// Persistence. Clients reach the edges through an access network of
+	// their own, so an edge can be cut from the cluster while its clients
+	// still reach it.
+	HA bool
 }
 
 // keelCluster is one coordinator, one router and N edges on a private
-// Docker network, every edge's MQTT port published on the host.
+// Docker network, every edge's MQTT port published on the host; or, with
+// clusterConfig.HA, the product's topology.
 type keelCluster struct {
-	t      *testing.T
-	cfg    clusterConfig
-	nw     *testcontainers.DockerNetwork
-	Coord  *testcontainers.DockerContainer
-	Router *testcontainers.DockerContainer
+	t   *testing.T
+	cfg clusterConfig
+	// nw is the private network of the light topology; with HA the
+	// cluster network is clusterNet and the edges also join accessNet, the
+	// network of their published MQTT and ops ports, so that cutting an
+	// edge from clusterNet leaves its clients connected (see startHA).
+	nw                    *testcontainers.DockerNetwork
+	clusterNet, accessNet string
+	routerNet             netip.Addr // the cluster network's subnet (HA)
+	Coord                 *testcontainers.DockerContainer
+	Router                *testcontainers.DockerContainer
 	// Persist, Redis and Replica run only with clusterConfig.Persistence.
 	Persist, Redis, Replica *testcontainers.DockerContainer
-	Edges                   []*testcontainers.DockerContainer // Edges[0] is edge-1
-	urls                    []string
-	docker                  *testcontainers.DockerClient
+	// With HA: Coords[i] is coordinator-(i+1), Routers[i] router-(i+1),
+	// Redises[i] redis-(i+1) (redis-1 starts as the primary) and
+	// Persists[i] persistence-(i+1). Coord, Router, Persist and Redis are
+	// then the first of each.
+	Coords, Routers, Persists, Redises []*testcontainers.DockerContainer
+	Edges                              []*testcontainers.DockerContainer // Edges[0] is edge-1
+	mu                                 sync.Mutex                        // guards urls
+	urls                               []string
+	docker                             *testcontainers.DockerClient
 	// Ready is when every container answered /readyz.
 	Ready time.Time
 }
@@ -81,13 +104,17 @@ func startCluster(t *testing.T, cfg clusterConfig) *keelCluster {
 	}
 	ctx := t.Context()
 	began := time.Now()
-	nw, err := network.New(ctx)
-	testcontainers.CleanupNetwork(t, nw)
-	require.NoError(t, err)
 	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cli.Close() })
-	k := &keelCluster{t: t, cfg: cfg, nw: nw, docker: cli}
+	k := &keelCluster{t: t, cfg: cfg, docker: cli}
+	if cfg.HA {
+		return k.startHA(began)
+	}
+	nw, err := network.New(ctx)
+	testcontainers.CleanupNetwork(t, nw)
+	require.NoError(t, err)
+	k.nw = nw
 
 	var wg sync.WaitGroup
 	var coordErr, routerErr error
@@ -125,16 +152,18 @@ func startCluster(t *testing.T, cfg clusterConfig) *keelCluster {
 
 // run starts a container; it is registered for cleanup (and for its logs
 // on failure) even when it failed to become ready.
-func (k *keelCluster) run(name, svc string, args []string, ports []string, ops string) (*testcontainers.DockerContainer, error) {
+func (k *keelCluster) run(name, svc string, args []string, ports []string, ops string, nets ...testcontainers.ContainerCustomizer) (*testcontainers.DockerContainer, error) {
 	if lvl := os.Getenv("KEEL_E2E_LOG_LEVEL"); lvl != "" {
 		args = append(args, "--log.level", lvl)
 	}
-	c, err := testcontainers.Run(context.Background(), image(svc),
-		network.WithNetwork([]string{name}, k.nw),
+	if len(nets) == 0 {
+		nets = []testcontainers.ContainerCustomizer{network.WithNetwork([]string{name}, k.nw)}
+	}
+	c, err := testcontainers.Run(context.Background(), image(svc), append(nets,
 		testcontainers.WithCmd(args...),
 		testcontainers.WithExposedPorts(ports...),
 		testcontainers.WithWaitStrategy(wait.ForHTTP("/readyz").WithPort(ops).WithForcedIPv4LocalHost().
-			WithPollInterval(50*time.Millisecond).WithStartupTimeout(90*time.Second)))
+			WithPollInterval(50*time.Millisecond).WithStartupTimeout(90*time.Second)))...)
 	// Nothing is checked after the test, so the graceful stop is cut short:
 	// ten idle seconds per container would dominate the suite's time.
 	testcontainers.CleanupContainer(k.t, c, testcontainers.StopTimeout(2*time.Second))
@@ -207,16 +236,52 @@ func (k *keelCluster) runEdge(i int) (*testcontainers.DockerContainer, error) {
 		args = append(args, "--cluster.persistence", fmt.Sprintf("http://%s:%d", persistAlias, persistPort))
 	}
 	args = append(args, k.cfg.EdgeArgs...)
-	return k.run(alias, "edge", args, []string{edgeMQTTPort, edgeOpsPort}, edgeOpsPort)
+	var nets []testcontainers.ContainerCustomizer
+	if k.accessNet != "" {
+		// The access network first: it sorts first by name too, so Docker
+		// keeps the published ports on it (see startHA). No name there:
+		// the other edges must reach this one only through the cluster
+		// network, or cutting it from that network would cut nothing
+		// between edges.
+		nets = append(nets, network.WithNetworkName(nil, k.accessNet), network.WithNetworkName([]string{alias}, k.clusterNet))
+	}
+	return k.run(alias, "edge", args, []string{edgeMQTTPort, edgeOpsPort}, edgeOpsPort, nets...)
 }
 
-// URL is the host's MQTT URL of edge i (0-based).
-func (k *keelCluster) URL(i int) string { return k.urls[i] }
+// URL is the host's MQTT URL of edge i (0-based); it changes when the edge
+// restarts.
+func (k *keelCluster) URL(i int) string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.urls[i]
+}
+
+func (k *keelCluster) setURL(i int, url string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.urls[i] = url
+}
+
+func (k *keelCluster) all() []*testcontainers.DockerContainer {
+	all := []*testcontainers.DockerContainer{k.Coord, k.Router, k.Persist, k.Redis, k.Replica}
+	for _, cs := range [][]*testcontainers.DockerContainer{k.Coords, k.Routers, k.Persists, k.Redises, k.Edges} {
+		all = append(all, cs...)
+	}
+	seen := map[*testcontainers.DockerContainer]bool{nil: true}
+	out := all[:0]
+	for _, c := range all {
+		if !seen[c] {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	return out
+}
 
 func (k *keelCluster) stopAll() {
 	stop := 2 * time.Second
 	var wg sync.WaitGroup
-	for _, c := range append([]*testcontainers.DockerContainer{k.Coord, k.Router, k.Persist, k.Redis, k.Replica}, k.Edges...) {
+	for _, c := range k.all() {
 		if c == nil {
 			continue
 		}
