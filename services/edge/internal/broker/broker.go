@@ -61,6 +61,7 @@ type Broker struct {
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
+	claims sync.Map                // internal client ID -> *claimGuard of a CONNECT in flight
 
 	store   DurableState // nil: memory only
 	cluster Cluster
@@ -101,6 +102,11 @@ type conn struct {
 	sessionEnds atomic.Bool
 	// epoch is the ownership epoch of the session this connection holds.
 	epoch uint64
+	// guard covers the CONNECT until its session is bound (claims.go);
+	// superseded is set when a newer claim elsewhere won meanwhile: the
+	// connection then never held the session.
+	guard      *claimGuard
+	superseded atomic.Bool
 	// expiry disconnects the client when its credentials expire.
 	expiry   *time.Timer
 	pubACL   map[string]bool

@@ -145,12 +145,24 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	// session on another edge is taken over, and its epoch fences every write.
 	ctx, cancel = context.WithTimeout(spanCtx, b.cfg.ConnectTimeout)
 	claimCtx, claimSpan := tracer.Start(ctx, "cluster.claim")
+	c.guard = b.guardClaim(sc.ClientID(external))
+	defer func() {
+		if b.conn(cl) != c {
+			b.dropGuard(sc.ClientID(external), c.guard) // refused
+		}
+	}()
 	epoch, previous, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
 	finishSpan(claimSpan, err)
 	if err != nil {
 		cancel()
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
 		return refuse(packets.ErrServerUnavailable, "claim_failed")
+	}
+	if c.guard.granted(epoch) {
+		// Another edge claimed the session since, for a newer connection.
+		cancel()
+		b.logger.Info("session claimed again elsewhere while connecting; refused", "tenant", id.Tenant)
+		return refuse(packets.ErrServerUnavailable, "claim_superseded")
 	}
 	moved := false
 	if previous == b.cfg.EdgeID {
@@ -235,6 +247,22 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	if c == nil {
 		return
 	}
+	// Bound under the guard: a takeover from another edge either marked it
+	// before (this connection goes now) or finds the session bound after.
+	g := c.guard
+	g.mu.Lock()
+	defer func() {
+		b.dropGuard(cl.ID, g)
+		g.mu.Unlock()
+	}()
+	if g.supersededBy > c.epoch {
+		b.logger.Info("session taken over by another edge while connecting; disconnecting", "client_id", cl.ID)
+		b.m.connects.WithLabelValues("claim_superseded").Inc()
+		c.will.Store(nil) // the session goes on elsewhere ([MQTT-3.1.3-9])
+		c.superseded.Store(true)
+		go func() { _ = b.disconnect(cl, packets.ErrSessionTakenOver) }()
+		return
+	}
 	b.sessMu.Lock()
 	s := b.sessions[cl.ID]
 	if s == nil {
@@ -290,6 +318,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		reason = "error"
 	}
 	b.m.disconnects.WithLabelValues(reason).Inc()
+	if c.superseded.Load() {
+		return // it never held the session: another edge does
+	}
 	s := b.session(cl.ID)
 	if s != nil {
 		s.unbind(cl)

@@ -59,6 +59,9 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch
 		return false, false, nil, err
 	}
 	id := sc.ClientID(clientID)
+	// A CONNECT of the client in flight here loses to the newer claim; it
+	// is marked before the session is looked at (claims.go).
+	b.supersede(id, newEpoch)
 	s := b.session(id)
 	if s == nil {
 		return false, false, nil, nil
