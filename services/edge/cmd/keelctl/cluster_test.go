@@ -60,25 +60,24 @@ func buildServices(t *testing.T, names ...string) map[string]string {
 }
 
 // startService runs bin with args until the test ends and waits until
-// /readyz on ops answers 200.
-func startService(t *testing.T, name, bin, ops string, args ...string) {
+// /readyz on ops answers 200. The process can be stopped earlier.
+func startService(t *testing.T, name, bin, ops string, args ...string) *serviceProc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	p := &serviceProc{cmd: cmd, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = &p.logs, &p.logs
 	require.NoError(t, cmd.Start())
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
+		if !p.stop(10 * time.Second) {
 			_ = cmd.Process.Kill()
-			<-done
+			<-p.done
 		}
 		if t.Failed() {
-			t.Logf("%s logs:\n%s", name, logs.String())
+			t.Logf("%s logs:\n%s", name, p.logs.String())
 		}
 	})
 	testutil.Eventually(t, 30*time.Second, func() error {
@@ -92,6 +91,32 @@ func startService(t *testing.T, name, bin, ops string, args ...string) {
 		}
 		return nil
 	})
+	return p
+}
+
+// serviceProc is a service process a test started.
+type serviceProc struct {
+	cmd  *exec.Cmd
+	logs syncBuffer
+	done chan struct{} // closed once the process exited
+	err  error         // its exit status
+}
+
+// stop sends SIGTERM (unless the process exited) and reports whether it
+// exited within timeout.
+func (p *serviceProc) stop(timeout time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
 }
 
 type syncBuffer struct {

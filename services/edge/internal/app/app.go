@@ -9,17 +9,23 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
+	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/rpc"
@@ -35,6 +41,10 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/remotestore"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 	"github.com/keelmq/keel/services/edge/internal/tlsconf"
+
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 )
 
 // Config is the whole configuration of an edge process.
@@ -70,6 +80,7 @@ type Config struct {
 	APIAddr         string
 	AdvertiseAddr   string
 	ForwardTimeout  time.Duration
+	ServerReference string
 	Broker          broker.Config
 	Tracing         tracing.Config
 }
@@ -114,6 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
 	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish waits for the edges it is forwarded to before the publisher is closed unacknowledged")
+	fs.StringVar(&c.ServerReference, "cluster.server-reference", "", "server reference sent to MQTT 5 clients when this edge drains (DISCONNECT 0x9C, use another server, instead of 0x8B), e.g. the address of the MQTT load balancer; a drain through the edge API may give another")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
@@ -147,6 +159,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
 		errs = append(errs, fmt.Errorf("auth.anonymous-tenant %q: want [a-z0-9-]{1,63}", c.AnonymousTenant))
+	}
+	if err := validServerReference(c.ServerReference); err != nil {
+		errs = append(errs, fmt.Errorf("cluster.server-reference: %w", err))
 	}
 	if err := c.Broker.Validate(); err != nil {
 		errs = append(errs, err)
@@ -201,6 +216,14 @@ type Edge struct {
 	forwarder    *forward.Forwarder
 	stopPlane    context.CancelFunc
 	planeWG      sync.WaitGroup
+	// lease notes until when the lease holds, for Status.
+	lease *leaseClock
+	// serving is set once the MQTT listeners serve.
+	serving atomic.Bool
+	// drainMu guards drainRun (and readiness against a drain starting).
+	drainMu  sync.Mutex
+	drainRun *drainRun
+	drains   *prometheus.CounterVec // trigger
 }
 
 // New builds the edge: it loads credentials and TLS material and allocates,
@@ -214,6 +237,11 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		cfg.Broker.EdgeID = host
 	}
 	e := &Edge{cfg: cfg, logger: logger, reg: service.NewRegistry()}
+	e.drains = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keel_edge_drains_total",
+		Help: "Drains of this edge by trigger: api (EdgeService.Drain, keelctl edge drain) or stop (SIGTERM without a drain before).",
+	}, []string{"trigger"})
+	e.reg.MustRegister(e.drains)
 	var chain auth.Chain
 	if cfg.AuthFile != "" {
 		f, err := auth.NewFileAuthenticator(cfg.AuthFile, logger.With("component", "auth"))
@@ -280,7 +308,8 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 		if advertise == "" {
 			advertise = cfg.APIAddr
 		}
-		e.member = &cluster.Member{Client: client, ID: edgeID, Address: advertise, Margin: time.Second,
+		e.lease = &leaseClock{CoordinatorServiceClient: client, margin: leaseMargin}
+		e.member = &cluster.Member{Client: e.lease, ID: edgeID, Address: advertise, Margin: leaseMargin,
 			Logger: logger.With("component", "lease"), OnFence: b.Fence,
 			OnJoin: func(inc uint64) {
 				if joins++; joins > 1 {
@@ -388,7 +417,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})
 
 	srv := &edgeAPI{Server: &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
-		Logger: e.logger.With("component", "edge-api")}, Kicker: e.broker, Kicks: kickCounter(e.reg)}
+		Logger: e.logger.With("component", "edge-api")}, Kicker: e.broker, Kicks: kickCounter(e.reg), Life: e}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}
@@ -491,7 +520,17 @@ func (e *Edge) Run(ctx context.Context) error {
 		if err := e.broker.Serve(); err != nil {
 			return err
 		}
-		e.ops.SetReady(true)
+		e.serving.Store(true)
+		e.drainMu.Lock()
+		drained := e.drainRun != nil
+		if !drained {
+			e.ops.SetReady(true)
+		}
+		e.drainMu.Unlock()
+		if drained {
+			e.logger.Info("edge serving, but drained before it was ready: not ready")
+			return nil
+		}
 		e.logger.Info("edge ready", "tcp", e.cfg.TCPAddr, "tls", e.cfg.TLSAddr, "ws", e.cfg.WSAddr, "wss", e.cfg.WSSAddr, "ops", e.ops.Addr())
 		return nil
 	}, func(ctx context.Context) error {
@@ -499,7 +538,7 @@ func (e *Edge) Run(ctx context.Context) error {
 		if e.forwarder != nil {
 			// A rolling restart loses no session: persistent ones move to
 			// custodian edges before this one stops.
-			e.broker.Drain(ctx)
+			e.drainAtStop(ctx)
 		}
 		err := e.broker.Close()
 		e.closeStore()
@@ -524,4 +563,233 @@ func (e *Edge) Run(ctx context.Context) error {
 		return nil
 	})
 	return g.Run(ctx, e.cfg.StopTimeout, e.logger)
+}
+
+// leaseMargin is subtracted from the lease time the coordinator grants
+// (clock rates differ).
+const leaseMargin = time.Second
+
+// leaseClock is the coordinator client of the edge's lease: it notes
+// until when each renewal holds the lease by this edge's clock, as the
+// Member reckons it (the time granted, less the margin, from when the
+// renewal was sent), for Status.
+type leaseClock struct {
+	coordinatorv1connect.CoordinatorServiceClient
+	margin time.Duration
+	until  atomic.Int64 // unix nanoseconds; 0 before the first grant
+}
+
+// RenewLease implements coordinatorv1connect.CoordinatorServiceClient.
+func (l *leaseClock) RenewLease(ctx context.Context, req *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
+	sent := time.Now()
+	resp, err := l.CoordinatorServiceClient.RenewLease(ctx, req)
+	if err == nil {
+		if ttl := resp.Msg.GetRemainingTtl().AsDuration(); ttl > 0 {
+			l.until.Store(sent.Add(ttl - l.margin).UnixNano())
+		}
+	}
+	return resp, err
+}
+
+// remaining is how long the lease still holds at now; 0 when it lapsed.
+func (l *leaseClock) remaining(now time.Time) time.Duration {
+	until := l.until.Load()
+	if until == 0 {
+		return 0
+	}
+	return max(time.Unix(0, until).Sub(now), 0)
+}
+
+// drainRun is the one drain of an edge, started through the edge API or at
+// stop.
+type drainRun struct {
+	trigger string
+	done    chan struct{} // closed when the drain ended
+	cancel  context.CancelFunc
+}
+
+// startDrain starts the edge's drain in the background, unless one started
+// already: that one is returned, with started false. Readiness goes off
+// first; the drain takes until deadline at most (the stop timeout when 0),
+// and MQTT 5 clients get serverReference (the configured one when empty).
+func (e *Edge) startDrain(parent context.Context, trigger string, deadline time.Duration, serverReference string) (run *drainRun, started bool) {
+	e.drainMu.Lock()
+	defer e.drainMu.Unlock()
+	if e.drainRun != nil {
+		return e.drainRun, false
+	}
+	e.ops.SetReady(false)
+	if deadline <= 0 {
+		deadline = e.cfg.StopTimeout
+	}
+	if serverReference == "" {
+		serverReference = e.cfg.ServerReference
+	}
+	ctx, cancel := context.WithTimeout(parent, deadline)
+	run = &drainRun{trigger: trigger, done: make(chan struct{}), cancel: cancel}
+	e.drainRun = run
+	e.drains.WithLabelValues(trigger).Inc()
+	before := e.broker.Status()
+	e.logger.Info("draining: readiness off, clients disconnected, sessions handed to custodians", "trigger", trigger,
+		"deadline", deadline, "server_reference", serverReference, "connections", before.Connections,
+		"sessions", before.SessionsConnected+before.SessionsOffline)
+	go func() {
+		defer close(run.done)
+		defer cancel()
+		begin := time.Now()
+		moved, stayed := e.broker.DrainWith(ctx, broker.DrainOptions{ServerReference: serverReference})
+		after := e.broker.Status()
+		e.logger.Info("edge drained", "trigger", trigger, "duration", time.Since(begin),
+			"sessions_moved", moved, "sessions_stayed", stayed, "connections_left", after.Connections,
+			"sessions_left", after.SessionsConnected+after.SessionsOffline, "deadline_reached", ctx.Err() != nil)
+	}()
+	return run, true
+}
+
+// currentDrain returns the edge's drain, nil if none started.
+func (e *Edge) currentDrain() *drainRun {
+	e.drainMu.Lock()
+	defer e.drainMu.Unlock()
+	return e.drainRun
+}
+
+// drainAtStop drains the edge as it stops, within ctx, unless a drain
+// through the edge API came first: then it waits for that one to end
+// (cutting it short when ctx ends) and drains nothing again.
+func (e *Edge) drainAtStop(ctx context.Context) {
+	deadline := e.cfg.StopTimeout
+	if d, ok := ctx.Deadline(); ok {
+		deadline = time.Until(d)
+	}
+	run, started := e.startDrain(ctx, "stop", max(deadline, time.Millisecond), "")
+	if !started {
+		select {
+		case <-run.done:
+			e.logger.Info("stopping a drained edge: no second drain", "drained_by", run.trigger)
+			return
+		default:
+			e.logger.Info("stopping while a drain runs: waiting for it", "drained_by", run.trigger)
+		}
+	}
+	select {
+	case <-run.done:
+	case <-ctx.Done():
+		run.cancel()
+		select {
+		case <-run.done:
+		case <-time.After(time.Second):
+			e.logger.Warn("drain did not end with the stop deadline; stopping anyway")
+		}
+	}
+}
+
+// state is the edge's life-cycle state.
+func (e *Edge) state(st broker.Status) edgev1.EdgeState {
+	if run := e.currentDrain(); run != nil {
+		select {
+		case <-run.done:
+			return edgev1.EdgeState_EDGE_STATE_DRAINED
+		default:
+			return edgev1.EdgeState_EDGE_STATE_DRAINING
+		}
+	}
+	if e.member != nil {
+		if e.member.Incarnation() == 0 {
+			return edgev1.EdgeState_EDGE_STATE_STARTING // no lease yet
+		}
+		if st.Fenced || !e.member.Valid() {
+			return edgev1.EdgeState_EDGE_STATE_FENCED
+		}
+	}
+	if !e.serving.Load() {
+		return edgev1.EdgeState_EDGE_STATE_STARTING
+	}
+	return edgev1.EdgeState_EDGE_STATE_READY
+}
+
+// status implements lifecycle.
+func (e *Edge) status() *edgev1.StatusResponse {
+	st := e.broker.Status()
+	id, inc := e.broker.ID()
+	resp := &edgev1.StatusResponse{EdgeId: id, Incarnation: inc, State: e.state(st),
+		Connections: clampU32(st.Connections), SessionsOwned: clampU32(st.SessionsConnected),
+		SessionsInCustody: clampU32(st.SessionsOffline), Routes: clampU32(st.Routes)}
+	if e.member != nil {
+		resp.Incarnation = e.member.Incarnation()
+		var left time.Duration
+		if e.member.Valid() {
+			left = e.lease.remaining(time.Now())
+		}
+		resp.LeaseRemaining = durationpb.New(left)
+	}
+	resp.Peers = e.peerStatus(id)
+	return resp
+}
+
+// peerStatus lists the live peer edges and the forward links to them (and
+// to edges that left since a link was made).
+func (e *Edge) peerStatus(self string) []*edgev1.PeerStatus {
+	byID := map[string]*edgev1.PeerStatus{}
+	if e.peers != nil {
+		for _, id := range e.peers.IDs() {
+			if id != self {
+				inc, _ := e.peers.Incarnation(id)
+				byID[id] = &edgev1.PeerStatus{EdgeId: id, Incarnation: inc}
+			}
+		}
+	}
+	if e.forwarder != nil {
+		for _, l := range e.forwarder.Links() {
+			p := byID[l.Peer]
+			if p == nil {
+				p = &edgev1.PeerStatus{EdgeId: l.Peer}
+				byID[l.Peer] = p
+			}
+			p.Connected = l.Connected && !l.Closed
+			p.InflightBytes = l.InflightBytes
+			p.CreditBytes = l.CreditBytes
+		}
+	}
+	out := make([]*edgev1.PeerStatus, 0, len(byID))
+	for _, p := range byID {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *edgev1.PeerStatus) int { return strings.Compare(a.GetEdgeId(), b.GetEdgeId()) })
+	return out
+}
+
+// drain implements lifecycle: the first call starts the drain, every call
+// reports its progress.
+func (e *Edge) drain(deadline time.Duration, serverReference string) *edgev1.DrainResponse {
+	run, started := e.startDrain(context.Background(), "api", deadline, serverReference)
+	if !started && (deadline > 0 || serverReference != "") {
+		e.logger.Debug("drain asked again: reporting progress; deadline and server reference of the running drain stay",
+			"drained_by", run.trigger)
+	}
+	st := e.broker.Status()
+	state := edgev1.EdgeState_EDGE_STATE_DRAINING
+	select {
+	case <-run.done:
+		state = edgev1.EdgeState_EDGE_STATE_DRAINED
+	default:
+	}
+	return &edgev1.DrainResponse{State: state, ConnectionsRemaining: clampU32(st.Connections),
+		SessionsRemaining: clampU32(st.SessionsConnected + st.SessionsOffline)}
+}
+
+func clampU32(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
+
+// validServerReference checks a server reference for the MQTT 5 Server
+// Reference property: a UTF-8 string of at most 65535 bytes without U+0000
+// (MQTT 5 §1.5.4).
+func validServerReference(s string) error {
+	switch {
+	case len(s) > math.MaxUint16:
+		return fmt.Errorf("%d bytes: at most %d", len(s), math.MaxUint16)
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case strings.ContainsRune(s, 0):
+		return errors.New("contains U+0000")
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,15 @@ type Kicker interface {
 	ID() (edge string, incarnation uint64)
 }
 
+// lifecycle reports an edge's state and drains it: the Edge.
+type lifecycle interface {
+	status() *edgev1.StatusResponse
+	// drain starts the drain on the first call (deadline 0: the edge's
+	// default; serverReference "": the configured one) and reports its
+	// progress on every call.
+	drain(deadline time.Duration, serverReference string) *edgev1.DrainResponse
+}
+
 // edgeAPI is the edge's cluster API (edgev1connect.EdgeServiceHandler): the
 // embedded forward.Server serves what edges call on each other (Forward,
 // the takeover, Adopt), edgeAPI the operator calls (keelctl).
@@ -32,6 +42,8 @@ type edgeAPI struct {
 	Kicker Kicker
 	// Kicks counts KickSession calls by outcome (kickCounter); nil: none.
 	Kicks *prometheus.CounterVec
+	// Life serves Status and Drain; nil: Unimplemented.
+	Life lifecycle
 }
 
 // kickCounter registers keel_edge_session_kicks_total with reg, or returns
@@ -116,6 +128,38 @@ func (a *edgeAPI) KickSession(ctx context.Context, req *connect.Request[edgev1.K
 	a.count(kickOutcome(res))
 	return connect.NewResponse(&edgev1.KickSessionResponse{WasConnected: res.WasConnected,
 		ProtocolVersion: uint32(res.ProtocolVersion), Discarded: res.Discarded}), nil
+}
+
+// Status implements edgev1connect.EdgeServiceHandler.
+func (a *edgeAPI) Status(context.Context, *connect.Request[edgev1.StatusRequest]) (*connect.Response[edgev1.StatusResponse], error) {
+	if a.Life == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge reports no status"))
+	}
+	return connect.NewResponse(a.Life.status()), nil
+}
+
+// Drain implements edgev1connect.EdgeServiceHandler: the first call starts
+// the drain in the background and every call reports its progress, until
+// DRAINED. The drained edge stays up, not ready and admitting nobody, until
+// it is stopped.
+func (a *edgeAPI) Drain(_ context.Context, req *connect.Request[edgev1.DrainRequest]) (*connect.Response[edgev1.DrainResponse], error) {
+	if a.Life == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this edge does not drain on request"))
+	}
+	var deadline time.Duration
+	if d := req.Msg.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("deadline: %w", err))
+		}
+		if deadline = d.AsDuration(); deadline < 0 {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("deadline %v: want 0 (the edge's default) or more", deadline))
+		}
+	}
+	ref := req.Msg.GetServerReference()
+	if err := validServerReference(ref); err != nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("server_reference: %w", err))
+	}
+	return connect.NewResponse(a.Life.drain(deadline, ref)), nil
 }
 
 // truncate bounds a caller-supplied string quoted in an error.

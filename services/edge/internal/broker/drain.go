@@ -7,9 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keelmq/keel/services/edge/internal/durable"
-
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
 // Custody hands a persistent session of a draining edge to another edge,
@@ -21,26 +22,51 @@ type Custody interface {
 // drainParallel bounds the handovers in flight while draining.
 const drainParallel = 16
 
-// Drain prepares the edge to stop without losing a session: new
-// connections are refused, every client is disconnected with 0x8B (its will
-// is not sent: the edge, not the client, went away), and each persistent
-// session is handed to a custodian edge, which takes it over with its queue
-// and keeps queueing for it until the client comes back. A session that
-// could not be handed over stays in this edge's store. It returns how many
-// sessions moved and how many stayed.
+const (
+	// drainWriteWait bounds the write of the DISCONNECT to a client that
+	// may not be reading; its connection is closed regardless after it.
+	drainWriteWait = time.Second
+	// drainDisconnectParallel bounds the clients being disconnected at once.
+	drainDisconnectParallel = 64
+	// drainOfflineWait bounds the wait for the disconnected clients'
+	// sessions to go offline before they are handed over.
+	drainOfflineWait = 5 * time.Second
+)
+
+// DrainOptions shape a drain.
+type DrainOptions struct {
+	// ServerReference, when set, tells MQTT 5 clients where to reconnect:
+	// they get DISCONNECT 0x9C (use another server) with it as the Server
+	// Reference property instead of 0x8B (server shutting down).
+	ServerReference string
+}
+
+// Drain is DrainWith without options.
 func (b *Broker) Drain(ctx context.Context) (moved, stayed int) {
+	return b.DrainWith(ctx, DrainOptions{})
+}
+
+// DrainWith prepares the edge to stop without losing a session: new
+// connections are refused, every client is disconnected with 0x8B, or 0x9C
+// and a server reference (its will is not sent: the edge, not the client,
+// went away), and each persistent session is handed to a custodian edge,
+// which takes it over with its queue and keeps queueing for it until the
+// client comes back. A session that could not be handed over, by ctx's end
+// at the latest, stays in this edge's store. It returns how many sessions
+// moved and how many stayed.
+func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, stayed int) {
 	b.draining.Store(true)
 	b.stopping.Store(true)
-	for _, cl := range b.server.Clients.GetAll() {
-		if cl.Net.Conn != nil && !cl.Closed() {
-			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+	b.disconnectAll(opts.ServerReference)
+	// Sessions go offline as their connections close.
+	wait, cancel := context.WithTimeout(ctx, drainOfflineWait)
+	for wait.Err() == nil && b.onlineSessions() > 0 {
+		select {
+		case <-wait.Done():
+		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	// Sessions go offline as their connections close.
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) && b.onlineSessions() > 0 {
-		time.Sleep(10 * time.Millisecond)
-	}
+	cancel()
 	if b.cluster.Custody == nil {
 		return 0, b.sessionCount()
 	}
@@ -81,6 +107,42 @@ func (b *Broker) Drain(ctx context.Context) (moved, stayed int) {
 	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
 	b.logger.Info("drained", "sessions_moved", moved, "sessions_stayed", stayed)
 	return moved, stayed
+}
+
+// disconnectAll disconnects every client for a drain, several at a time,
+// each write bounded by drainWriteWait.
+func (b *Broker) disconnectAll(serverReference string) {
+	sem := make(chan struct{}, drainDisconnectParallel)
+	var wg sync.WaitGroup
+	for _, cl := range b.server.Clients.GetAll() {
+		if cl.Net.Conn == nil || cl.Closed() {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			b.disconnectDraining(cl, serverReference)
+		}()
+	}
+	wg.Wait()
+}
+
+// disconnectDraining disconnects cl for a drain: DISCONNECT 0x8B, or for an
+// MQTT 5 client and a server reference 0x9C (use another server) with the
+// Server Reference property. Either way the connection's stop cause is the
+// server shutting down, so its will stays back and the disconnect counts as
+// a shutdown.
+func (b *Broker) disconnectDraining(cl *mqtt.Client, serverReference string) {
+	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(drainWriteWait))
+	if serverReference == "" || cl.Properties.ProtocolVersion != 5 {
+		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		return
+	}
+	code := packets.ErrUseAnotherServer
+	_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: code.Code,
+		Properties: packets.Properties{ReasonString: code.Reason, ServerReference: serverReference}})
+	cl.Stop(packets.ErrServerShuttingDown)
 }
 
 func (b *Broker) onlineSessions() int {

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -250,6 +251,11 @@ type Link struct {
 	seq     uint64
 	wake    chan struct{}
 	closed  bool
+
+	// For Status only: whether a stream is open and has carried a frame,
+	// and the credit window the peer last granted.
+	connected atomic.Bool
+	credit    atomic.Uint64
 }
 
 type pending struct {
@@ -331,6 +337,7 @@ func (l *Link) stream(ctx context.Context) error {
 	// End the stream explicitly: the peer's handler (and its server's
 	// shutdown) must not wait on a stream this side abandoned.
 	defer func() {
+		l.connected.Store(false)
 		_ = st.CloseRequest()
 		_ = st.CloseResponse()
 	}()
@@ -342,6 +349,7 @@ func (l *Link) stream(ctx context.Context) error {
 		if err := st.Send(l.request(f)); err != nil {
 			return err
 		}
+		l.connected.Store(true)
 		l.m.resent.Inc()
 	}
 	errc := make(chan error, 1)
@@ -352,6 +360,7 @@ func (l *Link) stream(ctx context.Context) error {
 				errc <- err
 				return
 			}
+			l.credit.Store(resp.GetCreditBytes())
 			l.acked(resp.GetTakenSeq())
 		}
 	}()
@@ -371,6 +380,7 @@ func (l *Link) stream(ctx context.Context) error {
 			if err := st.Send(l.request(f)); err != nil {
 				return err
 			}
+			l.connected.Store(true)
 			l.m.frames.Inc()
 			l.m.frameMessages.Observe(float64(len(f.msgs)))
 		}
@@ -445,6 +455,36 @@ func (p *pending) finish(err error) {
 		}
 		p.span.End()
 	}
+}
+
+// LinkStatus describes the link to one peer, for operators.
+type LinkStatus struct {
+	Peer string
+	// Incarnation is this edge's incarnation the link was made under.
+	Incarnation uint64
+	// Connected is true while a stream to the peer is open and has carried
+	// a frame since it opened (a stream opens when there is one to send).
+	Connected bool
+	// Closed is true once the link has stopped (replaced on next use).
+	Closed bool
+	// InflightBytes is the payload bytes in frames sent and not yet taken.
+	InflightBytes uint64
+	// CreditBytes is the window the peer last granted (0: it grants none).
+	CreditBytes uint64
+}
+
+// Status reports the link's state. It only reads.
+func (l *Link) Status() LinkStatus {
+	st := LinkStatus{Peer: l.peer, Incarnation: l.incarnation, Connected: l.connected.Load(), CreditBytes: l.credit.Load()}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st.Closed = l.closed
+	for _, f := range l.unacked {
+		for _, p := range f.msgs {
+			st.InflightBytes += uint64(len(p.msg.GetMessage().GetPayload()))
+		}
+	}
+	return st
 }
 
 func (l *Link) isClosed() bool {

@@ -105,6 +105,23 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	return l, nil
 }
 
+// Links reports the links to peers made so far, sorted by peer. It only
+// reads: no link is made or replaced.
+func (f *Forwarder) Links() []LinkStatus {
+	f.mu.Lock()
+	links := make([]*Link, 0, len(f.links))
+	for _, l := range f.links {
+		links = append(links, l)
+	}
+	f.mu.Unlock()
+	out := make([]LinkStatus, 0, len(links))
+	for _, l := range links {
+		out = append(out, l.Status())
+	}
+	slices.SortFunc(out, func(a, b LinkStatus) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
 // PeerGone fails at once what waits on the link to an edge that left the
 // membership: its lease expired, so it fenced itself and acknowledges
 // nothing more. The publishers waiting on it are closed without an
