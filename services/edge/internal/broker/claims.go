@@ -1,6 +1,13 @@
 package broker
 
-import "sync"
+import (
+	"errors"
+	"sync"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+)
 
 // A claimGuard covers one CONNECT from the moment it claims its session at
 // the coordinator until the session is bound to the connection. Another
@@ -55,4 +62,47 @@ func (g *claimGuard) granted(epoch uint64) (superseded bool) {
 	defer g.mu.Unlock()
 	g.epoch = epoch
 	return g.supersededBy > epoch
+}
+
+// yieldIfFenced gives up this edge's copy of s when the store refused one
+// of its writes as fenced: a newer claim holds the session (its client
+// connected elsewhere, or a custodian took it, and a takeover between the
+// two failed). Kept, the copy would keep the session's routes here, and
+// every message for it would fail to be stored, so its publishers would
+// get no acknowledgement until the session moved on. The store keeps what
+// it holds for the newer owner; a client still bound here is disconnected
+// with 0x8E, its will void (the session goes on elsewhere). It reports
+// whether err was a fence.
+func (b *Broker) yieldIfFenced(s *session, err error) bool {
+	if !errors.Is(err, durable.ErrFenced) {
+		return false
+	}
+	s.mu.Lock()
+	if s.yielding || s.closed {
+		s.mu.Unlock()
+		return true
+	}
+	s.yielding = true
+	cl := s.client
+	s.mu.Unlock()
+	b.releases.Add(1)
+	go func() {
+		defer b.releases.Done()
+		if b.session(s.id) != s {
+			return
+		}
+		b.logger.Warn("session fenced by a newer owner; giving it up here", "client_id", s.id, "error", err)
+		b.m.fencedSessions.Inc()
+		if cl != nil {
+			if c := b.conn(cl); c != nil {
+				c.will.Store(nil)
+				c.superseded.Store(true)
+			}
+			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
+		}
+		if b.session(s.id) == s {
+			b.forgetSession(s.id)
+		}
+	}()
+	return true
 }

@@ -27,6 +27,7 @@ type metrics struct {
 	slowConsumers    prometheus.Counter
 	willsPublished   prometheus.Counter
 	sharedRedispatch *prometheus.CounterVec // outcome
+	fencedSessions   prometheus.Counter
 	throttledPubs    prometheus.Counter
 	bans             prometheus.Counter
 	acksDeferred     prometheus.Counter
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_shared_redispatched_total",
 			Help: "Shared-group messages whose member's session ended (or whose client refused them) before acknowledging, by outcome: local, forwarded (to another edge's member), queued (for an offline persistent member), refused, no_member (dropped), qos2_dropped (committed to the member that went).",
 		}, []string{"outcome"}),
+		fencedSessions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_sessions_fenced_total",
+			Help: "Sessions given up because the store refused a write as fenced: a newer owner holds them.",
+		}),
 		throttledPubs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_throttled_total", Help: "Publishes delayed by the per-client rate limit.",
 		}),
@@ -134,7 +139,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	}
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
-		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.throttledPubs,
+		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
 		m.acksDeferred, m.duplicatePubs, m.takeovers, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m

@@ -73,6 +73,9 @@ type session struct {
 	slow       bool   // a non-persistent client being disconnected for staying full; drop what comes
 	durable    bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
 	seq        uint64 // last stored queue position
+	// yielding is set once a fenced write made the edge give the session
+	// up (claims.go).
+	yielding bool
 	// sharedOut holds the QoS 1 shared-group deliveries sent to the client
 	// and not yet acknowledged, by packet ID; nShared is its size, read
 	// without the lock on every acknowledgement.
@@ -264,6 +267,7 @@ func (s *session) settle(p *durable.Pending, m *Message) error {
 	finishSpan(span, err)
 	if err != nil {
 		s.b.logger.Error("message not stored for a persistent session", "client_id", s.id, "error", err)
+		s.b.yieldIfFenced(s, err)
 	}
 	return err
 }
@@ -465,7 +469,9 @@ func (s *session) writeLoop() {
 		if len(entries) > 0 {
 			// The packet IDs must be durable before the first send.
 			if err := s.wait(s.b.store.Send(s.id, entries), nil); err != nil {
-				cl.Stop(err) // resent from the store when the session resumes
+				if !s.b.yieldIfFenced(s, err) {
+					cl.Stop(err) // resent from the store when the session resumes
+				}
 				s.mu.Lock()
 				s.writing = false
 				s.mu.Unlock()

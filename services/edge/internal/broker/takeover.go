@@ -299,8 +299,19 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		}
 	}()
 	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
+		b.forgetSession(id)
 		return false, err
 	}
+	// Whatever fails from here leaves no copy of the session here: its
+	// routes would draw messages it cannot store (a newer claim may have
+	// fenced it already).
+	moved = true
+	defer func() {
+		if err != nil {
+			b.forgetSession(id)
+			moved = false
+		}
+	}()
 	late, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
 	if err != nil {
 		return false, fmt.Errorf("end takeover: %w", err)

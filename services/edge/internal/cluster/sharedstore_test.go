@@ -11,12 +11,15 @@ import (
 
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+	"github.com/keelmq/keel/services/edge/internal/remotestore"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
 
 // sharedCluster is a coordinator, a router, a persistence instance
 // (embedded store) and edges that keep their sessions in it.
 type sharedCluster struct {
-	edges map[string]*sharedEdge
+	edges   map[string]*sharedEdge
+	persist string // the persistence service's URL
 }
 
 type sharedEdge struct {
@@ -42,7 +45,7 @@ func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 	startProcess(t, "persistence", persistBin, persistOps, "--api.addr", persistAPI, "--ops.addr", persistOps,
 		"--data-dir", t.TempDir(), "--log.level", "warn")
 
-	c := &sharedCluster{edges: map[string]*sharedEdge{}}
+	c := &sharedCluster{edges: map[string]*sharedEdge{}, persist: "http://" + persistAPI}
 	for _, id := range ids {
 		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 		stop, kill := startKillable(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
@@ -268,4 +271,44 @@ func TestCluster_WillsOfAKilledEdge(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{"will/ephemeral": 1, "will/persistent": 1}, got)
+}
+
+// TestCluster_FencedSessionGivenUp: when the store refuses an edge's write
+// for a session as fenced (a newer owner activated it, here directly in
+// the store), the edge gives its copy up: its client is disconnected with
+// 0x8E and its routes go, so publishers are acknowledged again at once
+// instead of failing on it until the session moves on.
+func TestCluster_FencedSessionGivenUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	c := startSharedCluster(t, "edge-a", "edge-b")
+	a, b := c.edges["edge-a"], c.edges["edge-b"]
+
+	holder := mqtttest.Dial(t, a.mqtt, 5)
+	holder.Connect("holder", true, sessionProps)
+	require.Equal(t, []byte{1}, holder.Subscribe(1, "fence/#", 1).ReasonCodes)
+	publishAcked(t, b.mqtt, "fence/x", []byte("before"), 10*time.Second)
+	require.Equal(t, []string{"before"}, receive(t, holder, []string{"before"}))
+
+	// A newer owner, as far as the store knows.
+	st, err := remotestore.New(remotestore.Config{URL: c.persist})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	sc, err := tenancy.NewScope("default")
+	require.NoError(t, err)
+	require.NoError(t, st.Activate(t.Context(), sc.ClientID("holder"), 1<<40))
+
+	start := time.Now()
+	publishAcked(t, b.mqtt, "fence/x", []byte("after"), 20*time.Second)
+	t.Logf("publishes acknowledged again %v after the fence", time.Since(start).Round(10*time.Millisecond))
+	for {
+		pk, err := holder.Read(5 * time.Second)
+		require.NoError(t, err, "the fenced copy's client is disconnected")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			require.Equal(t, packets.ErrSessionTakenOver.Code, pk.ReasonCode)
+			break
+		}
+	}
 }

@@ -35,7 +35,7 @@ import (
 var (
 	// ErrFenced means a newer epoch of the session exists: another edge
 	// owns it now. The write was not applied; retrying cannot help.
-	ErrFenced = errors.New("session fenced by a newer epoch")
+	ErrFenced = durable.ErrFenced
 	// ErrNotActive means the session has no epoch on this store: Activate
 	// was not called for it, or it was deactivated. Nothing was sent.
 	ErrNotActive = errors.New("session not active on this edge")
