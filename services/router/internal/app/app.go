@@ -90,9 +90,11 @@ func (r *Router) Run(ctx context.Context) error {
 		return fmt.Errorf("listen api: %w", err)
 	}
 	if r.cfg.Router.AdvertiseURL == "" {
-		host := r.cfg.Olric.BindAddr
+		// The resolved Olric bind address, the IP the other router nodes
+		// already reach this one on; not the flag as given (0.0.0.0, or a
+		// host name they might resolve differently).
 		_, port, _ := net.SplitHostPort(ln.Addr().String())
-		r.cfg.Router.AdvertiseURL = "http://" + net.JoinHostPort(host, port)
+		r.cfg.Router.AdvertiseURL = "http://" + net.JoinHostPort(r.st.Host(), port)
 	}
 	var g service.Group
 	g.Add("ops", func(context.Context) error { return r.ops.Start() }, r.ops.Stop)

@@ -7,11 +7,13 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	client "github.com/keelmq/keel/libs/routerclient"
@@ -59,6 +61,15 @@ func startClusterB(t testing.TB, n int) []*testNode { return startClusterWrap(t,
 // startClusterWrap is startClusterB with node i's API handler wrapped by
 // wrap(i, handler) when wrap is set (fault injection).
 func startClusterWrap(t testing.TB, n int, wrap func(i int, h http.Handler) http.Handler) []*testNode {
+	return startClusterOn(t, loopback(n), wrap)
+}
+
+// loopback returns n Olric bind addresses 127.0.0.1.
+func loopback(n int) []string { return slices.Repeat([]string{"127.0.0.1"}, n) }
+
+// startClusterOn is startClusterWrap with node i's Olric member bound to
+// binds[i] (an IP, a host name or 0.0.0.0).
+func startClusterOn(t testing.TB, binds []string, wrap func(i int, h http.Handler) http.Handler) []*testNode {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("multi-node olric cluster")
@@ -67,7 +78,7 @@ func startClusterWrap(t testing.TB, n int, wrap func(i int, h http.Handler) http
 	// disagree on the cluster coordinator ("unrecognized cluster
 	// coordinator") and never converge; start afresh on new ports then.
 	for attempt := 1; ; attempt++ {
-		nodes, err := tryStartClusterWrap(t, n, time.Millisecond, wrap)
+		nodes, err := tryStartClusterOn(t, binds, time.Millisecond, wrap)
 		if err == nil {
 			return nodes
 		}
@@ -85,13 +96,28 @@ func tryStartCluster(t testing.TB, n int, rebuildWait time.Duration) ([]*testNod
 }
 
 func tryStartClusterWrap(t testing.TB, n int, rebuildWait time.Duration, wrap func(i int, h http.Handler) http.Handler) ([]*testNode, error) {
+	return tryStartClusterOn(t, loopback(n), rebuildWait, wrap)
+}
+
+// tryStartClusterOn is tryStartClusterWrap with node i's Olric member bound
+// to binds[i]. The peers list a node by its bind address, as a host name
+// when it is one (as with Kubernetes' or Docker's DNS names), and by the IP
+// Olric picks for 0.0.0.0 (where Olric listens then).
+func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, wrap func(i int, h http.Handler) http.Handler) ([]*testNode, error) {
+	n := len(binds)
 	rc := min(2, n)
 	cfgs := make([]store.Config, n)
 	var peers []string
 	for i := range cfgs {
-		cfgs[i] = store.Config{BindAddr: "127.0.0.1", Port: testutil.FreePort(t), MemberlistPort: testutil.FreePort(t),
+		cfgs[i] = store.Config{BindAddr: binds[i], Port: testutil.FreePort(t), MemberlistPort: testutil.FreePort(t),
 			ReplicaCount: rc, WriteQuorum: rc, ReadQuorum: 1, MemberCountQuorum: n/2 + 1, ReadRepair: true, Env: "local", StartTimeout: 20 * time.Second}
-		peers = append(peers, fmt.Sprintf("127.0.0.1:%d", cfgs[i].MemberlistPort))
+		host := binds[i]
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			var err error
+			host, err = store.ResolveAddr(host)
+			require.NoError(t, err)
+		}
+		peers = append(peers, net.JoinHostPort(host, strconv.Itoa(cfgs[i].MemberlistPort)))
 	}
 	nodes := make([]*testNode, n)
 	var wg sync.WaitGroup
@@ -418,4 +444,78 @@ func TestCluster_NewTableWaitsForEdges(t *testing.T) {
 		return nil
 	})
 	require.GreaterOrEqual(t, time.Since(started), wait-100*time.Millisecond)
+}
+
+// TestCluster_BindAddrNotAnIP: router nodes whose Olric bind address is not
+// the IP Olric names their member after — 0.0.0.0 (the default, as in the
+// e2e containers) or a host name (as in Kubernetes or Docker networks) —
+// still find each other's API: a route written through one node and owned
+// by another is forwarded to its owner, stored, and read back through every
+// node. A node once took the flag as given for its ID, registered its API
+// address under it, and never found the owner Olric named "IP:port":
+// "address of router node …: store: key not found", SUBACK 0x80.
+func TestCluster_BindAddrNotAnIP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node olric cluster")
+	}
+	for _, tc := range []struct {
+		name  string
+		binds []string
+	}{
+		{"unspecified", []string{"0.0.0.0", "0.0.0.0", "0.0.0.0"}},
+		{"hostname", []string{"localhost", "127.0.0.1", "localhost"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := store.ResolveAddr(tc.binds[0]); err != nil {
+				t.Skipf("this host has no address for %s: %v", tc.binds[0], err)
+			}
+			nodes := startClusterOn(t, tc.binds, nil)
+			ctx := t.Context()
+			var ids []string
+			for _, tn := range nodes {
+				ids = append(ids, tn.node.ID())
+			}
+			slices.Sort(ids)
+			// The node IDs are the member names Olric reports.
+			for i, tn := range nodes {
+				st, err := apiClient(tn.url).Status(ctx, connect.NewRequest(&routerv1.StatusRequest{}))
+				require.NoError(t, err)
+				assert.Equal(t, ids, st.Msg.GetRouterMembers(), "members seen by node %d (%s)", i, tc.binds[i])
+			}
+			edges := make([]*client.Client, len(nodes))
+			for i, tn := range nodes {
+				edges[i] = startEdge(t, tn.url, fmt.Sprintf("edge-%d", i), 1)
+			}
+			// For every (writer, owner) pair of distinct nodes: a tenant whose
+			// anchor the owner holds, subscribed to through the writer.
+			for w := range nodes {
+				for o := range nodes {
+					if o == w {
+						continue
+					}
+					tenant := ""
+					for k := 0; tenant == ""; k++ {
+						tt := fmt.Sprintf("t%d", k)
+						owner, err := server.OwnerOfAnchor(tt, "dev", ids)
+						require.NoError(t, err)
+						if owner == nodes[o].node.ID() {
+							tenant = tt
+						}
+					}
+					filter := fmt.Sprintf("dev/%d/#", w)
+					sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+					err := edges[w].Subscribe(sctx, tenant, filter)
+					cancel()
+					require.NoError(t, err, "subscribe through node %d, owner node %d", w, o)
+					topic := fmt.Sprintf("dev/%d/x", w)
+					want := []string{fmt.Sprintf("edge-%d", w)}
+					for r, tn := range nodes {
+						resp, err := apiClient(tn.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: tenant, Topic: topic}))
+						require.NoError(t, err, "lookup on node %d", r)
+						require.Equal(t, want, resp.Msg.GetEdgeIds(), "lookup on node %d (written through %d, owned by %d)", r, w, o)
+					}
+				}
+			}
+		})
+	}
 }

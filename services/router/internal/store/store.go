@@ -66,7 +66,7 @@ type Config struct {
 
 // RegisterFlags registers the flags of c under prefix (e.g. "olric.").
 func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
-	fs.StringVar(&c.BindAddr, prefix+"bind-addr", DefaultBindAddr, "Olric data address (an IP others can reach; 0.0.0.0 resolves to the hostname)")
+	fs.StringVar(&c.BindAddr, prefix+"bind-addr", DefaultBindAddr, "Olric data address: an IP, a host name (resolved to its IP) or 0.0.0.0 (a private IP of this host, as Olric picks it); the resolved IP names this node in the cluster")
 	fs.IntVar(&c.Port, prefix+"port", DefaultPort, "Olric data port")
 	fs.StringVar(&c.MemberlistAddr, prefix+"memberlist-addr", "", "Olric memberlist address (default: bind-addr)")
 	fs.IntVar(&c.MemberlistPort, prefix+"memberlist-port", DefaultMemberlistPort, "Olric memberlist port (separate from Keel's own memberlist)")
@@ -125,7 +125,7 @@ var ErrNotFound = errors.New("store: key not found")
 
 // Store is one embedded Olric member.
 type Store struct {
-	cfg    Config
+	cfg    Config // BindAddr and MemberlistAddr resolved (see resolveConfig)
 	logger *slog.Logger
 	db     *olric.Olric
 	ec     *olric.EmbeddedClient
@@ -145,11 +145,53 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg, err := resolveConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	db, err := newOlric(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	return &Store{cfg: cfg, logger: logger, db: db, startErr: make(chan error, 1)}, nil
+}
+
+// ResolveAddr returns the IP Olric v0.5.7 binds to, and names its member
+// after, for the bind address addr: addr itself for an IP, the first IPv4
+// address of a host name (else its first address), and for 0.0.0.0 a
+// private IP of this host (go-sockaddr's GetPrivateIP, else its public IP).
+// It runs Olric's own code (config.SetupNetworkConfig), so it cannot
+// disagree with the names Olric gives members.
+func ResolveAddr(addr string) (string, error) {
+	oc := olricconfig.New("local")
+	oc.BindAddr, oc.BindPort = addr, DefaultPort
+	oc.MemberlistConfig.BindAddr, oc.MemberlistConfig.BindPort = addr, DefaultMemberlistPort
+	oc.MemberlistConfig.AdvertiseAddr = ""
+	if err := oc.SetupNetworkConfig(); err != nil {
+		return "", fmt.Errorf("olric bind address %q: %w", addr, err)
+	}
+	return oc.BindAddr, nil
+}
+
+// resolveConfig replaces cfg's bind addresses by the IPs Olric binds to.
+//
+// NOTE(router): Olric names a member "IP:port" after its resolved bind
+// address, not after the address it was given (olric.prepareConfig), and
+// that name is all Members reports. The router keys its nodes by member
+// name (rendezvous owners, n/<node> API addresses), so it must know its
+// own name in that form: with "0.0.0.0" or a host name a node registered
+// its API address under a name no member had, and every route forwarded to
+// its owner failed with "address of router node …: store: key not found".
+// Resolving once here also keeps the name stable across Start's rebuilds.
+func resolveConfig(cfg Config) (Config, error) {
+	var err error
+	if cfg.BindAddr, err = ResolveAddr(cfg.BindAddr); err != nil {
+		return cfg, err
+	}
+	if cfg.MemberlistAddr, err = ResolveAddr(cfg.MemberlistAddr); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
 }
 
 // newOlric builds an Olric member from cfg (a fresh configuration each
@@ -189,14 +231,23 @@ func newOlric(cfg Config, logger *slog.Logger) (*olric.Olric, error) {
 	if err != nil {
 		return nil, fmt.Errorf("olric: %w", err)
 	}
+	// olric.New named the member in oc (prepareConfig); the router's node
+	// ID must be that very name.
+	if name := memberName(cfg); oc.MemberlistConfig.Name != name {
+		return nil, fmt.Errorf("olric named this member %q, not %q", oc.MemberlistConfig.Name, name)
+	}
 	return db, nil
 }
 
-// Name returns this member's name in Olric ("host:port"), which the router
-// uses as its node ID.
-func (s *Store) Name() string {
-	return net.JoinHostPort(s.cfg.BindAddr, strconv.Itoa(s.cfg.Port))
-}
+func memberName(cfg Config) string { return net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.Port)) }
+
+// Name returns this member's name in Olric ("IP:port", the name Members
+// reports for it), which the router uses as its node ID.
+func (s *Store) Name() string { return memberName(s.cfg) }
+
+// Host returns the IP this member binds to and other members reach it on:
+// its bind address as Olric resolved it.
+func (s *Store) Host() string { return s.cfg.BindAddr }
 
 // Start joins the cluster and returns once this member can serve reads and
 // writes (its member quorum is met), or ctx ends.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,4 +195,31 @@ func TestStore_WritesDuringJoinStayReadable(t *testing.T) {
 	}
 	t.Logf("%d keys written across the join", len(written))
 	require.Empty(t, missing, "acknowledged writes not readable %v after the join", time.Since(start))
+}
+
+// TestStore_NameIsResolvedBindAddr: a member bound to a host name or to
+// 0.0.0.0 is named after the IP Olric binds to, the name Members reports
+// for it (the router's node ID), not after the flag as given.
+func TestStore_NameIsResolvedBindAddr(t *testing.T) {
+	for _, bind := range []string{"127.0.0.1", "localhost", "0.0.0.0"} {
+		t.Run(bind, func(t *testing.T) {
+			ip, err := ResolveAddr(bind)
+			if bind == "0.0.0.0" && err != nil {
+				t.Skipf("this host has no address for 0.0.0.0: %v", err)
+			}
+			require.NoError(t, err)
+			parsed := net.ParseIP(ip)
+			require.NotNil(t, parsed, "resolved %q", ip)
+			require.False(t, parsed.IsUnspecified(), "resolved %q", ip)
+			if bind != "0.0.0.0" {
+				require.Equal(t, "127.0.0.1", ip)
+			}
+			port := testutil.FreePort(t)
+			s, err := New(Config{BindAddr: bind, Port: port, MemberlistPort: testutil.FreePort(t), SingleNode: true, Env: "local",
+				StartTimeout: 20 * time.Second}, testutil.Logger(t))
+			require.NoError(t, err)
+			require.Equal(t, net.JoinHostPort(ip, strconv.Itoa(port)), s.Name())
+			require.Equal(t, ip, s.Host())
+		})
+	}
 }
