@@ -275,8 +275,15 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 		m = NewMetrics(nil)
 	}
 	hc := rpc.H2CClient()
+	// The peer keeps, per sending incarnation, the highest frame seq it
+	// took, and acknowledges anything at or below it without delivering
+	// it. A link made again for the same incarnation (after the peer left
+	// the membership and came back) must therefore number its frames above
+	// any earlier link's: the clock in nanoseconds is, since no link sends
+	// a frame per nanosecond.
 	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m, stop: func() {},
-		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1)}
+		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1),
+		seq: uint64(time.Now().UnixNano())}
 }
 
 // Send queues m for the peer. With wait it returns a channel that yields

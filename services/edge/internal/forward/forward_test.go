@@ -284,3 +284,32 @@ func TestForward_PeerGoneFailsAtOnce(t *testing.T) {
 	}
 	require.Less(t, time.Since(gone), 5*time.Second)
 }
+
+// A link made again to a peer (it left the membership and came back)
+// numbers its frames above the old link's: the peer, which remembers the
+// highest frame it took from this edge's incarnation, delivers them
+// instead of taking them for resends it has seen.
+func TestForward_NewLinkAfterPeerCameBack(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	f := connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
+	sub := mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+	pub := mqtttest.Dial(t, a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	for i := range 5 {
+		pub.Publish(uint16(i+1), "t/x", 1, []byte{byte(i)})
+		pub.Expect(packets.Puback)
+	}
+	for i := range 5 {
+		got := sub.Expect(packets.Publish)
+		require.Equal(t, []byte{byte(i)}, got.Payload)
+		sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	}
+	f.PeerGone("edge-b") // as when its lease expired; it is back at once
+	pub.Publish(6, "t/x", 1, []byte("after"))
+	pub.Expect(packets.Puback)
+	got := sub.Expect(packets.Publish)
+	require.Equal(t, "after", string(got.Payload), "delivered, not taken for a resend")
+}
