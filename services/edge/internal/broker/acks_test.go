@@ -8,11 +8,8 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keelmq/keel/libs/testutil"
-	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -185,21 +182,7 @@ func TestBroker_DeferredAcksHoldMQTT3(t *testing.T) {
 func TestBroker_FailedQoS2PublishIsRoutedAgainAfterResume(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	open := func() (*Broker, string, func()) {
-		cfg := DefaultConfig()
-		cfg.EdgeID = "test"
-		b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-		require.NoError(t, err)
-		st, err := durable.Open(dir, testutil.Logger(t))
-		require.NoError(t, err)
-		require.NoError(t, b.Restore(st))
-		l := newTCP("127.0.0.1:0")
-		require.NoError(t, b.AddListener(l))
-		require.NoError(t, b.Serve())
-		stop := func() { _ = b.Close(); _ = st.Close() }
-		return b, l.Address(), stop
-	}
-	b, addr, stop := open()
+	b, addr, stop := openDurable(t, dir)
 	peers := newHeldPeers()
 	b.SetCluster(Cluster{Peers: peers})
 	pub := mqtttest.Dial(t, addr, 4)
@@ -215,7 +198,7 @@ func TestBroker_FailedQoS2PublishIsRoutedAgainAfterResume(t *testing.T) {
 	}
 	stop()
 
-	_, addr, stop = open()
+	_, addr, stop = openDurable(t, dir)
 	t.Cleanup(stop)
 	sub := mqtttest.Dial(t, addr, 5)
 	sub.Connect("sub", true, packets.Properties{})

@@ -18,6 +18,15 @@ import (
 // restart of the edge would.
 func startDurable(t *testing.T, dir string) (addr string, stop func()) {
 	t.Helper()
+	_, addr, stop = openDurable(t, dir)
+	t.Cleanup(stop)
+	return addr, stop
+}
+
+// openDurable is startDurable that also returns the broker and leaves the
+// stop to the caller.
+func openDurable(t *testing.T, dir string) (b *Broker, addr string, stop func()) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.EdgeID = "test"
 	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
@@ -36,8 +45,7 @@ func startDurable(t *testing.T, dir string) (addr string, stop func()) {
 			_ = st.Close()
 		}
 	}
-	t.Cleanup(stop)
-	return l.Address(), stop
+	return b, l.Address(), stop
 }
 
 var persistentProps = packets.Properties{SessionExpiryInterval: 3600, SessionExpiryIntervalFlag: true}
