@@ -61,6 +61,31 @@ func buildServices(t *testing.T, names ...string) map[string]string {
 
 // startService runs bin with args until the test ends and waits until
 // /readyz on ops answers 200. The process can be stopped earlier.
+// startCore starts a single-node router and a coordinator with lease TTL
+// ttl, and the extra starts, in parallel; it returns the router's and the
+// coordinator's API addresses.
+func startCore(t *testing.T, bins map[string]string, ttl string, extra ...func()) (routerAPI, coordAPI string) {
+	t.Helper()
+	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	coordAPI, coordOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		startService(t, "router", bins["router"], routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
+			"--router.rebuild-wait", "200ms", "--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
+			"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
+	})
+	wg.Go(func() {
+		startService(t, "coordinator", bins["coordinator"], coordOps, "--api.addr", coordAPI, "--ops.addr", coordOps,
+			"--raft.bind-addr", testutil.FreeAddr(t), "--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1",
+			"--raft.node-id", "c1", "--raft.data-dir", t.TempDir(), "--lease-ttl", ttl, "--log.level", "warn")
+	})
+	for _, f := range extra {
+		wg.Go(f)
+	}
+	wg.Wait()
+	return routerAPI, coordAPI
+}
+
 func startService(t *testing.T, name, bin, ops string, args ...string) *serviceProc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
@@ -142,25 +167,11 @@ func (s *syncBuffer) String() string {
 // tables and as JSON; bad invocations fail with a clear error.
 func TestKeelctl_ClusterCommands(t *testing.T) {
 	bins := buildServices(t, "coordinator", "router", "persistence")
-	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	coordAPI, coordOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	persistAPI, persistOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		startService(t, "router", bins["router"], routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
-			"--router.rebuild-wait", "200ms", "--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
-			"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
-	})
-	wg.Go(func() {
-		startService(t, "coordinator", bins["coordinator"], coordOps, "--api.addr", coordAPI, "--ops.addr", coordOps,
-			"--raft.bind-addr", testutil.FreeAddr(t), "--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1",
-			"--raft.node-id", "c1", "--raft.data-dir", t.TempDir(), "--lease-ttl", "60s", "--log.level", "warn")
-	})
-	wg.Go(func() {
+	routerAPI, coordAPI := startCore(t, bins, "60s", func() {
 		startService(t, "persistence", bins["persistence"], persistOps, "--api.addr", persistAPI, "--ops.addr", persistOps,
 			"--data-dir", t.TempDir(), "--log.level", "warn")
 	})
-	wg.Wait()
 	if t.Failed() {
 		return
 	}

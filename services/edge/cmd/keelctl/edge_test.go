@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,20 +26,7 @@ import (
 func TestKeelctl_EdgeStatusAndDrain(t *testing.T) {
 	bins := buildServices(t, "coordinator", "router", "edge")
 	began := time.Now()
-	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	coordAPI, coordOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		startService(t, "router", bins["router"], routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
-			"--router.rebuild-wait", "200ms", "--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
-			"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
-	})
-	wg.Go(func() {
-		startService(t, "coordinator", bins["coordinator"], coordOps, "--api.addr", coordAPI, "--ops.addr", coordOps,
-			"--raft.bind-addr", testutil.FreeAddr(t), "--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1",
-			"--raft.node-id", "c1", "--raft.data-dir", t.TempDir(), "--lease-ttl", "10s", "--log.level", "warn")
-	})
-	wg.Wait()
+	routerAPI, coordAPI := startCore(t, bins, "10s")
 	if t.Failed() {
 		return
 	}

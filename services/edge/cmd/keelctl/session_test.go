@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,20 +26,7 @@ import (
 // that it leaves the listing.
 func TestKeelctl_SessionListAndKick(t *testing.T) {
 	bins := buildServices(t, "coordinator", "router", "edge")
-	routerAPI, routerOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	coordAPI, coordOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		startService(t, "router", bins["router"], routerOps, "--api.addr", routerAPI, "--ops.addr", routerOps, "--olric.single-node",
-			"--router.rebuild-wait", "200ms", "--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
-			"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
-	})
-	wg.Go(func() {
-		startService(t, "coordinator", bins["coordinator"], coordOps, "--api.addr", coordAPI, "--ops.addr", coordOps,
-			"--raft.bind-addr", testutil.FreeAddr(t), "--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1",
-			"--raft.node-id", "c1", "--raft.data-dir", t.TempDir(), "--lease-ttl", "10s", "--log.level", "warn")
-	})
-	wg.Wait()
+	routerAPI, coordAPI := startCore(t, bins, "10s")
 	if t.Failed() {
 		return
 	}
