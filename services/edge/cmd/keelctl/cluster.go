@@ -78,7 +78,8 @@ func (f *clusterFlags) register(fs *flag.FlagSet) {
 }
 
 // runCluster runs the cluster commands: cluster status, routes, session
-// show, list and kick, edge status, edge drain, raft remove-peer.
+// show, list and kick, edge status, edge drain, raft remove-peer, redis
+// failover.
 func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd, rest := args[0], args[1:]
 	if cmd != "routes" {
@@ -86,6 +87,9 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return errUsage
 		}
 		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
+	if cmd == "redis failover" {
+		return redisFailover(ctx, rest, stdout, stderr)
 	}
 	fs := flag.NewFlagSet("keelctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -185,9 +189,6 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			f.edge = "" // the owner's address comes from the coordinator
 		}
 		return kickSession(ctx, stdout, f, pos[0])
-	case "redis failover":
-		return errors.New("redis failover: not supported: failover runs in the persistence writers when a primary stops answering; " +
-			"no RPC promotes a replica on request, and setting the primary record alone (CompareAndSetRedisPrimary) would not promote the node")
 	}
 	return errUsage
 }

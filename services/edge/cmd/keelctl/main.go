@@ -1,6 +1,6 @@
 // Command keelctl administers Keel: users and ACLs of the password file and
 // PostgreSQL credential backends, and the cluster (status, routes, sessions,
-// edge drain).
+// edge drain, Redis switchover).
 //
 //	keelctl users add    (--file F | --postgres DSN) [--coordinator URL] TENANT USER [--password-stdin] [--publish P,..] [--subscribe S,..]
 //	keelctl users remove (--file F | --postgres DSN) [--coordinator URL] TENANT USER
@@ -15,6 +15,7 @@
 //	keelctl edge status  --edge URL [-o json]
 //	keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
 //	keelctl raft remove-peer --coordinator URL NODE_ID
+//	keelctl redis failover --persistence URL [--to HOST:PORT] [--timeout D] [-o json]
 //
 // With --coordinator (or KEEL_COORDINATOR), a command that changes users or
 // ACLs then bumps the tenant's ACL version at the coordinator, and every
@@ -68,6 +69,7 @@ const usage = `usage:
   keelctl edge status  --edge URL [-o json]
   keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
   keelctl raft remove-peer --coordinator URL NODE_ID
+  keelctl redis failover --persistence URL [--to HOST:PORT] [--timeout D] [-o json]
 
 --coordinator (env KEEL_COORDINATOR) is a coordinator's API URL, e.g. http://keel-coordinator:9200:
 after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.
@@ -78,6 +80,9 @@ its --edge is the ID of an owner edge to list the sessions of, never taken from 
 session kick asks the session's owner edge (found at the coordinator; --edge URL calls that edge instead) to
 disconnect the client: DISCONNECT 0x98 (administrative action) for MQTT 5, the connection closed for MQTT 3,
 the will published; --discard ends the session too (subscriptions, queue, stored state, ownership).
+redis failover moves the primary of the persistence instance's Redis group to a replica (--to, default the one
+with the highest offset) while it is alive, losing no acknowledged write: writes pause on the primary until the
+replica caught up (--timeout, default 10s), then it is promoted and the old primary becomes its replica.
 -o json prints the responses as protojson, for scripts.`
 
 var errUsage = errors.New(usage)

@@ -160,6 +160,7 @@ type App struct {
 
 	store    store.Store
 	follower *failover.Follower
+	loop     *failover.Loop
 	records  *failover.CoordinatorRecords
 	coord    coordinatorv1connect.CoordinatorServiceClient
 	srv      *server.Server
@@ -261,6 +262,8 @@ func (a *App) openStore(ctx context.Context) error {
 		return err
 	}
 	a.follower, a.store = f, f
+	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4}
+	a.loop = failover.NewLoop(a.cfg.Failover, a.records, f, p, a.metrics, a.logger.With("component", "failover"))
 	a.metrics.GroupEpoch.Set(float64(rec.Epoch))
 	a.logger.Info("following group record", "primary", rec.Primary, "record_epoch", rec.Epoch, "replicas", rec.Replicas)
 	return nil
@@ -394,17 +397,19 @@ func (a *App) Run(ctx context.Context) error {
 		g.AddRun("lease-renew", a.renew)
 		if a.follower != nil || a.cfg.RedisAddr != "" {
 			g.AddRun("failover", func(ctx context.Context) error {
-				if a.follower == nil {
+				if a.loop == nil {
 					return nil
 				}
-				p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4}
-				return failover.NewLoop(a.cfg.Failover, a.records, a.follower, p, a.metrics, a.logger.With("component", "failover")).Run(ctx)
+				return a.loop.Run(ctx)
 			})
 		}
 	}
 	g.Add("api", func(context.Context) error {
-		a.srv = server.New(server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate}, a.store, a.metrics, a.status,
-			a.logger.With("component", "server"))
+		scfg := server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate}
+		if a.loop != nil {
+			scfg.Switchover = a.loop.Switchover
+		}
+		a.srv = server.New(scfg, a.store, a.metrics, a.status, a.logger.With("component", "server"))
 		mux := http.NewServeMux()
 		mux.Handle(a.srv.Handler())
 		a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 10 * time.Second}

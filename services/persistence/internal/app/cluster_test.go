@@ -17,7 +17,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/persistence/internal/redistest"
@@ -322,4 +324,178 @@ func TestCluster_KillPrimaryUnderWrites(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// batchWriter streams batches of 32 QoS 1 appends through one instance,
+// retrying each until it is answered OK, as an edge would.
+type batchWriter struct {
+	mu       sync.Mutex
+	acked    []uint64 // first seq of each acknowledged batch
+	statuses map[string]int
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func startBatchWriter(t *testing.T, in *instance) *batchWriter {
+	t.Helper()
+	w := in.client.Write(t.Context())
+	require.NoError(t, w.Send(&persistencev1.WriteRequest{BatchId: 1, Ops: []*persistencev1.WriteOp{{Session: csess,
+		Fence: &persistencev1.Fence{Epoch: 1}, Op: &persistencev1.WriteOp_Activate{Activate: &persistencev1.ActivateOp{}}}}}))
+	r, err := w.Receive()
+	require.NoError(t, err)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, r.GetStatus(), r.GetError())
+	bw := &batchWriter{statuses: map[string]int{}, stop: make(chan struct{})}
+	bw.wg.Go(func() {
+		defer func() { _ = w.CloseRequest() }()
+		id := uint64(1)
+		for seq := uint64(1); ; seq += 32 {
+			for {
+				select {
+				case <-bw.stop:
+					return
+				default:
+				}
+				id++
+				if err := w.Send(batchOf(id, seq, 32)); err != nil {
+					t.Errorf("send: %v", err)
+					return
+				}
+				resp, err := w.Receive()
+				if err != nil {
+					t.Errorf("receive: %v", err)
+					return
+				}
+				bw.mu.Lock()
+				bw.statuses[resp.GetStatus().String()]++
+				ok := resp.GetStatus() == persistencev1.WriteStatus_WRITE_STATUS_OK
+				if ok {
+					bw.acked = append(bw.acked, seq)
+				}
+				bw.mu.Unlock()
+				if ok {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	})
+	return bw
+}
+
+func (bw *batchWriter) count() int {
+	bw.mu.Lock()
+	defer bw.mu.Unlock()
+	return len(bw.acked)
+}
+
+func (bw *batchWriter) waitFor(t *testing.T, n int) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if got := bw.count(); got < n {
+			return fmt.Errorf("%d batches acknowledged, want %d", got, n)
+		}
+		return nil
+	})
+}
+
+// TestCluster_SwitchoverUnderWrites runs the operator switchover (the
+// Switchover RPC) on a live group: a 3-node coordinator cluster and a Redis
+// primary with two replicas (processes), two persistence instances, and a
+// writer streaming acknowledged batches through the instance that does NOT
+// run the switchover, so it only learns of the new primary by following the
+// record. Every batch answered OK is readable afterwards, the record moved,
+// both instances follow it, the old primary is a replica of the new one, and
+// writes resume. Refusals come with their codes: a bad target is
+// InvalidArgument, a promotion lease held elsewhere Aborted.
+func TestCluster_SwitchoverUnderWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster: skipped under -short")
+	}
+	redistest.Binary(t)
+	apis := startCoordinators(t)
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	var ins []*instance
+	for i := range 2 {
+		ins = append(ins, startInstance(t, fmt.Sprintf("p%d", i+1), apis[i], g.Primary.Addr, nodes[1:]))
+	}
+	oldEpoch := ins[0].status(t).GetGroupRecordEpoch()
+
+	bw := startBatchWriter(t, ins[0])
+	bw.waitFor(t, 100)
+	before := bw.count()
+	start := time.Now()
+	resp, err := ins[1].client.Switchover(t.Context(), connect.NewRequest(&persistencev1.SwitchoverRequest{Timeout: durationpb.New(5 * time.Second)}))
+	require.NoError(t, err)
+	took := time.Since(start)
+	sw := resp.Msg
+	require.Equal(t, g.Primary.Addr, sw.GetOldPrimary())
+	require.Contains(t, nodes[1:], sw.GetNewPrimary())
+	require.Greater(t, sw.GetRecordEpoch(), oldEpoch)
+	require.Equal(t, oldEpoch, sw.GetOldRecordEpoch())
+	require.True(t, sw.GetOldPrimaryDemoted())
+	require.ElementsMatch(t, []string{g.Primary.Addr, otherOf(nodes[1:], sw.GetNewPrimary())}, sw.GetReplicaAddresses())
+	testutil.Eventually(t, 10*time.Second, func() error {
+		for _, in := range ins {
+			if s := in.status(t); s.GetRedisPrimary() != sw.GetNewPrimary() || s.GetGroupRecordEpoch() != sw.GetRecordEpoch() {
+				return fmt.Errorf("%s follows %s@%d", s.GetMemberId(), s.GetRedisPrimary(), s.GetGroupRecordEpoch())
+			}
+		}
+		return nil
+	})
+	bw.waitFor(t, bw.count()+100) // writes resume on the new primary
+	close(bw.stop)
+	bw.wg.Wait()
+	t.Logf("switchover %s -> %s (epoch %d -> %d): paused %v, RPC took %v; %d batches acknowledged before, %d in all; statuses %v",
+		sw.GetOldPrimary(), sw.GetNewPrimary(), sw.GetOldRecordEpoch(), sw.GetRecordEpoch(), sw.GetPausedFor().AsDuration(), took,
+		before, bw.count(), bw.statuses)
+	require.Equal(t, 1.0, promtestutil.ToFloat64(ins[1].app.metrics.Switchovers.WithLabelValues("ok")))
+
+	// Every acknowledged record is readable, through the other instance.
+	load, err := ins[1].client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: csess}))
+	require.NoError(t, err)
+	have := map[uint64]bool{}
+	for _, e := range load.Msg.GetQueue() {
+		have[e.GetMsgId().GetSeq()] = true
+	}
+	for _, seq := range bw.acked {
+		for i := range uint64(32) {
+			require.True(t, have[seq+i], "acknowledged record %d lost", seq+i)
+		}
+	}
+	info, err := g.Primary.Client().Info(t.Context(), "replication").Result()
+	require.NoError(t, err)
+	require.Contains(t, info, "role:slave")
+	require.Contains(t, info, "master_port:"+sw.GetNewPrimary()[strings.LastIndex(sw.GetNewPrimary(), ":")+1:])
+
+	// Refusals.
+	for _, to := range []string{"nope", "127.0.0.1:1", sw.GetNewPrimary()} {
+		_, err = ins[0].client.Switchover(t.Context(), connect.NewRequest(&persistencev1.SwitchoverRequest{To: to}))
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%s: %v", to, err)
+	}
+	_, err = ins[0].client.Switchover(t.Context(), connect.NewRequest(&persistencev1.SwitchoverRequest{Timeout: durationpb.New(2 * time.Minute)}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%v", err)
+	coord := coordinatorv1connect.NewCoordinatorServiceClient(h2c(), apis[2])
+	lease, err := coord.AcquirePromotionLease(t.Context(), connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "operator-probe",
+		Incarnation: 1, GroupId: 0, Ttl: durationpb.New(20 * time.Second)}))
+	testutil.Eventually(t, 15*time.Second, func() error { // an instance's reconcile may hold it for a moment
+		if err == nil && lease.Msg.GetAcquired() {
+			return nil
+		}
+		lease, err = coord.AcquirePromotionLease(t.Context(), connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "operator-probe",
+			Incarnation: 1, GroupId: 0, Ttl: durationpb.New(20 * time.Second)}))
+		return fmt.Errorf("lease not acquired: %v", err)
+	})
+	_, err = ins[0].client.Switchover(t.Context(), connect.NewRequest(&persistencev1.SwitchoverRequest{}))
+	require.Equal(t, connect.CodeAborted, connect.CodeOf(err), "%v", err)
+	t.Logf("refused while the lease is held elsewhere: %v", err)
+}
+
+func otherOf(addrs []string, not string) string {
+	for _, a := range addrs {
+		if a != not {
+			return a
+		}
+	}
+	return ""
 }

@@ -64,13 +64,26 @@ type Promoter struct {
 	Logger      *slog.Logger
 	// DialTimeout bounds each call to a node.
 	DialTimeout time.Duration
+
+	// afterPause, if set, runs in a switchover right after the primary is
+	// paused (tests).
+	afterPause func()
 }
 
 type replState struct {
 	addr   string
 	role   string
 	offset int64
-	err    error
+	// masterHost, masterPort and linkUp describe a replica's link.
+	masterHost, masterPort string
+	linkUp                 bool
+	err                    error
+}
+
+// follows reports whether the node is a replica of primary (host:port).
+func (st replState) follows(primary string) bool {
+	host, port, _ := net.SplitHostPort(primary)
+	return st.role == "slave" && st.masterHost == host && st.masterPort == port
 }
 
 func (p *Promoter) client(addr string) *redis.Client {
@@ -88,6 +101,10 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 	if err != nil {
 		return replState{addr: addr, err: err}
 	}
+	return parseReplication(addr, info)
+}
+
+func parseReplication(addr, info string) replState {
 	st := replState{addr: addr}
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
@@ -104,6 +121,12 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 			if st.role == "master" {
 				st.offset, _ = strconv.ParseInt(v, 10, 64)
 			}
+		case "master_host":
+			st.masterHost = v
+		case "master_port":
+			st.masterPort = v
+		case "master_link_status":
+			st.linkUp = v == "up"
 		}
 	}
 	return st
@@ -156,31 +179,9 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	if best == nil {
 		return Record{}, ErrNoCandidate
 	}
-	host, port, _ := net.SplitHostPort(best.addr)
-	next := Record{Primary: best.addr}
-	for _, addr := range nodes {
-		if addr == best.addr {
-			continue
-		}
-		next.Replicas = append(next.Replicas, addr)
-		if addr == old.Primary {
-			continue
-		}
-		if err := p.replicaOf(ctx, addr, host, port); err != nil {
-			p.log().Warn("repoint replica failed; reconcile retries", "node", addr, "error", err)
-		}
-	}
-	c := p.client(best.addr)
-	defer c.Close()
-	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
-		return Record{}, fmt.Errorf("promote %s: %w", best.addr, err)
-	}
-	// The new primary refuses writes until a replica is attached
-	// (min-replicas-to-write). The stamp old.Epoch+1 fences every writer of
-	// the old record and admits the new record's writers, whose epoch is
-	// always above old.Epoch.
-	if err := p.stampEpoch(ctx, c, old.Epoch+1); err != nil {
-		return Record{}, fmt.Errorf("stamp record epoch on %s: %w", best.addr, err)
+	next, _, err := p.promote(ctx, old, best.addr, nodes, false)
+	if err != nil {
+		return Record{}, err
 	}
 	rec, err := p.Records.CompareAndSet(ctx, old.Epoch, next)
 	if err != nil {
@@ -188,6 +189,50 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	}
 	p.log().Info("redis primary promoted", "primary", rec.Primary, "record_epoch", rec.Epoch, "offset", best.offset)
 	return rec, nil
+}
+
+// promote makes target the primary of the group whose record is old, all
+// but the publication of the record: it re-points every other replica (not
+// the old primary) under target, promotes it and stamps a group epoch above
+// old's. It returns the record to publish and the replicas it re-pointed.
+// With strict, a replica that answers but refuses to be re-pointed fails
+// the promotion before target is promoted (a switchover, where the old
+// primary is alive and that replica could keep confirming its writes);
+// otherwise it is logged and left to reconcile.
+func (p *Promoter) promote(ctx context.Context, old Record, target string, nodes []string, strict bool) (Record, []string, error) {
+	host, port, _ := net.SplitHostPort(target)
+	next := Record{Primary: target}
+	var repointed []string
+	for _, addr := range nodes {
+		if addr == target {
+			continue
+		}
+		next.Replicas = append(next.Replicas, addr)
+		if addr == old.Primary {
+			continue
+		}
+		if err := p.replicaOf(ctx, addr, host, port); err != nil {
+			if strict && p.state(ctx, addr).err == nil {
+				return Record{}, repointed, fmt.Errorf("repoint replica %s under %s: %w", addr, target, err)
+			}
+			p.log().Warn("repoint replica failed; reconcile retries", "node", addr, "error", err)
+			continue
+		}
+		repointed = append(repointed, addr)
+	}
+	c := p.client(target)
+	defer c.Close()
+	if err := c.SlaveOf(ctx, "NO", "ONE").Err(); err != nil {
+		return Record{}, repointed, fmt.Errorf("promote %s: %w", target, err)
+	}
+	// The new primary refuses writes until a replica is attached
+	// (min-replicas-to-write). The stamp old.Epoch+1 fences every writer of
+	// the old record and admits the new record's writers, whose epoch is
+	// always above old.Epoch.
+	if err := p.stampEpoch(ctx, c, old.Epoch+1); err != nil {
+		return Record{}, repointed, fmt.Errorf("stamp record epoch on %s: %w", target, err)
+	}
+	return next, repointed, nil
 }
 
 func (p *Promoter) stampEpoch(ctx context.Context, c *redis.Client, epoch uint64) error {
@@ -241,6 +286,26 @@ func (p *Promoter) Reconcile(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// NeedsReconcile reports whether a reachable node other than the recorded
+// primary is not its replica: a read-only check, so that the promotion
+// lease is taken (and kept from a switchover) only when there is something
+// to reconcile.
+func (p *Promoter) NeedsReconcile(ctx context.Context) (bool, error) {
+	rec, err := p.Records.Get(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, addr := range p.nodes(rec) {
+		if addr == rec.Primary {
+			continue
+		}
+		if st := p.state(ctx, addr); st.err == nil && !st.follows(rec.Primary) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func (p *Promoter) followsPrimary(ctx context.Context, addr, primary string) bool {

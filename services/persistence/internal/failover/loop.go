@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -76,14 +77,36 @@ type Loop struct {
 
 	mu      sync.Mutex
 	pingers map[string]*redis.Client
+
+	// promoting (a one-slot semaphore) is held by a failover, reconcile or
+	// switchover of this instance: the promotion lease is per member, so it
+	// alone keeps them from running together here (a renewal by one would
+	// also cut the lease of the other short).
+	promoting chan struct{}
 }
+
+// promotionWait bounds how long a switchover waits for a reconcile or
+// failover of this instance to end.
+const promotionWait = 5 * time.Second
+
+func (l *Loop) tryPromoting() bool {
+	select {
+	case l.promoting <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *Loop) donePromoting() { <-l.promoting }
 
 // NewLoop returns a loop; m may be nil.
 func NewLoop(cfg LoopConfig, records Leases, f *Follower, p *Promoter, m *metrics.Metrics, logger *slog.Logger) *Loop {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Loop{cfg: cfg, records: records, follower: f, promoter: p, metrics: m, logger: logger, pingers: map[string]*redis.Client{}}
+	return &Loop{cfg: cfg, records: records, follower: f, promoter: p, metrics: m, logger: logger, pingers: map[string]*redis.Client{},
+		promoting: make(chan struct{}, 1)}
 }
 
 // Run runs until ctx ends.
@@ -158,6 +181,10 @@ func (l *Loop) gauge(v float64) {
 // failover runs a promotion if this instance gets the lease; it reports
 // whether the group has a new record.
 func (l *Loop) failover(ctx context.Context, rec Record) bool {
+	if !l.tryPromoting() {
+		return false
+	}
+	defer l.donePromoting()
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.PromotionLeaseTTL)
 	defer cancel()
 	ok, err := l.records.AcquirePromotionLease(cctx, l.cfg.PromotionLeaseTTL)
@@ -180,17 +207,148 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 }
 
 // reconcile demotes stray primaries, holding the promotion lease briefly so
-// it never races a promotion in progress elsewhere.
+// it never races a promotion in progress elsewhere. It takes the lease only
+// when a node needs it: held at every reconcile, the lease would rarely be
+// free for a switchover asked of another instance.
 func (l *Loop) reconcile(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 4*l.cfg.CheckInterval+2*time.Second)
+	if !l.tryPromoting() {
+		return
+	}
+	defer l.donePromoting()
+	cctx, cancel := context.WithTimeout(ctx, l.reconcileLeaseTTL())
 	defer cancel()
-	ok, err := l.records.AcquirePromotionLease(cctx, 4*l.cfg.CheckInterval+2*time.Second)
+	if need, err := l.promoter.NeedsReconcile(cctx); err != nil || !need {
+		return
+	}
+	ok, err := l.records.AcquirePromotionLease(cctx, l.reconcileLeaseTTL())
 	if err != nil || !ok {
 		return
 	}
 	if err := l.promoter.Reconcile(cctx); err != nil {
 		l.logger.Warn("reconciling redis group failed", "error", err)
 	}
+}
+
+// Switchover runs a [Promoter.Switchover] under the group's promotion
+// lease, renewed while it runs, and follows the new record. It waits a
+// moment for a failover, reconcile or switchover of this instance to end
+// ([ErrPromotionRunning] after 5 s) and for another member to let the lease
+// go ([ErrLeaseHeld] after PromotionLeaseTTL plus a reconcile's lease).
+func (l *Loop) Switchover(ctx context.Context, opts SwitchoverOptions) (SwitchoverResult, error) {
+	start := time.Now()
+	res, err := l.switchover(ctx, opts)
+	result := SwitchoverOutcome(err)
+	if l.metrics != nil {
+		l.metrics.Switchovers.WithLabelValues(result).Inc()
+		if res.PausedFor > 0 {
+			l.metrics.SwitchoverPause.Observe(res.PausedFor.Seconds())
+		}
+	}
+	if err != nil {
+		l.logger.Error("redis switchover failed", "to", opts.To, "result", result, "error", err, "paused_for", res.PausedFor, "took", time.Since(start))
+		return res, err
+	}
+	l.logger.Warn("redis switchover done", "old_primary", res.Old.Primary, "primary", res.New.Primary, "old_record_epoch", res.Old.Epoch,
+		"record_epoch", res.New.Epoch, "offset", res.Offset, "paused_for", res.PausedFor, "old_primary_demoted", res.Demoted, "took", time.Since(start))
+	return res, nil
+}
+
+func (l *Loop) switchover(ctx context.Context, opts SwitchoverOptions) (SwitchoverResult, error) {
+	// A reconcile takes a moment; a failover here means the primary is down.
+	wait := time.NewTimer(promotionWait)
+	defer wait.Stop()
+	select {
+	case l.promoting <- struct{}{}:
+	case <-wait.C:
+		return SwitchoverResult{}, ErrPromotionRunning
+	case <-ctx.Done():
+		return SwitchoverResult{}, ctx.Err()
+	}
+	defer l.donePromoting()
+	// Refuse a bad target at once, before waiting for the lease.
+	if _, err := l.promoter.CheckSwitchover(ctx, opts); err != nil {
+		return SwitchoverResult{}, err
+	}
+	ttl := l.cfg.PromotionLeaseTTL
+	if err := l.acquireForSwitchover(ctx, ttl); err != nil {
+		return SwitchoverResult{}, err
+	}
+	// Keep the lease while the switchover runs; if it lapses anyway, the
+	// record's compare-and-set fails and the switchover is undone.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tk := time.NewTicker(ttl / 3)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			cctx, cancel := context.WithTimeout(ctx, ttl/3)
+			ok, err := l.records.AcquirePromotionLease(cctx, ttl)
+			cancel()
+			if err != nil || !ok {
+				l.logger.Warn("renewing the promotion lease during switchover failed", "acquired", ok, "error", err)
+			}
+		}
+	})
+	defer func() { close(stop); wg.Wait() }()
+	res, err := l.promoter.Switchover(ctx, opts)
+	if err != nil {
+		return res, err
+	}
+	l.follow(res.New)
+	return res, nil
+}
+
+// acquireForSwitchover takes the promotion lease, waiting while another
+// member holds it briefly: the lease holder's periodic reconcile takes it
+// for 4×CheckInterval+2s at a time, a failover for PromotionLeaseTTL. Held
+// longer than both, it gives up with [ErrLeaseHeld].
+func (l *Loop) acquireForSwitchover(ctx context.Context, ttl time.Duration) error {
+	deadline := time.Now().Add(ttl + l.reconcileLeaseTTL())
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ok, err := l.records.AcquirePromotionLease(cctx, ttl)
+		cancel()
+		switch {
+		case ok:
+			return nil
+		case time.Now().After(deadline) || ctx.Err() != nil:
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrCoordinator, err)
+			}
+			return ErrLeaseHeld
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// reconcileLeaseTTL is how long a reconcile holds the promotion lease.
+func (l *Loop) reconcileLeaseTTL() time.Duration { return 4*l.cfg.CheckInterval + 2*time.Second }
+
+// SwitchoverOutcome names the result of a switchover for metrics and logs.
+func SwitchoverOutcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, ErrBadTarget):
+		return "bad_request"
+	case errors.Is(err, ErrNotInSync):
+		return "not_in_sync"
+	case errors.Is(err, ErrLeaseHeld), errors.Is(err, ErrPromotionRunning):
+		return "busy"
+	case errors.Is(err, ErrNoCandidate), errors.Is(err, ErrPrimaryNotServing), errors.Is(err, ErrUnsupported):
+		return "refused"
+	case errors.Is(err, ErrOutcomeUnknown):
+		return "unknown"
+	}
+	return "failed"
 }
 
 func (l *Loop) ping(ctx context.Context, addr string) error {

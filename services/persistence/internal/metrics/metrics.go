@@ -38,6 +38,10 @@ type Metrics struct {
 	GroupEpoch prometheus.Gauge
 	// PrimaryUp is 1 while the recorded primary answers.
 	PrimaryUp prometheus.Gauge
+	// Switchovers counts operator switchovers run by this instance, by
+	// result; SwitchoverPause is how long each paused the old primary.
+	Switchovers     *prometheus.CounterVec
+	SwitchoverPause prometheus.Histogram
 }
 
 // New registers the metrics with reg.
@@ -71,9 +75,18 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Record epoch of the Redis group this instance follows."}),
 		PrimaryUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_primary_up",
 			Help: "1 while the recorded Redis primary answers."}),
+		Switchovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_switchovers_total",
+			Help: "Operator Redis switchovers run by this instance, by result: ok, not_in_sync, busy, refused, bad_request, failed (undone), unknown."},
+			[]string{"result"}),
+		SwitchoverPause: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "keel_persistence_switchover_pause_seconds",
+			Help: "How long a switchover paused writes on the old primary.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
 	}
 	reg.MustRegister(m.Ops, m.Records, m.BatchOps, m.BatchRecords, m.WriteLatency, m.CommitCalls, m.CommitLatency,
-		m.WaitTimeouts, m.QueueDrops, m.Failovers, m.RecordChanges, m.Unreplicated, m.GroupEpoch, m.PrimaryUp)
+		m.WaitTimeouts, m.QueueDrops, m.Failovers, m.RecordChanges, m.Unreplicated, m.GroupEpoch, m.PrimaryUp,
+		m.Switchovers, m.SwitchoverPause)
+	for _, r := range []string{"ok", "not_in_sync", "busy", "refused", "bad_request", "failed", "unknown"} {
+		m.Switchovers.WithLabelValues(r)
+	}
 	for _, k := range store.OpKinds() {
 		m.Records.WithLabelValues(k.String())
 	}

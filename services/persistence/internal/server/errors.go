@@ -6,6 +6,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/services/persistence/internal/failover"
 	"github.com/keelmq/keel/services/persistence/internal/store"
 
 	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
@@ -46,5 +47,29 @@ func toConnect(err error) error {
 		return nil
 	}
 	code, _ := classify(err)
+	return connect.NewError(code, err)
+}
+
+// switchoverError maps a switchover's failure to its Connect code. Unknown
+// means the outcome is not known (the record's compare-and-set got no
+// answer): read the group record.
+func switchoverError(err error) error {
+	code := connect.CodeInternal
+	switch {
+	case errors.Is(err, failover.ErrBadTarget):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, failover.ErrNotInSync), errors.Is(err, failover.ErrNoCandidate),
+		errors.Is(err, failover.ErrPrimaryNotServing), errors.Is(err, failover.ErrUnsupported):
+		code = connect.CodeFailedPrecondition
+	case errors.Is(err, failover.ErrLeaseHeld), errors.Is(err, failover.ErrPromotionRunning),
+		errors.Is(err, failover.ErrRecordChanged):
+		code = connect.CodeAborted
+	case errors.Is(err, failover.ErrOutcomeUnknown):
+		code = connect.CodeUnknown
+	case errors.Is(err, failover.ErrCoordinator):
+		code = connect.CodeUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	}
 	return connect.NewError(code, err)
 }

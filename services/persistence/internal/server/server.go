@@ -13,6 +13,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,9 +22,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/topic"
+	"github.com/keelmq/keel/services/persistence/internal/failover"
 	"github.com/keelmq/keel/services/persistence/internal/metrics"
 	"github.com/keelmq/keel/services/persistence/internal/store"
 
@@ -44,6 +47,9 @@ type Config struct {
 	// UNAVAILABLE (the instance lost its coordinator lease: it must not
 	// acknowledge anything).
 	Gate func() error `yaml:"-"`
+	// Switchover, if set, runs the Switchover RPC (a Redis group followed
+	// through the coordinator); unset, the RPC answers FailedPrecondition.
+	Switchover func(ctx context.Context, opts failover.SwitchoverOptions) (failover.SwitchoverResult, error) `yaml:"-"`
 }
 
 // Server implements persistencev1connect.PersistenceServiceHandler.
@@ -292,4 +298,39 @@ func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persis
 // Status implements the RPC.
 func (s *Server) Status(context.Context, *connect.Request[persistencev1.StatusRequest]) (*connect.Response[persistencev1.StatusResponse], error) {
 	return connect.NewResponse(s.status()), nil
+}
+
+// Switchover implements the RPC: an operator's planned move of the Redis
+// group's primary (see [failover.Promoter.Switchover]). It runs to its end
+// even if the caller goes away: every step is bounded, and stopping midway
+// would only leave work to undo.
+func (s *Server) Switchover(ctx context.Context, req *connect.Request[persistencev1.SwitchoverRequest]) (*connect.Response[persistencev1.SwitchoverResponse], error) {
+	m := req.Msg
+	opts := failover.SwitchoverOptions{To: m.GetTo(), SyncTimeout: failover.DefaultSwitchoverSyncTimeout}
+	if m.GetTimeout() != nil {
+		if err := m.GetTimeout().CheckValid(); err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("timeout: %w", err))
+		}
+		d := m.GetTimeout().AsDuration()
+		if d <= 0 || d > failover.MaxSwitchoverSyncTimeout {
+			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("timeout %v: give more than 0 and at most %v", d, failover.MaxSwitchoverSyncTimeout))
+		}
+		opts.SyncTimeout = d
+	}
+	if opts.To != "" {
+		if err := failover.ValidateAddr(opts.To); err != nil {
+			return nil, connect.NewError(connect.CodeInvalidArgument, err)
+		}
+	}
+	if s.cfg.Switchover == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			errors.New("switchover needs a Redis group followed through the coordinator (--redis.addr and --coordinator.addr); this instance has none"))
+	}
+	res, err := s.cfg.Switchover(context.WithoutCancel(ctx), opts)
+	if err != nil {
+		return nil, switchoverError(err)
+	}
+	return connect.NewResponse(&persistencev1.SwitchoverResponse{OldPrimary: res.Old.Primary, NewPrimary: res.New.Primary,
+		RecordEpoch: res.New.Epoch, OldRecordEpoch: res.Old.Epoch, ReplicaAddresses: res.New.Replicas,
+		PausedFor: durationpb.New(res.PausedFor), Offset: res.Offset, OldPrimaryDemoted: res.Demoted}), nil
 }

@@ -21,6 +21,7 @@ import (
 	v1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -2111,11 +2112,181 @@ func (x *StatusResponse) GetUnreplicated() bool {
 	return false
 }
 
+// SwitchoverRequest asks for a planned move of the group's primary.
+type SwitchoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// to is the replica to promote, host:port as in the group record; empty picks the
+	// replica with the highest replication offset once one has caught up.
+	To string `protobuf:"bytes,1,opt,name=to,proto3" json:"to,omitempty"`
+	// timeout bounds the wait for the target to catch up with the paused primary;
+	// unset means 10s, at most 60s. The primary stays paused at most this plus a
+	// fixed promotion budget (10s) if this instance dies midway.
+	Timeout       *durationpb.Duration `protobuf:"bytes,2,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SwitchoverRequest) Reset() {
+	*x = SwitchoverRequest{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SwitchoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SwitchoverRequest) ProtoMessage() {}
+
+func (x *SwitchoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SwitchoverRequest.ProtoReflect.Descriptor instead.
+func (*SwitchoverRequest) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SwitchoverRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *SwitchoverRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// SwitchoverResponse describes a completed switchover.
+type SwitchoverResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// old_primary is the primary before the switchover, host:port.
+	OldPrimary string `protobuf:"bytes,1,opt,name=old_primary,json=oldPrimary,proto3" json:"old_primary,omitempty"`
+	// new_primary is the promoted replica, host:port.
+	NewPrimary string `protobuf:"bytes,2,opt,name=new_primary,json=newPrimary,proto3" json:"new_primary,omitempty"`
+	// record_epoch is the epoch of the group record naming new_primary.
+	RecordEpoch uint64 `protobuf:"varint,3,opt,name=record_epoch,json=recordEpoch,proto3" json:"record_epoch,omitempty"`
+	// paused_for is how long writes were paused on the old primary.
+	PausedFor *durationpb.Duration `protobuf:"bytes,4,opt,name=paused_for,json=pausedFor,proto3" json:"paused_for,omitempty"`
+	// old_record_epoch is the epoch of the record the switchover replaced.
+	OldRecordEpoch uint64 `protobuf:"varint,5,opt,name=old_record_epoch,json=oldRecordEpoch,proto3" json:"old_record_epoch,omitempty"`
+	// replica_addresses are the other nodes of the group in the new record.
+	ReplicaAddresses []string `protobuf:"bytes,6,rep,name=replica_addresses,json=replicaAddresses,proto3" json:"replica_addresses,omitempty"`
+	// offset is the replication offset of the paused primary that new_primary had
+	// reached before it was promoted.
+	Offset int64 `protobuf:"varint,7,opt,name=offset,proto3" json:"offset,omitempty"`
+	// old_primary_demoted is true when the old primary is now a replica of
+	// new_primary; false means it stays paused until its pause ends and the failover
+	// loop's reconcile demotes it.
+	OldPrimaryDemoted bool `protobuf:"varint,8,opt,name=old_primary_demoted,json=oldPrimaryDemoted,proto3" json:"old_primary_demoted,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SwitchoverResponse) Reset() {
+	*x = SwitchoverResponse{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SwitchoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SwitchoverResponse) ProtoMessage() {}
+
+func (x *SwitchoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SwitchoverResponse.ProtoReflect.Descriptor instead.
+func (*SwitchoverResponse) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *SwitchoverResponse) GetOldPrimary() string {
+	if x != nil {
+		return x.OldPrimary
+	}
+	return ""
+}
+
+func (x *SwitchoverResponse) GetNewPrimary() string {
+	if x != nil {
+		return x.NewPrimary
+	}
+	return ""
+}
+
+func (x *SwitchoverResponse) GetRecordEpoch() uint64 {
+	if x != nil {
+		return x.RecordEpoch
+	}
+	return 0
+}
+
+func (x *SwitchoverResponse) GetPausedFor() *durationpb.Duration {
+	if x != nil {
+		return x.PausedFor
+	}
+	return nil
+}
+
+func (x *SwitchoverResponse) GetOldRecordEpoch() uint64 {
+	if x != nil {
+		return x.OldRecordEpoch
+	}
+	return 0
+}
+
+func (x *SwitchoverResponse) GetReplicaAddresses() []string {
+	if x != nil {
+		return x.ReplicaAddresses
+	}
+	return nil
+}
+
+func (x *SwitchoverResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SwitchoverResponse) GetOldPrimaryDemoted() bool {
+	if x != nil {
+		return x.OldPrimaryDemoted
+	}
+	return false
+}
+
 var File_keel_persistence_v1_persistence_proto protoreflect.FileDescriptor
 
 const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\n" +
-	"%keel/persistence/v1/persistence.proto\x12\x13keel.persistence.v1\x1a\x1bkeel/common/v1/common.proto\">\n" +
+	"%keel/persistence/v1/persistence.proto\x12\x13keel.persistence.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bkeel/common/v1/common.proto\">\n" +
 	"\x05Fence\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1f\n" +
 	"\vgroup_epoch\x18\x02 \x01(\x04R\n" +
@@ -2242,7 +2413,22 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\rredis_primary\x18\x03 \x01(\tR\fredisPrimary\x12,\n" +
 	"\x12group_record_epoch\x18\x04 \x01(\x04R\x10groupRecordEpoch\x12!\n" +
 	"\fmin_replicas\x18\x05 \x01(\rR\vminReplicas\x12\"\n" +
-	"\funreplicated\x18\x06 \x01(\bR\funreplicated*\xda\x01\n" +
+	"\funreplicated\x18\x06 \x01(\bR\funreplicated\"X\n" +
+	"\x11SwitchoverRequest\x12\x0e\n" +
+	"\x02to\x18\x01 \x01(\tR\x02to\x123\n" +
+	"\atimeout\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"\xd2\x02\n" +
+	"\x12SwitchoverResponse\x12\x1f\n" +
+	"\vold_primary\x18\x01 \x01(\tR\n" +
+	"oldPrimary\x12\x1f\n" +
+	"\vnew_primary\x18\x02 \x01(\tR\n" +
+	"newPrimary\x12!\n" +
+	"\frecord_epoch\x18\x03 \x01(\x04R\vrecordEpoch\x128\n" +
+	"\n" +
+	"paused_for\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tpausedFor\x12(\n" +
+	"\x10old_record_epoch\x18\x05 \x01(\x04R\x0eoldRecordEpoch\x12+\n" +
+	"\x11replica_addresses\x18\x06 \x03(\tR\x10replicaAddresses\x12\x16\n" +
+	"\x06offset\x18\a \x01(\x03R\x06offset\x12.\n" +
+	"\x13old_primary_demoted\x18\b \x01(\bR\x11oldPrimaryDemoted*\xda\x01\n" +
 	"\vWriteStatus\x12\x1c\n" +
 	"\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fWRITE_STATUS_OK\x10\x01\x12\x1f\n" +
@@ -2250,12 +2436,14 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x13WRITE_STATUS_FENCED\x10\x03\x12\x1d\n" +
 	"\x19WRITE_STATUS_GROUP_FENCED\x10\x04\x12!\n" +
 	"\x1dWRITE_STATUS_INVALID_ARGUMENT\x10\x05\x12\x1c\n" +
-	"\x18WRITE_STATUS_UNAVAILABLE\x10\x062\x88\x03\n" +
+	"\x18WRITE_STATUS_UNAVAILABLE\x10\x062\xe7\x03\n" +
 	"\x12PersistenceService\x12R\n" +
 	"\x05Write\x12!.keel.persistence.v1.WriteRequest\x1a\".keel.persistence.v1.WriteResponse(\x010\x01\x12`\n" +
 	"\vLoadSession\x12'.keel.persistence.v1.LoadSessionRequest\x1a(.keel.persistence.v1.LoadSessionResponse\x12i\n" +
 	"\x0eLookupRetained\x12*.keel.persistence.v1.LookupRetainedRequest\x1a+.keel.persistence.v1.LookupRetainedResponse\x12Q\n" +
-	"\x06Status\x12\".keel.persistence.v1.StatusRequest\x1a#.keel.persistence.v1.StatusResponseB\xdd\x01\n" +
+	"\x06Status\x12\".keel.persistence.v1.StatusRequest\x1a#.keel.persistence.v1.StatusResponse\x12]\n" +
+	"\n" +
+	"Switchover\x12&.keel.persistence.v1.SwitchoverRequest\x1a'.keel.persistence.v1.SwitchoverResponseB\xdd\x01\n" +
 	"\x17com.keel.persistence.v1B\x10PersistenceProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/persistence/v1;persistencev1\xa2\x02\x03KPX\xaa\x02\x13Keel.Persistence.V1\xca\x02\x13Keel\\Persistence\\V1\xe2\x02\x1fKeel\\Persistence\\V1\\GPBMetadata\xea\x02\x15Keel::Persistence::V1b\x06proto3"
 
 var (
@@ -2271,7 +2459,7 @@ func file_keel_persistence_v1_persistence_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_persistence_v1_persistence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_keel_persistence_v1_persistence_proto_goTypes = []any{
 	(WriteStatus)(0),               // 0: keel.persistence.v1.WriteStatus
 	(*Fence)(nil),                  // 1: keel.persistence.v1.Fence
@@ -2304,17 +2492,20 @@ var file_keel_persistence_v1_persistence_proto_goTypes = []any{
 	(*LookupRetainedResponse)(nil), // 28: keel.persistence.v1.LookupRetainedResponse
 	(*StatusRequest)(nil),          // 29: keel.persistence.v1.StatusRequest
 	(*StatusResponse)(nil),         // 30: keel.persistence.v1.StatusResponse
-	(*v1.Message)(nil),             // 31: keel.common.v1.Message
-	(*v1.MsgID)(nil),               // 32: keel.common.v1.MsgID
-	(*v1.SessionKey)(nil),          // 33: keel.common.v1.SessionKey
+	(*SwitchoverRequest)(nil),      // 31: keel.persistence.v1.SwitchoverRequest
+	(*SwitchoverResponse)(nil),     // 32: keel.persistence.v1.SwitchoverResponse
+	(*v1.Message)(nil),             // 33: keel.common.v1.Message
+	(*v1.MsgID)(nil),               // 34: keel.common.v1.MsgID
+	(*v1.SessionKey)(nil),          // 35: keel.common.v1.SessionKey
+	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
 }
 var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
-	31, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
+	33, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
 	3,  // 1: keel.persistence.v1.Session.will:type_name -> keel.persistence.v1.Will
-	32, // 2: keel.persistence.v1.Entry.msg_id:type_name -> keel.common.v1.MsgID
-	32, // 3: keel.persistence.v1.Incoming.msg_id:type_name -> keel.common.v1.MsgID
+	34, // 2: keel.persistence.v1.Entry.msg_id:type_name -> keel.common.v1.MsgID
+	34, // 3: keel.persistence.v1.Incoming.msg_id:type_name -> keel.common.v1.MsgID
 	9,  // 4: keel.persistence.v1.WriteRequest.ops:type_name -> keel.persistence.v1.WriteOp
-	33, // 5: keel.persistence.v1.WriteOp.session:type_name -> keel.common.v1.SessionKey
+	35, // 5: keel.persistence.v1.WriteOp.session:type_name -> keel.common.v1.SessionKey
 	1,  // 6: keel.persistence.v1.WriteOp.fence:type_name -> keel.persistence.v1.Fence
 	10, // 7: keel.persistence.v1.WriteOp.activate:type_name -> keel.persistence.v1.ActivateOp
 	11, // 8: keel.persistence.v1.WriteOp.put_session:type_name -> keel.persistence.v1.PutSessionOp
@@ -2333,35 +2524,39 @@ var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
 	2,  // 21: keel.persistence.v1.PutSubscriptionOp.subscription:type_name -> keel.persistence.v1.Subscription
 	7,  // 22: keel.persistence.v1.AppendOp.limits:type_name -> keel.persistence.v1.QueueLimits
 	5,  // 23: keel.persistence.v1.AppendOp.entries:type_name -> keel.persistence.v1.Entry
-	31, // 24: keel.persistence.v1.AppendOp.messages:type_name -> keel.common.v1.Message
+	33, // 24: keel.persistence.v1.AppendOp.messages:type_name -> keel.common.v1.Message
 	5,  // 25: keel.persistence.v1.SendOp.entries:type_name -> keel.persistence.v1.Entry
-	32, // 26: keel.persistence.v1.DequeueOp.msg_ids:type_name -> keel.common.v1.MsgID
+	34, // 26: keel.persistence.v1.DequeueOp.msg_ids:type_name -> keel.common.v1.MsgID
 	6,  // 27: keel.persistence.v1.PutIncomingOp.incoming:type_name -> keel.persistence.v1.Incoming
-	31, // 28: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
+	33, // 28: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
 	0,  // 29: keel.persistence.v1.WriteResponse.status:type_name -> keel.persistence.v1.WriteStatus
 	24, // 30: keel.persistence.v1.WriteResponse.results:type_name -> keel.persistence.v1.OpResult
 	0,  // 31: keel.persistence.v1.OpResult.status:type_name -> keel.persistence.v1.WriteStatus
-	33, // 32: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	35, // 32: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 33: keel.persistence.v1.LoadSessionResponse.session:type_name -> keel.persistence.v1.Session
 	2,  // 34: keel.persistence.v1.LoadSessionResponse.subscriptions:type_name -> keel.persistence.v1.Subscription
 	5,  // 35: keel.persistence.v1.LoadSessionResponse.queue:type_name -> keel.persistence.v1.Entry
 	5,  // 36: keel.persistence.v1.LoadSessionResponse.inflight:type_name -> keel.persistence.v1.Entry
 	6,  // 37: keel.persistence.v1.LoadSessionResponse.incoming:type_name -> keel.persistence.v1.Incoming
-	31, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
-	31, // 39: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
-	8,  // 40: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
-	25, // 41: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
-	27, // 42: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
-	29, // 43: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
-	23, // 44: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
-	26, // 45: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
-	28, // 46: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
-	30, // 47: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
-	44, // [44:48] is the sub-list for method output_type
-	40, // [40:44] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	33, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
+	33, // 39: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
+	36, // 40: keel.persistence.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	36, // 41: keel.persistence.v1.SwitchoverResponse.paused_for:type_name -> google.protobuf.Duration
+	8,  // 42: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
+	25, // 43: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
+	27, // 44: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
+	29, // 45: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
+	31, // 46: keel.persistence.v1.PersistenceService.Switchover:input_type -> keel.persistence.v1.SwitchoverRequest
+	23, // 47: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
+	26, // 48: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
+	28, // 49: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
+	30, // 50: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
+	32, // 51: keel.persistence.v1.PersistenceService.Switchover:output_type -> keel.persistence.v1.SwitchoverResponse
+	47, // [47:52] is the sub-list for method output_type
+	42, // [42:47] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_keel_persistence_v1_persistence_proto_init() }
@@ -2390,7 +2585,7 @@ func file_keel_persistence_v1_persistence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_persistence_v1_persistence_proto_rawDesc), len(file_keel_persistence_v1_persistence_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

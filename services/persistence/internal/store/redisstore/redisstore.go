@@ -335,6 +335,10 @@ func mapErr(err error) error {
 		return fmt.Errorf("%w: %s", store.ErrInvalid, msg)
 	case strings.HasPrefix(msg, "NOREPLICAS"):
 		return fmt.Errorf("%w: %s", store.ErrNotReplicated, msg)
+	case strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "UNBLOCKED"):
+		// The node became a replica (a failover or switchover demoted it):
+		// nothing was written; retry once the new record is followed.
+		return fmt.Errorf("%w: %s", ErrUnavailable, msg)
 	}
 	return err
 }

@@ -55,6 +55,23 @@ func TestRedisStore_GroupEpochFence(t *testing.T) {
 	require.NoError(t, s.PutSubscription(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 2}, store.Subscription{Filter: "x"}))
 }
 
+// A write that reaches a replica (a primary demoted by a failover or
+// switchover, before the writer follows the new record) is refused with
+// READONLY, which is the retryable ErrUnavailable, never a success.
+func TestRedisStore_ReplicaRefusesAsUnavailable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Replicas[0].Addr, MinReplicas: 1, WaitTimeout: 200 * time.Millisecond}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	err = s.Activate(context.Background(), k, store.Fence{Epoch: 1})
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorContains(t, err, "READONLY")
+}
+
 // BenchmarkRedisStore_Append measures acknowledged records per second
 // (appended, replicated to one of two replicas, WAIT 1) at a batch size.
 func BenchmarkRedisStore_Append(b *testing.B) {

@@ -55,6 +55,9 @@ const (
 	// PersistenceServiceStatusProcedure is the fully-qualified name of the PersistenceService's Status
 	// RPC.
 	PersistenceServiceStatusProcedure = "/keel.persistence.v1.PersistenceService/Status"
+	// PersistenceServiceSwitchoverProcedure is the fully-qualified name of the PersistenceService's
+	// Switchover RPC.
+	PersistenceServiceSwitchoverProcedure = "/keel.persistence.v1.PersistenceService/Switchover"
 )
 
 // PersistenceServiceClient is a client for the keel.persistence.v1.PersistenceService service.
@@ -72,6 +75,23 @@ type PersistenceServiceClient interface {
 	LookupRetained(context.Context, *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error)
 	// Status reports this instance and the Redis group it writes to.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// Switchover moves the primary of this instance's Redis group to a replica while
+	// the primary is alive (planned maintenance), losing no acknowledged write: under
+	// the group's promotion lease it pauses writes on the primary (CLIENT PAUSE WRITE:
+	// writers block, nothing more is acknowledged), waits until the target replica's
+	// replication offset reaches the primary's, promotes it as a failover does
+	// (re-points the other replicas, REPLICAOF NO ONE, stamps a higher group epoch,
+	// publishes the record), then makes the old primary a replica of the new one and
+	// unpauses it: the writes it held fail there and are retried on the new primary.
+	// Errors: InvalidArgument (malformed or unknown `to`, timeout out of range),
+	// FailedPrecondition (no replica caught up in time, target not an in-sync
+	// replica, primary not serving, no Redis group with a coordinator here), Aborted
+	// (promotion lease held elsewhere, a promotion running here, the record moved
+	// meanwhile), Unavailable (coordinator not reachable), Unknown (the record's
+	// compare-and-set got no answer: read the group record). Until the record is
+	// published every failure is undone: the record and the replicas keep the old
+	// primary, and it is unpaused.
+	Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error)
 }
 
 // NewPersistenceServiceClient constructs a client for the keel.persistence.v1.PersistenceService
@@ -109,6 +129,12 @@ func NewPersistenceServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(persistenceServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		switchover: connect.NewClient[v1.SwitchoverRequest, v1.SwitchoverResponse](
+			httpClient,
+			baseURL+PersistenceServiceSwitchoverProcedure,
+			connect.WithSchema(persistenceServiceMethods.ByName("Switchover")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -118,6 +144,7 @@ type persistenceServiceClient struct {
 	loadSession    *connect.Client[v1.LoadSessionRequest, v1.LoadSessionResponse]
 	lookupRetained *connect.Client[v1.LookupRetainedRequest, v1.LookupRetainedResponse]
 	status         *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	switchover     *connect.Client[v1.SwitchoverRequest, v1.SwitchoverResponse]
 }
 
 // Write calls keel.persistence.v1.PersistenceService.Write.
@@ -140,6 +167,11 @@ func (c *persistenceServiceClient) Status(ctx context.Context, req *connect.Requ
 	return c.status.CallUnary(ctx, req)
 }
 
+// Switchover calls keel.persistence.v1.PersistenceService.Switchover.
+func (c *persistenceServiceClient) Switchover(ctx context.Context, req *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error) {
+	return c.switchover.CallUnary(ctx, req)
+}
+
 // PersistenceServiceHandler is an implementation of the keel.persistence.v1.PersistenceService
 // service.
 type PersistenceServiceHandler interface {
@@ -156,6 +188,23 @@ type PersistenceServiceHandler interface {
 	LookupRetained(context.Context, *connect.Request[v1.LookupRetainedRequest]) (*connect.Response[v1.LookupRetainedResponse], error)
 	// Status reports this instance and the Redis group it writes to.
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// Switchover moves the primary of this instance's Redis group to a replica while
+	// the primary is alive (planned maintenance), losing no acknowledged write: under
+	// the group's promotion lease it pauses writes on the primary (CLIENT PAUSE WRITE:
+	// writers block, nothing more is acknowledged), waits until the target replica's
+	// replication offset reaches the primary's, promotes it as a failover does
+	// (re-points the other replicas, REPLICAOF NO ONE, stamps a higher group epoch,
+	// publishes the record), then makes the old primary a replica of the new one and
+	// unpauses it: the writes it held fail there and are retried on the new primary.
+	// Errors: InvalidArgument (malformed or unknown `to`, timeout out of range),
+	// FailedPrecondition (no replica caught up in time, target not an in-sync
+	// replica, primary not serving, no Redis group with a coordinator here), Aborted
+	// (promotion lease held elsewhere, a promotion running here, the record moved
+	// meanwhile), Unavailable (coordinator not reachable), Unknown (the record's
+	// compare-and-set got no answer: read the group record). Until the record is
+	// published every failure is undone: the record and the replicas keep the old
+	// primary, and it is unpaused.
+	Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error)
 }
 
 // NewPersistenceServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -189,6 +238,12 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 		connect.WithSchema(persistenceServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	persistenceServiceSwitchoverHandler := connect.NewUnaryHandler(
+		PersistenceServiceSwitchoverProcedure,
+		svc.Switchover,
+		connect.WithSchema(persistenceServiceMethods.ByName("Switchover")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.persistence.v1.PersistenceService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PersistenceServiceWriteProcedure:
@@ -199,6 +254,8 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 			persistenceServiceLookupRetainedHandler.ServeHTTP(w, r)
 		case PersistenceServiceStatusProcedure:
 			persistenceServiceStatusHandler.ServeHTTP(w, r)
+		case PersistenceServiceSwitchoverProcedure:
+			persistenceServiceSwitchoverHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -222,4 +279,8 @@ func (UnimplementedPersistenceServiceHandler) LookupRetained(context.Context, *c
 
 func (UnimplementedPersistenceServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.Status is not implemented"))
+}
+
+func (UnimplementedPersistenceServiceHandler) Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.Switchover is not implemented"))
 }
