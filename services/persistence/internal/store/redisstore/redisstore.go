@@ -340,6 +340,13 @@ func mapErr(err error) error {
 		// nothing was written; retry once the new record is followed.
 		return fmt.Errorf("%w: %s", ErrUnavailable, msg)
 	}
+	if !isScriptErr(err) && !errors.Is(err, store.ErrNotReplicated) && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrClosed) {
+		// The connection failed (EOF, reset, timeout: the node went away
+		// or demoted itself and dropped its clients): the write may or
+		// may not have been applied; every write is idempotent, so it is
+		// retried.
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
 	return err
 }
 
