@@ -411,7 +411,10 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
-	e.peers.OnGone = e.forwarder.PeerGone
+	e.peers.OnGone = func(edge string) {
+		e.forwarder.PeerGone(edge)
+		e.broker.PreviousOwnerGone(edge)
+	}
 	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: e.member.Incarnation, Peers: e.peers}
 	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
 		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})

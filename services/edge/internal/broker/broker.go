@@ -57,7 +57,7 @@ type Broker struct {
 	// takeover that failed after this edge's claim went through: the next
 	// claim names this edge as the previous owner, but the session is still
 	// there (guarded by sessMu).
-	unfinished map[string]string
+	unfinished map[string]unfinishedTakeover
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will

@@ -171,11 +171,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
-			b.setUnfinished(sc.ClientID(external), previous)
+			b.setUnfinished(sc.ClientID(external), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")
 		}
-		b.setUnfinished(sc.ClientID(external), "")
+		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
 	}
 	if b.store != nil && b.store.Shared() {
 		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl) || c.will.Load() != nil, moved); err != nil {

@@ -331,30 +331,76 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	return true, b.mergeLate(id, late)
 }
 
+// unfinishedTakeover is a takeover that failed after this edge's claim
+// went through: the coordinator says this edge owns the session, but the
+// previous owner still holds it (or held it when it went away).
+type unfinishedTakeover struct {
+	previous string
+	epoch    uint64 // of this edge's claim
+	scope    *tenancy.Scope
+	clientID string // external
+}
+
 // unfinishedTakeover returns the edge a failed takeover of id was from,
 // or self if there is none.
 func (b *Broker) unfinishedTakeover(id, self string) string {
 	b.sessMu.Lock()
 	defer b.sessMu.Unlock()
-	if prev, ok := b.unfinished[id]; ok && b.sessions[id] == nil {
-		return prev
+	if u, ok := b.unfinished[id]; ok && b.sessions[id] == nil {
+		return u.previous
 	}
 	return self
 }
 
-// setUnfinished records (or with "" forgets) the previous owner of a
-// takeover of id that failed after the claim.
-func (b *Broker) setUnfinished(id, previous string) {
+// setUnfinished records (or with a zero u forgets) a takeover of id that
+// failed after the claim.
+func (b *Broker) setUnfinished(id string, u unfinishedTakeover) {
 	b.sessMu.Lock()
 	defer b.sessMu.Unlock()
-	if previous == "" {
+	if u.previous == "" {
 		delete(b.unfinished, id)
 		return
 	}
 	if b.unfinished == nil {
-		b.unfinished = map[string]string{}
+		b.unfinished = map[string]unfinishedTakeover{}
 	}
-	b.unfinished[id] = previous
+	b.unfinished[id] = u
+}
+
+// PreviousOwnerGone is told that an edge left the membership (its lease
+// expired). The sessions this edge claimed from it without completing the
+// takeover are owned here as far as the coordinator knows, so custody
+// passes them by, and the dead edge's routes go after the grace: until
+// their clients reconnect, nobody would hold them and what is published
+// for them would find no route. They are adopted from the shared store
+// now, as a custodian would, and wait here, queueing, for their clients.
+func (b *Broker) PreviousOwnerGone(edge string) {
+	if b.store == nil || !b.store.Shared() {
+		return
+	}
+	b.sessMu.Lock()
+	var adopt []unfinishedTakeover
+	for id, u := range b.unfinished {
+		if u.previous == edge && b.sessions[id] == nil {
+			adopt = append(adopt, u)
+		}
+	}
+	b.sessMu.Unlock()
+	for _, u := range adopt {
+		b.releases.Add(1)
+		go func() {
+			defer b.releases.Done()
+			ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
+			defer cancel()
+			id := u.scope.ClientID(u.clientID)
+			if err := b.claimShared(ctx, u.scope, u.clientID, u.epoch, edge, false, true, false); err != nil {
+				b.logger.Warn("session of a failed takeover not adopted; it waits in the store for its client", "client_id", id, "previous", edge, "error", err)
+				return
+			}
+			b.logger.Info("session of a failed takeover adopted after its previous owner left", "client_id", id, "previous", edge)
+			b.setUnfinished(id, unfinishedTakeover{})
+		}()
+	}
 }
 
 // claimShared makes this edge the writer of a session in a store every

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -311,4 +312,42 @@ func TestCluster_FencedSessionGivenUp(t *testing.T) {
 			break
 		}
 	}
+}
+
+// TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves: a client that tries
+// another edge while its dead edge's lease still runs makes that edge the
+// session's owner at the coordinator, but the takeover fails and the
+// CONNECT is refused. When the dead edge leaves the membership, the new
+// owner adopts the session from the store, so what is published before
+// the client comes back is queued for it, not acknowledged to nobody once
+// the dead edge's routes are gone.
+func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
+	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
+
+	sub := mqtttest.Dial(t, a.mqtt, 5)
+	sub.Connect("racer", true, sessionProps)
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "race/#", 1).ReasonCodes)
+	publishAcked(t, cc.mqtt, "race/x", []byte("r0"), 10*time.Second)
+	require.Equal(t, []string{"r0"}, receive(t, sub, []string{"r0"}))
+	a.kill()
+	// At once, while edge A's lease runs: edge B claims, cannot reach A,
+	// refuses the CONNECT.
+	early := mqtttest.Dial(t, b.mqtt, 5)
+	require.NotEqual(t, packets.CodeSuccess.Code, early.Connect("racer", false, sessionProps).ReasonCode)
+	_ = early.Conn.Close()
+	// The lease expires, custody passes the session by, A's routes go.
+	time.Sleep(5 * time.Second)
+	want := payloads("r", 1, 6)
+	for _, p := range want {
+		publishAcked(t, cc.mqtt, "race/x", []byte(p), 20*time.Second)
+	}
+	back := connectResumed(t, b.mqtt, "racer", 20*time.Second)
+	// r0 may come again: its PUBACK may not have reached the store.
+	got := slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "r0" })
+	require.Equal(t, want, got, "queued while the client was away, in order")
 }
