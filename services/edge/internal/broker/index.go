@@ -191,10 +191,10 @@ func mergeTarget(last *target, t target) {
 	}
 }
 
-// pickOnline returns the next connected member of the group named name on
-// filter (internal form) other than one of except's, or nil if there is
-// none.
-func (x *index) pickOnline(name, filter string, except *session) *subscription {
+// pickOther returns the next member of the group named name on filter
+// (internal form) other than one of except's, connected if online is set;
+// nil if there is none.
+func (x *index) pickOther(name, filter string, except *session, online bool) *subscription {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	g := x.byKey[name+"\x00"+filter]
@@ -204,7 +204,7 @@ func (x *index) pickOnline(name, filter string, except *session) *subscription {
 	n := uint32(len(g.members))
 	start := g.next.Add(1)
 	for i := range n {
-		if m := g.members[(start+i)%n]; m.sess != except && m.sess.online.Load() {
+		if m := g.members[(start+i)%n]; m.sess != except && (!online || m.sess.online.Load()) {
 			return m
 		}
 	}

@@ -92,7 +92,7 @@ func (b *Broker) redispatch(from *session, d delivery) {
 		return
 	}
 	g := d.group
-	if m := b.index.pickOnline(g.name, g.filter, from); m != nil {
+	if m := b.index.pickOther(g.name, g.filter, from, true); m != nil {
 		b.deliverShared(m, d, "local")
 		return
 	}
@@ -114,17 +114,7 @@ func (b *Broker) redispatch(from *session, d delivery) {
 		}
 	}
 	// Nobody is connected: a persistent member keeps it for when it is.
-	b.index.mu.RLock()
-	var m *subscription
-	if live := b.index.byKey[g.name+"\x00"+g.filter]; live != nil {
-		for _, x := range live.members {
-			if x.sess != from {
-				m = x
-				break
-			}
-		}
-	}
-	b.index.mu.RUnlock()
+	m := b.index.pickOther(g.name, g.filter, from, false)
 	if m == nil {
 		b.m.sharedRedispatch.WithLabelValues("no_member").Inc()
 		b.logger.Warn("shared group message dropped: no other member", "group", g.name, "msg_id", msgIDString(d.msg.ID))
