@@ -33,7 +33,7 @@ vet: ## go vet the whole workspace
 
 .PHONY: test
 test: deps vet ## Install test dependencies, then run every test with the race detector
-	$(GO) test $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) work
+	GO=$(GO) scripts/test.sh $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) work
 
 .PHONY: test-short
 test-short: ## Unit tests only (-short), with the race detector
@@ -59,7 +59,7 @@ images: ## Build the container images locally (FROM scratch, no registry): keel/
 e2e: ## Run the container end-to-end suite (needs a Docker engine; builds images locally)
 	@docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f >/dev/null
 	KEEL_E2E=1 E2E_REQUIRE_DOCKER=1 TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_HOST_OVERRIDE=localhost \
-		$(GO) test -count=1 -timeout 20m ./test/e2e/...
+		GO=$(GO) scripts/test.sh -count=1 -timeout 20m ./test/e2e/...
 	@docker ps -aq --filter label=org.testcontainers=true | xargs -r docker rm -f >/dev/null
 	@docker network prune -f --filter label=org.testcontainers=true >/dev/null
 
