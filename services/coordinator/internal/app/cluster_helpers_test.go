@@ -140,9 +140,13 @@ func (tn *testNode) config() Config {
 	cfg.Raft.DataDir = tn.dir
 	cfg.Raft.BootstrapExpect = tn.expect
 	if tn.opts.fast {
-		cfg.Raft.HeartbeatTimeout = 200 * time.Millisecond
-		cfg.Raft.ElectionTimeout = 200 * time.Millisecond
-		cfg.Raft.LeaderLeaseTimeout = 100 * time.Millisecond
+		// Short enough that failover tests take seconds, long enough that
+		// a leader keeps its lease while a 2-core CI runner with the race
+		// detector runs several clusters at once (at 100 ms leases they
+		// were seen losing and re-electing leaders for tens of seconds).
+		cfg.Raft.HeartbeatTimeout = 400 * time.Millisecond
+		cfg.Raft.ElectionTimeout = 400 * time.Millisecond
+		cfg.Raft.LeaderLeaseTimeout = 200 * time.Millisecond
 		cfg.Raft.CommitTimeout = 5 * time.Millisecond
 		// Snapshot often so that restarts and catch-up go through snapshots.
 		cfg.Raft.SnapshotInterval = 200 * time.Millisecond

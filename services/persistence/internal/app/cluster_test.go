@@ -61,34 +61,70 @@ func h2c() *http.Client {
 	return &http.Client{Transport: &http.Transport{Protocols: &p}}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startCoordinators runs a 3-node keel-coordinator cluster as processes on
-// loopback (fast Raft timeouts, 3 s member leases) and returns the API
-// URLs once a leader answers.
+// loopback (short Raft timeouts, 3 s member leases) and returns the API URLs
+// once a leader answers. A cluster that does not come up (a port taken by
+// another process between choosing and binding it, or no leader under heavy
+// load) is torn down and started again on fresh ports, at most three times.
 func startCoordinators(t *testing.T) []string {
 	t.Helper()
 	if coordBuildErr != nil {
 		t.Fatal(coordBuildErr)
 	}
+	for attempt := 1; ; attempt++ {
+		apis, err := tryStartCoordinators(t)
+		if err == nil {
+			return apis
+		}
+		if attempt == 3 {
+			t.Fatalf("coordinators did not start: %v", err)
+		}
+		t.Logf("coordinator start attempt %d: %v", attempt, err)
+	}
+}
+
+func tryStartCoordinators(t *testing.T) ([]string, error) {
 	const n = 3
 	var gossip, apis []string
 	for range n {
-		gossip = append(gossip, freeAddr(t))
+		gossip = append(gossip, testutil.FreeAddr(t))
 	}
+	type proc struct {
+		cmd    *exec.Cmd
+		log    string
+		exited chan error
+	}
+	var procs []*proc
+	stop := func() {
+		for _, p := range procs {
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.exited
+		}
+		procs = nil
+	}
+	logs := func() string {
+		var b strings.Builder
+		for i, p := range procs {
+			out, _ := os.ReadFile(p.log)
+			fmt.Fprintf(&b, "\ncoordinator c%d log:\n%s", i+1, out)
+		}
+		return b.String()
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs())
+		}
+		stop()
+	})
 	for i := range n {
-		api := freeAddr(t)
+		api := testutil.FreeAddr(t)
 		apis = append(apis, "http://"+api)
 		dir := t.TempDir()
+		// Raft timeouts short enough for failover tests to be quick, long
+		// enough that a leader on a loaded 2-core runner keeps its lease.
 		cmd := exec.Command(coordBin, "--raft.node-id", fmt.Sprintf("c%d", i+1), "--raft.data-dir", dir,
-			"--raft.bind-addr", freeAddr(t), "--raft.bootstrap-expect", "3",
-			"--raft.heartbeat-timeout", "300ms", "--raft.election-timeout", "300ms", "--raft.leader-lease-timeout", "150ms", "--raft.commit-timeout", "5ms",
+			"--raft.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "3",
+			"--raft.heartbeat-timeout", "500ms", "--raft.election-timeout", "500ms", "--raft.leader-lease-timeout", "250ms", "--raft.commit-timeout", "5ms",
 			"--gossip.bind-addr", gossip[i], "--gossip.join", strings.Join(gossip, ","), "--gossip.join-interval", "100ms",
 			"--api.addr", api, "--ops.addr", "", "--lease-ttl", "3s", "--log.level", "warn")
 		log, err := os.Create(filepath.Join(dir, "coordinator.log"))
@@ -96,23 +132,38 @@ func startCoordinators(t *testing.T) []string {
 		cmd.Stdout, cmd.Stderr = log, log
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		require.NoError(t, cmd.Start())
-		t.Cleanup(func() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
-			if t.Failed() {
-				b, _ := os.ReadFile(log.Name())
-				t.Logf("coordinator c%d log:\n%s", i+1, b)
-			}
-		})
+		p := &proc{cmd: cmd, log: log.Name(), exited: make(chan error, 1)}
+		go func() { p.exited <- cmd.Wait(); _ = log.Close() }()
+		procs = append(procs, p)
 	}
-	c := coordinatorv1connect.NewCoordinatorServiceClient(h2c(), apis[0])
-	testutil.Eventually(t, 30*time.Second, func() error {
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		defer cancel()
-		_, err := c.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "probe", Incarnation: 1, GroupId: 99}))
-		return err
-	})
-	return apis
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for i, p := range procs {
+			select {
+			case err := <-p.exited:
+				p.exited <- err // for stop
+				err = fmt.Errorf("coordinator c%d exited: %v%s", i+1, err, logs())
+				stop()
+				return nil, err
+			default:
+			}
+		}
+		for _, api := range apis {
+			c := coordinatorv1connect.NewCoordinatorServiceClient(h2c(), api)
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			_, err := c.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "probe", Incarnation: 1, GroupId: 99}))
+			cancel()
+			if err == nil {
+				return apis, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			err := fmt.Errorf("no leader answered within 30s%s", logs())
+			stop()
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 type instance struct {
