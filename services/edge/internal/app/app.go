@@ -286,6 +286,9 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	if len(chain) == 1 {
 		authn = chain[0]
 	}
+	// A message routed here before a handover arrives at the latest when its
+	// publisher's edge stops waiting for it.
+	cfg.Broker.HandoverMemory = cfg.ForwardTimeout
 	b, err := broker.New(cfg.Broker, authn, logger.With("component", "broker"), e.reg)
 	if err != nil {
 		return nil, err
@@ -410,7 +413,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	rc.SetIncarnation(e.member.Incarnation()) // in case the edge rejoined meanwhile
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
-		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, Logger: e.logger.With("component", "forward")}
+		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, URLs: e.peers, Logger: e.logger.With("component", "forward")}
 	e.peers.OnGone = func(edge string) {
 		e.forwarder.PeerGone(edge)
 		e.broker.PreviousOwnerGone(edge)

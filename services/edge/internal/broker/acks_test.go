@@ -29,6 +29,10 @@ func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey) (func() e
 	return nil, ErrNoMember
 }
 
+func (p *heldPeers) Relay(context.Context, *Message, string, []RelayTarget) (func() error, error) {
+	return nil, errors.New("no relays here")
+}
+
 func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, SharedChoice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

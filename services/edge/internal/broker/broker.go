@@ -58,6 +58,9 @@ type Broker struct {
 	// claim names this edge as the previous owner, but the session is still
 	// there (guarded by sessMu).
 	unfinished map[string]unfinishedTakeover
+	// handed remembers the subscriptions of sessions handed over to other
+	// edges while messages routed here before may still arrive.
+	handed *handedOver
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
@@ -153,6 +156,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		guard:    newGuard(&cfg),
 		sessions: map[string]*session{},
 		wills:    map[string]*pendingWill{},
+		handed:   newHandedOver(cfg.HandoverMemory),
 		done:     make(chan struct{}),
 		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
 	}

@@ -98,6 +98,10 @@ type Peers interface {
 	// ForwardShared hands m to one other edge with members of group, for
 	// that group alone; ErrNoMember when no other edge has one.
 	ForwardShared(ctx context.Context, m *Message, group GroupKey) (wait func() error, err error)
+	// Relay hands m to edge for the given sessions alone: sessions this
+	// edge handed over to it, which m, published before the handover, may
+	// not have reached.
+	Relay(ctx context.Context, m *Message, edge string, to []RelayTarget) (wait func() error, err error)
 }
 
 // ErrNoMember is returned when a shared group has no member to take a

@@ -135,15 +135,15 @@ func TestBroker_TakeOver(t *testing.T) {
 	epoch := s.epoch
 	s.mu.Unlock()
 
-	owned, connected, _, err := b.TakeOver(t.Context(), "default", "x", epoch, false)
+	owned, connected, _, err := b.TakeOver(t.Context(), "default", "x", "other", epoch, false)
 	require.NoError(t, err)
 	require.False(t, owned, "a claim no newer than the session's own is stale")
 	require.False(t, connected)
-	owned, connected, _, _ = b.TakeOver(t.Context(), "default", "nobody", epoch+1, false)
+	owned, connected, _, _ = b.TakeOver(t.Context(), "default", "nobody", "other", epoch+1, false)
 	require.False(t, owned)
 	require.False(t, connected)
 
-	owned, connected, _, _ = b.TakeOver(t.Context(), "default", "x", epoch+1, false)
+	owned, connected, _, _ = b.TakeOver(t.Context(), "default", "x", "other", epoch+1, false)
 	require.True(t, owned)
 	require.True(t, connected)
 	require.Equal(t, packets.ErrSessionTakenOver.Code, c.Expect(packets.Disconnect).ReasonCode)

@@ -44,6 +44,12 @@ type Config struct {
 	AuthBanDuration   time.Duration `yaml:"auth_ban_duration"`
 	ConnectRate       float64       `yaml:"connect_rate"`
 	ConnectBurst      int           `yaml:"connect_burst"`
+	// HandoverMemory is how long the subscriptions of a session handed over
+	// to another edge are remembered, so that a message published before the
+	// handover and arriving after it is refused rather than taken by nobody;
+	// the forward timeout (cluster.forward-timeout) bounds how late one can
+	// arrive. Zero: 30 s.
+	HandoverMemory time.Duration `yaml:"-"`
 }
 
 // Defaults for [Config].

@@ -33,6 +33,7 @@ type metrics struct {
 	acksDeferred     prometheus.Counter
 	duplicatePubs    prometheus.Counter
 	takeovers        prometheus.Counter
+	handoverRelays   *prometheus.CounterVec
 	resumedFromStore prometheus.Counter
 	adoptedSessions  *prometheus.CounterVec
 	drainedSessions  *prometheus.CounterVec // outcome
@@ -115,6 +116,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
+		handoverRelays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_handover_relays_total",
+			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok, error: not taken, the sender tries again).",
+		}, []string{"outcome"}),
 		resumedFromStore: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_resumed_from_store_total", Help: "Persistent sessions resumed from the shared store because no live edge handed them over.",
 		}),
@@ -140,7 +145,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -98,5 +98,10 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	if m.Retain {
 		b.retain(m)
 	}
-	return b.deliverLocal(m, shared)
+	if err := b.deliverLocal(m, shared); err != nil || shared.Only {
+		return err
+	}
+	// Published before a session it matches left this edge: the session's
+	// new owner may not have been routed to.
+	return b.relayHandedOver(ctx, m, nil)
 }

@@ -54,10 +54,10 @@ type session struct {
 	epoch      uint64 // of the ownership claim that bound the session here
 	// moving is set while another edge takes the session over.
 	moving *moving
-	// recent holds the msgIDs queued since the session was taken over from
-	// another edge, until the previous owner's late messages are merged: a
-	// message may arrive by both ways, and is queued once.
-	recent map[MsgID]struct{}
+	// recent holds msgIDs queued since the session was taken over from
+	// another edge: a message may arrive by two ways (directly, and with the
+	// previous owner's late ones or relayed by it), and is queued once.
+	recent *recentIDs
 	// hold, while open, keeps new messages back until the previous owner's
 	// late ones are queued, so the session's order holds.
 	hold       chan struct{}
@@ -131,12 +131,12 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 		s.mu.Unlock()
 		return storeFailed
 	}
-	if s.recent != nil {
-		if _, seen := s.recent[d.msg.ID]; seen {
-			s.mu.Unlock()
-			return enqueued
-		}
-		s.recent[d.msg.ID] = struct{}{}
+	if s.recent != nil && s.recent.seen(d.msg, time.Now()) {
+		s.mu.Unlock()
+		return enqueued
+	}
+	if s.recent != nil && s.recent.expired {
+		s.recent = nil
 	}
 	s.mu.Unlock()
 	cfg := &s.b.cfg

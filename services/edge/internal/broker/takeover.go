@@ -40,6 +40,7 @@ const takeoverGrace = 250 * time.Millisecond
 // moving marks a session that another edge has claimed and is taking over.
 type moving struct {
 	epoch   uint64 // the new owner's
+	to      string // the new owner's edge ID ("" when the caller did not say)
 	fromSeq uint64 // queue entries after this one arrived after TakeoverBegin
 	done    bool   // the late messages were handed over: take no more
 }
@@ -53,7 +54,7 @@ type moving struct {
 // until [Broker.TakeoverEnd]; any other session ends. owned is false when
 // this edge holds no session under an older epoch (a stale request never
 // closes a newer connection).
-func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error) {
+func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error) {
 	sc, err := b.scope(tenant)
 	if err != nil {
 		return false, false, nil, err
@@ -74,7 +75,7 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID string, newEpoch
 	}
 	if persistent && !cleanStart {
 		// From here on the session keeps what it queues apart for End.
-		s.moving = &moving{epoch: newEpoch, fromSeq: s.seq}
+		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}
 	}
 	if !cleanStart {
 		// The session goes on elsewhere: its will is void, and the new
@@ -135,6 +136,9 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	if mv == nil || mv.epoch != newEpoch {
 		return nil, fmt.Errorf("session %s is not moving under epoch %d", clientID, newEpoch)
 	}
+	// The new owner's routes are in place now (it registered them before
+	// calling End): what is published from here on reaches it directly.
+	handover := time.Now()
 	select {
 	case <-time.After(takeoverGrace):
 	case <-ctx.Done():
@@ -156,6 +160,11 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	if err != nil {
 		return nil, err
 	}
+	// Before the session leaves the index: from then on, a message
+	// published before the handover that still arrives here is relayed.
+	if mv.to != "" {
+		b.handed.add(s, handover, mv.to, newEpoch)
+	}
 	b.endSession(id, nil)
 	return out, nil
 }
@@ -175,7 +184,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	b.forgetSession(id)
 	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
 	s.epoch = epoch
-	s.recent = map[MsgID]struct{}{}
+	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
 	s.hold = make(chan struct{})
 	b.sessMu.Lock()
 	b.sessions[id] = s
@@ -255,11 +264,53 @@ func (b *Broker) mergeLate(id string, late []byte) error {
 	return failed
 }
 
+// recentIDs remembers the msgIDs queued for a session taken over from
+// another edge. Until the previous owner's late messages are merged it
+// remembers every one. After that, only a message published before the
+// handover can still come twice (directly, and relayed by the previous
+// owner: handedOver), so only those are remembered, for as long as the
+// previous owner relays.
+type recentIDs struct {
+	ids     map[MsgID]struct{}
+	cutoff  int64     // unix nano; 0: every message counts
+	until   time.Time // zero while every message counts
+	expired bool
+}
+
+// seen reports whether m was queued before, and remembers it if it may come
+// again.
+func (r *recentIDs) seen(m *Message, now time.Time) bool {
+	if !r.until.IsZero() && !now.Before(r.until) {
+		r.expired = true
+		return false
+	}
+	if r.cutoff != 0 && m.Created >= r.cutoff {
+		return false
+	}
+	if _, ok := r.ids[m.ID]; ok {
+		return true
+	}
+	r.ids[m.ID] = struct{}{}
+	return false
+}
+
+// narrow keeps remembering, for memory from now, the messages published
+// before now (plus the clock margin of handedOver).
+func (r *recentIDs) narrow(now time.Time, memory time.Duration) {
+	if r.cutoff != 0 {
+		return
+	}
+	r.cutoff = now.Add(handoverSkew).UnixNano()
+	r.until = now.Add(memory)
+}
+
 // releaseHold lets messages held back during a takeover in.
 func (s *session) releaseHold() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.recent = nil
+	if s.recent != nil {
+		s.recent.narrow(time.Now(), s.b.handed.memory)
+	}
 	if s.hold != nil {
 		close(s.hold)
 		s.hold = nil

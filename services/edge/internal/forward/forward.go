@@ -35,6 +35,22 @@ import (
 // sender's forward span is its parent); otherwise no span.
 type Deliverer interface {
 	DeliverForwarded(ctx context.Context, m *commonv1.Message, shared broker.SharedChoice) error
+	// DeliverRelayed delivers m to the given sessions of this edge alone.
+	DeliverRelayed(ctx context.Context, m *commonv1.Message, to []broker.RelayTarget) error
+}
+
+// relayTargets reads the sessions a relayed message is for.
+func relayTargets(fm *edgev1.ForwardMessage) []broker.RelayTarget {
+	out := make([]broker.RelayTarget, 0, len(fm.GetSessions()))
+	for _, st := range fm.GetSessions() {
+		t := broker.RelayTarget{Tenant: st.GetSession().GetTenant(), ClientID: st.GetSession().GetClientId(), Epoch: st.GetEpoch(),
+			QoS: byte(min(st.GetQos(), 2)), Retain: st.GetRetain()}
+		for _, id := range st.GetSubscriptionIdentifiers() {
+			t.SubIDs = append(t.SubIDs, int(id))
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // sharedChoice reads which shared groups the sender chose this edge for.
@@ -89,6 +105,9 @@ func (s *Server) Handler() (string, http.Handler) {
 // deliver hands one forwarded message to the local edge, in a deliver span
 // that continues the sender's trace when the frame carries one.
 func (s *Server) deliver(ctx context.Context, from string, fm *edgev1.ForwardMessage) error {
+	if len(fm.GetSessions()) > 0 {
+		return s.Deliver.DeliverRelayed(ctx, fm.GetMessage(), relayTargets(fm))
+	}
 	tp := fm.GetTraceparent()
 	if tp == "" || !tracing.Enabled() {
 		return s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm))

@@ -137,6 +137,11 @@ func (c *countingDeliverer) DeliverForwarded(context.Context, *commonv1.Message,
 	return nil
 }
 
+func (c *countingDeliverer) DeliverRelayed(context.Context, *commonv1.Message, []broker.RelayTarget) error {
+	c.n++
+	return nil
+}
+
 // A frame resent after a reconnect is acknowledged again but delivered once:
 // the receiver keeps the highest frame sequence per sending incarnation.
 func TestServer_FramesDeliveredOnce(t *testing.T) {
@@ -208,7 +213,7 @@ func TestServer_RefusesExpiredIncarnations(t *testing.T) {
 // refusingSessions fails the test if a takeover reaches it.
 type refusingSessions struct{ t *testing.T }
 
-func (r refusingSessions) TakeOver(context.Context, string, string, uint64, bool) (bool, bool, []byte, error) {
+func (r refusingSessions) TakeOver(context.Context, string, string, string, uint64, bool) (bool, bool, []byte, error) {
 	r.t.Error("takeover reached the sessions")
 	return false, false, nil, nil
 }
@@ -232,6 +237,10 @@ func (d *failingDeliverer) DeliverForwarded(_ context.Context, m *commonv1.Messa
 	}
 	d.got = append(d.got, m.GetTopic())
 	return nil
+}
+
+func (d *failingDeliverer) DeliverRelayed(ctx context.Context, m *commonv1.Message, _ []broker.RelayTarget) error {
+	return d.DeliverForwarded(ctx, m, broker.SharedChoice{})
 }
 
 // A frame that fails part-way is resent whole, and the messages taken

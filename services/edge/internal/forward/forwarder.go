@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/keelmq/keel/libs/tracing"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -52,6 +53,9 @@ type Forwarder struct {
 	// acknowledged none of it), because peers refuse the old incarnation.
 	Incarnation func() uint64
 	Resolver    Resolver
+	// URLs finds the edges that messages are relayed to (Relay); nil:
+	// this edge relays nothing.
+	URLs URLs
 	// Bound is how long a QoS 1/2 publish waits for its peers before the
 	// publisher is closed without an acknowledgement (DESIGN: PUBLISH).
 	Bound   time.Duration
@@ -239,6 +243,35 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	}
 	done := l.Send(&edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
 		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}, true)
+	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
+}
+
+// Relay implements broker.Peers: m goes to edge for the sessions in to
+// alone. The wait is bounded as Forward's.
+func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, to []broker.RelayTarget) (func() error, error) {
+	if f.URLs == nil {
+		return nil, fmt.Errorf("%w: no way to find edge %s", ErrPeerGone, edge)
+	}
+	url, ok := f.URLs.URL(edge)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not a live member", ErrPeerGone, edge)
+	}
+	bound := f.bound()
+	deadline := time.Now().Add(bound)
+	l, err := f.link(Peer{ID: edge, URL: url})
+	if err != nil {
+		return nil, err
+	}
+	fm := &edgev1.ForwardMessage{Message: m.Proto(), Sessions: make([]*edgev1.SessionTarget, 0, len(to))}
+	for _, t := range to {
+		ids := make([]uint32, len(t.SubIDs))
+		for i, id := range t.SubIDs {
+			ids[i] = uint32(id)
+		}
+		fm.Sessions = append(fm.Sessions, &edgev1.SessionTarget{Session: &commonv1.SessionKey{Tenant: t.Tenant, ClientId: t.ClientID},
+			Epoch: t.Epoch, Qos: uint32(t.QoS), SubscriptionIdentifiers: ids, Retain: t.Retain})
+	}
+	done := l.Send(fm, true)
 	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
 }
 

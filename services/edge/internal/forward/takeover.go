@@ -19,7 +19,7 @@ import (
 
 // SessionHandover is the local side of a takeover: the broker.
 type SessionHandover interface {
-	TakeOver(ctx context.Context, tenant, clientID string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error)
+	TakeOver(ctx context.Context, tenant, clientID, newOwner string, newEpoch uint64, cleanStart bool) (owned, wasConnected bool, state []byte, err error)
 	TakeoverEnd(ctx context.Context, tenant, clientID string, newEpoch uint64) ([]byte, error)
 }
 
@@ -37,7 +37,7 @@ func (s *Server) TakeoverBegin(ctx context.Context, req *connect.Request[edgev1.
 			return nil, err
 		}
 	}
-	owned, connected, state, err := s.Sessions.TakeOver(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewEpoch(), req.Msg.GetCleanStart())
+	owned, connected, state, err := s.Sessions.TakeOver(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewOwnerEdgeId(), req.Msg.GetNewEpoch(), req.Msg.GetCleanStart())
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}

@@ -306,8 +306,9 @@ type ForwardMessage struct {
 	// filters are the non-shared route filters of this edge that matched on the
 	// sender; this edge delivers to every local subscription on them.
 	Filters []string `protobuf:"bytes,2,rep,name=filters,proto3" json:"filters,omitempty"`
-	// sessions are specific sessions to deliver to: a session moving to this edge
-	// (forwarded by its old owner) or held here in custody.
+	// sessions are specific sessions to deliver to, and nobody else here: a
+	// message relayed by the edge that handed these sessions over to this one,
+	// published before the handover and so perhaps never routed here.
 	Sessions []*SessionTarget `protobuf:"bytes,3,rep,name=sessions,proto3" json:"sessions,omitempty"`
 	// shared are shared-subscription groups for which this edge must pick one local
 	// member.
@@ -412,14 +413,18 @@ type SessionTarget struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// session to deliver to.
 	Session *v1.SessionKey `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
-	// epoch the sender believes the session has here; a mismatch is refused.
+	// epoch the session was handed over under; a session held here under an
+	// older one is not the one meant.
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// qos of the delivery (the minimum of message and subscription QoS).
 	Qos uint32 `protobuf:"varint,3,opt,name=qos,proto3" json:"qos,omitempty"`
 	// subscription_identifiers to send with the PUBLISH (MQTT 5).
 	SubscriptionIdentifiers []uint32 `protobuf:"varint,4,rep,packed,name=subscription_identifiers,json=subscriptionIdentifiers,proto3" json:"subscription_identifiers,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// retain is the RETAIN flag of the delivery (the message's, kept only for a
+	// Retain As Published subscription).
+	Retain        bool `protobuf:"varint,5,opt,name=retain,proto3" json:"retain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionTarget) Reset() {
@@ -478,6 +483,13 @@ func (x *SessionTarget) GetSubscriptionIdentifiers() []uint32 {
 		return x.SubscriptionIdentifiers
 	}
 	return nil
+}
+
+func (x *SessionTarget) GetRetain() bool {
+	if x != nil {
+		return x.Retain
+	}
+	return false
 }
 
 // SharedTarget is a delivery to one member of a shared-subscription group.
@@ -1677,12 +1689,13 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\rshared_chosen\x18\x05 \x01(\bR\fsharedChosen\x12 \n" +
 	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x12\x1f\n" +
 	"\vshared_only\x18\a \x01(\bR\n" +
-	"sharedOnly\"\xa8\x01\n" +
+	"sharedOnly\"\xc0\x01\n" +
 	"\rSessionTarget\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03qos\x18\x03 \x01(\rR\x03qos\x129\n" +
-	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\"T\n" +
+	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\x12\x16\n" +
+	"\x06retain\x18\x05 \x01(\bR\x06retain\"T\n" +
 	"\fSharedTarget\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x16\n" +

@@ -1,0 +1,279 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/keelmq/keel/libs/topic"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+)
+
+// handoverSkew is how far apart the clocks of two edges may be for a
+// message published before a handover to be told from one published after
+// it by its ingress time. Nodes synchronised by NTP are milliseconds apart;
+// a message on the wrong side of the margin is relayed, and the new owner
+// drops the copy it has already.
+const handoverSkew = 100 * time.Millisecond
+
+// defaultHandoverMemory is how long a handed-over session's subscriptions are
+// remembered when Config.HandoverMemory is not set: the default bound of a
+// forwarded publish.
+const defaultHandoverMemory = 30 * time.Second
+
+// handedOver remembers the subscriptions of the persistent sessions this
+// edge handed over to other edges (TakeoverEnd), for as long as a message
+// routed here before the new owner's routes were in place may still arrive:
+// a frame that sat behind slow store writes on a link, for example. Such a
+// message matches nothing here any more, while the new owner, not yet routed
+// to when it was published, may never have got it: taken here, it would be
+// an acknowledged message lost. It is relayed to the new owner instead, for
+// the handed-over sessions alone, and counts as taken once the new owner
+// took it (DESIGN: takeover; the old owner forwards to the new one). The
+// new owner drops a relayed copy of a message it already queued (by msgID).
+//
+// Only messages that entered the cluster before the handover (by their
+// ingress edge's clock, plus handoverSkew) are relayed: one published after
+// it was routed with the new owner's routes in place. A publisher's edge
+// stops waiting for a message after the forward timeout, so after that
+// nothing published before the handover can arrive any more and the entry
+// goes.
+type handedOver struct {
+	memory time.Duration
+
+	mu      sync.Mutex
+	subs    topic.Trie[*handedSub] // guarded by mu
+	entries []*handedSub           // in the order added, so by expiry; guarded by mu
+	// latest is the latest cutoff of a remembered entry (unix nano), 0
+	// when none is: a message that entered after it is not looked up.
+	latest atomic.Int64
+}
+
+// handedSub is one subscription of a handed-over session.
+type handedSub struct {
+	filter  string // internal form
+	session string // internal client ID
+	target  RelayTarget
+	to      string // the edge the session went to
+	noLocal bool
+	rap     bool
+	cutoff  int64 // unix nano: a message that entered before it is relayed
+	expires time.Time
+}
+
+// RelayTarget is one session on another edge that a relayed message is for.
+type RelayTarget struct {
+	Tenant   string
+	ClientID string // in the tenant's outside form
+	// Epoch is the one the session was handed over under.
+	Epoch  uint64
+	QoS    byte
+	Retain bool
+	SubIDs []int
+}
+
+func newHandedOver(memory time.Duration) *handedOver {
+	if memory <= 0 {
+		memory = defaultHandoverMemory
+	}
+	return &handedOver{memory: memory}
+}
+
+// add remembers the non-shared subscriptions of s, handed over at at to
+// edge to under epoch. A shared subscription is left out: a group's
+// messages go to the edges where it has members, and one arriving for a
+// member that left is dispatched to another member (shared.go).
+func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
+	cutoff := at.Add(handoverSkew).UnixNano()
+	expires := at.Add(h.memory)
+	tenant := s.scope.Tenant()
+	clientID, _ := s.scope.ExternalClientID(s.id)
+	s.mu.Lock()
+	var subs []*handedSub
+	for _, x := range s.subs {
+		if x.group == nil {
+			subs = append(subs, &handedSub{filter: x.filter, session: s.id, to: to, noLocal: x.noLocal, rap: x.rap,
+				target: RelayTarget{Tenant: tenant, ClientID: clientID, Epoch: epoch, QoS: x.qos, SubIDs: x.ids},
+				cutoff: cutoff, expires: expires})
+		}
+	}
+	s.mu.Unlock()
+	if len(subs) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pruneLocked(at)
+	for _, e := range subs {
+		h.subs.Add(e.filter, e)
+		h.entries = append(h.entries, e)
+	}
+	if cutoff > h.latest.Load() {
+		h.latest.Store(cutoff)
+	}
+}
+
+// relay is the sessions of one edge a message is relayed to.
+type relay struct {
+	to      string
+	targets []RelayTarget
+}
+
+// relays returns, by new owner, the handed-over sessions that m must be
+// relayed to: it entered the cluster before they were handed over and
+// matches their subscriptions (one delivery per session, at the highest
+// QoS of its matching subscriptions, with all their identifiers, as the
+// index merges). only, when not nil, limits them to those sessions. QoS 0
+// is best effort and never relayed.
+func (h *handedOver) relays(m *Message, now time.Time, only func(session string) bool) []relay {
+	if m.QoS == 0 || m.Created >= h.latest.Load() {
+		return nil // the common case: no handover, or a message newer than every one
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pruneLocked(now)
+	var out []relay
+	h.subs.Match(m.Topic, func(e *handedSub) bool {
+		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || only != nil && !only(e.session) {
+			return true
+		}
+		t := e.target
+		t.QoS = min(t.QoS, m.QoS)
+		t.Retain = m.Retain && e.rap
+		i := slices.IndexFunc(out, func(r relay) bool { return r.to == e.to })
+		if i < 0 {
+			out = append(out, relay{to: e.to})
+			i = len(out) - 1
+		}
+		r := &out[i]
+		j := slices.IndexFunc(r.targets, func(x RelayTarget) bool { return x.Tenant == t.Tenant && x.ClientID == t.ClientID })
+		if j < 0 {
+			r.targets = append(r.targets, t)
+			return true
+		}
+		x := &r.targets[j]
+		x.QoS = max(x.QoS, t.QoS)
+		x.Retain = x.Retain || t.Retain
+		x.SubIDs = append(slices.Clip(x.SubIDs), t.SubIDs...)
+		return true
+	})
+	return out
+}
+
+// pruneLocked forgets the entries expired at now. h.mu must be held.
+func (h *handedOver) pruneLocked(now time.Time) {
+	n := 0
+	for n < len(h.entries) && !now.Before(h.entries[n].expires) {
+		h.subs.Remove(h.entries[n].filter, h.entries[n])
+		h.entries[n] = nil
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	h.entries = h.entries[n:]
+	if len(h.entries) == 0 {
+		h.entries = nil
+		h.latest.Store(0)
+	}
+}
+
+// errNoRelay is returned when a message must be relayed to a handed-over
+// session but this edge has no peers to relay through.
+var errNoRelay = errors.New("message for a handed-over session, and no link to its new owner")
+
+// relayHandedOver relays m to the sessions it must reach that this edge
+// handed over (see handedOver), and returns once their new owners took it.
+// only limits the sessions, as for handedOver.relays.
+func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(session string) bool) error {
+	rs := b.handed.relays(m, time.Now(), only)
+	if len(rs) == 0 {
+		return nil
+	}
+	if b.cluster.Peers == nil {
+		b.m.handoverRelays.WithLabelValues("error").Inc()
+		return errNoRelay
+	}
+	waits := make([]func() error, 0, len(rs))
+	var failed error
+	for _, r := range rs {
+		wait, err := b.cluster.Peers.Relay(ctx, m, r.to, r.targets)
+		if err != nil {
+			failed = errors.Join(failed, fmt.Errorf("relay to %s: %w", r.to, err))
+			continue
+		}
+		waits = append(waits, wait)
+	}
+	for _, wait := range waits {
+		if err := wait(); err != nil {
+			failed = errors.Join(failed, err)
+		}
+	}
+	if failed != nil {
+		b.m.handoverRelays.WithLabelValues("error").Inc()
+		b.logger.Warn("message for a handed-over session not relayed to its new owner; not taken", "topic", m.Topic, "error", failed)
+		return failed
+	}
+	b.m.handoverRelays.WithLabelValues("ok").Inc()
+	b.logger.Debug("message published before a handover relayed to the new owner", "topic", m.Topic, "edges", len(rs))
+	return nil
+}
+
+// DeliverRelayed takes a message relayed by the edge that handed the target
+// sessions over to this one: it goes to them alone, and a session that has
+// the message already (it reached this edge directly too) does not get it
+// twice. A session that moved on from here meanwhile gets it relayed again;
+// one that ended here gets nothing.
+func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targets []RelayTarget) error {
+	m, err := b.fromProto(pm)
+	if err != nil {
+		return err
+	}
+	var failed error
+	var movedOn map[string]bool
+	for _, t := range targets {
+		sc, err := b.scope(t.Tenant)
+		if err != nil || t.Tenant != pm.GetTenant() {
+			return fmt.Errorf("relayed message: session of tenant %q for a message of tenant %q", t.Tenant, pm.GetTenant())
+		}
+		id := sc.ClientID(t.ClientID)
+		s := b.session(id)
+		if s == nil {
+			if movedOn == nil {
+				movedOn = map[string]bool{}
+			}
+			movedOn[id] = true
+			continue
+		}
+		s.mu.Lock()
+		older := s.epoch < t.Epoch
+		s.mu.Unlock()
+		if older {
+			// The handover under t.Epoch has not reached this edge's copy:
+			// not the session meant; the sender tries again.
+			failed = fmt.Errorf("relayed message for session %s under epoch %d, held here under an older one", t.ClientID, t.Epoch)
+			continue
+		}
+		switch s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs}) {
+		case storeFailed:
+			b.m.dropped.WithLabelValues("store_failed").Inc()
+			failed = errStoreFailed
+		case droppedOverflow:
+			b.m.dropped.WithLabelValues("offline_queue_full").Inc()
+		case droppedOffline:
+			b.m.dropped.WithLabelValues("session_gone").Inc()
+		}
+	}
+	if failed != nil {
+		return failed
+	}
+	if movedOn != nil {
+		return b.relayHandedOver(ctx, m, func(session string) bool { return movedOn[session] })
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+	"github.com/keelmq/keel/services/edge/internal/tenancy"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+)
+
+// relayingPeers records the relays asked of it and answers them with err.
+type relayingPeers struct {
+	mu     sync.Mutex
+	relays []relayCall
+	err    error
+}
+
+type relayCall struct {
+	edge    string
+	topic   string
+	targets []RelayTarget
+}
+
+func (p *relayingPeers) Forward(context.Context, *Message) (func() error, SharedChoice, error) {
+	return nil, SharedChoice{}, nil
+}
+
+func (p *relayingPeers) ForwardShared(context.Context, *Message, GroupKey) (func() error, error) {
+	return nil, ErrNoMember
+}
+
+func (p *relayingPeers) Relay(_ context.Context, m *Message, edge string, to []RelayTarget) (func() error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.relays = append(p.relays, relayCall{edge: edge, topic: m.Topic, targets: to})
+	err := p.err
+	return func() error { return err }, nil
+}
+
+func (p *relayingPeers) calls() []relayCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.relays)
+}
+
+// waitBound waits until the client's session is bound here and returns its
+// epoch.
+func waitBound(t *testing.T, b *Broker, id string) uint64 {
+	t.Helper()
+	var epoch uint64
+	require.Eventually(t, func() bool {
+		s := b.session(id)
+		if s == nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		epoch = s.epoch
+		return s.client != nil
+	}, 5*time.Second, time.Millisecond)
+	return epoch
+}
+
+func forwardedMsg(seq uint64, topic string, qos uint32, published time.Time) *commonv1.Message {
+	return &commonv1.Message{Id: &commonv1.MsgID{EdgeId: "other", Incarnation: 1, Seq: seq}, Tenant: "default",
+		Topic: topic, Qos: qos, Payload: []byte(topic), IngressUnixNano: published.UnixNano()}
+}
+
+// A persistent session handed over to another edge (TakeOver, then
+// TakeoverEnd) leaves its subscriptions behind for a while: a forwarded
+// QoS 1/2 message on them that was published before the handover is
+// relayed to the new owner for that session alone (and counts as taken only
+// once the new owner took it), besides going to the local subscribers as
+// usual; one published after the handover, a QoS 0 one, and one on another
+// topic are not relayed.
+func TestBroker_HandedOverSessionRelaysEarlierMessages(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	mover := mqtttest.Dial(t, addr, 5)
+	mover.Connect("mover", false, persistentProps)
+	mover.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Properties: packets.Properties{SubscriptionIdentifier: []int{7}}, Filters: packets.Subscriptions{{Filter: "a/#", Qos: 1, RetainAsPublished: true}}})
+	mover.Expect(packets.Suback)
+	mover.Subscribe(2, "a/only-qos0", 0)
+	stayer := mqtttest.Dial(t, addr, 5)
+	stayer.Connect("stayer", true, packets.Properties{})
+	stayer.Subscribe(1, "a/#", 1)
+
+	epoch := waitBound(t, b, b.mustScope(t, "default").ClientID("mover"))
+	before := time.Now().Add(-time.Second)
+	owned, _, _, err := b.TakeOver(t.Context(), "default", "mover", "edge-new", epoch+1, false)
+	require.NoError(t, err)
+	require.True(t, owned)
+	require.Equal(t, packets.ErrSessionTakenOver.Code, mover.Expect(packets.Disconnect).ReasonCode)
+	_, err = b.TakeoverEnd(t.Context(), "default", "mover", epoch+1)
+	require.NoError(t, err)
+	require.Nil(t, b.session(b.mustScope(t, "default").ClientID("mover")), "the session left this edge")
+
+	old := forwardedMsg(1, "a/b", 1, before)
+	old.Retain = true
+	require.NoError(t, b.DeliverForwarded(t.Context(), old, SharedChoice{}))
+	require.Equal(t, "a/b", stayer.Expect(packets.Publish).TopicName, "local subscribers get it as usual")
+	require.Equal(t, []relayCall{{edge: "edge-new", topic: "default/a/b", targets: []RelayTarget{
+		{Tenant: "default", ClientID: "mover", Epoch: epoch + 1, QoS: 1, Retain: true, SubIDs: []int{7}}}}}, peers.calls())
+	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.handoverRelays.WithLabelValues("ok")))
+
+	// QoS 0, a newer message and another topic: not relayed.
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(2, "a/c", 0, before), SharedChoice{}))
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(3, "a/d", 1, time.Now().Add(time.Second)), SharedChoice{}))
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(4, "z", 1, before), SharedChoice{}))
+	require.Len(t, peers.calls(), 1)
+
+	// A relay the new owner did not take leaves the message not taken here.
+	peers.mu.Lock()
+	peers.err = errors.New("new owner unreachable")
+	peers.mu.Unlock()
+	require.Error(t, b.DeliverForwarded(t.Context(), forwardedMsg(5, "a/e", 2, before), SharedChoice{}))
+	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.handoverRelays.WithLabelValues("error")))
+}
+
+// A relayed message goes to its target sessions alone, once even when it
+// reached the session directly as well; one for a session that is not here
+// is taken with nothing to do.
+func TestBroker_DeliverRelayed(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	target := mqtttest.Dial(t, addr, 5)
+	target.Connect("target", false, persistentProps)
+	target.Subscribe(1, "a/#", 1)
+	other := mqtttest.Dial(t, addr, 5)
+	other.Connect("other", true, packets.Properties{})
+	other.Subscribe(1, "a/#", 1)
+	id := b.mustScope(t, "default").ClientID("target")
+	epoch := waitBound(t, b, id)
+	// As after a takeover: messages published before it are remembered.
+	s := b.session(id)
+	s.mu.Lock()
+	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
+	s.recent.narrow(time.Now(), time.Minute)
+	s.mu.Unlock()
+
+	early := forwardedMsg(1, "a/b", 1, time.Now().Add(-time.Second))
+	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
+	require.NoError(t, b.DeliverForwarded(t.Context(), early, SharedChoice{}))
+	target.Expect(packets.Publish)
+	other.Expect(packets.Publish)
+	require.NoError(t, b.DeliverRelayed(t.Context(), early, to))
+	_, err := target.Read(200 * time.Millisecond)
+	require.Error(t, err, "the relayed copy of a message the session has is dropped")
+
+	relayed := forwardedMsg(2, "a/c", 1, time.Now().Add(-time.Second))
+	require.NoError(t, b.DeliverRelayed(t.Context(), relayed, to))
+	require.Equal(t, "a/c", target.Expect(packets.Publish).TopicName)
+	_, err = other.Read(200 * time.Millisecond)
+	require.Error(t, err, "a relayed message is for its target sessions alone")
+
+	require.NoError(t, b.DeliverRelayed(t.Context(), forwardedMsg(3, "a/d", 1, time.Now()),
+		[]RelayTarget{{Tenant: "default", ClientID: "gone", Epoch: 1, QoS: 1}}))
+	require.Error(t, b.DeliverRelayed(t.Context(), forwardedMsg(4, "a/e", 1, time.Now()),
+		[]RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch + 1, QoS: 1}}), "a copy under an older epoch is not the session meant")
+}
+
+// The memory of a handed-over session lasts as long as a publish routed
+// before the handover can still arrive, and honours No Local.
+func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
+	t.Parallel()
+	h := newHandedOver(time.Minute)
+	at := time.Now()
+	sc, err := tenancy.NewScope("t")
+	require.NoError(t, err)
+	s := &session{id: sc.ClientID("c"), scope: sc, subs: map[string]*subscription{
+		"a": {filter: sc.Topic("a/#"), qos: 2},
+		"n": {filter: sc.Topic("n"), qos: 1, noLocal: true},
+		"g": {filter: sc.Topic("g"), qos: 1, group: &shareGroup{name: "g"}},
+	}}
+	h.add(s, at, "edge-2", 9)
+	old := at.Add(-time.Millisecond).UnixNano()
+	msg := func(topic string, created int64, origin string) *Message {
+		return &Message{Topic: sc.Topic(topic), QoS: 1, Created: created, Origin: origin}
+	}
+	want := []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 9, QoS: 1}}}}
+	require.Equal(t, want, h.relays(msg("a/b", old, ""), at, nil))
+	require.Equal(t, want, h.relays(msg("a/b", at.Add(handoverSkew/2).UnixNano(), ""), at, nil), "within the clock margin")
+	require.Empty(t, h.relays(msg("a/b", at.Add(handoverSkew).UnixNano(), ""), at, nil))
+	require.Equal(t, want, h.relays(msg("n", old, sc.ClientID("other")), at, nil))
+	require.Empty(t, h.relays(msg("n", old, sc.ClientID("c")), at, nil), "the session's own message is not for it (No Local)")
+	require.Empty(t, h.relays(msg("g", old, ""), at, nil), "shared subscriptions are not remembered")
+	require.Empty(t, h.relays(&Message{Topic: "other/a/b", QoS: 1, Created: old}, at, nil), "another tenant's topic")
+	require.Empty(t, h.relays(msg("a/b", old, ""), at, func(string) bool { return false }))
+
+	require.Empty(t, h.relays(msg("a/b", old, ""), at.Add(time.Minute), nil), "forgotten once no publish from before can arrive")
+	require.Zero(t, h.latest.Load())
+	require.Empty(t, h.entries)
+	require.Zero(t, h.subs.Len())
+}
+
+// After a takeover, a session remembers only messages published before it,
+// and only for as long as they can be relayed.
+func TestRecentIDs(t *testing.T) {
+	t.Parallel()
+	r := &recentIDs{ids: map[MsgID]struct{}{}}
+	now := time.Now()
+	m := func(seq uint64, created time.Time) *Message {
+		return &Message{ID: MsgID{Edge: "e", Seq: seq}, Created: created.UnixNano()}
+	}
+	require.False(t, r.seen(m(1, now.Add(time.Hour)), now), "during the hold every message counts")
+	require.True(t, r.seen(m(1, now.Add(time.Hour)), now))
+	r.narrow(now, time.Minute)
+	require.False(t, r.seen(m(2, now.Add(time.Second)), now))
+	require.False(t, r.seen(m(2, now.Add(time.Second)), now), "a message published after the takeover is not remembered")
+	require.False(t, r.seen(m(3, now), now))
+	require.True(t, r.seen(m(3, now), now))
+	require.False(t, r.seen(m(3, now), now.Add(time.Minute)))
+	require.True(t, r.expired)
+}
