@@ -29,12 +29,6 @@ import (
 // before the PUBACK, so the promoted replica has them.
 func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
 	needDocker(t)
-	knownBug(t, `invariant 1: after the Redis primary is killed, edge 3 drops its persistent subscribers' connections `+
-		`("message not stored for a persistent session ... persistence unavailable"); they resume their sessions on edge 1 ~3 s `+
-		`after the kill, and the QoS 1 messages acknowledged to the publishers during that takeover (2.7-3.5 s after the kill, `+
-		`57-154 per subscriber, 4 of 4 runs) never reach them, while the sessions that were offline throughout get everything. `+
-		`One more run stalled instead: the edge that lost a racing takeover kept the session, failing each write with FENCED and `+
-		`each forward with "message not taken" (see TestE2E_Cluster_RollingRestart)`)
 	k := startCluster(t, haConfig(0))
 	requireHAReady(t, k)
 	picker := newEdgePicker(k)

@@ -322,3 +322,81 @@ func TestForward_NewLinkAfterPeerCameBack(t *testing.T) {
 	got := sub.Expect(packets.Publish)
 	require.Equal(t, "after", string(got.Payload), "delivered, not taken for a resend")
 }
+
+// blockingDeliverer holds every delivery until release is closed.
+type blockingDeliverer struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (d *blockingDeliverer) DeliverForwarded(context.Context, *commonv1.Message, broker.SharedChoice) error {
+	d.started <- struct{}{}
+	<-d.release
+	return nil
+}
+
+func (d *blockingDeliverer) DeliverRelayed(context.Context, *commonv1.Message, []broker.RelayTarget) error {
+	return nil
+}
+
+// CaughtUp waits while a stream handles a message published before the
+// given time, and returns once it handled it and waits for more frames; a
+// stream that handled a newer message counts as caught up at once.
+func TestServer_CaughtUp(t *testing.T) {
+	t.Parallel()
+	d := &blockingDeliverer{started: make(chan struct{}, 1), release: make(chan struct{})}
+	srv := &Server{Deliver: d}
+	require.NoError(t, srv.CaughtUp(t.Context(), time.Now().UnixNano()), "no stream: nothing on its way")
+	ts := serveAPI(t, srv)
+	since := time.Now()
+	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
+	st := l.client.Forward(t.Context())
+	t.Cleanup(func() { _ = st.CloseRequest(); _ = st.CloseResponse() })
+	require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1, Messages: []*edgev1.ForwardMessage{
+		{Message: &commonv1.Message{Tenant: "acme", Topic: "t", Qos: 1, IngressUnixNano: since.Add(-time.Second).UnixNano()}}}}))
+	<-d.started
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	require.ErrorIs(t, srv.CaughtUp(ctx, since.UnixNano()), context.DeadlineExceeded, "an older message is being handled")
+	cancel()
+	close(d.release)
+	_, err := st.Receive()
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, srv.CaughtUp(t.Context(), since.UnixNano()))
+	require.GreaterOrEqual(t, time.Since(start), caughtUpQuiet/2, "a stream counts as caught up once it waited a moment")
+
+	require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 2, Messages: []*edgev1.ForwardMessage{
+		{Message: &commonv1.Message{Tenant: "acme", Topic: "t", Qos: 1, IngressUnixNano: since.Add(time.Second).UnixNano()}}}}))
+	<-d.started
+	_, err = st.Receive()
+	require.NoError(t, err)
+	ctx, cancel = context.WithTimeout(t.Context(), caughtUpQuiet/2)
+	defer cancel()
+	require.NoError(t, srv.CaughtUp(ctx, since.UnixNano()), "a stream that handled a newer message is caught up")
+}
+
+// A sender whose frame was not taken resends it: until a later frame of it
+// is taken, messages from before may still come.
+func TestServer_CaughtUpAwaitsResends(t *testing.T) {
+	t.Parallel()
+	srv := &Server{Deliver: &failingDeliverer{failAt: 1}}
+	ts := serveAPI(t, srv)
+	since := time.Now()
+	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1, Messages: []*edgev1.ForwardMessage{
+		{Message: &commonv1.Message{Tenant: "acme", Topic: "t", Qos: 1, IngressUnixNano: since.Add(-time.Second).UnixNano()}}}}
+	send := func() error {
+		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
+		st := l.client.Forward(t.Context())
+		defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+		require.NoError(t, st.Send(frame))
+		_, err := st.Receive()
+		return err
+	}
+	require.Error(t, send(), "not taken")
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, srv.CaughtUp(ctx, since.UnixNano()), context.DeadlineExceeded, "the refused frame comes again")
+	require.NoError(t, send(), "taken when resent")
+	require.NoError(t, srv.CaughtUp(t.Context(), since.UnixNano()))
+}
