@@ -60,10 +60,10 @@ type session struct {
 	recent *recentIDs
 	// hold, while open, keeps new messages back until the previous owner's
 	// late ones are queued, so the session's order holds.
-	hold       chan struct{}
+	hold chan struct{}
 	// merged, while open, keeps relayed messages back until the previous
 	// owner's late ones are queued.
-	merged chan struct{}
+	merged     chan struct{}
 	queue      ring
 	queueBytes int
 	writing    bool
