@@ -419,12 +419,11 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 		e.broker.PreviousOwnerGone(edge)
 	}
 	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: e.member.Incarnation, Peers: e.peers}
-	inbound := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
-		Logger: e.logger.With("component", "edge-api")}
 	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
-		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}, Inbound: inbound})
+		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})
 
-	srv := &edgeAPI{Server: inbound, Kicker: e.broker, Kicks: kickCounter(e.reg), Life: e}
+	srv := &edgeAPI{Server: &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
+		Logger: e.logger.With("component", "edge-api")}, Kicker: e.broker, Kicks: kickCounter(e.reg), Life: e}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}

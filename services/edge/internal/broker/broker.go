@@ -228,9 +228,6 @@ func (b *Broker) SetCluster(c Cluster) {
 	if c.Peers != nil {
 		b.cluster.Peers = c.Peers
 	}
-	if c.Inbound != nil {
-		b.cluster.Inbound = c.Inbound
-	}
 }
 
 // AddListener adds a listener. Connections that do not complete CONNECT

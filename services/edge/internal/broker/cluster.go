@@ -135,16 +135,6 @@ type Cluster struct {
 	Peers     Peers
 	Takeover  Takeover
 	Custody   Custody
-	Inbound   Inbound
-}
-
-// Inbound is what this edge knows of the messages other edges are sending
-// it.
-type Inbound interface {
-	// CaughtUp returns once no message that entered the cluster before
-	// since (unix nano) is on its way here any more, as far as the links
-	// tell, or with ctx's error.
-	CaughtUp(ctx context.Context, since int64) error
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs

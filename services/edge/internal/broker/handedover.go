@@ -183,50 +183,6 @@ func (h *handedOver) pruneLocked(now time.Time) {
 	}
 }
 
-// Relays end with a marker, so that the new owner delivers what it gets
-// directly only after what was published before: a message relayed late
-// would otherwise reach the client after newer ones of its publisher.
-const (
-	// relayEndWait bounds how long the previous owner waits for the
-	// messages published before a handover to reach it before it tells the
-	// new owner it relays no more.
-	relayEndWait = 2 * time.Second
-	// relayEndTimeout is how long the new owner holds a taken-over
-	// session's direct deliveries back waiting for that word (a previous
-	// owner that died sends none).
-	relayEndTimeout = relayEndWait + time.Second
-)
-
-// endRelays tells edge to, once no message published before the handover
-// at is on its way here any more (or after relayEndWait), that nothing
-// more is relayed for the session t. It runs in the background: the
-// takeover does not wait for it.
-func (b *Broker) endRelays(edge string, t RelayTarget, at time.Time) {
-	if b.cluster.Peers == nil {
-		return
-	}
-	b.releases.Add(1)
-	go func() {
-		defer b.releases.Done()
-		ctx, cancel := context.WithTimeout(b.stopped, relayEndWait)
-		if in := b.cluster.Inbound; in != nil {
-			// Past the wait the marker goes anyway: what is relayed after
-			// it is still delivered, only perhaps out of order.
-			_ = in.CaughtUp(ctx, at.Add(handoverSkew).UnixNano())
-		}
-		cancel()
-		ctx, cancel = context.WithTimeout(b.stopped, relayEndTimeout)
-		defer cancel()
-		wait, err := b.cluster.Peers.Relay(ctx, nil, edge, []RelayTarget{t})
-		if err == nil {
-			err = wait()
-		}
-		if err != nil {
-			b.logger.Debug("end of relays not told to the new owner; it waits out its timeout", "client_id", t.ClientID, "edge", edge, "error", err)
-		}
-	}()
-}
-
 // errNoRelay is returned when a message must be relayed to a handed-over
 // session but this edge has no peers to relay through.
 var errNoRelay = errors.New("message for a handed-over session, and no link to its new owner")
@@ -274,19 +230,6 @@ func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(sess
 // twice. A session that moved on from here meanwhile gets it relayed again;
 // one that ended here gets nothing.
 func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targets []RelayTarget) error {
-	if pm == nil {
-		// The previous owner relays nothing more for targets: what waits
-		// for them here comes in now.
-		for _, t := range targets {
-			if sc, err := b.scope(t.Tenant); err == nil {
-				if s := b.session(sc.ClientID(t.ClientID)); s != nil && s.epochIs(t.Epoch) {
-					s.waitMerged()
-					s.releaseHold()
-				}
-			}
-		}
-		return nil
-	}
 	m, err := b.fromProto(pm)
 	if err != nil {
 		return err
@@ -316,11 +259,7 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 			failed = fmt.Errorf("relayed message for session %s under epoch %d, held here under an older one", t.ClientID, t.Epoch)
 			continue
 		}
-		// The previous owner's late messages, older still, go first. Direct
-		// deliveries wait for the end of the relays instead (hold): this
-		// one is older than those.
-		s.waitMerged()
-		switch s.enqueueNow(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs}) {
+		switch s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs}) {
 		case storeFailed:
 			b.m.dropped.WithLabelValues("store_failed").Inc()
 			failed = errStoreFailed

@@ -20,10 +20,9 @@ import (
 
 // relayingPeers records the relays asked of it and answers them with err.
 type relayingPeers struct {
-	mu      sync.Mutex
-	relays  []relayCall
-	markers []relayCall // the ends of relays (no message)
-	err     error
+	mu     sync.Mutex
+	relays []relayCall
+	err    error
 }
 
 type relayCall struct {
@@ -43,10 +42,6 @@ func (p *relayingPeers) ForwardShared(context.Context, *Message, GroupKey) (func
 func (p *relayingPeers) Relay(_ context.Context, m *Message, edge string, to []RelayTarget) (func() error, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if m == nil {
-		p.markers = append(p.markers, relayCall{edge: edge, targets: to})
-		return func() error { return nil }, nil
-	}
 	p.relays = append(p.relays, relayCall{edge: edge, topic: m.Topic, targets: to})
 	err := p.err
 	return func() error { return err }, nil
@@ -113,14 +108,6 @@ func TestBroker_HandedOverSessionRelaysEarlierMessages(t *testing.T) {
 	_, err = b.TakeoverEnd(t.Context(), "default", "mover", epoch+1)
 	require.NoError(t, err)
 	require.Nil(t, b.session(b.mustScope(t, "default").ClientID("mover")), "the session left this edge")
-	// With no forward stream to wait for, the end of the relays is told at
-	// once.
-	require.Eventually(t, func() bool {
-		peers.mu.Lock()
-		defer peers.mu.Unlock()
-		return len(peers.markers) == 1
-	}, 5*time.Second, time.Millisecond)
-	require.Equal(t, relayCall{edge: "edge-new", targets: []RelayTarget{{Tenant: "default", ClientID: "mover", Epoch: epoch + 1}}}, peers.markers[0])
 
 	old := forwardedMsg(1, "a/b", 1, before)
 	old.Retain = true
@@ -185,48 +172,6 @@ func TestBroker_DeliverRelayed(t *testing.T) {
 		[]RelayTarget{{Tenant: "default", ClientID: "gone", Epoch: 1, QoS: 1}}))
 	require.Error(t, b.DeliverRelayed(t.Context(), forwardedMsg(4, "a/e", 1, time.Now()),
 		[]RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch + 1, QoS: 1}}), "a copy under an older epoch is not the session meant")
-}
-
-// After a takeover, what reaches the session directly waits until the
-// previous owner said it relays no more, so that what it relays (published
-// earlier) reaches the client first.
-func TestBroker_RelayedBeforeHeldDirect(t *testing.T) {
-	t.Parallel()
-	b, addr, stop := openDurable(t, t.TempDir())
-	t.Cleanup(stop)
-	target := mqtttest.Dial(t, addr, 5)
-	target.Connect("target", false, persistentProps)
-	target.Subscribe(1, "a/#", 1)
-	id := b.mustScope(t, "default").ClientID("target")
-	epoch := waitBound(t, b, id)
-	// As after a takeover whose late messages are merged.
-	s := b.session(id)
-	s.mu.Lock()
-	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
-	s.hold = make(chan struct{})
-	s.mu.Unlock()
-
-	direct := make(chan error, 1)
-	go func() {
-		direct <- b.DeliverForwarded(context.Background(), forwardedMsg(2, "a/direct", 1, time.Now()), SharedChoice{})
-	}()
-	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
-	require.NoError(t, b.DeliverRelayed(t.Context(), forwardedMsg(1, "a/relayed", 1, time.Now().Add(-time.Second)), to))
-	require.Equal(t, "a/relayed", target.Expect(packets.Publish).TopicName)
-	select {
-	case err := <-direct:
-		t.Fatalf("a direct delivery went ahead of the end of the relays: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	require.NoError(t, b.DeliverRelayed(t.Context(), nil, []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch + 1}}))
-	select {
-	case <-direct:
-		t.Fatal("the end of relays under another epoch released the session")
-	case <-time.After(100 * time.Millisecond):
-	}
-	require.NoError(t, b.DeliverRelayed(t.Context(), nil, []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch}}))
-	require.NoError(t, <-direct)
-	require.Equal(t, "a/direct", target.Expect(packets.Publish).TopicName)
 }
 
 // The memory of a handed-over session lasts as long as a publish routed

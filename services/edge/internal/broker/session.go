@@ -60,10 +60,7 @@ type session struct {
 	recent *recentIDs
 	// hold, while open, keeps new messages back until the previous owner's
 	// late ones are queued, so the session's order holds.
-	hold chan struct{}
-	// merged, while open, keeps relayed messages back until the previous
-	// owner's late ones are queued.
-	merged     chan struct{}
+	hold       chan struct{}
 	queue      ring
 	queueBytes int
 	writing    bool

@@ -164,7 +164,6 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	// published before the handover that still arrives here is relayed.
 	if mv.to != "" {
 		b.handed.add(s, handover, mv.to, newEpoch)
-		b.endRelays(mv.to, RelayTarget{Tenant: sc.Tenant(), ClientID: clientID, Epoch: newEpoch}, handover)
 	}
 	b.endSession(id, nil)
 	return out, nil
@@ -187,7 +186,6 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	s.epoch = epoch
 	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
 	s.hold = make(chan struct{})
-	s.merged = make(chan struct{})
 	b.sessMu.Lock()
 	b.sessions[id] = s
 	b.sessMu.Unlock()
@@ -266,40 +264,6 @@ func (b *Broker) mergeLate(id string, late []byte) error {
 	return failed
 }
 
-// lateMerged lets messages relayed by the previous owner in: its late ones
-// are queued.
-func (s *session) lateMerged() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.merged != nil {
-		close(s.merged)
-		s.merged = nil
-	}
-}
-
-// waitMerged waits until the previous owner's late messages are queued, at
-// most relayEndTimeout.
-func (s *session) waitMerged() {
-	s.mu.Lock()
-	merged := s.merged
-	s.mu.Unlock()
-	if merged == nil {
-		return
-	}
-	t := time.NewTimer(relayEndTimeout)
-	defer t.Stop()
-	select {
-	case <-merged:
-	case <-t.C:
-	}
-}
-
-func (s *session) epochIs(epoch uint64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.epoch == epoch
-}
-
 // recentIDs remembers the msgIDs queued for a session taken over from
 // another edge. Until the previous owner's late messages are merged it
 // remembers every one. After that, only a message published before the
@@ -351,10 +315,6 @@ func (s *session) releaseHold() {
 		close(s.hold)
 		s.hold = nil
 	}
-	if s.merged != nil {
-		close(s.merged)
-		s.merged = nil
-	}
 }
 
 // takeOverFrom runs the new owner's side of a takeover before the CONNACK.
@@ -384,22 +344,10 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		return false, err
 	}
 	id := sc.ClientID(clientID)
-	relaysFollow := false
 	defer func() {
-		s := b.session(id)
-		if s == nil {
-			return
+		if s := b.session(id); s != nil {
+			s.releaseHold() // whatever happened, nothing waits on it any longer
 		}
-		if moved && err == nil && relaysFollow {
-			// The late messages are queued. What reaches this edge directly
-			// waits until the previous owner relayed what was published
-			// before (handedover.go) and said so, or until relayEndTimeout,
-			// so that the client gets each publisher's messages in order.
-			s.lateMerged()
-			time.AfterFunc(relayEndTimeout, s.releaseHold)
-			return
-		}
-		s.releaseHold() // whatever happened, nothing waits on it any longer
 	}()
 	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
 		b.forgetSession(id)
@@ -419,9 +367,6 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	if err != nil {
 		return false, fmt.Errorf("end takeover: %w", err)
 	}
-	// A previous owner that handed the session over relays what it gets
-	// late and then says so; one that no longer held it answers nothing.
-	relaysFollow = late != nil
 	// The session goes on with the new connection, whose record replaces
 	// this one: the previous connection's will is void.
 	st.Session.Will = nil

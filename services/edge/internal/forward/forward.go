@@ -84,83 +84,6 @@ type Server struct {
 	mu      sync.Mutex
 	hwm     map[peerKey]uint64   // highest frame seq taken per sending incarnation
 	partial map[peerKey]progress // a frame that failed part-way, per sending incarnation
-	streams map[*inbound]struct{}
-	// refused is when a sending edge's stream last ended on a frame not
-	// taken, until a later stream of it has a frame taken: it resends that
-	// frame, and what follows, on its next stream.
-	refused map[string]time.Time
-}
-
-// inbound is what CaughtUp needs to know of one forward stream.
-type inbound struct {
-	// waiting is when the stream started waiting for its next frame (unix
-	// nano), 0 while it handles one.
-	waiting atomic.Int64
-	// newest is the latest ingress time (unix nano) of a message it
-	// handled.
-	newest atomic.Int64
-}
-
-func (s *Server) addStream(in *inbound) func() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.streams == nil {
-		s.streams = map[*inbound]struct{}{}
-	}
-	s.streams[in] = struct{}{}
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		delete(s.streams, in)
-	}
-}
-
-// caughtUpQuiet is how long a forward stream must have been waiting for a
-// frame to count as having nothing older on the way: a sender sends what it
-// has as soon as it has credit, and a stream waiting for frames has
-// acknowledged all it got, so the sender has credit.
-const caughtUpQuiet = 20 * time.Millisecond
-
-// resendWindow is how long after refusing a frame an edge counts on its
-// sender to resend it: it reconnects within its backoff, and one that does
-// not is gone.
-const resendWindow = 5 * time.Second
-
-// CaughtUp returns once every forward stream into this edge has handled a
-// message that entered the cluster at or after since (unix nano), or has
-// been waiting for frames for a moment, and no sender is about to resend a
-// frame this edge did not take: from then on, no message published before
-// since reaches this edge any more. It returns ctx's error if that takes
-// longer than ctx allows.
-func (s *Server) CaughtUp(ctx context.Context, since int64) error {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		now := time.Now().UnixNano()
-		behind := false
-		s.mu.Lock()
-		for _, at := range s.refused {
-			if now-at.UnixNano() < int64(resendWindow) {
-				behind = true // frames on their way again
-			}
-		}
-		for in := range s.streams {
-			w := in.waiting.Load()
-			if in.newest.Load() < since && (w == 0 || now-w < int64(caughtUpQuiet)) {
-				behind = true
-				break
-			}
-		}
-		s.mu.Unlock()
-		if !behind {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
 }
 
 // progress is which messages of a frame were taken before it failed.
@@ -204,12 +127,8 @@ func (s *Server) deliver(ctx context.Context, from string, fm *edgev1.ForwardMes
 // Forward implements edgev1connect.EdgeServiceHandler.
 func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
 	vetted := false
-	in := &inbound{}
-	defer s.addStream(in)()
 	for {
-		in.waiting.Store(time.Now().UnixNano())
 		req, err := st.Receive()
-		in.waiting.Store(0)
 		if err != nil {
 			if errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled {
 				return nil
@@ -245,10 +164,6 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 				// delivered again (a QoS 2 message arrives once).
 				s.mu.Lock()
 				s.partial[key] = progress{seq: req.GetSeq(), taken: taken}
-				if s.refused == nil {
-					s.refused = map[string]time.Time{}
-				}
-				s.refused[req.GetEdgeId()] = time.Now()
 				s.mu.Unlock()
 				s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
 				return connect.NewError(connect.CodeUnavailable, err)
@@ -256,13 +171,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			s.mu.Lock()
 			s.hwm[key] = max(s.hwm[key], req.GetSeq())
 			delete(s.partial, key)
-			delete(s.refused, req.GetEdgeId())
 			s.mu.Unlock()
-			for _, fm := range req.GetMessages() {
-				if t := fm.GetMessage().GetIngressUnixNano(); t > in.newest.Load() {
-					in.newest.Store(t)
-				}
-			}
 		}
 		if err := st.Send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {
 			return nil

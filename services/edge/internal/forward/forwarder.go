@@ -247,9 +247,7 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 }
 
 // Relay implements broker.Peers: m goes to edge for the sessions in to
-// alone; a nil m tells edge that nothing more is relayed for them, after
-// everything relayed before on the same link. The wait is bounded as
-// Forward's.
+// alone. The wait is bounded as Forward's.
 func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, to []broker.RelayTarget) (func() error, error) {
 	if f.URLs == nil {
 		return nil, fmt.Errorf("%w: no way to find edge %s", ErrPeerGone, edge)
@@ -264,11 +262,7 @@ func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, t
 	if err != nil {
 		return nil, err
 	}
-	// No message: the end of the relays for the sessions in to.
-	fm := &edgev1.ForwardMessage{Sessions: make([]*edgev1.SessionTarget, 0, len(to))}
-	if m != nil {
-		fm.Message = m.Proto()
-	}
+	fm := &edgev1.ForwardMessage{Message: m.Proto(), Sessions: make([]*edgev1.SessionTarget, 0, len(to))}
 	for _, t := range to {
 		ids := make([]uint32, len(t.SubIDs))
 		for i, id := range t.SubIDs {
