@@ -316,9 +316,11 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 			Logger: logger.With("component", "lease"), OnFence: b.Fence,
 			OnJoin: func(inc uint64) {
 				if joins++; joins > 1 {
-					// A new incarnation: the router takes the routes anew
+					// A new incarnation: the sessions of the old one are
+					// held elsewhere now, the router takes the routes anew
 					// under it (the old one's are a dead edge's), then the
 					// edge serves again.
+					b.DropLapsedSessions()
 					if rc := e.routesClient.Load(); rc != nil {
 						rc.SetIncarnation(inc)
 					}

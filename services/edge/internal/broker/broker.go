@@ -200,6 +200,37 @@ func (b *Broker) Fence() {
 	})
 }
 
+// DropLapsedSessions forgets, on an edge that rejoins the cluster under a
+// new incarnation, every session it held under the old one: its lease ran
+// out, so the coordinator passed each of them on to a custodian or a newer
+// claim, which reads it from the shared store. A copy kept here would
+// register its routes again under the new incarnation and draw messages it
+// can no longer store (fenced), or miss its client's comeback elsewhere.
+// Nothing is deleted from the store and no will goes out here: the
+// session's new holder does both. It returns how many were dropped. An
+// edge-local store has no custodians: its sessions stay.
+func (b *Broker) DropLapsedSessions() int {
+	if b.store == nil || !b.store.Shared() {
+		return 0
+	}
+	b.sessMu.Lock()
+	ids := make([]string, 0, len(b.sessions))
+	for id := range b.sessions {
+		ids = append(ids, id)
+	}
+	clear(b.unfinished)
+	b.sessMu.Unlock()
+	for _, id := range ids {
+		b.cancelWill(id, false)
+		b.forgetSession(id)
+	}
+	if len(ids) > 0 {
+		b.m.lapsedDropped.Add(float64(len(ids)))
+		b.logger.Info("sessions of the lapsed incarnation dropped; their new holders serve them", "sessions", len(ids))
+	}
+	return len(ids)
+}
+
 // Unfence lets the edge serve again after it rejoined the cluster.
 func (b *Broker) Unfence() {
 	if b.fenced.CompareAndSwap(true, false) {

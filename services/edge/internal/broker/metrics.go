@@ -33,6 +33,7 @@ type metrics struct {
 	acksDeferred     prometheus.Counter
 	duplicatePubs    prometheus.Counter
 	takeovers        prometheus.Counter
+	lapsedDropped    prometheus.Counter
 	handoverRelays   *prometheus.CounterVec
 	resumedFromStore prometheus.Counter
 	adoptedSessions  *prometheus.CounterVec
@@ -120,6 +121,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_handover_relays_total",
 			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok, error: not taken, the sender tries again).",
 		}, []string{"outcome"}),
+		lapsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_lapsed_sessions_dropped_total",
+			Help: "Sessions this edge held when its lease ran out, dropped when it rejoined under a new incarnation (their custodians or new owners serve them).",
+		}),
 		resumedFromStore: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_resumed_from_store_total", Help: "Persistent sessions resumed from the shared store because no live edge handed them over.",
 		}),
@@ -145,7 +150,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -36,6 +36,13 @@ func startProcess(t *testing.T, name, bin, ops string, args ...string) (stop fun
 // no graceful stop).
 func startKillable(t *testing.T, name, bin, ops string, args ...string) (stop, kill func()) {
 	t.Helper()
+	_, stop, kill = startProc(t, name, bin, ops, args...)
+	return stop, kill
+}
+
+// startProc is startKillable that also returns the process, for signals.
+func startProc(t *testing.T, name, bin, ops string, args ...string) (proc *os.Process, stop, kill func()) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -76,7 +83,7 @@ func startKillable(t *testing.T, name, bin, ops string, args ...string) (stop, k
 		_ = cmd.Process.Kill()
 		stop()
 	}
-	return stop, kill
+	return cmd.Process, stop, kill
 }
 
 // TestCluster_CrossEdgePubSub runs a coordinator, a router and two edges as

@@ -2,8 +2,13 @@ package cluster
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,7 +29,8 @@ type sharedCluster struct {
 }
 
 type sharedEdge struct {
-	mqtt       string
+	mqtt, ops  string
+	proc       *os.Process
 	stop, kill func()
 }
 
@@ -49,11 +55,11 @@ func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 	c := &sharedCluster{edges: map[string]*sharedEdge{}, persist: "http://" + persistAPI}
 	for _, id := range ids {
 		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
-		stop, kill := startKillable(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
+		proc, stop, kill := startProc(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
 			"--ops.addr", ops, "--data-dir", t.TempDir(), "--mqtt.edge-id", id, "--log.level", "warn",
 			"--cluster.coordinator", coordURL, "--cluster.router", "http://"+routerAPI, "--cluster.api-addr", api,
 			"--cluster.persistence", "http://"+persistAPI, "--cluster.forward-timeout", "2s")
-		c.edges[id] = &sharedEdge{mqtt: mqtt, stop: stop, kill: kill}
+		c.edges[id] = &sharedEdge{mqtt: mqtt, ops: ops, proc: proc, stop: stop, kill: kill}
 	}
 	return c
 }
@@ -350,4 +356,66 @@ func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
 	// r0 may come again: its PUBACK may not have reached the store.
 	got := slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "r0" })
 	require.Equal(t, want, got, "queued while the client was away, in order")
+}
+
+// metricValue reads an unlabelled metric from an edge's /metrics.
+func metricValue(t *testing.T, ops, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + ops + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("%s: no metric %s", ops, name)
+	return 0
+}
+
+// TestCluster_RejoinedEdgeDropsLapsedSessions: an edge stalled past its
+// lease (SIGSTOP) loses its sessions to custodians; when it runs again it
+// fences itself, rejoins under a new incarnation and drops its copies of
+// them, so none of them registers its routes again there to draw messages it
+// could not store. The session's client finds it, with everything published
+// meanwhile, on another edge.
+func TestCluster_RejoinedEdgeDropsLapsedSessions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
+	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
+
+	sub := mqtttest.Dial(t, a.mqtt, 5)
+	sub.Connect("lapser", true, sessionProps)
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "lapse/#", 1).ReasonCodes)
+	publishAcked(t, cc.mqtt, "lapse/x", []byte("l0"), 10*time.Second)
+	require.Equal(t, []string{"l0"}, receive(t, sub, []string{"l0"}))
+
+	// Stalled past its 2 s lease: the coordinator expires it and hands the
+	// session to a custodian.
+	require.NoError(t, a.proc.Signal(syscall.SIGSTOP))
+	time.Sleep(6 * time.Second)
+	require.NoError(t, a.proc.Signal(syscall.SIGCONT))
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if n := metricValue(t, a.ops, "keel_edge_lapsed_sessions_dropped_total"); n < 1 {
+			return fmt.Errorf("%v lapsed sessions dropped", n)
+		}
+		return nil
+	})
+	_ = sub.Conn.Close()
+
+	want := payloads("l", 1, 6)
+	for _, p := range want {
+		publishAcked(t, cc.mqtt, "lapse/x", []byte(p), 20*time.Second)
+	}
+	require.Zero(t, metricValue(t, a.ops, "keel_edge_sessions_fenced_total"), "no stale copy on the rejoined edge drew a message")
+	back := connectResumed(t, b.mqtt, "lapser", 20*time.Second)
+	got := slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "l0" })
+	require.Equal(t, want, got, "queued by the custodian while the client was away, in order")
 }
