@@ -248,14 +248,9 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 // acknowledged to any publisher is lost by any subscriber. Once back,
 // edge 2 rejoins under a new incarnation and serves again: the subscriber
 // moves back to it (edge 1 closes its connection) and a new client
-// subscribes there.
+// subscribes there. Order is reported, not asserted (see requireNoLoss).
 func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	needDocker(t)
-	knownBug(t, `invariant 1 around a takeover after the cut heals: the subscriber moving back to edge 2 lost 158 `+
-		`acknowledged messages, acknowledged 1.8-2.4 s after edge 2 was connected again (the takeover), and a new subscriber on `+
-		`edge 2 lost 47 published on edge 2 within 0.6 s; before forward links were numbered above their predecessors' (a peer `+
-		`took a recreated link's frames for resends and dropped them) the losses ran to the end of the stream. Fencing works `+
-		`(the client closed 3.4 s after the cut with a 4 s lease, admitted on edge 1 only after that)`)
 	const ttl = 4 * time.Second
 	k := startCluster(t, haConfig(ttl))
 	requireHAReady(t, k)
@@ -366,7 +361,8 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	}
 	t.Logf("after the cut, publisher reconnects %d:%s", reconnects, r)
 	logLostAround(t, ck, r, healed, "edge 2 was connected again")
-	requireDelivery(t, r, w1.Name, w3.Name, victim.Name, back.Name)
+	requireNoLoss(t, r, "a publish that one edge did not take (its peer went away, or a store write failed) is sent "+
+		"again by its publisher after later ones were taken elsewhere", w1.Name, w3.Name, victim.Name, back.Name)
 	// The witnesses, the subscriber, the newcomer and the publishers.
 	requireOneConnectionPerClient(t, k, 2+1+1+len(pubs))
 }
