@@ -430,20 +430,8 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 			continue // [MQTT-3.8.3-3]
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
-		switch t.sess.enqueue(d) {
-		case enqueued:
-		case storeFailed:
-			b.m.dropped.WithLabelValues("store_failed").Inc()
-			failed = errStoreFailed
-		case droppedQoS0:
-			b.m.dropped.WithLabelValues("qos0_queue_full").Inc()
-		case droppedOffline:
-			b.m.dropped.WithLabelValues("session_gone").Inc()
-		case droppedOverflow:
-			b.m.dropped.WithLabelValues("offline_queue_full").Inc()
-		case slowConsumer:
-			b.m.dropped.WithLabelValues("slow_consumer").Inc()
-			b.m.slowConsumers.Inc()
+		if err := b.counted(t.sess.enqueue(d)); err != nil {
+			failed = err
 		}
 		targets[i] = target{}
 	}
@@ -453,6 +441,26 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 	*tp = targets[:0]
 	targetPool.Put(tp)
 	return failed
+}
+
+// counted counts a delivery that did not go into a session's queue, by
+// why, and returns errStoreFailed when the message is not taken.
+func (b *Broker) counted(r enqueueResult) error {
+	switch r {
+	case storeFailed:
+		b.m.dropped.WithLabelValues("store_failed").Inc()
+		return errStoreFailed
+	case droppedQoS0:
+		b.m.dropped.WithLabelValues("qos0_queue_full").Inc()
+	case droppedOffline:
+		b.m.dropped.WithLabelValues("session_gone").Inc()
+	case droppedOverflow:
+		b.m.dropped.WithLabelValues("offline_queue_full").Inc()
+	case slowConsumer:
+		b.m.dropped.WithLabelValues("slow_consumer").Inc()
+		b.m.slowConsumers.Inc()
+	}
+	return nil
 }
 
 var (

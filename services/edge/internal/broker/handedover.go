@@ -259,14 +259,8 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 			failed = fmt.Errorf("relayed message for session %s under epoch %d, held here under an older one", t.ClientID, t.Epoch)
 			continue
 		}
-		switch s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs}) {
-		case storeFailed:
-			b.m.dropped.WithLabelValues("store_failed").Inc()
-			failed = errStoreFailed
-		case droppedOverflow:
-			b.m.dropped.WithLabelValues("offline_queue_full").Inc()
-		case droppedOffline:
-			b.m.dropped.WithLabelValues("session_gone").Inc()
+		if err := b.counted(s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs})); err != nil {
+			failed = err
 		}
 	}
 	if failed != nil {

@@ -2,12 +2,9 @@ package cluster
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -361,20 +358,11 @@ func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
 // metricValue reads an unlabelled metric from an edge's /metrics.
 func metricValue(t *testing.T, ops, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + ops + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for line := range strings.Lines(string(body)) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			require.NoError(t, err)
-			return f
-		}
+	v, ok := testutil.Metric(t, ops, name)
+	if !ok {
+		t.Fatalf("%s: no metric %s", ops, name)
 	}
-	t.Fatalf("%s: no metric %s", ops, name)
-	return 0
+	return v
 }
 
 // TestCluster_RejoinedEdgeDropsLapsedSessions: an edge stalled past its

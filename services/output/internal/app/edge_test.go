@@ -2,12 +2,9 @@ package app
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -82,21 +79,11 @@ func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
 	// The edge has the rules' filters once its stream is open.
 	edgeMetric := func(name string) float64 {
 		t.Helper()
-		resp, err := http.Get("http://" + opsAddr + "/metrics")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		// An unlabelled sample is the line "<name> <value>".
-		for line := range strings.Lines(string(body)) {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				require.NoError(t, err)
-				return f
-			}
+		v, ok := testutil.Metric(t, opsAddr, name)
+		if !ok {
+			t.Fatalf("edge metric %s missing", name)
 		}
-		t.Fatalf("edge metric %s missing", name)
-		return 0
+		return v
 	}
 	testutil.Eventually(t, 20*time.Second, func() error {
 		if v := edgeMetric("keel_edge_output_filters_version"); v != float64(h.out.Host().Filters().Proto.GetVersion()) {

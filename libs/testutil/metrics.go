@@ -1,0 +1,35 @@
+package testutil
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Metric reads an unlabelled sample from the Prometheus text exposition
+// at http://<opsAddr>/metrics. ok is false when the metric is not there.
+func Metric(t testing.TB, opsAddr, name string) (v float64, ok bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + opsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", opsAddr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", opsAddr, err)
+	}
+	// An unlabelled sample is the line "<name> <value>".
+	for line := range strings.Lines(string(body)) {
+		if s, found := strings.CutPrefix(strings.TrimSpace(line), name+" "); found {
+			f, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				t.Fatalf("metrics of %s: %s: %v", opsAddr, name, err)
+			}
+			return f, true
+		}
+	}
+	return 0, false
+}
