@@ -171,11 +171,11 @@ func persistenceEpochs(t *testing.T, k *keelCluster) []float64 {
 // its session each time it comes back.
 func TestE2E_Cluster_RollingRestart(t *testing.T) {
 	needDocker(t)
-	knownBug(t, `invariant 1 and availability: the drain of a restarting edge fails to hand some sessions over `+
-		`("edge-1: unavailable: claim session: canceled", "edge-3 did not adopt the session", "end takeover: ... connection refused") `+
-		`and a reconnecting client is then closed with "put session: session not active on this edge"; after edge 2's restart `+
-		`the stream did not reach every subscriber within 60 s. The edge that lost a racing takeover no longer keeps a stale `+
-		`session (it gives up a session whose write is fenced), which stalled every publisher for 60 s before`)
+	knownBug(t, `availability and invariant 3, in 2 runs of 3 (the third passed, with no loss and in order): `+
+		`after edge 3's drain ("edge-1 did not adopt the session" for sessions whose clients had moved there first) the `+
+		`stream did not reach every subscriber within 60 s; in another run the edges held 9 MQTT connections for 6 `+
+		`clients, one per client ID, at the end. Earlier runs lost acknowledged messages when a drain's handover failed `+
+		`("claim session: canceled", "end takeover: ... connection refused")`)
 	k := startCluster(t, haConfig(0))
 	requireHAReady(t, k)
 	picker := newEdgePicker(k)
