@@ -668,7 +668,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}
 	if b.store != nil {
-		b.store.Deactivate(id)
+		b.store.Deactivate(id, epoch)
 	}
 	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 {
 		// The session ended here, so no edge owns it. The release carries

@@ -32,8 +32,11 @@ type DurableState interface {
 	// returns, in a shared store): from then on writes under older epochs
 	// are refused, and this edge's writes for the session carry it.
 	Activate(ctx context.Context, id string, epoch uint64) error
-	// Deactivate forgets the epoch of a session that left this edge.
-	Deactivate(id string)
+	// Deactivate forgets the epoch of a session that left this edge, if it
+	// is no newer than epoch: a copy that goes after a newer one of the
+	// same session was activated here must not leave the newer one unable
+	// to write.
+	Deactivate(id string, epoch uint64)
 	// Shared reports whether every edge reads and writes the same state: a
 	// session can then be resumed from the store alone, and an edge that
 	// hands a session over must not delete what the new owner reads.

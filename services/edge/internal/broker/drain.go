@@ -237,7 +237,7 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 	}
 	if !ok {
 		// A session that stored nothing ended with its connection.
-		b.store.Deactivate(id)
+		b.store.Deactivate(id, epoch)
 		b.m.adoptedSessions.WithLabelValues("nothing_stored").Inc()
 		if err := b.cluster.Ownership.Release(ctx, tenant, clientID, epoch); err != nil {
 			b.logger.Debug("custody release refused", "client_id", id, "error", err)
@@ -256,7 +256,7 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		if err := b.store.DeleteSession(ctx, id, true); err != nil {
 			b.logger.Warn("ended session not removed from the store", "client_id", id, "error", err)
 		}
-		b.store.Deactivate(id)
+		b.store.Deactivate(id, epoch)
 		b.m.adoptedSessions.WithLabelValues("ended").Inc()
 		if err := b.cluster.Ownership.Release(ctx, tenant, clientID, epoch); err != nil {
 			b.logger.Debug("custody release refused", "client_id", id, "error", err)

@@ -13,7 +13,7 @@ import (
 func (s *Store) Activate(context.Context, string, uint64) error { return nil }
 
 // Deactivate does nothing (see [Store.Activate]).
-func (s *Store) Deactivate(string) {}
+func (s *Store) Deactivate(string, uint64) {}
 
 // Shared is false: no other edge reads this store.
 func (s *Store) Shared() bool { return false }

@@ -223,11 +223,16 @@ func (s *Store) Activate(ctx context.Context, id string, epoch uint64) error {
 	return s.do(ctx, true, "activate", id, w)
 }
 
-// Deactivate forgets the session's epoch: later writes for it fail with
-// ErrNotActive until it is activated again. Writes made before keep theirs.
-func (s *Store) Deactivate(id string) {
+// Deactivate forgets the session's epoch unless it is newer than epoch:
+// later writes for it fail with ErrNotActive until it is activated again.
+// Writes made before keep theirs. A newer epoch stays: it belongs to a copy
+// of the session activated here after the one that goes (importing a
+// session ends the copy it replaces only after activating the new one).
+func (s *Store) Deactivate(id string, epoch uint64) {
 	s.epochMu.Lock()
-	delete(s.epochs, id)
+	if cur, ok := s.epochs[id]; ok && cur <= epoch {
+		delete(s.epochs, id)
+	}
 	s.epochMu.Unlock()
 }
 

@@ -313,7 +313,13 @@ func TestFencing(t *testing.T) {
 
 			// A store that never activated the session sends nothing.
 			require.ErrorIs(t, newStore(t, p.URL).PutSession(ctx, rec), ErrNotActive)
-			old.Deactivate(id)
+			// Deactivated under an older epoch than its own, a session stays
+			// active: the copy that goes is not the one that activated it.
+			oldEpoch, _ := old.epoch(id)
+			old.Deactivate(id, oldEpoch-1)
+			_, active := old.epoch(id)
+			require.True(t, active)
+			old.Deactivate(id, oldEpoch)
 			require.ErrorIs(t, old.Enqueue(id, queued(m, 1, 1)).Wait(ctx), ErrNotActive)
 		})
 	}
