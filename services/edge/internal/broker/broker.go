@@ -61,6 +61,9 @@ type Broker struct {
 	// handed remembers the subscriptions of sessions handed over to other
 	// edges while messages routed here before may still arrive.
 	handed *handedOver
+	// importLocks serialise the imports of a session (importSession), by
+	// a hash of its ID.
+	importLocks [importStripes]sync.Mutex
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will

@@ -12,6 +12,7 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 
@@ -226,4 +227,31 @@ func TestRecentIDs(t *testing.T) {
 	require.True(t, r.seen(m(3, now), now))
 	require.False(t, r.seen(m(3, now), now.Add(time.Minute)))
 	require.True(t, r.expired)
+}
+
+// Of two imports of one session (a client's CONNECT resuming it and the
+// adoption of its failed takeover, at once), the one under the older claim
+// does not replace the newer copy: that copy's store epoch would go with it
+// and leave it unable to store anything.
+func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
+	t.Parallel()
+	b, _, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("twice")
+	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
+	require.NoError(t, b.importSession(t.Context(), sc, id, 7, st))
+	b.session(id).releaseHold()
+	require.ErrorIs(t, b.importSession(t.Context(), sc, id, 5, st), errNewerCopy)
+	require.Equal(t, uint64(7), sessionEpoch(b, id), "the newer copy stays")
+	require.NoError(t, b.importSession(t.Context(), sc, id, 9, st), "a newer claim replaces it")
+	b.session(id).releaseHold()
+	require.Equal(t, uint64(9), sessionEpoch(b, id))
+}
+
+func sessionEpoch(b *Broker, id string) uint64 {
+	s := b.session(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -181,6 +182,20 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	if b.store == nil {
 		return errors.New("no durable store to take a persistent session into")
 	}
+	// Two imports of one session can run at once (a client's CONNECT and
+	// the adoption of its failed takeover): the one under the older claim
+	// must not replace the other's copy, whose store epoch would go with it.
+	mu := &b.importLocks[importStripe(id)]
+	mu.Lock()
+	defer mu.Unlock()
+	if cur := b.session(id); cur != nil {
+		cur.mu.Lock()
+		newer := cur.epoch > epoch
+		cur.mu.Unlock()
+		if newer {
+			return fmt.Errorf("%w: %s is held here under a newer claim", errNewerCopy, id)
+		}
+	}
 	b.forgetSession(id)
 	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
 	s.epoch = epoch
@@ -218,6 +233,21 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		}
 	}
 	return nil
+}
+
+// errNewerCopy is returned by importSession when the edge holds the session
+// under a newer claim than the import's.
+var errNewerCopy = errors.New("a newer copy of the session is here")
+
+// importStripes is the number of import locks: imports of different
+// sessions rarely wait for each other.
+const importStripes = 64
+
+// importStripe picks the import lock of a session.
+func importStripe(id string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int(h.Sum32() % importStripes)
 }
 
 // forgetSession ends this edge's copy of a session that is being replaced
@@ -445,6 +475,11 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 			defer cancel()
 			id := u.scope.ClientID(u.clientID)
 			if err := b.claimShared(ctx, u.scope, u.clientID, u.epoch, edge, false, true, false); err != nil {
+				if errors.Is(err, errNewerCopy) {
+					// Its client came back here first.
+					b.setUnfinished(id, unfinishedTakeover{})
+					return
+				}
 				b.logger.Warn("session of a failed takeover not adopted; it waits in the store for its client", "client_id", id, "previous", edge, "error", err)
 				return
 			}
