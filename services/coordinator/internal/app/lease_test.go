@@ -159,3 +159,34 @@ func TestCluster_Custody(t *testing.T) {
 	require.Len(t, owners, 2, "rendezvous hashing spreads sessions over both live edges: %v", owners)
 	require.Zero(t, owners["dead"])
 }
+
+// TestCluster_ConditionalClaim: a claim that names the owner it expects
+// (SessionClaim.expected_owner) is granted only while that edge owns the
+// session, and otherwise answered CLAIM_ERROR_CODE_OWNER_CHANGED with nothing
+// changed, through any node.
+func TestCluster_ConditionalClaim(t *testing.T) {
+	t.Parallel()
+	c := startCluster(t, 3, clusterOpts{fast: true})
+	l := c.waitLeader(5 * time.Second)
+	for _, e := range []string{"drain", "custodian", "other"} {
+		join(t, l.client(), e, 1, 2*time.Second)
+	}
+	claimAs := func(edge, owner string) *coordinatorv1.ClaimResult {
+		t.Helper()
+		req := &coordinatorv1.ClaimSessionsRequest{EdgeId: edge, Incarnation: 1, Claims: []*coordinatorv1.SessionClaim{
+			{RequestId: fmt.Sprintf("%s-%d", edge, time.Now().UnixNano()), Session: sk("acme", "moving"), ExpectedOwner: owner}}}
+		resp, err := retry(t.Context(), 5*time.Second, func(ctx context.Context) (*connect.Response[coordinatorv1.ClaimSessionsResponse], error) {
+			return c.nodes[1].client().ClaimSessions(ctx, connect.NewRequest(req))
+		})
+		require.NoError(t, err)
+		return resp.Msg.GetResults()[0]
+	}
+	require.NotNil(t, claimAs("drain", "").GetGrant())
+	require.NotNil(t, claimAs("other", "").GetGrant(), "the client moved on before the handover")
+	r := claimAs("custodian", "drain")
+	require.Equal(t, coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED, r.GetError().GetCode(), "%v", r)
+	require.Equal(t, "other", getSession(t, l.client(), "acme", "moving").GetOwnerEdgeId())
+	g := claimAs("custodian", "other").GetGrant()
+	require.NotNil(t, g)
+	require.Equal(t, "other", g.GetPrevious().GetOwnerEdgeId())
+}

@@ -84,6 +84,11 @@ func claimOne(tx *Tx, now int64, c *raftpb.Claim, seen map[string]struct{}) *raf
 			return &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT, Message: err.Error()}
 		}
 	}
+	if e := c.GetExpectedOwner(); e != "" {
+		if err := CheckMemberID(e); err != nil {
+			return &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT, Message: "expected owner: " + err.Error()}
+		}
+	}
 	if !tx.aliveEdge(c.GetEdgeId(), c.GetIncarnation()) {
 		return &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID,
 			Message: "claimant is not an alive edge incarnation"}
@@ -95,6 +100,10 @@ func claimOne(tx *Tx, now int64, c *raftpb.Claim, seen map[string]struct{}) *raf
 	}
 	seen[k] = struct{}{}
 	prev := tx.session(c.GetTenant(), c.GetClientId())
+	if e := c.GetExpectedOwner(); e != "" && prev.GetOwnerEdgeId() != e {
+		return &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED,
+			Message: fmt.Sprintf("session owned by %q, not %q", prev.GetOwnerEdgeId(), e)}
+	}
 	rec := &raftpb.SessionRecord{
 		Tenant:            c.GetTenant(),
 		ClientId:          c.GetClientId(),

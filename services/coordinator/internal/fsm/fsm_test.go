@@ -155,6 +155,36 @@ func TestFSM_ClaimSessions_Refusals(t *testing.T) {
 	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_LEASE_INVALID, out[0].GetStatus())
 }
 
+// A claim that names the owner it expects is granted only while the session
+// has that owner: a custodian adopting a draining edge's session does not take
+// it from the edge its client moved to meanwhile.
+func TestFSM_ClaimSessions_ExpectedOwner(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("drain", 1)
+	h.join("custodian", 1)
+	h.join("other", 1)
+	expecting := func(c *raftpb.Claim, owner string) *raftpb.Claim { c.ExpectedOwner = owner; return c }
+
+	out := h.claim(expecting(claim("custodian", 1, "acme", "c1", "r1"), "drain"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED, out[0].GetStatus(), "no owner yet")
+	h.claim(claim("drain", 1, "acme", "c1", "r0"))
+	// The client moves on to another edge before the custodian's claim.
+	h.claim(claim("other", 1, "acme", "c1", "r2"))
+	out = h.claim(expecting(claim("custodian", 1, "acme", "c1", "r3"), "drain"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED, out[0].GetStatus())
+	require.Contains(t, out[0].GetMessage(), `"other"`)
+	require.Equal(t, "other", h.f.State().Session("acme", "c1").GetOwnerEdgeId(), "the refused claim changed nothing")
+	// Refusals are not remembered: the request ID may be used again.
+	h.claim(claim("drain", 1, "acme", "c1", "r4"))
+	out = h.claim(expecting(claim("custodian", 1, "acme", "c1", "r3"), "drain"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_GRANTED, out[0].GetStatus())
+	require.Equal(t, "drain", out[0].GetPrevious().GetOwnerEdgeId())
+
+	out = h.claim(expecting(claim("custodian", 1, "acme", "c2", ""), "bad id\x00"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT, out[0].GetStatus())
+}
+
 func TestFSM_ReleaseSession(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -218,6 +218,9 @@ const (
 	// CLAIM_STATUS_CONFLICT means the same session was claimed earlier in the same
 	// entry; retry.
 	ClaimStatus_CLAIM_STATUS_CONFLICT ClaimStatus = 4
+	// CLAIM_STATUS_OWNER_CHANGED means the claim named the owner it expected and
+	// the session has another one (or none); it is not granted.
+	ClaimStatus_CLAIM_STATUS_OWNER_CHANGED ClaimStatus = 5
 )
 
 // Enum value maps for ClaimStatus.
@@ -228,6 +231,7 @@ var (
 		2: "CLAIM_STATUS_LEASE_INVALID",
 		3: "CLAIM_STATUS_INVALID_ARGUMENT",
 		4: "CLAIM_STATUS_CONFLICT",
+		5: "CLAIM_STATUS_OWNER_CHANGED",
 	}
 	ClaimStatus_value = map[string]int32{
 		"CLAIM_STATUS_UNSPECIFIED":      0,
@@ -235,6 +239,7 @@ var (
 		"CLAIM_STATUS_LEASE_INVALID":    2,
 		"CLAIM_STATUS_INVALID_ARGUMENT": 3,
 		"CLAIM_STATUS_CONFLICT":         4,
+		"CLAIM_STATUS_OWNER_CHANGED":    5,
 	}
 )
 
@@ -880,7 +885,11 @@ type Claim struct {
 	// edge_id of the claimant.
 	EdgeId string `protobuf:"bytes,4,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
 	// incarnation of the claimant.
-	Incarnation   uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"varint,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// expected_owner, when set, grants the claim only if the session's owner edge
+	// is this one: a custodian adopting a draining edge's session must not take
+	// it from the edge its client has moved to meanwhile.
+	ExpectedOwner string `protobuf:"bytes,6,opt,name=expected_owner,json=expectedOwner,proto3" json:"expected_owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -948,6 +957,13 @@ func (x *Claim) GetIncarnation() uint64 {
 		return x.Incarnation
 	}
 	return 0
+}
+
+func (x *Claim) GetExpectedOwner() string {
+	if x != nil {
+		return x.ExpectedOwner
+	}
+	return ""
 }
 
 // ClaimSessionsCommand claims sessions; every grant gets the entry's index as epoch.
@@ -2387,14 +2403,15 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\x12/\n" +
 	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\x12\x1a\n" +
-	"\bresponse\x18\x04 \x01(\fR\bresponse\"\x96\x01\n" +
+	"\bresponse\x18\x04 \x01(\fR\bresponse\"\xbd\x01\n" +
 	"\x05Claim\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tclient_id\x18\x03 \x01(\tR\bclientId\x12\x17\n" +
 	"\aedge_id\x18\x04 \x01(\tR\x06edgeId\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\"s\n" +
+	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\x12%\n" +
+	"\x0eexpected_owner\x18\x06 \x01(\tR\rexpectedOwner\"s\n" +
 	"\x14ClaimSessionsCommand\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x127\n" +
 	"\x06claims\x18\x02 \x03(\v2\x1f.keel.coordinator.raft.v1.ClaimR\x06claims\"\xc2\x01\n" +
@@ -2502,13 +2519,14 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x12MEMBER_STATE_ALIVE\x10\x01\x12\x19\n" +
 	"\x15MEMBER_STATE_DRAINING\x10\x02\x12\x15\n" +
 	"\x11MEMBER_STATE_LEFT\x10\x03\x12\x18\n" +
-	"\x14MEMBER_STATE_EXPIRED\x10\x04*\xa3\x01\n" +
+	"\x14MEMBER_STATE_EXPIRED\x10\x04*\xc3\x01\n" +
 	"\vClaimStatus\x12\x1c\n" +
 	"\x18CLAIM_STATUS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CLAIM_STATUS_GRANTED\x10\x01\x12\x1e\n" +
 	"\x1aCLAIM_STATUS_LEASE_INVALID\x10\x02\x12!\n" +
 	"\x1dCLAIM_STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
-	"\x15CLAIM_STATUS_CONFLICT\x10\x04B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
+	"\x15CLAIM_STATUS_CONFLICT\x10\x04\x12\x1e\n" +
+	"\x1aCLAIM_STATUS_OWNER_CHANGED\x10\x05B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
 
 var (
 	file_keel_coordinator_raft_v1_raft_proto_rawDescOnce sync.Once

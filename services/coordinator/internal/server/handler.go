@@ -123,7 +123,7 @@ func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordin
 			continue
 		}
 		claims = append(claims, &raftpb.Claim{RequestId: c.GetRequestId(), Tenant: c.GetSession().GetTenant(),
-			ClientId: c.GetSession().GetClientId(), EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation()})
+			ClientId: c.GetSession().GetClientId(), EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation(), ExpectedOwner: c.GetExpectedOwner()})
 		pos = append(pos, i)
 	}
 	if len(claims) > 0 {
@@ -140,6 +140,8 @@ func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordin
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_LEASE_INVALID, o.GetMessage())
 			case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT, o.GetMessage())
+			case raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED:
+				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED, o.GetMessage())
 			default:
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_UNSPECIFIED, o.GetMessage())
 			}

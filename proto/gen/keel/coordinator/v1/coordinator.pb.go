@@ -222,6 +222,10 @@ const (
 	ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT ClaimErrorCode = 2
 	// CLAIM_ERROR_CODE_LIMIT_EXCEEDED means a session quota was reached.
 	ClaimErrorCode_CLAIM_ERROR_CODE_LIMIT_EXCEEDED ClaimErrorCode = 3
+	// CLAIM_ERROR_CODE_OWNER_CHANGED means the claim named the owner it expected
+	// (SessionClaim.expected_owner) and the session has another one or none; do
+	// not retry.
+	ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED ClaimErrorCode = 4
 )
 
 // Enum value maps for ClaimErrorCode.
@@ -231,12 +235,14 @@ var (
 		1: "CLAIM_ERROR_CODE_LEASE_INVALID",
 		2: "CLAIM_ERROR_CODE_INVALID_ARGUMENT",
 		3: "CLAIM_ERROR_CODE_LIMIT_EXCEEDED",
+		4: "CLAIM_ERROR_CODE_OWNER_CHANGED",
 	}
 	ClaimErrorCode_value = map[string]int32{
 		"CLAIM_ERROR_CODE_UNSPECIFIED":      0,
 		"CLAIM_ERROR_CODE_LEASE_INVALID":    1,
 		"CLAIM_ERROR_CODE_INVALID_ARGUMENT": 2,
 		"CLAIM_ERROR_CODE_LIMIT_EXCEEDED":   3,
+		"CLAIM_ERROR_CODE_OWNER_CHANGED":    4,
 	}
 )
 
@@ -895,7 +901,11 @@ type SessionClaim struct {
 	// request_id makes this claim idempotent, as in ClaimSessionRequest.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// session to claim.
-	Session       *v1.SessionKey `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	Session *v1.SessionKey `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	// expected_owner, when set, makes the claim conditional: it is granted only if
+	// the session's owner is this edge ID (CLAIM_ERROR_CODE_OWNER_CHANGED
+	// otherwise). A custodian adopting a draining edge's session names that edge.
+	ExpectedOwner string `protobuf:"bytes,3,opt,name=expected_owner,json=expectedOwner,proto3" json:"expected_owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -942,6 +952,13 @@ func (x *SessionClaim) GetSession() *v1.SessionKey {
 		return x.Session
 	}
 	return nil
+}
+
+func (x *SessionClaim) GetExpectedOwner() string {
+	if x != nil {
+		return x.ExpectedOwner
+	}
+	return ""
 }
 
 // ClaimSessionsResponse has one result per claim, in request order.
@@ -3431,11 +3448,12 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x14ClaimSessionsRequest\x12\x17\n" +
 	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x129\n" +
-	"\x06claims\x18\x03 \x03(\v2!.keel.coordinator.v1.SessionClaimR\x06claims\"c\n" +
+	"\x06claims\x18\x03 \x03(\v2!.keel.coordinator.v1.SessionClaimR\x06claims\"\x8a\x01\n" +
 	"\fSessionClaim\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x124\n" +
-	"\asession\x18\x02 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\"S\n" +
+	"\asession\x18\x02 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12%\n" +
+	"\x0eexpected_owner\x18\x03 \x01(\tR\rexpectedOwner\"S\n" +
 	"\x15ClaimSessionsResponse\x12:\n" +
 	"\aresults\x18\x01 \x03(\v2 .keel.coordinator.v1.ClaimResultR\aresults\"\x8c\x01\n" +
 	"\vClaimResult\x129\n" +
@@ -3620,12 +3638,13 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x10SessionOwnerKind\x12\"\n" +
 	"\x1eSESSION_OWNER_KIND_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dSESSION_OWNER_KIND_CONNECTION\x10\x01\x12\x1e\n" +
-	"\x1aSESSION_OWNER_KIND_CUSTODY\x10\x02*\xa2\x01\n" +
+	"\x1aSESSION_OWNER_KIND_CUSTODY\x10\x02*\xc6\x01\n" +
 	"\x0eClaimErrorCode\x12 \n" +
 	"\x1cCLAIM_ERROR_CODE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eCLAIM_ERROR_CODE_LEASE_INVALID\x10\x01\x12%\n" +
 	"!CLAIM_ERROR_CODE_INVALID_ARGUMENT\x10\x02\x12#\n" +
-	"\x1fCLAIM_ERROR_CODE_LIMIT_EXCEEDED\x10\x03*\xaa\x01\n" +
+	"\x1fCLAIM_ERROR_CODE_LIMIT_EXCEEDED\x10\x03\x12\"\n" +
+	"\x1eCLAIM_ERROR_CODE_OWNER_CHANGED\x10\x04*\xaa\x01\n" +
 	"\x14ReleaseSessionReason\x12&\n" +
 	"\"RELEASE_SESSION_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" RELEASE_SESSION_REASON_CLEAN_END\x10\x01\x12\"\n" +
