@@ -79,6 +79,19 @@ type Ownership interface {
 // Routes tells the rest of the cluster which filters this edge has
 // subscribers for, in the tenant's own (outside) form. Add returns once
 // other edges will route matching publishes here (before the SUBACK).
+// ConditionalOwnership is an Ownership that can claim a session only while
+// a given edge owns it.
+type ConditionalOwnership interface {
+	Ownership
+	// ClaimFrom is Claim granted only while owner owns the session;
+	// ErrOwnerChanged otherwise.
+	ClaimFrom(ctx context.Context, tenant, clientID, owner string) (epoch uint64, previous string, err error)
+}
+
+// ErrOwnerChanged is returned by a conditional claim when the session is
+// not owned by the edge it named.
+var ErrOwnerChanged = errors.New("session owner changed")
+
 type Routes interface {
 	Add(ctx context.Context, tenant, filter, shareGroup string) error
 	Remove(ctx context.Context, tenant, filter, shareGroup string) error

@@ -103,6 +103,15 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 		}()
 	}
 	wg.Wait()
+	// A session whose client took it to another edge during the drain may
+	// still be between TakeoverBegin and TakeoverEnd here: the other edge
+	// admits its client only once End answered, so the edge stays for it.
+	for ctx.Err() == nil && b.movingSessions() > 0 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	b.m.drainedSessions.WithLabelValues("moved").Add(float64(moved))
 	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
 	b.logger.Info("drained", "sessions_moved", moved, "sessions_stayed", stayed)
@@ -157,10 +166,29 @@ func (b *Broker) onlineSessions() int {
 	return n
 }
 
+// movingSessions counts the sessions another edge began to take over and
+// has not finished taking.
+func (b *Broker) movingSessions() int {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	n := 0
+	for _, s := range b.sessions {
+		s.mu.Lock()
+		if s.moving != nil && !s.moving.done {
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // Adopt takes custody of a session whose owner, fromEdge, is draining: the
-// session is claimed here and taken over from fromEdge as a connecting
-// client would, then stays offline here until its client comes back.
-// adopted is false when the session has moved on already.
+// session is claimed here, only while fromEdge still owns it, and taken over
+// from fromEdge as a connecting client would, then stays offline here until
+// its client comes back. adopted is true when fromEdge may let the session
+// go: it is here now, or its client took it to another edge meanwhile (that
+// edge keeps it, and the client its connection); false when the session
+// ended.
 func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (adopted bool, err error) {
 	if b.draining.Load() {
 		return false, errors.New("this edge is draining too")
@@ -172,7 +200,19 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	if err != nil {
 		return false, err
 	}
-	epoch, previous, err := b.cluster.Ownership.Claim(ctx, tenant, clientID)
+	// Only while the draining edge owns it: a client that came back
+	// elsewhere meanwhile keeps its connection and its session there.
+	var epoch uint64
+	var previous string
+	if co, ok := b.cluster.Ownership.(ConditionalOwnership); ok {
+		epoch, previous, err = co.ClaimFrom(ctx, tenant, clientID, fromEdge)
+	} else {
+		epoch, previous, err = b.cluster.Ownership.Claim(ctx, tenant, clientID)
+	}
+	if errors.Is(err, ErrOwnerChanged) {
+		b.logger.Debug("session moved on before its handover; left where it is", "client_id", clientID, "from", fromEdge, "error", err)
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,4 +255,46 @@ func sessionEpoch(b *Broker, id string) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.epoch
+}
+
+type acceptingCustody struct{ n atomic.Int32 }
+
+func (c *acceptingCustody) Handover(context.Context, string, string) error { c.n.Add(1); return nil }
+
+// A drain waits for a session another edge began to take over (its client
+// came back there during the drain) until the takeover ends: that edge
+// admits the client only once TakeoverEnd answered.
+func TestBroker_DrainWaitsForTakeovers(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	custody := &acceptingCustody{}
+	b.SetCluster(Cluster{Custody: custody})
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("mover", false, persistentProps)
+	c.Subscribe(1, "a/#", 1)
+	id := b.mustScope(t, "default").ClientID("mover")
+	epoch := waitBound(t, b, id)
+	owned, _, _, err := b.TakeOver(t.Context(), "default", "mover", "edge-new", epoch+1, false)
+	require.NoError(t, err)
+	require.True(t, owned)
+
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		b.DrainWith(context.Background(), DrainOptions{})
+	}()
+	select {
+	case <-drained:
+		t.Fatal("the drain ended while a takeover was under way")
+	case <-time.After(300 * time.Millisecond):
+	}
+	_, err = b.TakeoverEnd(t.Context(), "default", "mover", epoch+1)
+	require.NoError(t, err)
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not end after the takeover did")
+	}
+	require.Equal(t, int32(1), custody.n.Load())
 }

@@ -19,6 +19,7 @@ import (
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	"github.com/keelmq/keel/services/edge/internal/broker"
 )
 
 // ErrFenced means the edge's lease lapsed: it must not acknowledge anything
@@ -187,10 +188,17 @@ type claimResult struct {
 
 // Claim implements the edge's Ownership interface.
 func (o *Ownership) Claim(ctx context.Context, tenant, clientID string) (uint64, string, error) {
+	return o.ClaimFrom(ctx, tenant, clientID, "")
+}
+
+// ClaimFrom implements broker.ConditionalOwnership: with a non-empty owner
+// the claim is granted only while the session's owner is that edge
+// (broker.ErrOwnerChanged otherwise).
+func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner string) (uint64, string, error) {
 	if !o.Member.Valid() {
 		return 0, "", ErrFenced
 	}
-	c := &claim{req: &coordinatorv1.SessionClaim{RequestId: requestID(),
+	c := &claim{req: &coordinatorv1.SessionClaim{RequestId: requestID(), ExpectedOwner: owner,
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}}, done: make(chan claimResult, 1)}
 	o.mu.Lock()
 	o.pending = append(o.pending, c)
@@ -257,6 +265,8 @@ func (o *Ownership) send(batch []*claim) {
 			r := resp.Msg.GetResults()[i]
 			if g := r.GetGrant(); g != nil {
 				c.done <- claimResult{epoch: g.GetEpoch(), previous: g.GetPrevious().GetOwnerEdgeId()}
+			} else if r.GetError().GetCode() == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
+				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrOwnerChanged, r.GetError().GetMessage())}
 			} else {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %v: %s", r.GetError().GetCode(), r.GetError().GetMessage())}
 			}
