@@ -223,9 +223,14 @@ func (b *Broker) DropLapsedSessions() int {
 	}
 	clear(b.unfinished)
 	b.sessMu.Unlock()
+	// The route stream of the lapsed incarnation is refused and the new one
+	// opens only after this: route removals are not waited for. The routes
+	// leave the set the edge registers under its new incarnation at once.
+	noWait, cancel := context.WithCancel(context.Background())
+	cancel()
 	for _, id := range ids {
 		b.cancelWill(id, false)
-		b.forgetSession(id)
+		b.forgetSessionRoutes(noWait, id)
 	}
 	if len(ids) > 0 {
 		b.m.lapsedDropped.Add(float64(len(ids)))
@@ -616,6 +621,14 @@ func (b *Broker) disconnectSlow(s *session, cl *mqtt.Client) {
 // endSession removes a session that ended: its subscriptions leave the index
 // and its queue is dropped.
 func (b *Broker) endSession(id string, cl *mqtt.Client) {
+	b.endSessionRoutes(context.Background(), id, cl)
+}
+
+// endSessionRoutes is endSession that waits for the router to remove the
+// session's routes only until routes ends: the route client drops them from
+// the set it registers at once, and removes them at the router as soon as
+// its stream allows.
+func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Client) {
 	b.sessMu.Lock()
 	s := b.sessions[id]
 	if s == nil {
@@ -657,7 +670,7 @@ func (b *Broker) endSession(id string, cl *mqtt.Client) {
 		b.index.remove(sub)
 		// The session's routes go with it, or other edges keep forwarding
 		// to this one for subscribers that are gone.
-		if err := b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil {
+		if err := b.cluster.Routes.Remove(routes, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil && routes.Err() == nil {
 			b.logger.Warn("route not removed", "client_id", id, "error", err)
 		}
 	}

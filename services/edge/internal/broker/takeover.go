@@ -254,6 +254,12 @@ func importStripe(id string) int {
 // by a newer one. A shared store keeps what it holds (the newer copy reads
 // it); an edge-local store drops it before the newer copy is written.
 func (b *Broker) forgetSession(id string) {
+	b.forgetSessionRoutes(context.Background(), id)
+}
+
+// forgetSessionRoutes is forgetSession waiting for the removal of the
+// session's routes only until routes ends (see endSessionRoutes).
+func (b *Broker) forgetSessionRoutes(routes context.Context, id string) {
 	s := b.session(id)
 	if s == nil {
 		return
@@ -261,7 +267,7 @@ func (b *Broker) forgetSession(id string) {
 	s.mu.Lock()
 	s.moving = &moving{done: true}
 	s.mu.Unlock()
-	b.endSession(id, nil)
+	b.endSessionRoutes(routes, id, nil)
 }
 
 func mochiSub(sub storage.Subscription) packets.Subscription {
