@@ -199,7 +199,7 @@ func TestRun_FailoverMochi(t *testing.T) {
 		addrs[i] = ln.Addr().String()
 	}
 	require.NoError(t, server.Serve())
-	t.Cleanup(func() { _ = server.Close() })
+	t.Cleanup(func() { closeMochi(t, server) })
 
 	cfg := testConfig("", ScenarioFailover, 1)
 	cfg.Clients = 60
