@@ -9,8 +9,8 @@ import (
 )
 
 // Metric reads an unlabelled sample from the Prometheus text exposition
-// at http://<opsAddr>/metrics. ok is false when the metric is not there.
-func Metric(t testing.TB, opsAddr, name string) (v float64, ok bool) {
+// at http://<opsAddr>/metrics, failing the test when it is not there.
+func Metric(t testing.TB, opsAddr, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + opsAddr + "/metrics")
 	if err != nil {
@@ -28,8 +28,9 @@ func Metric(t testing.TB, opsAddr, name string) (v float64, ok bool) {
 			if err != nil {
 				t.Fatalf("metrics of %s: %s: %v", opsAddr, name, err)
 			}
-			return f, true
+			return f
 		}
 	}
-	return 0, false
+	t.Fatalf("metrics of %s: no %s", opsAddr, name)
+	return 0
 }

@@ -76,9 +76,6 @@ type Ownership interface {
 	Release(ctx context.Context, tenant, clientID string, epoch uint64) error
 }
 
-// Routes tells the rest of the cluster which filters this edge has
-// subscribers for, in the tenant's own (outside) form. Add returns once
-// other edges will route matching publishes here (before the SUBACK).
 // ConditionalOwnership is an Ownership that can claim a session only while
 // a given edge owns it.
 type ConditionalOwnership interface {
@@ -92,6 +89,9 @@ type ConditionalOwnership interface {
 // not owned by the edge it named.
 var ErrOwnerChanged = errors.New("session owner changed")
 
+// Routes tells the rest of the cluster which filters this edge has
+// subscribers for, in the tenant's own (outside) form. Add returns once
+// other edges will route matching publishes here (before the SUBACK).
 type Routes interface {
 	Add(ctx context.Context, tenant, filter, shareGroup string) error
 	Remove(ctx context.Context, tenant, filter, shareGroup string) error

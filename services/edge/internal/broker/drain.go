@@ -60,12 +60,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	b.disconnectAll(opts.ServerReference)
 	// Sessions go offline as their connections close.
 	wait, cancel := context.WithTimeout(ctx, drainOfflineWait)
-	for wait.Err() == nil && b.onlineSessions() > 0 {
-		select {
-		case <-wait.Done():
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitUntil(wait, func() bool { return b.onlineSessions() == 0 })
 	cancel()
 	if b.cluster.Custody == nil {
 		return 0, b.sessionCount()
@@ -106,12 +101,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	// A session whose client took it to another edge during the drain may
 	// still be between TakeoverBegin and TakeoverEnd here: the other edge
 	// admits its client only once End answered, so the edge stays for it.
-	for ctx.Err() == nil && b.movingSessions() > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitUntil(ctx, func() bool { return b.movingSessions() == 0 })
 	b.m.drainedSessions.WithLabelValues("moved").Add(float64(moved))
 	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
 	b.logger.Info("drained", "sessions_moved", moved, "sessions_stayed", stayed)
@@ -164,6 +154,18 @@ func (b *Broker) onlineSessions() int {
 		}
 	}
 	return n
+}
+
+// waitUntil polls done until it reports true or ctx ends.
+func waitUntil(ctx context.Context, done func() bool) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil && !done() {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
 }
 
 // movingSessions counts the sessions another edge began to take over and

@@ -118,6 +118,12 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	}
 }
 
+// mayRelay is the lock-free first check of relays: false in the common
+// case, no handover, or a message newer than every one remembered.
+func (h *handedOver) mayRelay(m *Message) bool {
+	return m.QoS > 0 && m.Created < h.latest.Load()
+}
+
 // relay is the sessions of one edge a message is relayed to.
 type relay struct {
 	to      string
@@ -131,8 +137,8 @@ type relay struct {
 // index merges). only, when not nil, limits them to those sessions. QoS 0
 // is best effort and never relayed.
 func (h *handedOver) relays(m *Message, now time.Time, only func(session string) bool) []relay {
-	if m.QoS == 0 || m.Created >= h.latest.Load() {
-		return nil // the common case: no handover, or a message newer than every one
+	if !h.mayRelay(m) {
+		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -191,6 +197,9 @@ var errNoRelay = errors.New("message for a handed-over session, and no link to i
 // handed over (see handedOver), and returns once their new owners took it.
 // only limits the sessions, as for handedOver.relays.
 func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(session string) bool) error {
+	if !b.handed.mayRelay(m) {
+		return nil
+	}
 	rs := b.handed.relays(m, time.Now(), only)
 	if len(rs) == 0 {
 		return nil

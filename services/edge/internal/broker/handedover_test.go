@@ -219,15 +219,15 @@ func TestRecentIDs(t *testing.T) {
 	m := func(seq uint64, created time.Time) *Message {
 		return &Message{ID: MsgID{Edge: "e", Seq: seq}, Created: created.UnixNano()}
 	}
-	require.False(t, r.seen(m(1, now.Add(time.Hour)), now), "during the hold every message counts")
-	require.True(t, r.seen(m(1, now.Add(time.Hour)), now))
+	require.False(t, r.seen(m(1, now.Add(time.Hour))), "during the hold every message counts")
+	require.True(t, r.seen(m(1, now.Add(time.Hour))))
 	r.narrow(now, time.Minute)
-	require.False(t, r.seen(m(2, now.Add(time.Second)), now))
-	require.False(t, r.seen(m(2, now.Add(time.Second)), now), "a message published after the takeover is not remembered")
-	require.False(t, r.seen(m(3, now), now))
-	require.True(t, r.seen(m(3, now), now))
-	require.False(t, r.seen(m(3, now), now.Add(time.Minute)))
-	require.True(t, r.expired)
+	require.False(t, r.seen(m(2, now.Add(time.Second))))
+	require.False(t, r.seen(m(2, now.Add(time.Second))), "a message published after the takeover is not remembered")
+	require.False(t, r.seen(m(3, now)))
+	require.True(t, r.seen(m(3, now)))
+	require.False(t, r.over(now.Add(time.Minute-time.Nanosecond)))
+	require.True(t, r.over(now.Add(time.Minute)), "nothing to remember once the previous owner relays no more")
 }
 
 // Of two imports of one session (a client's CONNECT resuming it and the

@@ -131,12 +131,13 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 		s.mu.Unlock()
 		return storeFailed
 	}
-	if s.recent != nil && s.recent.seen(d.msg, time.Now()) {
-		s.mu.Unlock()
-		return enqueued
-	}
-	if s.recent != nil && s.recent.expired {
-		s.recent = nil
+	if r := s.recent; r != nil {
+		if now := time.Now(); r.over(now) {
+			s.recent = nil
+		} else if r.seen(d.msg) {
+			s.mu.Unlock()
+			return enqueued
+		}
 	}
 	s.mu.Unlock()
 	cfg := &s.b.cfg

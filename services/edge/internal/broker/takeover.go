@@ -307,19 +307,19 @@ func (b *Broker) mergeLate(id string, late []byte) error {
 // owner: handedOver), so only those are remembered, for as long as the
 // previous owner relays.
 type recentIDs struct {
-	ids     map[MsgID]struct{}
-	cutoff  int64     // unix nano; 0: every message counts
-	until   time.Time // zero while every message counts
-	expired bool
+	ids    map[MsgID]struct{}
+	cutoff int64     // unix nano; 0: every message counts
+	until  time.Time // zero while every message counts
+}
+
+// over reports whether nothing needs remembering from now on.
+func (r *recentIDs) over(now time.Time) bool {
+	return !r.until.IsZero() && !now.Before(r.until)
 }
 
 // seen reports whether m was queued before, and remembers it if it may come
 // again.
-func (r *recentIDs) seen(m *Message, now time.Time) bool {
-	if !r.until.IsZero() && !now.Before(r.until) {
-		r.expired = true
-		return false
-	}
+func (r *recentIDs) seen(m *Message) bool {
 	if r.cutoff != 0 && m.Created >= r.cutoff {
 		return false
 	}

@@ -355,16 +355,6 @@ func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
 	require.Equal(t, want, got, "queued while the client was away, in order")
 }
 
-// metricValue reads an unlabelled metric from an edge's /metrics.
-func metricValue(t *testing.T, ops, name string) float64 {
-	t.Helper()
-	v, ok := testutil.Metric(t, ops, name)
-	if !ok {
-		t.Fatalf("%s: no metric %s", ops, name)
-	}
-	return v
-}
-
 // TestCluster_RejoinedEdgeDropsLapsedSessions: an edge stalled past its
 // lease (SIGSTOP) loses its sessions to custodians; when it runs again it
 // fences itself, rejoins under a new incarnation and drops its copies of
@@ -391,7 +381,7 @@ func TestCluster_RejoinedEdgeDropsLapsedSessions(t *testing.T) {
 	time.Sleep(6 * time.Second)
 	require.NoError(t, a.proc.Signal(syscall.SIGCONT))
 	testutil.Eventually(t, 20*time.Second, func() error {
-		if n := metricValue(t, a.ops, "keel_edge_lapsed_sessions_dropped_total"); n < 1 {
+		if n := testutil.Metric(t, a.ops, "keel_edge_lapsed_sessions_dropped_total"); n < 1 {
 			return fmt.Errorf("%v lapsed sessions dropped", n)
 		}
 		return nil
@@ -402,7 +392,7 @@ func TestCluster_RejoinedEdgeDropsLapsedSessions(t *testing.T) {
 	for _, p := range want {
 		publishAcked(t, cc.mqtt, "lapse/x", []byte(p), 20*time.Second)
 	}
-	require.Zero(t, metricValue(t, a.ops, "keel_edge_sessions_fenced_total"), "no stale copy on the rejoined edge drew a message")
+	require.Zero(t, testutil.Metric(t, a.ops, "keel_edge_sessions_fenced_total"), "no stale copy on the rejoined edge drew a message")
 	back := connectResumed(t, b.mqtt, "lapser", 20*time.Second)
 	got := slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "l0" })
 	require.Equal(t, want, got, "queued by the custodian while the client was away, in order")
