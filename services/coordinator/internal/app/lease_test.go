@@ -14,6 +14,8 @@ import (
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 
+	"google.golang.org/protobuf/proto"
+
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 )
 
@@ -189,4 +191,32 @@ func TestCluster_ConditionalClaim(t *testing.T) {
 	g := claimAs("custodian", "other").GetGrant()
 	require.NotNil(t, g)
 	require.Equal(t, "other", g.GetPrevious().GetOwnerEdgeId())
+
+	// A claim retried under its request ID after another edge claimed the
+	// session (its first answer was lost) is superseded, not granted again:
+	// through ClaimSessions an error code, through ClaimSession Aborted.
+	replay := &coordinatorv1.ClaimSessionsRequest{EdgeId: "drain", Incarnation: 1,
+		Claims: []*coordinatorv1.SessionClaim{{RequestId: "drain-replayed", Session: sk("acme", "replayed")}}}
+	for i, edge := range []string{"drain", "other", "drain"} {
+		req := proto.Clone(replay).(*coordinatorv1.ClaimSessionsRequest)
+		req.EdgeId = edge
+		resp, err := retry(t.Context(), 5*time.Second, func(ctx context.Context) (*connect.Response[coordinatorv1.ClaimSessionsResponse], error) {
+			return c.nodes[i].client().ClaimSessions(ctx, connect.NewRequest(req))
+		})
+		require.NoError(t, err)
+		if r := resp.Msg.GetResults()[0]; i < 2 {
+			require.NotNil(t, r.GetGrant(), "%v", r)
+		} else {
+			require.Equal(t, coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED, r.GetError().GetCode(), "%v", r)
+		}
+	}
+	require.Equal(t, "other", getSession(t, l.client(), "acme", "replayed").GetOwnerEdgeId())
+	one := &coordinatorv1.ClaimSessionRequest{RequestId: "drain-replayed-one", Session: sk("acme", "replayed-one"), EdgeId: "drain", Incarnation: 1}
+	_, err := l.client().ClaimSession(t.Context(), connect.NewRequest(one))
+	require.NoError(t, err)
+	_, err = l.client().ClaimSession(t.Context(), connect.NewRequest(&coordinatorv1.ClaimSessionRequest{RequestId: "x",
+		Session: sk("acme", "replayed-one"), EdgeId: "other", Incarnation: 1}))
+	require.NoError(t, err)
+	_, err = l.client().ClaimSession(t.Context(), connect.NewRequest(one))
+	require.Equal(t, connect.CodeAborted, connect.CodeOf(err), "%v", err)
 }

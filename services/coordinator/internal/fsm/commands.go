@@ -41,7 +41,9 @@ func (tx *Tx) aliveEdge(id string, inc uint64) bool {
 // applyClaimSessions grants each valid claim the entry's index as epoch. Claims
 // apply in order; a session claimed twice in one entry gets CONFLICT the second
 // time, since two grants under one epoch could not be told apart. Only grants
-// are remembered for request-ID idempotence; a refusal may be retried.
+// are remembered for request-ID idempotence; a refusal may be retried. A
+// remembered grant is answered again only while it is the session's current
+// one (SUPERSEDED otherwise).
 func applyClaimSessions(tx *Tx, cmd *raftpb.ClaimSessionsCommand) (*raftpb.ClaimSessionsResult, error) {
 	now := cmd.GetNowUnixNano()
 	tx.pruneRequests(now)
@@ -52,6 +54,12 @@ func applyClaimSessions(tx *Tx, cmd *raftpb.ClaimSessionsCommand) (*raftpb.Claim
 		scope := scopeClaim + c.GetEdgeId()
 		out := new(raftpb.ClaimOutcome)
 		if err := CheckMemberID(c.GetEdgeId()); err == nil && tx.lookupRequest(scope, c.GetRequestId(), out) {
+			if cur := tx.session(c.GetTenant(), c.GetClientId()); cur.GetEpoch() != out.GetEpoch() {
+				// The grant stood once, but the session was claimed again
+				// since: served now, it would give the session two owners.
+				out = &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_SUPERSEDED,
+					Message: fmt.Sprintf("granted under epoch %d, since claimed under epoch %d", out.GetEpoch(), cur.GetEpoch())}
+			}
 			res.Outcomes[i] = out
 			continue
 		}

@@ -116,6 +116,14 @@ func TestFSM_ClaimSessions_Idempotent(t *testing.T) {
 	c := h.claim(claim("e2", 1, "acme", "c1", "req-1"))
 	require.Greater(t, c[0].GetEpoch(), a[0].GetEpoch())
 
+	// e1 retries its claim once more (its first answer was lost with a
+	// leader, say): the grant is not e1's to act on any more, since e2
+	// claimed the session after it, and answering it again would give the
+	// session two owners.
+	d := h.claim(claim("e1", 1, "acme", "c1", "req-1"))
+	require.Equal(t, raftpb.ClaimStatus_CLAIM_STATUS_SUPERSEDED, d[0].GetStatus(), d[0].GetMessage())
+	require.Equal(t, "e2", h.f.State().Session("acme", "c1").GetOwnerEdgeId(), "the retry changed nothing")
+
 	// After the dedup window the record is pruned.
 	h.now += DedupWindow + 1
 	h.claim(claim("e2", 1, "acme", "other", ""))

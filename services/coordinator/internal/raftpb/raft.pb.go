@@ -221,6 +221,10 @@ const (
 	// CLAIM_STATUS_OWNER_CHANGED means the claim named the owner it expected and
 	// the session has another one (or none); it is not granted.
 	ClaimStatus_CLAIM_STATUS_OWNER_CHANGED ClaimStatus = 5
+	// CLAIM_STATUS_SUPERSEDED answers a request ID whose claim was granted and has
+	// been followed by a newer claim of the session: the claimant learns it late
+	// (the answer was lost, say with a leader) and must not act on the old grant.
+	ClaimStatus_CLAIM_STATUS_SUPERSEDED ClaimStatus = 6
 )
 
 // Enum value maps for ClaimStatus.
@@ -232,6 +236,7 @@ var (
 		3: "CLAIM_STATUS_INVALID_ARGUMENT",
 		4: "CLAIM_STATUS_CONFLICT",
 		5: "CLAIM_STATUS_OWNER_CHANGED",
+		6: "CLAIM_STATUS_SUPERSEDED",
 	}
 	ClaimStatus_value = map[string]int32{
 		"CLAIM_STATUS_UNSPECIFIED":      0,
@@ -240,6 +245,7 @@ var (
 		"CLAIM_STATUS_INVALID_ARGUMENT": 3,
 		"CLAIM_STATUS_CONFLICT":         4,
 		"CLAIM_STATUS_OWNER_CHANGED":    5,
+		"CLAIM_STATUS_SUPERSEDED":       6,
 	}
 )
 
@@ -2519,14 +2525,15 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x12MEMBER_STATE_ALIVE\x10\x01\x12\x19\n" +
 	"\x15MEMBER_STATE_DRAINING\x10\x02\x12\x15\n" +
 	"\x11MEMBER_STATE_LEFT\x10\x03\x12\x18\n" +
-	"\x14MEMBER_STATE_EXPIRED\x10\x04*\xc3\x01\n" +
+	"\x14MEMBER_STATE_EXPIRED\x10\x04*\xe0\x01\n" +
 	"\vClaimStatus\x12\x1c\n" +
 	"\x18CLAIM_STATUS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CLAIM_STATUS_GRANTED\x10\x01\x12\x1e\n" +
 	"\x1aCLAIM_STATUS_LEASE_INVALID\x10\x02\x12!\n" +
 	"\x1dCLAIM_STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15CLAIM_STATUS_CONFLICT\x10\x04\x12\x1e\n" +
-	"\x1aCLAIM_STATUS_OWNER_CHANGED\x10\x05B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
+	"\x1aCLAIM_STATUS_OWNER_CHANGED\x10\x05\x12\x1b\n" +
+	"\x17CLAIM_STATUS_SUPERSEDED\x10\x06B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
 
 var (
 	file_keel_coordinator_raft_v1_raft_proto_rawDescOnce sync.Once

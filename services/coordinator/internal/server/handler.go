@@ -93,6 +93,8 @@ func (s *Server) ClaimSession(ctx context.Context, req *connect.Request[coordina
 		return nil, s.toConnect(fmt.Errorf("%w: %s", ErrLeaseInvalid, o.GetMessage()))
 	case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
 		return nil, invalid("%s", o.GetMessage())
+	case raftpb.ClaimStatus_CLAIM_STATUS_SUPERSEDED:
+		return nil, connect.NewError(connect.CodeAborted, fmt.Errorf("claim superseded: %s", o.GetMessage()))
 	default:
 		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("claim not applied: %s", o.GetMessage()))
 	}
@@ -142,6 +144,8 @@ func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordin
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT, o.GetMessage())
 			case raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED:
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED, o.GetMessage())
+			case raftpb.ClaimStatus_CLAIM_STATUS_SUPERSEDED:
+				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED, o.GetMessage())
 			default:
 				r = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_UNSPECIFIED, o.GetMessage())
 			}

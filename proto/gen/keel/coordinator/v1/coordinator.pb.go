@@ -226,6 +226,10 @@ const (
 	// (SessionClaim.expected_owner) and the session has another one or none; do
 	// not retry.
 	ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED ClaimErrorCode = 4
+	// CLAIM_ERROR_CODE_SUPERSEDED means the claim was granted, but the session has
+	// been claimed again since (the first answer was lost and the request retried):
+	// the claimant must not serve the session; do not retry.
+	ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED ClaimErrorCode = 5
 )
 
 // Enum value maps for ClaimErrorCode.
@@ -236,6 +240,7 @@ var (
 		2: "CLAIM_ERROR_CODE_INVALID_ARGUMENT",
 		3: "CLAIM_ERROR_CODE_LIMIT_EXCEEDED",
 		4: "CLAIM_ERROR_CODE_OWNER_CHANGED",
+		5: "CLAIM_ERROR_CODE_SUPERSEDED",
 	}
 	ClaimErrorCode_value = map[string]int32{
 		"CLAIM_ERROR_CODE_UNSPECIFIED":      0,
@@ -243,6 +248,7 @@ var (
 		"CLAIM_ERROR_CODE_INVALID_ARGUMENT": 2,
 		"CLAIM_ERROR_CODE_LIMIT_EXCEEDED":   3,
 		"CLAIM_ERROR_CODE_OWNER_CHANGED":    4,
+		"CLAIM_ERROR_CODE_SUPERSEDED":       5,
 	}
 )
 
@@ -626,8 +632,10 @@ func (x *SessionRecord) GetGrantedAt() *timestamppb.Timestamp {
 type ClaimSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// request_id makes retries idempotent: a retry with the same request_id returns
-	// the original grant instead of claiming again (and bumping the epoch twice).
-	// Unique per claimant incarnation; a UUID or (incarnation, counter) string.
+	// the original grant instead of claiming again (and bumping the epoch twice),
+	// or, if the session has been claimed again since, fails with code aborted
+	// (the grant is superseded). Unique per claimant incarnation; a UUID or
+	// (incarnation, counter) string.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// session to claim.
 	Session *v1.SessionKey `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
@@ -3638,13 +3646,14 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x10SessionOwnerKind\x12\"\n" +
 	"\x1eSESSION_OWNER_KIND_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dSESSION_OWNER_KIND_CONNECTION\x10\x01\x12\x1e\n" +
-	"\x1aSESSION_OWNER_KIND_CUSTODY\x10\x02*\xc6\x01\n" +
+	"\x1aSESSION_OWNER_KIND_CUSTODY\x10\x02*\xe7\x01\n" +
 	"\x0eClaimErrorCode\x12 \n" +
 	"\x1cCLAIM_ERROR_CODE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eCLAIM_ERROR_CODE_LEASE_INVALID\x10\x01\x12%\n" +
 	"!CLAIM_ERROR_CODE_INVALID_ARGUMENT\x10\x02\x12#\n" +
 	"\x1fCLAIM_ERROR_CODE_LIMIT_EXCEEDED\x10\x03\x12\"\n" +
-	"\x1eCLAIM_ERROR_CODE_OWNER_CHANGED\x10\x04*\xaa\x01\n" +
+	"\x1eCLAIM_ERROR_CODE_OWNER_CHANGED\x10\x04\x12\x1f\n" +
+	"\x1bCLAIM_ERROR_CODE_SUPERSEDED\x10\x05*\xaa\x01\n" +
 	"\x14ReleaseSessionReason\x12&\n" +
 	"\"RELEASE_SESSION_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" RELEASE_SESSION_REASON_CLEAN_END\x10\x01\x12\"\n" +
