@@ -67,7 +67,7 @@ type Broker struct {
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
-	claims sync.Map                // internal client ID -> *claimGuard of a CONNECT in flight
+	claims claimGuards             // CONNECTs in flight, by internal client ID
 
 	store   DurableState // nil: memory only
 	cluster Cluster
@@ -697,6 +697,8 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Cl
 			defer cancel()
 			if err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch); err != nil {
 				b.logger.Debug("session release refused", "client_id", id, "error", err)
+			} else {
+				b.logger.Debug("session released", "client_id", id, "epoch", epoch)
 			}
 		}()
 	}

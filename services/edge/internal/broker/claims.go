@@ -2,6 +2,7 @@ package broker
 
 import (
 	"errors"
+	"slices"
 	"sync"
 
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -26,33 +27,53 @@ type claimGuard struct {
 	supersededBy uint64
 }
 
+// claimGuards holds the guards of the CONNECTs in flight, by internal
+// client ID. One client ID may have several at once (a client that gave up
+// waiting for its CONNACK and connected again): a takeover marks them all.
+type claimGuards struct {
+	mu   sync.Mutex
+	byID map[string][]*claimGuard
+}
+
 // guardClaim registers a guard for a CONNECT of id (internal client ID).
 func (b *Broker) guardClaim(id string) *claimGuard {
 	g := &claimGuard{}
-	b.claims.Store(id, g)
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	if b.claims.byID == nil {
+		b.claims.byID = make(map[string][]*claimGuard)
+	}
+	b.claims.byID[id] = append(b.claims.byID[id], g)
 	return g
 }
 
 // dropGuard forgets g if it still stands for id.
 func (b *Broker) dropGuard(id string, g *claimGuard) {
-	if g != nil {
-		b.claims.CompareAndDelete(id, g)
-	}
-}
-
-// supersede tells a CONNECT of id in flight here that another edge claimed
-// the session under epoch.
-func (b *Broker) supersede(id string, epoch uint64) {
-	v, ok := b.claims.Load(id)
-	if !ok {
+	if g == nil {
 		return
 	}
-	g := v.(*claimGuard)
-	g.mu.Lock()
-	if g.epoch == 0 || g.epoch < epoch {
-		g.supersededBy = max(g.supersededBy, epoch)
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	gs := slices.DeleteFunc(b.claims.byID[id], func(x *claimGuard) bool { return x == g })
+	if len(gs) == 0 {
+		delete(b.claims.byID, id)
+		return
 	}
-	g.mu.Unlock()
+	b.claims.byID[id] = gs
+}
+
+// supersede tells the CONNECTs of id in flight here that another edge
+// claimed the session under epoch.
+func (b *Broker) supersede(id string, epoch uint64) {
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	for _, g := range b.claims.byID[id] {
+		g.mu.Lock()
+		if g.epoch == 0 || g.epoch < epoch {
+			g.supersededBy = max(g.supersededBy, epoch)
+		}
+		g.mu.Unlock()
+	}
 }
 
 // granted records the connection's claim and reports whether a newer one

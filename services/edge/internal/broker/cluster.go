@@ -89,6 +89,12 @@ type ConditionalOwnership interface {
 // not owned by the edge it named.
 var ErrOwnerChanged = errors.New("session owner changed")
 
+// ErrClaimSuperseded is returned by a claim that was granted and then
+// followed by a newer claim of the session before the claimant heard of its
+// grant (the answer was lost and the claim retried): the session is not
+// this edge's.
+var ErrClaimSuperseded = errors.New("session claim superseded")
+
 // Routes tells the rest of the cluster which filters this edge has
 // subscribers for, in the tenant's own (outside) form. Add returns once
 // other edges will route matching publishes here (before the SUBACK).

@@ -3,11 +3,13 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
@@ -154,4 +156,44 @@ func (b *Broker) mustScope(t *testing.T, tenant string) *tenancy.Scope {
 	sc, err := b.scope(tenant)
 	require.NoError(t, err)
 	return sc
+}
+
+// Another edge's claim that lands while CONNECTs of the same client ID are
+// claiming here refuses them all, however many there are (a client that
+// gave up waiting for its CONNACK connected again); a claim the
+// coordinator answers as superseded is refused too (invariant 3).
+func TestBroker_TakeOverRefusesEveryConnectInFlight(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	claimed := make(chan struct{}, 3)
+	release := make(chan struct{})
+	var epochs atomic.Uint64
+	b.SetCluster(Cluster{Ownership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
+		if clientID == "late" {
+			return 0, "", fmt.Errorf("claim session: %w", ErrClaimSuperseded)
+		}
+		claimed <- struct{}{}
+		<-release
+		return epochs.Add(1), "", nil
+	}}})
+	codes := make(chan byte, 2)
+	for range 2 {
+		c := mqtttest.Dial(t, addr, 5)
+		go func() { codes <- c.Connect("x", false, packets.Properties{}).ReasonCode }()
+	}
+	for range 2 {
+		<-claimed
+	}
+	owned, _, _, err := b.TakeOver(t.Context(), "default", "x", "other", 100, false)
+	require.NoError(t, err)
+	require.False(t, owned, "nothing is bound here yet")
+	close(release)
+	for range 2 {
+		require.Equal(t, packets.ErrServerUnavailable.Code, <-codes)
+	}
+	require.Nil(t, b.session(b.mustScope(t, "default").ClientID("x")))
+
+	late := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, late.Connect("late", false, packets.Properties{}).ReasonCode)
+	require.Equal(t, 3.0, promtest.ToFloat64(b.m.connects.WithLabelValues("claim_superseded")))
 }

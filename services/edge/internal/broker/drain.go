@@ -226,6 +226,7 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		}
 		return false, nil
 	}
+	b.logger.Debug("session claimed for custody", "client_id", sc.ClientID(clientID), "from", fromEdge, "epoch", epoch, "previous", previous)
 	moved, err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
 	if err != nil {
 		return false, err

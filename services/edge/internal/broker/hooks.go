@@ -153,11 +153,17 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}()
 	epoch, previous, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
 	finishSpan(claimSpan, err)
+	if errors.Is(err, ErrClaimSuperseded) {
+		cancel()
+		b.logger.Info("session claimed again elsewhere while connecting; refused", "tenant", id.Tenant, "error", err)
+		return refuse(packets.ErrServerUnavailable, "claim_superseded")
+	}
 	if err != nil {
 		cancel()
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
 		return refuse(packets.ErrServerUnavailable, "claim_failed")
 	}
+	b.logger.Debug("session claimed for a connection", "client_id", sc.ClientID(external), "epoch", epoch, "previous", previous)
 	if c.guard.granted(epoch) {
 		// Another edge claimed the session since, for a newer connection.
 		cancel()
@@ -252,8 +258,9 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	g := c.guard
 	g.mu.Lock()
 	defer func() {
-		b.dropGuard(cl.ID, g)
 		g.mu.Unlock()
+		// After the unlock: supersede takes the guards' lock, then g's.
+		b.dropGuard(cl.ID, g)
 	}()
 	if g.supersededBy > c.epoch {
 		b.logger.Info("session taken over by another edge while connecting; disconnecting", "client_id", cl.ID)

@@ -265,8 +265,10 @@ func (o *Ownership) send(batch []*claim) {
 			r := resp.Msg.GetResults()[i]
 			if g := r.GetGrant(); g != nil {
 				c.done <- claimResult{epoch: g.GetEpoch(), previous: g.GetPrevious().GetOwnerEdgeId()}
-			} else if r.GetError().GetCode() == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
+			} else if code := r.GetError().GetCode(); code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrOwnerChanged, r.GetError().GetMessage())}
+			} else if code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED {
+				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrClaimSuperseded, r.GetError().GetMessage())}
 			} else {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %v: %s", r.GetError().GetCode(), r.GetError().GetMessage())}
 			}
