@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,14 +288,51 @@ func waitFlowing(t *testing.T, within time.Duration, n int, subs ...*Subscriber)
 	for i, s := range subs {
 		base[i] = s.Count()
 	}
-	require.Eventually(t, func() bool {
+	deadline := time.Now().Add(within)
+	for {
+		flowing := true
 		for i, s := range subs {
 			if s.Count() < base[i]+n {
-				return false
+				flowing = false
 			}
 		}
-		return true
-	}, within, 20*time.Millisecond, "the stream reaches every subscriber")
+		if flowing {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Who stalled, and whether the publishers still get acknowledgements,
+	// tells a routing stall from a publishing one.
+	var b strings.Builder
+	for i, s := range subs {
+		fmt.Fprintf(&b, "\n  %s received %d of %d more", s.Name, s.Count()-base[i], n)
+	}
+	if len(subs) > 0 {
+		b.WriteString(subs[0].c.progress())
+	}
+	t.Fatalf("the stream did not reach every subscriber within %v:%s", within, b.String())
+}
+
+// progress describes each publisher's sends and outcomes so far.
+func (c *Checker) progress() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for _, id := range slices.Sorted(maps.Keys(c.pubs)) {
+		p := c.pubs[id]
+		var last time.Time
+		for _, at := range p.ackedAt {
+			if at.After(last) {
+				last = at
+			}
+		}
+		fmt.Fprintf(&b, "\n  %s sent %d, acknowledged %d, failed %d, unsettled %d, last acknowledgement %s",
+			id, p.next, len(p.acked), len(p.fails), p.next-len(p.acked)-len(p.fails), last.Format("15:04:05.000"))
+	}
+	return b.String()
 }
 
 // requireOneConnectionPerClient compares the edges' connection gauges with
