@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -136,6 +137,7 @@ type Subscriber struct {
 	total   int               // receptions, copies included
 	maxSeq  map[[2]string]int // (publisher, topic) → highest seq received
 	order   int               // first receptions below maxSeq
+	late    []string          // the first few of them, each with the seq it came after
 	foreign int               // payloads not written by a checker publisher
 }
 
@@ -169,6 +171,9 @@ func (s *Subscriber) record(topic string, payload []byte) {
 	k := [2]string{id.pub, topic}
 	if last, seen := s.maxSeq[k]; seen && id.seq < last {
 		s.order++
+		if len(s.late) < 8 {
+			s.late = append(s.late, fmt.Sprintf("%s after #%d", id, last))
+		}
 	} else {
 		s.maxSeq[k] = id.seq
 	}
@@ -213,6 +218,7 @@ type SubReport struct {
 	// OutOfOrder counts first receptions with a seq below one already
 	// received from the same publisher on the same topic.
 	OutOfOrder int
+	Late       []string // the first few out of order, each with the seq it came after
 	// QoS0Received counts distinct effective QoS 0 messages received of
 	// QoS0Sent acknowledged (written) in the window: reported, not asserted.
 	QoS0Received, QoS0Sent int
@@ -220,9 +226,9 @@ type SubReport struct {
 }
 
 func (r SubReport) String() string {
-	return fmt.Sprintf("%s: expected %d lost %d %s; received %d, duplicated %d (QoS 2: %d) %s; out of order %d; QoS 0 %d/%d; foreign %d",
+	return fmt.Sprintf("%s: expected %d lost %d %s; received %d, duplicated %d (QoS 2: %d) %s; out of order %d %v; QoS 0 %d/%d; foreign %d",
 		r.Subscriber, r.Expected, r.Lost, idRanges(r.LostIDs), r.Received, r.Duplicated, r.DuplicatedQoS2, idRanges(r.DupIDs),
-		r.OutOfOrder, r.QoS0Received, r.QoS0Sent, r.Foreign)
+		r.OutOfOrder, r.Late, r.QoS0Received, r.QoS0Sent, r.Foreign)
 }
 
 // idRanges writes sorted IDs as runs, e.g. [p#3-7 p#9 q#1-2], the first
@@ -344,7 +350,7 @@ func (c *Checker) Report() Report {
 func (s *Subscriber) report(pubs map[string]*pubState, ids []string) SubReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := SubReport{Subscriber: s.Name, OutOfOrder: s.order, Foreign: s.foreign}
+	r := SubReport{Subscriber: s.Name, OutOfOrder: s.order, Late: slices.Clone(s.late), Foreign: s.foreign}
 	for id, n := range s.counts {
 		r.Received++
 		if n < 2 {

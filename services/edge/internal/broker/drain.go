@@ -228,6 +228,10 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	}
 	b.logger.Debug("session claimed for custody", "client_id", sc.ClientID(clientID), "from", fromEdge, "epoch", epoch, "previous", previous)
 	moved, err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
+	if errors.Is(err, errNewerCopy) {
+		// Its client came back here meanwhile, under a newer claim.
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}
@@ -306,17 +310,13 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		}
 		return false, nil
 	}
-	defer func() {
-		if s := b.session(id); s != nil {
-			s.releaseHold()
-		}
-	}()
-	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
+	s, err := b.importSession(ctx, sc, id, epoch, st)
+	if err != nil {
 		// Nothing half-adopted stays: the watch tries again.
-		b.forgetSession(id)
 		b.m.adoptedSessions.WithLabelValues("error").Inc()
 		return false, err
 	}
+	defer s.releaseHold()
 	if w := st.Session.Will; w != nil {
 		// Its connection ended when its edge died, without a DISCONNECT:
 		// the will goes out after its delay, unless the client comes back

@@ -241,13 +241,86 @@ func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 	sc := b.mustScope(t, "default")
 	id := sc.ClientID("twice")
 	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
-	require.NoError(t, b.importSession(t.Context(), sc, id, 7, st))
-	b.session(id).releaseHold()
-	require.ErrorIs(t, b.importSession(t.Context(), sc, id, 5, st), errNewerCopy)
+	older, err := b.importSession(t.Context(), sc, id, 7, st)
+	require.NoError(t, err)
+	older.releaseHold()
+	_, err = b.importSession(t.Context(), sc, id, 5, st)
+	require.ErrorIs(t, err, errNewerCopy)
 	require.Equal(t, uint64(7), sessionEpoch(b, id), "the newer copy stays")
-	require.NoError(t, b.importSession(t.Context(), sc, id, 9, st), "a newer claim replaces it")
-	b.session(id).releaseHold()
+	newer, err := b.importSession(t.Context(), sc, id, 9, st)
+	require.NoError(t, err, "a newer claim replaces it")
+	newer.releaseHold()
 	require.Equal(t, uint64(9), sessionEpoch(b, id))
+	// A failure after the older import forgets that copy only.
+	b.forgetCopy(older)
+	require.Equal(t, uint64(9), sessionEpoch(b, id), "the newer copy stays")
+	b.forgetCopy(newer)
+	require.Nil(t, b.session(id))
+}
+
+// scriptedTakeover is the other edges of a takeover, as a test scripts them.
+type scriptedTakeover struct {
+	begin func(newEpoch uint64) ([]byte, error)
+	ended []uint64
+}
+
+func (f *scriptedTakeover) Begin(_ context.Context, _, _, _ string, newEpoch uint64, _ bool) ([]byte, error) {
+	return f.begin(newEpoch)
+}
+
+func (f *scriptedTakeover) End(_ context.Context, _, _, _ string, newEpoch uint64) ([]byte, error) {
+	f.ended = append(f.ended, newEpoch)
+	return nil, nil
+}
+
+// releaseCounter is an ownership whose claims are scripted and whose
+// releases are counted.
+type releaseCounter struct {
+	fakeOwnership
+	released []uint64
+	mu       sync.Mutex
+}
+
+func (o *releaseCounter) Release(_ context.Context, _, _ string, epoch uint64) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.released = append(o.released, epoch)
+	return nil
+}
+
+// A takeover whose session was meanwhile brought here under a newer claim
+// (its client connected here and read it from the shared store) leaves that
+// copy alone: ending it would release the newer claim at the coordinator
+// and leave the connected client with no session. The previous owner is
+// still told the takeover ended, so that it lets its copy go.
+func TestBroker_SupersededTakeoverKeepsTheNewerCopy(t *testing.T) {
+	t.Parallel()
+	b, _, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("roaming")
+	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
+	state, err := durable.EncodeTransfer(st)
+	require.NoError(t, err)
+	own := &releaseCounter{}
+	var newer *session
+	tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) {
+		// While the previous owner answers, the client connects here
+		// under a newer claim and its session is read from the store.
+		var err error
+		newer, err = b.importSession(t.Context(), sc, id, 9, st)
+		newer.releaseHold()
+		return state, err
+	}}
+	b.SetCluster(Cluster{Ownership: own, Takeover: tk})
+
+	moved, err := b.takeOverFrom(t.Context(), "previous", sc, "roaming", 7, false)
+	require.ErrorIs(t, err, errNewerCopy)
+	require.False(t, moved)
+	require.Same(t, newer, b.session(id), "the newer copy stays")
+	require.Equal(t, []uint64{7}, tk.ended, "the previous owner hears the takeover ended")
+	b.releases.Wait()
+	require.Empty(t, own.released, "no claim is given back")
 }
 
 func sessionEpoch(b *Broker, id string) uint64 {

@@ -175,12 +175,12 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 // store): mochi is told of an offline client so that the CONNACK reports the
 // session present and the connection inherits its subscriptions, and the
 // session's routes are registered. It writes nothing to the store.
-func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string, epoch uint64, st durable.SessionState) error {
+func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string, epoch uint64, st durable.SessionState) (*session, error) {
 	if st.Session.ID != id {
-		return fmt.Errorf("session state of %q given for %q", st.Session.ID, id)
+		return nil, fmt.Errorf("session state of %q given for %q", st.Session.ID, id)
 	}
 	if b.store == nil {
-		return errors.New("no durable store to take a persistent session into")
+		return nil, errors.New("no durable store to take a persistent session into")
 	}
 	// Two imports of one session can run at once (a client's CONNECT and
 	// the adoption of its failed takeover): the one under the older claim
@@ -193,7 +193,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		newer := cur.epoch > epoch
 		cur.mu.Unlock()
 		if newer {
-			return fmt.Errorf("%w: %s is held here under a newer claim", errNewerCopy, id)
+			return nil, fmt.Errorf("%w: %s is held here under a newer claim", errNewerCopy, id)
 		}
 	}
 	b.forgetSession(id)
@@ -229,10 +229,27 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	// The session's routes, before the client hears it is back.
 	for _, x := range s.subs {
 		if err := b.cluster.Routes.Add(ctx, sc.Tenant(), s.outsideFilter(x), groupName(x)); err != nil {
-			return fmt.Errorf("route of the taken-over session: %w", err)
+			// Nothing half-imported stays (the import lock is held).
+			s.releaseHold()
+			b.forgetSession(id)
+			return nil, fmt.Errorf("route of the taken-over session: %w", err)
 		}
 	}
-	return nil
+	return s, nil
+}
+
+// forgetCopy ends s, the copy of a session an import made here, if it is
+// still the edge's copy: a failure after the import must not end a newer
+// copy that replaced it meanwhile (a client that connected here and read
+// the session from the shared store), whose claim the release would undo.
+func (b *Broker) forgetCopy(s *session) {
+	mu := &b.importLocks[importStripe(s.id)]
+	mu.Lock()
+	defer mu.Unlock()
+	s.releaseHold()
+	if b.session(s.id) == s {
+		b.forgetSession(s.id)
+	}
 }
 
 // errNewerCopy is returned by importSession when the edge holds the session
@@ -380,22 +397,29 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		return false, err
 	}
 	id := sc.ClientID(clientID)
-	defer func() {
-		if s := b.session(id); s != nil {
-			s.releaseHold() // whatever happened, nothing waits on it any longer
+	s, err := b.importSession(ctx, sc, id, epoch, st)
+	if errors.Is(err, errNewerCopy) {
+		// A newer claim of this edge holds the session: its client
+		// connected here meanwhile and read it from the shared store, after
+		// that claim fenced the previous owner's writes, so it holds all
+		// the previous owner stored. The previous owner is told the
+		// takeover is over, so that it lets its copy go.
+		if _, endErr := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch); endErr != nil {
+			b.logger.Debug("superseded takeover not ended", "client_id", id, "previous", previous, "error", endErr)
 		}
-	}()
-	if err := b.importSession(ctx, sc, id, epoch, st); err != nil {
-		b.forgetSession(id)
 		return false, err
 	}
+	if err != nil {
+		return false, err
+	}
+	defer s.releaseHold() // whatever happened, nothing waits on it any longer
 	// Whatever fails from here leaves no copy of the session here: its
 	// routes would draw messages it cannot store (a newer claim may have
 	// fenced it already).
 	moved = true
 	defer func() {
 		if err != nil {
-			b.forgetSession(id)
+			b.forgetCopy(s)
 			moved = false
 		}
 	}()
@@ -526,13 +550,13 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	if err != nil || !ok {
 		return err
 	}
-	defer func() {
-		if s := b.session(id); s != nil {
-			s.releaseHold()
-		}
-	}()
 	b.m.resumedFromStore.Inc()
 	b.logger.Info("session resumed from the shared store", "client_id", id, "previous", previous,
 		"queued", len(st.Queue), "inflight", len(st.Inflight))
-	return b.importSession(ctx, sc, id, epoch, st)
+	s, err := b.importSession(ctx, sc, id, epoch, st)
+	if err != nil {
+		return err
+	}
+	s.releaseHold()
+	return nil
 }
