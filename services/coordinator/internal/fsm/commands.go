@@ -121,6 +121,13 @@ func claimOne(tx *Tx, now int64, c *raftpb.Claim, seen map[string]struct{}) *raf
 		OwnerKind:         raftpb.OwnerKind_OWNER_KIND_CONNECTION,
 		GrantedAtUnixNano: now,
 	}
+	switch {
+	case prev == nil:
+	case prev.GetOwnerEdgeId() == rec.GetOwnerEdgeId() && prev.GetOwnerIncarnation() == rec.GetOwnerIncarnation():
+		rec.TakenFromEdgeId, rec.TakenFromIncarnation = prev.GetTakenFromEdgeId(), prev.GetTakenFromIncarnation()
+	default:
+		rec.TakenFromEdgeId, rec.TakenFromIncarnation = prev.GetOwnerEdgeId(), prev.GetOwnerIncarnation()
+	}
 	tx.putSession(prev, rec)
 	return &raftpb.ClaimOutcome{Status: raftpb.ClaimStatus_CLAIM_STATUS_GRANTED, Epoch: tx.index, Previous: prev}
 }
@@ -172,13 +179,15 @@ func applyReassignSessions(tx *Tx, cmd *raftpb.ReassignSessionsCommand) (*raftpb
 			continue
 		}
 		tx.putSession(rec, &raftpb.SessionRecord{
-			Tenant:            rec.GetTenant(),
-			ClientId:          rec.GetClientId(),
-			Epoch:             tx.index,
-			OwnerEdgeId:       a.GetToEdgeId(),
-			OwnerIncarnation:  a.GetToIncarnation(),
-			OwnerKind:         raftpb.OwnerKind_OWNER_KIND_CUSTODY,
-			GrantedAtUnixNano: cmd.GetNowUnixNano(),
+			Tenant:               rec.GetTenant(),
+			ClientId:             rec.GetClientId(),
+			Epoch:                tx.index,
+			OwnerEdgeId:          a.GetToEdgeId(),
+			OwnerIncarnation:     a.GetToIncarnation(),
+			OwnerKind:            raftpb.OwnerKind_OWNER_KIND_CUSTODY,
+			GrantedAtUnixNano:    cmd.GetNowUnixNano(),
+			TakenFromEdgeId:      rec.GetOwnerEdgeId(),
+			TakenFromIncarnation: rec.GetOwnerIncarnation(),
 		})
 		res.Applied[i] = true
 		j, ok := byTo[a.GetToEdgeId()]

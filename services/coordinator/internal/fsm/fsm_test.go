@@ -130,6 +130,33 @@ func TestFSM_ClaimSessions_Idempotent(t *testing.T) {
 	require.Nil(t, h.f.State().Request(scopeClaim+"e1", "req-1"))
 }
 
+// A record names the edge its owner took the session from, and keeps
+// naming it through the owner's own later claims: an owner that lost the
+// answer to its first claim (its takeover never ran) claims again, sees
+// itself as the previous owner, and still learns whom to take over from.
+func TestFSM_ClaimSessions_TakenFrom(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	h.join("e2", 1)
+	takenFrom := func() string { return h.f.State().Session("acme", "c1").GetTakenFromEdgeId() }
+	h.claim(claim("e1", 1, "acme", "c1", ""))
+	require.Empty(t, takenFrom(), "a new session was taken from nobody")
+	out := h.claim(claim("e2", 1, "acme", "c1", "lost-answer"))
+	require.Equal(t, "e1", out[0].GetPrevious().GetOwnerEdgeId())
+	require.Equal(t, "e1", takenFrom())
+	out = h.claim(claim("e2", 1, "acme", "c1", ""))
+	require.Equal(t, "e2", out[0].GetPrevious().GetOwnerEdgeId())
+	require.Equal(t, "e1", out[0].GetPrevious().GetTakenFromEdgeId(), "carried over by the owner's own claim")
+	require.Equal(t, "e1", takenFrom())
+	h.claim(claim("e1", 1, "acme", "c1", ""))
+	require.Equal(t, "e2", takenFrom())
+	h.join("e1", 2)
+	h.claim(claim("e1", 2, "acme", "c1", ""))
+	require.Equal(t, "e1", takenFrom(), "another incarnation is another owner")
+	require.Equal(t, uint64(1), h.f.State().Session("acme", "c1").GetTakenFromIncarnation())
+}
+
 func TestFSM_ClaimSessions_Refusals(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -402,20 +429,31 @@ func TestFSM_Restore_Golden(t *testing.T) {
 	h := goldenState(t)
 	var buf bytes.Buffer
 	require.NoError(t, WriteSnapshot(&buf, h.f.State()))
-	path := filepath.Join("testdata", "snapshots", "v1.snap")
+	dir := filepath.Join("testdata", "snapshots")
 	if *update {
-		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o750))
-		require.NoError(t, os.WriteFile(path, buf.Bytes(), 0o600))
+		require.NoError(t, os.MkdirAll(dir, 0o750))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "v2.snap"), buf.Bytes(), 0o600))
 	}
-	golden, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test -run TestFSM_Restore_Golden -update to create it")
-
-	// A snapshot written by an older build must still restore to the same state.
-	st, err := ReadSnapshot(bytes.NewReader(golden))
-	require.NoError(t, err)
-	requireSameState(t, h.f.State(), st)
-	require.Equal(t, "redis-0:6379", st.RedisGroup(0).GetPrimaryAddress())
-	require.Equal(t, "edge-b", st.Session("acme", "client-0").GetOwnerEdgeId())
+	// A snapshot written by an older build must still restore: v1 predates
+	// the session records' taken_from fields, v2 is the current form.
+	for _, name := range []string{"v1.snap", "v2.snap"} {
+		t.Run(name, func(t *testing.T) {
+			golden, err := os.ReadFile(filepath.Join(dir, name))
+			require.NoError(t, err, "run go test -run TestFSM_Restore_Golden -update to create v2.snap")
+			st, err := ReadSnapshot(bytes.NewReader(golden))
+			require.NoError(t, err)
+			require.Equal(t, "redis-0:6379", st.RedisGroup(0).GetPrimaryAddress())
+			require.Equal(t, "edge-b", st.Session("acme", "client-0").GetOwnerEdgeId())
+			if name == "v1.snap" {
+				require.Equal(t, h.f.State().Index(), st.Index())
+				require.Equal(t, h.f.State().SessionCount(), st.SessionCount())
+				require.Empty(t, st.Session("acme", "client-0").GetTakenFromEdgeId(), "unknown before v2")
+				return
+			}
+			requireSameState(t, h.f.State(), st)
+			require.Equal(t, "edge-a", st.Session("acme", "client-0").GetTakenFromEdgeId())
+		})
+	}
 }
 
 func TestReadSnapshot_Corrupt(t *testing.T) {

@@ -293,8 +293,15 @@ type SessionRecord struct {
 	OwnerKind OwnerKind `protobuf:"varint,6,opt,name=owner_kind,json=ownerKind,proto3,enum=keel.coordinator.raft.v1.OwnerKind" json:"owner_kind,omitempty"`
 	// granted_at_unix_nano is the leader's time of the grant.
 	GrantedAtUnixNano int64 `protobuf:"varint,7,opt,name=granted_at_unix_nano,json=grantedAtUnixNano,proto3" json:"granted_at_unix_nano,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// taken_from_edge_id is the owner before the current owner's run of claims: the
+	// edge it took the session from. Claims by the owner itself carry it over, so an
+	// owner that lost the answer to its first claim still learns whom to take the
+	// session over from.
+	TakenFromEdgeId string `protobuf:"bytes,8,opt,name=taken_from_edge_id,json=takenFromEdgeId,proto3" json:"taken_from_edge_id,omitempty"`
+	// taken_from_incarnation is the incarnation of taken_from_edge_id then.
+	TakenFromIncarnation uint64 `protobuf:"varint,9,opt,name=taken_from_incarnation,json=takenFromIncarnation,proto3" json:"taken_from_incarnation,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *SessionRecord) Reset() {
@@ -372,6 +379,20 @@ func (x *SessionRecord) GetOwnerKind() OwnerKind {
 func (x *SessionRecord) GetGrantedAtUnixNano() int64 {
 	if x != nil {
 		return x.GrantedAtUnixNano
+	}
+	return 0
+}
+
+func (x *SessionRecord) GetTakenFromEdgeId() string {
+	if x != nil {
+		return x.TakenFromEdgeId
+	}
+	return ""
+}
+
+func (x *SessionRecord) GetTakenFromIncarnation() uint64 {
+	if x != nil {
+		return x.TakenFromIncarnation
 	}
 	return 0
 }
@@ -2362,7 +2383,7 @@ var File_keel_coordinator_raft_v1_raft_proto protoreflect.FileDescriptor
 
 const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"#keel/coordinator/raft/v1/raft.proto\x12\x18keel.coordinator.raft.v1\"\xa0\x02\n" +
+	"#keel/coordinator/raft/v1/raft.proto\x12\x18keel.coordinator.raft.v1\"\x83\x03\n" +
 	"\rSessionRecord\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x14\n" +
@@ -2371,7 +2392,9 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x11owner_incarnation\x18\x05 \x01(\x04R\x10ownerIncarnation\x12B\n" +
 	"\n" +
 	"owner_kind\x18\x06 \x01(\x0e2#.keel.coordinator.raft.v1.OwnerKindR\townerKind\x12/\n" +
-	"\x14granted_at_unix_nano\x18\a \x01(\x03R\x11grantedAtUnixNano\"\xb4\x02\n" +
+	"\x14granted_at_unix_nano\x18\a \x01(\x03R\x11grantedAtUnixNano\x12+\n" +
+	"\x12taken_from_edge_id\x18\b \x01(\tR\x0ftakenFromEdgeId\x124\n" +
+	"\x16taken_from_incarnation\x18\t \x01(\x04R\x14takenFromIncarnation\"\xb4\x02\n" +
 	"\fMemberRecord\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x128\n" +
 	"\x04role\x18\x02 \x01(\x0e2$.keel.coordinator.raft.v1.MemberRoleR\x04role\x12 \n" +

@@ -252,6 +252,7 @@ func toSessionRecord(r *raftpb.SessionRecord) *coordinatorv1.SessionRecord {
 		OwnerIncarnation: r.GetOwnerIncarnation(),
 		OwnerKind:        coordinatorv1.SessionOwnerKind(r.GetOwnerKind()),
 		GrantedAt:        timestamppb.New(time.Unix(0, r.GetGrantedAtUnixNano())),
+		TakenFromEdgeId:  r.GetTakenFromEdgeId(),
 	}
 }
 

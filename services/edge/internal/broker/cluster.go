@@ -68,12 +68,24 @@ type RetainedIndex interface {
 	MatchRetained(ctx context.Context, filter string) ([]durable.Message, error)
 }
 
-// Ownership decides which edge owns a session. Claim returns the epoch of
-// the claim (monotonic per session, the fencing token of every write) and
-// the edge that owned it before ("" if none).
+// Ownership decides which edge owns a session.
 type Ownership interface {
-	Claim(ctx context.Context, tenant, clientID string) (epoch uint64, previous string, err error)
+	Claim(ctx context.Context, tenant, clientID string) (Grant, error)
 	Release(ctx context.Context, tenant, clientID string, epoch uint64) error
+}
+
+// Grant is a successful claim.
+type Grant struct {
+	// Epoch is the claim's epoch: monotonic per session, the fencing token
+	// of every write.
+	Epoch uint64
+	// Previous is the edge that owned the session before ("" if none).
+	Previous string
+	// TakenFrom is the edge the owner took the session from before its
+	// run of claims. When Previous is this edge but the edge holds no copy
+	// (the answer to its earlier claim was lost, so its takeover never
+	// ran), the session is still on TakenFrom.
+	TakenFrom string
 }
 
 // ConditionalOwnership is an Ownership that can claim a session only while
@@ -82,7 +94,7 @@ type ConditionalOwnership interface {
 	Ownership
 	// ClaimFrom is Claim granted only while owner owns the session;
 	// ErrOwnerChanged otherwise.
-	ClaimFrom(ctx context.Context, tenant, clientID, owner string) (epoch uint64, previous string, err error)
+	ClaimFrom(ctx context.Context, tenant, clientID, owner string) (Grant, error)
 }
 
 // ErrOwnerChanged is returned by a conditional claim when the session is
@@ -166,8 +178,8 @@ type localOwnership struct {
 	epoch atomic.Uint64
 }
 
-func (o *localOwnership) Claim(context.Context, string, string) (uint64, string, error) {
-	return o.epoch.Add(1), "", nil
+func (o *localOwnership) Claim(context.Context, string, string) (Grant, error) {
+	return Grant{Epoch: o.epoch.Add(1)}, nil
 }
 
 func (o *localOwnership) Release(context.Context, string, string, uint64) error { return nil }

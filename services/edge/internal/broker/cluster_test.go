@@ -20,8 +20,9 @@ type fakeOwnership struct {
 	claim func(tenant, clientID string) (uint64, string, error)
 }
 
-func (f fakeOwnership) Claim(_ context.Context, tenant, clientID string) (uint64, string, error) {
-	return f.claim(tenant, clientID)
+func (f fakeOwnership) Claim(_ context.Context, tenant, clientID string) (Grant, error) {
+	epoch, previous, err := f.claim(tenant, clientID)
+	return Grant{Epoch: epoch, Previous: previous}, err
 }
 func (fakeOwnership) Release(context.Context, string, string, uint64) error { return nil }
 

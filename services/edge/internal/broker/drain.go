@@ -204,13 +204,13 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	}
 	// Only while the draining edge owns it: a client that came back
 	// elsewhere meanwhile keeps its connection and its session there.
-	var epoch uint64
-	var previous string
+	var g Grant
 	if co, ok := b.cluster.Ownership.(ConditionalOwnership); ok {
-		epoch, previous, err = co.ClaimFrom(ctx, tenant, clientID, fromEdge)
+		g, err = co.ClaimFrom(ctx, tenant, clientID, fromEdge)
 	} else {
-		epoch, previous, err = b.cluster.Ownership.Claim(ctx, tenant, clientID)
+		g, err = b.cluster.Ownership.Claim(ctx, tenant, clientID)
 	}
+	epoch, previous := g.Epoch, g.Previous
 	if errors.Is(err, ErrOwnerChanged) {
 		b.logger.Debug("session moved on before its handover; left where it is", "client_id", clientID, "from", fromEdge, "error", err)
 		return true, nil

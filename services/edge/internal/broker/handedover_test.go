@@ -262,9 +262,11 @@ func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 type scriptedTakeover struct {
 	begin func(newEpoch uint64) ([]byte, error)
 	ended []uint64
+	from  []string // the previous owners Begin was called on
 }
 
-func (f *scriptedTakeover) Begin(_ context.Context, _, _, _ string, newEpoch uint64, _ bool) ([]byte, error) {
+func (f *scriptedTakeover) Begin(_ context.Context, previous, _, _ string, newEpoch uint64, _ bool) ([]byte, error) {
+	f.from = append(f.from, previous)
 	return f.begin(newEpoch)
 }
 
@@ -370,4 +372,33 @@ func TestBroker_DrainWaitsForTakeovers(t *testing.T) {
 		t.Fatal("the drain did not end after the takeover did")
 	}
 	require.Equal(t, int32(1), custody.n.Load())
+}
+
+// grantOwnership grants every claim as grant says.
+type grantOwnership func() Grant
+
+func (g grantOwnership) Claim(context.Context, string, string) (Grant, error) { return g(), nil }
+func (grantOwnership) Release(context.Context, string, string, uint64) error { return nil }
+
+// A claim that finds this edge the owner already, of a session it holds no
+// copy of, takes the session over from the edge it was taken from: the
+// answer to this edge's earlier claim was lost (a leader change), that
+// CONNECT was refused, and the session and its connection stayed there
+// (invariant 3).
+func TestBroker_ClaimAfterLostAnswerTakesOverFromTakenFrom(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return nil, nil }}
+	b.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
+		return Grant{Epoch: 9, Previous: "test", TakenFrom: "other"}
+	})})
+	c := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, c.Connect("lost", false, packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}).ReasonCode)
+	require.Equal(t, []string{"other"}, tk.from)
+
+	// Held here, the session is this edge's: no takeover.
+	again := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, again.Connect("lost", false, packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}).ReasonCode)
+	require.Equal(t, []string{"other"}, tk.from)
 }

@@ -151,7 +151,8 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			b.dropGuard(sc.ClientID(external), c.guard) // refused
 		}
 	}()
-	epoch, previous, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
+	grant, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
+	epoch, previous := grant.Epoch, grant.Previous
 	finishSpan(claimSpan, err)
 	if errors.Is(err, ErrClaimSuperseded) {
 		cancel()
@@ -173,6 +174,13 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	moved := false
 	if previous == b.cfg.EdgeID {
 		previous = b.unfinishedTakeover(sc.ClientID(external), previous)
+		if previous == b.cfg.EdgeID && grant.TakenFrom != "" && b.session(sc.ClientID(external)) == nil {
+			// This edge owns the session but holds no copy: the answer to
+			// its earlier claim was lost (a leader change), so that
+			// CONNECT was refused and the takeover never ran. The session,
+			// and maybe a connection, are still where it was taken from.
+			previous = grant.TakenFrom
+		}
 	}
 	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {

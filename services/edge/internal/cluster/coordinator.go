@@ -181,22 +181,21 @@ type claim struct {
 }
 
 type claimResult struct {
-	epoch    uint64
-	previous string
-	err      error
+	grant broker.Grant
+	err   error
 }
 
 // Claim implements the edge's Ownership interface.
-func (o *Ownership) Claim(ctx context.Context, tenant, clientID string) (uint64, string, error) {
+func (o *Ownership) Claim(ctx context.Context, tenant, clientID string) (broker.Grant, error) {
 	return o.ClaimFrom(ctx, tenant, clientID, "")
 }
 
 // ClaimFrom implements broker.ConditionalOwnership: with a non-empty owner
 // the claim is granted only while the session's owner is that edge
 // (broker.ErrOwnerChanged otherwise).
-func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner string) (uint64, string, error) {
+func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner string) (broker.Grant, error) {
 	if !o.Member.Valid() {
-		return 0, "", ErrFenced
+		return broker.Grant{}, ErrFenced
 	}
 	c := &claim{req: &coordinatorv1.SessionClaim{RequestId: requestID(), ExpectedOwner: owner,
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}}, done: make(chan claimResult, 1)}
@@ -219,9 +218,9 @@ func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner strin
 	}
 	select {
 	case r := <-c.done:
-		return r.epoch, r.previous, r.err
+		return r.grant, r.err
 	case <-ctx.Done():
-		return 0, "", ctx.Err()
+		return broker.Grant{}, ctx.Err()
 	}
 }
 
@@ -264,7 +263,8 @@ func (o *Ownership) send(batch []*claim) {
 		default:
 			r := resp.Msg.GetResults()[i]
 			if g := r.GetGrant(); g != nil {
-				c.done <- claimResult{epoch: g.GetEpoch(), previous: g.GetPrevious().GetOwnerEdgeId()}
+				c.done <- claimResult{grant: broker.Grant{Epoch: g.GetEpoch(), Previous: g.GetPrevious().GetOwnerEdgeId(),
+					TakenFrom: g.GetPrevious().GetTakenFromEdgeId()}}
 			} else if code := r.GetError().GetCode(); code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrOwnerChanged, r.GetError().GetMessage())}
 			} else if code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED {

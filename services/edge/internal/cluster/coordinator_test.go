@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/broker"
 )
 
 // startCoordinator builds and runs a single-node keel-coordinator with the
@@ -66,13 +67,25 @@ func TestOwnership_Claims(t *testing.T) {
 	require.NoError(t, m.Join(t.Context()))
 	o := &Ownership{Client: c, Member: m, MaxBatch: 64, Linger: time.Millisecond}
 
-	e1, prev, err := o.Claim(t.Context(), "acme", "dev-1")
+	g1, err := o.Claim(t.Context(), "acme", "dev-1")
 	require.NoError(t, err)
-	require.Empty(t, prev)
-	e2, prev, err := o.Claim(t.Context(), "acme", "dev-1")
+	require.Empty(t, g1.Previous)
+	g2, err := o.Claim(t.Context(), "acme", "dev-1")
 	require.NoError(t, err)
-	require.Greater(t, e2, e1, "the epoch of a session only grows")
-	require.Equal(t, "edge-a", prev)
+	require.Greater(t, g2.Epoch, g1.Epoch, "the epoch of a session only grows")
+	require.Equal(t, "edge-a", g2.Previous)
+
+	// Another edge takes the session; claiming it again (as after a lost
+	// answer), it is told whom it took the session from.
+	mb := &Member{Client: c, ID: "edge-b", Address: "127.0.0.1:1884", Logger: testutil.Logger(t)}
+	require.NoError(t, mb.Join(t.Context()))
+	ob := &Ownership{Client: c, Member: mb, MaxBatch: 64, Linger: time.Millisecond}
+	g3, err := ob.Claim(t.Context(), "acme", "dev-1")
+	require.NoError(t, err)
+	require.Equal(t, "edge-a", g3.Previous)
+	g4, err := ob.Claim(t.Context(), "acme", "dev-1")
+	require.NoError(t, err)
+	require.Equal(t, broker.Grant{Epoch: g4.Epoch, Previous: "edge-b", TakenFrom: "edge-a"}, g4)
 
 	var wg sync.WaitGroup
 	epochs := make([]uint64, 300)
@@ -80,11 +93,11 @@ func TestOwnership_Claims(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e, _, err := o.Claim(t.Context(), "acme", fmt.Sprintf("storm-%d", i))
+			g, err := o.Claim(t.Context(), "acme", fmt.Sprintf("storm-%d", i))
 			if err != nil {
 				t.Errorf("claim %d: %v", i, err)
 			}
-			epochs[i] = e
+			epochs[i] = g.Epoch
 		}()
 	}
 	wg.Wait()
@@ -122,7 +135,7 @@ func TestMember_FencesAndRejoins(t *testing.T) {
 	})
 	require.False(t, m.Valid())
 	o := &Ownership{Client: m.Client, Member: m, MaxBatch: 1}
-	_, _, err := o.Claim(t.Context(), "acme", "x")
+	_, err := o.Claim(t.Context(), "acme", "x")
 	require.ErrorIs(t, err, ErrFenced, "a fenced edge claims nothing")
 
 	require.NoError(t, proc.Signal(syscall.SIGCONT))

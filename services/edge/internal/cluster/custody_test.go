@@ -50,9 +50,9 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 	owner := &Ownership{Client: client, Member: dead, MaxBatch: 8}
 	var epochs []uint64
 	for i := range 3 {
-		epoch, _, err := owner.Claim(t.Context(), "acme", fmt.Sprintf("dev-%d", i))
+		g, err := owner.Claim(t.Context(), "acme", fmt.Sprintf("dev-%d", i))
 		require.NoError(t, err)
-		epochs = append(epochs, epoch)
+		epochs = append(epochs, g.Epoch)
 	}
 
 	live := &Member{Client: client, ID: "edge-live", Logger: logger, Margin: 100 * time.Millisecond}

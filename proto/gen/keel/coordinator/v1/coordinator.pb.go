@@ -551,9 +551,14 @@ type SessionRecord struct {
 	// owner_kind says whether a connection or custody holds the session.
 	OwnerKind SessionOwnerKind `protobuf:"varint,5,opt,name=owner_kind,json=ownerKind,proto3,enum=keel.coordinator.v1.SessionOwnerKind" json:"owner_kind,omitempty"`
 	// granted_at is the leader's time when the epoch was granted.
-	GrantedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	GrantedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=granted_at,json=grantedAt,proto3" json:"granted_at,omitempty"`
+	// taken_from_edge_id is the owner before the current owner's run of claims,
+	// the edge it took the session from (empty if none). An owner that claims a
+	// session it holds no copy of (the answer to its earlier claim was lost, so
+	// its takeover never ran) takes the session over from this edge.
+	TakenFromEdgeId string `protobuf:"bytes,7,opt,name=taken_from_edge_id,json=takenFromEdgeId,proto3" json:"taken_from_edge_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SessionRecord) Reset() {
@@ -626,6 +631,13 @@ func (x *SessionRecord) GetGrantedAt() *timestamppb.Timestamp {
 		return x.GrantedAt
 	}
 	return nil
+}
+
+func (x *SessionRecord) GetTakenFromEdgeId() string {
+	if x != nil {
+		return x.TakenFromEdgeId
+	}
+	return ""
 }
 
 // ClaimSessionRequest claims one session for the calling edge.
@@ -3429,7 +3441,7 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x04role\x18\x02 \x01(\x0e2\x1f.keel.coordinator.v1.MemberRoleR\x04role\x12 \n" +
 	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x126\n" +
-	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\"\xad\x02\n" +
+	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\"\xda\x02\n" +
 	"\rSessionRecord\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\"\n" +
@@ -3438,7 +3450,8 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\n" +
 	"owner_kind\x18\x05 \x01(\x0e2%.keel.coordinator.v1.SessionOwnerKindR\townerKind\x129\n" +
 	"\n" +
-	"granted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\"\xa5\x01\n" +
+	"granted_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tgrantedAt\x12+\n" +
+	"\x12taken_from_edge_id\x18\a \x01(\tR\x0ftakenFromEdgeId\"\xa5\x01\n" +
 	"\x13ClaimSessionRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x124\n" +
