@@ -382,6 +382,12 @@ func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
 	} else if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
+	return b.deliver(m)
+}
+
+// deliver is routeAsync without the output: the message goes to this
+// edge's subscribers and to the other edges.
+func (b *Broker) deliver(m *Message) (wait func() error, err error) {
 	var local SharedChoice
 	if b.cluster.Peers != nil {
 		// Forwarding first: it decides which edge serves each shared group.
@@ -393,6 +399,51 @@ func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
 		wait, local = w, choice
 	}
 	return wait, b.deliverLocal(m, local)
+}
+
+// retrying wraps the wait of a QoS 1 message's routing: when an edge it was
+// forwarded to left the cluster before taking it, the message is routed
+// again, to the edges that hold matching sessions now (custodians, or the
+// edges their clients came back to), until all of them took it or the
+// forward bound since its ingress passed (DESIGN: PUBLISH). Every edge
+// with a match gets it again, this one included: one that took it before
+// may have received a session of the edge that left since, and a QoS 1
+// message may come twice but must not be lost. A QoS 2 message is not
+// routed twice: its publisher is closed unacknowledged and sends it again.
+func (b *Broker) retrying(m *Message, wait func() error) func() error {
+	if wait == nil || m.QoS != 1 || b.cfg.ForwardBound <= 0 {
+		return wait
+	}
+	return func() error {
+		err := wait()
+		if err == nil || !errors.Is(err, ErrPeerGone) {
+			return err
+		}
+		deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
+		for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+			if b.stopping.Load() || b.fenced.Load() || !time.Now().Add(backoff).Before(deadline) {
+				b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+				return err
+			}
+			select {
+			case <-b.stopped.Done():
+				return err
+			case <-time.After(backoff):
+			}
+			var again func() error
+			if again, err = b.deliver(m); err == nil && again != nil {
+				err = again()
+			}
+			if err == nil {
+				b.m.forwardRetries.WithLabelValues("taken").Inc()
+				return nil
+			}
+			if !errors.Is(err, ErrPeerGone) {
+				b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+				return err
+			}
+		}
+	}
 }
 
 // servesGroup turns a choice of shared groups into the index's filter.

@@ -35,6 +35,7 @@ type metrics struct {
 	takeovers        prometheus.Counter
 	lapsedDropped    prometheus.Counter
 	handoverRelays   *prometheus.CounterVec
+	forwardRetries   *prometheus.CounterVec
 	resumedFromStore prometheus.Counter
 	adoptedSessions  *prometheus.CounterVec
 	drainedSessions  *prometheus.CounterVec // outcome
@@ -121,6 +122,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_handover_relays_total",
 			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok, error: not taken, the sender tries again).",
 		}, []string{"outcome"}),
+		forwardRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_forward_retries_total",
+			Help: "QoS 1 publishes routed again because an edge they were forwarded to left the cluster before taking them, by outcome (taken: every edge holding a matching session took it; gave_up: not within the forward bound, the publisher is closed unacknowledged).",
+		}, []string{"outcome"}),
 		lapsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_lapsed_sessions_dropped_total",
 			Help: "Sessions this edge held when its lease ran out, dropped when it rejoined under a new incarnation (their custodians or new owners serve them).",
@@ -150,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }
