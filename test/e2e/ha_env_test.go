@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -382,16 +381,6 @@ func (k *keelCluster) EdgeConnections() (total int, perEdge []int, err error) {
 		total += perEdge[i]
 	}
 	return total, perEdge, err
-}
-
-// knownBug skips a scenario that exposes a product bug not fixed yet, with
-// what it showed, unless KEEL_E2E_KNOWN=1, which runs it to reproduce the
-// bug (its assertions are the invariants, unweakened).
-func knownBug(t *testing.T, desc string) {
-	t.Helper()
-	if os.Getenv("KEEL_E2E_KNOWN") != "1" {
-		t.Skip("known: " + desc + " (KEEL_E2E_KNOWN=1 runs it)")
-	}
 }
 
 // haConfig is the HA topology with the given lease TTL (0: the

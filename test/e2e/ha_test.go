@@ -375,9 +375,6 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 // and 3 runs throughout and loses nothing (invariant 1).
 func TestE2E_Cluster_RaftLeaderKilledDuringConnectStorm(t *testing.T) {
 	needDocker(t)
-	knownBug(t, `invariant 3 across a Raft leader change: one of 30 client IDs connected twice, 196 ms after the leader `+
-		`kill on edge 3 and 6.4 s after it on edge 1, and both connections stayed open; CONNECTs racing on two edges with a `+
-		`stable leader no longer do (TestCluster_OneConnectionPerClientID)`)
 	k := startCluster(t, haConfig(0))
 	leader := k.WaitLeader(30 * time.Second)
 	picker := newEdgePicker(k)

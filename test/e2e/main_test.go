@@ -6,8 +6,6 @@
 // images already built under the e2e tag; KEEL_E2E_LOGS=1 prints every
 // cluster container's logs even when a test passes (to read what the
 // product did), and KEEL_E2E_LOG_LEVEL sets their --log.level.
-// KEEL_E2E_KNOWN=1 also runs the scenarios skipped as "known:" product bugs
-// (knownBug), to reproduce them.
 package e2e
 
 import (
