@@ -21,6 +21,13 @@ import (
 // drops the copy it has already.
 const handoverSkew = 100 * time.Millisecond
 
+// handoverSettle is how long a session taken over from a live edge holds
+// back the messages that entered the cluster after the takeover, so that
+// the ones published before it and relayed by the previous owner (in
+// flight to it at the handover) are sent first, in order. A relay later
+// than that is sent when it comes (keel_edge_relays_received_total).
+const handoverSettle = time.Second
+
 // defaultHandoverMemory is how long a handed-over session's subscriptions are
 // remembered when Config.HandoverMemory is not set: the default bound of a
 // forwarded publish.
@@ -268,7 +275,7 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 			failed = fmt.Errorf("relayed message for session %s under epoch %d, held here under an older one", t.ClientID, t.Epoch)
 			continue
 		}
-		if err := b.counted(s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs})); err != nil {
+		if err := b.counted(s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs, relayed: true})); err != nil {
 			failed = err
 		}
 	}

@@ -378,7 +378,7 @@ func TestBroker_DrainWaitsForTakeovers(t *testing.T) {
 type grantOwnership func() Grant
 
 func (g grantOwnership) Claim(context.Context, string, string) (Grant, error) { return g(), nil }
-func (grantOwnership) Release(context.Context, string, string, uint64) error { return nil }
+func (grantOwnership) Release(context.Context, string, string, uint64) error  { return nil }
 
 // A claim that finds this edge the owner already, of a session it holds no
 // copy of, takes the session over from the edge it was taken from: the
@@ -396,9 +396,48 @@ func TestBroker_ClaimAfterLostAnswerTakesOverFromTakenFrom(t *testing.T) {
 	c := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.CodeSuccess.Code, c.Connect("lost", false, packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}).ReasonCode)
 	require.Equal(t, []string{"other"}, tk.from)
+	waitBound(t, b, b.mustScope(t, "default").ClientID("lost"))
 
 	// Held here, the session is this edge's: no takeover.
 	again := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.CodeSuccess.Code, again.Connect("lost", false, packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}).ReasonCode)
 	require.Equal(t, []string{"other"}, tk.from)
+}
+
+// A message relayed by the previous owner of a session taken over goes to
+// the client before the newer ones that reached the session directly while
+// it settled: the client gets them in the order they were published.
+func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	target := mqtttest.Dial(t, addr, 5)
+	target.Connect("target", false, persistentProps)
+	target.Subscribe(1, "a/#", 1)
+	id := b.mustScope(t, "default").ClientID("target")
+	epoch := waitBound(t, b, id)
+	// As after a takeover from a live edge.
+	s := b.session(id)
+	now := time.Now()
+	s.mu.Lock()
+	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
+	s.recent.narrow(now, time.Minute)
+	s.mu.Unlock()
+	s.settleAfterTakeover(now)
+
+	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
+	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
+	older := forwardedMsg(2, "a/old", 1, now.Add(-time.Second))
+	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
+	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
+	first := target.Expect(packets.Publish)
+	require.Equal(t, "a/old", first.TopicName, "the relayed, older message first")
+	require.Equal(t, "a/new", target.Expect(packets.Publish).TopicName)
+	require.GreaterOrEqual(t, time.Since(now), handoverSettle-50*time.Millisecond, "the newer one waited for the settle")
+	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.relaysReceived.WithLabelValues("kept")))
+
+	// After the settle, a relay goes when it comes.
+	require.NoError(t, b.DeliverRelayed(t.Context(), forwardedMsg(3, "a/late", 1, now.Add(-time.Second)), to))
+	require.Equal(t, "a/late", target.Expect(packets.Publish).TopicName)
+	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.relaysReceived.WithLabelValues("late")))
 }

@@ -27,6 +27,9 @@ type delivery struct {
 	// if the session ends before its client acknowledges a QoS 1 one, the
 	// group gets it again (shared.go).
 	group *shareGroup
+	// relayed marks a message the previous owner of a session taken over
+	// relayed here: it goes in the queue at its place in ingress order.
+	relayed bool
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its
@@ -60,19 +63,25 @@ type session struct {
 	recent *recentIDs
 	// hold, while open, keeps new messages back until the previous owner's
 	// late ones are queued, so the session's order holds.
-	hold       chan struct{}
-	queue      ring
-	queueBytes int
-	writing    bool
-	space      chan struct{} // closed when the queue frees room; publishers wait on it
-	subs       map[string]*subscription
-	aliases    *mqtt.OutboundTopicAliases
-	closed     bool   // the session ended; nothing more is queued
-	nextID     uint16 // outbound packet ID cursor; writer only
-	spilling   bool   // a persistent session's queue went past the live bound; stays so until it drains
-	slow       bool   // a non-persistent client being disconnected for staying full; drop what comes
-	durable    bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
-	seq        uint64 // last stored queue position
+	hold chan struct{}
+	// settleUntil, after a takeover from a live previous owner, holds back
+	// the sending of messages that entered the cluster after settleCutoff
+	// (unix nano), so that older ones it relays still go first.
+	settleUntil  time.Time
+	settleCutoff int64
+	settleWake   bool // a writer start is armed for settleUntil
+	queue        ring
+	queueBytes   int
+	writing      bool
+	space        chan struct{} // closed when the queue frees room; publishers wait on it
+	subs         map[string]*subscription
+	aliases      *mqtt.OutboundTopicAliases
+	closed       bool   // the session ended; nothing more is queued
+	nextID       uint16 // outbound packet ID cursor; writer only
+	spilling     bool   // a persistent session's queue went past the live bound; stays so until it drains
+	slow         bool   // a non-persistent client being disconnected for staying full; drop what comes
+	durable      bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
+	seq          uint64 // last stored queue position
 	// yielding is set once a fenced write made the edge give the session
 	// up (claims.go).
 	yielding bool
@@ -241,9 +250,75 @@ func (s *session) pushLocked(d delivery, size int) *durable.Pending {
 		d.seq = s.seq
 		p = s.b.store.Enqueue(s.id, entryOf(&d, 0, 0))
 	}
-	s.queue.push(d)
+	if d.relayed {
+		s.queueRelayedLocked(d)
+	} else {
+		s.queue.push(d)
+	}
 	s.queueBytes += size
 	return p
+}
+
+// queueRelayedLocked queues a relayed message ahead of the queued ones that
+// entered the cluster after it: it was published before them, and reached
+// this edge later only because it went by way of the previous owner. One
+// already sent cannot be overtaken: while the session settles after its
+// takeover, newer messages wait (writeLoop), so a relay arriving by then
+// keeps its order.
+func (s *session) queueRelayedLocked(d delivery) {
+	at := s.queue.len()
+	for i := range s.queue.len() {
+		if s.queue.at(i).msg.Created > d.msg.Created {
+			at = i
+			break
+		}
+	}
+	s.queue.insert(at, d)
+	order := "kept"
+	if s.settleUntil.IsZero() || time.Now().After(s.settleUntil) {
+		order = "late"
+	}
+	s.b.m.relaysReceived.WithLabelValues(order).Inc()
+}
+
+// settleAfterTakeover holds back, for handoverSettle, the sending of the
+// messages that enter the cluster from now on: the previous owner may still
+// relay older ones.
+func (s *session) settleAfterTakeover(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.settleUntil = now.Add(handoverSettle)
+	s.settleCutoff = now.Add(handoverSkew).UnixNano()
+}
+
+// settlingLocked reports whether d must wait for the session to settle
+// after its takeover, and until when.
+func (s *session) settlingLocked(d *delivery, now time.Time) (bool, time.Time) {
+	if s.settleUntil.IsZero() {
+		return false, time.Time{}
+	}
+	if !now.Before(s.settleUntil) {
+		s.settleUntil = time.Time{}
+		return false, time.Time{}
+	}
+	return d.msg.Created >= s.settleCutoff, s.settleUntil
+}
+
+// wakeWriterAt starts the writer at t, if it is not running then and there
+// is something to send.
+func (s *session) wakeWriterAt(t time.Time) {
+	time.AfterFunc(time.Until(t), func() {
+		s.mu.Lock()
+		s.settleWake = false
+		start := !s.writing && s.queue.len() > 0 && s.client != nil && !s.closed
+		if start {
+			s.writing = true
+		}
+		s.mu.Unlock()
+		if start {
+			s.b.startWriter(s)
+		}
+	})
 }
 
 // wait waits until the store has p; m, when traced, gets a persist span
@@ -423,9 +498,17 @@ func (s *session) writeLoop() {
 			return
 		}
 		batch = batch[:0]
+		now := time.Now()
 		for s.queue.len() > 0 && len(batch) < writeBatch {
 			d := s.queue.peek()
 			if d.qos > 0 && s.inflight >= s.window {
+				break
+			}
+			if wait, until := s.settlingLocked(&d, now); wait {
+				if len(batch) == 0 && !s.settleWake {
+					s.settleWake = true
+					s.wakeWriterAt(until)
+				}
 				break
 			}
 			s.queue.pop()
@@ -448,13 +531,12 @@ func (s *session) writeLoop() {
 		s.mu.Unlock()
 
 		buf := (*bufp)[:0]
-		now := time.Now().Unix()
 		entries, dropped := entries[:0], dropped[:0]
 		for i := range batch {
 			d := &batch[i]
 			var id uint16
 			var sent bool
-			buf, id, sent = s.b.encodeDelivery(buf, cl, s, d, version, maxPacket, aliases, now)
+			buf, id, sent = s.b.encodeDelivery(buf, cl, s, d, version, maxPacket, aliases, now.Unix())
 			switch {
 			case d.seq == 0 && (d.qos == 0 || !s.durable):
 			case sent:
@@ -524,6 +606,15 @@ func (r *ring) push(d delivery) {
 }
 
 func (r *ring) peek() delivery { return r.buf[r.head] }
+
+// insert puts d at position i from the head (i == len: at the tail).
+func (r *ring) insert(i int, d delivery) {
+	r.push(d)
+	for j := r.size - 1; j > i; j-- {
+		*r.at(j) = *r.at(j - 1)
+	}
+	*r.at(i) = d
+}
 
 // at returns the i-th delivery from the head.
 func (r *ring) at(i int) *delivery { return &r.buf[(r.head+i)%len(r.buf)] }

@@ -439,7 +439,11 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	if err := b.store.ImportSession(ctx, st); err != nil {
 		return false, fmt.Errorf("store the taken-over session: %w", err)
 	}
-	return true, b.mergeLate(id, late)
+	if err := b.mergeLate(id, late); err != nil {
+		return false, err
+	}
+	s.settleAfterTakeover(time.Now())
+	return true, nil
 }
 
 // unfinishedTakeover is a takeover that failed after this edge's claim
