@@ -230,17 +230,24 @@ func TestRecentIDs(t *testing.T) {
 	require.True(t, r.over(now.Add(time.Minute)), "nothing to remember once the previous owner relays no more")
 }
 
+// storedSession opens a durable broker and the state of a persistent
+// session of clientID, as a takeover or the shared store hands it over.
+func storedSession(t *testing.T, clientID string) (*Broker, *tenancy.Scope, string, durable.SessionState) {
+	t.Helper()
+	b, _, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID(clientID)
+	return b, sc, id, durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
+}
+
 // Of two imports of one session (a client's CONNECT resuming it and the
 // adoption of its failed takeover, at once), the one under the older claim
 // does not replace the newer copy: that copy's store epoch would go with it
 // and leave it unable to store anything.
 func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 	t.Parallel()
-	b, _, stop := openDurable(t, t.TempDir())
-	t.Cleanup(stop)
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("twice")
-	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
+	b, sc, id, st := storedSession(t, "twice")
 	older, err := b.importSession(t.Context(), sc, id, 7, st)
 	require.NoError(t, err)
 	older.releaseHold()
@@ -297,11 +304,7 @@ func (o *releaseCounter) Release(_ context.Context, _, _ string, epoch uint64) e
 // still told the takeover ended, so that it lets its copy go.
 func TestBroker_SupersededTakeoverKeepsTheNewerCopy(t *testing.T) {
 	t.Parallel()
-	b, _, stop := openDurable(t, t.TempDir())
-	t.Cleanup(stop)
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("roaming")
-	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}}
+	b, sc, id, st := storedSession(t, "roaming")
 	state, err := durable.EncodeTransfer(st)
 	require.NoError(t, err)
 	own := &releaseCounter{}

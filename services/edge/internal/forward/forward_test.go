@@ -82,8 +82,14 @@ func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwar
 
 func connectForwarderBound(t *testing.T, from *edge, self string, bound time.Duration, to ...Peer) *Forwarder {
 	t.Helper()
+	return connectResolver(t, from, self, bound, staticRoutes(to))
+}
+
+// connectResolver runs a forwarder for from that routes as r says.
+func connectResolver(t *testing.T, from *edge, self string, bound time.Duration, r Resolver) *Forwarder {
+	t.Helper()
 	_, inc := from.b.ID()
-	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: bound, Logger: testutil.Logger(t)}
+	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: r, Bound: bound, Logger: testutil.Logger(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = f.Run(ctx); close(done) }()
@@ -365,13 +371,7 @@ func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
 	gone.api.Close() // it stopped answering, then leaves the membership
 	routes := &switchRoutes{}
 	routes.set(Peer{ID: "edge-b", URL: url})
-	_, inc := a.b.ID()
-	f := &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Resolver: routes, Bound: time.Minute, Logger: testutil.Logger(t)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = f.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	a.b.SetCluster(broker.Cluster{Peers: f})
+	f := connectResolver(t, a, "edge-a", time.Minute, routes)
 
 	sub := mqtttest.Dial(t, holder.mqtt, 5)
 	sub.Connect("sub", true, packets.Properties{})
