@@ -99,8 +99,12 @@ type conn struct {
 	// goroutine too.
 	will      atomic.Pointer[Message]
 	willDelay uint32
-	// record is the session record stored for this connection, nil if none.
-	record  *durable.Session
+	// record is the session record stored for this connection while it
+	// holds a will, nil if none.
+	record *durable.Session
+	// stored is the session record stored at CONNECT, nil if none: a
+	// DISCONNECT that changes the expiry interval writes it again.
+	stored  *durable.Session
 	existed []bool // per filter of the SUBSCRIBE being processed
 	refused []byte // per filter of that SUBSCRIBE: the code the edge refuses it with, 0 if none
 	// sessionEnds is set when a clean-start takeover ends this connection's

@@ -353,12 +353,45 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		}
 		b.scheduleWill(cl.ID, will, delay, c.record)
 	} else if c.record != nil {
+		if normal {
+			b.storeDisconnectExpiry(cl, c, s)
+		}
 		// A normal DISCONNECT, or this edge stopping: the will never goes
 		// out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
 	}
+	if normal && c.record == nil {
+		b.storeDisconnectExpiry(cl, c, s)
+	}
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)
+	}
+}
+
+// storeDisconnectExpiry writes the session expiry interval an MQTT 5
+// DISCONNECT changed [MQTT-3.14.2-2] into the stored session record, so
+// that a custodian or a restart expires the session when the client last
+// asked, not when it said at CONNECT. A record that holds a will is
+// changed in place, and written when the will is dropped, right after.
+func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
+	e := cl.Properties.Props.SessionExpiryInterval
+	if c.stored == nil || c.stored.ExpiryInterval == e || e == 0 || s == nil {
+		return // unchanged, or the session ends with the connection
+	}
+	if c.record != nil {
+		s.mu.Lock()
+		if s.record == c.record {
+			c.record.ExpiryInterval = e
+		}
+		s.mu.Unlock()
+		return
+	}
+	rec := *c.stored
+	rec.ExpiryInterval = e
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := b.store.PutSession(ctx, rec); err != nil {
+		b.logger.Warn("session expiry of the DISCONNECT not stored; the CONNECT's stays", "client_id", cl.ID, "error", err)
 	}
 }
 

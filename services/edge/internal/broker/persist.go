@@ -232,6 +232,7 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	if err := b.store.PutSession(ctx, *rec); err != nil {
 		return err
 	}
+	c.stored = rec
 	if rec.Will != nil {
 		c.record = rec
 	}

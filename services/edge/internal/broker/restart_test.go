@@ -163,3 +163,22 @@ func TestBroker_RestartKeepsInboundQoS2State(t *testing.T) {
 	pub.Expect(packets.Pubrec)
 	require.Equal(t, []byte("next"), sub.Expect(packets.Publish).Payload)
 }
+
+// An MQTT 5 DISCONNECT that changes the session expiry interval changes it
+// in the stored session too [MQTT-3.14.2-2]: a restart, or a custodian,
+// expires the session when the client last asked.
+func TestBroker_DisconnectExpiryIsStored(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("shrinking", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
+	id := b.mustScope(t, "default").ClientID("shrinking")
+	waitBound(t, b, id)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect},
+		Properties: packets.Properties{SessionExpiryInterval: 7, SessionExpiryIntervalFlag: true}})
+	require.Eventually(t, func() bool {
+		st, ok, err := b.store.LoadSession(t.Context(), id)
+		return err == nil && ok && st.Session.ExpiryInterval == 7
+	}, 5*time.Second, 10*time.Millisecond, "the stored session keeps the interval of the DISCONNECT")
+}
