@@ -317,6 +317,10 @@ func TestMatchTopic(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, matchTopic(tc.filter, tc.topic), "%s ~ %s", tc.filter, tc.topic)
 	}
+	// A Subscriber of a shared subscription stands for its group.
+	s := NewChecker().NewSubscriber("group", 1, "$share/g/a/#")
+	require.True(t, s.matches("a/b"))
+	require.False(t, s.matches("b/a"))
 }
 
 func TestPayloadRoundTrip(t *testing.T) {

@@ -404,6 +404,13 @@ func (s *Subscriber) report(pubs map[string]*pubState, ids []string) SubReport {
 
 func (s *Subscriber) matches(topic string) bool {
 	for _, f := range s.Filters {
+		if rest, ok := strings.CutPrefix(f, "$share/"); ok {
+			// A shared subscription's Subscriber stands for its whole
+			// group: every member records into it.
+			if _, inner, ok := strings.Cut(rest, "/"); ok {
+				f = inner
+			}
+		}
 		if matchTopic(f, topic) {
 			return true
 		}

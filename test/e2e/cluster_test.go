@@ -380,3 +380,44 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	requireNoLoss(t, r, "a publish that found no live holder of a session is sent again by its publisher after "+
 		"later ones were taken", witness.Name, online.Name, offline.Name)
 }
+
+// TestE2E_Cluster_SharedMemberKilled kills (SIGKILL) the edge of one
+// member of a shared subscription while a QoS 1 stream from another edge
+// flows to the group, whose two members have persistent sessions on
+// edges 1 and 3. The killed member comes back on edge 3 once edge 1's
+// lease expired and resumes its session from the store: the group as a
+// whole gets every message acknowledged to the publisher since the
+// members subscribed (a message may reach the group twice at QoS 1).
+func TestE2E_Cluster_SharedMemberKilled(t *testing.T) {
+	needDocker(t)
+	const ttl, forward = 3 * time.Second, 5 * time.Second
+	k := startCluster(t, clusterConfig{LeaseTTL: ttl, ForwardTimeout: forward, Persistence: true})
+	ck := NewChecker()
+	const filter = "$share/workers/e2e/share/#"
+	group := ck.NewSubscriber("group", 1, filter)
+	killedMember := subscribe(t, k.URL(0), "share-member-1", false, group, nil)
+	t.Cleanup(func() { killedMember.Disconnect(0) })
+	subscribe(t, k.URL(2), "share-member-2", false, group, nil)
+
+	pc := mustDial(t, mqttOpts(k.URL(1), "share-pub", true))
+	pub := ck.NewPublisher("share-pub", pc, "e2e/share/t", 1)
+	pub.AckTimeout = 20 * time.Second
+	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(1), "share-pub", true), 30*time.Second) }
+	stop := pub.GoStream(5 * time.Millisecond)
+	t.Cleanup(stop)
+	waitFlowing(t, 20*time.Second, 100, group)
+
+	killed := time.Now()
+	k.Kill(k.Edges[0])
+	back, err := dial(mqttOpts(k.URL(2), "share-member-1", false).SetDefaultPublishHandler(group.Handler()), 60*time.Second)
+	require.NoError(t, err, "the killed edge's member comes back on edge 3")
+	t.Cleanup(func() { back.Disconnect(0) })
+	t.Logf("member 1 resumed on edge 3 %v after the kill", time.Since(killed).Round(100*time.Millisecond))
+	waitFlowing(t, 60*time.Second, 300, group)
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("after the kill, publisher reconnects %d:%s", pub.Reconnects(), r)
+	require.Positive(t, r.Pub("share-pub").Acked)
+	requireNoLoss(t, r, "a group message the killed edge held comes back with its member's session, after "+
+		"newer ones reached the other member", group.Name)
+}

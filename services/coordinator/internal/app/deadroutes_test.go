@@ -128,7 +128,10 @@ func TestCluster_DeadEdgeRoutesRejoin(t *testing.T) {
 		t.Skip("runs a router process")
 	}
 	t.Parallel()
-	const ttl, grace = time.Second, 500 * time.Millisecond
+	// The lease outlasts the rejoin by far: incarnation 1 must not expire
+	// between its last renewal and the join of incarnation 2, however
+	// loaded the machine.
+	const ttl, grace = 5 * time.Second, 500 * time.Millisecond
 	r := startRouter(t)
 	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: ttl, routerURL: r.url, routeGrace: grace})
 	l := c.waitLeader(5 * time.Second)
