@@ -414,7 +414,7 @@ func (b *Broker) deliver(m *Message) (wait func() error, err error) {
 // may have received a session of the edge that left since, and a QoS 1
 // message may come twice but must not be lost. A QoS 2 message is not
 // routed twice: its publisher is closed unacknowledged and sends it again.
-func (b *Broker) retrying(m *Message, wait func() error) func() error {
+func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func() error {
 	if wait == nil || m.QoS != 1 || b.cfg.ForwardBound <= 0 {
 		return wait
 	}
@@ -423,29 +423,62 @@ func (b *Broker) retrying(m *Message, wait func() error) func() error {
 		if err == nil || !errors.Is(err, ErrPeerGone) {
 			return err
 		}
-		deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
-		for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-			if b.stopping.Load() || b.fenced.Load() || !time.Now().Add(backoff).Before(deadline) {
-				b.m.forwardRetries.WithLabelValues("gave_up").Inc()
-				return err
-			}
-			select {
-			case <-b.stopped.Done():
-				return err
-			case <-time.After(backoff):
-			}
-			var again func() error
-			if again, err = b.deliver(m); err == nil && again != nil {
+		return b.reroute(cl, m, err, func() error {
+			again, err := b.deliver(m)
+			if err == nil && again != nil {
 				err = again()
 			}
-			if err == nil {
-				b.m.forwardRetries.WithLabelValues("taken").Inc()
-				return nil
-			}
-			if !errors.Is(err, ErrPeerGone) {
-				b.m.forwardRetries.WithLabelValues("gave_up").Inc()
-				return err
-			}
+			return err
+		})
+	}
+}
+
+// deliverAgain routes a QoS 1 message whose routes named an edge that left
+// the cluster (they outlive it for a grace) again until it is handed to
+// every edge with a match, within the forward bound, before the publisher's
+// next message is read: nothing was delivered yet, and a later message
+// must not overtake it.
+func (b *Broker) deliverAgain(cl *mqtt.Client, m *Message, err error) (wait func() error, _ error) {
+	if m.QoS != 1 || b.cfg.ForwardBound <= 0 || !errors.Is(err, ErrPeerGone) {
+		return nil, err
+	}
+	err = b.reroute(cl, m, err, func() error {
+		var err error
+		wait, err = b.deliver(m)
+		return err
+	})
+	return wait, err
+}
+
+// reroute runs attempt, with backoff, until it succeeds, fails otherwise
+// than by an edge gone, or the forward bound since m's ingress passes;
+// err is the failure that started it. It gives up when the publisher's
+// connection closes: the message is not acknowledged then, and routed
+// later it would overtake nothing but follow what the publisher sent
+// since, out of order.
+func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, attempt func() error) error {
+	deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		if b.stopping.Load() || b.fenced.Load() || cl.Closed() || !time.Now().Add(backoff).Before(deadline) {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		}
+		select {
+		case <-b.stopped.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		if cl.Closed() {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		}
+		if err = attempt(); err == nil {
+			b.m.forwardRetries.WithLabelValues("taken").Inc()
+			return nil
+		}
+		if !errors.Is(err, ErrPeerGone) {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
 		}
 	}
 }

@@ -765,12 +765,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		b.retain(m)
 	}
 	wait, err := b.routeAsync(m)
-	if first := err; m.QoS == 1 && errors.Is(err, ErrPeerGone) {
-		// Routed to an edge that is gone (its routes outlive it for a
-		// grace): routed again in the wait, as a forward that failed.
-		wait, err = func() error { return first }, nil
+	if err != nil {
+		wait, err = b.deliverAgain(cl, m, err)
 	}
-	wait = b.retrying(m, wait)
+	wait = b.retrying(cl, m, wait)
 	if err != nil {
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
