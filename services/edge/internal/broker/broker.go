@@ -458,7 +458,11 @@ func (b *Broker) deliverAgain(cl *mqtt.Client, m *Message, err error) (wait func
 // since, out of order.
 func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, attempt func() error) error {
 	deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
-	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+	// The first attempt goes at once: the publisher's acknowledgements wait
+	// in order, so the messages behind this one failed with it, and each
+	// tries again only once this one is done, when the routes that made it
+	// fail are most likely gone.
+	for backoff := time.Duration(0); ; backoff = min(max(2*backoff, 50*time.Millisecond), time.Second) {
 		if b.stopping.Load() || b.fenced.Load() || cl.Closed() || !time.Now().Add(backoff).Before(deadline) {
 			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
 			return err
