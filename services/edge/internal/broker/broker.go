@@ -386,12 +386,6 @@ func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
 	} else if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
-	return b.deliver(m)
-}
-
-// deliver is routeAsync without the output: the message goes to this
-// edge's subscribers and to the other edges.
-func (b *Broker) deliver(m *Message) (wait func() error, err error) {
 	var local SharedChoice
 	if b.cluster.Peers != nil {
 		// Forwarding first: it decides which edge serves each shared group.
@@ -403,88 +397,6 @@ func (b *Broker) deliver(m *Message) (wait func() error, err error) {
 		wait, local = w, choice
 	}
 	return wait, b.deliverLocal(m, local)
-}
-
-// retrying wraps the wait of a QoS 1 message's routing: when an edge it was
-// forwarded to left the cluster before taking it, the message is routed
-// again, to the edges that hold matching sessions now (custodians, or the
-// edges their clients came back to), until all of them took it or the
-// forward bound since its ingress passed (DESIGN: PUBLISH). Every edge
-// with a match gets it again, this one included: one that took it before
-// may have received a session of the edge that left since, and a QoS 1
-// message may come twice but must not be lost. A QoS 2 message is not
-// routed twice: its publisher is closed unacknowledged and sends it again.
-func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func() error {
-	if wait == nil || m.QoS != 1 || b.cfg.ForwardBound <= 0 {
-		return wait
-	}
-	return func() error {
-		err := wait()
-		if err == nil || !errors.Is(err, ErrPeerGone) {
-			return err
-		}
-		return b.reroute(cl, m, err, func() error {
-			again, err := b.deliver(m)
-			if err == nil && again != nil {
-				err = again()
-			}
-			return err
-		})
-	}
-}
-
-// deliverAgain routes a QoS 1 message whose routes named an edge that left
-// the cluster (they outlive it for a grace) again until it is handed to
-// every edge with a match, within the forward bound, before the publisher's
-// next message is read: nothing was delivered yet, and a later message
-// must not overtake it.
-func (b *Broker) deliverAgain(cl *mqtt.Client, m *Message, err error) (wait func() error, _ error) {
-	if m.QoS != 1 || b.cfg.ForwardBound <= 0 || !errors.Is(err, ErrPeerGone) {
-		return nil, err
-	}
-	err = b.reroute(cl, m, err, func() error {
-		var err error
-		wait, err = b.deliver(m)
-		return err
-	})
-	return wait, err
-}
-
-// reroute runs attempt, with backoff, until it succeeds, fails otherwise
-// than by an edge gone, or the forward bound since m's ingress passes;
-// err is the failure that started it. It gives up when the publisher's
-// connection closes: the message is not acknowledged then, and routed
-// later it would overtake nothing but follow what the publisher sent
-// since, out of order.
-func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, attempt func() error) error {
-	deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
-	// The first attempt goes at once: the publisher's acknowledgements wait
-	// in order, so the messages behind this one failed with it, and each
-	// tries again only once this one is done, when the routes that made it
-	// fail are most likely gone.
-	for backoff := time.Duration(0); ; backoff = min(max(2*backoff, 50*time.Millisecond), time.Second) {
-		if b.stopping.Load() || b.fenced.Load() || cl.Closed() || !time.Now().Add(backoff).Before(deadline) {
-			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
-			return err
-		}
-		select {
-		case <-b.stopped.Done():
-			return err
-		case <-time.After(backoff):
-		}
-		if cl.Closed() {
-			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
-			return err
-		}
-		if err = attempt(); err == nil {
-			b.m.forwardRetries.WithLabelValues("taken").Inc()
-			return nil
-		}
-		if !errors.Is(err, ErrPeerGone) {
-			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
-			return err
-		}
-	}
 }
 
 // servesGroup turns a choice of shared groups into the index's filter.

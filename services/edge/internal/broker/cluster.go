@@ -101,11 +101,6 @@ type ConditionalOwnership interface {
 // not owned by the edge it named.
 var ErrOwnerChanged = errors.New("session owner changed")
 
-// ErrPeerGone is what a forward's wait returns when an edge the message
-// was forwarded to did not take it: it left the cluster, or the forward
-// bound passed.
-var ErrPeerGone = errors.New("peer edge did not take the message")
-
 // ErrClaimSuperseded is returned by a claim that was granted and then
 // followed by a newer claim of the session before the claimant heard of its
 // grant (the answer was lost and the claim retried): the session is not

@@ -50,11 +50,6 @@ type Config struct {
 	// the forward timeout (cluster.forward-timeout) bounds how late one can
 	// arrive. Zero: 30 s.
 	HandoverMemory time.Duration `yaml:"-"`
-	// ForwardBound is how long a QoS 1 publish forwarded to an edge that
-	// left the cluster before taking it is routed again, counted from its
-	// ingress (cluster.forward-timeout). Zero: it is not routed again, its
-	// publisher is closed unacknowledged at once.
-	ForwardBound time.Duration `yaml:"-"`
 }
 
 // Defaults for [Config].

@@ -35,7 +35,6 @@ type metrics struct {
 	takeovers        prometheus.Counter
 	lapsedDropped    prometheus.Counter
 	handoverRelays   *prometheus.CounterVec
-	forwardRetries   *prometheus.CounterVec
 	relaysReceived   *prometheus.CounterVec
 	resumedFromStore prometheus.Counter
 	adoptedSessions  *prometheus.CounterVec
@@ -127,10 +126,6 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_relays_received_total",
 			Help: "Messages relayed here by the previous owner of a session taken over, by order: kept (queued ahead of newer ones while the session settled), late (after the settle: newer ones may have been sent first).",
 		}, []string{"order"}),
-		forwardRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keel_edge_forward_retries_total",
-			Help: "QoS 1 publishes routed again because an edge they were forwarded to left the cluster before taking them, by outcome (taken: every edge holding a matching session took it; gave_up: not within the forward bound, the publisher is closed unacknowledged).",
-		}, []string{"outcome"}),
 		lapsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_lapsed_sessions_dropped_total",
 			Help: "Sessions this edge held when its lease ran out, dropped when it rejoined under a new incarnation (their custodians or new owners serve them).",
@@ -160,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.relaysReceived, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -64,7 +64,7 @@ func sharedChoice(fm *edgev1.ForwardMessage) broker.SharedChoice {
 
 // ErrPeerGone means a frame could not be handed to the peer within the
 // bound: the publisher must not be acknowledged.
-var ErrPeerGone = broker.ErrPeerGone
+var ErrPeerGone = errors.New("peer edge did not take the message")
 
 // Server receives forward streams.
 type Server struct {

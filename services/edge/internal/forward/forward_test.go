@@ -5,15 +5,12 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
-	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/rpc"
@@ -47,17 +44,9 @@ type edge struct {
 // startEdge runs a broker with its edge API on an h2c test server.
 func startEdge(t *testing.T, id string) *edge {
 	t.Helper()
-	return startEdgeWith(t, id, func(*broker.Config) {}, prometheus.NewRegistry())
-}
-
-// startEdgeWith is startEdge with the broker's configuration changed by set
-// and its metrics in reg.
-func startEdgeWith(t *testing.T, id string, set func(*broker.Config), reg *prometheus.Registry) *edge {
-	t.Helper()
 	cfg := broker.DefaultConfig()
 	cfg.EdgeID = id
-	set(&cfg)
-	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), reg)
+	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
 	require.NoError(t, err)
 	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
 	require.NoError(t, b.AddListener(l))
@@ -338,65 +327,4 @@ func TestForward_NewLinkAfterPeerCameBack(t *testing.T) {
 	pub.Expect(packets.Puback)
 	got := sub.Expect(packets.Publish)
 	require.Equal(t, "after", string(got.Payload), "delivered, not taken for a resend")
-}
-
-// switchRoutes sends every topic to the peers set last.
-type switchRoutes struct {
-	mu    sync.Mutex
-	peers []Peer
-}
-
-func (s *switchRoutes) set(p ...Peer) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.peers = p
-}
-
-func (s *switchRoutes) Route(context.Context, string, string) (Route, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Route{Edges: slices.Clone(s.peers)}, nil
-}
-
-// A QoS 1 message forwarded to an edge that leaves the cluster before
-// taking it is routed again, to the edge that holds the session now, and
-// acknowledged once that edge took it: the publisher is not closed
-// (DESIGN: PUBLISH, re-resolve and retry within the forward bound).
-func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewRegistry()
-	a := startEdgeWith(t, "edge-a", func(c *broker.Config) { c.ForwardBound = 20 * time.Second }, reg)
-	gone, holder := startEdge(t, "edge-b"), startEdge(t, "edge-c")
-	url := gone.api.URL
-	gone.api.Close() // it stopped answering, then leaves the membership
-	routes := &switchRoutes{}
-	routes.set(Peer{ID: "edge-b", URL: url})
-	f := connectResolver(t, a, "edge-a", time.Minute, routes)
-
-	sub := mqtttest.Dial(t, holder.mqtt, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "t/+", 1)
-	pub := mqtttest.Dial(t, a.mqtt, 5)
-	pub.Connect("pub", true, packets.Properties{})
-	pub.Publish(1, "t/x", 1, []byte("x"))
-	_, err := pub.Read(300 * time.Millisecond)
-	require.Error(t, err, "nothing while the peer may still take it")
-	// The session is held by edge-c now; edge-b leaves the membership.
-	routes.set(Peer{ID: "edge-c", URL: holder.api.URL})
-	f.PeerGone("edge-b")
-	require.Equal(t, packets.Puback, pub.Expect(packets.Puback).FixedHeader.Type)
-	got := sub.Expect(packets.Publish)
-	require.Equal(t, "x", string(got.Payload))
-	require.Equal(t, 1, promtest.CollectAndCount(reg, "keel_edge_forward_retries_total"))
-	n, err := promtest.GatherAndCount(reg, "keel_edge_forward_retries_total")
-	require.NoError(t, err)
-	require.Equal(t, 1, n, "one outcome recorded")
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == "keel_edge_forward_retries_total" {
-			require.Equal(t, "taken", mf.GetMetric()[0].GetLabel()[0].GetValue())
-			require.Equal(t, 1.0, mf.GetMetric()[0].GetCounter().GetValue())
-		}
-	}
 }
