@@ -232,6 +232,9 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		// Its client came back here meanwhile, under a newer claim.
 		return true, nil
 	}
+	if errors.Is(err, errTakeoverIncomplete) && b.resumeIncomplete(sc, clientID, epoch, previous) {
+		return true, nil
+	}
 	if err != nil {
 		return false, err
 	}

@@ -10,9 +10,11 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -443,4 +445,63 @@ func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
 	require.NoError(t, b.DeliverRelayed(t.Context(), forwardedMsg(3, "a/late", 1, now.Add(-time.Second)), to))
 	require.Equal(t, "a/late", target.Expect(packets.Publish).TopicName)
 	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.relaysReceived.WithLabelValues("late")))
+}
+
+// sharedLocal is an edge-local store standing in for the shared one: every
+// edge of a test reads what the test stored in it.
+type sharedLocal struct{ *durable.Store }
+
+func (sharedLocal) Shared() bool { return true }
+
+// A takeover that fails after the previous owner gave the session up (here
+// End fails) refuses the CONNECT, but the session stays with this edge, its
+// owner at the coordinator: resumed from the shared store, offline, with
+// its routes, it queues for its client instead of leaving a gap in which
+// what is published for it reaches no edge.
+func TestBroker_IncompleteTakeoverResumesFromTheStore(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.EdgeID = "test"
+	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, b.Restore(sharedLocal{st}))
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
+
+	id := b.mustScope(t, "default").ClientID("mover")
+	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}
+	require.NoError(t, st.PutSession(t.Context(), rec))
+	require.NoError(t, st.PutSubscription(t.Context(), id, durable.Subscription{Filter: b.mustScope(t, "default").Topic("s/#"), QoS: 1}))
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
+	require.NoError(t, err)
+	var added atomic.Int32
+	routes := &fakeRoutes{add: func(_, filter, _ string) error {
+		if filter == "s/#" {
+			added.Add(1)
+		}
+		return nil
+	}}
+	tk := &failingEnd{scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}}
+	b.SetCluster(Cluster{Routes: routes, Takeover: tk, Ownership: grantOwnership(func() Grant {
+		return Grant{Epoch: 9, Previous: "other"}
+	})})
+
+	c := mqtttest.Dial(t, l.Address(), 5)
+	require.Equal(t, packets.ErrServerUnavailable.Code, c.Connect("mover", false, persistentProps).ReasonCode)
+	s := b.session(id)
+	require.NotNil(t, s, "the session stays here")
+	require.Equal(t, uint64(9), sessionEpoch(b, id))
+	require.False(t, s.online.Load(), "offline until its client comes back")
+	require.Positive(t, added.Load(), "its routes are registered here")
+}
+
+// failingEnd is a scripted takeover whose End fails.
+type failingEnd struct{ scriptedTakeover }
+
+func (f *failingEnd) End(context.Context, string, string, string, uint64) ([]byte, error) {
+	return nil, errors.New("previous owner stopped")
 }

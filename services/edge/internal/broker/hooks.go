@@ -185,8 +185,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
-			b.setUnfinished(sc.ClientID(external), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
+			if errors.Is(err, errTakeoverIncomplete) && !pk.Connect.Clean && b.resumeIncomplete(sc, external, epoch, previous) {
+				b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
+			} else {
+				b.setUnfinished(sc.ClientID(external), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
+			}
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")
 		}
 		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})

@@ -410,7 +410,7 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		return false, err
 	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 	}
 	defer s.releaseHold() // whatever happened, nothing waits on it any longer
 	// Whatever fails from here leaves no copy of the session here: its
@@ -421,6 +421,7 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		if err != nil {
 			b.forgetCopy(s)
 			moved = false
+			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
 	}()
 	late, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
@@ -444,6 +445,40 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	}
 	s.settleAfterTakeover(time.Now())
 	return true, nil
+}
+
+// errTakeoverIncomplete wraps the failure of a takeover after the previous
+// owner gave the session up (TakeoverBegin answered with its state).
+var errTakeoverIncomplete = errors.New("takeover incomplete")
+
+// resumeIncomplete keeps a session whose takeover by this edge failed after
+// the previous owner gave it up. This edge owns it at the coordinator, so
+// no custodian takes it, and the previous owner's copy and routes go when
+// it ends the takeover or stops: without a copy here, nothing would queue
+// for the session until its client came back, and what is published
+// meanwhile would be acknowledged to nobody. Resumed from the shared store
+// (its epoch made current, so the previous owner stores nothing more), the
+// session waits here, offline, for its client. It reports whether the
+// session is here now.
+func (b *Broker) resumeIncomplete(sc *tenancy.Scope, clientID string, epoch uint64, previous string) bool {
+	if b.store == nil || !b.store.Shared() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
+	defer cancel()
+	id := sc.ClientID(clientID)
+	if err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false); err != nil {
+		if !errors.Is(err, errNewerCopy) {
+			b.logger.Warn("session of an incomplete takeover not resumed; it waits in the store for its client", "client_id", id,
+				"previous", previous, "error", err)
+		}
+		return false
+	}
+	if b.session(id) == nil {
+		return false // nothing stored: the session ended
+	}
+	b.logger.Info("session of an incomplete takeover resumed from the shared store", "client_id", id, "previous", previous)
+	return true
 }
 
 // unfinishedTakeover is a takeover that failed after this edge's claim
