@@ -261,9 +261,16 @@ func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 	newer.releaseHold()
 	require.Equal(t, uint64(9), sessionEpoch(b, id))
 	// A failure after the older import forgets that copy only.
-	b.forgetCopy(older)
+	b.forgetCopy(older, 7)
 	require.Equal(t, uint64(9), sessionEpoch(b, id), "the newer copy stays")
-	b.forgetCopy(newer)
+	// Nor the copy a newer claim took on: a client that connected here
+	// bound it under its own epoch.
+	newer.mu.Lock()
+	newer.epoch = 11
+	newer.mu.Unlock()
+	b.forgetCopy(newer, 9)
+	require.Same(t, newer, b.session(id), "bound under a newer claim, it stays")
+	b.forgetCopy(newer, 11)
 	require.Nil(t, b.session(id))
 }
 

@@ -238,16 +238,21 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	return s, nil
 }
 
-// forgetCopy ends s, the copy of a session an import made here, if it is
-// still the edge's copy: a failure after the import must not end a newer
-// copy that replaced it meanwhile (a client that connected here and read
-// the session from the shared store), whose claim the release would undo.
-func (b *Broker) forgetCopy(s *session) {
+// forgetCopy ends s, the copy of a session an import under epoch made
+// here, if it is still that copy: a failure after the import must not end
+// a newer copy that replaced it meanwhile (a client that connected here
+// and read the session from the shared store), nor this one once a newer
+// claim took it on (a client that connected here bound it under its own
+// epoch), whose claim the release would undo.
+func (b *Broker) forgetCopy(s *session, epoch uint64) {
 	mu := &b.importLocks[importStripe(s.id)]
 	mu.Lock()
 	defer mu.Unlock()
 	s.releaseHold()
-	if b.session(s.id) == s {
+	s.mu.Lock()
+	same := s.epoch == epoch
+	s.mu.Unlock()
+	if same && b.session(s.id) == s {
 		b.forgetSession(s.id)
 	}
 }
@@ -419,7 +424,7 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 	moved = true
 	defer func() {
 		if err != nil {
-			b.forgetCopy(s)
+			b.forgetCopy(s, epoch)
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
