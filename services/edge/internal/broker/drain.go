@@ -31,6 +31,9 @@ const (
 	// drainOfflineWait bounds the wait for the disconnected clients'
 	// sessions to go offline before they are handed over.
 	drainOfflineWait = 5 * time.Second
+	// drainHeldWait bounds the wait for the sessions handed over to their
+	// clients' new edges to be taken over from this one.
+	drainHeldWait = 5 * time.Second
 )
 
 // DrainOptions shape a drain.
@@ -98,9 +101,17 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 		}()
 	}
 	wg.Wait()
-	// A session whose client took it to another edge during the drain may
-	// still be between TakeoverBegin and TakeoverEnd here: the other edge
-	// admits its client only once End answered, so the edge stays for it.
+	// A session whose client took it to another edge during the drain (the
+	// custodian found it moved on) leaves only when that edge's takeover
+	// reaches this one: until then this edge holds its routes and queues
+	// for it, and leaving sooner would leave it with no edge that does. The
+	// wait is short (a client reconnecting at once) and bounded.
+	held, cancelHeld := context.WithTimeout(ctx, drainHeldWait)
+	waitUntil(held, func() bool { return b.persistentSessions() == 0 })
+	cancelHeld()
+	// A session may still be between TakeoverBegin and TakeoverEnd here:
+	// the other edge admits its client only once End answered, so the edge
+	// stays for it.
 	waitUntil(ctx, func() bool { return b.movingSessions() == 0 })
 	b.m.drainedSessions.WithLabelValues("moved").Add(float64(moved))
 	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
@@ -166,6 +177,21 @@ func waitUntil(ctx context.Context, done func() bool) {
 		case <-tick.C:
 		}
 	}
+}
+
+// persistentSessions counts the persistent sessions held here.
+func (b *Broker) persistentSessions() int {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	n := 0
+	for _, s := range b.sessions {
+		s.mu.Lock()
+		if s.persistent && s.durable {
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
 }
 
 // movingSessions counts the sessions another edge began to take over and
