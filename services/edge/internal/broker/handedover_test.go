@@ -135,27 +135,35 @@ func TestBroker_HandedOverSessionRelaysEarlierMessages(t *testing.T) {
 	require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.handoverRelays.WithLabelValues("error")))
 }
 
-// A relayed message goes to its target sessions alone, once even when it
-// reached the session directly as well; one for a session that is not here
-// is taken with nothing to do.
-func TestBroker_DeliverRelayed(t *testing.T) {
-	t.Parallel()
+// takenOverTarget connects the persistent client "target", subscribed to
+// a/#, and makes its session look taken over from another edge at now:
+// what was published before is remembered for a minute.
+func takenOverTarget(t *testing.T, now time.Time) (*Broker, string, *mqtttest.Client, *session, uint64) {
+	t.Helper()
 	b, addr, stop := openDurable(t, t.TempDir())
 	t.Cleanup(stop)
 	target := mqtttest.Dial(t, addr, 5)
 	target.Connect("target", false, persistentProps)
 	target.Subscribe(1, "a/#", 1)
-	other := mqtttest.Dial(t, addr, 5)
-	other.Connect("other", true, packets.Properties{})
-	other.Subscribe(1, "a/#", 1)
 	id := b.mustScope(t, "default").ClientID("target")
 	epoch := waitBound(t, b, id)
-	// As after a takeover: messages published before it are remembered.
 	s := b.session(id)
 	s.mu.Lock()
 	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
-	s.recent.narrow(time.Now(), time.Minute)
+	s.recent.narrow(now, time.Minute)
 	s.mu.Unlock()
+	return b, addr, target, s, epoch
+}
+
+// A relayed message goes to its target sessions alone, once even when it
+// reached the session directly as well; one for a session that is not here
+// is taken with nothing to do.
+func TestBroker_DeliverRelayed(t *testing.T) {
+	t.Parallel()
+	b, addr, target, _, epoch := takenOverTarget(t, time.Now())
+	other := mqtttest.Dial(t, addr, 5)
+	other.Connect("other", true, packets.Properties{})
+	other.Subscribe(1, "a/#", 1)
 
 	early := forwardedMsg(1, "a/b", 1, time.Now().Add(-time.Second))
 	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
@@ -421,20 +429,8 @@ func TestBroker_ClaimAfterLostAnswerTakesOverFromTakenFrom(t *testing.T) {
 // it settled: the client gets them in the order they were published.
 func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
 	t.Parallel()
-	b, addr, stop := openDurable(t, t.TempDir())
-	t.Cleanup(stop)
-	target := mqtttest.Dial(t, addr, 5)
-	target.Connect("target", false, persistentProps)
-	target.Subscribe(1, "a/#", 1)
-	id := b.mustScope(t, "default").ClientID("target")
-	epoch := waitBound(t, b, id)
-	// As after a takeover from a live edge.
-	s := b.session(id)
 	now := time.Now()
-	s.mu.Lock()
-	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
-	s.recent.narrow(now, time.Minute)
-	s.mu.Unlock()
+	b, _, target, s, epoch := takenOverTarget(t, now)
 	s.settleAfterTakeover(now)
 
 	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
