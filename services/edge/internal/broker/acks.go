@@ -116,7 +116,11 @@ func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait fun
 	}
 	b.m.acksDeferred.Inc()
 	if start {
-		go b.sendAcks(cl, q, v5)
+		b.ackers.Add(1)
+		go func() {
+			defer b.ackers.Done()
+			b.sendAcks(cl, q, v5)
+		}()
 	}
 }
 

@@ -82,6 +82,7 @@ type Broker struct {
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
 	writers  sync.WaitGroup
+	ackers   sync.WaitGroup // sendAcks goroutines
 	releases sync.WaitGroup
 	load     loadScore
 	aclw     aclWatch
@@ -294,6 +295,11 @@ func (b *Broker) Close() error {
 		})
 		_ = b.server.Close()
 		b.writers.Wait()
+		// The publishes waiting for their acknowledgement end with the
+		// stop (their waits are bound to it): the PUBREC state of a QoS 2
+		// one that is not acknowledged goes before the store closes, or
+		// the client's resend would be taken for a duplicate.
+		b.ackers.Wait()
 		b.willMu.Lock()
 		for _, pw := range b.wills {
 			pw.timer.Stop()
