@@ -142,15 +142,20 @@ func StartGroup(t testing.TB, replicas, minReplicas int) *Group {
 		r := StartNode(t, "replicaof "+host+" "+port, fmt.Sprintf("min-replicas-to-write %d", minReplicas), "min-replicas-max-lag 2")
 		g.Replicas = append(g.Replicas, r)
 	}
-	g.WaitSynced(10 * time.Second)
+	g.WaitSynced(30 * time.Second)
 	return g
 }
 
-// WaitSynced waits until the primary reports every replica online.
+// WaitSynced waits until the primary reports every replica online. Every
+// few seconds without it, each replica is told its primary again: on a
+// loaded machine a replica's first connection attempt can be lost, and the
+// next one then waits for Redis's own retry.
 func (g *Group) WaitSynced(timeout time.Duration) {
 	c := redis.NewClient(&redis.Options{Addr: g.Primary.Addr})
 	defer c.Close()
+	host, port, _ := net.SplitHostPort(g.Primary.Addr)
 	deadline := time.Now().Add(timeout)
+	nudge := time.Now().Add(5 * time.Second)
 	for {
 		info, err := c.Info(context.Background(), "replication").Result()
 		if err == nil && countOnline(info) >= len(g.Replicas) {
@@ -158,6 +163,14 @@ func (g *Group) WaitSynced(timeout time.Duration) {
 		}
 		if time.Now().After(deadline) {
 			g.Primary.t.Fatalf("replicas not in sync after %v: %v\n%s", timeout, err, info)
+		}
+		if time.Now().After(nudge) {
+			nudge = time.Now().Add(5 * time.Second)
+			for _, r := range g.Replicas {
+				rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+				_ = rc.Do(context.Background(), "REPLICAOF", host, port).Err()
+				_ = rc.Close()
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
