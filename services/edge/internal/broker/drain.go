@@ -63,7 +63,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	b.disconnectAll(opts.ServerReference)
 	// Sessions go offline as their connections close.
 	wait, cancel := context.WithTimeout(ctx, drainOfflineWait)
-	waitUntil(wait, func() bool { return b.onlineSessions() == 0 })
+	waitUntil(wait, func() bool { return b.countSessions(online) == 0 })
 	cancel()
 	if b.cluster.Custody == nil {
 		return 0, b.sessionCount()
@@ -107,12 +107,12 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	// for it, and leaving sooner would leave it with no edge that does. The
 	// wait is short (a client reconnecting at once) and bounded.
 	held, cancelHeld := context.WithTimeout(ctx, drainHeldWait)
-	waitUntil(held, func() bool { return b.persistentSessions() == 0 })
+	waitUntil(held, func() bool { return b.countSessions(heldPersistent) == 0 })
 	cancelHeld()
 	// A session may still be between TakeoverBegin and TakeoverEnd here:
 	// the other edge admits its client only once End answered, so the edge
 	// stays for it.
-	waitUntil(ctx, func() bool { return b.movingSessions() == 0 })
+	waitUntil(ctx, func() bool { return b.countSessions(beingTakenOver) == 0 })
 	b.m.drainedSessions.WithLabelValues("moved").Add(float64(moved))
 	b.m.drainedSessions.WithLabelValues("stayed").Add(float64(stayed))
 	b.logger.Info("drained", "sessions_moved", moved, "sessions_stayed", stayed)
@@ -155,17 +155,31 @@ func (b *Broker) disconnectDraining(cl *mqtt.Client, serverReference string) {
 	cl.Stop(packets.ErrServerShuttingDown)
 }
 
-func (b *Broker) onlineSessions() int {
+// countSessions counts the sessions held here for which is reports true
+// (called with the session's lock held).
+func (b *Broker) countSessions(is func(s *session) bool) int {
 	b.sessMu.Lock()
 	defer b.sessMu.Unlock()
 	n := 0
 	for _, s := range b.sessions {
-		if s.online.Load() {
+		s.mu.Lock()
+		if is(s) {
 			n++
 		}
+		s.mu.Unlock()
 	}
 	return n
 }
+
+// online is a session with a connected client.
+func online(s *session) bool { return s.online.Load() }
+
+// heldPersistent is a persistent session held here.
+func heldPersistent(s *session) bool { return s.persistent && s.durable }
+
+// beingTakenOver is a session another edge began to take over and has not
+// finished taking.
+func beingTakenOver(s *session) bool { return s.moving != nil && !s.moving.done }
 
 // waitUntil polls done until it reports true or ctx ends.
 func waitUntil(ctx context.Context, done func() bool) {
@@ -177,37 +191,6 @@ func waitUntil(ctx context.Context, done func() bool) {
 		case <-tick.C:
 		}
 	}
-}
-
-// persistentSessions counts the persistent sessions held here.
-func (b *Broker) persistentSessions() int {
-	b.sessMu.Lock()
-	defer b.sessMu.Unlock()
-	n := 0
-	for _, s := range b.sessions {
-		s.mu.Lock()
-		if s.persistent && s.durable {
-			n++
-		}
-		s.mu.Unlock()
-	}
-	return n
-}
-
-// movingSessions counts the sessions another edge began to take over and
-// has not finished taking.
-func (b *Broker) movingSessions() int {
-	b.sessMu.Lock()
-	defer b.sessMu.Unlock()
-	n := 0
-	for _, s := range b.sessions {
-		s.mu.Lock()
-		if s.moving != nil && !s.moving.done {
-			n++
-		}
-		s.mu.Unlock()
-	}
-	return n
 }
 
 // Adopt takes custody of a session whose owner, fromEdge, is draining: the
@@ -258,7 +241,7 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		// Its client came back here meanwhile, under a newer claim.
 		return true, nil
 	}
-	if errors.Is(err, errTakeoverIncomplete) && b.resumeIncomplete(sc, clientID, epoch, previous) {
+	if errors.Is(err, errTakeoverIncomplete) && b.resumeOwned(sc, clientID, epoch, previous) {
 		return true, nil
 	}
 	if err != nil {

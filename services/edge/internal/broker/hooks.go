@@ -186,9 +186,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
-			if errors.Is(err, errTakeoverIncomplete) && !pk.Connect.Clean && b.resumeIncomplete(sc, external, epoch, previous) {
-				b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
-			} else {
+			if !errors.Is(err, errTakeoverIncomplete) || pk.Connect.Clean || !b.resumeOwned(sc, external, epoch, previous) {
 				b.setUnfinished(sc.ClientID(external), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			}
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")
@@ -350,6 +348,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	// stopped between two packets (DisconnectClient, Stop): the stop cause
 	// tells them apart.
 	normal := err == nil && errors.Is(cl.StopCause(), packets.CodeDisconnect)
+	if normal {
+		b.storeDisconnectExpiry(cl, c, s)
+	}
 	if will := c.will.Load(); will != nil && !normal && !b.stopping.Load() {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
@@ -357,15 +358,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		}
 		b.scheduleWill(cl.ID, will, delay, c.record)
 	} else if c.record != nil {
-		if normal {
-			b.storeDisconnectExpiry(cl, c, s)
-		}
 		// A normal DISCONNECT, or this edge stopping: the will never goes
 		// out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
-	}
-	if normal && c.record == nil {
-		b.storeDisconnectExpiry(cl, c, s)
 	}
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)

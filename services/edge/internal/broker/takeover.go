@@ -456,33 +456,36 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 // owner gave the session up (TakeoverBegin answered with its state).
 var errTakeoverIncomplete = errors.New("takeover incomplete")
 
-// resumeIncomplete keeps a session whose takeover by this edge failed after
-// the previous owner gave it up. This edge owns it at the coordinator, so
-// no custodian takes it, and the previous owner's copy and routes go when
-// it ends the takeover or stops: without a copy here, nothing would queue
-// for the session until its client came back, and what is published
-// meanwhile would be acknowledged to nobody. Resumed from the shared store
-// (its epoch made current, so the previous owner stores nothing more), the
-// session waits here, offline, for its client. It reports whether the
-// session is here now.
-func (b *Broker) resumeIncomplete(sc *tenancy.Scope, clientID string, epoch uint64, previous string) bool {
+// resumeOwned resumes from the shared store a session this edge owns at
+// the coordinator but holds no copy of, because its takeover from previous
+// failed: after the previous owner gave it up (its copy and routes go when
+// it ends the takeover or stops), or because the previous owner left. No
+// custodian takes a session its owner holds, so without a copy here nothing
+// would queue for it until its client came back, and what is published
+// meanwhile would be acknowledged to nobody. Resumed (its epoch made
+// current, so the previous owner stores nothing more), the session waits
+// here, offline, for its client. It reports whether the session is here now
+// (or a newer copy of it, its client having come back first); no takeover
+// of it is left unfinished then.
+func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, previous string) bool {
 	if b.store == nil || !b.store.Shared() {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
 	defer cancel()
 	id := sc.ClientID(clientID)
-	if err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false); err != nil {
-		if !errors.Is(err, errNewerCopy) {
-			b.logger.Warn("session of an incomplete takeover not resumed; it waits in the store for its client", "client_id", id,
-				"previous", previous, "error", err)
-		}
+	err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false)
+	switch {
+	case errors.Is(err, errNewerCopy):
+	case err != nil:
+		b.logger.Warn("session of a failed takeover not resumed; it waits in the store for its client", "client_id", id,
+			"previous", previous, "error", err)
 		return false
-	}
-	if b.session(id) == nil {
+	case b.session(id) == nil:
+		b.setUnfinished(id, unfinishedTakeover{})
 		return false // nothing stored: the session ended
 	}
-	b.logger.Info("session of an incomplete takeover resumed from the shared store", "client_id", id, "previous", previous)
+	b.setUnfinished(id, unfinishedTakeover{})
 	return true
 }
 
@@ -545,20 +548,7 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 		b.releases.Add(1)
 		go func() {
 			defer b.releases.Done()
-			ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
-			defer cancel()
-			id := u.scope.ClientID(u.clientID)
-			if err := b.claimShared(ctx, u.scope, u.clientID, u.epoch, edge, false, true, false); err != nil {
-				if errors.Is(err, errNewerCopy) {
-					// Its client came back here first.
-					b.setUnfinished(id, unfinishedTakeover{})
-					return
-				}
-				b.logger.Warn("session of a failed takeover not adopted; it waits in the store for its client", "client_id", id, "previous", edge, "error", err)
-				return
-			}
-			b.logger.Info("session of a failed takeover adopted after its previous owner left", "client_id", id, "previous", edge)
-			b.setUnfinished(id, unfinishedTakeover{})
+			b.resumeOwned(u.scope, u.clientID, u.epoch, edge)
 		}()
 	}
 }
