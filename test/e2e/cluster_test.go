@@ -346,13 +346,7 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	offClient := subscribe(t, k.URL(0), "crash-offline", false, offline, nil)
 	offClient.Disconnect(250)
 
-	dialPub := func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(1), "crash-pub", true), 30*time.Second) }
-	pc := mustDial(t, mqttOpts(k.URL(1), "crash-pub", true))
-	pub := ck.NewPublisher("crash-pub", pc, "e2e/crash/t", 1)
-	pub.AckTimeout = 20 * time.Second
-	pub.Dial = dialPub
-	stop := pub.GoStream(5 * time.Millisecond)
-	t.Cleanup(stop)
+	stop := streamFrom(t, ck, k.URL(1), "crash-pub", "e2e/crash/t")
 	require.Eventually(t, func() bool { return online.Count() >= 50 }, 20*time.Second, 20*time.Millisecond, "the stream flows")
 
 	killed := time.Now()
@@ -399,12 +393,7 @@ func TestE2E_Cluster_SharedMemberKilled(t *testing.T) {
 	t.Cleanup(func() { killedMember.Disconnect(0) })
 	subscribe(t, k.URL(2), "share-member-2", false, group, nil)
 
-	pc := mustDial(t, mqttOpts(k.URL(1), "share-pub", true))
-	pub := ck.NewPublisher("share-pub", pc, "e2e/share/t", 1)
-	pub.AckTimeout = 20 * time.Second
-	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(1), "share-pub", true), 30*time.Second) }
-	stop := pub.GoStream(5 * time.Millisecond)
-	t.Cleanup(stop)
+	stop := streamFrom(t, ck, k.URL(1), "share-pub", "e2e/share/t")
 	waitFlowing(t, 20*time.Second, 100, group)
 
 	killed := time.Now()
@@ -416,8 +405,21 @@ func TestE2E_Cluster_SharedMemberKilled(t *testing.T) {
 	waitFlowing(t, 60*time.Second, 300, group)
 	stop()
 	r := ck.WaitDelivered(30 * time.Second)
-	t.Logf("after the kill, publisher reconnects %d:%s", pub.Reconnects(), r)
+	t.Logf("after the kill:%s", r)
 	require.Positive(t, r.Pub("share-pub").Acked)
 	requireNoLoss(t, r, "the group's order is the order of no one client: a message the killed edge held comes "+
 		"back with its member's session after newer ones reached the other member", group.Name)
+}
+
+// streamFrom starts the QoS 1 publisher id on the edge at url, a message
+// every 5 ms on topic, dialling that edge again whenever it is dropped. The
+// returned stop ends the stream and waits for every publish to settle.
+func streamFrom(t *testing.T, ck *Checker, url, id, topic string) (stop func()) {
+	t.Helper()
+	pub := ck.NewPublisher(id, mustDial(t, mqttOpts(url, id, true)), topic, 1)
+	pub.AckTimeout = 20 * time.Second
+	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(url, id, true), 30*time.Second) }
+	stop = pub.GoStream(5 * time.Millisecond)
+	t.Cleanup(stop)
+	return stop
 }

@@ -71,14 +71,8 @@ func connectForwarder(t *testing.T, from *edge, self string, to ...Peer) *Forwar
 
 func connectForwarderBound(t *testing.T, from *edge, self string, bound time.Duration, to ...Peer) *Forwarder {
 	t.Helper()
-	return connectResolver(t, from, self, bound, staticRoutes(to))
-}
-
-// connectResolver runs a forwarder for from that routes as r says.
-func connectResolver(t *testing.T, from *edge, self string, bound time.Duration, r Resolver) *Forwarder {
-	t.Helper()
 	_, inc := from.b.ID()
-	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: r, Bound: bound, Logger: testutil.Logger(t)}
+	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: bound, Logger: testutil.Logger(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = f.Run(ctx); close(done) }()
