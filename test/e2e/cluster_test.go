@@ -411,6 +411,45 @@ func TestE2E_Cluster_SharedMemberKilled(t *testing.T) {
 		"back with its member's session after newer ones reached the other member", group.Name)
 }
 
+// TestE2E_Cluster_CleanSharedMemberKilled: a clean member of a shared group
+// holds QoS 1 messages it never acknowledges when its edge is killed. The
+// publishing edge kept each of them until a PUBACK was reported back, so it
+// gives them to the group's other member once the killed edge leaves the
+// membership: the group loses no acknowledged message although the member's
+// session died with its edge.
+func TestE2E_Cluster_CleanSharedMemberKilled(t *testing.T) {
+	needDocker(t)
+	const ttl, forward = 3 * time.Second, 5 * time.Second
+	k := startCluster(t, clusterConfig{LeaseTTL: ttl, ForwardTimeout: forward, Persistence: true})
+	ck := NewChecker()
+	const filter = "$share/workers/e2e/cleanshare/#"
+	group := ck.NewSubscriber("group", 1, filter)
+	// The member on the edge to be killed reads and never acknowledges: what
+	// it got is not delivered, and counts for nothing here.
+	var silent atomic.Int64
+	stuck := mustDial(t, mqttOpts(k.URL(0), "clean-member-1", true).SetAutoAckDisabled(true).
+		SetDefaultPublishHandler(func(mqtt.Client, mqtt.Message) { silent.Add(1) }))
+	tok := stuck.Subscribe(filter, 1, nil)
+	require.True(t, tok.WaitTimeout(20*time.Second), "SUBACK")
+	require.NoError(t, tok.Error())
+	subscribe(t, k.URL(2), "clean-member-2", true, group, nil)
+
+	stop := streamFrom(t, ck, k.URL(1), "cleanshare-pub", "e2e/cleanshare/t")
+	waitFlowing(t, 20*time.Second, 100, group)
+	require.Eventually(t, func() bool { return silent.Load() >= 20 }, 20*time.Second, 50*time.Millisecond,
+		"the silent member gets its share")
+
+	killed := time.Now()
+	k.Kill(k.Edges[0])
+	t.Logf("killed edge 1 with %d messages sent to its silent member", silent.Load())
+	waitFlowing(t, 60*time.Second, 300, group)
+	stop()
+	r := ck.WaitDelivered(30 * time.Second)
+	t.Logf("after the kill (%v ago):%s", time.Since(killed).Round(100*time.Millisecond), r)
+	require.Positive(t, r.Pub("cleanshare-pub").Acked)
+	requireNoLoss(t, r, "a message the killed edge held comes back after newer ones reached the other member", group.Name)
+}
+
 // streamFrom starts the QoS 1 publisher id on the edge at url, a message
 // every 5 ms on topic, dialling that edge again whenever it is dropped. The
 // returned stop ends the stream and waits for every publish to settle.

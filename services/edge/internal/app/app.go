@@ -415,17 +415,20 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	rc.SetIncarnation(e.member.Incarnation()) // in case the edge rejoined meanwhile
 	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
-		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, URLs: e.peers, Logger: e.logger.With("component", "forward")}
+		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, URLs: e.peers, Redispatch: e.broker.RedispatchShared,
+		Logger: e.logger.With("component", "forward")}
+	fwd := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
+		Logger: e.logger.With("component", "edge-api")}
 	e.peers.OnGone = func(edge string) {
 		e.forwarder.PeerGone(edge)
+		fwd.PeerGone(edge)
 		e.broker.PreviousOwnerGone(edge)
 	}
 	takeovers := &forward.Takeovers{Self: edgeID, Incarnation: e.member.Incarnation, Peers: e.peers}
-	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder,
+	e.broker.SetCluster(broker.Cluster{Routes: cluster.Routes{Client: rc}, Peers: e.forwarder, Reports: fwd,
 		Takeover: takeovers, Custody: &forward.Custody{Self: edgeID, Peers: e.peers, Calls: takeovers}})
 
-	srv := &edgeAPI{Server: &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
-		Logger: e.logger.With("component", "edge-api")}, Kicker: e.broker, Kicks: kickCounter(e.reg), Life: e}
+	srv := &edgeAPI{Server: fwd, Kicker: e.broker, Kicks: kickCounter(e.reg), Life: e}
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}

@@ -25,7 +25,7 @@ func newHeldPeers() *heldPeers {
 	return &heldPeers{pending: map[string]chan error{}, routed: map[string]int{}}
 }
 
-func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey) (func() error, error) {
+func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey, string) (func() error, error) {
 	return nil, ErrNoMember
 }
 

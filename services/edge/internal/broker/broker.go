@@ -272,6 +272,9 @@ func (b *Broker) SetCluster(c Cluster) {
 	if c.Peers != nil {
 		b.cluster.Peers = c.Peers
 	}
+	if c.Reports != nil {
+		b.cluster.Reports = c.Reports
+	}
 }
 
 // AddListener adds a listener. Connections that do not complete CONNECT
@@ -441,6 +444,7 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 	var failed error
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
+	var served []*shareGroup // groups given a member, when their origin hears of it
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]
@@ -448,10 +452,18 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 			continue // [MQTT-3.8.3-3]
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
-		if err := b.counted(t.sess.enqueue(d)); err != nil {
+		if t.group != nil && shared.Origin != nil {
+			served = append(served, t.group)
+			if err := b.takeReported(t.sess, d, shared.Origin, true); err != nil {
+				failed = err
+			}
+		} else if err := b.counted(t.sess.enqueue(d)); err != nil {
 			failed = err
 		}
 		targets[i] = target{}
+	}
+	if shared.Origin != nil {
+		b.reportUnserved(m, shared, served)
 	}
 	if waited := time.Since(start); waited > time.Millisecond {
 		b.m.publishWait.Observe(waited.Seconds())
@@ -667,9 +679,7 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Cl
 	// A session that moves to another edge takes its group messages along.
 	var orphans []delivery
 	queuedOrphans := 0
-	if s.moving == nil {
-		orphans, queuedOrphans = s.orphanedShared()
-	}
+	orphans, queuedOrphans = s.orphanedShared(s.moving != nil)
 	dropped := s.queue.len() - queuedOrphans
 	s.queue = ring{}
 	s.queueBytes = 0
@@ -689,7 +699,7 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Cl
 	}
 	// After the session's subscriptions left the index, so that none of
 	// its group messages comes back to it.
-	b.redispatchAll(s, orphans)
+	b.redispatchAll(s, orphans, ShareMemberGone)
 	if b.store != nil && wasStored && !handedOver {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}

@@ -130,8 +130,9 @@ type Output interface {
 type Peers interface {
 	Forward(ctx context.Context, m *Message) (wait func() error, local SharedChoice, err error)
 	// ForwardShared hands m to one other edge with members of group, for
-	// that group alone; ErrNoMember when no other edge has one.
-	ForwardShared(ctx context.Context, m *Message, group GroupKey) (wait func() error, err error)
+	// that group alone, never to notEdge ("": any); ErrNoMember when no
+	// other edge has one.
+	ForwardShared(ctx context.Context, m *Message, group GroupKey, notEdge string) (wait func() error, err error)
 	// Relay hands m to edge for the given sessions alone: sessions this
 	// edge handed over to it, which m, published before the handover, may
 	// not have reached.
@@ -154,6 +155,37 @@ type SharedChoice struct {
 	// Only leaves out every recipient here but the members of Groups: the
 	// message is a re-dispatch, which everyone else has already.
 	Only bool
+	// Origin, when set, is the edge that keeps the message until it hears
+	// what became of it here ([SharedReports]).
+	Origin *ShareOrigin
+}
+
+// ShareOrigin is the edge incarnation that forwarded a QoS 1 group message
+// and keeps it until it hears the outcome (DESIGN: shared subscriptions:
+// the publishing edge owns it until the member's PUBACK is reported back).
+type ShareOrigin struct {
+	Edge        string
+	Incarnation uint64
+}
+
+// ShareOutcome is what became of a group message an origin keeps.
+type ShareOutcome int
+
+const (
+	// ShareAcked: the member acknowledged it, or its copy no longer depends
+	// on this edge (stored durably, or delivered at QoS 0).
+	ShareAcked ShareOutcome = iota + 1
+	// ShareRefused: the member refused it (PUBACK reason code ≥ 0x80).
+	ShareRefused
+	// ShareMemberGone: the member's session ended before it acknowledged.
+	ShareMemberGone
+)
+
+// SharedReports tells origins what became of the group messages they keep.
+// Report returns false when it cannot: the origin is not live, so the
+// message is this edge's to re-dispatch.
+type SharedReports interface {
+	ReportShared(to ShareOrigin, m *Message, group GroupKey, outcome ShareOutcome) bool
 }
 
 // GroupKey names a shared group: its name and its filter in the tenant's
@@ -169,6 +201,9 @@ type Cluster struct {
 	Peers     Peers
 	Takeover  Takeover
 	Custody   Custody
+	// Reports, nil on a single edge, carries outcomes of group messages to
+	// the edges that forwarded them.
+	Reports SharedReports
 }
 
 // localOwnership serves one edge: every claim succeeds, with epochs

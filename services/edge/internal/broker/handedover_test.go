@@ -39,7 +39,7 @@ func (p *relayingPeers) Forward(context.Context, *Message) (func() error, Shared
 	return nil, SharedChoice{}, nil
 }
 
-func (p *relayingPeers) ForwardShared(context.Context, *Message, GroupKey) (func() error, error) {
+func (p *relayingPeers) ForwardShared(context.Context, *Message, GroupKey, string) (func() error, error) {
 	return nil, ErrNoMember
 }
 

@@ -838,8 +838,12 @@ func (b *Broker) completed(cl *mqtt.Client, packetID uint16, refused bool) {
 	if s == nil {
 		return
 	}
-	if d, ok := s.ackedShared(packetID); ok && refused {
-		b.redispatchAll(s, []delivery{d})
+	if d, ok := s.ackedShared(packetID); ok {
+		if refused {
+			b.redispatchAll(s, []delivery{d}, ShareRefused)
+		} else {
+			b.reportAcked(s, d)
+		}
 	}
 	s.acked()
 	if s.durable && b.store != nil {

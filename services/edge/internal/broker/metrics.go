@@ -100,7 +100,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		}),
 		sharedRedispatch: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_shared_redispatched_total",
-			Help: "Shared-group messages whose member's session ended (or whose client refused them) before acknowledging, by outcome: local, forwarded (to another edge's member), queued (for an offline persistent member), refused, no_member (dropped), qos2_dropped (committed to the member that went).",
+			Help: "Shared-group messages whose member's session ended (or whose client refused them) before acknowledging, by outcome: local, forwarded (to another edge's member), returned (to the edge that forwarded it, which keeps it and re-dispatches it), queued (for an offline persistent member), refused, no_member (dropped), qos2_dropped (committed to the member that went).",
 		}, []string{"outcome"}),
 		fencedSessions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_fenced_total",

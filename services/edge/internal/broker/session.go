@@ -30,6 +30,10 @@ type delivery struct {
 	// relayed marks a message the previous owner of a session taken over
 	// relayed here: it goes in the queue at its place in ingress order.
 	relayed bool
+	// origin is the edge that forwarded this QoS 1 group message and keeps
+	// it until told what became of it here (shared.go); nil for a message
+	// this edge owns.
+	origin *ShareOrigin
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its

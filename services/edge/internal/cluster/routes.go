@@ -168,13 +168,21 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 		out.Edges = append(out.Edges, p)
 	}
 	for _, g := range res.Groups {
+		// One member takes a group's message: an edge that left (its routes
+		// outlive it until its sessions are adopted) is passed over while
+		// another has members. Only a group with none live fails the publish.
 		gr := forward.GroupRoute{Name: g.Name, Filter: g.Filter}
+		var gone error
 		for _, id := range g.Edges {
 			p, err := peer(id)
 			if err != nil {
-				return forward.Route{}, err
+				gone = err
+				continue
 			}
 			gr.Edges = append(gr.Edges, p)
+		}
+		if len(gr.Edges) == 0 && gone != nil {
+			return forward.Route{}, gone
 		}
 		if len(gr.Edges) > 0 {
 			out.Groups = append(out.Groups, gr)

@@ -37,6 +37,10 @@ type Deliverer interface {
 	DeliverForwarded(ctx context.Context, m *commonv1.Message, shared broker.SharedChoice) error
 	// DeliverRelayed delivers m to the given sessions of this edge alone.
 	DeliverRelayed(ctx context.Context, m *commonv1.Message, to []broker.RelayTarget) error
+	// RedispatchShared gives a QoS 1 group message to another member of
+	// group, on any edge but notEdge: its member, or the edge it was on,
+	// went before acknowledging it.
+	RedispatchShared(m *commonv1.Message, group broker.GroupKey, notEdge string)
 }
 
 // relayTargets reads the sessions a relayed message is for.
@@ -53,11 +57,15 @@ func relayTargets(fm *edgev1.ForwardMessage) []broker.RelayTarget {
 	return out
 }
 
-// sharedChoice reads which shared groups the sender chose this edge for.
-func sharedChoice(fm *edgev1.ForwardMessage) broker.SharedChoice {
+// sharedChoice reads which shared groups the sender chose this edge for,
+// and whether it keeps the message until it hears the outcome.
+func sharedChoice(fm *edgev1.ForwardMessage, from peerKey) broker.SharedChoice {
 	c := broker.SharedChoice{Chosen: fm.GetSharedChosen() || fm.GetSharedOnly(), Only: fm.GetSharedOnly()}
 	for _, t := range fm.GetShared() {
 		c.Groups = append(c.Groups, broker.GroupKey{Name: t.GetGroup(), Filter: t.GetFilter()})
+		if t.GetReport() {
+			c.Origin = &broker.ShareOrigin{Edge: from.edge, Incarnation: from.incarnation}
+		}
 	}
 	return c
 }
@@ -81,9 +89,10 @@ type Server struct {
 	Members Incarnations
 	Logger  *slog.Logger
 
-	mu      sync.Mutex
-	hwm     map[peerKey]uint64   // highest frame seq taken per sending incarnation
-	partial map[peerKey]progress // a frame that failed part-way, per sending incarnation
+	mu       sync.Mutex
+	hwm      map[peerKey]uint64   // highest frame seq taken per sending incarnation
+	partial  map[peerKey]progress // a frame that failed part-way, per sending incarnation
+	outboxes map[peerKey]*outbox  // outcomes of group messages, per sending incarnation
 }
 
 // progress is which messages of a frame were taken before it failed.
@@ -104,18 +113,18 @@ func (s *Server) Handler() (string, http.Handler) {
 
 // deliver hands one forwarded message to the local edge, in a deliver span
 // that continues the sender's trace when the frame carries one.
-func (s *Server) deliver(ctx context.Context, from string, fm *edgev1.ForwardMessage) error {
+func (s *Server) deliver(ctx context.Context, from peerKey, fm *edgev1.ForwardMessage) error {
 	if len(fm.GetSessions()) > 0 {
 		return s.Deliver.DeliverRelayed(ctx, fm.GetMessage(), relayTargets(fm))
 	}
 	tp := fm.GetTraceparent()
 	if tp == "" || !tracing.Enabled() {
-		return s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm))
+		return s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm, from))
 	}
 	ctx, span := tracer.Start(tracing.ContextFromTraceparent(ctx, tp), "deliver",
 		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
-			tracing.TenantKey.String(fm.GetMessage().GetTenant()), attrFrom.String(from)))
-	err := s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm))
+			tracing.TenantKey.String(fm.GetMessage().GetTenant()), attrFrom.String(from.edge)))
+	err := s.Deliver.DeliverForwarded(ctx, fm.GetMessage(), sharedChoice(fm, from))
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -126,7 +135,21 @@ func (s *Server) deliver(ctx context.Context, from string, fm *edgev1.ForwardMes
 
 // Forward implements edgev1connect.EdgeServiceHandler.
 func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
-	vetted := false
+	// Acks go from here, outcomes from their own goroutine, which is done
+	// before the stream ends.
+	ctx, cancel := context.WithCancel(ctx)
+	var outcomes sync.WaitGroup
+	defer func() {
+		cancel()
+		outcomes.Wait()
+	}()
+	var sendMu sync.Mutex
+	send := func(resp *edgev1.ForwardResponse) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return st.Send(resp)
+	}
+	var ob *outbox
 	for {
 		req, err := st.Receive()
 		if err != nil {
@@ -135,17 +158,24 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			}
 			return nil // the sender went away; it resends on its next stream
 		}
-		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
+		if req.GetEdgeId() == "" || (req.GetSeq() == 0 && len(req.GetMessages()) > 0) {
 			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
 		}
-		if !vetted {
+		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
+		if ob == nil {
 			if err := s.vet(ctx, req.GetEdgeId(), req.GetIncarnation()); err != nil {
 				s.log().Warn("forward stream refused", "from", req.GetEdgeId(), "incarnation", req.GetIncarnation(), "error", err)
 				return err
 			}
-			vetted = true
+			ob = s.outbox(key)
+			outcomes.Go(func() { s.sendOutcomes(ctx, ob, send) })
 		}
-		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
+		if c := req.GetOutcomesConfirmed(); c > 0 {
+			ob.confirmed(c)
+		}
+		if req.GetSeq() == 0 {
+			continue // confirmation only
+		}
 		s.mu.Lock()
 		if s.hwm == nil {
 			s.hwm = map[peerKey]uint64{}
@@ -158,7 +188,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		}
 		s.mu.Unlock()
 		if !seen {
-			if taken, err := s.deliverFrame(ctx, req, before); err != nil {
+			if taken, err := s.deliverFrame(ctx, key, req, before); err != nil {
 				// Not all taken: close the stream without acking; the sender
 				// resends the frame, and the messages taken are not
 				// delivered again (a QoS 2 message arrives once).
@@ -173,7 +203,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			delete(s.partial, key)
 			s.mu.Unlock()
 		}
-		if err := st.Send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {
+		if err := send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {
 			return nil
 		}
 	}
@@ -184,7 +214,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 // writes of all of them are submitted before any is waited for, so a frame
 // costs the store one group commit rather than one round trip per message;
 // a message counts as taken once its writes are stored.
-func (s *Server) deliverFrame(ctx context.Context, req *edgev1.ForwardRequest, before []bool) ([]bool, error) {
+func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.ForwardRequest, before []bool) ([]bool, error) {
 	msgs := req.GetMessages()
 	taken := make([]bool, len(msgs))
 	copy(taken, before)
@@ -197,7 +227,7 @@ func (s *Server) deliverFrame(ctx context.Context, req *edgev1.ForwardRequest, b
 			continue
 		}
 		deferred.Message(i)
-		if err := s.deliver(dctx, req.GetEdgeId(), fm); err != nil {
+		if err := s.deliver(dctx, from, fm); err != nil {
 			// Later messages wait for the resend, in order.
 			failed, delivered = err, i
 			break
@@ -271,6 +301,18 @@ type Link struct {
 	wake    chan struct{}
 	closed  bool
 
+	// Group messages kept until the peer reports their outcome (shared.go).
+	held        map[heldKey]*heldMsg
+	confirm     uint64 // highest outcome seq acted on
+	confirmSent uint64 // highest confirmed on the current stream
+	// gone is set when the peer left the membership: what it took and held
+	// is re-dispatched, through again (nil: given up).
+	gone       atomic.Bool
+	again      func(m *commonv1.Message, group broker.GroupKey, notEdge string)
+	againMu    sync.Mutex
+	againQueue []*heldMsg // waiting to be re-dispatched, in order
+	againBusy  bool       // a goroutine works through againQueue
+
 	// For Status only: whether a stream is open and has carried a frame,
 	// and the credit window the peer last granted.
 	connected atomic.Bool
@@ -281,6 +323,7 @@ type pending struct {
 	msg  *edgev1.ForwardMessage
 	done chan error
 	span trace.Span // forward span of a traced message: ends when the peer took it
+	held []heldKey  // group targets kept until their outcome is reported
 }
 
 type frame struct {
@@ -328,6 +371,7 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 		return p.done
 	}
 	l.queue = append(l.queue, p)
+	l.keepLocked(p)
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -367,9 +411,12 @@ func (l *Link) stream(ctx context.Context) error {
 		_ = st.CloseRequest()
 		_ = st.CloseResponse()
 	}()
-	// Resend what the previous stream left unacknowledged, in order.
+	// Resend what the previous stream left unacknowledged, in order. A
+	// first request goes out even with nothing to resend, so that the peer
+	// can send outcomes of group messages it owes this edge.
 	l.mu.Lock()
 	resend := append([]*frame(nil), l.unacked...)
+	l.confirmSent = 0
 	l.mu.Unlock()
 	for _, f := range resend {
 		if err := st.Send(l.request(f)); err != nil {
@@ -377,6 +424,11 @@ func (l *Link) stream(ctx context.Context) error {
 		}
 		l.connected.Store(true)
 		l.m.resent.Inc()
+	}
+	if len(resend) == 0 {
+		if err := st.Send(l.confirmation()); err != nil {
+			return err
+		}
 	}
 	errc := make(chan error, 1)
 	go func() {
@@ -386,8 +438,11 @@ func (l *Link) stream(ctx context.Context) error {
 				errc <- err
 				return
 			}
-			l.credit.Store(resp.GetCreditBytes())
-			l.acked(resp.GetTakenSeq())
+			if resp.GetTakenSeq() > 0 {
+				l.credit.Store(resp.GetCreditBytes())
+				l.acked(resp.GetTakenSeq())
+			}
+			l.outcomes(resp.GetSharedOutcomes())
 		}
 	}()
 	for {
@@ -410,7 +465,32 @@ func (l *Link) stream(ctx context.Context) error {
 			l.m.frames.Inc()
 			l.m.frameMessages.Observe(float64(len(f.msgs)))
 		}
+		if req := l.unconfirmed(); req != nil {
+			if err := st.Send(req); err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// confirmation is a request that confirms the outcomes acted on so far.
+func (l *Link) confirmation() *edgev1.ForwardRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.confirmSent = l.confirm
+	return confirmOnly(l.edgeID, l.incarnation, l.confirm)
+}
+
+// unconfirmed returns a confirmation when outcomes were acted on since the
+// last one went out; nil otherwise.
+func (l *Link) unconfirmed() *edgev1.ForwardRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.confirm <= l.confirmSent {
+		return nil
+	}
+	l.confirmSent = l.confirm
+	return confirmOnly(l.edgeID, l.incarnation, l.confirm)
 }
 
 const maxFrameMessages = 256
@@ -431,7 +511,10 @@ func (l *Link) nextFrame() *frame {
 }
 
 func (l *Link) request(f *frame) *edgev1.ForwardRequest {
-	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, Seq: f.seq}
+	l.mu.Lock()
+	l.confirmSent = l.confirm
+	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, Seq: f.seq, OutcomesConfirmed: l.confirm}
+	l.mu.Unlock()
 	for _, p := range f.msgs {
 		req.Messages = append(req.Messages, p.msg)
 	}
@@ -442,8 +525,16 @@ func (l *Link) acked(seq uint64) {
 	l.mu.Lock()
 	var done []*frame
 	for len(l.unacked) > 0 && l.unacked[0].seq <= seq {
-		done = append(done, l.unacked[0])
+		f := l.unacked[0]
+		done = append(done, f)
 		l.unacked = l.unacked[1:]
+		for _, p := range f.msgs {
+			for _, k := range p.held {
+				if h := l.held[k]; h != nil {
+					h.taken = true
+				}
+			}
+		}
 	}
 	l.mu.Unlock()
 	for _, f := range done {
@@ -463,10 +554,12 @@ func (l *Link) fail(err error) {
 	}
 	all = append(all, l.queue...)
 	l.unacked, l.queue = nil, nil
+	again := l.releaseHeldLocked()
 	l.mu.Unlock()
 	for _, p := range all {
 		p.finish(err)
 	}
+	l.redispatch(again)
 }
 
 // finish answers a waiting sender and ends the message's span.

@@ -37,6 +37,7 @@ func serveAPI(t *testing.T, srv *Server) *httptest.Server {
 
 type edge struct {
 	b    *broker.Broker
+	srv  *Server
 	mqtt string
 	api  *httptest.Server
 }
@@ -54,7 +55,7 @@ func startEdge(t *testing.T, id string) *edge {
 	t.Cleanup(func() { _ = b.Close() })
 	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
 	ts := serveAPI(t, srv)
-	return &edge{b: b, mqtt: l.Address(), api: ts}
+	return &edge{b: b, srv: srv, mqtt: l.Address(), api: ts}
 }
 
 // staticRoutes sends every topic to the listed peers.
@@ -73,12 +74,26 @@ func connectForwarderBound(t *testing.T, from *edge, self string, bound time.Dur
 	t.Helper()
 	_, inc := from.b.ID()
 	f := &Forwarder{Self: self, Incarnation: func() uint64 { return inc }, Resolver: staticRoutes(to), Bound: bound, Logger: testutil.Logger(t)}
+	runForwarder(t, from, f)
+	return f
+}
+
+// runForwarder runs f as from's forwarder until the returned stop (or the
+// test's end), and returns once f is running.
+func runForwarder(t *testing.T, from *edge, f *Forwarder) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = f.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	require.Eventually(t, func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.ctx != nil
+	}, 5*time.Second, time.Millisecond)
 	from.b.SetCluster(broker.Cluster{Peers: f})
-	return f
+	return stop
 }
 
 // A QoS 1 message published on edge A reaches a subscriber on edge B, and
@@ -142,6 +157,8 @@ func (c *countingDeliverer) DeliverRelayed(context.Context, *commonv1.Message, [
 	return nil
 }
 
+func (c *countingDeliverer) RedispatchShared(*commonv1.Message, broker.GroupKey, string) {}
+
 // A frame resent after a reconnect is acknowledged again but delivered once:
 // the receiver keeps the highest frame sequence per sending incarnation.
 func TestServer_FramesDeliveredOnce(t *testing.T) {
@@ -163,14 +180,17 @@ func TestServer_FramesDeliveredOnce(t *testing.T) {
 	}
 	require.Equal(t, 1, d.n)
 
-	// Garbage: a frame without sequence is refused.
-	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
-	st := l.client.Forward(t.Context())
-	require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a"}))
-	_, err := st.Receive()
-	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
-	_ = st.CloseRequest()
-	_ = st.CloseResponse()
+	// Garbage: messages without a frame sequence, or a frame without its
+	// sender, are refused.
+	for _, bad := range []*edgev1.ForwardRequest{{EdgeId: "a", Messages: frame.GetMessages()}, {Seq: 2, Messages: frame.GetMessages()}} {
+		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
+		st := l.client.Forward(t.Context())
+		require.NoError(t, st.Send(bad))
+		_, err := st.Receive()
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+		_ = st.CloseRequest()
+		_ = st.CloseResponse()
+	}
 }
 
 // staticMembers is a membership that does not change.
@@ -242,6 +262,8 @@ func (d *failingDeliverer) DeliverForwarded(_ context.Context, m *commonv1.Messa
 func (d *failingDeliverer) DeliverRelayed(ctx context.Context, m *commonv1.Message, _ []broker.RelayTarget) error {
 	return d.DeliverForwarded(ctx, m, broker.SharedChoice{})
 }
+
+func (d *failingDeliverer) RedispatchShared(*commonv1.Message, broker.GroupKey, string) {}
 
 // A frame that fails part-way is resent whole, and the messages taken
 // before the failure are not delivered again: a QoS 2 message arrives once.

@@ -58,9 +58,13 @@ type Forwarder struct {
 	URLs URLs
 	// Bound is how long a QoS 1/2 publish waits for its peers before the
 	// publisher is closed without an acknowledgement (DESIGN: PUBLISH).
-	Bound   time.Duration
-	Logger  *slog.Logger
-	Metrics *Metrics // nil: not exported
+	Bound time.Duration
+	// Redispatch gives a QoS 1 group message kept for a member on another
+	// edge to another member, when that member or its edge goes first (nil:
+	// group messages are not kept once the peer took them).
+	Redispatch func(m *commonv1.Message, group broker.GroupKey, notEdge string)
+	Logger     *slog.Logger
+	Metrics    *Metrics // nil: not exported
 
 	mu    sync.Mutex
 	ctx   context.Context
@@ -96,6 +100,7 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	}
 	if l == nil || l.isClosed() {
 		l = NewLink(f.Self, inc, p.ID, p.URL, f.log(), f.Metrics)
+		l.again = f.Redispatch
 		f.links[p.ID] = l
 		ctx, cancel := context.WithCancel(f.ctx)
 		l.stop = cancel
@@ -138,6 +143,7 @@ func (f *Forwarder) PeerGone(edgeID string) {
 	f.mu.Unlock()
 	if l != nil {
 		f.log().Info("peer edge left the membership; failing what waits for it", "peer", edgeID)
+		l.gone.Store(true)
 		l.stop()
 	}
 }
@@ -192,18 +198,16 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 		if err != nil {
 			return nil, broker.SharedChoice{}, err
 		}
-		fm := &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}
-		var done <-chan error
+		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
+		p.held = f.hold(m, p.msg)
 		if parent := m.Span(); parent != nil {
 			// Traced: a forward span per peer, until the peer took it, whose
 			// context travels in the frame for the peer's deliver span.
-			_, span := tracer.Start(trace.ContextWithSpan(context.Background(), parent), "forward",
+			_, p.span = tracer.Start(trace.ContextWithSpan(context.Background(), parent), "forward",
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrPeer.String(d.peer.ID)))
-			fm.Traceparent = tracing.Traceparent(span.SpanContext())
-			done = l.SendTraced(fm, wait, span)
-		} else {
-			done = l.Send(fm, wait)
+			p.msg.Traceparent = tracing.Traceparent(p.span.SpanContext())
 		}
+		done := l.send(p, wait)
 		if wait {
 			waits = append(waits, done)
 		}
@@ -215,8 +219,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 }
 
 // ForwardShared implements broker.Peers: m goes to one other edge with
-// members of group, for that group only. The wait is bounded as Forward's.
-func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group broker.GroupKey) (func() error, error) {
+// members of group (not notEdge), for that group only. The wait is bounded
+// as Forward's.
+func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group broker.GroupKey, notEdge string) (func() error, error) {
 	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
 	if !ok {
 		return nil, broker.ErrNoMember
@@ -231,7 +236,7 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	for _, g := range route.Groups {
 		if g.Name == group.Name && g.Filter == group.Filter {
 			others = GroupRoute{Name: g.Name, Filter: g.Filter,
-				Edges: slices.DeleteFunc(slices.Clone(g.Edges), func(p Peer) bool { return p.ID == f.Self })}
+				Edges: slices.DeleteFunc(slices.Clone(g.Edges), func(p Peer) bool { return p.ID == f.Self || p.ID == notEdge })}
 		}
 	}
 	if len(others.Edges) == 0 {
@@ -241,8 +246,10 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	if err != nil {
 		return nil, err
 	}
-	done := l.Send(&edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
-		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}, true)
+	p := &pending{msg: &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
+		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}}
+	p.held = f.hold(m, p.msg)
+	done := l.send(p, true)
 	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
 }
 
@@ -302,6 +309,15 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 	key := tenant + "\x00" + g.Name + "\x00" + g.Filter
 	c, _ := f.turns.LoadOrStore(key, new(atomic.Uint64))
 	return edges[c.(*atomic.Uint64).Add(1)%uint64(len(edges))]
+}
+
+// hold asks the peer to report what becomes of a QoS 1 message's group
+// deliveries, which this edge keeps until then; nil when none is kept.
+func (f *Forwarder) hold(m *broker.Message, fm *edgev1.ForwardMessage) []heldKey {
+	if m.QoS != 1 || f.Redispatch == nil || len(fm.GetShared()) == 0 {
+		return nil
+	}
+	return hold(fm)
 }
 
 func (f *Forwarder) bound() time.Duration {

@@ -7,6 +7,10 @@ type Metrics struct {
 	frameMessages prometheus.Histogram
 	frames        prometheus.Counter
 	resent        prometheus.Counter
+
+	sharedHeld      prometheus.Gauge
+	sharedOutcomes  *prometheus.CounterVec // kind
+	sharedAbandoned prometheus.Counter
 }
 
 // NewMetrics registers the forward metrics on reg (nil: not registered).
@@ -22,9 +26,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		resent: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_forward_frames_resent_total", Help: "Frames sent again after a forward stream reconnected.",
 		}),
+		sharedHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keel_edge_forward_shared_held",
+			Help: "QoS 1 shared-group messages forwarded to members on other edges and kept here until their outcome is reported.",
+		}),
+		sharedOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_forward_shared_outcomes_total",
+			Help: "Outcomes other edges reported for kept shared-group messages, by kind: acked, refused, member_gone (the last two are re-dispatched).",
+		}, []string{"kind"}),
+		sharedAbandoned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_forward_shared_abandoned_total",
+			Help: "Kept shared-group messages given up without an outcome: this edge stopped or rejoined, while the edge holding them lives on.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.frameMessages, m.frames, m.resent)
+		reg.MustRegister(m.frameMessages, m.frames, m.resent, m.sharedHeld, m.sharedOutcomes, m.sharedAbandoned)
 	}
 	return m
 }

@@ -93,8 +93,9 @@ type SharedOutcomeKind int32
 const (
 	// SHARED_OUTCOME_KIND_UNSPECIFIED is invalid.
 	SharedOutcomeKind_SHARED_OUTCOME_KIND_UNSPECIFIED SharedOutcomeKind = 0
-	// SHARED_OUTCOME_KIND_ACKED means the member acknowledged (QoS 1 PUBACK) or the
-	// message is committed to the member (QoS 2); the sender's ownership ends.
+	// SHARED_OUTCOME_KIND_ACKED means the member acknowledged it (PUBACK), or it no
+	// longer depends on this edge (the member's session stored it durably, or it
+	// was delivered at QoS 0); the sender's ownership ends.
 	SharedOutcomeKind_SHARED_OUTCOME_KIND_ACKED SharedOutcomeKind = 1
 	// SHARED_OUTCOME_KIND_REFUSED means the member refused it (PUBACK reason ≥ 0x80);
 	// the sender may pick another member.
@@ -225,12 +226,17 @@ type ForwardRequest struct {
 	TargetIncarnation uint64 `protobuf:"varint,3,opt,name=target_incarnation,json=targetIncarnation,proto3" json:"target_incarnation,omitempty"`
 	// seq numbers frames per sender incarnation, from 1, strictly increasing across
 	// stream reconnects. The receiver keeps a high-water mark per sender incarnation
-	// and ignores a frame it has already taken.
+	// and ignores a frame it has already taken. 0, with no messages, is a request
+	// that only confirms outcomes.
 	Seq uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	// messages in the frame, in publish order per publisher.
-	Messages      []*ForwardMessage `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Messages []*ForwardMessage `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
+	// outcomes_confirmed is the highest SharedOutcome.seq the sender has acted on;
+	// the receiver forgets outcomes up to it and resends the others on the next
+	// stream.
+	OutcomesConfirmed uint64 `protobuf:"varint,6,opt,name=outcomes_confirmed,json=outcomesConfirmed,proto3" json:"outcomes_confirmed,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ForwardRequest) Reset() {
@@ -296,6 +302,13 @@ func (x *ForwardRequest) GetMessages() []*ForwardMessage {
 		return x.Messages
 	}
 	return nil
+}
+
+func (x *ForwardRequest) GetOutcomesConfirmed() uint64 {
+	if x != nil {
+		return x.OutcomesConfirmed
+	}
+	return 0
 }
 
 // ForwardMessage is one message and where on this edge it must go.
@@ -499,9 +512,10 @@ type SharedTarget struct {
 	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
 	// filter the group subscribed with.
 	Filter string `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
-	// report asks this edge to report the member's PUBACK (QoS 1) or the commit of
-	// the message to a member (QoS 2) in a SharedOutcome, because the sender keeps
-	// ownership until then and may re-dispatch.
+	// report asks this edge to report in a SharedOutcome what became of a QoS 1
+	// message given to a member whose copy would not outlive this edge (a member
+	// without a durable session): the sender keeps the message until then, and
+	// re-dispatches it if the member goes, refuses it, or this edge dies first.
 	Report        bool `protobuf:"varint,3,opt,name=report,proto3" json:"report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -571,7 +585,9 @@ type ForwardResponse struct {
 	// refusals are deliveries in frames up to taken_seq that this edge did not take;
 	// the sender re-resolves and retries them elsewhere.
 	Refusals []*ForwardRefusal `protobuf:"bytes,3,rep,name=refusals,proto3" json:"refusals,omitempty"`
-	// shared_outcomes report shared-group deliveries that asked for a report.
+	// shared_outcomes report shared-group deliveries that asked for a report, in
+	// seq order; they may come in a response of their own (taken_seq 0), and are
+	// sent again on a new stream until confirmed.
 	SharedOutcomes []*SharedOutcome `protobuf:"bytes,4,rep,name=shared_outcomes,json=sharedOutcomes,proto3" json:"shared_outcomes,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -757,7 +773,11 @@ type SharedOutcome struct {
 	// group name.
 	Group string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	// kind of outcome.
-	Kind          SharedOutcomeKind `protobuf:"varint,3,opt,name=kind,proto3,enum=keel.edge.v1.SharedOutcomeKind" json:"kind,omitempty"`
+	Kind SharedOutcomeKind `protobuf:"varint,3,opt,name=kind,proto3,enum=keel.edge.v1.SharedOutcomeKind" json:"kind,omitempty"`
+	// filter of the group, in the tenant's outside form, as in SharedTarget.
+	Filter string `protobuf:"bytes,4,opt,name=filter,proto3" json:"filter,omitempty"`
+	// seq numbers outcomes per sending incarnation, from 1.
+	Seq           uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -811,6 +831,20 @@ func (x *SharedOutcome) GetKind() SharedOutcomeKind {
 		return x.Kind
 	}
 	return SharedOutcomeKind_SHARED_OUTCOME_KIND_UNSPECIFIED
+}
+
+func (x *SharedOutcome) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *SharedOutcome) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
 }
 
 // TakeoverBeginRequest starts a takeover on the previous owner.
@@ -1674,13 +1708,14 @@ var File_keel_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\n" +
-	"\x17keel/edge/v1/edge.proto\x12\fkeel.edge.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bkeel/common/v1/common.proto\"\xc6\x01\n" +
+	"\x17keel/edge/v1/edge.proto\x12\fkeel.edge.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bkeel/common/v1/common.proto\"\xf5\x01\n" +
 	"\x0eForwardRequest\x12\x17\n" +
 	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12-\n" +
 	"\x12target_incarnation\x18\x03 \x01(\x04R\x11targetIncarnation\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x128\n" +
-	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\"\xb2\x02\n" +
+	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\x12-\n" +
+	"\x12outcomes_confirmed\x18\x06 \x01(\x04R\x11outcomesConfirmed\"\xb2\x02\n" +
 	"\x0eForwardMessage\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12\x18\n" +
 	"\afilters\x18\x02 \x03(\tR\afilters\x127\n" +
@@ -1711,11 +1746,13 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\x0e2\".keel.edge.v1.ForwardRefusalReasonR\x06reason\x126\n" +
 	"\asession\x18\x04 \x01(\v2\x1a.keel.common.v1.SessionKeyH\x00R\asession\x12#\n" +
 	"\fshared_group\x18\x05 \x01(\tH\x00R\vsharedGroupB\b\n" +
-	"\x06target\"\x88\x01\n" +
+	"\x06target\"\xb2\x01\n" +
 	"\rSharedOutcome\x12,\n" +
 	"\x06msg_id\x18\x01 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x123\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x1f.keel.edge.v1.SharedOutcomeKindR\x04kind\"\x86\x02\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x1f.keel.edge.v1.SharedOutcomeKindR\x04kind\x12\x16\n" +
+	"\x06filter\x18\x04 \x01(\tR\x06filter\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\"\x86\x02\n" +
 	"\x14TakeoverBeginRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1b\n" +
 	"\told_epoch\x18\x02 \x01(\x04R\boldEpoch\x12\x1b\n" +

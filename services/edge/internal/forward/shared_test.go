@@ -1,0 +1,188 @@
+package forward
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// groupRoutes sends every message of one shared group to the listed peers.
+type groupRoutes struct {
+	name, filter string
+	to           []Peer
+}
+
+func (g groupRoutes) Route(context.Context, string, string) (Route, error) {
+	return Route{Groups: []GroupRoute{{Name: g.name, Filter: g.filter, Edges: g.to}}}, nil
+}
+
+// sharedPair is edge A, which publishes and keeps its group messages, and
+// edge B, whose member of the group gets them.
+type sharedPair struct {
+	a, b *edge
+	fwd  *Forwarder
+}
+
+func startSharedPair(t *testing.T) *sharedPair {
+	t.Helper()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	b.b.SetCluster(broker.Cluster{Reports: b.srv})
+	f := connectForwarder(t, a, "edge-a")
+	f.Resolver = groupRoutes{name: "g", filter: "t/+", to: []Peer{{ID: "edge-b", URL: b.api.URL}}}
+	f.Redispatch = a.b.RedispatchShared
+	f.Metrics = NewMetrics(nil)
+	return &sharedPair{a: a, b: b, fwd: f}
+}
+
+// member connects a clean client to addr and joins $share/g/t/+ at QoS 1.
+func member(t *testing.T, addr, id string) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect(id, true, packets.Properties{})
+	require.Equal(t, []byte{1}, c.Subscribe(1, "$share/g/t/+", 1).ReasonCodes)
+	return c
+}
+
+// publishN publishes QoS 1 messages prefix0… on A and waits for every PUBACK.
+func (p *sharedPair) publishN(t *testing.T, prefix string, n int) []string {
+	t.Helper()
+	pub := mqtttest.Dial(t, p.a.mqtt, 5)
+	pub.Connect("pub-"+prefix, true, packets.Properties{})
+	var sent []string
+	for i := range n {
+		payload := fmt.Sprintf("%s%d", prefix, i)
+		pub.Publish(uint16(i+1), "t/x", 1, []byte(payload))
+		sent = append(sent, payload)
+	}
+	for range n {
+		pub.Expect(packets.Puback)
+	}
+	return sent
+}
+
+// readN reads n PUBLISHes, acknowledging each only when ack is set.
+func readN(t *testing.T, c *mqtttest.Client, n int, ack bool) []string {
+	t.Helper()
+	var got []string
+	for range n {
+		pk := c.Expect(packets.Publish)
+		got = append(got, string(pk.Payload))
+		if ack {
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
+	return got
+}
+
+func (p *sharedPair) held() float64 { return testutil.ToFloat64(p.fwd.Metrics.sharedHeld) }
+
+// A QoS 1 group message forwarded to a member on another edge stays the
+// publishing edge's until that member acknowledges it: the messages the
+// member acknowledged are forgotten, and those it left unacknowledged when
+// its session ended come back and go to a member on the publishing edge.
+func TestForward_SharedMessageComesBackWhenMemberGoes(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t)
+	remote := member(t, p.b.mqtt, "remote")
+	local := member(t, p.a.mqtt, "local") // not routed to: the route names edge B only
+
+	sent := p.publishN(t, "m", 5)
+	got := readN(t, remote, 5, false)
+	require.Equal(t, sent, got)
+	require.Equal(t, 5.0, p.held())
+
+	// The member acknowledges the first two: those are its for good.
+	for id := uint16(65535); id > 65533; id-- {
+		remote.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: id})
+	}
+	require.Eventually(t, func() bool { return p.held() == 3 }, 5*time.Second, 10*time.Millisecond)
+
+	// Its session ends with three unacknowledged: they come back to A.
+	_ = remote.Conn.Close()
+	require.Equal(t, sent[2:], readN(t, local, 3, true))
+	require.Eventually(t, func() bool { return p.held() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 2.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("acked")))
+	require.Equal(t, 3.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("member_gone")))
+}
+
+// When the edge holding a member leaves the membership (it died), the
+// group messages it took and never reported acknowledged are re-dispatched
+// by the publishing edge.
+func TestForward_SharedMessageComesBackWhenEdgeDies(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t)
+	remote := member(t, p.b.mqtt, "remote")
+	local := member(t, p.a.mqtt, "local")
+
+	sent := p.publishN(t, "m", 4)
+	require.Equal(t, sent, readN(t, remote, 4, false))
+	p.fwd.PeerGone("edge-b")
+	p.b.api.Close() // and nothing more reaches B
+	require.Equal(t, sent, readN(t, local, 4, true))
+	require.Zero(t, p.held())
+}
+
+// A member that refuses a group message (PUBACK reason ≥ 0x80) sends it
+// back to the publishing edge, which gives it to another member.
+func TestForward_SharedMessageRefusedGoesElsewhere(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t)
+	remote := mqtttest.Dial(t, p.b.mqtt, 5)
+	remote.Connect("remote", true, packets.Properties{})
+	require.Equal(t, []byte{1}, remote.Subscribe(1, "$share/g/t/+", 1).ReasonCodes)
+	local := member(t, p.a.mqtt, "local")
+
+	sent := p.publishN(t, "m", 1)
+	pk := remote.Expect(packets.Publish)
+	remote.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID,
+		ReasonCode: packets.ErrUnspecifiedError.Code})
+	require.Equal(t, sent, readN(t, local, 1, true))
+	require.Equal(t, 1.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("refused")))
+}
+
+// pendingOutcomes counts the outcomes srv keeps for an edge incarnation.
+func pendingOutcomes(srv *Server, edge string, inc uint64) int {
+	srv.mu.Lock()
+	ob := srv.outboxes[peerKey{edge, inc}]
+	srv.mu.Unlock()
+	if ob == nil {
+		return 0
+	}
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	return len(ob.pending)
+}
+
+// When the publishing edge leaves before it heard that a member went, the
+// edge that held the member re-dispatches the messages itself.
+func TestForward_SharedMessageStaysWhenOriginGoes(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	b.b.SetCluster(broker.Cluster{Reports: b.srv})
+	_, inc := a.b.ID()
+	f := &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Bound: time.Second, Logger: a.srv.Logger,
+		Resolver:   groupRoutes{name: "g", filter: "t/+", to: []Peer{{ID: "edge-b", URL: b.api.URL}}},
+		Redispatch: a.b.RedispatchShared}
+	stop := runForwarder(t, a, f)
+	p := &sharedPair{a: a, b: b, fwd: f}
+
+	remote := member(t, b.mqtt, "remote")
+	sent := p.publishN(t, "m", 3)
+	require.Equal(t, sent, readN(t, remote, 3, false))
+	stop() // edge A stops: its stream to B ends
+	_ = remote.Conn.Close()
+	require.Eventually(t, func() bool { return pendingOutcomes(b.srv, "edge-a", inc) == 3 }, 5*time.Second, 10*time.Millisecond)
+
+	other := member(t, b.mqtt, "other")
+	b.srv.PeerGone("edge-a")
+	require.Equal(t, sent, readN(t, other, 3, true))
+	require.Zero(t, pendingOutcomes(b.srv, "edge-a", inc))
+}
