@@ -49,6 +49,10 @@ type Broker struct {
 	limits   topic.Limits
 	guard    *guard
 
+	listenerMu  sync.Mutex
+	listenerIDs []string     // as registered with mochi, until closed
+	handlers    atomic.Int64 // connection handlers running
+
 	conns    sync.Map // *mqtt.Client -> *conn
 	scopes   sync.Map // tenant -> *tenancy.Scope
 	sessMu   sync.Mutex
@@ -280,7 +284,54 @@ func (b *Broker) SetCluster(c Cluster) {
 // AddListener adds a listener. Connections that do not complete CONNECT
 // within the configured timeout are closed.
 func (b *Broker) AddListener(l listeners.Listener) error {
-	return b.server.AddListener(&guardedListener{Listener: l, timeout: b.cfg.ConnectTimeout, b: b})
+	if err := b.server.AddListener(&guardedListener{Listener: l, timeout: b.cfg.ConnectTimeout, b: b}); err != nil {
+		return err
+	}
+	b.listenerMu.Lock()
+	b.listenerIDs = append(b.listenerIDs, l.ID())
+	b.listenerMu.Unlock()
+	return nil
+}
+
+// closeListeners closes the listeners and the clients on them, and takes
+// the listeners out of mochi's registry, so that Server.Close finds none
+// left to close itself. Its own closer lists a listener's clients with
+// Clients.GetByListener, which takes the clients' read lock twice over
+// (mochi v2.7.9): a client registering in between waits for the write lock,
+// the second read lock waits behind it, and the stop hangs for good.
+//
+// A connection accepted just before its listener closed can register after
+// the listener's clients were closed; it would hold Server.Close up until
+// its keep-alive ran out. So the clients are closed again until no
+// connection handler is left.
+func (b *Broker) closeListeners() {
+	b.listenerMu.Lock()
+	ids := b.listenerIDs
+	b.listenerIDs = nil
+	b.listenerMu.Unlock()
+	for _, id := range ids {
+		b.server.Listeners.Close(id, func(string) {})
+		b.server.Listeners.Delete(id)
+	}
+	for idle := 0; idle < 2; {
+		b.closeClients()
+		if b.handlers.Load() == 0 {
+			idle++ // twice in a row: a handler started late counts by now
+		} else {
+			idle = 0
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// closeClients disconnects every client, reading the registry under one
+// read lock.
+func (b *Broker) closeClients() {
+	for _, cl := range b.server.Clients.GetAll() {
+		if !cl.Closed() {
+			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
 }
 
 // Serve starts the listeners; it does not block.
@@ -296,6 +347,7 @@ func (b *Broker) Close() error {
 			v.(*conn).acks.fail() // readers held for a window slot
 			return true
 		})
+		b.closeListeners()
 		_ = b.server.Close()
 		b.writers.Wait()
 		// The publishes waiting for their acknowledgement end with the
@@ -751,6 +803,8 @@ type guardedListener struct {
 
 func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 	l.Listener.Serve(func(id string, c net.Conn) (err error) {
+		l.b.handlers.Add(1)
+		defer l.b.handlers.Add(-1)
 		defer func() {
 			if r := recover(); r != nil {
 				_ = c.Close()
