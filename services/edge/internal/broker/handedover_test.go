@@ -285,6 +285,7 @@ func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 // scriptedTakeover is the other edges of a takeover, as a test scripts them.
 type scriptedTakeover struct {
 	begin func(newEpoch uint64) ([]byte, error)
+	late  []byte // what End hands over
 	ended []uint64
 	from  []string // the previous owners Begin was called on
 }
@@ -296,7 +297,7 @@ func (f *scriptedTakeover) Begin(_ context.Context, previous, _, _ string, newEp
 
 func (f *scriptedTakeover) End(_ context.Context, _, _, _ string, newEpoch uint64) ([]byte, error) {
 	f.ended = append(f.ended, newEpoch)
-	return nil, nil
+	return f.late, nil
 }
 
 // releaseCounter is an ownership whose claims are scripted and whose
@@ -507,4 +508,30 @@ type failingEnd struct{ scriptedTakeover }
 
 func (f *failingEnd) End(context.Context, string, string, string, uint64) ([]byte, error) {
 	return nil, errors.New("previous owner stopped")
+}
+
+// A message the previous owner queued after Begin, but before its store
+// read for Begin, comes both in the stored state and in the late list. It
+// is queued once: a second copy would be sent twice, the second time as a
+// store entry whose message may be freed by then (refused as invalid,
+// and the client dropped).
+func TestBroker_TakeoverLateCopyOfStoredMessageQueuedOnce(t *testing.T) {
+	t.Parallel()
+	b, sc, id, st := storedSession(t, "overlap")
+	m := &durable.Message{ID: "edge-2/1/1635", Topic: sc.Topic("t/p"), Payload: []byte("x"), QoS: 1, Created: 1}
+	st.Subs = []durable.Subscription{{Filter: sc.Topic("t/#"), QoS: 1}}
+	st.Queue = []durable.Entry{{Seq: 41, MsgID: m.ID, QoS: 1, Msg: m}}
+	state, err := durable.EncodeTransfer(st)
+	require.NoError(t, err)
+	late, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id},
+		Queue: []durable.Entry{{Seq: 7, MsgID: m.ID, QoS: 1, Msg: m}}})
+	require.NoError(t, err)
+	b.SetCluster(Cluster{Takeover: &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }, late: late}})
+	moved, err := b.takeOverFrom(t.Context(), "edge-3", sc, "overlap", 5, false)
+	require.NoError(t, err)
+	require.True(t, moved)
+	s := b.session(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Equal(t, 1, s.queue.len(), "the message in both is queued once")
 }

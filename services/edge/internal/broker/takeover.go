@@ -199,7 +199,19 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	b.forgetSession(id)
 	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
 	s.epoch = epoch
-	s.recent = &recentIDs{ids: map[MsgID]struct{}{}}
+	// The stored state's messages count as queued already: the previous
+	// owner hands over late, or relays, what it queued after Begin, and
+	// that can include messages its store read at Begin saw too (it waits
+	// for its own writes first). Queued again, such a message is sent
+	// twice, the second time as a store entry whose message the first
+	// one's acknowledgement may have freed.
+	s.recent = &recentIDs{ids: make(map[MsgID]struct{}, len(st.Queue)+len(st.Inflight))}
+	for _, e := range st.Queue {
+		s.recent.ids[parseMsgID(e.MsgID)] = struct{}{}
+	}
+	for _, e := range st.Inflight {
+		s.recent.ids[parseMsgID(e.MsgID)] = struct{}{}
+	}
 	s.hold = make(chan struct{})
 	b.sessMu.Lock()
 	b.sessions[id] = s

@@ -119,6 +119,13 @@ return results`
 // never queued must refer to a stored message.
 const scriptSend = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+-- Refuse a delivery of a message stored nowhere before writing anything.
+for i = 3, #ARGV, 4 do
+  local id, qos = ARGV[i], ARGV[i+3]
+  if qos ~= '0' and redis.call('HEXISTS', KEYS[3], id) == 0 and redis.call('EXISTS', 'm:' .. id) == 0 then
+    return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
+  end
+end
 for i = 3, #ARGV, 4 do
   local id, pk, entry, qos = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3]
   local queued = redis.call('HDEL', KEYS[3], id) == 1

@@ -131,8 +131,15 @@ func testInflight(t *testing.T, s store.Store) {
 	require.NoError(t, err)
 	require.Empty(t, st.Inflight)
 	require.Len(t, st.Messages, 1, "completed messages are released")
-	// Sending a message that was never stored is refused.
-	require.ErrorIs(t, s.Send(ctx, key, f, []store.Entry{{MsgID: "nope", QoS: 1, PacketID: 9}}), store.ErrInvalid)
+	// Sending a message that was never stored is refused, and the rest of
+	// the send changes nothing: the queued entry stays queued.
+	queued := entry(3)
+	queued.PacketID = 8
+	require.ErrorIs(t, s.Send(ctx, key, f, []store.Entry{queued, {MsgID: "nope", QoS: 1, PacketID: 9}}), store.ErrInvalid)
+	st, err = s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 1, "a refused send moves nothing")
+	require.Empty(t, st.Inflight)
 	// Inbound QoS 2 state.
 	require.NoError(t, s.PutIncoming(ctx, key, f, store.Incoming{PacketID: 42, MsgID: "m42"}))
 	st, _ = s.Load(ctx, key)
