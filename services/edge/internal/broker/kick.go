@@ -60,7 +60,16 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 	id := sc.ClientID(clientID)
 	s := b.session(id)
 	if s == nil {
-		return res, ErrNoSession
+		// mochi binds a connection to its session just after its CONNACK
+		// went out: a client that may already act as connected is waited
+		// for, not reported absent.
+		if cl, ok := b.server.Clients.Get(id); ok && !cl.Closed() && b.conn(cl) != nil {
+			_ = pollUntil(ctx, func() bool { return b.session(id) != nil || cl.Closed() })
+			s = b.session(id)
+		}
+		if s == nil {
+			return res, ErrNoSession
+		}
 	}
 	s.mu.Lock()
 	cl, moving, persistent := s.client, s.moving != nil, s.persistent
