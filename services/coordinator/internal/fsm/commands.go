@@ -220,6 +220,7 @@ func applyUpsertMember(tx *Tx, cmd *raftpb.UpsertMemberCommand) (*raftpb.UpsertM
 	if m.GetRole() == raftpb.MemberRole_MEMBER_ROLE_UNSPECIFIED || m.GetState() == raftpb.MemberState_MEMBER_STATE_UNSPECIFIED {
 		return nil, fmt.Errorf("%w: member role and state are required", ErrInvalidArgument)
 	}
+	pruned := tx.pruneMembers(cmd.GetPruneDeadBeforeUnixNano(), m.GetMemberId())
 	prev := tx.member(m.GetMemberId())
 	if prev != nil {
 		if m.GetIncarnation() < prev.GetIncarnation() {
@@ -230,7 +231,7 @@ func applyUpsertMember(tx *Tx, cmd *raftpb.UpsertMemberCommand) (*raftpb.UpsertM
 		}
 		if prev.GetRole() == m.GetRole() && prev.GetIncarnation() == m.GetIncarnation() &&
 			prev.GetAddress() == m.GetAddress() && prev.GetState() == m.GetState() {
-			return &raftpb.UpsertMemberResult{Member: prev}, nil
+			return &raftpb.UpsertMemberResult{Member: prev, Pruned: pruned}, nil
 		}
 	}
 	rec := &raftpb.MemberRecord{
@@ -244,7 +245,48 @@ func applyUpsertMember(tx *Tx, cmd *raftpb.UpsertMemberCommand) (*raftpb.UpsertM
 	}
 	tx.txn.Insert(memberKey(rec.GetMemberId()), rec)
 	tx.emit(Event{Kind: EventMember, Member: rec})
-	return &raftpb.UpsertMemberResult{Member: rec, Changed: true}, nil
+	return &raftpb.UpsertMemberResult{Member: rec, Changed: true, Pruned: pruned}, nil
+}
+
+// maxMembersPrunedPerApply bounds the work of one command.
+const maxMembersPrunedPerApply = 64
+
+// pruneMembers deletes the records of members (other than keep) that left
+// or expired before deadBefore and that nothing refers to: no session is
+// owned by them, and they hold no Redis group's promotion lease. It
+// returns their IDs; nothing when deadBefore is 0.
+func (tx *Tx) pruneMembers(deadBefore int64, keep string) []string {
+	if deadBefore <= 0 {
+		return nil
+	}
+	holders := map[string]bool{}
+	walkNode(tx.txn.Root(), []byte{prefixRedis}, func(_ []byte, v any) bool {
+		if id := v.(*raftpb.RedisGroupRecord).GetPromotionLease().GetHolderMemberId(); id != "" {
+			holders[id] = true
+		}
+		return true
+	})
+	var gone []string
+	walkNode(tx.txn.Root(), []byte{prefixMember}, func(_ []byte, v any) bool {
+		m := v.(*raftpb.MemberRecord)
+		id := m.GetMemberId()
+		if id == keep || !dead(m.GetState()) || m.GetUpdatedAtUnixNano() >= deadBefore || holders[id] {
+			return true
+		}
+		owns := false
+		walkNode(tx.txn.Root(), ownerPrefix(id), func([]byte, any) bool {
+			owns = true
+			return false
+		})
+		if !owns {
+			gone = append(gone, id)
+		}
+		return len(gone) < maxMembersPrunedPerApply
+	})
+	for _, id := range gone {
+		tx.txn.Delete(memberKey(id))
+	}
+	return gone
 }
 
 func applySetConfig(tx *Tx, cmd *raftpb.SetConfigCommand) (*raftpb.SetConfigResult, error) {

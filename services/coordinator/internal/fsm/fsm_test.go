@@ -290,6 +290,49 @@ func TestFSM_UpsertMember(t *testing.T) {
 	require.ErrorIs(t, up(7, raftpb.MemberState_MEMBER_STATE_UNSPECIFIED).Err, ErrInvalidArgument)
 }
 
+// A member that left or expired long enough ago goes from the state with
+// the next membership change that asks for it, unless a session is still
+// owned by it or it holds a promotion lease.
+func TestFSM_UpsertMember_PrunesDeadMembers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("gone", 1)
+	h.join("owner", 1)
+	h.join("promoter", 1)
+	h.join("alive", 1)
+	h.claim(claim("owner", 1, "acme", "dev", "r1"))
+	r := h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
+		MemberId: "promoter", Incarnation: 1, TtlNanos: 5e9})
+	require.NoError(t, r.Err)
+	for _, id := range []string{"gone", "owner", "promoter"} {
+		h.setState(id, 1, raftpb.MemberState_MEMBER_STATE_EXPIRED)
+	}
+	died := h.now
+	h.now += 3600e9
+
+	upsert := func(before int64) *raftpb.UpsertMemberResult {
+		r := h.apply(CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: h.now, PruneDeadBeforeUnixNano: before,
+			Member: &raftpb.MemberRecord{MemberId: "new", Role: raftpb.MemberRole_MEMBER_ROLE_EDGE, Incarnation: 1,
+				Address: "http://new", State: raftpb.MemberState_MEMBER_STATE_ALIVE}})
+		require.NoError(t, r.Err)
+		return r.Msg.(*raftpb.UpsertMemberResult)
+	}
+	require.Empty(t, upsert(0).GetPruned(), "no pruning unless asked")
+	require.Empty(t, upsert(died).GetPruned(), "dead for less than the retention")
+	require.Equal(t, []string{"gone"}, upsert(died+1).GetPruned())
+	st := h.f.State()
+	require.Nil(t, st.Member("gone"))
+	require.NotNil(t, st.Member("owner"), "still owns a session")
+	require.NotNil(t, st.Member("promoter"), "holds a promotion lease")
+	require.NotNil(t, st.Member("alive"))
+
+	// Once its session is in a custodian's hands, the owner goes too.
+	r = h.apply(CmdReassignSessions, &raftpb.ReassignSessionsCommand{NowUnixNano: h.now, FromEdgeId: "owner", FromIncarnation: 1,
+		Assignments: []*raftpb.Reassignment{{Tenant: "acme", ClientId: "dev", ToEdgeId: "alive", ToIncarnation: 1}}})
+	require.NoError(t, r.Err)
+	require.Equal(t, []string{"owner"}, upsert(died+1).GetPruned())
+}
+
 func TestFSM_RedisPrimary(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -283,7 +283,12 @@ func (s *State) Request(scope, id string) *raftpb.RequestRecord {
 }
 
 func walkPrefix(t *iradix.Tree[any], prefix []byte, fn func(k []byte, v any) bool) {
-	it := t.Root().Iterator()
+	walkNode(t.Root(), prefix, fn)
+}
+
+// walkNode is walkPrefix from a node, such as a transaction's root.
+func walkNode(n *iradix.Node[any], prefix []byte, fn func(k []byte, v any) bool) {
+	it := n.Iterator()
 	it.SeekPrefix(prefix)
 	for k, v, ok := it.Next(); ok; k, v, ok = it.Next() {
 		if !fn(k, v) {

@@ -1522,9 +1522,17 @@ type UpsertMemberCommand struct {
 	// now_unix_nano is the leader's time.
 	NowUnixNano int64 `protobuf:"varint,1,opt,name=now_unix_nano,json=nowUnixNano,proto3" json:"now_unix_nano,omitempty"`
 	// member record; updated_* are set by the FSM.
-	Member        *MemberRecord `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Member *MemberRecord `protobuf:"bytes,2,opt,name=member,proto3" json:"member,omitempty"`
+	// prune_dead_before_unix_nano, when set, also deletes the records of other
+	// members that left or expired before it and that nothing refers to (no
+	// session owned, no promotion lease held), a bounded number per command.
+	// Members joining under new IDs (pods of a Deployment) would otherwise
+	// leave a record each, forever. A dead incarnation cannot come back after
+	// its record goes: a member rejoins only under a newer one, and nothing
+	// runs under a lease that lapsed that long ago.
+	PruneDeadBeforeUnixNano int64 `protobuf:"varint,3,opt,name=prune_dead_before_unix_nano,json=pruneDeadBeforeUnixNano,proto3" json:"prune_dead_before_unix_nano,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *UpsertMemberCommand) Reset() {
@@ -1571,13 +1579,22 @@ func (x *UpsertMemberCommand) GetMember() *MemberRecord {
 	return nil
 }
 
+func (x *UpsertMemberCommand) GetPruneDeadBeforeUnixNano() int64 {
+	if x != nil {
+		return x.PruneDeadBeforeUnixNano
+	}
+	return 0
+}
+
 // UpsertMemberResult answers an UpsertMemberCommand.
 type UpsertMemberResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// member as stored.
 	Member *MemberRecord `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
 	// changed is false when the record already said the same.
-	Changed       bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	Changed bool `protobuf:"varint,2,opt,name=changed,proto3" json:"changed,omitempty"`
+	// pruned lists the member records deleted (prune_dead_before_unix_nano).
+	Pruned        []string `protobuf:"bytes,3,rep,name=pruned,proto3" json:"pruned,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1624,6 +1641,13 @@ func (x *UpsertMemberResult) GetChanged() bool {
 		return x.Changed
 	}
 	return false
+}
+
+func (x *UpsertMemberResult) GetPruned() []string {
+	if x != nil {
+		return x.Pruned
+	}
+	return nil
 }
 
 // SetConfigCommand changes cluster config key-values.
@@ -2476,13 +2500,15 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\vassignments\x18\x04 \x03(\v2&.keel.coordinator.raft.v1.ReassignmentR\vassignments\"H\n" +
 	"\x16ReassignSessionsResult\x12\x18\n" +
 	"\aapplied\x18\x01 \x03(\bR\aapplied\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"y\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"\xb7\x01\n" +
 	"\x13UpsertMemberCommand\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12>\n" +
-	"\x06member\x18\x02 \x01(\v2&.keel.coordinator.raft.v1.MemberRecordR\x06member\"n\n" +
+	"\x06member\x18\x02 \x01(\v2&.keel.coordinator.raft.v1.MemberRecordR\x06member\x12<\n" +
+	"\x1bprune_dead_before_unix_nano\x18\x03 \x01(\x03R\x17pruneDeadBeforeUnixNano\"\x86\x01\n" +
 	"\x12UpsertMemberResult\x12>\n" +
 	"\x06member\x18\x01 \x01(\v2&.keel.coordinator.raft.v1.MemberRecordR\x06member\x12\x18\n" +
-	"\achanged\x18\x02 \x01(\bR\achanged\"\x87\x01\n" +
+	"\achanged\x18\x02 \x01(\bR\achanged\x12\x16\n" +
+	"\x06pruned\x18\x03 \x03(\tR\x06pruned\"\x87\x01\n" +
 	"\x10SetConfigCommand\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x127\n" +
 	"\x03set\x18\x02 \x03(\v2%.keel.coordinator.raft.v1.ConfigEntryR\x03set\x12\x16\n" +

@@ -343,8 +343,8 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 				State: m.GetState(), LeaderId: leaderID}), nil
 		}
 	}
-	_, _, err = s.apply(ctx, fsm.CmdUpsertMember, &raftpb.UpsertMemberCommand{NowUnixNano: now.UnixNano(), Member: &raftpb.MemberRecord{
-		MemberId: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}})
+	err = s.upsertMember(ctx, now, &raftpb.MemberRecord{
+		MemberId: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state})
 	if err != nil {
 		return nil, s.toConnect(err)
 	}

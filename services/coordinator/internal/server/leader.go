@@ -181,14 +181,30 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	}
 }
 
+// upsertMember writes a membership record at now, the leader's time. The
+// same command deletes the records of members dead for longer than the
+// retention.
+func (s *Server) upsertMember(ctx context.Context, now time.Time, m *raftpb.MemberRecord) error {
+	cmd := &raftpb.UpsertMemberCommand{NowUnixNano: now.UnixNano(), Member: m}
+	if s.cfg.MemberRetention > 0 {
+		cmd.PruneDeadBeforeUnixNano = now.Add(-s.cfg.MemberRetention).UnixNano()
+	}
+	resp, _, err := s.apply(ctx, fsm.CmdUpsertMember, cmd)
+	if err != nil {
+		return err
+	}
+	if pruned := resp.(*raftpb.UpsertMemberResult).GetPruned(); len(pruned) > 0 {
+		s.metrics.membersPruned.Add(float64(len(pruned)))
+		s.logger.Info("records of long-dead members deleted", "members", pruned, "retention", s.cfg.MemberRetention)
+	}
+	return nil
+}
+
 // expireLeases marks every member whose lease expired on this leader's clock.
 func (s *Server) expireLeases(ctx context.Context, t *leaderTerm) {
 	for _, l := range t.leases.Expired(s.now()) {
-		_, _, err := s.apply(ctx, fsm.CmdUpsertMember, &raftpb.UpsertMemberCommand{
-			NowUnixNano: s.now().UnixNano(),
-			Member: &raftpb.MemberRecord{MemberId: l.MemberID, Role: l.Role, Incarnation: l.Incarnation,
-				Address: l.Address, State: raftpb.MemberState_MEMBER_STATE_EXPIRED},
-		})
+		err := s.upsertMember(ctx, s.now(), &raftpb.MemberRecord{MemberId: l.MemberID, Role: l.Role, Incarnation: l.Incarnation,
+			Address: l.Address, State: raftpb.MemberState_MEMBER_STATE_EXPIRED})
 		switch {
 		case err == nil, errors.Is(err, fsm.ErrStaleIncarnation):
 			t.leases.Remove(l.MemberID, l.Incarnation)

@@ -16,6 +16,7 @@ type metrics struct {
 	expired       prometheus.Counter
 	forwarded     *prometheus.CounterVec
 	routeRemovals *prometheus.CounterVec
+	membersPruned prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -36,6 +37,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_leases_expired_total", Help: "Member leases that expired on this leader's clock."}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_coordinator_forwarded_total", Help: "Requests forwarded to the leader, by procedure."}, []string{"procedure"}),
+		membersPruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_coordinator_members_pruned_total", Help: "Records of members dead for longer than the retention that this leader deleted."}),
 		routeRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_coordinator_dead_edge_route_removals_total",
 			Help: "RemoveEdge calls the leader made to the router for dead edges, by outcome (ok, error)."}, []string{"outcome"}),
@@ -57,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			return v
 		})
 	}
-	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded, m.routeRemovals,
+	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded, m.routeRemovals, m.membersPruned,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_dead_edge_routes_pending",
 			Help: "Dead edges whose routes the leader has yet to remove from the router (waiting for custody, the grace, or a retry); 0 on followers."},
 			func() float64 {

@@ -70,6 +70,10 @@ type Config struct {
 	// leader waits before removing its routes, so that the custodians have
 	// registered the adopted sessions' routes first.
 	RouteGrace time.Duration `yaml:"route_grace"`
+	// MemberRetention is how long the record of a member that left or
+	// expired is kept (0: forever). Members that come and go under new IDs,
+	// as the pods of a Deployment do, each leave one.
+	MemberRetention time.Duration `yaml:"member_retention"`
 
 	// Now is the leader's clock; nil means time.Now.
 	Now func() time.Time `yaml:"-"`
@@ -87,7 +91,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.DeadServerTimeout, prefix+"dead-server-timeout", 0, "remove a voter missing from gossip this long, if a majority stays (0: never)")
 	fs.StringVar(&c.RouterURL, prefix+"router.url", "", "API base URL of a router node (e.g. http://keel-router:9300), where the leader removes dead edges' routes (empty: they are never removed)")
 	fs.DurationVar(&c.RouteGrace, prefix+"custody.route-grace", DefaultRouteGrace, "after a dead edge's last session was adopted, wait this long for the custodians to register its routes before removing the dead edge's")
+	fs.DurationVar(&c.MemberRetention, prefix+"members.retention", DefaultMemberRetention, "keep the record of a member that left or expired this long, then delete it once no session or promotion lease refers to it (0: keep forever; at least 10 lease TTLs)")
 }
+
+// DefaultMemberRetention is the default of Config.MemberRetention.
+const DefaultMemberRetention = 24 * time.Hour
 
 // Validate checks c.
 func (c *Config) Validate() error {
@@ -109,6 +117,11 @@ func (c *Config) Validate() error {
 	}
 	if c.RouteGrace < 0 {
 		errs = append(errs, errors.New("custody route grace must not be negative"))
+	}
+	if c.MemberRetention != 0 && c.MemberRetention < 10*c.LeaseTTL {
+		// A process may run on under its lapsed lease until it notices;
+		// its incarnation's record must outlive that by far.
+		errs = append(errs, errors.New("member retention must be 0 (forever) or at least 10 lease TTLs"))
 	}
 	if c.RouterURL != "" {
 		if u, err := url.Parse(c.RouterURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
