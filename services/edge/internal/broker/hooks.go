@@ -682,7 +682,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 		}
 		now := time.Now().Unix()
 		b.matchRetained(sub.filter, now, func(m *Message) {
-			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids}) // [MQTT-3.3.1-9]
+			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids, onSubscribe: true}) // [MQTT-3.3.1-9]
 		})
 	}
 }
@@ -727,8 +727,21 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 	}
 	now := time.Now()
+	var routed unconfirmedPub
+	if pk.FixedHeader.Qos == 2 {
+		routed.fp = fingerprint(pk.TopicName, pk.Payload)
+		if s := b.session(cl.ID); s != nil {
+			if id, ok := s.takeUnconfirmed(pk.PacketID, routed.fp, pk.FixedHeader.Dup); ok {
+				routed.id = id
+				b.m.qos2Rerouted.Inc()
+			}
+		}
+	}
+	if routed.id == (MsgID{}) {
+		routed.id = b.ids.next()
+	}
 	m := &Message{
-		ID:      b.ids.next(),
+		ID:      routed.id,
 		Topic:   pk.TopicName,
 		Payload: pk.Payload,
 		QoS:     pk.FixedHeader.Qos,
@@ -768,13 +781,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
 		finishSpan(m.span, err)
-		b.forgetIncoming(cl, pk.FixedHeader.Qos, pk.PacketID)
+		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, routed)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.disconnect(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
-		b.queueAck(cl, c, &pk, wait, m.span)
+		b.queueAck(cl, c, &pk, wait, m.span, routed)
 		return pk, packets.ErrRejectPacket // acknowledged by the queue
 	}
 	finishSpan(m.span, nil)

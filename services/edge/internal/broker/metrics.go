@@ -32,6 +32,7 @@ type metrics struct {
 	bans             prometheus.Counter
 	acksDeferred     prometheus.Counter
 	duplicatePubs    prometheus.Counter
+	qos2Rerouted     prometheus.Counter
 	takeovers        prometheus.Counter
 	lapsedDropped    prometheus.Counter
 	handoverRelays   *prometheus.CounterVec
@@ -115,6 +116,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		duplicatePubs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_duplicates_ignored_total", Help: "PUBLISH packets ignored because their packet ID was still awaiting its acknowledgement.",
 		}),
+		qos2Rerouted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_publish_qos2_rerouted_total", Help: "QoS 2 publishes sent again after they were not acknowledged, routed under the msgID of their first copy.",
+		}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
@@ -155,7 +159,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.takeovers, m.handoverRelays, m.relaysReceived, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.handoverRelays, m.relaysReceived, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -117,6 +117,15 @@ func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*d
 	}
 	slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
 	for _, in := range st.Incoming {
+		if in.Unconfirmed {
+			// Not acknowledged: the client sends it again, and it is routed
+			// under the same msgID, not answered as a duplicate.
+			if s.unconfirmed == nil {
+				s.unconfirmed = map[uint16]unconfirmedPub{}
+			}
+			s.unconfirmed[in.PacketID] = unconfirmedPub{id: parseMsgID(in.MsgID), fp: in.Fingerprint}
+			continue
+		}
 		incoming = append(incoming, storage.Message{Client: rec.ID, PacketID: in.PacketID,
 			FixedHeader: packets.FixedHeader{Type: packets.Pubrec}})
 	}

@@ -30,6 +30,9 @@ type delivery struct {
 	// relayed marks a message the previous owner of a session taken over
 	// relayed here: it goes in the queue at its place in ingress order.
 	relayed bool
+	// onSubscribe marks a retained message sent for a new subscription
+	// ([MQTT-3.3.1-9]): it goes out even if the session took it before.
+	onSubscribe bool
 	// origin is the edge that forwarded this QoS 1 group message and keeps
 	// it until told what became of it here (shared.go); nil for a message
 	// this edge owns.
@@ -94,6 +97,11 @@ type session struct {
 	// without the lock on every acknowledgement.
 	sharedOut map[uint16]delivery
 	nShared   atomic.Int32
+	// unconfirmed holds the QoS 2 publishes of the client that were not
+	// acknowledged, by packet ID; took, the QoS 2 deliveries the session
+	// took lately (unconfirmed.go).
+	unconfirmed map[uint16]unconfirmedPub
+	took        *tookQoS2
 	// record is the stored session record while it holds a will (shared
 	// store only): the will leaves it once published or discarded.
 	record *durable.Session
@@ -131,6 +139,18 @@ func (s *session) enqueue(d delivery) enqueueResult {
 		// first. The wait is bounded by the CONNECT timeout of the client
 		// taking the session over.
 		<-hold
+	}
+	if d.qos == 2 && !d.onSubscribe {
+		// A resend of a QoS 2 publish goes under the msgID of the first
+		// copy (unconfirmed.go): taken once, it is not delivered again.
+		if s.tookQoS2Before(d.msg.ID) {
+			return enqueued
+		}
+		r := s.enqueueNow(d)
+		if r == enqueued {
+			s.rememberQoS2(d.msg.ID)
+		}
+		return r
 	}
 	return s.enqueueNow(d)
 }

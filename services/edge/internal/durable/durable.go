@@ -130,6 +130,11 @@ type Entry struct {
 type Incoming struct {
 	PacketID uint16 `json:"pk"`
 	MsgID    string `json:"m"`
+	// Unconfirmed marks a message that was not acknowledged: its resend is
+	// routed under MsgID again. Fingerprint tells the resend (same topic and
+	// payload) from a new message under the packet ID.
+	Unconfirmed bool   `json:"u,omitempty"`
+	Fingerprint uint64 `json:"f,omitempty"`
 }
 
 // SessionState is everything stored for one session.

@@ -70,7 +70,8 @@ func (s *Store) LoadSession(ctx context.Context, id string) (st durable.SessionS
 	st.Inflight = join(r.GetInflight())
 	orderInflight(st.Inflight)
 	for _, in := range r.GetIncoming() {
-		st.Incoming = append(st.Incoming, durable.Incoming{PacketID: uint16(in.GetPacketId()), MsgID: msgIDString(in.GetMsgId())})
+		st.Incoming = append(st.Incoming, durable.Incoming{PacketID: uint16(in.GetPacketId()), MsgID: msgIDString(in.GetMsgId()),
+			Unconfirmed: in.GetUnconfirmed(), Fingerprint: in.GetFingerprint()})
 	}
 	return st, true, nil
 }

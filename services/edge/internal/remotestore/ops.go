@@ -199,7 +199,8 @@ func incomingOp(t *target, in durable.Incoming) (*persistencev1.WriteOp, error) 
 		return nil, err
 	}
 	return t.with(&persistencev1.WriteOp{Op: &persistencev1.WriteOp_PutIncoming{PutIncoming: &persistencev1.PutIncomingOp{
-		Incoming: &persistencev1.Incoming{PacketId: uint32(in.PacketID), MsgId: mid}}}}), nil
+		Incoming: &persistencev1.Incoming{PacketId: uint32(in.PacketID), MsgId: mid,
+			Unconfirmed: in.Unconfirmed, Fingerprint: in.Fingerprint}}}}), nil
 }
 
 // DeleteIncoming forgets an inbound QoS 2 message once PUBREL arrived.

@@ -1,6 +1,7 @@
 package remotestore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -149,6 +150,8 @@ func TestRoundTrip(t *testing.T) {
 			require.NoError(t, s.PutIncoming(ctx, id, durable.Incoming{PacketID: 10, MsgID: "edge-b/3/99"}))
 			require.NoError(t, s.PutIncoming(ctx, id, durable.Incoming{PacketID: 11, MsgID: "edge-b/3/100"}))
 			require.NoError(t, s.DeleteIncoming(ctx, id, 11))
+			// Not acknowledged: routed again under its msgID when resent.
+			require.NoError(t, s.PutIncoming(ctx, id, durable.Incoming{PacketID: 12, MsgID: "edge-b/3/101", Unconfirmed: true, Fingerprint: 42}))
 
 			// Another edge reads it, without activating anything.
 			other := newStore(t, p.URL)
@@ -190,7 +193,9 @@ func TestRoundTrip(t *testing.T) {
 				require.Equal(t, int64(i+1), e.Order)
 				requireSameMessage(t, want.m, e.Msg)
 			}
-			require.Equal(t, []durable.Incoming{{PacketID: 10, MsgID: "edge-b/3/99"}}, st.Incoming)
+			slices.SortFunc(st.Incoming, func(a, b durable.Incoming) int { return cmp.Compare(a.PacketID, b.PacketID) })
+			require.Equal(t, []durable.Incoming{{PacketID: 10, MsgID: "edge-b/3/99"},
+				{PacketID: 12, MsgID: "edge-b/3/101", Unconfirmed: true, Fingerprint: 42}}, st.Incoming)
 
 			// What a takeover moves lands as it was on a third store, and a
 			// second import changes nothing.

@@ -434,6 +434,9 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 			return err
 		}
 		o.Incoming.MsgID, err = d.msgID(in.GetMsgId())
+		if err == nil && in.GetUnconfirmed() {
+			o.Incoming.MsgID = unconfirmedValue(o.Incoming.MsgID, in.GetFingerprint())
+		}
 	case *persistencev1.WriteOp_DeleteIncoming:
 		o.Kind = store.OpDeleteIncoming
 		o.PacketID, err = packetID(x.DeleteIncoming.GetPacketId())
@@ -441,4 +444,29 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 		return invalid("op kind is required")
 	}
 	return err
+}
+
+// The stores keep an inbound QoS 2 record's msgID as an opaque string. An
+// unconfirmed one (not acknowledged to its publisher, to be routed again
+// under the same msgID) is kept as "~<msgID>#<fingerprint, hex>": no msgID
+// starts with "~", since no edge ID may.
+const unconfirmedMark = "~"
+
+func unconfirmedValue(msgID string, fingerprint uint64) string {
+	return unconfirmedMark + msgID + "#" + strconv.FormatUint(fingerprint, 16)
+}
+
+// IncomingOut is the API form of a stored inbound QoS 2 record.
+func IncomingOut(in store.Incoming) *persistencev1.Incoming {
+	out := &persistencev1.Incoming{PacketId: uint32(in.PacketID)}
+	v := in.MsgID
+	if rest, ok := strings.CutPrefix(v, unconfirmedMark); ok {
+		if id, fp, ok := strings.Cut(rest, "#"); ok {
+			if f, err := strconv.ParseUint(fp, 16, 64); err == nil {
+				v, out.Unconfirmed, out.Fingerprint = id, true, f
+			}
+		}
+	}
+	out.MsgId, _ = ParseMsgID(v)
+	return out
 }

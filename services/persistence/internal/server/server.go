@@ -248,8 +248,7 @@ func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persisten
 		out.Inflight = append(out.Inflight, EntryOut(e))
 	}
 	for _, in := range st.Incoming {
-		id, _ := ParseMsgID(in.MsgID)
-		out.Incoming = append(out.Incoming, &persistencev1.Incoming{PacketId: uint32(in.PacketID), MsgId: id})
+		out.Incoming = append(out.Incoming, IncomingOut(in))
 	}
 	// In queue order, then in-flight, so a caller can deliver as it reads.
 	seen := make(map[string]bool, len(st.Messages))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"testing"
 	"time"
 
@@ -136,9 +137,11 @@ func TestServer_Write_RoundTrip(t *testing.T) {
 					Entries: []*persistencev1.Entry{{MsgId: mid(1), Qos: 1, PacketId: 10}}}}},
 				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_PutIncoming{PutIncoming: &persistencev1.PutIncomingOp{
 					Incoming: &persistencev1.Incoming{PacketId: 4, MsgId: mid(50)}}}},
+				&persistencev1.WriteOp{Session: sess, Fence: fence(3), Op: &persistencev1.WriteOp_PutIncoming{PutIncoming: &persistencev1.PutIncomingOp{
+					Incoming: &persistencev1.Incoming{PacketId: 5, MsgId: mid(51), Unconfirmed: true, Fingerprint: 0xfeedface}}}},
 			)
 			require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
-			require.Len(t, resp.GetResults(), 6)
+			require.Len(t, resp.GetResults(), 7)
 			require.Equal(t, uint32(3), resp.GetResults()[3].GetAdded())
 			// A retry is idempotent.
 			resp = w.write(appendOp(3, 2, 3))
@@ -153,7 +156,12 @@ func TestServer_Write_RoundTrip(t *testing.T) {
 			require.True(t, proto.Equal(mid(2), st.GetQueue()[0].GetMsgId()), "queue in order")
 			require.Len(t, st.GetInflight(), 1)
 			require.Equal(t, uint32(10), st.GetInflight()[0].GetPacketId())
-			require.Len(t, st.GetIncoming(), 1)
+			require.Len(t, st.GetIncoming(), 2)
+			in := st.GetIncoming()
+			sort.Slice(in, func(i, j int) bool { return in[i].GetPacketId() < in[j].GetPacketId() })
+			require.True(t, proto.Equal(&persistencev1.Incoming{PacketId: 4, MsgId: mid(50)}, in[0]))
+			require.True(t, proto.Equal(&persistencev1.Incoming{PacketId: 5, MsgId: mid(51), Unconfirmed: true, Fingerprint: 0xfeedface}, in[1]),
+				"an unconfirmed record keeps its msgID and fingerprint: %v", in[1])
 			require.Len(t, st.GetMessages(), 3)
 			m := st.GetMessages()[0]
 			require.True(t, proto.Equal(mid(2), m.GetId()))

@@ -500,7 +500,14 @@ type Incoming struct {
 	// packet_id the publisher used (1-65535).
 	PacketId uint32 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
 	// msg_id assigned to the message.
-	MsgId         *v1.MsgID `protobuf:"bytes,2,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	MsgId *v1.MsgID `protobuf:"bytes,2,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	// unconfirmed marks a message that was not acknowledged (not every recipient
+	// took it): the publisher sends it again, and it is routed again under
+	// msg_id, so that a recipient that took it drops the second copy.
+	Unconfirmed bool `protobuf:"varint,3,opt,name=unconfirmed,proto3" json:"unconfirmed,omitempty"`
+	// fingerprint of the unconfirmed message's topic and payload, which tells its
+	// resend from a new message under the same packet ID.
+	Fingerprint   uint64 `protobuf:"fixed64,4,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,6 +554,20 @@ func (x *Incoming) GetMsgId() *v1.MsgID {
 		return x.MsgId
 	}
 	return nil
+}
+
+func (x *Incoming) GetUnconfirmed() bool {
+	if x != nil {
+		return x.Unconfirmed
+	}
+	return false
+}
+
+func (x *Incoming) GetFingerprint() uint64 {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return 0
 }
 
 // QueueLimits bound one session's offline queue.
@@ -2316,10 +2337,12 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\x12\x1b\n" +
 	"\tpacket_id\x18\x05 \x01(\rR\bpacketId\x12\x16\n" +
 	"\x06pubrel\x18\x06 \x01(\bR\x06pubrel\x12\x10\n" +
-	"\x03seq\x18\a \x01(\x04R\x03seq\"U\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\"\x99\x01\n" +
 	"\bIncoming\x12\x1b\n" +
 	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
-	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\"G\n" +
+	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12 \n" +
+	"\vunconfirmed\x18\x03 \x01(\bR\vunconfirmed\x12 \n" +
+	"\vfingerprint\x18\x04 \x01(\x06R\vfingerprint\"G\n" +
 	"\vQueueLimits\x12\x17\n" +
 	"\amax_len\x18\x01 \x01(\rR\x06maxLen\x12\x1f\n" +
 	"\vdrop_oldest\x18\x02 \x01(\bR\n" +

@@ -1,0 +1,131 @@
+package broker
+
+import (
+	"context"
+	"hash/fnv"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+)
+
+// Exactly once across a failed forward. A QoS 2 PUBLISH that not every
+// recipient took is not acknowledged: the client sends it again, with DUP
+// set, under the same packet ID. Routed under a new msgID, the resend would
+// reach twice the recipients that took the first copy. So the msgID the
+// first copy went under is kept with its packet ID (in the session, and in
+// the stored PUBREC state of a durable session, marked unconfirmed), the
+// resend goes under it again, and a session drops a QoS 2 delivery whose
+// msgID it already took.
+
+// unconfirmedPub is a QoS 2 publish that was not acknowledged.
+type unconfirmedPub struct {
+	id MsgID
+	// fp fingerprints topic and payload: a different message sent under
+	// the packet ID is not the resend.
+	fp uint64
+}
+
+func fingerprint(topic string, payload []byte) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(topic))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write(payload)
+	return h.Sum64()
+}
+
+// unconfirm records that the QoS 2 publish under packetID, routed as u,
+// was not acknowledged: the client's resend goes under u's msgID again.
+func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, u unconfirmedPub) {
+	if qos != 2 {
+		return
+	}
+	s := b.session(cl.ID)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.unconfirmed == nil {
+		s.unconfirmed = map[uint16]unconfirmedPub{}
+	}
+	s.unconfirmed[packetID] = u
+	stored := s.durable && b.store != nil
+	s.mu.Unlock()
+	if !stored {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	in := durable.Incoming{PacketID: packetID, MsgID: msgIDString(u.id), Unconfirmed: true, Fingerprint: u.fp}
+	if err := b.store.PutIncoming(ctx, cl.ID, in); err != nil {
+		// The stored state still says acknowledged: a resend after the
+		// session moved would be taken for a duplicate and reach nobody.
+		// Without it, the resend is routed under a new msgID (a duplicate
+		// for some recipients rather than a loss for others).
+		b.logger.Warn("unacknowledged QoS 2 publish not marked in the store; removing its PUBREC state",
+			"client_id", cl.ID, "packet_id", packetID, "error", err)
+		b.forgetIncoming(cl, qos, packetID)
+	}
+}
+
+// takeUnconfirmed returns the msgID of the unacknowledged publish under
+// packetID when a PUBLISH is its resend (DUP, same topic and payload), and
+// forgets it either way: the packet ID is in use again.
+func (s *session) takeUnconfirmed(packetID uint16, fp uint64, dup bool) (MsgID, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u, ok := s.unconfirmed[packetID]
+	if !ok {
+		return MsgID{}, false
+	}
+	delete(s.unconfirmed, packetID)
+	if !dup || u.fp != fp {
+		return MsgID{}, false
+	}
+	return u.id, true
+}
+
+// tookQoS2 keeps the msgIDs of the last QoS 2 deliveries a session took.
+type tookQoS2 struct {
+	ids  map[MsgID]struct{}
+	ring []MsgID // insertion order, for eviction
+	next int
+}
+
+// tookQoS2Len bounds what a session remembers: a resend comes within
+// seconds of the failed forward, after far fewer QoS 2 messages than this.
+const tookQoS2Len = 1024
+
+// tookQoS2Before reports whether the session took a QoS 2 delivery of the
+// message already.
+func (s *session) tookQoS2Before(id MsgID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.took == nil {
+		return false
+	}
+	_, ok := s.took.ids[id]
+	return ok
+}
+
+// rememberQoS2 records a QoS 2 delivery the session took.
+func (s *session) rememberQoS2(id MsgID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.took
+	if t == nil {
+		t = &tookQoS2{ids: make(map[MsgID]struct{}, 16)}
+		s.took = t
+	}
+	if _, ok := t.ids[id]; ok {
+		return
+	}
+	if len(t.ring) < tookQoS2Len {
+		t.ring = append(t.ring, id)
+	} else {
+		delete(t.ids, t.ring[t.next])
+		t.ring[t.next] = id
+		t.next = (t.next + 1) % tookQoS2Len
+	}
+	t.ids[id] = struct{}{}
+}
