@@ -158,7 +158,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 			}
 			return nil // the sender went away; it resends on its next stream
 		}
-		if req.GetEdgeId() == "" || (req.GetSeq() == 0 && len(req.GetMessages()) > 0) {
+		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
 			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
 		}
 		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
@@ -172,9 +172,6 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		}
 		if c := req.GetOutcomesConfirmed(); c > 0 {
 			ob.confirmed(c)
-		}
-		if req.GetSeq() == 0 {
-			continue // confirmation only
 		}
 		s.mu.Lock()
 		if s.hwm == nil {
@@ -412,8 +409,8 @@ func (l *Link) stream(ctx context.Context) error {
 		_ = st.CloseResponse()
 	}()
 	// Resend what the previous stream left unacknowledged, in order. A
-	// first request goes out even with nothing to resend, so that the peer
-	// can send outcomes of group messages it owes this edge.
+	// first frame goes out even with nothing to resend (an empty one), so
+	// that the peer can send outcomes of group messages it owes this edge.
 	l.mu.Lock()
 	resend := append([]*frame(nil), l.unacked...)
 	l.confirmSent = 0
@@ -426,7 +423,7 @@ func (l *Link) stream(ctx context.Context) error {
 		l.m.resent.Inc()
 	}
 	if len(resend) == 0 {
-		if err := st.Send(l.confirmation()); err != nil {
+		if err := st.Send(l.request(l.emptyFrame())); err != nil {
 			return err
 		}
 	}
@@ -465,32 +462,32 @@ func (l *Link) stream(ctx context.Context) error {
 			l.m.frames.Inc()
 			l.m.frameMessages.Observe(float64(len(f.msgs)))
 		}
-		if req := l.unconfirmed(); req != nil {
-			if err := st.Send(req); err != nil {
+		if l.unconfirmed() {
+			if err := st.Send(l.request(l.emptyFrame())); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// confirmation is a request that confirms the outcomes acted on so far.
-func (l *Link) confirmation() *edgev1.ForwardRequest {
+// emptyFrame is a frame with no message: it carries a confirmation of
+// outcomes (every frame does), and is taken and acknowledged like any
+// other, by peers of every version.
+func (l *Link) emptyFrame() *frame {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.confirmSent = l.confirm
-	return confirmOnly(l.edgeID, l.incarnation, l.confirm)
+	l.seq++
+	f := &frame{seq: l.seq}
+	l.unacked = append(l.unacked, f)
+	return f
 }
 
-// unconfirmed returns a confirmation when outcomes were acted on since the
-// last one went out; nil otherwise.
-func (l *Link) unconfirmed() *edgev1.ForwardRequest {
+// unconfirmed reports whether outcomes were acted on since the last
+// confirmation went out.
+func (l *Link) unconfirmed() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.confirm <= l.confirmSent {
-		return nil
-	}
-	l.confirmSent = l.confirm
-	return confirmOnly(l.edgeID, l.incarnation, l.confirm)
+	return l.confirm > l.confirmSent
 }
 
 const maxFrameMessages = 256

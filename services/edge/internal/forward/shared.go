@@ -339,8 +339,3 @@ func (s *Server) PeerGone(edgeID string) {
 		}
 	}()
 }
-
-// confirmOnly is a request that only confirms outcomes.
-func confirmOnly(edgeID string, inc, confirm uint64) *edgev1.ForwardRequest {
-	return &edgev1.ForwardRequest{EdgeId: edgeID, Incarnation: inc, OutcomesConfirmed: confirm}
-}

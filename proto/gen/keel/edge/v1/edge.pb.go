@@ -226,8 +226,8 @@ type ForwardRequest struct {
 	TargetIncarnation uint64 `protobuf:"varint,3,opt,name=target_incarnation,json=targetIncarnation,proto3" json:"target_incarnation,omitempty"`
 	// seq numbers frames per sender incarnation, from 1, strictly increasing across
 	// stream reconnects. The receiver keeps a high-water mark per sender incarnation
-	// and ignores a frame it has already taken. 0, with no messages, is a request
-	// that only confirms outcomes.
+	// and ignores a frame it has already taken. A frame may have no messages (it
+	// confirms outcomes, or opens a stream).
 	Seq uint64 `protobuf:"varint,4,opt,name=seq,proto3" json:"seq,omitempty"`
 	// messages in the frame, in publish order per publisher.
 	Messages []*ForwardMessage `protobuf:"bytes,5,rep,name=messages,proto3" json:"messages,omitempty"`
