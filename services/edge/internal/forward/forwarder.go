@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -63,8 +64,11 @@ type Forwarder struct {
 	// edge to another member, when that member or its edge goes first (nil:
 	// group messages are not kept once the peer took them).
 	Redispatch func(m *commonv1.Message, group broker.GroupKey, notEdge string)
-	Logger     *slog.Logger
-	Metrics    *Metrics // nil: not exported
+	// MaxHeldPerPeer bounds the group messages kept for one peer (0: a
+	// default of 131072); past it they are forwarded unkept.
+	MaxHeldPerPeer int
+	Logger         *slog.Logger
+	Metrics        *Metrics // nil: not exported
 
 	mu    sync.Mutex
 	ctx   context.Context
@@ -199,7 +203,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 			return nil, broker.SharedChoice{}, err
 		}
 		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
-		p.held = f.hold(m, p.msg)
+		p.held = f.hold(l, m, p.msg)
 		if parent := m.Span(); parent != nil {
 			// Traced: a forward span per peer, until the peer took it, whose
 			// context travels in the frame for the peer's deliver span.
@@ -248,7 +252,7 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	}
 	p := &pending{msg: &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
 		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}}
-	p.held = f.hold(m, p.msg)
+	p.held = f.hold(l, m, p.msg)
 	done := l.send(p, true)
 	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
 }
@@ -313,12 +317,22 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 
 // hold asks the peer to report what becomes of a QoS 1 message's group
 // deliveries, which this edge keeps until then; nil when none is kept.
-func (f *Forwarder) hold(m *broker.Message, fm *edgev1.ForwardMessage) []heldKey {
+func (f *Forwarder) hold(l *Link, m *broker.Message, fm *edgev1.ForwardMessage) []heldKey {
 	if m.QoS != 1 || f.Redispatch == nil || len(fm.GetShared()) == 0 {
+		return nil
+	}
+	if l.heldLen() >= cmp.Or(f.MaxHeldPerPeer, defaultMaxHeldPerPeer) {
+		// The peer reports nothing (an edge of an earlier version), or
+		// far less than it takes: the messages go unkept rather than
+		// without bound.
+		l.m.sharedUnkept.Inc()
 		return nil
 	}
 	return hold(fm)
 }
+
+// defaultMaxHeldPerPeer is the default of Forwarder.MaxHeldPerPeer.
+const defaultMaxHeldPerPeer = 1 << 17
 
 func (f *Forwarder) bound() time.Duration {
 	if f.Bound <= 0 {

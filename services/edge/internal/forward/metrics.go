@@ -11,6 +11,7 @@ type Metrics struct {
 	sharedHeld      prometheus.Gauge
 	sharedOutcomes  *prometheus.CounterVec // kind
 	sharedAbandoned prometheus.Counter
+	sharedUnkept    prometheus.Counter
 }
 
 // NewMetrics registers the forward metrics on reg (nil: not registered).
@@ -38,9 +39,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "keel_edge_forward_shared_abandoned_total",
 			Help: "Kept shared-group messages given up without an outcome: this edge stopped or rejoined, while the edge holding them lives on.",
 		}),
+		sharedUnkept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_forward_shared_unkept_total",
+			Help: "QoS 1 shared-group messages forwarded without being kept, because the peer already had as many kept as allowed.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.frameMessages, m.frames, m.resent, m.sharedHeld, m.sharedOutcomes, m.sharedAbandoned)
+		reg.MustRegister(m.frameMessages, m.frames, m.resent, m.sharedHeld, m.sharedOutcomes, m.sharedAbandoned, m.sharedUnkept)
 	}
 	return m
 }

@@ -49,6 +49,13 @@ func hold(fm *edgev1.ForwardMessage) []heldKey {
 	return keys
 }
 
+// heldLen is the number of group messages the link keeps.
+func (l *Link) heldLen() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.held)
+}
+
 // keepLocked records what p's message leaves held on the link. l.mu must be
 // held.
 func (l *Link) keepLocked(p *pending) {

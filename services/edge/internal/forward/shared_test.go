@@ -186,3 +186,16 @@ func TestForward_SharedMessageStaysWhenOriginGoes(t *testing.T) {
 	require.Equal(t, sent, readN(t, other, 3, true))
 	require.Zero(t, pendingOutcomes(b.srv, "edge-a", inc))
 }
+
+// A peer that reports nothing (an edge of an earlier version) does not
+// make the publishing edge keep group messages without bound.
+func TestForward_SharedMessagesKeptUpToABound(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t)
+	p.fwd.MaxHeldPerPeer = 2
+	remote := member(t, p.b.mqtt, "remote")
+	sent := p.publishN(t, "m", 4)
+	require.Equal(t, sent, readN(t, remote, 4, false))
+	require.Equal(t, 2.0, p.held())
+	require.Equal(t, 2.0, testutil.ToFloat64(p.fwd.Metrics.sharedUnkept))
+}
