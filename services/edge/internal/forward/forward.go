@@ -297,6 +297,8 @@ type Link struct {
 	seq     uint64
 	wake    chan struct{}
 	closed  bool
+	// closedFlag is closed, readable without the lock.
+	closedFlag atomic.Bool
 
 	// Group messages kept until the peer reports their outcome (shared.go).
 	held        map[heldKey]*heldMsg
@@ -545,6 +547,7 @@ func (l *Link) acked(seq uint64) {
 func (l *Link) fail(err error) {
 	l.mu.Lock()
 	l.closed = true
+	l.closedFlag.Store(true)
 	var all []*pending
 	for _, f := range l.unacked {
 		all = append(all, f.msgs...)
@@ -603,11 +606,7 @@ func (l *Link) Status() LinkStatus {
 	return st
 }
 
-func (l *Link) isClosed() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closed
-}
+func (l *Link) isClosed() bool { return l.closedFlag.Load() }
 
 // Wait waits for the channels returned by Send, up to the bound.
 func Wait(ctx context.Context, bound time.Duration, chans []<-chan error) error {

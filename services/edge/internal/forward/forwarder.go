@@ -70,7 +70,7 @@ type Forwarder struct {
 	Logger         *slog.Logger
 	Metrics        *Metrics // nil: not exported
 
-	mu    sync.Mutex
+	mu    sync.RWMutex
 	ctx   context.Context
 	links map[string]*Link
 	wg    sync.WaitGroup
@@ -88,6 +88,15 @@ func (f *Forwarder) Run(ctx context.Context) error {
 }
 
 func (f *Forwarder) link(p Peer) (*Link, error) {
+	// Every forwarded message asks for its links: the usual answer, a live
+	// link of this incarnation, is read under the read lock.
+	inc := f.Incarnation()
+	f.mu.RLock()
+	l, running := f.links[p.ID], f.ctx != nil && f.ctx.Err() == nil
+	f.mu.RUnlock()
+	if running && l != nil && l.incarnation == inc && !l.isClosed() {
+		return l, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ctx == nil || f.ctx.Err() != nil {
@@ -96,8 +105,7 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	if f.links == nil {
 		f.links = map[string]*Link{}
 	}
-	inc := f.Incarnation()
-	l := f.links[p.ID]
+	l = f.links[p.ID]
 	if l != nil && l.incarnation != inc {
 		l.stop()
 		l = nil

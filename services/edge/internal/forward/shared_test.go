@@ -199,3 +199,29 @@ func TestForward_SharedMessagesKeptUpToABound(t *testing.T) {
 	require.Equal(t, 2.0, p.held())
 	require.Equal(t, 2.0, testutil.ToFloat64(p.fwd.Metrics.sharedUnkept))
 }
+
+// An edge chosen for a group it has no member of any more gives the
+// message back at once; the publishing edge gives it to another member.
+func TestForward_SharedMessageComesBackFromAnEdgeWithoutMembers(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t) // the route still names edge B, whose member left
+	local := member(t, p.a.mqtt, "local")
+	sent := p.publishN(t, "m", 3)
+	require.Equal(t, sent, readN(t, local, 3, true))
+	require.Eventually(t, func() bool { return p.held() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 3.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("member_gone")))
+}
+
+// A group message delivered at QoS 0 (the member subscribed so) needs no
+// acknowledgement: the publishing edge keeps it only until it is taken.
+func TestForward_SharedMessageAtQoS0IsNotKept(t *testing.T) {
+	t.Parallel()
+	p := startSharedPair(t)
+	remote := mqtttest.Dial(t, p.b.mqtt, 5)
+	remote.Connect("remote", true, packets.Properties{})
+	require.Equal(t, []byte{0}, remote.Subscribe(1, "$share/g/t/+", 0).ReasonCodes)
+	sent := p.publishN(t, "m", 3)
+	require.Equal(t, sent, readN(t, remote, 3, false))
+	require.Eventually(t, func() bool { return p.held() == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, 3.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("acked")))
+}
