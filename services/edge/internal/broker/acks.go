@@ -38,8 +38,8 @@ type pendingAck struct {
 	packetID uint16
 	qos      byte
 	wait     func() error
-	span     trace.Span     // the publish's, when traced: ends with the acknowledgement
-	routed   unconfirmedPub // a QoS 2 publish's msgID, kept if it is not acknowledged
+	span     trace.Span // the publish's, when traced: ends with the acknowledgement
+	msg      *Message   // the message, whose msgID a QoS 2 publish keeps if it is not acknowledged
 }
 
 // check tells how a QoS 1/2 PUBLISH with packetID stands against the
@@ -100,12 +100,12 @@ func (q *ackQueue) init() {
 // queueAck defers the acknowledgement of pk until wait returns (wait may be
 // nil: the publish only waits for earlier ones). span, when not nil, ends
 // with the acknowledgement.
-func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error, span trace.Span, routed unconfirmedPub) {
+func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error, span trace.Span, m *Message) {
 	q := &c.acks
 	v5 := cl.Properties.ProtocolVersion == 5
 	q.mu.Lock()
 	q.init()
-	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait, span: span, routed: routed})
+	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait, span: span, msg: m})
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -139,7 +139,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			q.room.Broadcast()
 			q.mu.Unlock()
 			for _, p := range unacked {
-				b.unconfirm(cl, p.qos, p.packetID, p.routed)
+				b.unconfirm(cl, p.qos, p.packetID, p.msg)
 			}
 			return
 		}

@@ -727,21 +727,19 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 	}
 	now := time.Now()
-	var routed unconfirmedPub
+	id, resent := MsgID{}, false
 	if pk.FixedHeader.Qos == 2 {
-		routed.fp = fingerprint(pk.TopicName, pk.Payload)
 		if s := b.session(cl.ID); s != nil {
-			if id, ok := s.takeUnconfirmed(pk.PacketID, routed.fp, pk.FixedHeader.Dup); ok {
-				routed.id = id
+			if id, resent = s.takeUnconfirmed(pk.PacketID, pk.FixedHeader.Dup, pk.TopicName, pk.Payload); resent {
 				b.m.qos2Rerouted.Inc()
 			}
 		}
 	}
-	if routed.id == (MsgID{}) {
-		routed.id = b.ids.next()
+	if !resent {
+		id = b.ids.next()
 	}
 	m := &Message{
-		ID:      routed.id,
+		ID:      id,
 		Topic:   pk.TopicName,
 		Payload: pk.Payload,
 		QoS:     pk.FixedHeader.Qos,
@@ -781,13 +779,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
 		finishSpan(m.span, err)
-		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, routed)
+		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.disconnect(cl, packets.ErrServerBusy)
 		return pk, packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
-		b.queueAck(cl, c, &pk, wait, m.span, routed)
+		b.queueAck(cl, c, &pk, wait, m.span, m)
 		return pk, packets.ErrRejectPacket // acknowledged by the queue
 	}
 	finishSpan(m.span, nil)

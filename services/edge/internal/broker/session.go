@@ -140,20 +140,18 @@ func (s *session) enqueue(d delivery) enqueueResult {
 		// taking the session over.
 		<-hold
 	}
-	if d.qos == 2 && !d.onSubscribe {
-		// A resend of a QoS 2 publish goes under the msgID of the first
-		// copy (unconfirmed.go): taken once, it is not delivered again.
-		if s.tookQoS2Before(d.msg.ID) {
-			return enqueued
-		}
-		r := s.enqueueNow(d)
-		if r == enqueued {
-			s.rememberQoS2(d.msg.ID)
-		}
-		return r
+	r := s.enqueueNow(d)
+	if r == enqueued && tracksQoS2(&d) {
+		s.rememberQoS2(d.msg.ID)
 	}
-	return s.enqueueNow(d)
+	return r
 }
+
+// tracksQoS2 reports whether d is a QoS 2 delivery a session takes only
+// once: a resend of a QoS 2 publish goes under the msgID of the first copy
+// (unconfirmed.go). A retained message sent for a new subscription goes
+// out whatever was delivered before.
+func tracksQoS2(d *delivery) bool { return d.qos == 2 && !d.onSubscribe }
 
 // enqueueNow is enqueue without waiting for a takeover to complete.
 func (s *session) enqueueNow(d delivery) enqueueResult {
@@ -171,6 +169,10 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			s.mu.Unlock()
 			return enqueued
 		}
+	}
+	if tracksQoS2(&d) && s.took.has(d.msg.ID) {
+		s.mu.Unlock()
+		return enqueued // taken before
 	}
 	s.mu.Unlock()
 	cfg := &s.b.cfg

@@ -111,11 +111,10 @@ func (b *Broker) redispatch(from *session, d delivery, why ShareOutcome) {
 		b.deliverShared(m, d, "local")
 		return
 	}
-	key, ok := b.outsideGroup(from.scope, g.filter)
+	key, ok := outsideGroup(from.scope, g)
 	if !ok {
 		return
 	}
-	key.Name = g.name
 	if d.origin != nil && b.cluster.Reports != nil && b.cluster.Reports.ReportShared(*d.origin, d.msg, key, why) {
 		b.m.sharedRedispatch.WithLabelValues("returned").Inc()
 		return
@@ -218,8 +217,7 @@ func (b *Broker) takeReported(s *session, d delivery, origin *ShareOrigin, mayPi
 		return err
 	}
 	taken := r == enqueued || (r == droppedOverflow && b.cfg.OfflineDropOldest && !volatile)
-	key, ok := b.outsideGroup(s.scope, d.group.filter)
-	key.Name = d.group.name
+	key, ok := outsideGroup(s.scope, d.group)
 	switch {
 	case !taken && mayPick:
 		d.origin = origin
@@ -240,8 +238,7 @@ func (b *Broker) reportAcked(s *session, d delivery) {
 	if d.origin == nil || b.cluster.Reports == nil {
 		return
 	}
-	if key, ok := b.outsideGroup(s.scope, d.group.filter); ok {
-		key.Name = d.group.name
+	if key, ok := outsideGroup(s.scope, d.group); ok {
 		b.cluster.Reports.ReportShared(*d.origin, d.msg, key, ShareAcked)
 	}
 }
@@ -268,12 +265,12 @@ func (b *Broker) reportUnserved(m *Message, shared SharedChoice, served []*share
 	}
 }
 
-// outsideGroup gives a group's filter (internal form) in the tenant's
-// outside form, as other edges know it.
-func (b *Broker) outsideGroup(sc *tenancy.Scope, filter string) (GroupKey, bool) {
-	f, ok := sc.ExternalTopic(filter)
+// outsideGroup names g as other edges know it: the group and its filter in
+// the tenant's outside form.
+func outsideGroup(sc *tenancy.Scope, g *shareGroup) (GroupKey, bool) {
+	f, ok := sc.ExternalTopic(g.filter)
 	if !ok {
 		return GroupKey{}, false
 	}
-	return GroupKey{Filter: f}, true
+	return GroupKey{Name: g.name, Filter: f}, true
 }

@@ -34,12 +34,13 @@ func fingerprint(topic string, payload []byte) uint64 {
 	return h.Sum64()
 }
 
-// unconfirm records that the QoS 2 publish under packetID, routed as u,
-// was not acknowledged: the client's resend goes under u's msgID again.
-func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, u unconfirmedPub) {
+// unconfirm records that the QoS 2 publish m under packetID was not
+// acknowledged: the client's resend goes under m's msgID again.
+func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Message) {
 	if qos != 2 {
 		return
 	}
+	u := unconfirmedPub{id: m.ID, fp: fingerprint(m.Topic, m.Payload)}
 	s := b.session(cl.ID)
 	if s == nil {
 		return
@@ -71,7 +72,7 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, u unconfi
 // takeUnconfirmed returns the msgID of the unacknowledged publish under
 // packetID when a PUBLISH is its resend (DUP, same topic and payload), and
 // forgets it either way: the packet ID is in use again.
-func (s *session) takeUnconfirmed(packetID uint16, fp uint64, dup bool) (MsgID, bool) {
+func (s *session) takeUnconfirmed(packetID uint16, dup bool, topic string, payload []byte) (MsgID, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	u, ok := s.unconfirmed[packetID]
@@ -79,7 +80,7 @@ func (s *session) takeUnconfirmed(packetID uint16, fp uint64, dup bool) (MsgID, 
 		return MsgID{}, false
 	}
 	delete(s.unconfirmed, packetID)
-	if !dup || u.fp != fp {
+	if !dup || u.fp != fingerprint(topic, payload) {
 		return MsgID{}, false
 	}
 	return u.id, true
@@ -96,15 +97,12 @@ type tookQoS2 struct {
 // seconds of the failed forward, after far fewer QoS 2 messages than this.
 const tookQoS2Len = 1024
 
-// tookQoS2Before reports whether the session took a QoS 2 delivery of the
-// message already.
-func (s *session) tookQoS2Before(id MsgID) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.took == nil {
+// has reports whether the message was taken (t may be nil).
+func (t *tookQoS2) has(id MsgID) bool {
+	if t == nil {
 		return false
 	}
-	_, ok := s.took.ids[id]
+	_, ok := t.ids[id]
 	return ok
 }
 

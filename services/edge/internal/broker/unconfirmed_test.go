@@ -22,14 +22,14 @@ func TestBroker_UnconfirmedQoS2RestoredFromStore(t *testing.T) {
 	require.Equal(t, uint16(8), incoming[0].PacketID)
 
 	require.Equal(t, u, s.unconfirmed[7])
-	id, ok := s.takeUnconfirmed(7, u.fp, false)
+	id, ok := s.takeUnconfirmed(7, false, "t/x", []byte("p"))
 	require.False(t, ok, "not a resend without DUP")
 	require.Zero(t, id)
 	s.unconfirmed[7] = u
-	_, ok = s.takeUnconfirmed(7, fingerprint("t/x", []byte("other")), true)
+	_, ok = s.takeUnconfirmed(7, true, "t/x", []byte("other"))
 	require.False(t, ok, "another message under the packet ID")
 	s.unconfirmed[7] = u
-	id, ok = s.takeUnconfirmed(7, u.fp, true)
+	id, ok = s.takeUnconfirmed(7, true, "t/x", []byte("p"))
 	require.True(t, ok)
 	require.Equal(t, u.id, id)
 }
@@ -42,8 +42,8 @@ func TestSession_RemembersQoS2Taken(t *testing.T) {
 	for i := range tookQoS2Len + 10 {
 		s.rememberQoS2(MsgID{Edge: "e", Seq: uint64(i)})
 	}
-	require.False(t, s.tookQoS2Before(MsgID{Edge: "e", Seq: 5}), "evicted")
-	require.True(t, s.tookQoS2Before(MsgID{Edge: "e", Seq: 20}))
-	require.True(t, s.tookQoS2Before(MsgID{Edge: "e", Seq: tookQoS2Len + 9}))
+	require.False(t, s.took.has(MsgID{Edge: "e", Seq: 5}), "evicted")
+	require.True(t, s.took.has(MsgID{Edge: "e", Seq: 20}))
+	require.True(t, s.took.has(MsgID{Edge: "e", Seq: tookQoS2Len + 9}))
 	require.Len(t, s.took.ids, tookQoS2Len)
 }

@@ -296,12 +296,11 @@ type Link struct {
 	unacked []*frame   // sent, awaiting ack, in seq order
 	seq     uint64
 	wake    chan struct{}
-	closed  bool
-	// closedFlag is closed, readable without the lock.
-	closedFlag atomic.Bool
+	closed  atomic.Bool // set under mu, read without it
 
 	// Group messages kept until the peer reports their outcome (shared.go).
 	held        map[heldKey]*heldMsg
+	maxHeld     int    // bound on held (0: defaultMaxHeldPerPeer)
 	confirm     uint64 // highest outcome seq acted on
 	confirmSent uint64 // highest confirmed on the current stream
 	// gone is set when the peer left the membership: what it took and held
@@ -353,18 +352,12 @@ func (l *Link) Send(m *edgev1.ForwardMessage, wait bool) <-chan error {
 	return l.send(&pending{msg: m}, wait)
 }
 
-// SendTraced is Send for a message whose trace is sampled: span ends once
-// the peer took m, or with an error when the link fails first.
-func (l *Link) SendTraced(m *edgev1.ForwardMessage, wait bool, span trace.Span) <-chan error {
-	return l.send(&pending{msg: m, span: span}, wait)
-}
-
 func (l *Link) send(p *pending, wait bool) <-chan error {
 	if wait {
 		p.done = make(chan error, 1)
 	}
 	l.mu.Lock()
-	if l.closed {
+	if l.closed.Load() {
 		l.mu.Unlock()
 		p.finish(ErrPeerGone)
 		return p.done
@@ -546,8 +539,7 @@ func (l *Link) acked(seq uint64) {
 // fail answers every waiting message with err (the link is closing).
 func (l *Link) fail(err error) {
 	l.mu.Lock()
-	l.closed = true
-	l.closedFlag.Store(true)
+	l.closed.Store(true)
 	var all []*pending
 	for _, f := range l.unacked {
 		all = append(all, f.msgs...)
@@ -597,7 +589,7 @@ func (l *Link) Status() LinkStatus {
 	st := LinkStatus{Peer: l.peer, Incarnation: l.incarnation, Connected: l.connected.Load(), CreditBytes: l.credit.Load()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st.Closed = l.closed
+	st.Closed = l.closed.Load()
 	for _, f := range l.unacked {
 		for _, p := range f.msgs {
 			st.InflightBytes += uint64(len(p.msg.GetMessage().GetPayload()))
@@ -606,7 +598,7 @@ func (l *Link) Status() LinkStatus {
 	return st
 }
 
-func (l *Link) isClosed() bool { return l.closedFlag.Load() }
+func (l *Link) isClosed() bool { return l.closed.Load() }
 
 // Wait waits for the channels returned by Send, up to the bound.
 func Wait(ctx context.Context, bound time.Duration, chans []<-chan error) error {

@@ -1,7 +1,6 @@
 package forward
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -112,7 +111,7 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	}
 	if l == nil || l.isClosed() {
 		l = NewLink(f.Self, inc, p.ID, p.URL, f.log(), f.Metrics)
-		l.again = f.Redispatch
+		l.again, l.maxHeld = f.Redispatch, f.MaxHeldPerPeer
 		f.links[p.ID] = l
 		ctx, cancel := context.WithCancel(f.ctx)
 		l.stop = cancel
@@ -211,7 +210,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 			return nil, broker.SharedChoice{}, err
 		}
 		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
-		p.held = f.hold(l, m, p.msg)
+		p.held = f.hold(m, p.msg)
 		if parent := m.Span(); parent != nil {
 			// Traced: a forward span per peer, until the peer took it, whose
 			// context travels in the frame for the peer's deliver span.
@@ -260,7 +259,7 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	}
 	p := &pending{msg: &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
 		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}}
-	p.held = f.hold(l, m, p.msg)
+	p.held = f.hold(m, p.msg)
 	done := l.send(p, true)
 	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
 }
@@ -325,15 +324,8 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 
 // hold asks the peer to report what becomes of a QoS 1 message's group
 // deliveries, which this edge keeps until then; nil when none is kept.
-func (f *Forwarder) hold(l *Link, m *broker.Message, fm *edgev1.ForwardMessage) []heldKey {
+func (f *Forwarder) hold(m *broker.Message, fm *edgev1.ForwardMessage) []heldKey {
 	if m.QoS != 1 || f.Redispatch == nil || len(fm.GetShared()) == 0 {
-		return nil
-	}
-	if l.heldLen() >= cmp.Or(f.MaxHeldPerPeer, defaultMaxHeldPerPeer) {
-		// The peer reports nothing (an edge of an earlier version), or
-		// far less than it takes: the messages go unkept rather than
-		// without bound.
-		l.m.sharedUnkept.Inc()
 		return nil
 	}
 	return hold(fm)

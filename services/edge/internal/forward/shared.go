@@ -49,17 +49,20 @@ func hold(fm *edgev1.ForwardMessage) []heldKey {
 	return keys
 }
 
-// heldLen is the number of group messages the link keeps.
-func (l *Link) heldLen() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.held)
-}
-
 // keepLocked records what p's message leaves held on the link. l.mu must be
-// held.
+// held. Past the bound, the message goes unkept: a peer that reports
+// nothing (an edge of an earlier version), or far less than it takes, must
+// not make this edge keep messages without end.
 func (l *Link) keepLocked(p *pending) {
 	if len(p.held) == 0 {
+		return
+	}
+	if len(l.held) >= cmp.Or(l.maxHeld, defaultMaxHeldPerPeer) {
+		for _, t := range p.msg.GetShared() {
+			t.Report = false
+		}
+		p.held = nil
+		l.m.sharedUnkept.Inc()
 		return
 	}
 	if l.held == nil {
