@@ -280,6 +280,12 @@ func (s *Server) sendOutcomes(ctx context.Context, ob *outbox, send func(*edgev1
 		ob.mu.Lock()
 		if ob.stream != gen {
 			ob.mu.Unlock()
+			// The wake that brought this sender here may have been meant
+			// for the newer stream's: pass it on.
+			select {
+			case ob.wake <- struct{}{}:
+			default:
+			}
 			return
 		}
 		var outs []*edgev1.SharedOutcome

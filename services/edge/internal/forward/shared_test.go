@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
@@ -224,4 +226,43 @@ func TestForward_SharedMessageAtQoS0IsNotKept(t *testing.T) {
 	require.Equal(t, sent, readN(t, remote, 3, false))
 	require.Eventually(t, func() bool { return p.held() == 0 }, 5*time.Second, 10*time.Millisecond)
 	require.Equal(t, 3.0, testutil.ToFloat64(p.fwd.Metrics.sharedOutcomes.WithLabelValues("acked")))
+}
+
+// While a sender's old stream lingers beside its new one, an outcome goes
+// out on the new one: the old stream's sender, woken for it, passes the
+// wake on.
+func TestServer_OutcomesGoOnTheNewestStream(t *testing.T) {
+	t.Parallel()
+	for round := range 20 {
+		srv := &Server{Deliver: &countingDeliverer{}}
+		ts := serveAPI(t, srv)
+		open := func(seq uint64) *connect.BidiStreamForClient[edgev1.ForwardRequest, edgev1.ForwardResponse] {
+			st := NewLink("a", 1, "b", ts.URL, nil, nil).client.Forward(t.Context())
+			t.Cleanup(func() { // before the server closes, which waits for its streams
+				_ = st.CloseRequest()
+				_ = st.CloseResponse()
+			})
+			require.NoError(t, st.Send(&edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: seq}))
+			resp, err := st.Receive()
+			require.NoError(t, err)
+			require.Equal(t, seq, resp.GetTakenSeq())
+			return st
+		}
+		open(1) // the old stream, still open
+		st := open(2)
+		require.True(t, srv.ReportShared(broker.ShareOrigin{Edge: "a", Incarnation: 1},
+			&broker.Message{ID: broker.MsgID{Edge: "a", Incarnation: 1, Seq: 9}}, broker.GroupKey{Name: "g", Filter: "t/+"}, broker.ShareAcked))
+		got := make(chan *edgev1.ForwardResponse, 1)
+		go func() {
+			if resp, err := st.Receive(); err == nil {
+				got <- resp
+			}
+		}()
+		select {
+		case resp := <-got:
+			require.Len(t, resp.GetSharedOutcomes(), 1)
+		case <-time.After(2 * time.Second):
+			t.Fatalf("round %d: the outcome never reached the newest stream", round)
+		}
+	}
 }
