@@ -448,8 +448,10 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 
 // The stores keep an inbound QoS 2 record's msgID as an opaque string. An
 // unconfirmed one (not acknowledged to its publisher, to be routed again
-// under the same msgID) is kept as "~<msgID>#<fingerprint, hex>": no msgID
-// starts with "~", since no edge ID may.
+// under the same msgID) is kept as "~<msgID>#<fingerprint, hex>". An edge ID
+// may start with "~" and hold "#", but a msgID ends in "/<seq>": nothing
+// after its last "#" is free of "/", so a value is unconfirmed only if what
+// follows its last "#" parses as hex.
 const unconfirmedMark = "~"
 
 func unconfirmedValue(msgID string, fingerprint uint64) string {
@@ -461,9 +463,9 @@ func IncomingOut(in store.Incoming) *persistencev1.Incoming {
 	out := &persistencev1.Incoming{PacketId: uint32(in.PacketID)}
 	v := in.MsgID
 	if rest, ok := strings.CutPrefix(v, unconfirmedMark); ok {
-		if id, fp, ok := strings.Cut(rest, "#"); ok {
-			if f, err := strconv.ParseUint(fp, 16, 64); err == nil {
-				v, out.Unconfirmed, out.Fingerprint = id, true, f
+		if i := strings.LastIndexByte(rest, '#'); i >= 0 {
+			if f, err := strconv.ParseUint(rest[i+1:], 16, 64); err == nil {
+				v, out.Unconfirmed, out.Fingerprint = rest[:i], true, f
 			}
 		}
 	}

@@ -343,3 +343,17 @@ func TestParseMsgID(t *testing.T) {
 		require.True(t, proto.Equal(id, got))
 	}
 }
+
+// An inbound QoS 2 record reads back as it was written, unconfirmed or
+// not, whatever its edge ID holds ("~" and "#" included).
+func TestIncomingOut_RoundTrip(t *testing.T) {
+	t.Parallel()
+	for _, edge := range []string{"edge-a", "~edge", "a#b", "~a#ff"} {
+		id := &commonv1.MsgID{EdgeId: edge, Incarnation: 3, Seq: 7}
+		plain := MsgIDString(id)
+		require.True(t, proto.Equal(&persistencev1.Incoming{PacketId: 1, MsgId: id},
+			IncomingOut(store.Incoming{PacketID: 1, MsgID: plain})), "confirmed, edge %q", edge)
+		require.True(t, proto.Equal(&persistencev1.Incoming{PacketId: 2, MsgId: id, Unconfirmed: true, Fingerprint: 0xabc},
+			IncomingOut(store.Incoming{PacketID: 2, MsgID: unconfirmedValue(plain, 0xabc)})), "unconfirmed, edge %q", edge)
+	}
+}
