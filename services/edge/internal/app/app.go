@@ -289,6 +289,7 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	// A message routed here before a handover arrives at the latest when its
 	// publisher's edge stops waiting for it.
 	cfg.Broker.HandoverMemory = cfg.ForwardTimeout
+	cfg.Broker.ForwardBound = cfg.ForwardTimeout
 	b, err := broker.New(cfg.Broker, authn, logger.With("component", "broker"), e.reg)
 	if err != nil {
 		return nil, err

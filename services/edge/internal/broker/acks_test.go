@@ -33,7 +33,7 @@ func (p *heldPeers) Relay(context.Context, *Message, string, []RelayTarget) (fun
 	return nil, errors.New("no relays here")
 }
 
-func (p *heldPeers) Forward(ctx context.Context, m *Message) (func() error, SharedChoice, error) {
+func (p *heldPeers) Forward(ctx context.Context, m *Message, _ *Again) (func() error, SharedChoice, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := string(m.Payload)

@@ -430,8 +430,11 @@ var targetPool = sync.Pool{New: func() any { s := make([]target, 0, 16); return 
 // not be acknowledged.
 func (b *Broker) route(m *Message) error {
 	wait, err := b.routeAsync(m)
+	if err != nil {
+		wait, err = b.routeAgainNow(nil, m, err)
+	}
 	if err == nil && wait != nil {
-		if err = wait(); err != nil {
+		if err = b.retrying(nil, m, wait)(); err != nil {
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 		}
 	}
@@ -447,17 +450,119 @@ func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
 	} else if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
+	return b.deliver(m, nil)
+}
+
+// deliver is routeAsync without the output; again is set when m is routed
+// again ([Again]).
+func (b *Broker) deliver(m *Message, again *Again) (wait func() error, err error) {
 	var local SharedChoice
 	if b.cluster.Peers != nil {
 		// Forwarding first: it decides which edge serves each shared group.
-		w, choice, ferr := b.cluster.Peers.Forward(b.stopped, m)
+		w, choice, ferr := b.cluster.Peers.Forward(b.stopped, m, again)
 		if ferr != nil {
-			b.m.dropped.WithLabelValues("forward_failed").Inc()
+			if again == nil {
+				b.m.dropped.WithLabelValues("forward_failed").Inc()
+			}
 			return nil, ferr
 		}
 		wait, local = w, choice
 	}
 	return wait, b.deliverLocal(m, local)
+}
+
+// clockSkew is how far apart the clocks of two edges may be: a message
+// routed again goes to the sessions that became routable on any edge since
+// its first routing less this, so a session that moved just after it is
+// not skipped for a clock behind the publishing edge's. It costs a QoS 1
+// duplicate to a session that moved in the second before.
+const clockSkew = 2 * time.Second
+
+// retrying wraps the wait of a QoS 1/2 message's first routing: when edges
+// it was forwarded to left the cluster before taking it, it is routed again
+// (DESIGN: PUBLISH, re-resolve and retry until a live target takes it). The
+// left edges' routes outlive them until their sessions are adopted, so a
+// route that still names one fails again, and the message goes on once the
+// routes name the sessions' new edges. Every edge with a match gets it
+// again, for the sessions that became routable there since ([Again]): those
+// are the ones that can have missed it. cl is the publisher (nil for the
+// broker's own messages).
+func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func() error {
+	if wait == nil || m.QoS == 0 || b.cfg.ForwardBound <= 0 {
+		return wait
+	}
+	return func() error {
+		err := wait()
+		var nt *NotTaken
+		if !errors.As(err, &nt) {
+			return err
+		}
+		again := &Again{Since: m.Created - int64(clockSkew), Groups: nt.Groups}
+		return b.reroute(cl, m, err, func() error {
+			w, err := b.deliver(m, again)
+			if err == nil && w != nil {
+				err = w()
+			}
+			if errors.As(err, &nt) {
+				// What the edges that left this time owed is owed still.
+				again.Groups = nt.Groups
+			}
+			return err
+		})
+	}
+}
+
+// routeAgainNow routes a message whose routes named an edge that left the
+// cluster (they outlive it until its sessions are adopted) again, until
+// it is handed to every edge with a match, within the forward bound.
+// Nothing was delivered yet: it runs before the publisher's next message
+// is read, which must not overtake it. cl is the publisher (nil for the
+// broker's own messages).
+func (b *Broker) routeAgainNow(cl *mqtt.Client, m *Message, err error) (wait func() error, _ error) {
+	if m.QoS == 0 || b.cfg.ForwardBound <= 0 || !errors.Is(err, ErrEdgeLeft) {
+		return nil, err
+	}
+	err = b.reroute(cl, m, err, func() error {
+		var err error
+		wait, err = b.deliver(m, nil)
+		return err
+	})
+	return wait, err
+}
+
+// reroute runs attempt, with backoff, until it succeeds, fails otherwise
+// than by an edge that left, or the forward bound since m's ingress passes;
+// err is the failure that started it. It gives up when the publisher's
+// connection closes: the message is not acknowledged then, and routed
+// later it would follow what the publisher sent since, out of order.
+func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, attempt func() error) error {
+	deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
+	closed := func() bool { return cl != nil && cl.Closed() }
+	for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		if b.stopping.Load() || b.fenced.Load() || closed() || !time.Now().Add(backoff).Before(deadline) {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		}
+		select {
+		case <-b.stopped.Done():
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		case <-time.After(backoff):
+		}
+		if closed() {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		}
+		b.m.forwardRetries.WithLabelValues("attempt").Inc()
+		if err = attempt(); err == nil {
+			b.m.forwardRetries.WithLabelValues("taken").Inc()
+			return nil
+		}
+		if !errors.Is(err, ErrEdgeLeft) {
+			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
+			return err
+		}
+	}
 }
 
 // servesGroup turns a choice of shared groups into the index's filter.
@@ -502,6 +607,9 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 		t := &targets[i]
 		if t.noLocal && !t.shared && t.sess.id == m.Origin {
 			continue // [MQTT-3.8.3-3]
+		}
+		if shared.Since != 0 && t.group == nil && t.sess.routable.Load() < shared.Since {
+			continue // routed again: it had the message
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
 		if t.group != nil && shared.Origin != nil {

@@ -128,7 +128,10 @@ type Output interface {
 // then the publisher must not be acknowledged. Messages handed over in
 // turn reach each peer in that order.
 type Peers interface {
-	Forward(ctx context.Context, m *Message) (wait func() error, local SharedChoice, err error)
+	// again is nil the first time; set when m is routed again (see [Again]).
+	// A wait that fails because edges left the cluster before taking m
+	// returns a [*NotTaken].
+	Forward(ctx context.Context, m *Message, again *Again) (wait func() error, local SharedChoice, err error)
 	// ForwardShared hands m to one other edge with members of group, for
 	// that group alone, never to notEdge ("": any); ErrNoMember when no
 	// other edge has one.
@@ -138,6 +141,41 @@ type Peers interface {
 	// not have reached.
 	Relay(ctx context.Context, m *Message, edge string, to []RelayTarget) (wait func() error, err error)
 }
+
+// Again describes a message routed again because edges it was forwarded
+// to left the cluster before taking it (DESIGN: PUBLISH, the publishing
+// edge re-resolves and retries until a live target takes it).
+type Again struct {
+	// Since is the first routing's time less the clock skew allowed between
+	// edges (unix nano). Every edge with a match may have taken the message
+	// then, so now it goes only to the sessions that became routable on
+	// their edge at or after Since: the left edges' sessions, adopted or
+	// taken over since, wherever they went.
+	Since int64
+	// Groups are the shared groups the left edges were chosen to serve and
+	// that no edge keeps for re-dispatch: each is given a member again. The
+	// other groups were served.
+	Groups []GroupKey
+}
+
+// ErrEdgeLeft is the cause of a forward that failed because the edge it
+// went to left the cluster (its lease expired) before taking the message,
+// or because a route named an edge that is no longer a member: the message
+// can be routed again once the routes no longer name it.
+var ErrEdgeLeft = errors.New("edge left the cluster before taking the message")
+
+// NotTaken is the error of a forward's wait when only edges that left the
+// cluster failed to take the message: it can be routed again, to Groups
+// and to the sessions the edges held.
+type NotTaken struct {
+	// Groups are the shared groups the left edges were to serve that no
+	// edge keeps for re-dispatch (in the tenant's outside form).
+	Groups []GroupKey
+	Err    error
+}
+
+func (e *NotTaken) Error() string { return e.Err.Error() }
+func (e *NotTaken) Unwrap() error { return e.Err }
 
 // ErrNoMember is returned when a shared group has no member to take a
 // message.
@@ -158,6 +196,10 @@ type SharedChoice struct {
 	// Origin, when set, is the edge that keeps the message until it hears
 	// what became of it here ([SharedReports]).
 	Origin *ShareOrigin
+	// Since, when set, leaves out the plain subscriptions of the sessions
+	// that became routable here before it (unix nano): the message is
+	// routed again ([Again]), and they had it.
+	Since int64
 }
 
 // ShareOrigin is the edge incarnation that forwarded a QoS 1 group message

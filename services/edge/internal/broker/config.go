@@ -50,6 +50,11 @@ type Config struct {
 	// the forward timeout (cluster.forward-timeout) bounds how late one can
 	// arrive. Zero: 30 s.
 	HandoverMemory time.Duration `yaml:"-"`
+	// ForwardBound is how long, from its ingress, a QoS 1/2 publish that an
+	// edge left the cluster without taking is routed again before its
+	// publisher is closed unacknowledged (cluster.forward-timeout). Zero:
+	// it is not routed again; the publisher is closed at once.
+	ForwardBound time.Duration `yaml:"-"`
 }
 
 // Defaults for [Config].

@@ -35,7 +35,7 @@ type relayCall struct {
 	targets []RelayTarget
 }
 
-func (p *relayingPeers) Forward(context.Context, *Message) (func() error, SharedChoice, error) {
+func (p *relayingPeers) Forward(context.Context, *Message, *Again) (func() error, SharedChoice, error) {
 	return nil, SharedChoice{}, nil
 }
 

@@ -776,6 +776,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	}
 	wait, err := b.routeAsync(m)
 	if err != nil {
+		wait, err = b.routeAgainNow(cl, m, err)
+	}
+	wait = b.retrying(cl, m, wait)
+	if err != nil {
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
 		finishSpan(m.span, err)

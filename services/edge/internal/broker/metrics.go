@@ -36,6 +36,7 @@ type metrics struct {
 	takeovers        prometheus.Counter
 	lapsedDropped    prometheus.Counter
 	handoverRelays   *prometheus.CounterVec
+	forwardRetries   *prometheus.CounterVec
 	relaysReceived   *prometheus.CounterVec
 	resumedFromStore prometheus.Counter
 	adoptedSessions  *prometheus.CounterVec
@@ -130,6 +131,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_relays_received_total",
 			Help: "Messages relayed here by the previous owner of a session taken over, by order: kept (queued ahead of newer ones while the session settled), late (after the settle: newer ones may have been sent first).",
 		}, []string{"order"}),
+		forwardRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_forward_retries_total",
+			Help: "QoS 1/2 publishes routed again because an edge they were forwarded to left the cluster before taking them, by outcome (attempt: one routing again; taken: every edge with a match took it, it is acknowledged; gave_up: not within the forward bound, or the publisher left, it is not acknowledged).",
+		}, []string{"outcome"}),
 		lapsedDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_lapsed_sessions_dropped_total",
 			Help: "Sessions this edge held when its lease ran out, dropped when it rejoined under a new incarnation (their custodians or new owners serve them).",
@@ -159,7 +164,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.handoverRelays, m.relaysReceived, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,6 +83,10 @@ func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*d
 	var subs []storage.Subscription
 	var incoming []storage.Message
 	s := newSession(b, rec.ID, sc)
+	// Its routes are not registered yet: a message routed again does not
+	// skip it. importSession marks it routable once they are; a session
+	// restored at start stays so, which costs at most a duplicate.
+	s.routable.Store(math.MaxInt64)
 	s.persistent, s.durable = true, true
 	for _, sub := range st.Subs {
 		x := &subscription{sess: s, full: sub.Filter, filter: sub.Filter, qos: sub.QoS, noLocal: sub.NoLocal,

@@ -52,6 +52,12 @@ type session struct {
 	b      *Broker
 	online atomic.Bool
 	nsubs  atomic.Int32 // len(subs), readable without the lock
+	// routable is when the session's routes pointed here (unix nano): a
+	// message routed again after an edge left without taking it skips the
+	// sessions routable here before its first routing, which had it
+	// ([Again]). A session made from stored state is routable once its
+	// routes are registered; until then it is not skipped.
+	routable atomic.Int64
 
 	mu         sync.Mutex
 	client     *mqtt.Client // nil while offline
@@ -110,7 +116,9 @@ type session struct {
 }
 
 func newSession(b *Broker, id string, scope *tenancy.Scope) *session {
-	return &session{id: id, scope: scope, b: b, subs: map[string]*subscription{}, space: make(chan struct{})}
+	s := &session{id: id, scope: scope, b: b, subs: map[string]*subscription{}, space: make(chan struct{})}
+	s.routable.Store(time.Now().UnixNano())
+	return s
 }
 
 type enqueueResult int

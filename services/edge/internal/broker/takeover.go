@@ -247,6 +247,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 			return nil, fmt.Errorf("route of the taken-over session: %w", err)
 		}
 	}
+	s.routable.Store(time.Now().UnixNano())
 	return s, nil
 }
 

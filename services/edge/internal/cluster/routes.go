@@ -157,7 +157,7 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 				return forward.Peer{ID: id, URL: u}, nil
 			}
 		}
-		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerGone, id)
+		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerLeft, id)
 	}
 	var out forward.Route
 	for _, id := range res.Edges {

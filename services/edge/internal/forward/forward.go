@@ -60,7 +60,8 @@ func relayTargets(fm *edgev1.ForwardMessage) []broker.RelayTarget {
 // sharedChoice reads which shared groups the sender chose this edge for,
 // and whether it keeps the message until it hears the outcome.
 func sharedChoice(fm *edgev1.ForwardMessage, from peerKey) broker.SharedChoice {
-	c := broker.SharedChoice{Chosen: fm.GetSharedChosen() || fm.GetSharedOnly(), Only: fm.GetSharedOnly()}
+	c := broker.SharedChoice{Chosen: fm.GetSharedChosen() || fm.GetSharedOnly(), Only: fm.GetSharedOnly(),
+		Since: fm.GetSessionsSinceUnixNano()}
 	for _, t := range fm.GetShared() {
 		c.Groups = append(c.Groups, broker.GroupKey{Name: t.GetGroup(), Filter: t.GetFilter()})
 		if t.GetReport() {
@@ -73,6 +74,10 @@ func sharedChoice(fm *edgev1.ForwardMessage, from peerKey) broker.SharedChoice {
 // ErrPeerGone means a frame could not be handed to the peer within the
 // bound: the publisher must not be acknowledged.
 var ErrPeerGone = errors.New("peer edge did not take the message")
+
+// ErrPeerLeft is ErrPeerGone for a peer that left the membership: the
+// message can be routed again ([broker.ErrEdgeLeft]).
+var ErrPeerLeft = fmt.Errorf("%w: %w", ErrPeerGone, broker.ErrEdgeLeft)
 
 // Server receives forward streams.
 type Server struct {
@@ -359,7 +364,11 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 	l.mu.Lock()
 	if l.closed.Load() {
 		l.mu.Unlock()
-		p.finish(ErrPeerGone)
+		if l.gone.Load() {
+			p.finish(ErrPeerLeft)
+		} else {
+			p.finish(ErrPeerGone)
+		}
 		return p.done
 	}
 	l.queue = append(l.queue, p)
@@ -538,6 +547,9 @@ func (l *Link) acked(seq uint64) {
 
 // fail answers every waiting message with err (the link is closing).
 func (l *Link) fail(err error) {
+	if l.gone.Load() {
+		err = ErrPeerLeft
+	}
 	l.mu.Lock()
 	l.closed.Store(true)
 	var all []*pending

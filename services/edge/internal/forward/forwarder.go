@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -164,8 +165,10 @@ func (f *Forwarder) PeerGone(edgeID string) {
 // each peer in order; the wait is bounded from this call on. Each shared
 // group is served by one of the edges with members, in turn, so that one
 // member in the whole cluster gets the message; local says which groups
-// this edge serves.
-func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() error, broker.SharedChoice, error) {
+// this edge serves. Routed again (again set), m goes to every peer with a
+// match for the sessions routable there since again.Since, and to the
+// groups in again.Groups alone.
+func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broker.Again) (func() error, broker.SharedChoice, error) {
 	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
 	if !ok {
 		return nil, broker.SharedChoice{}, nil
@@ -179,6 +182,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 		return nil, broker.SharedChoice{}, fmt.Errorf("resolve routes: %w", err)
 	}
 	local := broker.SharedChoice{Chosen: true}
+	if again != nil {
+		local.Since = again.Since
+	}
 	// Most messages go to a few edges: the destinations stay on the stack.
 	var buf [8]dest
 	dests := buf[:0]
@@ -188,6 +194,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 		}
 	}
 	for _, g := range route.Groups {
+		if again != nil && !slices.Contains(again.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter}) {
+			continue // served the first time
+		}
 		p := f.pick(tenant, g)
 		if p.ID == f.Self {
 			local.Groups = append(local.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter})
@@ -203,13 +212,19 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 	pm := m.Proto()
 	// QoS 0 is best effort across edges too: nobody waits for it.
 	wait := m.QoS > 0
-	var waits []<-chan error
+	var sent []*pending
+	if wait {
+		sent = make([]*pending, 0, len(dests))
+	}
 	for _, d := range dests {
 		l, err := f.link(d.peer)
 		if err != nil {
 			return nil, broker.SharedChoice{}, err
 		}
 		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
+		if again != nil {
+			p.msg.SessionsSinceUnixNano = again.Since
+		}
 		p.held = f.hold(m, p.msg)
 		if parent := m.Span(); parent != nil {
 			// Traced: a forward span per peer, until the peer took it, whose
@@ -218,15 +233,54 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message) (func() erro
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrPeer.String(d.peer.ID)))
 			p.msg.Traceparent = tracing.Traceparent(p.span.SpanContext())
 		}
-		done := l.send(p, wait)
+		l.send(p, wait)
 		if wait {
-			waits = append(waits, done)
+			sent = append(sent, p)
 		}
 	}
 	if !wait {
 		return nil, local, nil
 	}
-	return func() error { return WaitUntil(ctx, deadline, bound, waits) }, local, nil
+	return func() error { return waitTaken(ctx, deadline, bound, m.QoS, sent) }, local, nil
+}
+
+// waitTaken waits until every peer took its copy of a message, or deadline.
+// When only peers that left the cluster failed, the error is a
+// [*broker.NotTaken] naming the groups they were to serve that nobody
+// keeps: a QoS 1 group message kept for re-dispatch goes to another member
+// once its peer is gone, and a QoS 2 one is committed to the member it was
+// sent to (DESIGN: shared subscriptions), so neither is owed again.
+func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, qos byte, sent []*pending) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	var left *broker.NotTaken
+	for _, p := range sent {
+		select {
+		case err := <-p.done:
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, broker.ErrEdgeLeft) {
+				return err
+			}
+			if left == nil {
+				left = &broker.NotTaken{Err: err}
+			}
+			if qos == 1 && len(p.held) == 0 {
+				for _, g := range p.msg.GetShared() {
+					left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
+				}
+			}
+		case <-t.C:
+			return fmt.Errorf("%w within %v", ErrPeerGone, bound)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if left != nil {
+		return left
+	}
+	return nil
 }
 
 // ForwardShared implements broker.Peers: m goes to one other edge with

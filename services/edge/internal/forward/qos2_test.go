@@ -1,8 +1,6 @@
 package forward
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,24 +11,6 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
-// switchRoutes sends every topic to the peers last set.
-type switchRoutes struct {
-	mu sync.Mutex
-	to []Peer
-}
-
-func (s *switchRoutes) set(to ...Peer) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.to = to
-}
-
-func (s *switchRoutes) Route(context.Context, string, string) (Route, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return Route{Edges: s.to}, nil
-}
-
 // A QoS 2 publish that one edge took and another did not is not
 // acknowledged; the client's resend is routed under the msgID of the first
 // copy, so the subscriber on the edge that took it gets it once.
@@ -40,7 +20,7 @@ func TestForward_QoS2ResendAfterPartialForwardDeliveredOnce(t *testing.T) {
 	goneURL := gone.api.URL
 	gone.api.Close() // edge C takes nothing
 	routes := &switchRoutes{}
-	routes.set(Peer{ID: "edge-b", URL: b.api.URL}, Peer{ID: "edge-c", URL: goneURL})
+	routes.setEdges(Peer{ID: "edge-b", URL: b.api.URL}, Peer{ID: "edge-c", URL: goneURL})
 	_, inc := a.b.ID()
 	runForwarder(t, a, &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Resolver: routes,
 		Bound: time.Second, Logger: testutil.Logger(t)})
@@ -69,7 +49,7 @@ func TestForward_QoS2ResendAfterPartialForwardDeliveredOnce(t *testing.T) {
 
 	// Edge C's routes are gone now; the client comes back and sends the
 	// message again.
-	routes.set(Peer{ID: "edge-b", URL: b.api.URL})
+	routes.setEdges(Peer{ID: "edge-b", URL: b.api.URL})
 	pub = mqtttest.Dial(t, a.mqtt, 4)
 	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
 	publish.FixedHeader.Dup = true

@@ -337,9 +337,17 @@ type ForwardMessage struct {
 	// shared_only delivers the message to the groups in shared and to nobody
 	// else here: a group message re-dispatched because the member it went to
 	// left before acknowledging it; every other recipient has it already.
-	SharedOnly    bool `protobuf:"varint,7,opt,name=shared_only,json=sharedOnly,proto3" json:"shared_only,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SharedOnly bool `protobuf:"varint,7,opt,name=shared_only,json=sharedOnly,proto3" json:"shared_only,omitempty"`
+	// sessions_since_unix_nano is set on a message routed again because an edge
+	// it went to left the cluster before taking it. This edge may have taken it
+	// the first time, so it goes only to the sessions that became routable here
+	// at or after this time (the left edge's sessions, adopted or taken over
+	// since), and to the groups in shared. 0: to every matching session. An
+	// edge that ignores it delivers to every session: a QoS 1 message may then
+	// come twice, which at-least-once allows.
+	SessionsSinceUnixNano int64 `protobuf:"varint,8,opt,name=sessions_since_unix_nano,json=sessionsSinceUnixNano,proto3" json:"sessions_since_unix_nano,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ForwardMessage) Reset() {
@@ -419,6 +427,13 @@ func (x *ForwardMessage) GetSharedOnly() bool {
 		return x.SharedOnly
 	}
 	return false
+}
+
+func (x *ForwardMessage) GetSessionsSinceUnixNano() int64 {
+	if x != nil {
+		return x.SessionsSinceUnixNano
+	}
+	return 0
 }
 
 // SessionTarget is a delivery to one session.
@@ -1715,7 +1730,7 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x12target_incarnation\x18\x03 \x01(\x04R\x11targetIncarnation\x12\x10\n" +
 	"\x03seq\x18\x04 \x01(\x04R\x03seq\x128\n" +
 	"\bmessages\x18\x05 \x03(\v2\x1c.keel.edge.v1.ForwardMessageR\bmessages\x12-\n" +
-	"\x12outcomes_confirmed\x18\x06 \x01(\x04R\x11outcomesConfirmed\"\xb2\x02\n" +
+	"\x12outcomes_confirmed\x18\x06 \x01(\x04R\x11outcomesConfirmed\"\xeb\x02\n" +
 	"\x0eForwardMessage\x121\n" +
 	"\amessage\x18\x01 \x01(\v2\x17.keel.common.v1.MessageR\amessage\x12\x18\n" +
 	"\afilters\x18\x02 \x03(\tR\afilters\x127\n" +
@@ -1724,7 +1739,8 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\rshared_chosen\x18\x05 \x01(\bR\fsharedChosen\x12 \n" +
 	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x12\x1f\n" +
 	"\vshared_only\x18\a \x01(\bR\n" +
-	"sharedOnly\"\xc0\x01\n" +
+	"sharedOnly\x127\n" +
+	"\x18sessions_since_unix_nano\x18\b \x01(\x03R\x15sessionsSinceUnixNano\"\xc0\x01\n" +
 	"\rSessionTarget\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +

@@ -1,0 +1,243 @@
+package forward
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/auth"
+	"github.com/keelmq/keel/services/edge/internal/broker"
+	"github.com/keelmq/keel/services/edge/internal/listener"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// startEdgeWith is startEdge with the broker's configuration changed by set
+// and its metrics in reg.
+func startEdgeWith(t *testing.T, id string, set func(*broker.Config), reg *prometheus.Registry) *edge {
+	t.Helper()
+	cfg := broker.DefaultConfig()
+	cfg.EdgeID = id
+	set(&cfg)
+	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), reg)
+	require.NoError(t, err)
+	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
+	return &edge{b: b, srv: srv, mqtt: l.Address(), api: serveAPI(t, srv)}
+}
+
+// switchRoutes answers with the route set last; while stale is set, with
+// the failure of a route naming an edge that left the membership.
+type switchRoutes struct {
+	mu    sync.Mutex
+	route Route
+	stale string
+}
+
+func (s *switchRoutes) set(r Route, stale string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.route, s.stale = r, stale
+}
+
+func (s *switchRoutes) setEdges(to ...Peer) { s.set(Route{Edges: to}, "") }
+
+func (s *switchRoutes) Route(context.Context, string, string) (Route, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale != "" {
+		return Route{}, fmt.Errorf("%w: route to unknown edge %q", ErrPeerLeft, s.stale)
+	}
+	return Route{Edges: slices.Clone(s.route.Edges), Groups: slices.Clone(s.route.Groups)}, nil
+}
+
+// retries reads keel_edge_forward_retries_total{outcome}.
+func retries(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != "keel_edge_forward_retries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if m.GetLabel()[0].GetValue() == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// pastSkew is a wait past the clock skew allowed between edges (2 s in the
+// broker): a session routable on an edge longer before a message than that
+// is skipped when the message is routed again, as one that had it.
+const pastSkew = 2100 * time.Millisecond
+
+// rerouteCluster is a publishing edge A whose forwarder routes by a
+// switchRoutes, a peer B that stops answering (it will leave the
+// membership), and a live peer C.
+type rerouteCluster struct {
+	a, b, c *edge
+	bURL    string
+	reg     *prometheus.Registry
+	routes  *switchRoutes
+	fwd     *Forwarder
+}
+
+func startRerouteCluster(t *testing.T, bound time.Duration) *rerouteCluster {
+	t.Helper()
+	rc := &rerouteCluster{reg: prometheus.NewRegistry(), routes: &switchRoutes{}}
+	rc.a = startEdgeWith(t, "edge-a", func(c *broker.Config) { c.ForwardBound = bound }, rc.reg)
+	rc.b, rc.c = startEdge(t, "edge-b"), startEdge(t, "edge-c")
+	rc.bURL = rc.b.api.URL
+	rc.b.api.Close() // it stopped answering; it leaves the membership later
+	_, inc := rc.a.b.ID()
+	rc.fwd = &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Resolver: rc.routes, Bound: time.Minute, Logger: testutil.Logger(t)}
+	runForwarder(t, rc.a, rc.fwd)
+	return rc
+}
+
+func (rc *rerouteCluster) peerB() Peer { return Peer{ID: "edge-b", URL: rc.bURL} }
+func (rc *rerouteCluster) peerC() Peer { return Peer{ID: "edge-c", URL: rc.c.api.URL} }
+
+// A QoS 1 message forwarded to an edge that leaves the cluster before
+// taking it is routed again once the routes name the edges its sessions
+// went to, and acknowledged when they took it: the publisher is not closed
+// (DESIGN: PUBLISH, re-resolve and retry). An edge that took it the first
+// time gives it only to the sessions that became routable there since:
+// its subscriber from before gets it once, the one that arrived after gets
+// it too.
+func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 20*time.Second)
+	early := mqtttest.Dial(t, rc.c.mqtt, 5)
+	early.Connect("early", true, packets.Properties{})
+	early.Subscribe(1, "t/+", 1)
+	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
+	time.Sleep(pastSkew)
+
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	got := early.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
+	early.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	_, err := pub.Read(300 * time.Millisecond)
+	require.Error(t, err, "nothing while edge-b may still take it")
+
+	// edge-b's session turns up on edge-c, and edge-b leaves: its routes
+	// outlive it for a while (the route names an edge gone), then name
+	// edge-c alone.
+	rc.routes.set(Route{}, "edge-b")
+	rc.fwd.PeerGone("edge-b")
+	late := mqtttest.Dial(t, rc.c.mqtt, 5)
+	late.Connect("late", true, packets.Properties{})
+	late.Subscribe(1, "t/+", 1)
+	time.Sleep(300 * time.Millisecond)
+	_, err = pub.Read(10 * time.Millisecond)
+	require.Error(t, err, "not acknowledged while a route names the edge that left")
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}}, "")
+
+	require.Equal(t, packets.Puback, pub.Expect(packets.Puback).FixedHeader.Type)
+	got = late.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
+	_, err = early.Read(300 * time.Millisecond)
+	require.Error(t, err, "the subscriber that had it gets no second copy")
+	require.Equal(t, 1.0, retries(t, rc.reg, "taken"))
+	require.Zero(t, retries(t, rc.reg, "gave_up"))
+}
+
+// A QoS 1 group message whose chosen edge left before taking it, and that
+// nobody keeps for re-dispatch, goes to a member elsewhere when routed
+// again; the edge's plain subscribers that had it get nothing twice.
+func TestForward_GroupOfAnEdgeThatLeftGetsAMemberAgain(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 20*time.Second)
+	plain := mqtttest.Dial(t, rc.c.mqtt, 5)
+	plain.Connect("plain", true, packets.Properties{})
+	plain.Subscribe(1, "t/+", 1)
+	member := mqtttest.Dial(t, rc.c.mqtt, 5)
+	member.Connect("member", true, packets.Properties{})
+	member.Subscribe(1, "$share/g/t/+", 1)
+	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
+	time.Sleep(pastSkew)
+
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	got := plain.Expect(packets.Publish)
+	plain.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+	_, err := member.Read(300 * time.Millisecond)
+	require.Error(t, err, "the group was given to edge-b")
+
+	group.Edges = []Peer{rc.peerC()}
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
+	rc.fwd.PeerGone("edge-b")
+	require.Equal(t, packets.Puback, pub.Expect(packets.Puback).FixedHeader.Type)
+	got = member.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
+	_, err = plain.Read(300 * time.Millisecond)
+	require.Error(t, err, "the plain subscriber had it")
+}
+
+// When the routes go on naming the edge that left past the forward bound,
+// the publisher is closed without an acknowledgement, and sends again.
+func TestForward_RoutedAgainWithinTheBoundOnly(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 2*time.Second)
+	rc.routes.set(Route{Edges: []Peer{rc.peerB()}}, "")
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	start := time.Now()
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	rc.routes.set(Route{}, "edge-b")
+	rc.fwd.PeerGone("edge-b")
+	for {
+		pk, err := pub.Read(10 * time.Second)
+		require.NoError(t, err, "expected a DISCONNECT at the bound")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no edge took it")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			break
+		}
+	}
+	require.GreaterOrEqual(t, time.Since(start), time.Second, "routed again until near the bound")
+	require.Equal(t, 1.0, retries(t, rc.reg, "gave_up"))
+	require.Zero(t, retries(t, rc.reg, "taken"))
+}
+
+// A QoS 2 message routed again reaches a subscriber that had it once only:
+// on the edge that took it the first time the subscriber is skipped, and
+// the new copy keeps the message's ID.
+func TestForward_QoS2RoutedAgainOnce(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 20*time.Second)
+	early := mqtttest.Dial(t, rc.c.mqtt, 5)
+	early.Connect("early", true, packets.Properties{})
+	early.Subscribe(1, "t/+", 2)
+	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
+	time.Sleep(pastSkew)
+
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 2, []byte("x"))
+	got := early.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}}, "")
+	rc.fwd.PeerGone("edge-b")
+	require.Equal(t, packets.Pubrec, pub.Expect(packets.Pubrec).FixedHeader.Type)
+	_, err := early.Read(300 * time.Millisecond)
+	require.Error(t, err, "no second copy of a QoS 2 message")
+	require.Equal(t, 1.0, retries(t, rc.reg, "taken"))
+}
