@@ -152,9 +152,8 @@ type Again struct {
 	// their edge at or after Since: the left edges' sessions, adopted or
 	// taken over since, wherever they went.
 	Since int64
-	// Groups are the shared groups the left edges were chosen to serve and
-	// that no edge keeps for re-dispatch: each is given a member again. The
-	// other groups were served.
+	// Groups are the shared groups the left edges were chosen to serve:
+	// each is given a member again. The other groups were served.
 	Groups []GroupKey
 }
 
@@ -168,8 +167,9 @@ var ErrEdgeLeft = errors.New("edge left the cluster before taking the message")
 // cluster failed to take the message: it can be routed again, to Groups
 // and to the sessions the edges held.
 type NotTaken struct {
-	// Groups are the shared groups the left edges were to serve that no
-	// edge keeps for re-dispatch (in the tenant's outside form).
+	// Groups are the shared groups the left edges were to serve (in the
+	// tenant's outside form). An edge that did not take a message committed
+	// it to no member, and nothing kept of it is re-dispatched.
 	Groups []GroupKey
 	Err    error
 }

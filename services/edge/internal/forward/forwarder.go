@@ -241,16 +241,15 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !wait {
 		return nil, local, nil
 	}
-	return func() error { return waitTaken(ctx, deadline, bound, m.QoS, sent) }, local, nil
+	return func() error { return waitTaken(ctx, deadline, bound, sent) }, local, nil
 }
 
 // waitTaken waits until every peer took its copy of a message, or deadline.
 // When only peers that left the cluster failed, the error is a
-// [*broker.NotTaken] naming the groups they were to serve that nobody
-// keeps: a QoS 1 group message kept for re-dispatch goes to another member
-// once its peer is gone, and a QoS 2 one is committed to the member it was
-// sent to (DESIGN: shared subscriptions), so neither is owed again.
-func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, qos byte, sent []*pending) error {
+// [*broker.NotTaken] naming the groups they were to serve: a peer that did
+// not take the message committed it to no member, and what the link kept
+// of it is not re-dispatched (that is for messages a peer took).
+func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sent []*pending) error {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	var left *broker.NotTaken
@@ -266,10 +265,8 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, qos
 			if left == nil {
 				left = &broker.NotTaken{Err: err}
 			}
-			if qos == 1 && len(p.held) == 0 {
-				for _, g := range p.msg.GetShared() {
-					left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
-				}
+			for _, g := range p.msg.GetShared() {
+				left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
 			}
 		case <-t.C:
 			return fmt.Errorf("%w within %v", ErrPeerGone, bound)

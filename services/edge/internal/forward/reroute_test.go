@@ -158,12 +158,15 @@ func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
 	require.Zero(t, retries(t, rc.reg, "gave_up"))
 }
 
-// A QoS 1 group message whose chosen edge left before taking it, and that
-// nobody keeps for re-dispatch, goes to a member elsewhere when routed
-// again; the edge's plain subscribers that had it get nothing twice.
+// A QoS 1 group message whose chosen edge left before taking it goes to a
+// member elsewhere when routed again: the link kept it for a report, but
+// re-dispatches only what a peer took. The edge's plain subscribers that
+// had it get nothing twice.
 func TestForward_GroupOfAnEdgeThatLeftGetsAMemberAgain(t *testing.T) {
 	t.Parallel()
 	rc := startRerouteCluster(t, 20*time.Second)
+	rc.fwd.Redispatch = rc.a.b.RedispatchShared
+	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
 	plain := mqtttest.Dial(t, rc.c.mqtt, 5)
 	plain.Connect("plain", true, packets.Properties{})
 	plain.Subscribe(1, "t/+", 1)
