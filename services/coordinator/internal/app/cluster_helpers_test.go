@@ -39,6 +39,9 @@ type clusterOpts struct {
 	routerURL string
 	// routeGrace is --custody.route-grace (0: the default).
 	routeGrace time.Duration
+	// adoptionWait is --custody.adoption-wait (0: custodians' reports are
+	// not waited for).
+	adoptionWait time.Duration
 }
 
 // testNode is one coordinator of a test cluster. Its addresses survive a
@@ -171,6 +174,7 @@ func (tn *testNode) config() Config {
 	if tn.opts.routeGrace > 0 {
 		cfg.Server.RouteGrace = tn.opts.routeGrace
 	}
+	cfg.Server.AdoptionWait = tn.opts.adoptionWait
 	cfg.Registry = prometheus.NewRegistry()
 	return cfg
 }
@@ -315,9 +319,20 @@ func retry[T any](ctx context.Context, timeout time.Duration, fn func(context.Co
 // every TTL/3 until called.
 func join(t testing.TB, c coordinatorv1connect.CoordinatorServiceClient, id string, inc uint64, ttl time.Duration) (stop func()) {
 	t.Helper()
+	return joinReporting(t, c, id, inc, ttl, nil)
+}
+
+// joinReporting is join for an edge whose renewals report its custody
+// progress (nil: none).
+func joinReporting(t testing.TB, c coordinatorv1connect.CoordinatorServiceClient, id string, inc uint64, ttl time.Duration, custody func() uint64) (stop func()) {
+	t.Helper()
 	renew := func(ctx context.Context) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
-		return c.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: id, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE,
-			Incarnation: inc, Address: "http://" + id, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}))
+		req := &coordinatorv1.RenewLeaseRequest{MemberId: id, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE,
+			Incarnation: inc, Address: "http://" + id, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}
+		if custody != nil {
+			req.Custody = &coordinatorv1.CustodyProgress{AdoptedThrough: custody()}
+		}
+		return c.RenewLease(ctx, connect.NewRequest(req))
 	}
 	_, err := retry(t.Context(), 10*time.Second, renew)
 	require.NoError(t, err)

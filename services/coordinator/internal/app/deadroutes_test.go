@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +117,55 @@ func TestCluster_DeadEdgeRoutesRemoved(t *testing.T) {
 	require.Equal(t, raftpb.MemberState_MEMBER_STATE_ALIVE, memberState(c.waitLeader(5*time.Second), "edge-b"))
 	require.Equal(t, []string{"edge-b"}, r.mustLookup(t, "t1", "a/b"))
 	require.Equal(t, []string{"edge-b"}, r.mustLookup(t, "t1", "b/c"))
+}
+
+// TestCluster_DeadEdgeRoutesWaitForCustodyReport: a dead edge's routes stay
+// past the grace while its custodian has not reported the adopted session
+// done (its routes registered), and go once it reports it.
+func TestCluster_DeadEdgeRoutesWaitForCustodyReport(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a router process")
+	}
+	t.Parallel()
+	const ttl, grace = time.Second, 500 * time.Millisecond
+	r := startRouter(t)
+	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: ttl, routerURL: r.url, routeGrace: grace, adoptionWait: time.Minute})
+	l := c.waitLeader(5 * time.Second)
+	stopA := join(t, l.client(), "edge-a", 1, ttl)
+	var through atomic.Uint64
+	joinReporting(t, l.client(), "edge-b", 1, ttl, through.Load)
+	_, err := claimOne(t.Context(), l.client(), "edge-a", 1, "t1", "c1", "req-1")
+	require.NoError(t, err)
+	a, stopRoutesA := edgeRoutes(t, r, "edge-a", 1)
+	subscribe(t, a, "t1", "a/b")
+	stopRoutesA()
+
+	stopA()
+	var epoch uint64
+	testutil.Eventually(t, 10*ttl, func() error {
+		rec := c.waitLeader(5*time.Second).a().FSM().State().Session("t1", "c1")
+		if rec.GetOwnerEdgeId() != "edge-b" {
+			return fmt.Errorf("c1 owned by %s", rec.GetOwnerEdgeId())
+		}
+		epoch = rec.GetEpoch()
+		return nil
+	})
+	// Well past the grace: edge-b has not reported c1 adopted.
+	time.Sleep(grace + 2*ttl)
+	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"), "routes removed before the custodian reported")
+	through.Store(epoch - 1)
+	time.Sleep(ttl)
+	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"), "an epoch below c1's is not c1")
+
+	reported := time.Now()
+	through.Store(epoch)
+	waitGone(t, r, "edge-a", "t1", "a/b", 10*time.Second)
+	t.Logf("routes removed %v after the custodian reported", time.Since(reported).Round(time.Millisecond))
+	for _, tn := range c.nodes {
+		if tn.running() {
+			require.Zero(t, counter(t, tn.a().reg, removalsMetric, "unconfirmed"))
+		}
+	}
 }
 
 // TestCluster_DeadEdgeRoutesRejoin: an edge that rejoins under a new

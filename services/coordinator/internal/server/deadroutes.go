@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/coordinator/internal/lease"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
@@ -16,6 +17,11 @@ import (
 
 // DefaultRouteGrace is the default of Config.RouteGrace.
 const DefaultRouteGrace = 5 * time.Second
+
+// DefaultAdoptionWait is the default of Config.AdoptionWait: well past the
+// forward bound, so that a custodian slower than that costs publishers a
+// reconnect, not a message.
+const DefaultAdoptionWait = 2 * time.Minute
 
 const (
 	// removeEdgeTimeout bounds one RemoveEdge call. The router answers only
@@ -36,10 +42,21 @@ func deadState(st raftpb.MemberState) bool {
 // deadEdge is one edge whose routes of incarnation inc and older must leave
 // the router.
 type deadEdge struct {
-	inc      uint64
-	adopted  bool      // custody found no session of inc or older left to reassign
-	due      time.Time // earliest next RemoveEdge; set once adopted
-	attempts int       // failed RemoveEdge calls
+	inc       uint64
+	adopted   bool      // custody found no session of inc or older left to reassign
+	adoptedAt time.Time // when adopted was set
+	due       time.Time // earliest next RemoveEdge; set once adopted
+	attempts  int       // failed RemoveEdge calls
+	// custodians holds, per custodian this term gave sessions of the edge
+	// to, the highest epoch it gave: the routes wait until each reported
+	// those sessions adopted ([deadRoutes.settled]).
+	custodians map[memberInc]uint64
+}
+
+// memberInc is one incarnation of a member.
+type memberInc struct {
+	id  string
+	inc uint64
 }
 
 // deadRoute is a removal handed to the caller by [deadRoutes.takeDue].
@@ -47,6 +64,9 @@ type deadRoute struct {
 	edge     string
 	inc      uint64
 	attempts int
+	// unsettled lists the custodians that had not reported their sessions
+	// adopted when the wait for them ran out.
+	unsettled []string
 }
 
 // deadRoutes is one leader term's list of dead edges whose routes are still to
@@ -60,15 +80,83 @@ type deadRoute struct {
 // dead incarnation stands for all of them.
 type deadRoutes struct {
 	grace time.Duration
-	wake  chan struct{} // one-slot: something became due sooner
+	// adoptionWait bounds how long after adoption the removal waits for
+	// custodians that do not report their sessions adopted; 0 does not wait
+	// for them.
+	adoptionWait time.Duration
+	// reportWithin is how long after adoption a custodian that has not
+	// reported its progress at all is waited for (a lease TTL: it renews
+	// three times in it). Past it, it is taken for an edge that does not
+	// report, as one of an earlier version does.
+	reportWithin time.Duration
+	wake         chan struct{} // one-slot: something became due sooner
 
 	mu      sync.Mutex
 	pending map[string]*deadEdge // by edge ID; guarded by mu
 	removed map[string]uint64    // highest incarnation removed this term, by edge ID; guarded by mu
+	// progress is each edge incarnation's last reported custody progress
+	// (CustodyProgress.adopted_through); guarded by mu.
+	progress map[memberInc]uint64
 }
 
-func newDeadRoutes(grace time.Duration) *deadRoutes {
-	return &deadRoutes{grace: grace, wake: make(chan struct{}, 1), pending: map[string]*deadEdge{}, removed: map[string]uint64{}}
+func newDeadRoutes(grace, adoptionWait, reportWithin time.Duration) *deadRoutes {
+	return &deadRoutes{grace: grace, adoptionWait: adoptionWait, reportWithin: reportWithin, wake: make(chan struct{}, 1),
+		pending: map[string]*deadEdge{}, removed: map[string]uint64{}, progress: map[memberInc]uint64{}}
+}
+
+// settleRecheck is how often a removal whose custodians have not all
+// reported is looked at again; they report with their lease renewals.
+const settleRecheck = 250 * time.Millisecond
+
+// assigned records that sessions of the dead edge went to the custodian
+// (to, toInc) under epoch.
+func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pending[edge]
+	if p == nil {
+		return
+	}
+	if p.custodians == nil {
+		p.custodians = map[memberInc]uint64{}
+	}
+	k := memberInc{to, toInc}
+	p.custodians[k] = max(p.custodians[k], epoch)
+}
+
+// reported records an edge incarnation's custody progress from its lease
+// renewal.
+func (d *deadRoutes) reported(id string, inc, adoptedThrough uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := memberInc{id, inc}
+	d.progress[k] = max(d.progress[k], adoptedThrough)
+}
+
+// forget drops the progress of an incarnation whose lease is gone.
+func (d *deadRoutes) forget(id string, inc uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.progress, memberInc{id, inc})
+}
+
+// unsettledLocked lists the custodians of p that hold a live lease and have
+// not reported the sessions they were given adopted. A custodian that died
+// is not waited for: its own sessions, these among them, go to custody
+// again, and waiting would hold the dead edge's routes until the bound.
+func (d *deadRoutes) unsettledLocked(p *deadEdge, now time.Time, live func(id string, inc uint64) bool) []string {
+	var out []string
+	for c, epoch := range p.custodians {
+		through, reports := d.progress[c]
+		if !reports && !now.Before(p.adoptedAt.Add(d.reportWithin)) {
+			continue
+		}
+		if through < epoch && live(c.id, c.inc) {
+			out = append(out, c.id)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // add records that the routes of edge's incarnation inc and older are dead.
@@ -106,7 +194,7 @@ func (d *deadRoutes) adopted(rec *raftpb.MemberRecord, now time.Time) {
 	covered := p != nil && !p.adopted &&
 		(p.inc < rec.GetIncarnation() || p.inc == rec.GetIncarnation() && deadState(rec.GetState()))
 	if covered {
-		p.adopted, p.due = true, now.Add(d.grace)
+		p.adopted, p.adoptedAt, p.due = true, now, now.Add(d.grace)
 	}
 	d.mu.Unlock()
 	if covered {
@@ -121,15 +209,30 @@ func (d *deadRoutes) poke() {
 	}
 }
 
-// takeDue returns the removals due at now, in edge ID order.
-func (d *deadRoutes) takeDue(now time.Time) []deadRoute {
+// takeDue returns the removals due at now, in edge ID order: adopted, past
+// the grace, and either every live custodian reported its sessions adopted
+// (their routes registered), or the adoption wait ran out. live tells
+// whether an edge incarnation holds a lease.
+func (d *deadRoutes) takeDue(now time.Time, live func(id string, inc uint64) bool) []deadRoute {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []deadRoute
 	for id, p := range d.pending {
-		if p.adopted && !now.Before(p.due) {
-			out = append(out, deadRoute{edge: id, inc: p.inc, attempts: p.attempts})
+		if !p.adopted || now.Before(p.due) {
+			continue
 		}
+		r := deadRoute{edge: id, inc: p.inc, attempts: p.attempts}
+		if d.adoptionWait == 0 {
+			out = append(out, r)
+			continue
+		}
+		if r.unsettled = d.unsettledLocked(p, now, live); len(r.unsettled) > 0 {
+			if bound := p.adoptedAt.Add(d.adoptionWait); now.Before(bound) {
+				p.due = minTime(now.Add(settleRecheck), bound)
+				continue
+			}
+		}
+		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].edge < out[j].edge })
 	return out
@@ -187,11 +290,12 @@ func (d *deadRoutes) len() int {
 // (each call scans the router's whole table), until ctx ends with the term.
 // It runs beside the leader loop so that a slow router never delays lease
 // expiry or custody.
-func (s *Server) removeDeadRoutes(ctx context.Context, d *deadRoutes) {
+func (s *Server) removeDeadRoutes(ctx context.Context, d *deadRoutes, leases *lease.Table) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	live := func(id string, inc uint64) bool { return leases.Remaining(id, inc, s.now()) > 0 }
 	for {
-		for _, e := range d.takeDue(s.now()) {
+		for _, e := range d.takeDue(s.now(), live) {
 			if ctx.Err() != nil {
 				return
 			}
@@ -228,7 +332,23 @@ func (s *Server) removeEdgeRoutes(ctx context.Context, d *deadRoutes, e deadRout
 		return
 	}
 	d.done(e.edge, e.inc)
+	if len(e.unsettled) > 0 {
+		// Publishes matching a session those custodians have not routed yet
+		// reach nobody until they do.
+		s.metrics.routeRemovals.WithLabelValues("unconfirmed").Inc()
+		s.logger.Warn("dead edge's routes removed from the router before every custodian reported its sessions adopted",
+			logging.KeyEdgeID, e.edge, "incarnation", e.inc, "custodians", e.unsettled, "adoption_wait", d.adoptionWait,
+			"routes_removed", resp.Msg.GetRoutesRemoved())
+		return
+	}
 	s.metrics.routeRemovals.WithLabelValues("ok").Inc()
 	s.logger.Info("dead edge's routes removed from the router", logging.KeyEdgeID, e.edge, "incarnation", e.inc,
 		"routes_removed", resp.Msg.GetRoutesRemoved(), "failed_attempts", e.attempts)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

@@ -25,17 +25,17 @@ var (
 func TestDeadRoutes_GraceAfterAdoption(t *testing.T) {
 	const grace = 5 * time.Second
 	t0 := time.Unix(1_000_000, 0)
-	d := newDeadRoutes(grace)
+	d := newDeadRoutes(grace, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	require.Equal(t, 1, d.len())
-	require.Empty(t, d.takeDue(t0.Add(time.Hour)), "not adopted yet")
+	require.Empty(t, d.takeDue(t0.Add(time.Hour), anyLive), "not adopted yet")
 	_, ok := d.next()
 	require.False(t, ok)
 
 	// A scan of a state from before the death says nothing about inc 3.
 	d.adopted(edgeRec("edge-a", 3, alive), t0)
 	d.adopted(edgeRec("edge-a", 2, expired), t0)
-	require.Empty(t, d.takeDue(t0.Add(time.Hour)))
+	require.Empty(t, d.takeDue(t0.Add(time.Hour), anyLive))
 
 	d.adopted(edgeRec("edge-a", 3, expired), t0)
 	select {
@@ -46,10 +46,10 @@ func TestDeadRoutes_GraceAfterAdoption(t *testing.T) {
 	at, ok := d.next()
 	require.True(t, ok)
 	require.Equal(t, t0.Add(grace), at)
-	require.Empty(t, d.takeDue(t0.Add(grace-time.Millisecond)))
+	require.Empty(t, d.takeDue(t0.Add(grace-time.Millisecond), anyLive))
 	// A later scan does not push the grace back.
 	d.adopted(edgeRec("edge-a", 3, expired), t0.Add(time.Second))
-	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(grace)))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(grace), anyLive))
 
 	d.done("edge-a", 3)
 	require.Zero(t, d.len())
@@ -64,10 +64,10 @@ func TestDeadRoutes_GraceAfterAdoption(t *testing.T) {
 // the dead incarnation, never the live one.
 func TestDeadRoutes_Rejoin(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
-	d := newDeadRoutes(time.Second)
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.adopted(edgeRec("edge-a", 4, alive), t0)
-	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(time.Second)))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(time.Second), anyLive))
 	d.done("edge-a", 3)
 	require.Zero(t, d.len())
 }
@@ -77,41 +77,41 @@ func TestDeadRoutes_Rejoin(t *testing.T) {
 // removal of the older one finishing meanwhile leaves it pending.
 func TestDeadRoutes_NewerDeathSupersedes(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
-	d := newDeadRoutes(time.Second)
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.adopted(edgeRec("edge-a", 3, expired), t0)
-	require.Len(t, d.takeDue(t0.Add(time.Second)), 1)
+	require.Len(t, d.takeDue(t0.Add(time.Second), anyLive), 1)
 
 	d.add("edge-a", 5) // inc 4 joined and left while the call for 3 was in flight
 	d.done("edge-a", 3)
 	require.Equal(t, 1, d.len())
-	require.Empty(t, d.takeDue(t0.Add(time.Hour)), "inc 5 is not adopted yet")
+	require.Empty(t, d.takeDue(t0.Add(time.Hour), anyLive), "inc 5 is not adopted yet")
 	d.adopted(edgeRec("edge-a", 5, left), t0.Add(2*time.Second))
-	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 5}}, d.takeDue(t0.Add(3*time.Second)))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 5}}, d.takeDue(t0.Add(3*time.Second), anyLive))
 	// A failure of the older call is not charged to the newer entry.
 	require.Zero(t, d.failed("edge-a", 3, t0))
-	require.Len(t, d.takeDue(t0.Add(3*time.Second)), 1)
+	require.Len(t, d.takeDue(t0.Add(3*time.Second), anyLive), 1)
 }
 
 // TestDeadRoutes_Backoff: failed calls are retried with doubling waits up to
 // the cap.
 func TestDeadRoutes_Backoff(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
-	d := newDeadRoutes(0)
+	d := newDeadRoutes(0, time.Minute, time.Hour)
 	d.add("edge-a", 1)
 	d.add("edge-b", 1)
 	d.adopted(edgeRec("edge-a", 1, expired), t0)
 	d.adopted(edgeRec("edge-b", 1, expired), t0)
-	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 1}, {edge: "edge-b", inc: 1}}, d.takeDue(t0))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 1}, {edge: "edge-b", inc: 1}}, d.takeDue(t0, anyLive))
 
 	now := t0
 	want := removeBackoffMin
 	for attempt := 1; attempt <= 10; attempt++ {
 		wait := d.failed("edge-a", 1, now)
 		require.Equal(t, min(want, removeBackoffMax), wait, "attempt %d", attempt)
-		require.Equal(t, []deadRoute{{edge: "edge-b", inc: 1}}, d.takeDue(now.Add(wait-time.Millisecond)))
+		require.Equal(t, []deadRoute{{edge: "edge-b", inc: 1}}, d.takeDue(now.Add(wait-time.Millisecond), anyLive))
 		now = now.Add(wait)
-		require.Equal(t, []deadRoute{{edge: "edge-a", inc: 1, attempts: attempt}, {edge: "edge-b", inc: 1}}, d.takeDue(now))
+		require.Equal(t, []deadRoute{{edge: "edge-a", inc: 1, attempts: attempt}, {edge: "edge-b", inc: 1}}, d.takeDue(now, anyLive))
 		want *= 2
 	}
 	d.done("edge-a", 1)
@@ -125,7 +125,7 @@ func TestDeadRoutes_Backoff(t *testing.T) {
 // first join do not.
 func TestLeaderTerm_ObserveDeadEdges(t *testing.T) {
 	term := &leaderTerm{kick: make(chan struct{}, 1), dirty: map[string]uint64{}, incs: map[string]uint64{"known": 7},
-		routes: newDeadRoutes(time.Second)}
+		routes: newDeadRoutes(time.Second, time.Minute, time.Hour)}
 	member := func(r *raftpb.MemberRecord) fsm.Event { return fsm.Event{Kind: fsm.EventMember, Member: r} }
 	router := &raftpb.MemberRecord{MemberId: "r1", Role: raftpb.MemberRole_MEMBER_ROLE_ROUTER, Incarnation: 1, State: expired}
 
@@ -142,14 +142,14 @@ func TestLeaderTerm_ObserveDeadEdges(t *testing.T) {
 	term.routes.adopted(edgeRec("known", 9, alive), now)
 	term.routes.adopted(edgeRec("gone", 4, left), now)
 	require.Equal(t, []deadRoute{{edge: "fresh", inc: 1}, {edge: "gone", inc: 4}, {edge: "known", inc: 7}},
-		term.routes.takeDue(now.Add(time.Second)))
+		term.routes.takeDue(now.Add(time.Second), anyLive))
 
 	// The rejoin after an expiry: the expired incarnation is already pending.
 	term.observe(14, []fsm.Event{member(edgeRec("fresh", 2, alive))})
 	require.Equal(t, 3, term.routes.len())
 	term.routes.done("fresh", 1)
 	term.observe(15, []fsm.Event{member(edgeRec("fresh", 3, alive))})
-	require.Equal(t, []deadRoute{{edge: "gone", inc: 4}, {edge: "known", inc: 7}}, term.routes.takeDue(now.Add(time.Second)))
+	require.Equal(t, []deadRoute{{edge: "gone", inc: 4}, {edge: "known", inc: 7}}, term.routes.takeDue(now.Add(time.Second), anyLive))
 	require.Equal(t, []deadRoute{{edge: "fresh", inc: 2}}, pendingOnly(term.routes, "fresh"),
 		"a rejoin after the expired incarnation's removal makes the one in between pending")
 }
@@ -165,4 +165,63 @@ func pendingOnly(d *deadRoutes, edges ...string) []deadRoute {
 		}
 	}
 	return out
+}
+
+// anyLive takes every edge incarnation for a lease holder.
+func anyLive(string, uint64) bool { return true }
+
+// The routes of a dead edge wait, past the grace, until every live
+// custodian given its sessions reported them adopted with its lease
+// renewal; a custodian that died is not waited for, and the adoption wait
+// bounds the rest.
+func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", "edge-c", 8, 101)
+	d.assigned("edge-a", "edge-b", 7, 104)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "no custodian reported yet")
+	d.reported("edge-b", 7, 101)
+	d.reported("edge-c", 8, 101)
+	require.Empty(t, d.takeDue(t0.Add(2*time.Second), anyLive), "edge-b reported only the first of its two batches")
+	d.reported("edge-b", 6, 200) // an older incarnation says nothing of incarnation 7
+	require.Empty(t, d.takeDue(t0.Add(3*time.Second), anyLive))
+	d.reported("edge-b", 7, 104)
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(4*time.Second), anyLive))
+
+	// A custodian whose lease is gone is not waited for.
+	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive))
+	dead := func(id string, inc uint64) bool { return id != "edge-b" }
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(2*time.Second), dead))
+
+	// Past the adoption wait the routes go anyway, naming who did not report.
+	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	require.Empty(t, d.takeDue(t0.Add(time.Minute-time.Millisecond), anyLive))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3, unsettled: []string{"edge-b"}}}, d.takeDue(t0.Add(time.Minute), anyLive))
+
+	// A custodian that never reports (an edge of an earlier version) is
+	// waited for a lease TTL, then taken for one that does not report.
+	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	require.Empty(t, d.takeDue(t0.Add(5*time.Second), anyLive))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(10*time.Second), anyLive))
+
+	// One that reported once, even nothing adopted, is known to report.
+	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.reported("edge-b", 7, 0)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	require.Empty(t, d.takeDue(t0.Add(20*time.Second), anyLive))
 }

@@ -331,6 +331,9 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 			return nil, s.toConnect(fmt.Errorf("%w: incarnation %d is %s; rejoin with a higher one", ErrLeaseInvalid, m.GetIncarnation(), rec.GetState()))
 		}
 	}
+	if c := m.GetCustody(); c != nil && t.routes != nil && role == raftpb.MemberRole_MEMBER_ROLE_EDGE {
+		t.routes.reported(m.GetMemberId(), m.GetIncarnation(), c.GetAdoptedThrough())
+	}
 	sameInc := rec != nil && rec.GetIncarnation() == m.GetIncarnation()
 	if sameInc {
 		// The incarnation is known: its lease must still be valid on this
@@ -350,6 +353,9 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 	}
 	if state == raftpb.MemberState_MEMBER_STATE_LEFT {
 		t.leases.Remove(m.GetMemberId(), m.GetIncarnation())
+		if t.routes != nil {
+			t.routes.forget(m.GetMemberId(), m.GetIncarnation())
+		}
 		return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(0), State: m.GetState(), LeaderId: leaderID}), nil
 	}
 	l := t.leases.Grant(lease.Lease{MemberID: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}, now)

@@ -121,7 +121,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		incs:   map[string]uint64{},
 	}
 	if s.router != nil {
-		t.routes = newDeadRoutes(s.cfg.RouteGrace)
+		t.routes = newDeadRoutes(s.cfg.RouteGrace, s.cfg.AdoptionWait, s.cfg.LeaseTTL)
 	}
 	st := s.fsm.State()
 	t.leases.Reset(st.Members(), s.now())
@@ -149,7 +149,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.removeDeadRoutes(ctx, t.routes)
+			s.removeDeadRoutes(ctx, t.routes, t.leases)
 		}()
 	}
 	s.term.Store(t)
@@ -208,6 +208,9 @@ func (s *Server) expireLeases(ctx context.Context, t *leaderTerm) {
 		switch {
 		case err == nil, errors.Is(err, fsm.ErrStaleIncarnation):
 			t.leases.Remove(l.MemberID, l.Incarnation)
+			if t.routes != nil {
+				t.routes.forget(l.MemberID, l.Incarnation)
+			}
 			s.metrics.expired.Inc()
 			s.logger.Info("lease expired", "member_id", l.MemberID, "incarnation", l.Incarnation, "role", l.Role.String())
 		default:
@@ -287,10 +290,15 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 					s.logger.Warn("custody reassignment failed", logging.KeyEdgeID, edge, logging.Err(err))
 					return
 				}
+				res := msg.(*raftpb.ReassignSessionsResult)
 				n := 0
-				for _, ok := range msg.(*raftpb.ReassignSessionsResult).GetApplied() {
+				for i, ok := range res.GetApplied() {
 					if ok {
 						n++
+						if t.routes != nil {
+							a := cmd.Assignments[i]
+							t.routes.assigned(edge, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+						}
 					}
 				}
 				s.metrics.custody.Add(float64(n))

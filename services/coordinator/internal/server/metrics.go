@@ -41,11 +41,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_members_pruned_total", Help: "Records of members dead for longer than the retention that this leader deleted."}),
 		routeRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_coordinator_dead_edge_route_removals_total",
-			Help: "RemoveEdge calls the leader made to the router for dead edges, by outcome (ok, error)."}, []string{"outcome"}),
+			Help: "RemoveEdge calls the leader made to the router for dead edges, by outcome (ok; unconfirmed: made once the adoption wait ran out although a live custodian had not reported its sessions adopted; error)."}, []string{"outcome"}),
 	}
 	// Both outcomes exist from the start, so a rate or an alert on errors
 	// works before the first failure.
 	m.routeRemovals.WithLabelValues("ok")
+	m.routeRemovals.WithLabelValues("unconfirmed")
 	m.routeRemovals.WithLabelValues("error")
 	if reg == nil {
 		return m

@@ -70,6 +70,11 @@ type Config struct {
 	// leader waits before removing its routes, so that the custodians have
 	// registered the adopted sessions' routes first.
 	RouteGrace time.Duration `yaml:"route_grace"`
+	// AdoptionWait bounds how long after custody of a dead edge's last
+	// session the leader waits for its custodians to report those sessions
+	// adopted (routes registered) before removing its routes anyway; 0 does
+	// not wait for them.
+	AdoptionWait time.Duration `yaml:"adoption_wait"`
 	// MemberRetention is how long the record of a member that left or
 	// expired is kept (0: forever). Members that come and go under new IDs,
 	// as the pods of a Deployment do, each leave one.
@@ -91,6 +96,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.DeadServerTimeout, prefix+"dead-server-timeout", 0, "remove a voter missing from gossip this long, if a majority stays (0: never)")
 	fs.StringVar(&c.RouterURL, prefix+"router.url", "", "API base URL of a router node (e.g. http://keel-router:9300), where the leader removes dead edges' routes (empty: they are never removed)")
 	fs.DurationVar(&c.RouteGrace, prefix+"custody.route-grace", DefaultRouteGrace, "after a dead edge's last session was adopted, wait this long for the custodians to register its routes before removing the dead edge's")
+	fs.DurationVar(&c.AdoptionWait, prefix+"custody.adoption-wait", DefaultAdoptionWait, "after a dead edge's last session was given to custodians, wait at most this long for them to report the sessions adopted (their routes registered) before removing the dead edge's routes; publishes to those sessions are not acknowledged meanwhile")
 	fs.DurationVar(&c.MemberRetention, prefix+"members.retention", DefaultMemberRetention, "keep the record of a member that left or expired this long, then delete it once no session or promotion lease refers to it (0: keep forever; at least 10 lease TTLs)")
 }
 
@@ -115,8 +121,8 @@ func (c *Config) Validate() error {
 	if c.DeadServerTimeout < 0 {
 		errs = append(errs, errors.New("dead server timeout must not be negative"))
 	}
-	if c.RouteGrace < 0 {
-		errs = append(errs, errors.New("custody route grace must not be negative"))
+	if c.RouteGrace < 0 || c.AdoptionWait < 0 {
+		errs = append(errs, errors.New("custody route grace and adoption wait must not be negative"))
 	}
 	if c.MemberRetention != 0 && c.MemberRetention < 10*c.LeaseTTL {
 		// A process may run on under its lapsed lease until it notices;

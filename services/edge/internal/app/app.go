@@ -124,7 +124,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402): persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
-	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish waits for the edges it is forwarded to before the publisher is closed unacknowledged")
+	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded, and routed again when an edge it went to left the cluster, counted from its ingress, before the publisher is closed unacknowledged")
 	fs.StringVar(&c.ServerReference, "cluster.server-reference", "", "server reference sent to MQTT 5 clients when this edge drains (DISCONNECT 0x9C, use another server, instead of 0x8B), e.g. the address of the MQTT load balancer; a drain through the edge API may give another")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
@@ -445,6 +445,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	if e.store != nil && e.store.Shared() {
 		// Sessions of edges whose lease expired come here from the store.
 		watch.Custodian = e.broker
+		e.member.ReportCustody(watch.AdoptedThrough)
 	}
 	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run, watch.Run} {
 		e.planeWG.Add(1)

@@ -46,6 +46,17 @@ type Member struct {
 	incarnation uint64
 	validUntil  time.Time
 	interval    time.Duration
+	custody     func() uint64 // nil: custody progress is not reported
+}
+
+// ReportCustody makes every lease renewal carry the edge's custody progress
+// (through: [Watch.AdoptedThrough]), so that the coordinator removes a dead
+// edge's routes only once this edge registered the routes of the sessions
+// it adopted from it.
+func (m *Member) ReportCustody(through func() uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.custody = through
 }
 
 // NewClient returns a coordinator client for baseURL (h2c, gRPC protocol).
@@ -92,10 +103,17 @@ func (m *Member) renew(ctx context.Context, inc uint64) error {
 	sent := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	resp, err := m.Client.RenewLease(cctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{
+	req := &coordinatorv1.RenewLeaseRequest{
 		MemberId: m.ID, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: inc,
 		Address: m.Address, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE,
-	}))
+	}
+	m.mu.Lock()
+	custody := m.custody
+	m.mu.Unlock()
+	if custody != nil {
+		req.Custody = &coordinatorv1.CustodyProgress{AdoptedThrough: custody()}
+	}
+	resp, err := m.Client.RenewLease(cctx, connect.NewRequest(req))
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +42,50 @@ type Watch struct {
 	Logger      *slog.Logger
 	// Workers bounds how many sessions are adopted at once (default 16).
 	Workers int
+
+	progress custodyProgress
+}
+
+// AdoptedThrough returns the highest session epoch such that every custody
+// assignment received at or below it is done: adopted with its routes
+// registered, or found to have moved on. The coordinator keeps a dead
+// edge's routes until each custodian reported the epochs it was given.
+func (w *Watch) AdoptedThrough() uint64 { return w.progress.through() }
+
+// custodyProgress tracks the custody jobs not done yet, by epoch. Jobs end
+// out of order (workers, retries): what is done is everything below the
+// lowest epoch still open.
+type custodyProgress struct {
+	mu      sync.Mutex
+	open    map[uint64]int // epoch → jobs not done
+	highest uint64         // highest epoch received
+}
+
+func (p *custodyProgress) start(epoch uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open == nil {
+		p.open = map[uint64]int{}
+	}
+	p.open[epoch]++
+	p.highest = max(p.highest, epoch)
+}
+
+func (p *custodyProgress) done(epoch uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.open[epoch]--; p.open[epoch] <= 0 {
+		delete(p.open, epoch)
+	}
+}
+
+func (p *custodyProgress) through() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.open) == 0 {
+		return p.highest
+	}
+	return slices.Min(slices.Collect(maps.Keys(p.open))) - 1
 }
 
 // Run watches until ctx ends, reconnecting after a broken stream and
@@ -56,6 +102,7 @@ func (w *Watch) Run(ctx context.Context) error {
 		wg.Go(func() {
 			for j := range jobs {
 				if w.adopt(ctx, j) {
+					w.progress.done(j.se.GetEpoch())
 					continue
 				}
 				// Tried again off the workers, so that one session that
@@ -69,6 +116,7 @@ func (w *Watch) Run(ctx context.Context) error {
 						}
 						j.attempt++
 					}
+					w.progress.done(j.se.GetEpoch())
 				})
 			}
 		})
@@ -129,10 +177,8 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 			// session held already is a no-op.
 			w.Logger.Info("custody listed in a watch snapshot", "sessions", len(snap.GetCustody()))
 			for _, se := range snap.GetCustody() {
-				select {
-				case jobs <- custodyJob{se: se}:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := w.queue(ctx, jobs, se); err != nil {
+					return err
 				}
 			}
 		}
@@ -140,16 +186,26 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 			w.Logger.Info("custody assigned", "from_edge", c.GetFromEdgeId(), "from_incarnation", c.GetFromIncarnation(),
 				"sessions", len(c.GetSessions()))
 			for _, se := range c.GetSessions() {
-				select {
-				case jobs <- custodyJob{se: se}:
-				case <-ctx.Done():
-					return ctx.Err()
+				if err := w.queue(ctx, jobs, se); err != nil {
+					return err
 				}
 			}
 		}
 		*from = ev.GetIndex()
 	}
 	return stream.Err()
+}
+
+// queue hands one custody assignment to the workers, counting it open
+// until it is done.
+func (w *Watch) queue(ctx context.Context, jobs chan<- custodyJob, se *coordinatorv1.SessionEpoch) error {
+	w.progress.start(se.GetEpoch())
+	select {
+	case jobs <- custodyJob{se: se}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // adopt tries once to take custody of one session, and reports whether it

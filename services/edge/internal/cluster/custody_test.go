@@ -19,6 +19,7 @@ type flakyCustodian struct {
 	failures int
 	mu       sync.Mutex
 	tries    map[string]int
+	seen     map[string]uint64 // client ID → epoch of the last try
 	adopted  map[string]uint64 // client ID → epoch
 }
 
@@ -26,6 +27,9 @@ func (c *flakyCustodian) TakeCustody(_ context.Context, tenant, clientID string,
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tries[clientID]++
+	if c.seen != nil {
+		c.seen[clientID] = epoch
+	}
 	if c.tries[clientID] <= c.failures {
 		return false, errors.New("store unavailable")
 	}
@@ -58,7 +62,7 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 	live := &Member{Client: client, ID: "edge-live", Logger: logger, Margin: 100 * time.Millisecond}
 	require.NoError(t, live.Join(t.Context()))
 	go func() { _ = live.Run(t.Context()) }()
-	custodian := &flakyCustodian{failures: 2, tries: map[string]int{}, adopted: map[string]uint64{}}
+	custodian := &flakyCustodian{failures: 2, tries: map[string]int{}, seen: map[string]uint64{}, adopted: map[string]uint64{}}
 	w := &Watch{Client: client, Self: "edge-live", Incarnation: live.Incarnation, Custodian: custodian, Logger: logger, Workers: 1}
 	go func() { _ = w.Run(t.Context()) }()
 
@@ -67,6 +71,11 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 		custodian.mu.Lock()
 		defer custodian.mu.Unlock()
 		if len(custodian.adopted) < 3 {
+			for id, epoch := range custodian.seen {
+				if _, ok := custodian.adopted[id]; !ok && w.AdoptedThrough() >= epoch {
+					t.Errorf("custody reported done through %d, %s of epoch %d not adopted", w.AdoptedThrough(), id, epoch)
+				}
+			}
 			return fmt.Errorf("adopted %v after tries %v", custodian.adopted, custodian.tries)
 		}
 		return nil
@@ -76,6 +85,7 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 		id := fmt.Sprintf("dev-%d", i)
 		require.Equal(t, 3, custodian.tries[id], "%s: two failures, then adopted", id)
 		require.Greater(t, custodian.adopted[id], epochs[i], "%s: custody comes with a newer epoch", id)
+		require.GreaterOrEqual(t, w.AdoptedThrough(), custodian.adopted[id], "%s: reported adopted once it is", id)
 	}
 	adopted := maps.Clone(custodian.adopted)
 	custodian.mu.Unlock()
@@ -94,4 +104,22 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Custody jobs end out of order; what is reported done is everything below
+// the lowest epoch still open, and everything received once none is.
+func TestCustodyProgress_DoneBelowTheLowestOpen(t *testing.T) {
+	var p custodyProgress
+	require.Zero(t, p.through())
+	p.start(10)
+	p.start(10)
+	p.start(12)
+	require.Equal(t, uint64(9), p.through())
+	p.done(12)
+	p.done(10)
+	require.Equal(t, uint64(9), p.through(), "one job of epoch 10 is open still")
+	p.done(10)
+	require.Equal(t, uint64(12), p.through())
+	p.start(15)
+	require.Equal(t, uint64(14), p.through())
 }

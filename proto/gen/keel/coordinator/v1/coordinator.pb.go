@@ -2487,7 +2487,12 @@ type RenewLeaseRequest struct {
 	Address string `protobuf:"bytes,4,opt,name=address,proto3" json:"address,omitempty"`
 	// state requested: ALIVE to renew, DRAINING to start handing sessions away, LEFT
 	// to give the lease up now.
-	State         MemberState `protobuf:"varint,5,opt,name=state,proto3,enum=keel.coordinator.v1.MemberState" json:"state,omitempty"`
+	State MemberState `protobuf:"varint,5,opt,name=state,proto3,enum=keel.coordinator.v1.MemberState" json:"state,omitempty"`
+	// custody is an edge's progress with the sessions given to it in custody: the
+	// leader removes a dead edge's routes only once its custodians registered the
+	// routes of the sessions they adopted. Unset from other roles and from edges
+	// that do not report it (the leader then waits the route grace alone).
+	Custody       *CustodyProgress `protobuf:"bytes,6,opt,name=custody,proto3" json:"custody,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2557,6 +2562,61 @@ func (x *RenewLeaseRequest) GetState() MemberState {
 	return MemberState_MEMBER_STATE_UNSPECIFIED
 }
 
+func (x *RenewLeaseRequest) GetCustody() *CustodyProgress {
+	if x != nil {
+		return x.Custody
+	}
+	return nil
+}
+
+// CustodyProgress is an edge's progress with its custody assignments.
+type CustodyProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// adopted_through is the highest session epoch such that every custody
+	// assignment this edge received with an epoch at or below it is done: the
+	// session adopted with its routes registered, or found to have moved on.
+	AdoptedThrough uint64 `protobuf:"varint,1,opt,name=adopted_through,json=adoptedThrough,proto3" json:"adopted_through,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CustodyProgress) Reset() {
+	*x = CustodyProgress{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CustodyProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CustodyProgress) ProtoMessage() {}
+
+func (x *CustodyProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CustodyProgress.ProtoReflect.Descriptor instead.
+func (*CustodyProgress) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CustodyProgress) GetAdoptedThrough() uint64 {
+	if x != nil {
+		return x.AdoptedThrough
+	}
+	return 0
+}
+
 // RenewLeaseResponse grants the lease.
 type RenewLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2573,7 +2633,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2645,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2658,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RenewLeaseResponse) GetRemainingTtl() *durationpb.Duration {
@@ -2633,7 +2693,7 @@ type GetRedisPrimaryRequest struct {
 
 func (x *GetRedisPrimaryRequest) Reset() {
 	*x = GetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2705,7 @@ func (x *GetRedisPrimaryRequest) String() string {
 func (*GetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2718,7 @@ func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetRedisPrimaryRequest) GetGroupId() uint32 {
@@ -2679,7 +2739,7 @@ type GetRedisPrimaryResponse struct {
 
 func (x *GetRedisPrimaryResponse) Reset() {
 	*x = GetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2751,7 @@ func (x *GetRedisPrimaryResponse) String() string {
 func (*GetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2764,7 @@ func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetRedisPrimaryResponse) GetGroup() *RedisGroupRecord {
@@ -2733,7 +2793,7 @@ type CompareAndSetRedisPrimaryRequest struct {
 
 func (x *CompareAndSetRedisPrimaryRequest) Reset() {
 	*x = CompareAndSetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2805,7 @@ func (x *CompareAndSetRedisPrimaryRequest) String() string {
 func (*CompareAndSetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2818,7 @@ func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CompareAndSetRedisPrimaryRequest) GetRequestId() string {
@@ -2809,7 +2869,7 @@ type CompareAndSetRedisPrimaryResponse struct {
 
 func (x *CompareAndSetRedisPrimaryResponse) Reset() {
 	*x = CompareAndSetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +2881,7 @@ func (x *CompareAndSetRedisPrimaryResponse) String() string {
 func (*CompareAndSetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +2894,7 @@ func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CompareAndSetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CompareAndSetRedisPrimaryResponse) GetSwapped() bool {
@@ -2868,7 +2928,7 @@ type AcquirePromotionLeaseRequest struct {
 
 func (x *AcquirePromotionLeaseRequest) Reset() {
 	*x = AcquirePromotionLeaseRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +2940,7 @@ func (x *AcquirePromotionLeaseRequest) String() string {
 func (*AcquirePromotionLeaseRequest) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +2953,7 @@ func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AcquirePromotionLeaseRequest) GetMemberId() string {
@@ -2943,7 +3003,7 @@ type AcquirePromotionLeaseResponse struct {
 
 func (x *AcquirePromotionLeaseResponse) Reset() {
 	*x = AcquirePromotionLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3015,7 @@ func (x *AcquirePromotionLeaseResponse) String() string {
 func (*AcquirePromotionLeaseResponse) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3028,7 @@ func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *AcquirePromotionLeaseResponse) GetAcquired() bool {
@@ -3015,7 +3075,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3087,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3100,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 // StatusResponse is one node's view of the cluster.
@@ -3074,7 +3134,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3146,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3159,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3190,7 +3250,7 @@ type BumpAclVersionRequest struct {
 
 func (x *BumpAclVersionRequest) Reset() {
 	*x = BumpAclVersionRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3262,7 @@ func (x *BumpAclVersionRequest) String() string {
 func (*BumpAclVersionRequest) ProtoMessage() {}
 
 func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3215,7 +3275,7 @@ func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionRequest.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BumpAclVersionRequest) GetTenant() string {
@@ -3237,7 +3297,7 @@ type BumpAclVersionResponse struct {
 
 func (x *BumpAclVersionResponse) Reset() {
 	*x = BumpAclVersionResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3249,7 +3309,7 @@ func (x *BumpAclVersionResponse) String() string {
 func (*BumpAclVersionResponse) ProtoMessage() {}
 
 func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3262,7 +3322,7 @@ func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionResponse.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BumpAclVersionResponse) GetVersion() uint64 {
@@ -3283,7 +3343,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3355,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3368,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemovePeerRequest) GetNodeId() string {
@@ -3333,7 +3393,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3405,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3418,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{41}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RaftPeer) GetNodeId() string {
@@ -3393,7 +3453,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3465,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3478,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{42}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemovePeerResponse) GetPeers() []*RaftPeer {
@@ -3579,13 +3639,16 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
 	"\x10ClusterHeartbeat\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term\"\xd9\x01\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"\x99\x02\n" +
 	"\x11RenewLeaseRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x123\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1f.keel.coordinator.v1.MemberRoleR\x04role\x12 \n" +
 	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x126\n" +
-	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\"\xa9\x01\n" +
+	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12>\n" +
+	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\":\n" +
+	"\x0fCustodyProgress\x12'\n" +
+	"\x0fadopted_through\x18\x01 \x01(\x04R\x0eadoptedThrough\"\xa9\x01\n" +
 	"\x12RenewLeaseResponse\x12>\n" +
 	"\rremaining_ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\fremainingTtl\x126\n" +
 	"\x05state\x18\x02 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12\x1b\n" +
@@ -3711,7 +3774,7 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
@@ -3748,44 +3811,45 @@ var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(*SessionEpoch)(nil),                      // 32: keel.coordinator.v1.SessionEpoch
 	(*ClusterHeartbeat)(nil),                  // 33: keel.coordinator.v1.ClusterHeartbeat
 	(*RenewLeaseRequest)(nil),                 // 34: keel.coordinator.v1.RenewLeaseRequest
-	(*RenewLeaseResponse)(nil),                // 35: keel.coordinator.v1.RenewLeaseResponse
-	(*GetRedisPrimaryRequest)(nil),            // 36: keel.coordinator.v1.GetRedisPrimaryRequest
-	(*GetRedisPrimaryResponse)(nil),           // 37: keel.coordinator.v1.GetRedisPrimaryResponse
-	(*CompareAndSetRedisPrimaryRequest)(nil),  // 38: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	(*CompareAndSetRedisPrimaryResponse)(nil), // 39: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	(*AcquirePromotionLeaseRequest)(nil),      // 40: keel.coordinator.v1.AcquirePromotionLeaseRequest
-	(*AcquirePromotionLeaseResponse)(nil),     // 41: keel.coordinator.v1.AcquirePromotionLeaseResponse
-	(*StatusRequest)(nil),                     // 42: keel.coordinator.v1.StatusRequest
-	(*StatusResponse)(nil),                    // 43: keel.coordinator.v1.StatusResponse
-	(*BumpAclVersionRequest)(nil),             // 44: keel.coordinator.v1.BumpAclVersionRequest
-	(*BumpAclVersionResponse)(nil),            // 45: keel.coordinator.v1.BumpAclVersionResponse
-	(*RemovePeerRequest)(nil),                 // 46: keel.coordinator.v1.RemovePeerRequest
-	(*RaftPeer)(nil),                          // 47: keel.coordinator.v1.RaftPeer
-	(*RemovePeerResponse)(nil),                // 48: keel.coordinator.v1.RemovePeerResponse
-	(*v1.SessionKey)(nil),                     // 49: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 50: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 51: google.protobuf.Duration
+	(*CustodyProgress)(nil),                   // 35: keel.coordinator.v1.CustodyProgress
+	(*RenewLeaseResponse)(nil),                // 36: keel.coordinator.v1.RenewLeaseResponse
+	(*GetRedisPrimaryRequest)(nil),            // 37: keel.coordinator.v1.GetRedisPrimaryRequest
+	(*GetRedisPrimaryResponse)(nil),           // 38: keel.coordinator.v1.GetRedisPrimaryResponse
+	(*CompareAndSetRedisPrimaryRequest)(nil),  // 39: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	(*CompareAndSetRedisPrimaryResponse)(nil), // 40: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	(*AcquirePromotionLeaseRequest)(nil),      // 41: keel.coordinator.v1.AcquirePromotionLeaseRequest
+	(*AcquirePromotionLeaseResponse)(nil),     // 42: keel.coordinator.v1.AcquirePromotionLeaseResponse
+	(*StatusRequest)(nil),                     // 43: keel.coordinator.v1.StatusRequest
+	(*StatusResponse)(nil),                    // 44: keel.coordinator.v1.StatusResponse
+	(*BumpAclVersionRequest)(nil),             // 45: keel.coordinator.v1.BumpAclVersionRequest
+	(*BumpAclVersionResponse)(nil),            // 46: keel.coordinator.v1.BumpAclVersionResponse
+	(*RemovePeerRequest)(nil),                 // 47: keel.coordinator.v1.RemovePeerRequest
+	(*RaftPeer)(nil),                          // 48: keel.coordinator.v1.RaftPeer
+	(*RemovePeerResponse)(nil),                // 49: keel.coordinator.v1.RemovePeerResponse
+	(*v1.SessionKey)(nil),                     // 50: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 51: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 52: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	49, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	50, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	50, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	49, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	51, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	50, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	49, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	50, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
 	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	51, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	52, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
 	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	49, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	50, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
 	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
 	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
 	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	49, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	50, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	49, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	50, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
 	8,  // 20: keel.coordinator.v1.ListSessionsResponse.sessions:type_name -> keel.coordinator.v1.SessionRecord
 	0,  // 21: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
@@ -3803,56 +3867,57 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	29, // 33: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
 	32, // 34: keel.coordinator.v1.ClusterSnapshot.custody:type_name -> keel.coordinator.v1.SessionEpoch
 	7,  // 35: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	51, // 36: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	51, // 37: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	51, // 38: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	50, // 39: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	52, // 36: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	52, // 37: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	52, // 38: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	51, // 39: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
 	32, // 40: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
 	32, // 41: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	49, // 42: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	50, // 42: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
 	0,  // 43: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 44: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	51, // 45: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
-	1,  // 46: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
-	29, // 47: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 48: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 49: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	51, // 50: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	51, // 51: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
-	5,  // 52: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 53: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	47, // 54: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
-	9,  // 55: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 56: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 57: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 58: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 59: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
-	23, // 60: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	34, // 61: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	36, // 62: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	38, // 63: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	40, // 64: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	42, // 65: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	44, // 66: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	46, // 67: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
-	10, // 68: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 69: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 70: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 71: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 72: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
-	24, // 73: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	35, // 74: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	37, // 75: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	39, // 76: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	41, // 77: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	43, // 78: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	45, // 79: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	48, // 80: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
-	68, // [68:81] is the sub-list for method output_type
-	55, // [55:68] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	35, // 45: keel.coordinator.v1.RenewLeaseRequest.custody:type_name -> keel.coordinator.v1.CustodyProgress
+	52, // 46: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	1,  // 47: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
+	29, // 48: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 49: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 50: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	52, // 51: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	52, // 52: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	5,  // 53: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	7,  // 54: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	48, // 55: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	9,  // 56: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 57: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 58: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 59: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 60: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
+	23, // 61: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	34, // 62: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	37, // 63: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	39, // 64: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	41, // 65: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	43, // 66: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	45, // 67: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	47, // 68: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	10, // 69: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 70: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 71: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 72: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 73: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
+	24, // 74: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	36, // 75: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	38, // 76: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	40, // 77: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	42, // 78: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	44, // 79: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	46, // 80: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	49, // 81: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	69, // [69:82] is the sub-list for method output_type
+	56, // [56:69] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
@@ -3880,7 +3945,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
