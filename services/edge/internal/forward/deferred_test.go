@@ -1,12 +1,15 @@
 package forward
 
 import (
+	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -22,17 +25,162 @@ import (
 )
 
 // flakyStore is a real durable store whose first Enqueue of a message with
-// the payload "fail" reports a failure (and stores nothing).
+// the payload "fail" reports a failure (and stores nothing), and whose
+// writes of messages with a payload starting "slow" complete only once gate
+// is closed (nil: at once). It records the payloads enqueued, in order.
 type flakyStore struct {
 	*durable.Store
 	failed atomic.Bool
+	gate   chan struct{}
+	mu     sync.Mutex
+	queued []string
 }
 
 func (s *flakyStore) Enqueue(id string, e durable.Entry) *durable.Pending {
+	if e.Msg != nil {
+		s.mu.Lock()
+		s.queued = append(s.queued, string(e.Msg.Payload))
+		s.mu.Unlock()
+	}
 	if e.Msg != nil && string(e.Msg.Payload) == "fail" && s.failed.CompareAndSwap(false, true) {
 		return durable.DonePending(fmt.Errorf("injected store failure"))
 	}
-	return s.Store.Enqueue(id, e)
+	p := s.Store.Enqueue(id, e)
+	if e.Msg == nil || s.gate == nil || !strings.HasPrefix(string(e.Msg.Payload), "slow") {
+		return p
+	}
+	done := make(chan error, 1)
+	go func() {
+		<-s.gate
+		done <- p.Wait(context.Background())
+	}()
+	return durable.NewPending(done)
+}
+
+func (s *flakyStore) enqueued() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.queued)
+}
+
+// startStoredEdge runs a broker on store with its edge API, and a
+// persistent subscriber of "t" at qos.
+func startStoredEdge(t *testing.T, store *flakyStore, qos byte) (api string, sub *mqtttest.Client) {
+	t.Helper()
+	cfg := broker.DefaultConfig()
+	cfg.EdgeID = "b"
+	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = st.Close() })
+	store.Store = st
+	require.NoError(t, b.Restore(store))
+	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	ts := serveAPI(t, &Server{Deliver: b, Logger: testutil.Logger(t)})
+	sub = mqtttest.Dial(t, l.Address(), 5)
+	sub.Connect("sub", true, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
+	require.Equal(t, []byte{qos}, sub.Subscribe(1, "t", qos).ReasonCodes)
+	return ts.URL, sub
+}
+
+// frameOf is frame seq of edge "a" incarnation 1 carrying payloads on "t"
+// at qos, with msgIDs numbered from first.
+func frameOf(seq uint64, qos uint32, first uint64, payloads ...string) *edgev1.ForwardRequest {
+	f := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: seq}
+	for i, p := range payloads {
+		f.Messages = append(f.Messages, &edgev1.ForwardMessage{Message: &commonv1.Message{
+			Id: &commonv1.MsgID{EdgeId: "a", Incarnation: 1, Seq: first + uint64(i)}, Tenant: "acme", Topic: "t",
+			Payload: []byte(p), Qos: qos, IngressUnixNano: time.Now().UnixNano()}})
+	}
+	return f
+}
+
+// readAll reads and acknowledges PUBLISHes until a second passes without
+// one, and counts them by payload.
+func readAll(sub *mqtttest.Client) map[string]int {
+	counts := map[string]int{}
+	for {
+		pk, err := sub.Read(time.Second)
+		if err != nil {
+			return counts
+		}
+		switch pk.FixedHeader.Type {
+		case packets.Publish:
+			counts[string(pk.Payload)]++
+			if pk.FixedHeader.Qos == 2 {
+				sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: pk.PacketID})
+			} else {
+				sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+			}
+		case packets.Pubrel:
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubcomp}, PacketID: pk.PacketID})
+		}
+	}
+}
+
+// The frames of one stream are delivered as they come while the writes of
+// earlier ones are still being stored, and acknowledged in order once
+// stored. When one fails, the frames after it are not acknowledged either;
+// on the resend, what they had taken is not delivered again.
+func TestServer_FramesStoredConcurrently(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{gate: make(chan struct{})}
+	api, sub := startStoredEdge(t, store, 1)
+	l := NewLink("a", 1, "b", api, testutil.Logger(t), nil)
+	st := l.client.Forward(t.Context())
+	defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
+	require.NoError(t, st.Send(frameOf(1, 1, 1, "slow1")))
+	require.NoError(t, st.Send(frameOf(2, 1, 2, "two")))
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if got := store.enqueued(); !slices.Equal(got, []string{"slow1", "two"}) {
+			return fmt.Errorf("enqueued %v", got)
+		}
+		return nil
+	})
+	acks := make(chan *edgev1.ForwardResponse, 8)
+	go func() {
+		for {
+			resp, err := st.Receive()
+			if err != nil {
+				close(acks)
+				return
+			}
+			acks <- resp
+		}
+	}()
+	select {
+	case resp := <-acks:
+		t.Fatalf("acknowledged %v while frame 1's write is not stored", resp)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(store.gate)
+	var taken uint64
+	for taken < 2 {
+		resp, ok := <-acks
+		require.True(t, ok, "stream ended before frame 2 was acknowledged")
+		require.False(t, resp.GetResend())
+		taken = max(taken, resp.GetTakenSeq())
+	}
+
+	// Frame 3's write fails; frame 4, delivered meanwhile, is stored but not
+	// acknowledged, and the resend delivers neither of its messages twice.
+	require.NoError(t, st.Send(frameOf(3, 1, 3, "fail")))
+	require.NoError(t, st.Send(frameOf(4, 1, 4, "four", "five")))
+	for resp := range acks {
+		require.Less(t, resp.GetTakenSeq(), uint64(3), "a frame at or after the failed one acknowledged")
+		if resp.GetResend() {
+			break
+		}
+	}
+	require.NoError(t, sendFrames(t, api, frameOf(3, 1, 3, "fail"), frameOf(4, 1, 4, "four", "five")))
+	counts := readAll(sub)
+	require.GreaterOrEqual(t, counts["fail"], 1, "the failed message comes with the resend (%v)", counts)
+	delete(counts, "fail")
+	require.Equal(t, map[string]int{"slow1": 1, "two": 1, "four": 1, "five": 1}, counts, "each stored message once")
 }
 
 // A frame's durable writes are submitted together and waited for after:
@@ -41,55 +189,11 @@ func (s *flakyStore) Enqueue(id string, e durable.Entry) *durable.Pending {
 // first time are not (a QoS 2 message arrives once).
 func TestServer_DeferredWritesPerMessage(t *testing.T) {
 	t.Parallel()
-	cfg := broker.DefaultConfig()
-	cfg.EdgeID = "b"
-	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = st.Close() })
-	require.NoError(t, b.Restore(&flakyStore{Store: st}))
-	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	t.Cleanup(func() { _ = b.Close() })
-	ts := serveAPI(t, &Server{Deliver: b, Logger: testutil.Logger(t)})
-
-	sub := mqtttest.Dial(t, l.Address(), 5)
-	sub.Connect("sub", true, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
-	require.Equal(t, []byte{2}, sub.Subscribe(1, "t", 2).ReasonCodes)
-
-	frame := &edgev1.ForwardRequest{EdgeId: "a", Incarnation: 1, Seq: 1}
-	for i, p := range []string{"one", "fail", "three"} {
-		frame.Messages = append(frame.Messages, &edgev1.ForwardMessage{Message: &commonv1.Message{
-			Id: &commonv1.MsgID{EdgeId: "a", Incarnation: 1, Seq: uint64(i + 1)}, Tenant: "acme", Topic: "t",
-			Payload: []byte(p), Qos: 2, IngressUnixNano: time.Now().UnixNano()}})
-	}
-	send := func() error {
-		l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), nil)
-		st := l.client.Forward(t.Context())
-		defer func() { _ = st.CloseRequest(); _ = st.CloseResponse() }()
-		require.NoError(t, st.Send(frame))
-		_, err := st.Receive()
-		return err
-	}
-	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(send()))
-	require.NoError(t, send())
-
-	counts := map[string]int{}
-	for {
-		pk, err := sub.Read(time.Second)
-		if err != nil {
-			break
-		}
-		switch pk.FixedHeader.Type {
-		case packets.Publish:
-			counts[string(pk.Payload)]++
-			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: pk.PacketID})
-		case packets.Pubrel:
-			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubcomp}, PacketID: pk.PacketID})
-		}
-	}
+	api, sub := startStoredEdge(t, &flakyStore{}, 2)
+	frame := frameOf(1, 2, 1, "one", "fail", "three")
+	require.ErrorIs(t, sendFrame(t, api, frame), errResend)
+	require.NoError(t, sendFrame(t, api, frame))
+	counts := readAll(sub)
 	require.Equal(t, 1, counts["one"], "stored the first time: delivered once (%v)", counts)
 	require.Equal(t, 1, counts["three"], "stored the first time: delivered once (%v)", counts)
 	require.GreaterOrEqual(t, counts["fail"], 1, "the failed message comes with the resend (%v)", counts)

@@ -75,6 +75,9 @@ func sharedChoice(fm *edgev1.ForwardMessage, from peerKey) broker.SharedChoice {
 // bound: the publisher must not be acknowledged.
 var ErrPeerGone = errors.New("peer edge did not take the message")
 
+// errResend ends a stream whose peer did not take a frame.
+var errResend = errors.New("peer did not take a frame; sending again")
+
 // ErrPeerLeft is ErrPeerGone for a peer that left the membership: the
 // message can be routed again ([broker.ErrEdgeLeft]).
 var ErrPeerLeft = fmt.Errorf("%w: %w", ErrPeerGone, broker.ErrEdgeLeft)
@@ -94,16 +97,18 @@ type Server struct {
 	Members Incarnations
 	Logger  *slog.Logger
 
-	mu       sync.Mutex
-	hwm      map[peerKey]uint64   // highest frame seq taken per sending incarnation
-	partial  map[peerKey]progress // a frame that failed part-way, per sending incarnation
-	outboxes map[peerKey]*outbox  // outcomes of group messages, per sending incarnation
-}
-
-// progress is which messages of a frame were taken before it failed.
-type progress struct {
-	seq   uint64
-	taken []bool // by index in the frame
+	mu  sync.Mutex
+	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation
+	// partial holds, per sending incarnation, which messages of each frame
+	// at or after a failed one were taken (by index in the frame): those
+	// frames come again, and what they had taken is not delivered twice.
+	partial  map[peerKey]map[uint64][]bool
+	outboxes map[peerKey]*outbox // outcomes of group messages, per sending incarnation
+	// flying counts, per sending incarnation, the frames whose writes are
+	// being stored; a new stream from it waits for them (landed) before it
+	// takes a frame, so that a frame it resends is known taken or not.
+	flying map[peerKey]int
+	landed *sync.Cond // on mu
 }
 
 type peerKey struct {
@@ -138,13 +143,31 @@ func (s *Server) deliver(ctx context.Context, from peerKey, fm *edgev1.ForwardMe
 	return err
 }
 
+// framesInFlight bounds the frames of one stream whose writes are stored at
+// once. Frames are delivered in order, each message queued as its frame
+// arrives; only the waits for the store overlap, so that a persistent
+// subscriber's stream is not held to one store round trip per frame.
+const framesInFlight = 8
+
+// landing is a frame delivered and not yet acknowledged.
+type landing struct {
+	seq  uint64
+	wait func() ([]bool, error) // nil: taken on an earlier stream
+}
+
 // Forward implements edgev1connect.EdgeServiceHandler.
 func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.ForwardRequest, edgev1.ForwardResponse]) error {
-	// Acks go from here, outcomes from their own goroutine, which is done
-	// before the stream ends.
+	// Acks go from their own goroutine, in frame order, as each frame's
+	// writes are stored; outcomes from another. Both are done before the
+	// stream ends.
 	ctx, cancel := context.WithCancel(ctx)
-	var outcomes sync.WaitGroup
+	var acks, outcomes sync.WaitGroup
+	landings := make(chan landing, framesInFlight)
+	var failed atomic.Pointer[error] // set by the acks once a frame was not all taken
 	defer func() {
+		// The frames delivered land first: their writes go on under ctx.
+		close(landings)
+		acks.Wait()
 		cancel()
 		outcomes.Wait()
 	}()
@@ -155,6 +178,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		return st.Send(resp)
 	}
 	var ob *outbox
+	var key peerKey
 	for {
 		req, err := st.Receive()
 		if err != nil {
@@ -166,62 +190,125 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
 			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
 		}
-		key := peerKey{req.GetEdgeId(), req.GetIncarnation()}
 		if ob == nil {
+			key = peerKey{req.GetEdgeId(), req.GetIncarnation()}
 			if err := s.vet(ctx, req.GetEdgeId(), req.GetIncarnation()); err != nil {
 				s.log().Warn("forward stream refused", "from", req.GetEdgeId(), "incarnation", req.GetIncarnation(), "error", err)
 				return err
 			}
 			ob = s.outbox(key)
 			outcomes.Go(func() { s.sendOutcomes(ctx, ob, send) })
+			acks.Go(func() { s.ackLandings(key, landings, send, &failed) })
+			// What an earlier stream still stores decides which of the
+			// frames resent on this one are taken.
+			s.waitLanded(key)
+		} else if (peerKey{req.GetEdgeId(), req.GetIncarnation()}) != key {
+			return connect.NewError(connect.CodeInvalidArgument, errors.New("frames of one stream come from one edge incarnation"))
+		}
+		if p := failed.Load(); p != nil {
+			return connect.NewError(connect.CodeUnavailable, *p)
 		}
 		if c := req.GetOutcomesConfirmed(); c > 0 {
 			ob.confirmed(c)
 		}
 		s.mu.Lock()
-		if s.hwm == nil {
-			s.hwm = map[peerKey]uint64{}
-			s.partial = map[peerKey]progress{}
-		}
+		s.initLocked()
 		seen := req.GetSeq() <= s.hwm[key]
-		var before []bool
-		if p, ok := s.partial[key]; ok && p.seq == req.GetSeq() {
-			before = p.taken
+		before := s.partial[key][req.GetSeq()]
+		if !seen {
+			s.flying[key]++
 		}
 		s.mu.Unlock()
+		l := landing{seq: req.GetSeq()}
 		if !seen {
-			if taken, err := s.deliverFrame(ctx, key, req, before); err != nil {
-				// Not all taken: close the stream without acking; the sender
-				// resends the frame, and the messages taken are not
-				// delivered again (a QoS 2 message arrives once).
-				s.mu.Lock()
-				s.partial[key] = progress{seq: req.GetSeq(), taken: taken}
-				s.mu.Unlock()
-				s.log().Warn("forwarded message not taken", "from", req.GetEdgeId(), "error", err)
+			wait, err := s.deliverFrame(ctx, key, req, before)
+			l.wait = wait
+			if err != nil {
+				// A message was refused before its writes: later ones wait
+				// for the resend, in order. The frame lands with what it took.
+				landings <- l
 				return connect.NewError(connect.CodeUnavailable, err)
 			}
-			s.mu.Lock()
-			s.hwm[key] = max(s.hwm[key], req.GetSeq())
-			delete(s.partial, key)
-			s.mu.Unlock()
 		}
-		if err := send(&edgev1.ForwardResponse{TakenSeq: req.GetSeq()}); err != nil {
-			return nil
+		landings <- l
+	}
+}
+
+func (s *Server) initLocked() {
+	if s.hwm == nil {
+		s.hwm = map[peerKey]uint64{}
+		s.partial = map[peerKey]map[uint64][]bool{}
+		s.flying = map[peerKey]int{}
+		s.landed = sync.NewCond(&s.mu)
+	}
+}
+
+// waitLanded waits until no frame of key is being stored.
+func (s *Server) waitLanded(key peerKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.initLocked()
+	for s.flying[key] > 0 {
+		s.landed.Wait()
+	}
+}
+
+// ackLandings waits for each frame's writes in turn and acknowledges it.
+// Once one was not all taken, no later frame is acknowledged: each is
+// recorded with what it took, the sender is told to resend (ForwardResponse
+// .resend), and the stream takes no more.
+func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*edgev1.ForwardResponse) error, failed *atomic.Pointer[error]) {
+	var failure error
+	for l := range landings {
+		if l.wait != nil {
+			taken, err := l.wait()
+			s.mu.Lock()
+			if err != nil || failure != nil {
+				if s.partial[key] == nil {
+					s.partial[key] = map[uint64][]bool{}
+				}
+				s.partial[key][l.seq] = taken
+			} else {
+				s.hwm[key] = max(s.hwm[key], l.seq)
+				delete(s.partial[key], l.seq)
+				if len(s.partial[key]) == 0 {
+					delete(s.partial, key)
+				}
+			}
+			if s.flying[key]--; s.flying[key] <= 0 {
+				delete(s.flying, key)
+			}
+			s.landed.Broadcast()
+			s.mu.Unlock()
+			if err != nil && failure == nil {
+				failure = err
+				failed.Store(&failure)
+				s.log().Warn("forwarded message not taken", "from", key.edge, "error", err)
+				_ = send(&edgev1.ForwardResponse{Resend: true})
+			}
+		}
+		if failure == nil {
+			if err := send(&edgev1.ForwardResponse{TakenSeq: l.seq}); err != nil {
+				failure = err
+				failed.Store(&failure)
+			}
 		}
 	}
 }
 
 // deliverFrame delivers a frame's messages in order, skipping those taken
-// by an earlier attempt, and returns which are taken now. The durable
-// writes of all of them are submitted before any is waited for, so a frame
-// costs the store one group commit rather than one round trip per message;
-// a message counts as taken once its writes are stored.
-func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.ForwardRequest, before []bool) ([]bool, error) {
+// by an earlier attempt. The durable writes of all of them are submitted
+// before any is waited for, so a frame costs the store one group commit
+// rather than one round trip per message; wait returns which are taken
+// (a message counts as taken once its writes are stored). A message
+// refused before any write is an error at once; wait then reports the
+// messages before it.
+func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.ForwardRequest, before []bool) (wait func() ([]bool, error), _ error) {
 	msgs := req.GetMessages()
 	taken := make([]bool, len(msgs))
 	copy(taken, before)
-	var deferred broker.Deferred
-	dctx := broker.DeferWrites(ctx, &deferred)
+	deferred := new(broker.Deferred)
+	dctx := broker.DeferWrites(ctx, deferred)
 	delivered := len(msgs)
 	var failed error
 	for i, fm := range msgs {
@@ -230,23 +317,26 @@ func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.For
 		}
 		deferred.Message(i)
 		if err := s.deliver(dctx, from, fm); err != nil {
-			// Later messages wait for the resend, in order.
 			failed, delivered = err, i
 			break
 		}
 	}
-	errs := deferred.Wait(len(msgs))
-	for i := range delivered {
-		if taken[i] {
-			continue
+	wait = func() ([]bool, error) {
+		errs := deferred.Wait(len(msgs))
+		err := failed
+		for i := range delivered {
+			if taken[i] {
+				continue
+			}
+			if errs[i] != nil {
+				err = cmp.Or(err, errs[i])
+				continue
+			}
+			taken[i] = true
 		}
-		if errs[i] != nil {
-			failed = cmp.Or(failed, errs[i])
-			continue
-		}
-		taken[i] = true
+		return taken, err
 	}
-	return taken, failed
+	return wait, failed
 }
 
 // Incarnations answers which incarnation of an edge is live (cluster.Peers).
@@ -444,6 +534,12 @@ func (l *Link) stream(ctx context.Context) error {
 				l.acked(resp.GetTakenSeq())
 			}
 			l.outcomes(resp.GetSharedOutcomes())
+			if resp.GetResend() {
+				// The peer did not take a frame; it takes none more on this
+				// stream, and wants every unacknowledged one again.
+				errc <- errResend
+				return
+			}
 		}
 	}()
 	for {

@@ -604,8 +604,14 @@ type ForwardResponse struct {
 	// seq order; they may come in a response of their own (taken_seq 0), and are
 	// sent again on a new stream until confirmed.
 	SharedOutcomes []*SharedOutcome `protobuf:"bytes,4,rep,name=shared_outcomes,json=sharedOutcomes,proto3" json:"shared_outcomes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// resend says that a frame after taken_seq was not all taken: the sender ends
+	// this stream and sends every frame after taken_seq again on a new one. This
+	// edge takes no frame on this stream after it (the messages of a resent frame
+	// that it took are not delivered twice). A sender that ignores it has its
+	// stream ended when it sends the next frame.
+	Resend        bool `protobuf:"varint,5,opt,name=resend,proto3" json:"resend,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ForwardResponse) Reset() {
@@ -664,6 +670,13 @@ func (x *ForwardResponse) GetSharedOutcomes() []*SharedOutcome {
 		return x.SharedOutcomes
 	}
 	return nil
+}
+
+func (x *ForwardResponse) GetResend() bool {
+	if x != nil {
+		return x.Resend
+	}
+	return false
 }
 
 // ForwardRefusal is one delivery this edge did not take.
@@ -1750,12 +1763,13 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\fSharedTarget\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x16\n" +
-	"\x06report\x18\x03 \x01(\bR\x06report\"\xd1\x01\n" +
+	"\x06report\x18\x03 \x01(\bR\x06report\"\xe9\x01\n" +
 	"\x0fForwardResponse\x12\x1b\n" +
 	"\ttaken_seq\x18\x01 \x01(\x04R\btakenSeq\x12!\n" +
 	"\fcredit_bytes\x18\x02 \x01(\x04R\vcreditBytes\x128\n" +
 	"\brefusals\x18\x03 \x03(\v2\x1c.keel.edge.v1.ForwardRefusalR\brefusals\x12D\n" +
-	"\x0fshared_outcomes\x18\x04 \x03(\v2\x1b.keel.edge.v1.SharedOutcomeR\x0esharedOutcomes\"\xf3\x01\n" +
+	"\x0fshared_outcomes\x18\x04 \x03(\v2\x1b.keel.edge.v1.SharedOutcomeR\x0esharedOutcomes\x12\x16\n" +
+	"\x06resend\x18\x05 \x01(\bR\x06resend\"\xf3\x01\n" +
 	"\x0eForwardRefusal\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12:\n" +
