@@ -147,7 +147,9 @@ func (s *Server) deliver(ctx context.Context, from peerKey, fm *edgev1.ForwardMe
 // once. Frames are delivered in order, each message queued as its frame
 // arrives; only the waits for the store overlap, so that a persistent
 // subscriber's stream is not held to one store round trip per frame.
-const framesInFlight = 8
+// Measured with make bench-persistent (50 pairs, 1000 in flight): one at a
+// time 5.4k msgs/s, 8 10.4k, 32 12.0-12.2k, 64 12.5k.
+const framesInFlight = 32
 
 // landing is a frame delivered and not yet acknowledged.
 type landing struct {
