@@ -45,17 +45,24 @@ type edge struct {
 // startEdge runs a broker with its edge API on an h2c test server.
 func startEdge(t *testing.T, id string) *edge {
 	t.Helper()
+	return startEdgeWith(t, id, func(*broker.Config) {}, prometheus.NewRegistry())
+}
+
+// startEdgeWith is startEdge with the broker's configuration changed by set
+// and its metrics in reg.
+func startEdgeWith(t *testing.T, id string, set func(*broker.Config), reg *prometheus.Registry) *edge {
+	t.Helper()
 	cfg := broker.DefaultConfig()
 	cfg.EdgeID = id
-	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
+	set(&cfg)
+	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), reg)
 	require.NoError(t, err)
 	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
 	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
-	ts := serveAPI(t, srv)
-	return &edge{b: b, srv: srv, mqtt: l.Address(), api: ts}
+	return &edge{b: b, srv: srv, mqtt: l.Address(), api: serveAPI(t, srv)}
 }
 
 // staticRoutes sends every topic to the listed peers.

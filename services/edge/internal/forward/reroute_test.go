@@ -13,28 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
-	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
-	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
-
-// startEdgeWith is startEdge with the broker's configuration changed by set
-// and its metrics in reg.
-func startEdgeWith(t *testing.T, id string, set func(*broker.Config), reg *prometheus.Registry) *edge {
-	t.Helper()
-	cfg := broker.DefaultConfig()
-	cfg.EdgeID = id
-	set(&cfg)
-	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), reg)
-	require.NoError(t, err)
-	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	t.Cleanup(func() { _ = b.Close() })
-	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
-	return &edge{b: b, srv: srv, mqtt: l.Address(), api: serveAPI(t, srv)}
-}
 
 // switchRoutes answers with the route set last; while stale is set, with
 // the failure of a route naming an edge that left the membership.
@@ -108,6 +89,24 @@ func startRerouteCluster(t *testing.T, bound time.Duration) *rerouteCluster {
 	return rc
 }
 
+// publishSeenEarly subscribes "early" to t/+ on edge-c at qos, longer ago
+// than the clock skew, routes t/+ to edge-b and edge-c, and publishes t/x at
+// qos on edge-a; early gets it (got) from edge-c, edge-b takes nothing.
+func (rc *rerouteCluster) publishSeenEarly(t *testing.T, qos byte) (pub, early *mqtttest.Client, got packets.Packet) {
+	t.Helper()
+	early = mqtttest.Dial(t, rc.c.mqtt, 5)
+	early.Connect("early", true, packets.Properties{})
+	early.Subscribe(1, "t/+", qos)
+	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
+	time.Sleep(pastSkew)
+	pub = mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", qos, []byte("x"))
+	got = early.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
+	return pub, early, got
+}
+
 func (rc *rerouteCluster) peerB() Peer { return Peer{ID: "edge-b", URL: rc.bURL} }
 func (rc *rerouteCluster) peerC() Peer { return Peer{ID: "edge-c", URL: rc.c.api.URL} }
 
@@ -121,17 +120,7 @@ func (rc *rerouteCluster) peerC() Peer { return Peer{ID: "edge-c", URL: rc.c.api
 func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
 	t.Parallel()
 	rc := startRerouteCluster(t, 20*time.Second)
-	early := mqtttest.Dial(t, rc.c.mqtt, 5)
-	early.Connect("early", true, packets.Properties{})
-	early.Subscribe(1, "t/+", 1)
-	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
-	time.Sleep(pastSkew)
-
-	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
-	pub.Connect("pub", true, packets.Properties{})
-	pub.Publish(1, "t/x", 1, []byte("x"))
-	got := early.Expect(packets.Publish)
-	require.Equal(t, "x", string(got.Payload))
+	pub, early, got := rc.publishSeenEarly(t, 1)
 	early.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	_, err := pub.Read(300 * time.Millisecond)
 	require.Error(t, err, "nothing while edge-b may still take it")
@@ -226,17 +215,7 @@ func TestForward_RoutedAgainWithinTheBoundOnly(t *testing.T) {
 func TestForward_QoS2RoutedAgainOnce(t *testing.T) {
 	t.Parallel()
 	rc := startRerouteCluster(t, 20*time.Second)
-	early := mqtttest.Dial(t, rc.c.mqtt, 5)
-	early.Connect("early", true, packets.Properties{})
-	early.Subscribe(1, "t/+", 2)
-	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
-	time.Sleep(pastSkew)
-
-	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
-	pub.Connect("pub", true, packets.Properties{})
-	pub.Publish(1, "t/x", 2, []byte("x"))
-	got := early.Expect(packets.Publish)
-	require.Equal(t, "x", string(got.Payload))
+	pub, early, _ := rc.publishSeenEarly(t, 2)
 	rc.routes.set(Route{Edges: []Peer{rc.peerC()}}, "")
 	rc.fwd.PeerGone("edge-b")
 	require.Equal(t, packets.Pubrec, pub.Expect(packets.Pubrec).FixedHeader.Type)
