@@ -445,8 +445,8 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	if e.store != nil && e.store.Shared() {
 		// Sessions of edges whose lease expired come here from the store.
 		watch.Custodian = e.broker
-		e.member.ReportCustody(watch.AdoptedThrough)
 	}
+	e.member.ReportCustody(watch.AdoptedThrough)
 	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run, watch.Run} {
 		e.planeWG.Add(1)
 		go func() {

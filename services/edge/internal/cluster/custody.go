@@ -71,6 +71,15 @@ func (p *custodyProgress) start(epoch uint64) {
 	p.highest = max(p.highest, epoch)
 }
 
+// skip counts assignments this edge does not act on as done.
+func (p *custodyProgress) skip(ses []*coordinatorv1.SessionEpoch) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, se := range ses {
+		p.highest = max(p.highest, se.GetEpoch())
+	}
+}
+
 func (p *custodyProgress) done(epoch uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -171,7 +180,9 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 				w.ACL.ACLVersion(a.GetTenant(), a.GetVersion())
 			}
 		}
-		if snap := ev.GetSnapshot(); len(snap.GetCustody()) > 0 && w.Custodian != nil {
+		if snap := ev.GetSnapshot(); len(snap.GetCustody()) > 0 && w.Custodian == nil {
+			w.progress.skip(snap.GetCustody())
+		} else if len(snap.GetCustody()) > 0 {
 			// The custody assignments this edge may have missed (it watched
 			// from a coordinator that could not replay them): adopting a
 			// session held already is a no-op.
@@ -182,7 +193,11 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 				}
 			}
 		}
-		if c := ev.GetCustody(); c != nil && c.GetToEdgeId() == w.Self && w.Custodian != nil {
+		if c := ev.GetCustody(); c != nil && c.GetToEdgeId() == w.Self && w.Custodian == nil {
+			// Nothing to adopt here (no shared store): done on arrival, so
+			// that the dead edge's routes need not wait for this edge.
+			w.progress.skip(c.GetSessions())
+		} else if c != nil && c.GetToEdgeId() == w.Self {
 			w.Logger.Info("custody assigned", "from_edge", c.GetFromEdgeId(), "from_incarnation", c.GetFromIncarnation(),
 				"sessions", len(c.GetSessions()))
 			for _, se := range c.GetSessions() {

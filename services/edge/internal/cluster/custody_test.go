@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 )
 
 // flakyCustodian fails each session's first failures tries.
@@ -122,4 +123,8 @@ func TestCustodyProgress_DoneBelowTheLowestOpen(t *testing.T) {
 	require.Equal(t, uint64(12), p.through())
 	p.start(15)
 	require.Equal(t, uint64(14), p.through())
+	p.done(15)
+	// An edge that does not adopt (no shared store) is done on arrival.
+	p.skip([]*coordinatorv1.SessionEpoch{{Epoch: 20}, {Epoch: 18}})
+	require.Equal(t, uint64(20), p.through())
 }
