@@ -402,11 +402,14 @@ type Link struct {
 	confirmSent uint64 // highest confirmed on the current stream
 	// gone is set when the peer left the membership: what it took and held
 	// is re-dispatched, through again (nil: given up).
-	gone       atomic.Bool
-	again      func(m *commonv1.Message, group broker.GroupKey, notEdge string)
-	againMu    sync.Mutex
-	againQueue []*heldMsg // waiting to be re-dispatched, in order
-	againBusy  bool       // a goroutine works through againQueue
+	gone atomic.Bool
+	// streamAcked is set when the peer acknowledges a frame; the reconnect
+	// after the stream reads and clears it (reconnectWait).
+	streamAcked atomic.Bool
+	again       func(m *commonv1.Message, group broker.GroupKey, notEdge string)
+	againMu     sync.Mutex
+	againQueue  []*heldMsg // waiting to be re-dispatched, in order
+	againBusy   bool       // a goroutine works through againQueue
 
 	// For Status only: whether a stream is open and has carried a frame,
 	// and the credit window the peer last granted.
@@ -477,20 +480,33 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 // frames after every reconnect.
 func (l *Link) Run(ctx context.Context) error {
 	defer l.fail(ErrPeerGone)
-	backoff := 50 * time.Millisecond
+	var wait time.Duration
 	for ctx.Err() == nil {
 		err := l.stream(ctx)
 		if ctx.Err() != nil {
 			break
 		}
 		l.logger.Debug("forward stream ended; reconnecting", "peer", l.peer, "error", err)
+		wait = reconnectWait(wait, l.streamAcked.Swap(false))
 		select {
 		case <-ctx.Done():
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 	return nil
+}
+
+// reconnectWait is the wait before the next stream after one that ended,
+// given the wait before it: from 50 ms, doubling up to 2 s while streams
+// fail, and from 50 ms again after a stream the peer acknowledged frames
+// on. A peer that asks for a resend (a store failing over) ends streams
+// that work; each must not cost it more than the first did.
+func reconnectWait(last time.Duration, acked bool) time.Duration {
+	const first, most = 50 * time.Millisecond, 2 * time.Second
+	if acked || last == 0 {
+		return first
+	}
+	return min(2*last, most)
 }
 
 func (l *Link) stream(ctx context.Context) error {
@@ -534,6 +550,7 @@ func (l *Link) stream(ctx context.Context) error {
 			if resp.GetTakenSeq() > 0 {
 				l.credit.Store(resp.GetCreditBytes())
 				l.acked(resp.GetTakenSeq())
+				l.streamAcked.Store(true)
 			}
 			l.outcomes(resp.GetSharedOutcomes())
 			if resp.GetResend() {

@@ -374,3 +374,20 @@ func TestForward_NewLinkAfterPeerCameBack(t *testing.T) {
 	got := sub.Expect(packets.Publish)
 	require.Equal(t, "after", string(got.Payload), "delivered, not taken for a resend")
 }
+
+// Reconnects back off while streams fail, and start over after a stream
+// the peer acknowledged frames on.
+func TestReconnectWait(t *testing.T) {
+	var waits []time.Duration
+	w := time.Duration(0)
+	for _, acked := range []bool{false, false, false, true, false} {
+		w = reconnectWait(w, acked)
+		waits = append(waits, w)
+	}
+	require.Equal(t, []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond,
+		50 * time.Millisecond, 100 * time.Millisecond}, waits)
+	for range 10 {
+		w = reconnectWait(w, false)
+	}
+	require.Equal(t, 2*time.Second, w)
+}
