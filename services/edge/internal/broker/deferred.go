@@ -25,6 +25,7 @@ type deferredWait struct {
 	s   *session
 	p   *durable.Pending
 	m   *Message
+	seq uint64 // where the session queued m
 }
 
 // Message marks the writes collected from now on as the i-th message's.
@@ -34,9 +35,9 @@ func (d *Deferred) Message(i int) {
 	d.mu.Unlock()
 }
 
-func (d *Deferred) add(s *session, p *durable.Pending, m *Message) {
+func (d *Deferred) add(s *session, p *durable.Pending, m *Message, seq uint64) {
 	d.mu.Lock()
-	d.waits = append(d.waits, deferredWait{d.msg, s, p, m})
+	d.waits = append(d.waits, deferredWait{d.msg, s, p, m, seq})
 	d.mu.Unlock()
 }
 
@@ -49,9 +50,12 @@ func (d *Deferred) Wait(n int) []error {
 	d.mu.Unlock()
 	errs := make([]error, n)
 	for _, w := range waits {
-		if err := w.s.settle(w.p, w.m); err != nil && errs[w.msg] == nil {
-			w.s.b.m.dropped.WithLabelValues("store_failed").Inc()
-			errs[w.msg] = errStoreFailed
+		if err := w.s.settle(w.p, w.m); err != nil {
+			w.s.notStored(w.seq, w.m.ID)
+			if errs[w.msg] == nil {
+				w.s.b.m.dropped.WithLabelValues("store_failed").Inc()
+				errs[w.msg] = errStoreFailed
+			}
 		}
 	}
 	return errs

@@ -211,9 +211,9 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				}
 				result = droppedOverflow
 			}
-			p := s.pushLocked(d, size)
+			p, seq := s.pushLocked(d, size)
 			s.mu.Unlock()
-			if err := s.wait(p, d.msg); err != nil {
+			if err := s.waitQueued(p, d.msg, seq); err != nil {
 				return storeFailed
 			}
 			return result
@@ -233,14 +233,14 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				s.mu.Unlock()
 				return droppedOverflow
 			}
-			p := s.pushLocked(d, size)
+			p, seq := s.pushLocked(d, size)
 			start := !s.writing
 			s.writing = true
 			s.mu.Unlock()
 			if start {
 				s.b.startWriter(s)
 			}
-			if err := s.wait(p, d.msg); err != nil {
+			if err := s.waitQueued(p, d.msg, seq); err != nil {
 				return storeFailed
 			}
 			return enqueued
@@ -276,9 +276,8 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 }
 
 // pushLocked appends d to the queue and, for a durable session, submits its
-// stored copy in queue order. s.mu must be held.
-func (s *session) pushLocked(d delivery, size int) *durable.Pending {
-	var p *durable.Pending
+// stored copy in queue order, at position seq. s.mu must be held.
+func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint64) {
 	if s.durable && s.b.store != nil {
 		s.seq++
 		d.seq = s.seq
@@ -290,7 +289,32 @@ func (s *session) pushLocked(d delivery, size int) *durable.Pending {
 		s.queue.push(d)
 	}
 	s.queueBytes += size
-	return p
+	return p, d.seq
+}
+
+// notStored undoes what queuing message id at seq did when its stored copy
+// was not written: the message was not taken, and its sender sends it
+// again. A taken-over session's memory of queued msgIDs forgets it, and so
+// does its memory of QoS 2 deliveries, or the resend would be taken for a
+// copy queued already and acknowledged with nothing stored. The entry leaves the queue if the writer has not taken it
+// yet: sent, it would have no stored copy, which the store refuses, and the
+// client would be dropped for it.
+func (s *session) notStored(seq uint64, id MsgID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.recent; r != nil {
+		delete(r.ids, id)
+	}
+	if s.took != nil {
+		delete(s.took.ids, id) // its ring slot goes by itself
+	}
+	for i := range s.queue.len() {
+		if d := s.queue.at(i); d.seq == seq && d.msg.ID == id {
+			s.queueBytes -= d.msg.size()
+			s.queue.remove(i)
+			return
+		}
+	}
 }
 
 // queueRelayedLocked queues a relayed message ahead of the queued ones that
@@ -361,11 +385,25 @@ func (s *session) wait(p *durable.Pending, m *Message) error {
 	if p == nil {
 		return nil
 	}
-	if m != nil && m.deferred != nil {
-		m.deferred.add(s, p, m)
+	return s.settle(p, m)
+}
+
+// waitQueued waits until the store has p, the stored copy of m queued at
+// seq (or hands the wait to the caller collecting deferred writes); if it
+// was not written, the queuing is undone (notStored).
+func (s *session) waitQueued(p *durable.Pending, m *Message, seq uint64) error {
+	if p == nil {
 		return nil
 	}
-	return s.settle(p, m)
+	if m.deferred != nil {
+		m.deferred.add(s, p, m, seq)
+		return nil
+	}
+	if err := s.settle(p, m); err != nil {
+		s.notStored(seq, m.ID)
+		return err
+	}
+	return nil
 }
 
 // settle waits for a durable write of m's delivery, in a persist span.
@@ -652,6 +690,15 @@ func (r *ring) insert(i int, d delivery) {
 
 // at returns the i-th delivery from the head.
 func (r *ring) at(i int) *delivery { return &r.buf[(r.head+i)%len(r.buf)] }
+
+// remove takes out the i-th delivery, keeping the order of the others.
+func (r *ring) remove(i int) {
+	for j := i; j < r.size-1; j++ {
+		*r.at(j) = *r.at(j + 1)
+	}
+	*r.at(r.size - 1) = delivery{}
+	r.size--
+}
 
 func (r *ring) pop() delivery {
 	d := r.buf[r.head]
