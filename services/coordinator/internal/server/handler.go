@@ -331,15 +331,17 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 			return nil, s.toConnect(fmt.Errorf("%w: incarnation %d is %s; rejoin with a higher one", ErrLeaseInvalid, m.GetIncarnation(), rec.GetState()))
 		}
 	}
-	if c := m.GetCustody(); c != nil && t.routes != nil && role == raftpb.MemberRole_MEMBER_ROLE_EDGE {
-		t.routes.reported(m.GetMemberId(), m.GetIncarnation(), c.GetAdoptedThrough())
-	}
 	sameInc := rec != nil && rec.GetIncarnation() == m.GetIncarnation()
 	if sameInc {
 		// The incarnation is known: its lease must still be valid on this
 		// leader's clock, whatever the member asks for.
 		if _, ok := t.leases.Renew(m.GetMemberId(), m.GetIncarnation(), now); !ok {
 			return nil, s.toConnect(fmt.Errorf("%w: lease expired on the leader", ErrLeaseInvalid))
+		}
+		if c := m.GetCustody(); c != nil && t.routes != nil && role == raftpb.MemberRole_MEMBER_ROLE_EDGE {
+			// Only a live incarnation can have been given sessions; a new
+			// one reports on its next renewal.
+			t.routes.reported(m.GetMemberId(), m.GetIncarnation(), c.GetAdoptedThrough())
 		}
 		if rec.GetRole() == role && rec.GetAddress() == m.GetAddress() && rec.GetState() == state {
 			return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(t.leases.TTL()),
