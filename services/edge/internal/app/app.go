@@ -80,6 +80,7 @@ type Config struct {
 	APIAddr         string
 	AdvertiseAddr   string
 	ForwardTimeout  time.Duration
+	ForwardRetry    bool
 	ServerReference string
 	Broker          broker.Config
 	Tracing         tracing.Config
@@ -124,7 +125,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402): persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
-	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded, and routed again when an edge it went to left the cluster, counted from its ingress, before the publisher is closed unacknowledged")
+	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded (and, with cluster.forward-retry, routed again), counted from its ingress, before the publisher is closed unacknowledged")
+	fs.BoolVar(&c.ForwardRetry, "cluster.forward-retry", false, "route a QoS 1/2 publish again, within cluster.forward-timeout, when an edge it went to left the cluster before taking it, instead of closing the publisher (experimental: a rolling restart lost messages with it once)")
 	fs.StringVar(&c.ServerReference, "cluster.server-reference", "", "server reference sent to MQTT 5 clients when this edge drains (DISCONNECT 0x9C, use another server, instead of 0x8B), e.g. the address of the MQTT load balancer; a drain through the edge API may give another")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
@@ -289,7 +291,13 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	// A message routed here before a handover arrives at the latest when its
 	// publisher's edge stops waiting for it.
 	cfg.Broker.HandoverMemory = cfg.ForwardTimeout
-	cfg.Broker.ForwardBound = cfg.ForwardTimeout
+	if cfg.ForwardRetry {
+		// Off by default: a message routed again while a session moves
+		// between live edges can find the moment no edge routes it (a
+		// rolling restart lost 2 acknowledged messages so, in 1 of about
+		// ten runs). Closing the publisher loses nothing.
+		cfg.Broker.ForwardBound = cfg.ForwardTimeout
+	}
 	b, err := broker.New(cfg.Broker, authn, logger.With("component", "broker"), e.reg)
 	if err != nil {
 		return nil, err
