@@ -3,9 +3,13 @@ package testutil
 import (
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metric reads an unlabelled sample from the Prometheus text exposition
@@ -33,4 +37,30 @@ func Metric(t testing.TB, opsAddr, name string) float64 {
 	}
 	t.Fatalf("metrics of %s: no %s", opsAddr, name)
 	return 0
+}
+
+// CounterValue sums the samples of counter family name in g whose labels
+// include want (nil: every sample); 0 when there are none.
+func CounterValue(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather metrics: %v", err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	samples:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				if !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == k && l.GetValue() == v }) {
+					continue samples
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
 }

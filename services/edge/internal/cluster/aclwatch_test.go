@@ -19,36 +19,6 @@ import (
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
-// counterValue sums the samples of a counter family in reg whose labels
-// include want.
-func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == k && l.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
 // TestACLWatch_BumpAppliesToConnectedClients runs a real coordinator and an
 // edge broker following its cluster watch, with users in a password file
 // that keelctl edits. After keelctl narrows a user's ACL and bumps the
@@ -106,16 +76,16 @@ func TestACLWatch_BumpAppliesToConnectedClients(t *testing.T) {
 	require.Equal(t, byte(0), pub.Expect(packets.Puback).ReasonCode)
 	expectMsg("alerts/a", "before")
 
-	refreshed := counterValue(t, reg, "keel_edge_acl_refreshes_total", map[string]string{"outcome": "ok"})
+	refreshed := testutil.CounterValue(t, reg, "keel_edge_acl_refreshes_total", map[string]string{"outcome": "ok"})
 	out := ctl("users", "add", "--file", users, "--coordinator", coordURL, "--publish", "devices/%u/#", "--subscribe", "devices/%u/#", "acme", "alice")
 	require.Contains(t, out, "acl version of tenant acme is now")
 	testutil.Eventually(t, 10*time.Second, func() error {
-		if n := counterValue(t, reg, "keel_edge_acl_refreshes_total", map[string]string{"outcome": "ok"}); n <= refreshed {
+		if n := testutil.CounterValue(t, reg, "keel_edge_acl_refreshes_total", map[string]string{"outcome": "ok"}); n <= refreshed {
 			return fmt.Errorf("no acl refresh yet (%v)", n)
 		}
 		return nil
 	})
-	require.Equal(t, 1.0, counterValue(t, reg, "keel_edge_acl_revoked_subscriptions_total", nil), "alerts/# revoked, devices/alice/# kept")
+	require.Equal(t, 1.0, testutil.CounterValue(t, reg, "keel_edge_acl_revoked_subscriptions_total", nil), "alerts/# revoked, devices/alice/# kept")
 
 	// The cached decision for alerts/a went with the old rules.
 	pub.Publish(2, "alerts/a", 1, []byte("forbidden"))

@@ -45,19 +45,7 @@ func (s *switchRoutes) Route(context.Context, string, string) (Route, error) {
 // retries reads keel_edge_forward_retries_total{outcome}.
 func retries(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "keel_edge_forward_retries_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
+	return testutil.CounterValue(t, reg, "keel_edge_forward_retries_total", map[string]string{"outcome": outcome})
 }
 
 // pastSkew is a wait past the clock skew allowed between edges (2 s in the
