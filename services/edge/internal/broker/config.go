@@ -52,8 +52,9 @@ type Config struct {
 	HandoverMemory time.Duration `yaml:"-"`
 	// ForwardBound is how long, from its ingress, a QoS 1/2 publish that an
 	// edge left the cluster without taking is routed again before its
-	// publisher is closed unacknowledged (cluster.forward-timeout). Zero:
-	// it is not routed again; the publisher is closed at once.
+	// publisher is closed unacknowledged (cluster.forward-timeout, set only
+	// with cluster.forward-retry). Zero: it is not routed again; the
+	// publisher is closed at once.
 	ForwardBound time.Duration `yaml:"-"`
 }
 

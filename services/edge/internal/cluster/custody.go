@@ -3,8 +3,6 @@ package cluster
 import (
 	"context"
 	"log/slog"
-	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -91,10 +89,11 @@ func (p *custodyProgress) done(epoch uint64) {
 func (p *custodyProgress) through() uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.open) == 0 {
-		return p.highest
+	through := p.highest
+	for epoch := range p.open {
+		through = min(through, epoch-1)
 	}
-	return slices.Min(slices.Collect(maps.Keys(p.open))) - 1
+	return through
 }
 
 // Run watches until ctx ends, reconnecting after a broken stream and

@@ -727,11 +727,6 @@ func (l *Link) Status() LinkStatus {
 
 func (l *Link) isClosed() bool { return l.closed.Load() }
 
-// Wait waits for the channels returned by Send, up to the bound.
-func Wait(ctx context.Context, bound time.Duration, chans []<-chan error) error {
-	return WaitUntil(ctx, time.Now().Add(bound), bound, chans)
-}
-
 // WaitUntil waits for the channels returned by Send until deadline (bound
 // only names it in the error).
 func WaitUntil(ctx context.Context, deadline time.Time, bound time.Duration, chans []<-chan error) error {
