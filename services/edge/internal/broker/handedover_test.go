@@ -455,6 +455,21 @@ func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
 // edge of a test reads what the test stored in it.
 type sharedLocal struct{ *durable.Store }
 
+// brokerOnStore is a broker (not serving yet) whose durable state is a
+// new store on disk, as wrap presents it; both close when the test ends.
+func brokerOnStore(t *testing.T, wrap func(*durable.Store) DurableState) (*Broker, *durable.Store) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.EdgeID = "test"
+	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
+	require.NoError(t, b.Restore(wrap(st)))
+	return b, st
+}
+
 func (sharedLocal) Shared() bool { return true }
 
 // A takeover that fails after the previous owner gave the session up (here
@@ -464,17 +479,10 @@ func (sharedLocal) Shared() bool { return true }
 // what is published for it reaches no edge.
 func TestBroker_IncompleteTakeoverResumesFromTheStore(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig()
-	cfg.EdgeID = "test"
-	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
-	require.NoError(t, err)
-	require.NoError(t, b.Restore(sharedLocal{st}))
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
 	l := newTCP("127.0.0.1:0")
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())
-	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
 
 	id := b.mustScope(t, "default").ClientID("mover")
 	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}

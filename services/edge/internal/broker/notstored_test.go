@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
@@ -36,14 +34,7 @@ func (s *failingFirstEnqueue) Enqueue(id string, e durable.Entry) *durable.Pendi
 func TestSession_MessageNotStoredIsNotTaken(t *testing.T) {
 	t.Parallel()
 	for _, qos := range []byte{1, 2} {
-		cfg := DefaultConfig()
-		cfg.EdgeID = "test"
-		b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-		require.NoError(t, err)
-		st, err := durable.Open(t.TempDir(), testutil.Logger(t))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = st.Close() })
-		require.NoError(t, b.Restore(&failingFirstEnqueue{Store: st}))
+		b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return &failingFirstEnqueue{Store: st} })
 
 		sc := b.mustScope(t, "default")
 		s := newSession(b, sc.ClientID("offline"), sc)
