@@ -296,9 +296,10 @@ func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint
 // was not written: the message was not taken, and its sender sends it
 // again. A taken-over session's memory of queued msgIDs forgets it, and so
 // does its memory of QoS 2 deliveries, or the resend would be taken for a
-// copy queued already and acknowledged with nothing stored. The entry leaves the queue if the writer has not taken it
-// yet: sent, it would have no stored copy, which the store refuses, and the
-// client would be dropped for it.
+// copy queued already and acknowledged with nothing stored. The entry
+// leaves the queue if the writer has not taken it yet: sent, it would have
+// no stored copy, which the store refuses, and the client would be dropped
+// for it.
 func (s *session) notStored(seq uint64, id MsgID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -306,7 +307,9 @@ func (s *session) notStored(seq uint64, id MsgID) {
 		delete(r.ids, id)
 	}
 	if s.took != nil {
-		delete(s.took.ids, id) // its ring slot goes by itself
+		// Its ring slot stays until evicted; a resend remembered meanwhile
+		// is then forgotten that many deliveries early.
+		delete(s.took.ids, id)
 	}
 	for i := range s.queue.len() {
 		if d := s.queue.at(i); d.seq == seq && d.msg.ID == id {
