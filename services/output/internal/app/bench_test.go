@@ -102,7 +102,7 @@ tenants:
 		require.Zero(b, metric(b, reg, "keel_output_dropped_total", nil))
 	}
 	b.Run("path=output", func(b *testing.B) { output(b, 0) })
-	b.Run("path=output/rate=50000", func(b *testing.B) { output(b, 50000) })
+	b.Run("path=output,rate=50000", func(b *testing.B) { output(b, 50000) })
 
 	b.Run("path=direct", func(b *testing.B) {
 		addr := outputtest.StartKafka(b, 16, kafkaTopic)

@@ -4,12 +4,12 @@ import (
 	"context"
 	"sync"
 
-	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // entry is one buffered record.
 type entry struct {
-	rec  *pluginv1.Record
+	rec  wire.Record
 	size int64
 }
 
@@ -18,9 +18,13 @@ type entry struct {
 // commits it only once the sink took it, so a plugin crash or a reload in
 // between loses nothing: the batch is still at the head.
 type buffer struct {
-	mu       sync.Mutex
-	q        []entry // q[head:] are the records, oldest first
+	mu sync.Mutex
+	// q is a ring: the records are the n from q[head], oldest first. It
+	// grows by doubling when full and never shrinks, so a buffer that
+	// stays busy stops allocating.
+	q        []entry
 	head     int
+	n        int
 	bytes    int64
 	maxRecs  int
 	maxBytes int64
@@ -40,14 +44,18 @@ func (b *buffer) setLimits(maxRecs int, maxBytes int64) {
 }
 
 // push appends rec unless the buffer is full or closed.
-func (b *buffer) push(rec *pluginv1.Record) bool {
-	size := int64(len(rec.GetMessage().GetPayload())) + 64
+func (b *buffer) push(rec wire.Record) bool {
+	size := int64(rec.Payload) + 64
 	b.mu.Lock()
-	if b.closed || len(b.q)-b.head >= b.maxRecs || b.bytes+size > b.maxBytes {
+	if b.closed || b.n >= b.maxRecs || b.bytes+size > b.maxBytes {
 		b.mu.Unlock()
 		return false
 	}
-	b.q = append(b.q, entry{rec: rec, size: size})
+	if b.n == len(b.q) {
+		b.grow()
+	}
+	b.q[(b.head+b.n)&(len(b.q)-1)] = entry{rec: rec, size: size}
+	b.n++
 	b.bytes += size
 	b.mu.Unlock()
 	select {
@@ -56,6 +64,19 @@ func (b *buffer) push(rec *pluginv1.Record) bool {
 	}
 	return true
 }
+
+// grow doubles the ring (its length stays a power of two), keeping the
+// records in order from index 0.
+func (b *buffer) grow() {
+	q := make([]entry, max(64, 2*len(b.q)))
+	for i := range b.n {
+		q[i] = b.q[(b.head+i)&(len(b.q)-1)]
+	}
+	b.q, b.head = q, 0
+}
+
+// at returns the i-th record from the head.
+func (b *buffer) at(i int) *entry { return &b.q[(b.head+i)&(len(b.q)-1)] }
 
 // close refuses further pushes and wakes the consumer.
 func (b *buffer) close() {
@@ -72,12 +93,12 @@ func (b *buffer) close() {
 // and empty, or ctx ends) and returns up to max records and maxBytes from
 // the head (at least one record), without removing them. It returns nil when
 // there is nothing left to do.
-func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxBytes int64) []*pluginv1.Record {
+func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxBytes int64) wire.Records {
 	for {
 		b.mu.Lock()
 		n, size := 0, int64(0)
-		for n < max && b.head+n < len(b.q) {
-			s := b.q[b.head+n].size
+		for n < max && n < b.n {
+			s := b.at(n).size
 			if n > 0 && size+s > maxBytes {
 				break
 			}
@@ -85,9 +106,9 @@ func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxByt
 			n++
 		}
 		if n > 0 {
-			out := make([]*pluginv1.Record, n)
+			out := make(wire.Records, n)
 			for i := range n {
-				out[i] = b.q[b.head+i].rec
+				out[i] = b.at(i).rec
 			}
 			b.mu.Unlock()
 			return out
@@ -111,17 +132,16 @@ func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxByt
 func (b *buffer) commit(n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n = min(n, len(b.q)-b.head)
-	for i := b.head; i < b.head+n; i++ {
-		b.bytes -= b.q[i].size
-		b.q[i] = entry{}
+	n = min(n, b.n)
+	for i := range n {
+		e := b.at(i)
+		b.bytes -= e.size
+		*e = entry{}
 	}
-	b.head += n
-	if b.head == len(b.q) {
-		b.q, b.head = b.q[:0], 0
-	} else if b.head > 1024 && b.head > len(b.q)/2 {
-		b.q = append(b.q[:0], b.q[b.head:]...)
+	if b.n -= n; b.n == 0 {
 		b.head = 0
+	} else {
+		b.head = (b.head + n) & (len(b.q) - 1)
 	}
 }
 
@@ -129,7 +149,7 @@ func (b *buffer) commit(n int) {
 func (b *buffer) len() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.q) - b.head
+	return b.n
 }
 
 // capacity returns the record bound.
@@ -143,5 +163,5 @@ func (b *buffer) capacity() int {
 func (b *buffer) closedEmpty() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.closed && len(b.q) == b.head
+	return b.closed && b.n == 0
 }

@@ -11,10 +11,9 @@ import (
 	"sync/atomic"
 
 	"github.com/keelmq/keel/libs/logging"
-	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
-	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/services/output/internal/rules"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // snapshot is an immutable view of the running rules, read on every offer.
@@ -187,13 +186,13 @@ func (h *Host) drain(p *Pipeline, reason string) {
 	})
 }
 
-// Offer routes msg to the pipelines named in names or, when names is empty,
-// to those whose rules match its tenant and topic. It never blocks. It
-// returns how many pipelines matched and how many refused the record
-// (buffer full or unknown name), which are counted as drops.
-func (h *Host) Offer(msg *commonv1.Message, names []string) (matched, refused int) {
+// Offer routes rec, whose message is msg, to the pipelines named in names
+// or, when names is empty, to those whose rules match its tenant and topic.
+// It never blocks. It returns how many pipelines matched and how many
+// refused the record (buffer full or unknown name), which are counted as
+// drops.
+func (h *Host) Offer(rec wire.Record, msg wire.Message, names []string) (matched, refused int) {
 	snap := h.snap.Load()
-	rec := &pluginv1.Record{Message: msg}
 	if len(names) > 0 {
 		for _, n := range names {
 			matched++
@@ -204,7 +203,7 @@ func (h *Host) Offer(msg *commonv1.Message, names []string) (matched, refused in
 		}
 		return matched, refused
 	}
-	snap.set.Match(msg.GetTenant(), msg.GetTopic(), func(spec *rules.Pipeline) {
+	snap.set.Match(msg.Tenant, msg.Topic, func(spec *rules.Pipeline) {
 		matched++
 		if p := snap.pipes[spec.Name]; p == nil || !p.offer(rec) {
 			refused++
@@ -215,6 +214,9 @@ func (h *Host) Offer(msg *commonv1.Message, names []string) (matched, refused in
 	}
 	return matched, refused
 }
+
+// Invalid counts a record refused on receipt for reason.
+func (h *Host) Invalid(reason string) { h.metrics.Invalid.WithLabelValues(reason).Inc() }
 
 // Status describes every pipeline, sorted by name.
 func (h *Host) Status() []*outputv1.PipelineStatus {

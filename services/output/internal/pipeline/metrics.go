@@ -18,6 +18,7 @@ type Metrics struct {
 	Restarts   *prometheus.CounterVec
 	Buffered   *prometheus.GaugeVec
 	Unmatched  prometheus.Counter
+	Invalid    *prometheus.CounterVec
 	Reloads    *prometheus.CounterVec
 	PluginUp   *prometheus.GaugeVec
 	registerer prometheus.Registerer
@@ -51,6 +52,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Records waiting in a pipeline's buffer."}, []string{"rule"}),
 		Unmatched: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_output_unmatched_total",
 			Help: "Records received that matched no rule."}),
+		Invalid: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_output_invalid_records_total",
+			Help: "Records refused on receipt, by reason: malformed, no_message, bad_tenant, no_topic."}, []string{"reason"}),
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_output_rules_reloads_total",
 			Help: "Rules reloads, by result (ok, error)."}, []string{"result"}),
 		PluginUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "keel_output_plugin_up",
@@ -58,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.In, m.Out, m.Retries, m.Errors, m.Dropped, m.Filtered, m.Latency, m.WriteTime,
-			m.Restarts, m.Buffered, m.Unmatched, m.Reloads, m.PluginUp)
+			m.Restarts, m.Buffered, m.Unmatched, m.Invalid, m.Reloads, m.PluginUp)
 	}
 	return m
 }

@@ -33,6 +33,7 @@ import (
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/services/output/internal/pluginkit"
 	"github.com/keelmq/keel/services/output/internal/rules"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // Config tunes supervision. Zero fields take the defaults below.
@@ -83,8 +84,8 @@ type proc struct {
 	stage rules.Stage
 	kind  string
 	p     *pluginkit.Process
-	sink  pluginkit.Sink
-	tr    pluginkit.Transform
+	sink  pluginkit.HostSink
+	tr    pluginkit.HostTransform
 	// maxBatch is what a sink asked for in Configure.
 	maxBatch int
 	// pidv mirrors p's pid for readers outside the worker.
@@ -237,7 +238,7 @@ func newPipeline(spec *rules.Pipeline, rt *runtime, cfg Config, logger *slog.Log
 }
 
 // offer pushes rec without blocking; false means dropped (counted).
-func (p *Pipeline) offer(rec *pluginv1.Record) bool {
+func (p *Pipeline) offer(rec wire.Record) bool {
 	if p.buf.push(rec) {
 		p.pm.in.Inc()
 		p.pm.buffered.Inc()
@@ -332,8 +333,8 @@ func (p *Pipeline) run(ctx context.Context) {
 // deliver runs one batch through the transforms and the sink until the sink
 // took every record or refused it for good (true). It returns false when ctx
 // ends or a new runtime is pending; the batch then stays in the buffer.
-func (p *Pipeline) deliver(ctx context.Context, recs []*pluginv1.Record) bool {
-	var rem []*pluginv1.Record
+func (p *Pipeline) deliver(ctx context.Context, recs wire.Records) bool {
+	var rem wire.Records
 	transformed := false
 	delay := p.cfg.BackoffMin
 	for attempt := 0; ; attempt++ {
@@ -452,17 +453,17 @@ func pid(pr *proc) int {
 	return pr.p.Pid()
 }
 
-func (p *Pipeline) transform(ctx context.Context, recs []*pluginv1.Record) ([]*pluginv1.Record, error) {
+func (p *Pipeline) transform(ctx context.Context, recs wire.Records) (wire.Records, error) {
 	for _, pr := range p.rt.transforms {
 		cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout)
-		resp, err := pr.tr.Transform(cctx, &pluginv1.TransformServiceTransformRequest{Records: recs})
+		out, err := pr.tr.TransformRecords(cctx, recs)
 		cancel()
 		if err != nil {
 			p.pm.errTransform.Inc()
 			p.callFailed(ctx, pr, err)
 			return nil, err
 		}
-		recs = resp.GetRecords()
+		recs = out
 		if len(recs) == 0 {
 			break
 		}
@@ -471,13 +472,13 @@ func (p *Pipeline) transform(ctx context.Context, recs []*pluginv1.Record) ([]*p
 }
 
 // write sends recs to the sink and returns the records to retry.
-func (p *Pipeline) write(ctx context.Context, recs []*pluginv1.Record) ([]*pluginv1.Record, error) {
+func (p *Pipeline) write(ctx context.Context, recs wire.Records) (wire.Records, error) {
 	pr := p.rt.sink
 	cctx, cancel := context.WithTimeout(ctx, p.rt.spec.WriteTimeout)
 	// A sampled batch gets a span (the sampling ratio applies per batch).
 	cctx, span := tracer.StartRoot(cctx, "output.sink.write", trace.SpanKindClient, "")
 	start := time.Now()
-	resp, err := pr.sink.Write(cctx, &pluginv1.SinkServiceWriteRequest{Records: recs})
+	resp, err := pr.sink.WriteRecords(cctx, recs)
 	cancel()
 	p.pm.writeTime.Observe(time.Since(start).Seconds())
 	if span != nil {
@@ -505,7 +506,7 @@ func (p *Pipeline) write(ctx context.Context, recs []*pluginv1.Record) ([]*plugi
 	for _, f := range fails {
 		failed[f.GetIndex()] = f
 	}
-	var retry []*pluginv1.Record
+	var retry wire.Records
 	var rejected int
 	for i, r := range recs {
 		f, bad := failed[uint32(i)]
@@ -529,11 +530,11 @@ func (p *Pipeline) write(ctx context.Context, recs []*pluginv1.Record) ([]*plugi
 	return retry, nil
 }
 
-func (p *Pipeline) acked(recs []*pluginv1.Record, now int64) {
+func (p *Pipeline) acked(recs wire.Records, now int64) {
 	p.pm.out.Add(float64(len(recs)))
 	p.written.Add(uint64(len(recs)))
 	for _, r := range recs {
-		if t := r.GetMessage().GetIngressUnixNano(); t > 0 && now >= t {
+		if t := r.Ingress; t > 0 && now >= t {
 			p.pm.latency.Observe(float64(now-t) / 1e9)
 		}
 	}

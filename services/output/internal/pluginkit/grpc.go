@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc"
 
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // Full method names of keel.output.plugin.v1, as protoc-gen-go-grpc would
@@ -75,6 +76,13 @@ func (c *sinkClient) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRe
 	return out, c.cc.Invoke(ctx, methodSinkWrite, req, out)
 }
 
+// WriteRecords is Write with the records in wire form: the host sends them
+// as they came.
+func (c *sinkClient) WriteRecords(ctx context.Context, recs wire.Records) (*pluginv1.SinkServiceWriteResponse, error) {
+	out := new(pluginv1.SinkServiceWriteResponse)
+	return out, c.cc.Invoke(ctx, methodSinkWrite, &recs, out, grpc.ForceCodecV2(wire.GRPCCodec{}))
+}
+
 func (c *sinkClient) Close(ctx context.Context, req *pluginv1.SinkServiceCloseRequest) (*pluginv1.SinkServiceCloseResponse, error) {
 	out := new(pluginv1.SinkServiceCloseResponse)
 	return out, c.cc.Invoke(ctx, methodSinkClose, req, out)
@@ -91,4 +99,10 @@ func (c *transformClient) Configure(ctx context.Context, req *pluginv1.Transform
 func (c *transformClient) Transform(ctx context.Context, req *pluginv1.TransformServiceTransformRequest) (*pluginv1.TransformServiceTransformResponse, error) {
 	out := new(pluginv1.TransformServiceTransformResponse)
 	return out, c.cc.Invoke(ctx, methodTransTransform, req, out)
+}
+
+// TransformRecords is Transform with the records in wire form, both ways.
+func (c *transformClient) TransformRecords(ctx context.Context, recs wire.Records) (wire.Records, error) {
+	var out wire.Records
+	return out, c.cc.Invoke(ctx, methodTransTransform, &recs, &out, grpc.ForceCodecV2(wire.GRPCCodec{}))
 }

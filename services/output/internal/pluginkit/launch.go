@@ -77,10 +77,10 @@ func checkBinary(path string) error {
 }
 
 // Sink returns the dispensed sink client, or nil.
-func (p *Process) Sink() Sink { s, _ := p.raw.(Sink); return s }
+func (p *Process) Sink() HostSink { s, _ := p.raw.(HostSink); return s }
 
 // Transform returns the dispensed transform client, or nil.
-func (p *Process) Transform() Transform { t, _ := p.raw.(Transform); return t }
+func (p *Process) Transform() HostTransform { t, _ := p.raw.(HostTransform); return t }
 
 // Pid is the plugin's process ID.
 func (p *Process) Pid() int { return p.pid }

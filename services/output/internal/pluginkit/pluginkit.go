@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // Handshake is shared by the host and every plugin. A binary that is not a
@@ -49,6 +50,21 @@ type Sink interface {
 type Transform interface {
 	Configure(ctx context.Context, req *pluginv1.TransformServiceConfigureRequest) (*pluginv1.TransformServiceConfigureResponse, error)
 	Transform(ctx context.Context, req *pluginv1.TransformServiceTransformRequest) (*pluginv1.TransformServiceTransformResponse, error)
+}
+
+// HostSink is the host's client of a sink plugin.
+type HostSink interface {
+	Sink
+	// WriteRecords is Write with records in wire form.
+	WriteRecords(ctx context.Context, recs wire.Records) (*pluginv1.SinkServiceWriteResponse, error)
+}
+
+// HostTransform is the host's client of a transform plugin.
+type HostTransform interface {
+	Transform
+	// TransformRecords is Transform with records in wire form, both ways;
+	// the records returned are checked.
+	TransformRecords(ctx context.Context, recs wire.Records) (wire.Records, error)
 }
 
 // SinkPlugin is the go-plugin plugin type of a sink. Impl is set on the

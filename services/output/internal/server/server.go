@@ -6,11 +6,13 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -19,6 +21,7 @@ import (
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
 	"github.com/keelmq/keel/services/output/internal/pipeline"
+	"github.com/keelmq/keel/services/output/internal/wire"
 )
 
 // DefaultCreditBytes is the in-flight window granted to each edge stream.
@@ -38,16 +41,21 @@ func validTenant(s string) bool {
 	return true
 }
 
-// Handler implements outputv1connect.OutputServiceHandler.
+// invalidLogInterval bounds how often refused records are logged.
+const invalidLogInterval = 10 * time.Second
+
+// Handler serves keel.output.v1.OutputService. Its Publish reads each
+// batch with [wire.Codec], keeping the messages in wire form, so it is not
+// the generated handler interface.
 type Handler struct {
 	host     *pipeline.Host
 	memberID string
 	credit   uint64
 	logger   *slog.Logger
 	streams  atomic.Int32
+	// invalidLogged is when a refused record was last logged (Unix nanos).
+	invalidLogged atomic.Int64
 }
-
-var _ outputv1connect.OutputServiceHandler = (*Handler)(nil)
 
 // New returns the handler. credit is the window (payload bytes) each stream
 // may have unacknowledged; 0 means [DefaultCreditBytes].
@@ -60,7 +68,22 @@ func New(host *pipeline.Host, memberID string, credit uint64, logger *slog.Logge
 
 // Mount returns the path and handler to mount on a mux.
 func (h *Handler) Mount() (string, http.Handler) {
-	return outputv1connect.NewOutputServiceHandler(h, rpc.HandlerOptions()...)
+	opts := connect.WithHandlerOptions(rpc.HandlerOptions(connect.WithCodec(wire.Codec{}))...)
+	methods := outputv1.File_keel_output_v1_output_proto.Services().ByName("OutputService").Methods()
+	publish := connect.NewBidiStreamHandler(outputv1connect.OutputServicePublishProcedure, h.Publish,
+		connect.WithSchema(methods.ByName("Publish")), opts)
+	status := connect.NewUnaryHandler(outputv1connect.OutputServiceStatusProcedure, h.Status,
+		connect.WithSchema(methods.ByName("Status")), opts)
+	return "/" + outputv1connect.OutputServiceName + "/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case outputv1connect.OutputServicePublishProcedure:
+			publish.ServeHTTP(w, r)
+		case outputv1connect.OutputServiceStatusProcedure:
+			status.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
 }
 
 // Streams is the number of open Publish streams.
@@ -71,7 +94,7 @@ func (h *Handler) Streams() int { return int(h.streams.Load()) }
 // in the ack. Beside the acks it sends the rules' topic filters when the
 // stream opens and after every reload that changes them, so that the edge
 // leaves out the messages no rule matches.
-func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[outputv1.PublishRequest, outputv1.PublishResponse]) error {
+func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[wire.PublishBatch, outputv1.PublishResponse]) error {
 	h.streams.Add(1)
 	defer h.streams.Add(-1)
 	var sendMu sync.Mutex // acks and filter sets come from two goroutines
@@ -105,29 +128,58 @@ func (h *Handler) Publish(ctx context.Context, stream *connect.BidiStream[output
 			}
 			return err
 		}
-		if edge == "" && req.GetEdgeId() != "" {
-			edge = req.GetEdgeId()
-			h.logger.Info("edge connected", logging.KeyEdgeID, edge, "incarnation", req.GetIncarnation())
+		if edge == "" && req.EdgeID != "" {
+			edge = req.EdgeID
+			h.logger.Info("edge connected", logging.KeyEdgeID, edge, "incarnation", req.Incarnation)
 		}
 		var accepted, dropped uint32
-		for _, r := range req.GetRecords() {
-			m := r.GetMessage()
-			if m == nil || !validTenant(m.GetTenant()) || m.GetTopic() == "" {
+		for i := range req.Records {
+			r := &req.Records[i]
+			if reason, err := refusal(r); reason != "" {
 				dropped++
+				h.refused(edge, reason, err)
 				continue
 			}
-			if _, refused := h.host.Offer(m, r.GetPipelines()); refused > 0 {
+			if _, refused := h.host.Offer(r.Record, r.Message, r.Pipelines); refused > 0 {
 				dropped++
 			} else {
 				accepted++
 			}
 		}
 		if err := send(&outputv1.PublishResponse{
-			BatchId: req.GetBatchId(), Accepted: accepted, Dropped: dropped, CreditBytes: h.credit,
+			BatchId: req.BatchID, Accepted: accepted, Dropped: dropped, CreditBytes: h.credit,
 		}); err != nil {
 			return err
 		}
 	}
+}
+
+// refusal says why r cannot be taken (a metric label and the detail), or
+// "" if it can.
+func refusal(r *wire.Incoming) (string, error) {
+	switch {
+	case errors.Is(r.Err, wire.ErrNoMessage):
+		return "no_message", r.Err
+	case r.Err != nil:
+		return "malformed", r.Err
+	case !validTenant(r.Message.Tenant):
+		return "bad_tenant", fmt.Errorf("invalid tenant %q", r.Message.Tenant)
+	case r.Message.Topic == "":
+		return "no_topic", errors.New("empty topic")
+	}
+	return "", nil
+}
+
+// refused counts a refused record and logs it, at most once per
+// invalidLogInterval: a broken edge can send many.
+func (h *Handler) refused(edge, reason string, err error) {
+	h.host.Invalid(reason)
+	now := time.Now().UnixNano()
+	last := h.invalidLogged.Load()
+	if now-last < int64(invalidLogInterval) || !h.invalidLogged.CompareAndSwap(last, now) {
+		return
+	}
+	h.logger.Warn("record refused", logging.KeyEdgeID, edge, logging.KeyReason, reason, logging.Err(err))
 }
 
 // sendFilters sends every filter set that replaces sent, the one the
