@@ -187,3 +187,30 @@ func countOnline(info string) int {
 	}
 	return n
 }
+
+// CPU returns the CPU time (user + system) the group's servers have used,
+// as each reports it (INFO cpu): benchmarks divide the difference by the
+// records written to get Redis's cost per record, which the machine's
+// load moves less than throughput.
+func (g *Group) CPU() time.Duration {
+	var total time.Duration
+	for _, n := range append([]*Node{g.Primary}, g.Replicas...) {
+		c := redis.NewClient(&redis.Options{Addr: n.Addr})
+		info, err := c.Info(context.Background(), "cpu").Result()
+		_ = c.Close()
+		if err != nil {
+			n.t.Fatalf("INFO cpu on %s: %v", n.Addr, err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+				s, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					n.t.Fatalf("INFO cpu on %s: %s: %v", n.Addr, line, err)
+				}
+				total += time.Duration(s * float64(time.Second))
+			}
+		}
+	}
+	return total
+}

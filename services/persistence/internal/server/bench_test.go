@@ -48,7 +48,7 @@ func BenchmarkServer_Write(b *testing.B) {
 				per := b.N/(streams*batch) + 1
 				var wg sync.WaitGroup
 				errs := make(chan error, streams)
-				start := time.Now()
+				start, cpu0 := time.Now(), g.CPU()
 				for s := range streams {
 					wg.Add(1)
 					go func() {
@@ -89,6 +89,7 @@ func BenchmarkServer_Write(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.ReportMetric(float64(per*streams*batch)/time.Since(start).Seconds(), "records/s")
+				b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*streams*batch), "redis-cpu-us/record")
 			})
 		}
 	}

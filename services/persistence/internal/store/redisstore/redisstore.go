@@ -497,6 +497,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			if m == nil || m.ID == "" || m.ID != e.MsgID {
 				return nil, fmt.Errorf("%w: entry %d: message ID mismatch", store.ErrInvalid, i)
 			}
+			e.Seq = 0 // the script assigns it
 			eb, _ := json.Marshal(&e)
 			mb, _ := json.Marshal(m)
 			args = append(args, e.MsgID, eb, mb)

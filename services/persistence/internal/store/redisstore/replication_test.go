@@ -91,7 +91,7 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 			}
 			payload := make([]byte, 64)
 			b.ResetTimer()
-			start := time.Now()
+			start, cpu0 := time.Now(), g.CPU()
 			done := make(chan error, writers)
 			per := b.N/writers + 1
 			for w := range writers {
@@ -116,6 +116,7 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 				require.NoError(b, <-done)
 			}
 			b.ReportMetric(float64(per*writers)/time.Since(start).Seconds(), "records/s")
+			b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*writers), "redis-cpu-us/record")
 		})
 	}
 }

@@ -31,6 +31,17 @@ local function ref(id, data, ttl)
   end
   return true
 end
+-- store: a reference to message id whose body is data, stored with it if
+-- new. One write for a new message (two with expiry) instead of three.
+local function store(id, data, ttl)
+  local k = 'm:' .. id
+  if redis.call('EXISTS', k) == 1 then
+    redis.call('HINCRBY', k, 'n', 1)
+    return
+  end
+  redis.call('HSET', k, 'n', 1, 'd', data)
+  if ttl > 0 then redis.call('EXPIRE', k, ttl) end
+end
 local function unref(id)
   local k = 'm:' .. id
   if redis.call('HINCRBY', k, 'n', -1) <= 0 then redis.call('DEL', k) end
@@ -74,9 +85,19 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // segments, each a count n and n (msgID, entryJSON, msgJSON) triples: the
 // appends of one session that a commit merged into one call. Returns one
 // {added, dups, dropped, refused} per segment.
+//
+// The entry JSON comes without "s" and never empty ({"m":...}); its queue
+// position is spliced in as text rather than by decoding and encoding it,
+// and the session's sequence counter and queue length are read once and
+// written once per call: per record, Lua's JSON and the extra commands cost
+// as much as the record's own writes.
 const scriptAppend = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', ARGV[5]
+local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+local seq0 = seq
+local card = 0
+if maxLen > 0 then card = redis.call('ZCARD', KEYS[2]) end
 local results = {}
 local i = 6
 while i <= #ARGV do
@@ -90,28 +111,32 @@ while i <= #ARGV do
       dups = dups + 1
     else
       local ok = true
-      if maxLen > 0 and redis.call('ZCARD', KEYS[2]) >= maxLen then
+      if maxLen > 0 and card >= maxLen then
         if dropOldest then
           local old = redis.call('ZPOPMIN', KEYS[2])
-          if old[1] then redis.call('HDEL', KEYS[3], old[1]); unref(old[1]); dropped = dropped + 1 end
+          if old[1] then
+            redis.call('HDEL', KEYS[3], old[1]); unref(old[1])
+            dropped = dropped + 1
+            card = card - 1
+          end
         else
           refused = refused + 1
           ok = false
         end
       end
       if ok then
-        local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-        local e = cjson.decode(entry)
-        e.s = seq
+        seq = seq + 1
         redis.call('ZADD', KEYS[2], seq, id)
-        redis.call('HSET', KEYS[3], id, cjson.encode(e))
-        ref(id, msg, ttl)
+        redis.call('HSET', KEYS[3], id, '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, 2))
+        store(id, msg, ttl)
         added = added + 1
+        card = card + 1
       end
     end
   end
   table.insert(results, {added, dups, dropped, refused})
 end
+if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
 return results`
 
 // send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,

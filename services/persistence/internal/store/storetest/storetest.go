@@ -92,6 +92,23 @@ func testQueue(t *testing.T, s store.Store) {
 	require.Equal(t, []byte{2}, st.Messages[msg(2).ID].Payload)
 	require.NoError(t, s.Dequeue(ctx, key, f, []string{msg(1).ID}))
 	require.Equal(t, []string{msg(2).ID, msg(3).ID, msg(4).ID}, queueIDs(t, s))
+
+	// The store numbers queue positions itself, one per entry added, going
+	// on across calls; a caller's Seq is ignored and the entry's other
+	// fields are kept.
+	e := store.Entry{MsgID: msg(5).ID, QoS: 2, Retain: true, SubIDs: []int{7, 9}, Seq: 999}
+	res, err = s.Append(ctx, key, f, store.QueueLimits{}, []store.Entry{e, entry(6)}, []*store.Message{msg(5), msg(6)})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Added)
+	st, err = s.Load(ctx, key)
+	require.NoError(t, err)
+	var seqs []uint64
+	for _, q := range st.Queue {
+		seqs = append(seqs, q.Seq)
+	}
+	require.Equal(t, []uint64{2, 3, 4, 5, 6}, seqs)
+	e.Seq = 5
+	require.Equal(t, e, st.Queue[3])
 }
 
 func testBounds(t *testing.T, s store.Store) {
