@@ -42,9 +42,35 @@ local function store(id, data, ttl)
   redis.call('HSET', k, 'n', 1, 'd', data)
   if ttl > 0 then redis.call('EXPIRE', k, ttl) end
 end
+-- unref drops a reference to message id, and the message with its last.
+-- Replicas then apply one write: the DEL, or the decrement.
 local function unref(id)
   local k = 'm:' .. id
-  if redis.call('HINCRBY', k, 'n', -1) <= 0 then redis.call('DEL', k) end
+  if tonumber(redis.call('HGET', k, 'n') or '0') <= 1 then
+    redis.call('DEL', k)
+  else
+    redis.call('HINCRBY', k, 'n', -1)
+  end
+end
+-- Each redis.call costs about as much as the write it makes, so the
+-- scripts read and write a call's entries in few commands. unpack is
+-- bounded by Lua's C stack: chunks of 512 values.
+local chunk = 512
+-- each runs cmd on key with the values of list, a chunk at a time (list
+-- holds pairs for HSET and ZADD: chunks are even).
+local function each(cmd, key, list)
+  for i = 1, #list, chunk do
+    redis.call(cmd, key, unpack(list, i, math.min(i + chunk - 1, #list)))
+  end
+end
+-- hmget returns HMGET key list, false for a field not there.
+local function hmget(key, list)
+  local out = {}
+  for i = 1, #list, chunk do
+    local r = redis.call('HMGET', key, unpack(list, i, math.min(i + chunk - 1, #list)))
+    for j = 1, #r do out[#out + 1] = r[j] end
+  end
+  return out
 end
 `
 
@@ -87,10 +113,11 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // {added, dups, dropped, refused} per segment.
 //
 // The entry JSON comes without "s" and never empty ({"m":...}); its queue
-// position is spliced in as text rather than by decoding and encoding it,
-// and the session's sequence counter and queue length are read once and
-// written once per call: per record, Lua's JSON and the extra commands cost
-// as much as the record's own writes.
+// position is spliced in as text rather than by decoding and encoding it.
+// The session's sequence and queue length are read once and written once,
+// which entries are queued already is one HMGET, and the new entries go in
+// with one ZADD and one HSET (written before a ZPOPMIN, which must see
+// them): per record, Lua's calls cost as much as the record's own writes.
 const scriptAppend = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
@@ -98,8 +125,24 @@ local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local seq0 = seq
 local card = 0
 if maxLen > 0 then card = redis.call('ZCARD', KEYS[2]) end
-local results = {}
+local ids = {}
 local i = 6
+while i <= #ARGV do
+  local n = tonumber(ARGV[i])
+  for k = 0, n - 1 do ids[#ids + 1] = ARGV[i + 1 + 3 * k] end
+  i = i + 1 + 3 * n
+end
+local queued = hmget(KEYS[3], ids)
+local added_now, popped = {}, {}
+local zadd, hset = {}, {}
+local function flush()
+  each('ZADD', KEYS[2], zadd)
+  each('HSET', KEYS[3], hset)
+  zadd, hset = {}, {}
+end
+local results = {}
+local r = 0
+i = 6
 while i <= #ARGV do
   local n = tonumber(ARGV[i])
   i = i + 1
@@ -107,15 +150,18 @@ while i <= #ARGV do
   for _ = 1, n do
     local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
     i = i + 3
-    if redis.call('HEXISTS', KEYS[3], id) == 1 then
+    r = r + 1
+    if added_now[id] or (queued[r] and not popped[id]) then
       dups = dups + 1
     else
       local ok = true
       if maxLen > 0 and card >= maxLen then
         if dropOldest then
+          flush()
           local old = redis.call('ZPOPMIN', KEYS[2])
           if old[1] then
             redis.call('HDEL', KEYS[3], old[1]); unref(old[1])
+            added_now[old[1]], popped[old[1]] = nil, true
             dropped = dropped + 1
             card = card - 1
           end
@@ -126,9 +172,12 @@ while i <= #ARGV do
       end
       if ok then
         seq = seq + 1
-        redis.call('ZADD', KEYS[2], seq, id)
-        redis.call('HSET', KEYS[3], id, '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, 2))
+        zadd[#zadd + 1] = seq
+        zadd[#zadd + 1] = id
+        hset[#hset + 1] = id
+        hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, 2)
         store(id, msg, ttl)
+        added_now[id] = true
         added = added + 1
         card = card + 1
       end
@@ -136,36 +185,62 @@ while i <= #ARGV do
   end
   table.insert(results, {added, dups, dropped, refused})
 end
+flush()
 if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
 return results`
 
 // send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,
 // qos) quads. A queued entry moves with its reference; an entry that was
-// never queued must refer to a stored message.
+// never queued must refer to a stored message. A msgID twice in one call
+// takes the queue's reference once: the other copy is a new reference.
 const scriptSend = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+local n = (#ARGV - 2) / 4
+local ids = {}
+for j = 1, n do ids[j] = ARGV[4 * j - 1] end
+local queued = hmget(KEYS[3], ids)
 -- Refuse a delivery of a message stored nowhere before writing anything.
-for i = 3, #ARGV, 4 do
-  local id, qos = ARGV[i], ARGV[i+3]
-  if qos ~= '0' and redis.call('HEXISTS', KEYS[3], id) == 0 and redis.call('EXISTS', 'm:' .. id) == 0 then
-    return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
+for j = 1, n do
+  if ARGV[4 * j + 2] ~= '0' and not queued[j] and redis.call('EXISTS', 'm:' .. ids[j]) == 0 then
+    return redis.error_reply('NOMSG message ' .. ids[j] .. ' is not stored')
   end
 end
-for i = 3, #ARGV, 4 do
-  local id, pk, entry, qos = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3]
-  local queued = redis.call('HDEL', KEYS[3], id) == 1
-  if queued then redis.call('ZREM', KEYS[2], id) end
+local taken, dequeue, pks, sent, inf = {}, {}, {}, {}, {}
+for j = 1, n do
+  local id, pk, entry, qos = ids[j], ARGV[4 * j], ARGV[4 * j + 1], ARGV[4 * j + 2]
+  local fromQueue = queued[j] and not taken[id]
+  if fromQueue then
+    taken[id] = true
+    dequeue[#dequeue + 1] = id
+  end
   if qos == '0' then
-    if queued then unref(id) end
+    if fromQueue then unref(id) end
   else
-    if not queued and not ref(id, false, 0) then
+    if not fromQueue and not ref(id, false, 0) then
       return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
     end
-    local old = redis.call('HGET', KEYS[4], pk)
-    if old then unref(cjson.decode(old).m) end
-    redis.call('HSET', KEYS[4], pk, entry)
+    pks[#pks + 1] = pk
+    sent[#sent + 1] = id
+    inf[#inf + 1] = pk
+    inf[#inf + 1] = entry
   end
 end
+each('HDEL', KEYS[3], dequeue)
+each('ZREM', KEYS[2], dequeue)
+-- An entry replaced at its packet ID lets its reference go, after the new
+-- references were taken (the same message may be sent again); so does one
+-- this call wrote and then replaced.
+local old = hmget(KEYS[4], pks)
+local wrote = {}
+for j = 1, #pks do
+  if wrote[pks[j]] then
+    unref(wrote[pks[j]])
+  elseif old[j] then
+    unref(cjson.decode(old[j]).m)
+  end
+  wrote[pks[j]] = sent[j]
+end
+each('HSET', KEYS[4], inf)
 return 1`
 
 // pubrel: KEYS s inf; ARGV epoch gepoch packetID.
@@ -178,19 +253,23 @@ d.rel = true
 redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(d))
 return 1`
 
-// complete: KEYS s inf; ARGV epoch gepoch packetIDs...
+// complete: KEYS s inf; ARGV epoch gepoch packetIDs... Returns how many
+// were in flight.
 const scriptComplete = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local n = 0
-for i = 3, #ARGV do
-  local e = redis.call('HGET', KEYS[2], ARGV[i])
-  if e then
-    redis.call('HDEL', KEYS[2], ARGV[i])
-    unref(cjson.decode(e).m)
-    n = n + 1
+local pks = {}
+for i = 3, #ARGV do pks[#pks + 1] = ARGV[i] end
+local es = hmget(KEYS[2], pks)
+local done, gone = {}, {}
+for j = 1, #pks do
+  if es[j] and not gone[pks[j]] then
+    gone[pks[j]] = true
+    done[#done + 1] = pks[j]
+    unref(cjson.decode(es[j]).m)
   end
 end
-return n`
+each('HDEL', KEYS[2], done)
+return #done`
 
 // dequeue: KEYS s q qe; ARGV epoch gepoch msgIDs...
 const scriptDequeue = prelude + `

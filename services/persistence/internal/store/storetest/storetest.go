@@ -19,6 +19,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("queue", func(t *testing.T) { testQueue(t, newStore(t)) })
 	t.Run("bounds", func(t *testing.T) { testBounds(t, newStore(t)) })
 	t.Run("inflight", func(t *testing.T) { testInflight(t, newStore(t)) })
+	t.Run("references", func(t *testing.T) { testReferences(t, newStore(t)) })
 	t.Run("session_lifecycle", func(t *testing.T) { testSessionLifecycle(t, newStore(t)) })
 	t.Run("retained", func(t *testing.T) { testRetained(t, newStore(t)) })
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore(t)) })
@@ -123,6 +124,53 @@ func testBounds(t *testing.T, s store.Store) {
 	st, err := s.Load(ctx, key)
 	require.NoError(t, err)
 	require.Len(t, st.Messages, 3, "dropped messages are not kept")
+}
+
+// testReferences: a stored message lives while any queue or in-flight
+// entry refers to it, however the references come and go within one call.
+func testReferences(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, key, f))
+	sent := func(i int, pk uint16) store.Entry {
+		e := entry(i)
+		e.PacketID = pk
+		return e
+	}
+	stored := func() []string {
+		t.Helper()
+		st, err := s.Load(ctx, key)
+		require.NoError(t, err)
+		var ids []string
+		for id := range st.Messages {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		return ids
+	}
+	appendN(t, s, f, store.QueueLimits{}, 1, 2)
+	// Message 1 goes out twice (two subscriptions), message 2 once.
+	require.NoError(t, s.Send(ctx, key, f, []store.Entry{sent(1, 1), sent(1, 2), sent(2, 3)}))
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Empty(t, st.Queue)
+	require.Len(t, st.Inflight, 3)
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{1}))
+	require.Equal(t, []string{msg(1).ID, msg(2).ID}, stored(), "message 1 is still in flight at packet 2")
+	// Sent again at the same packet IDs (a resend), then packet 2 completed
+	// twice in one call: message 1's last reference goes once.
+	require.NoError(t, s.Send(ctx, key, f, []store.Entry{sent(1, 2), sent(2, 3)}))
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{2, 2}))
+	require.Equal(t, []string{msg(2).ID}, stored())
+	// A packet ID taken by another message releases the one it held, even
+	// twice within one call.
+	appendN(t, s, f, store.QueueLimits{}, 3, 4)
+	require.NoError(t, s.Send(ctx, key, f, []store.Entry{sent(3, 3), sent(4, 3)}))
+	st, err = s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, []store.Entry{sent(4, 3)}, st.Inflight)
+	require.Equal(t, []string{msg(4).ID}, stored())
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{3}))
+	require.Empty(t, stored())
 }
 
 func testInflight(t *testing.T, s store.Store) {
