@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,11 +23,12 @@ import (
 )
 
 // httpCollector is an HTTP endpoint for the http sink in batch mode that
-// counts the records it received by "tenant/topic".
+// keeps the records it received and counts them by "tenant/topic".
 type httpCollector struct {
-	url string
-	mu  sync.Mutex
-	got map[string]int
+	url     string
+	mu      sync.Mutex
+	got     map[string]int
+	records []httpsink.BatchRecord
 }
 
 func newHTTPCollector(t *testing.T) *httpCollector {
@@ -43,6 +45,7 @@ func newHTTPCollector(t *testing.T) *httpCollector {
 		for _, rec := range b.Records {
 			hc.got[rec.Tenant+"/"+rec.Topic]++
 		}
+		hc.records = append(hc.records, b.Records...)
 		hc.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	}))
@@ -55,6 +58,13 @@ func (hc *httpCollector) count(key string) int {
 	hc.mu.Lock()
 	defer hc.mu.Unlock()
 	return hc.got[key]
+}
+
+// received returns the records received so far.
+func (hc *httpCollector) received() []httpsink.BatchRecord {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return slices.Clone(hc.records)
 }
 
 func (hc *httpCollector) total() int {

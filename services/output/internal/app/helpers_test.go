@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -158,4 +159,12 @@ func metric(t testing.TB, g prometheus.Gatherer, name string, labels map[string]
 		}
 	}
 	return sum
+}
+
+// h2cClient is an HTTP client speaking HTTP/2 without TLS, as Connect
+// streams to the output service need.
+func h2cClient() *http.Client {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &p}}
 }

@@ -183,12 +183,7 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 	h := startOutput(t, httpRules(srv.URL, "30s", hmacSecret, buffer))
 
 	// A raw Publish stream, to time each batch's acknowledgement.
-	hc := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		return &p
-	}()}}
-	api := outputv1connect.NewOutputServiceClient(hc, h.url)
+	api := outputv1connect.NewOutputServiceClient(h2cClient(), h.url)
 	st := api.Publish(t.Context())
 	seq := uint64(0)
 	var dropped uint32

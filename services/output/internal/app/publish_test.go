@@ -1,13 +1,8 @@
 package app
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +16,6 @@ import (
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
-	"github.com/keelmq/keel/services/output/internal/sink/httpsink"
 )
 
 // encodedRequest is a PublishRequest already encoded, so that a test can
@@ -50,21 +44,7 @@ func TestOutput_Publish_MalformedRecordsRefusedAlone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
-	var mu sync.Mutex
-	var got []httpsink.BatchRecord
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var b httpsink.BatchBody
-		if err := json.Unmarshal(body, &b); err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		mu.Lock()
-		got = append(got, b.Records...)
-		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(srv.Close)
+	sink := newHTTPCollector(t)
 	h := startOutput(t, fmt.Sprintf(`
 tenants:
   acme:
@@ -74,7 +54,7 @@ tenants:
         sink:
           plugin: http
           config: {url: %q, batch: true, max_batch_records: 20, timeout: 2s}
-`, srv.URL))
+`, sink.url))
 
 	good := func(seq uint64) []byte {
 		b, err := proto.Marshal(outputtest.Message("acme", fmt.Sprintf("sensors/%d", seq), seq, []byte("ok")))
@@ -106,12 +86,7 @@ tenants:
 		record(good(6)),
 	)
 
-	hc := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
-		var p http.Protocols
-		p.SetUnencryptedHTTP2(true)
-		return &p
-	}()}}
-	api := connect.NewClient[encodedRequest, outputv1.PublishResponse](hc,
+	api := connect.NewClient[encodedRequest, outputv1.PublishResponse](h2cClient(),
 		h.url+outputv1connect.OutputServicePublishProcedure, connect.WithCodec(encodedCodec{}))
 	st := api.CallBidiStream(t.Context())
 	ack := func(req *encodedRequest, id uint64) *outputv1.PublishResponse {
@@ -139,18 +114,14 @@ tenants:
 		require.Equal(t, n, metric(t, reg, "keel_output_invalid_records_total", map[string]string{"reason": reason}), reason)
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(got) < 3 {
-			return fmt.Errorf("%d records at the sink", len(got))
+		if n := sink.total(); n < 3 {
+			return fmt.Errorf("%d records at the sink", n)
 		}
 		return nil
 	})
 	time.Sleep(200 * time.Millisecond) // nothing more arrives
-	mu.Lock()
-	defer mu.Unlock()
 	var ids []string
-	for _, r := range got {
+	for _, r := range sink.received() {
 		ids = append(ids, r.MsgID)
 		require.Equal(t, "acme", r.Tenant)
 		require.Equal(t, []byte("ok"), r.Payload)
