@@ -58,6 +58,11 @@ type Store struct {
 
 	// Observer, if set, hears about every commit (metrics); set before use.
 	Observer Observer
+
+	// failAfterWrite, set by tests before use, makes an op that applied
+	// fail as if it had failed after writing: no op of this store can, by
+	// construction, but the rollback must work if one ever does.
+	failAfterWrite func(*store.Op) error
 }
 
 // Observer hears about commits. Its method is that of the Redis store's
@@ -270,6 +275,9 @@ func (s *Store) commit(ops []slot) int {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for i, o := range ops {
 			r, err := apply(tx, o.op)
+			if err == nil && r.Err == nil && s.failAfterWrite != nil {
+				err = s.failAfterWrite(o.op)
+			}
 			if err != nil {
 				*o.res = store.OpResult{Err: err}
 				failed = i

@@ -186,10 +186,19 @@ func TestGroupCommit_ParallelCallers(t *testing.T) {
 	}
 }
 
+// failSendsAt9 fails every send to packet ID 9 after it wrote.
+func failSendsAt9(o *store.Op) error {
+	if o.Kind == store.OpSend && o.Entries[0].PacketID == 9 {
+		return fmt.Errorf("%w: failed after writing (test)", store.ErrInvalid)
+	}
+	return nil
+}
+
 // An op that fails, before or after writing part of itself, fails alone and
 // leaves nothing; the ops around it in the same batch are stored.
 func TestGroupCommit_FailedOpLeavesNothing(t *testing.T) {
 	s := open(t)
+	s.failAfterWrite = failSendsAt9
 	k := store.SessionKey{Tenant: "acme", ClientID: "dev-1"}
 	f := store.Fence{Epoch: 5}
 	bad := appendOp(k, 5, 9)
@@ -207,10 +216,9 @@ func TestGroupCommit_FailedOpLeavesNothing(t *testing.T) {
 			Entries:  []store.Entry{{MsgID: bmsg(5).ID, QoS: 1}, {MsgID: huge.ID, QoS: 1}},
 			Messages: []*store.Message{bmsg(5), huge}},
 		appendOp(k, 5, 8),
-		// Drops 8 from the queue, which releases it, then fails to send
-		// it: after writing, so the transaction is rolled back.
-		{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{
-			{MsgID: bmsg(8).ID, QoS: 0}, {MsgID: bmsg(8).ID, QoS: 1, PacketID: 9}}},
+		// Moves 8 from the queue to packet 9, then fails: after writing,
+		// so the transaction is rolled back.
+		{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: bmsg(8).ID, QoS: 1, PacketID: 9}}},
 		{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: bmsg(2).ID, QoS: 1, PacketID: 7}}},
 		{Kind: store.OpPutRetained, Tenant: "acme", Retained: &store.Message{ID: "r", Topic: "a", Payload: []byte("v"), Created: 1}},
 		{Kind: store.OpKind(99), Key: k},
@@ -263,6 +271,7 @@ func TestGroupCommit_FailedOpLeavesNothing(t *testing.T) {
 // applied again and again.
 func TestGroupCommit_ManyFailures(t *testing.T) {
 	s := open(t)
+	s.failAfterWrite = failSendsAt9
 	k := store.SessionKey{Tenant: "acme", ClientID: "dev-1"}
 	f := store.Fence{Epoch: 1}
 	require.NoError(t, s.Activate(ctx, k, f))
@@ -271,7 +280,7 @@ func TestGroupCommit_ManyFailures(t *testing.T) {
 		ops = append(ops, appendOp(k, 1, i))
 		if i%2 == 1 {
 			ops = append(ops, store.Op{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{
-				{MsgID: bmsg(i).ID, QoS: 0}, {MsgID: bmsg(i).ID, QoS: 1, PacketID: 9}}})
+				{MsgID: bmsg(i).ID, QoS: 1, PacketID: 9}}})
 		}
 	}
 	before := s.Stats()

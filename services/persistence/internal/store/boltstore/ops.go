@@ -353,8 +353,9 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		return refused(fail)
 	}
 	// Refuse a delivery of a message stored nowhere before writing. The
-	// loop below still fails (after writing) on one that an earlier entry
-	// of this op released.
+	// references that go (a QoS 0 copy leaving the queue, an entry replaced
+	// at its packet ID) go after every new one is taken, so the loop below
+	// finds every message this check found.
 	var qe *bolt.Bucket
 	if b != nil {
 		qe = b.Bucket(subNames[2])
@@ -369,6 +370,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	if err != nil {
 		return store.OpResult{}, err
 	}
+	var release []string
 	for _, e := range o.Entries {
 		queued := false
 		if v := ss.qe.Get([]byte(e.MsgID)); v != nil {
@@ -386,9 +388,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		}
 		if e.QoS == 0 {
 			if queued {
-				if err := unref(tx, e.MsgID); err != nil {
-					return store.OpResult{}, err
-				}
+				release = append(release, e.MsgID)
 			}
 			continue
 		}
@@ -404,11 +404,16 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		if old := ss.inf.Get(pk(e.PacketID)); old != nil {
 			var oe store.Entry
 			if json.Unmarshal(old, &oe) == nil {
-				_ = unref(tx, oe.MsgID)
+				release = append(release, oe.MsgID)
 			}
 		}
 		v, _ := json.Marshal(&e)
 		if err := ss.inf.Put(pk(e.PacketID), v); err != nil {
+			return store.OpResult{}, err
+		}
+	}
+	for _, id := range release {
+		if err := unref(tx, id); err != nil {
 			return store.OpResult{}, err
 		}
 	}

@@ -205,7 +205,9 @@ for j = 1, n do
     return redis.error_reply('NOMSG message ' .. ids[j] .. ' is not stored')
   end
 end
-local taken, dequeue, pks, sent, inf = {}, {}, {}, {}, {}
+-- References are taken before any goes: a message sent at QoS 0 and at
+-- QoS 1 in one call must outlive the first.
+local taken, dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}, {}
 for j = 1, n do
   local id, pk, entry, qos = ids[j], ARGV[4 * j], ARGV[4 * j + 1], ARGV[4 * j + 2]
   local fromQueue = queued[j] and not taken[id]
@@ -214,7 +216,7 @@ for j = 1, n do
     dequeue[#dequeue + 1] = id
   end
   if qos == '0' then
-    if fromQueue then unref(id) end
+    if fromQueue then drops[#drops + 1] = id end
   else
     if not fromQueue and not ref(id, false, 0) then
       return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
@@ -241,6 +243,7 @@ for j = 1, #pks do
   wrote[pks[j]] = sent[j]
 end
 each('HSET', KEYS[4], inf)
+for _, id in ipairs(drops) do unref(id) end
 return 1`
 
 // pubrel: KEYS s inf; ARGV epoch gepoch packetID.

@@ -171,6 +171,16 @@ func testReferences(t *testing.T, s store.Store) {
 	require.Equal(t, []string{msg(4).ID}, stored())
 	require.NoError(t, s.Complete(ctx, key, f, []uint16{3}))
 	require.Empty(t, stored())
+	// One call sends a queued message at QoS 0 and at QoS 1 (two
+	// subscriptions): the QoS 0 copy needs no reference, the other keeps
+	// the message.
+	appendN(t, s, f, store.QueueLimits{}, 5, 5)
+	atMostOnce := entry(5)
+	atMostOnce.QoS = 0
+	require.NoError(t, s.Send(ctx, key, f, []store.Entry{atMostOnce, sent(5, 4)}))
+	require.Equal(t, []string{msg(5).ID}, stored())
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{4}))
+	require.Empty(t, stored())
 }
 
 func testInflight(t *testing.T, s store.Store) {
