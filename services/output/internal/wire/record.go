@@ -102,15 +102,10 @@ func aliasString(v []byte) string {
 	return unsafe.String(&v[0], len(v))
 }
 
-// NewRecord checks msg, an encoded keel.common.v1.Message, and wraps a copy
-// of it as a Record. The copy is the record's only allocation; the returned
-// Message aliases it.
-func NewRecord(msg []byte) (Record, Message, error) {
-	return newRecord(msg, nil)
-}
-
-// newRecord is NewRecord copying into the free capacity of *slab when it
-// has room, so that the records of one batch share one allocation.
+// newRecord checks msg, an encoded keel.common.v1.Message, and wraps a copy
+// of it as a Record; the returned Message aliases the copy. The copy goes
+// into the free capacity of *slab (slab may be nil) when it has room, so
+// that the records of one batch share one allocation.
 func newRecord(msg []byte, slab *[]byte) (Record, Message, error) {
 	need := protowire.SizeTag(recordMessage) + protowire.SizeBytes(len(msg))
 	var enc []byte
@@ -129,9 +124,9 @@ func newRecord(msg []byte, slab *[]byte) (Record, Message, error) {
 	return Record{Enc: enc, Ingress: m.Ingress, Payload: m.Payload}, m, nil
 }
 
-// ParseRecord checks enc, an encoded Record, and returns it as a Record
+// parseRecord checks enc, an encoded Record, and returns it as a Record
 // that aliases enc.
-func ParseRecord(enc []byte) (Record, error) {
+func parseRecord(enc []byte) (Record, error) {
 	if err := Check(enc, recordDesc); err != nil {
 		return Record{}, err
 	}
@@ -183,7 +178,7 @@ func ParseRecords(b []byte) (Records, error) {
 		if f.num != recordMessage || f.typ != protowire.BytesType {
 			continue
 		}
-		r, err := ParseRecord(f.val)
+		r, err := parseRecord(f.val)
 		if err != nil {
 			return nil, err
 		}

@@ -41,39 +41,45 @@ func Check(b []byte, md protoreflect.MessageDescriptor) error {
 // than the check itself.
 type schema struct {
 	md     protoreflect.MessageDescriptor
-	fields []*protoreflect.FieldDescriptor // by number; nil: unknown
-	nested []*schema                       // by number, for message fields
+	fields []protoreflect.FieldDescriptor // by number; nil: unknown
+	nested []*schema                      // by number, for message fields
 }
 
-var schemas sync.Map // protoreflect.FullName → *schema
+var schemas sync.Map // protoreflect.FullName → *schema, each complete
 
-// schemaOf returns md's schema, built once.
+// schemaOf returns md's schema, built once. A schema is published only
+// complete: one seen half built would take every field for unknown.
 func schemaOf(md protoreflect.MessageDescriptor) *schema {
 	if s, ok := schemas.Load(md.FullName()); ok {
 		return s.(*schema)
 	}
-	s := &schema{md: md}
-	// Stored before its fields are filled, so that a recursive message
-	// finds itself; a concurrent caller may build its own copy meanwhile.
-	actual, loaded := schemas.LoadOrStore(md.FullName(), s)
-	if loaded {
-		return actual.(*schema)
+	s, _ := schemas.LoadOrStore(md.FullName(), buildSchema(md, map[protoreflect.FullName]*schema{}))
+	return s.(*schema)
+}
+
+// buildSchema builds md's schema and those of the messages it holds;
+// building maps what is under way, so that a recursive message refers to
+// itself.
+func buildSchema(md protoreflect.MessageDescriptor, building map[protoreflect.FullName]*schema) *schema {
+	if s := building[md.FullName()]; s != nil {
+		return s
 	}
+	s := &schema{md: md}
+	building[md.FullName()] = s
 	fds := md.Fields()
 	top := 0
 	for i := range fds.Len() {
 		top = max(top, int(fds.Get(i).Number()))
 	}
-	fields := make([]*protoreflect.FieldDescriptor, top+1)
-	nested := make([]*schema, top+1)
+	s.fields = make([]protoreflect.FieldDescriptor, top+1)
+	s.nested = make([]*schema, top+1)
 	for i := range fds.Len() {
 		fd := fds.Get(i)
-		fields[fd.Number()] = &fd
+		s.fields[fd.Number()] = fd
 		if fd.Kind() == protoreflect.MessageKind {
-			nested[fd.Number()] = schemaOf(fd.Message())
+			s.nested[fd.Number()] = buildSchema(fd.Message(), building)
 		}
 	}
-	s.fields, s.nested = fields, nested
 	return s
 }
 
@@ -93,7 +99,7 @@ func (s *schema) check(b []byte, m *Message) error {
 			// Unknown, or a scalar whose wire form nextField checked.
 			continue
 		}
-		fd := *s.fields[f.num]
+		fd := s.fields[f.num]
 		var err2 error
 		if sub := s.nested[f.num]; sub != nil {
 			err2 = sub.check(f.val, nil)
@@ -148,17 +154,17 @@ func nextField(b []byte) (field, []byte, error) {
 	return field{num: num, typ: typ, val: v}, b[n:], nil
 }
 
-// checkLen checks the content of a length-delimited field fd.
+// checkLen checks the content of a length-delimited field fd that is not a
+// message (those are checked by their schema).
 func checkLen(v []byte, fd protoreflect.FieldDescriptor) error {
 	switch k := fd.Kind(); k {
 	case protoreflect.StringKind:
 		if !utf8.Valid(v) {
 			return fmt.Errorf("%w: invalid UTF-8", ErrMalformed)
 		}
-	case protoreflect.MessageKind:
-		return schemaOf(fd.Message()).check(v, nil)
-	case protoreflect.BytesKind, protoreflect.GroupKind:
-		// Bytes are opaque; a group sent length-delimited is unknown.
+	case protoreflect.BytesKind, protoreflect.GroupKind, protoreflect.MessageKind:
+		// Bytes are opaque; a group sent length-delimited is unknown;
+		// messages are their schema's to check.
 	default:
 		if !fd.IsList() {
 			return nil // a scalar sent length-delimited: unknown

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -179,7 +180,7 @@ func TestPublishBatch_DoesNotAliasInput(t *testing.T) {
 func TestRecords_RoundTrip(t *testing.T) {
 	var rs Records
 	for i := range 3 {
-		r, _, err := NewRecord(marshal(t, sampleMessage(uint64(i+1))))
+		r, _, err := newRecord(marshal(t, sampleMessage(uint64(i+1))), nil)
 		require.NoError(t, err)
 		rs = append(rs, r)
 	}
@@ -213,4 +214,22 @@ func TestRecords_RoundTrip(t *testing.T) {
 	bad := withField(marshal(t, resp), recordMessage, withField(nil, recordMessage, withField(nil, messageTopic, []byte{0xff})))
 	_, err = ParseRecords(bad)
 	require.ErrorIs(t, err, ErrMalformed)
+}
+
+// TestCheck_FirstUseConcurrent: callers that meet a schema for the first
+// time together each see it whole, so each refuses a bad string (a schema
+// seen half built took every field for unknown).
+func TestCheck_FirstUseConcurrent(t *testing.T) {
+	md := (&pluginv1.RecordFailure{}).ProtoReflect().Descriptor() // used by no other test
+	bad := withField(nil, 3, []byte{0xff})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() { errs <- Check(bad, md) })
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.ErrorIs(t, err, ErrMalformed)
+	}
 }
