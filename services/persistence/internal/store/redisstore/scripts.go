@@ -19,28 +19,19 @@ local function fence(skey, epoch, gepoch)
   if tonumber(epoch) < cur then return redis.error_reply('FENCED epoch ' .. epoch .. ' < ' .. cur) end
   return false
 end
+-- ref takes a reference to message id. A message not stored yet is stored
+-- with body data (expiring after ttl seconds if ttl > 0), one write, when
+-- data is given, and refused (false) when it is not.
 local function ref(id, data, ttl)
-  local k = 'm:' .. id
-  if redis.call('HINCRBY', k, 'n', 1) == 1 then
-    if not data then
-      redis.call('DEL', k)
-      return false
-    end
-    redis.call('HSET', k, 'd', data)
-    if tonumber(ttl) > 0 then redis.call('EXPIRE', k, ttl) end
-  end
-  return true
-end
--- store: a reference to message id whose body is data, stored with it if
--- new. One write for a new message (two with expiry) instead of three.
-local function store(id, data, ttl)
   local k = 'm:' .. id
   if redis.call('EXISTS', k) == 1 then
     redis.call('HINCRBY', k, 'n', 1)
-    return
+    return true
   end
+  if not data then return false end
   redis.call('HSET', k, 'n', 1, 'd', data)
   if ttl > 0 then redis.call('EXPIRE', k, ttl) end
+  return true
 end
 -- unref drops a reference to message id, and the message with its last.
 -- Replicas then apply one write: the DEL, or the decrement.
@@ -176,7 +167,7 @@ while i <= #ARGV do
         zadd[#zadd + 1] = id
         hset[#hset + 1] = id
         hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, 2)
-        store(id, msg, ttl)
+        ref(id, msg, ttl)
         added_now[id] = true
         added = added + 1
         card = card + 1
