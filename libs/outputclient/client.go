@@ -35,6 +35,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/topic"
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
@@ -196,7 +197,7 @@ type Client struct {
 
 	matched, queued, acked, dropped atomic.Uint64
 	dropsSinceLog                   atomic.Uint64
-	lastDropLog                     atomic.Int64
+	dropLog                         logging.Every
 
 	mDropFull, mDropRefused prometheus.Counter
 	mSkipped                prometheus.CounterFunc
@@ -324,9 +325,7 @@ func (c *Client) drop(ctr prometheus.Counter, reason string, n uint64) {
 	ctr.Add(float64(n))
 	c.dropped.Add(n)
 	c.dropsSinceLog.Add(n)
-	now := time.Now().UnixNano()
-	last := c.lastDropLog.Load()
-	if now-last < int64(c.cfg.DropLogInterval) || !c.lastDropLog.CompareAndSwap(last, now) {
+	if !c.dropLog.Allow(c.cfg.DropLogInterval) {
 		return
 	}
 	c.logger.Warn("output messages dropped", "dropped", c.dropsSinceLog.Swap(0), "reason", reason,

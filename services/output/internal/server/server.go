@@ -48,13 +48,12 @@ const invalidLogInterval = 10 * time.Second
 // batch with [wire.Codec], keeping the messages in wire form, so it is not
 // the generated handler interface.
 type Handler struct {
-	host     *pipeline.Host
-	memberID string
-	credit   uint64
-	logger   *slog.Logger
-	streams  atomic.Int32
-	// invalidLogged is when a refused record was last logged (Unix nanos).
-	invalidLogged atomic.Int64
+	host       *pipeline.Host
+	memberID   string
+	credit     uint64
+	logger     *slog.Logger
+	streams    atomic.Int32
+	invalidLog logging.Every
 }
 
 // New returns the handler. credit is the window (payload bytes) each stream
@@ -174,9 +173,7 @@ func refusal(r *wire.Incoming) (string, error) {
 // invalidLogInterval: a broken edge can send many.
 func (h *Handler) refused(edge, reason string, err error) {
 	h.host.Invalid(reason)
-	now := time.Now().UnixNano()
-	last := h.invalidLogged.Load()
-	if now-last < int64(invalidLogInterval) || !h.invalidLogged.CompareAndSwap(last, now) {
+	if !h.invalidLog.Allow(invalidLogInterval) {
 		return
 	}
 	h.logger.Warn("record refused", logging.KeyEdgeID, edge, logging.KeyReason, reason, logging.Err(err))
