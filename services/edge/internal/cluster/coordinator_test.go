@@ -31,7 +31,7 @@ func startCoordinator(t *testing.T, ttl time.Duration, extra ...string) (string,
 	cmd := exec.Command(bin, "--api.addr", api, "--ops.addr", ops, "--raft.bind-addr", testutil.FreeAddr(t),
 		"--gossip.bind-addr", testutil.FreeAddr(t), "--raft.bootstrap-expect", "1", "--raft.node-id", "c1",
 		"--raft.data-dir", t.TempDir(), "--lease-ttl", ttl.String(), "--log.level", "warn")
-	cmd.Args = append(cmd.Args, extra...)
+	cmd.Args = withTestLogLevel(append(cmd.Args, extra...))
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())

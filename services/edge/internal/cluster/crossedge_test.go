@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,10 +41,19 @@ func startKillable(t *testing.T, name, bin, ops string, args ...string) (stop, k
 	return stop, kill
 }
 
+// withTestLogLevel appends --log.level $KEEL_TEST_LOG_LEVEL when it is set
+// (the last flag wins), so a failing run can be repeated with debug logs.
+func withTestLogLevel(args []string) []string {
+	if level := os.Getenv("KEEL_TEST_LOG_LEVEL"); level != "" {
+		return append(slices.Clip(args), "--log.level", level)
+	}
+	return args
+}
+
 // startProc is startKillable that also returns the process, for signals.
 func startProc(t *testing.T, name, bin, ops string, args ...string) (proc *os.Process, stop, kill func()) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, withTestLogLevel(args)...)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())

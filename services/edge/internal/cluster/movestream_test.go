@@ -48,7 +48,9 @@ func TestCluster_SessionMovesUnderStream(t *testing.T) {
 				mu.Lock()
 				got[string(pk.Payload)] = true
 				mu.Unlock()
-				cl.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+				if cl.Write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID}) != nil {
+					return // taken over: the next connection gets the message again
+				}
 			case packets.Disconnect:
 				return
 			}

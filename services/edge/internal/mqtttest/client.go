@@ -37,6 +37,12 @@ func Dial(t testing.TB, addr string, version byte) *Client {
 
 func (c *Client) Send(pk packets.Packet) {
 	c.t.Helper()
+	require.NoError(c.t, c.Write(pk))
+}
+
+// Write sends pk and returns the connection's error, for a reader that
+// expects its connection to be closed under it (a takeover).
+func (c *Client) Write(pk packets.Packet) error {
 	pk.ProtocolVersion = c.version
 	var buf bytes.Buffer
 	var err error
@@ -64,9 +70,11 @@ func (c *Client) Send(pk packets.Packet) {
 	default:
 		err = fmt.Errorf("test client cannot encode %d", pk.FixedHeader.Type)
 	}
-	require.NoError(c.t, err)
+	if err != nil {
+		return err
+	}
 	_, err = c.Conn.Write(buf.Bytes())
-	require.NoError(c.t, err)
+	return err
 }
 
 // read returns the next packet, or an error (io.EOF when closed).
