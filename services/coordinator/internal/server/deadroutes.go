@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
 )
 
@@ -45,8 +47,13 @@ type deadEdge struct {
 	inc       uint64
 	adopted   bool      // custody found no session of inc or older left to reassign
 	adoptedAt time.Time // when adopted was set
-	due       time.Time // earliest next RemoveEdge; set once adopted
-	attempts  int       // failed RemoveEdge calls
+	// index is the Raft index of the state custody found the edge dead
+	// and without sessions in: a claim with a later epoch sees the edge
+	// gone, and one at or before it is settled once its claimant reports
+	// claims settled through index ([claimReport]).
+	index    uint64
+	due      time.Time // earliest next RemoveEdge; set once adopted
+	attempts int       // failed RemoveEdge calls
 	// custodians holds, per custodian this term gave sessions of the edge
 	// to, the highest epoch it gave: the routes wait until each reported
 	// those sessions adopted ([deadRoutes.settled]).
@@ -97,11 +104,26 @@ type deadRoutes struct {
 	// progress is each edge incarnation's last reported custody progress
 	// (CustodyProgress.adopted_through); guarded by mu.
 	progress map[memberInc]uint64
+	// claims is each edge incarnation's last report of its own claims, from
+	// the edges that report them; guarded by mu.
+	claims map[memberInc]claimReport
+}
+
+// claimReport is what an edge last said of the sessions it claimed
+// (CustodyProgress.claims_settled_through and unfinished_from). A session
+// it claimed from an edge that then died, whose takeover failed, is held by
+// nobody until the claimant adopts it from the store: the dead edge's routes
+// are the only ones that reach it, so they stay until the claimant reported
+// every such claim settled.
+type claimReport struct {
+	through    uint64
+	unfinished []string
 }
 
 func newDeadRoutes(grace, adoptionWait, reportWithin time.Duration) *deadRoutes {
 	return &deadRoutes{grace: grace, adoptionWait: adoptionWait, reportWithin: reportWithin, wake: make(chan struct{}, 1),
-		pending: map[string]*deadEdge{}, removed: map[string]uint64{}, progress: map[memberInc]uint64{}}
+		pending: map[string]*deadEdge{}, removed: map[string]uint64{}, progress: map[memberInc]uint64{},
+		claims: map[memberInc]claimReport{}}
 }
 
 // settleRecheck is how often a removal whose custodians have not all
@@ -124,13 +146,16 @@ func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
 	p.custodians[k] = max(p.custodians[k], epoch)
 }
 
-// reported records an edge incarnation's custody progress from its lease
-// renewal.
-func (d *deadRoutes) reported(id string, inc, adoptedThrough uint64) {
+// reported records an edge incarnation's custody progress, and the state
+// of its own claims, from its lease renewal.
+func (d *deadRoutes) reported(id string, inc uint64, c *coordinatorv1.CustodyProgress) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k := memberInc{id, inc}
-	d.progress[k] = max(d.progress[k], adoptedThrough)
+	d.progress[k] = max(d.progress[k], c.GetAdoptedThrough())
+	if c.GetClaimsSettledThrough() > 0 {
+		d.claims[k] = claimReport{through: c.GetClaimsSettledThrough(), unfinished: c.GetUnfinishedFrom()}
+	}
 }
 
 // forget drops the progress of an incarnation whose lease is gone.
@@ -138,13 +163,17 @@ func (d *deadRoutes) forget(id string, inc uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.progress, memberInc{id, inc})
+	delete(d.claims, memberInc{id, inc})
 }
 
-// unsettledLocked lists the custodians of p that hold a live lease and have
-// not reported the sessions they were given adopted. A custodian that died
-// is not waited for: its own sessions, these among them, go to custody
-// again, and waiting would hold the dead edge's routes until the bound.
-func (d *deadRoutes) unsettledLocked(p *deadEdge, now time.Time, live func(id string, inc uint64) bool) []string {
+// unsettledLocked lists the live edges the removal of edge's routes (p)
+// waits for: custodians that have not reported the sessions they were
+// given adopted, and claimants that have not reported their claims settled
+// through p's index, or still list edge as the source of a failed
+// takeover. A custodian that died is not waited for: its own sessions,
+// these among them, go to custody again, and waiting would hold the dead
+// edge's routes until the bound.
+func (d *deadRoutes) unsettledLocked(edge string, p *deadEdge, now time.Time, live func(id string, inc uint64) bool) []string {
 	var out []string
 	for c, epoch := range p.custodians {
 		through, reports := d.progress[c]
@@ -152,6 +181,14 @@ func (d *deadRoutes) unsettledLocked(p *deadEdge, now time.Time, live func(id st
 			continue
 		}
 		if through < epoch && live(c.id, c.inc) {
+			out = append(out, c.id)
+		}
+	}
+	for c, r := range d.claims {
+		if c.id == edge || !live(c.id, c.inc) || slices.Contains(out, c.id) {
+			continue
+		}
+		if r.through < p.index || slices.Contains(r.unfinished, edge) {
 			out = append(out, c.id)
 		}
 	}
@@ -185,7 +222,7 @@ func (d *deadRoutes) add(edge string, inc uint64) {
 // first could leave a publish with no route for an adopted session. A
 // state older than the death the entry stands for says nothing about that
 // incarnation's sessions, so it leaves the entry waiting for a later scan.
-func (d *deadRoutes) adopted(rec *raftpb.MemberRecord, now time.Time) {
+func (d *deadRoutes) adopted(rec *raftpb.MemberRecord, now time.Time, index uint64) {
 	if rec == nil {
 		return
 	}
@@ -194,7 +231,7 @@ func (d *deadRoutes) adopted(rec *raftpb.MemberRecord, now time.Time) {
 	covered := p != nil && !p.adopted &&
 		(p.inc < rec.GetIncarnation() || p.inc == rec.GetIncarnation() && deadState(rec.GetState()))
 	if covered {
-		p.adopted, p.adoptedAt, p.due = true, now, now.Add(d.grace)
+		p.adopted, p.adoptedAt, p.due, p.index = true, now, now.Add(d.grace), index
 	}
 	d.mu.Unlock()
 	if covered {
@@ -226,7 +263,7 @@ func (d *deadRoutes) takeDue(now time.Time, live func(id string, inc uint64) boo
 			out = append(out, r)
 			continue
 		}
-		if r.unsettled = d.unsettledLocked(p, now, live); len(r.unsettled) > 0 {
+		if r.unsettled = d.unsettledLocked(id, p, now, live); len(r.unsettled) > 0 {
 			if bound := p.adoptedAt.Add(d.adoptionWait); now.Before(bound) {
 				p.due = minTime(now.Add(settleRecheck), bound)
 				continue
@@ -336,8 +373,8 @@ func (s *Server) removeEdgeRoutes(ctx context.Context, d *deadRoutes, e deadRout
 		// Publishes matching a session those custodians have not routed yet
 		// reach nobody until they do.
 		s.metrics.routeRemovals.WithLabelValues("unconfirmed").Inc()
-		s.logger.Warn("dead edge's routes removed from the router before every custodian reported its sessions adopted",
-			logging.KeyEdgeID, e.edge, "incarnation", e.inc, "custodians", e.unsettled, "adoption_wait", d.adoptionWait,
+		s.logger.Warn("dead edge's routes removed from the router before every custodian and claimant reported its sessions held",
+			logging.KeyEdgeID, e.edge, "incarnation", e.inc, "waited_for", e.unsettled, "adoption_wait", d.adoptionWait,
 			"routes_removed", resp.Msg.GetRoutesRemoved())
 		return
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 )
@@ -33,11 +34,11 @@ func TestDeadRoutes_GraceAfterAdoption(t *testing.T) {
 	require.False(t, ok)
 
 	// A scan of a state from before the death says nothing about inc 3.
-	d.adopted(edgeRec("edge-a", 3, alive), t0)
-	d.adopted(edgeRec("edge-a", 2, expired), t0)
+	d.adopted(edgeRec("edge-a", 3, alive), t0, 0)
+	d.adopted(edgeRec("edge-a", 2, expired), t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Hour), anyLive))
 
-	d.adopted(edgeRec("edge-a", 3, expired), t0)
+	d.adopted(edgeRec("edge-a", 3, expired), t0, 0)
 	select {
 	case <-d.wake:
 	default:
@@ -48,7 +49,7 @@ func TestDeadRoutes_GraceAfterAdoption(t *testing.T) {
 	require.Equal(t, t0.Add(grace), at)
 	require.Empty(t, d.takeDue(t0.Add(grace-time.Millisecond), anyLive))
 	// A later scan does not push the grace back.
-	d.adopted(edgeRec("edge-a", 3, expired), t0.Add(time.Second))
+	d.adopted(edgeRec("edge-a", 3, expired), t0.Add(time.Second), 0)
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(grace), anyLive))
 
 	d.done("edge-a", 3)
@@ -66,7 +67,7 @@ func TestDeadRoutes_Rejoin(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.adopted(edgeRec("edge-a", 4, alive), t0)
+	d.adopted(edgeRec("edge-a", 4, alive), t0, 0)
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(time.Second), anyLive))
 	d.done("edge-a", 3)
 	require.Zero(t, d.len())
@@ -79,14 +80,14 @@ func TestDeadRoutes_NewerDeathSupersedes(t *testing.T) {
 	t0 := time.Unix(1_000_000, 0)
 	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.adopted(edgeRec("edge-a", 3, expired), t0)
+	d.adopted(edgeRec("edge-a", 3, expired), t0, 0)
 	require.Len(t, d.takeDue(t0.Add(time.Second), anyLive), 1)
 
 	d.add("edge-a", 5) // inc 4 joined and left while the call for 3 was in flight
 	d.done("edge-a", 3)
 	require.Equal(t, 1, d.len())
 	require.Empty(t, d.takeDue(t0.Add(time.Hour), anyLive), "inc 5 is not adopted yet")
-	d.adopted(edgeRec("edge-a", 5, left), t0.Add(2*time.Second))
+	d.adopted(edgeRec("edge-a", 5, left), t0.Add(2*time.Second), 0)
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 5}}, d.takeDue(t0.Add(3*time.Second), anyLive))
 	// A failure of the older call is not charged to the newer entry.
 	require.Zero(t, d.failed("edge-a", 3, t0))
@@ -100,8 +101,8 @@ func TestDeadRoutes_Backoff(t *testing.T) {
 	d := newDeadRoutes(0, time.Minute, time.Hour)
 	d.add("edge-a", 1)
 	d.add("edge-b", 1)
-	d.adopted(edgeRec("edge-a", 1, expired), t0)
-	d.adopted(edgeRec("edge-b", 1, expired), t0)
+	d.adopted(edgeRec("edge-a", 1, expired), t0, 0)
+	d.adopted(edgeRec("edge-b", 1, expired), t0, 0)
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 1}, {edge: "edge-b", inc: 1}}, d.takeDue(t0, anyLive))
 
 	now := t0
@@ -138,9 +139,9 @@ func TestLeaderTerm_ObserveDeadEdges(t *testing.T) {
 	term.observe(13, []fsm.Event{member(edgeRec("gone", 4, left))})
 	require.Equal(t, map[string]uint64{"fresh": 11, "known": 12, "gone": 13}, term.dirty)
 	now := time.Unix(1_000_000, 0)
-	term.routes.adopted(edgeRec("fresh", 1, expired), now)
-	term.routes.adopted(edgeRec("known", 9, alive), now)
-	term.routes.adopted(edgeRec("gone", 4, left), now)
+	term.routes.adopted(edgeRec("fresh", 1, expired), now, 0)
+	term.routes.adopted(edgeRec("known", 9, alive), now, 0)
+	term.routes.adopted(edgeRec("gone", 4, left), now, 0)
 	require.Equal(t, []deadRoute{{edge: "fresh", inc: 1}, {edge: "gone", inc: 4}, {edge: "known", inc: 7}},
 		term.routes.takeDue(now.Add(time.Second), anyLive))
 
@@ -181,21 +182,21 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d.assigned("edge-a", "edge-b", 7, 100)
 	d.assigned("edge-a", "edge-c", 8, 101)
 	d.assigned("edge-a", "edge-b", 7, 104)
-	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "no custodian reported yet")
-	d.reported("edge-b", 7, 101)
-	d.reported("edge-c", 8, 101)
+	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 101})
+	d.reported("edge-c", 8, &coordinatorv1.CustodyProgress{AdoptedThrough: 101})
 	require.Empty(t, d.takeDue(t0.Add(2*time.Second), anyLive), "edge-b reported only the first of its two batches")
-	d.reported("edge-b", 6, 200) // an older incarnation says nothing of incarnation 7
+	d.reported("edge-b", 6, &coordinatorv1.CustodyProgress{AdoptedThrough: 200}) // an older incarnation says nothing of incarnation 7
 	require.Empty(t, d.takeDue(t0.Add(3*time.Second), anyLive))
-	d.reported("edge-b", 7, 104)
+	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 104})
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(4*time.Second), anyLive))
 
 	// A custodian whose lease is gone is not waited for.
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", "edge-b", 7, 100)
-	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive))
 	dead := func(id string, inc uint64) bool { return id != "edge-b" }
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(2*time.Second), dead))
@@ -204,7 +205,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", "edge-b", 7, 100)
-	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Minute-time.Millisecond), anyLive))
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3, unsettled: []string{"edge-b"}}}, d.takeDue(t0.Add(time.Minute), anyLive))
 
@@ -213,7 +214,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", "edge-b", 7, 100)
-	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(5*time.Second), anyLive))
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(10*time.Second), anyLive))
 
@@ -221,7 +222,54 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", "edge-b", 7, 100)
-	d.reported("edge-b", 7, 0)
-	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0)
+	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 0})
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(20*time.Second), anyLive))
+}
+
+// The routes of a dead edge also wait until every live edge that reports
+// its claims has reported them settled through the index custody found the
+// edge dead at, without naming it as the source of a failed takeover: a
+// session claimed from it whose takeover failed is held by nobody until
+// its claimant adopts it, and the dead edge's routes are the only ones
+// that reach it meanwhile. Edges that do not report claims, and claimants
+// whose lease is gone, are not waited for; the adoption wait bounds it.
+func TestDeadRoutes_WaitForClaimantsToSettle(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	dead := &raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}
+	claims := func(through uint64, unfinished ...string) *coordinatorv1.CustodyProgress {
+		return &coordinatorv1.CustodyProgress{ClaimsSettledThrough: through, UnfinishedFrom: unfinished}
+	}
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.reported("edge-b", 7, claims(90))
+	d.reported("edge-c", 8, claims(95, "edge-a"))
+	d.reported("edge-d", 9, &coordinatorv1.CustodyProgress{}) // reports no claims
+	d.reported("edge-a", 3, claims(10))                       // the dead edge itself
+	d.adopted(dead, t0, 100)
+	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "nobody reported past the death")
+	d.reported("edge-b", 7, claims(100))
+	require.Empty(t, d.takeDue(t0.Add(2*time.Second), anyLive), "edge-c has not")
+	d.reported("edge-c", 8, claims(120, "edge-a", "edge-x"))
+	require.Empty(t, d.takeDue(t0.Add(3*time.Second), anyLive), "edge-c still holds a failed takeover from edge-a")
+	d.reported("edge-c", 8, claims(130, "edge-x"))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(4*time.Second), anyLive))
+
+	// A claimant whose lease is gone is not waited for; the bound holds.
+	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.reported("edge-b", 7, claims(50))
+	d.reported("edge-c", 8, claims(50))
+	d.adopted(dead, t0, 100)
+	noB := func(id string, _ uint64) bool { return id != "edge-b" }
+	require.Empty(t, d.takeDue(t0.Add(time.Second), noB))
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3, unsettled: []string{"edge-c"}}}, d.takeDue(t0.Add(time.Minute), noB))
+
+	// A claimant's lease expiring forgets its report.
+	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.reported("edge-b", 7, claims(50, "edge-a"))
+	d.forget("edge-b", 7)
+	d.adopted(dead, t0, 100)
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(time.Second), anyLive))
 }

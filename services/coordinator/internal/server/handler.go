@@ -232,13 +232,34 @@ func (s *Server) grant(t *leaderTerm, c *raftpb.Claim, o *raftpb.ClaimOutcome) *
 		PreviousOwnerLeaseRemaining: durationpb.New(0),
 	}
 	if p := o.GetPrevious(); p != nil {
-		if m := s.fsm.State().Member(p.GetOwnerEdgeId()); m != nil && m.GetIncarnation() == p.GetOwnerIncarnation() &&
-			(m.GetState() == raftpb.MemberState_MEMBER_STATE_ALIVE || m.GetState() == raftpb.MemberState_MEMBER_STATE_DRAINING) {
+		// The state read here is at or after the claim's entry: an edge
+		// seen gone in it died before the claim, or at least before the
+		// claimant hears of it.
+		st := s.fsm.State()
+		if m := liveMember(st, p.GetOwnerEdgeId(), p.GetOwnerIncarnation()); m != nil {
 			g.PreviousOwnerAddress = m.GetAddress()
 		}
 		g.PreviousOwnerLeaseRemaining = durationpb.New(t.leases.Remaining(p.GetOwnerEdgeId(), p.GetOwnerIncarnation(), s.now()))
+		src, srcInc := p.GetOwnerEdgeId(), p.GetOwnerIncarnation()
+		if src == c.GetEdgeId() {
+			src, srcInc = p.GetTakenFromEdgeId(), p.GetTakenFromIncarnation()
+		}
+		g.SourceGone = src != "" && liveMember(st, src, srcInc) == nil
 	}
 	return g
+}
+
+// liveMember returns the member record of incarnation inc of id if that
+// incarnation is alive or draining in st, else nil.
+func liveMember(st *fsm.State, id string, inc uint64) *raftpb.MemberRecord {
+	m := st.Member(id)
+	if m == nil || m.GetIncarnation() != inc {
+		return nil
+	}
+	if m.GetState() != raftpb.MemberState_MEMBER_STATE_ALIVE && m.GetState() != raftpb.MemberState_MEMBER_STATE_DRAINING {
+		return nil
+	}
+	return m
 }
 
 // ReleaseSession implements the RPC.
@@ -341,11 +362,11 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 		if c := m.GetCustody(); c != nil && t.routes != nil && role == raftpb.MemberRole_MEMBER_ROLE_EDGE {
 			// Only a live incarnation can have been given sessions; a new
 			// one reports on its next renewal.
-			t.routes.reported(m.GetMemberId(), m.GetIncarnation(), c.GetAdoptedThrough())
+			t.routes.reported(m.GetMemberId(), m.GetIncarnation(), c)
 		}
 		if rec.GetRole() == role && rec.GetAddress() == m.GetAddress() && rec.GetState() == state {
 			return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(t.leases.TTL()),
-				State: m.GetState(), LeaderId: leaderID}), nil
+				State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index()}), nil
 		}
 	}
 	err = s.upsertMember(ctx, now, &raftpb.MemberRecord{
@@ -362,7 +383,7 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 	}
 	l := t.leases.Grant(lease.Lease{MemberID: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}, now)
 	return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(l.Expires.Sub(now)),
-		State: m.GetState(), LeaderId: leaderID}), nil
+		State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index()}), nil
 }
 
 // GetRedisPrimary implements the RPC (linearizable).

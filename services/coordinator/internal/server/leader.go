@@ -261,7 +261,7 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 			}
 			t.dirtyMu.Unlock()
 			if t.routes != nil {
-				t.routes.adopted(rec, now)
+				t.routes.adopted(rec, now, st.Index())
 			}
 			continue
 		}

@@ -237,6 +237,45 @@ func TestServer_Claims(t *testing.T) {
 	}
 }
 
+// TestServer_ClaimSourceGone: a grant says when the edge the session
+// would be taken over from is no longer a live member, so the claimant
+// resumes it from the store instead of calling an edge that fenced itself:
+// the previous owner, or, when the claimant owned the session already (its
+// takeover failed), the edge it took the session from. A renewal tells
+// the member the applied index, which every later claim's epoch exceeds.
+func TestServer_ClaimSourceGone(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	ts.renew(t, "e1", 1)
+	ts.renew(t, "e2", 1)
+	r := ts.renew(t, "e3", 1)
+	require.NotZero(t, r.GetAppliedIndex())
+
+	_, err := ts.claim(t.Context(), "e1", "c1", "r1")
+	require.NoError(t, err)
+	g, err := ts.claim(t.Context(), "e2", "c1", "r2")
+	require.NoError(t, err)
+	require.Greater(t, g.GetEpoch(), r.GetAppliedIndex())
+	require.False(t, g.GetSourceGone(), "e1 is alive")
+
+	_, err = ts.s.RenewLease(t.Context(), connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: "e1",
+		Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: 1, Address: "http://e1", State: coordinatorv1.MemberState_MEMBER_STATE_LEFT}))
+	require.NoError(t, err)
+	g, err = ts.claim(t.Context(), "e2", "c1", "r3")
+	require.NoError(t, err)
+	require.Equal(t, "e2", g.GetPrevious().GetOwnerEdgeId())
+	require.Equal(t, "e1", g.GetPrevious().GetTakenFromEdgeId())
+	require.True(t, g.GetSourceGone(), "e2 owned it already; it was taken from e1, which left")
+
+	g, err = ts.claim(t.Context(), "e3", "c1", "r4")
+	require.NoError(t, err)
+	require.False(t, g.GetSourceGone(), "e2 is alive")
+	require.Equal(t, "http://e2", g.GetPreviousOwnerAddress())
+
+	g, err = ts.claim(t.Context(), "e3", "new", "r5")
+	require.NoError(t, err)
+	require.False(t, g.GetSourceGone(), "nothing to take over")
+}
+
 // TestServer_NoLeader: a node that knows no leader refuses writes with
 // Unavailable and a NotLeaderDetail, and is not ready.
 func TestServer_NoLeader(t *testing.T) {

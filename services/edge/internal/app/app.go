@@ -453,6 +453,10 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	if e.store != nil && e.store.Shared() {
 		// Sessions of edges whose lease expired come here from the store.
 		watch.Custodian = e.broker
+		// A session claimed from an edge that then died, whose takeover
+		// failed, is adopted from the store: the coordinator keeps that
+		// edge's routes until it is.
+		e.member.ReportClaims(e.broker)
 	}
 	e.member.ReportCustody(watch.AdoptedThrough)
 	for _, run := range []func(context.Context) error{rc.Run, e.peers.Run, e.forwarder.Run, watch.Run} {

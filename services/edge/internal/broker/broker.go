@@ -62,6 +62,8 @@ type Broker struct {
 	// claim names this edge as the previous owner, but the session is still
 	// there (guarded by sessMu).
 	unfinished map[string]unfinishedTakeover
+	// claims follows the claims in flight, for the coordinator.
+	claimMarks claimLedger
 	// handed remembers the subscriptions of sessions handed over to other
 	// edges while messages routed here before may still arrive.
 	handed *handedOver

@@ -86,6 +86,11 @@ type Grant struct {
 	// (the answer to its earlier claim was lost, so its takeover never
 	// ran), the session is still on TakenFrom.
 	TakenFrom string
+	// SourceGone says the edge the session would be taken over from
+	// (Previous, or TakenFrom when Previous is this edge) was no longer a
+	// live member when the claim was made: it fenced itself, and the
+	// session is resumed from the store.
+	SourceGone bool
 }
 
 // ConditionalOwnership is an Ownership that can claim a session only while

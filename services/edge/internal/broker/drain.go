@@ -213,6 +213,7 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	}
 	// Only while the draining edge owns it: a client that came back
 	// elsewhere meanwhile keeps its connection and its session there.
+	defer b.claimMarks.end(b.claimMarks.begin())
 	var g Grant
 	if co, ok := b.cluster.Ownership.(ConditionalOwnership); ok {
 		g, err = co.ClaimFrom(ctx, tenant, clientID, fromEdge)
@@ -227,6 +228,7 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	if err != nil {
 		return false, err
 	}
+	b.claimMarks.observe(epoch)
 	if previous == "" || previous == b.cfg.EdgeID {
 		// Nothing to take: the session ended, or it is here already. A
 		// claim with no session behind it is given back.
@@ -236,7 +238,10 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		return false, nil
 	}
 	b.logger.Debug("session claimed for custody", "client_id", sc.ClientID(clientID), "from", fromEdge, "epoch", epoch, "previous", previous)
-	moved, err := b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
+	moved := false
+	if !g.SourceGone {
+		moved, err = b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
+	}
 	if errors.Is(err, errNewerCopy) {
 		// Its client came back here meanwhile, under a newer claim.
 		return true, nil
@@ -245,6 +250,9 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		return true, nil
 	}
 	if err != nil {
+		// The session is owned here and still held there: it is adopted
+		// from the store once that edge is gone (PreviousOwnerGone).
+		b.setUnfinished(sc.ClientID(clientID), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: clientID})
 		return false, err
 	}
 	if b.store != nil && b.store.Shared() {

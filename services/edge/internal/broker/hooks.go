@@ -151,9 +151,15 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			b.dropGuard(sc.ClientID(external), c.guard) // refused
 		}
 	}()
+	// Settled when this hook returns: the session is held here, or the
+	// connection refused (a failed takeover listed as unfinished).
+	defer b.claimMarks.end(b.claimMarks.begin())
 	grant, err := b.cluster.Ownership.Claim(claimCtx, id.Tenant, external)
 	epoch, previous := grant.Epoch, grant.Previous
 	finishSpan(claimSpan, err)
+	if err == nil {
+		b.claimMarks.observe(epoch)
+	}
 	if errors.Is(err, ErrClaimSuperseded) {
 		cancel()
 		b.logger.Info("session claimed again elsewhere while connecting; refused", "tenant", id.Tenant, "error", err)
@@ -182,7 +188,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			previous = grant.TakenFrom
 		}
 	}
-	if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
+	if previous != "" && previous != b.cfg.EdgeID && grant.SourceGone && (previous == grant.Previous || previous == grant.TakenFrom) {
+		// Its lease expired or it left: it fenced itself and closed its
+		// connections, and what it stored is read from the store below.
+		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
+		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
+	} else if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)

@@ -47,6 +47,16 @@ type Member struct {
 	validUntil  time.Time
 	interval    time.Duration
 	custody     func() uint64 // nil: custody progress is not reported
+	claims      ClaimReporter // nil: claims are not reported
+}
+
+// ClaimReporter is what the lease renewals say of the edge's own claims
+// (the broker): the coordinator keeps a dead edge's routes until every
+// session claimed from it is held by its claimant, and tells the reporter
+// the Raft index it has applied, which every later claim's epoch exceeds.
+type ClaimReporter interface {
+	ClaimsSettled() (through uint64, unfinishedFrom []string)
+	ObserveIndex(index uint64)
 }
 
 // ReportCustody makes every lease renewal carry the edge's custody progress
@@ -57,6 +67,14 @@ func (m *Member) ReportCustody(through func() uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.custody = through
+}
+
+// ReportClaims makes every lease renewal carry the state of the edge's own
+// claims, and hands the coordinator's applied index back to r.
+func (m *Member) ReportClaims(r ClaimReporter) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.claims = r
 }
 
 // NewClient returns a coordinator client for baseURL (h2c, gRPC protocol).
@@ -108,14 +126,23 @@ func (m *Member) renew(ctx context.Context, inc uint64) error {
 		Address: m.Address, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE,
 	}
 	m.mu.Lock()
-	custody := m.custody
+	custody, claims := m.custody, m.claims
 	m.mu.Unlock()
+	if custody != nil || claims != nil {
+		req.Custody = &coordinatorv1.CustodyProgress{}
+	}
 	if custody != nil {
-		req.Custody = &coordinatorv1.CustodyProgress{AdoptedThrough: custody()}
+		req.Custody.AdoptedThrough = custody()
+	}
+	if claims != nil {
+		req.Custody.ClaimsSettledThrough, req.Custody.UnfinishedFrom = claims.ClaimsSettled()
 	}
 	resp, err := m.Client.RenewLease(cctx, connect.NewRequest(req))
 	if err != nil {
 		return err
+	}
+	if claims != nil {
+		claims.ObserveIndex(resp.Msg.GetAppliedIndex())
 	}
 	ttl := resp.Msg.GetRemainingTtl().AsDuration()
 	if ttl <= 0 {
@@ -282,7 +309,7 @@ func (o *Ownership) send(batch []*claim) {
 			r := resp.Msg.GetResults()[i]
 			if g := r.GetGrant(); g != nil {
 				c.done <- claimResult{grant: broker.Grant{Epoch: g.GetEpoch(), Previous: g.GetPrevious().GetOwnerEdgeId(),
-					TakenFrom: g.GetPrevious().GetTakenFromEdgeId()}}
+					TakenFrom: g.GetPrevious().GetTakenFromEdgeId(), SourceGone: g.GetSourceGone()}}
 			} else if code := r.GetError().GetCode(); code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrOwnerChanged, r.GetError().GetMessage())}
 			} else if code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED {

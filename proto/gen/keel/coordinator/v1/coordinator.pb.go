@@ -782,8 +782,15 @@ type SessionGrant struct {
 	// owner does not answer TakeoverBegin, the new owner activates only after this has
 	// passed (plus its safety margin).
 	PreviousOwnerLeaseRemaining *durationpb.Duration `protobuf:"bytes,5,opt,name=previous_owner_lease_remaining,json=previousOwnerLeaseRemaining,proto3" json:"previous_owner_lease_remaining,omitempty"`
-	unknownFields               protoimpl.UnknownFields
-	sizeCache                   protoimpl.SizeCache
+	// source_gone is set when the edge the session would be taken over from is
+	// not a live member in the state after the claim (its lease expired, or it
+	// left): it has fenced itself, so there is nothing to take over and the
+	// session is resumed from the store. That edge is the previous owner, or the
+	// previous owner's taken_from_edge_id when the claimant owned the session
+	// already.
+	SourceGone    bool `protobuf:"varint,6,opt,name=source_gone,json=sourceGone,proto3" json:"source_gone,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SessionGrant) Reset() {
@@ -849,6 +856,13 @@ func (x *SessionGrant) GetPreviousOwnerLeaseRemaining() *durationpb.Duration {
 		return x.PreviousOwnerLeaseRemaining
 	}
 	return nil
+}
+
+func (x *SessionGrant) GetSourceGone() bool {
+	if x != nil {
+		return x.SourceGone
+	}
+	return false
 }
 
 // ClaimSessionsRequest claims many sessions for one edge.
@@ -2576,6 +2590,19 @@ type CustodyProgress struct {
 	// assignment this edge received with an epoch at or below it is done: the
 	// session adopted with its routes registered, or found to have moved on.
 	AdoptedThrough uint64 `protobuf:"varint,1,opt,name=adopted_through,json=adoptedThrough,proto3" json:"adopted_through,omitempty"`
+	// claims_settled_through is the highest Raft index such that every session
+	// claim this edge made with an epoch at or below it has settled: the session
+	// is held here, the claim was refused or superseded, or its takeover failed and
+	// the edge it was to come from is listed in unfinished_from. The leader
+	// removes a dead edge's routes only once every live edge that reports this has
+	// reported an index at or past the edge's death, without the edge in
+	// unfinished_from: a session claimed from it that nobody holds yet would
+	// otherwise lose what is published for it. 0: not reported.
+	ClaimsSettledThrough uint64 `protobuf:"varint,2,opt,name=claims_settled_through,json=claimsSettledThrough,proto3" json:"claims_settled_through,omitempty"`
+	// unfinished_from lists the edges this edge claimed sessions from whose
+	// takeover failed (they did not answer), and which it does not hold yet: it
+	// adopts them from the shared store once those edges are gone.
+	UnfinishedFrom []string `protobuf:"bytes,3,rep,name=unfinished_from,json=unfinishedFrom,proto3" json:"unfinished_from,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -2617,6 +2644,20 @@ func (x *CustodyProgress) GetAdoptedThrough() uint64 {
 	return 0
 }
 
+func (x *CustodyProgress) GetClaimsSettledThrough() uint64 {
+	if x != nil {
+		return x.ClaimsSettledThrough
+	}
+	return 0
+}
+
+func (x *CustodyProgress) GetUnfinishedFrom() []string {
+	if x != nil {
+		return x.UnfinishedFrom
+	}
+	return nil
+}
+
 // RenewLeaseResponse grants the lease.
 type RenewLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2626,7 +2667,10 @@ type RenewLeaseResponse struct {
 	// state of the member after this call.
 	State MemberState `protobuf:"varint,2,opt,name=state,proto3,enum=keel.coordinator.v1.MemberState" json:"state,omitempty"`
 	// leader_id of the leader that granted the lease.
-	LeaderId      string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	LeaderId string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// applied_index is the leader's last applied Raft index when it handled the
+	// request: a claim the caller sends after reading it gets a greater epoch.
+	AppliedIndex  uint64 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2680,6 +2724,13 @@ func (x *RenewLeaseResponse) GetLeaderId() string {
 		return x.LeaderId
 	}
 	return ""
+}
+
+func (x *RenewLeaseResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
 }
 
 // GetRedisPrimaryRequest reads one group record.
@@ -3519,13 +3570,15 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\aedge_id\x18\x03 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"O\n" +
 	"\x14ClaimSessionResponse\x127\n" +
-	"\x05grant\x18\x01 \x01(\v2!.keel.coordinator.v1.SessionGrantR\x05grant\"\xb0\x02\n" +
+	"\x05grant\x18\x01 \x01(\v2!.keel.coordinator.v1.SessionGrantR\x05grant\"\xd1\x02\n" +
 	"\fSessionGrant\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12>\n" +
 	"\bprevious\x18\x03 \x01(\v2\".keel.coordinator.v1.SessionRecordR\bprevious\x124\n" +
 	"\x16previous_owner_address\x18\x04 \x01(\tR\x14previousOwnerAddress\x12^\n" +
-	"\x1eprevious_owner_lease_remaining\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x1bpreviousOwnerLeaseRemaining\"\x8c\x01\n" +
+	"\x1eprevious_owner_lease_remaining\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x1bpreviousOwnerLeaseRemaining\x12\x1f\n" +
+	"\vsource_gone\x18\x06 \x01(\bR\n" +
+	"sourceGone\"\x8c\x01\n" +
 	"\x14ClaimSessionsRequest\x12\x17\n" +
 	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x129\n" +
@@ -3646,13 +3699,16 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x126\n" +
 	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12>\n" +
-	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\":\n" +
+	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\"\x99\x01\n" +
 	"\x0fCustodyProgress\x12'\n" +
-	"\x0fadopted_through\x18\x01 \x01(\x04R\x0eadoptedThrough\"\xa9\x01\n" +
+	"\x0fadopted_through\x18\x01 \x01(\x04R\x0eadoptedThrough\x124\n" +
+	"\x16claims_settled_through\x18\x02 \x01(\x04R\x14claimsSettledThrough\x12'\n" +
+	"\x0funfinished_from\x18\x03 \x03(\tR\x0eunfinishedFrom\"\xce\x01\n" +
 	"\x12RenewLeaseResponse\x12>\n" +
 	"\rremaining_ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\fremainingTtl\x126\n" +
 	"\x05state\x18\x02 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12\x1b\n" +
-	"\tleader_id\x18\x03 \x01(\tR\bleaderId\"3\n" +
+	"\tleader_id\x18\x03 \x01(\tR\bleaderId\x12#\n" +
+	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\"3\n" +
 	"\x16GetRedisPrimaryRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\rR\agroupId\"V\n" +
 	"\x17GetRedisPrimaryResponse\x12;\n" +
