@@ -576,6 +576,16 @@ func (s *session) writeLoop() {
 		now := time.Now()
 		for s.queue.len() > 0 && len(batch) < writeBatch {
 			d := s.queue.peek()
+			if d.msg == nil {
+				// An entry with no message (seen once, under a Redis
+				// failover, cause not found): it has nothing to deliver,
+				// and sending it would take the whole edge down.
+				s.queue.pop()
+				s.b.m.dropped.WithLabelValues("empty_queue_entry").Inc()
+				s.b.logger.Error("entry without a message in a session's queue; dropped", "client_id", s.id,
+					"queued", s.queue.len(), "seq", d.seq)
+				continue
+			}
 			if d.qos > 0 && s.inflight >= s.window {
 				break
 			}
