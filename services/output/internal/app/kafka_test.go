@@ -9,12 +9,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
@@ -255,4 +258,80 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 		metric(t, h.out.Registry(), "keel_output_plugin_restarts_total", nil))
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_dropped_total", nil))
 	_ = strings.TrimSpace
+}
+
+// TestOutput_Kafka_OrderWhileProducesFail: the sink takes two batches at
+// once, and Kafka refuses runs of produce requests (more than the sink's
+// attempts, so the host retries): every message arrives, and per MQTT
+// topic the first copies come in publish order, since no batch is written
+// ahead of one still to be retried.
+func TestOutput_Kafka_OrderWhileProducesFail(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	cl := outputtest.StartKafkaCluster(t, 4, kafkaTopic)
+	var produces, refused atomic.Int64
+	cl.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		cl.KeepControl()
+		if produces.Add(1)%16 >= 4 {
+			return nil, nil, false
+		}
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, tp := range req.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = tp.Topic
+			for _, p := range tp.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.NotEnoughReplicas.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+	addr := cl.ListenAddrs()[0]
+	h := startOutput(t, kafkaRules(addr, ""))
+	c, _ := newClient(t, h, func(c *client.Config) { c.QueueRecords = 100000 })
+	waitFilters(t, c, h)
+
+	const n = 3000
+	topicOf := func(i int) string { return fmt.Sprintf("sensors/%d", i%7) }
+	for i := range n {
+		require.True(t, c.OfferMessage(outputtest.Message("acme", topicOf(i), uint64(i+1), fmt.Appendf(nil, "m%d", i))))
+		if i%50 == 0 {
+			time.Sleep(2 * time.Millisecond) // many batches, so that two are in flight
+		}
+	}
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if w := h.out.Host().Status()[0].GetWrittenRecords(); w < n {
+			return fmt.Errorf("written %d of %d", w, n)
+		}
+		return nil
+	})
+	require.Positive(t, metric(t, h.out.Registry(), "keel_output_retries_total", nil), "the host retried batches")
+
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 10*time.Second)
+	seen := map[uint64]bool{}
+	last := map[string]uint64{}
+	for _, km := range msgs {
+		var seq uint64
+		_, err := fmt.Sscanf(string(km.Value), "m%d", &seq)
+		require.NoError(t, err)
+		seq++
+		if seen[seq] {
+			continue // a copy sent again
+		}
+		seen[seq] = true
+		tp := topicOf(int(seq - 1))
+		require.Greater(t, seq, last[tp], "order of %s", tp)
+		last[tp] = seq
+	}
+	require.Len(t, seen, n, "every message arrived")
+	t.Logf("%d produce requests refused; %d records in Kafka for %d messages; %v host retries", refused.Load(), len(msgs), n,
+		metric(t, h.out.Registry(), "keel_output_retries_total", nil))
+	require.Zero(t, metric(t, h.out.Registry(), "keel_output_dropped_total", nil))
 }

@@ -61,10 +61,17 @@ func PluginDir(t testing.TB) string {
 // seeded (partitions each) and returns its address.
 func StartKafka(t testing.TB, partitions int32, topics ...string) string {
 	t.Helper()
+	return StartKafkaCluster(t, partitions, topics...).ListenAddrs()[0]
+}
+
+// StartKafkaCluster is StartKafka returning the cluster, for tests that
+// control its answers.
+func StartKafkaCluster(t testing.TB, partitions int32, topics ...string) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...), kfake.AllowAutoTopicCreation())
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()[0]
+	return c
 }
 
 // ReadKafka reads every partition of topic from the start until want

@@ -96,20 +96,7 @@ func (b *buffer) close() {
 func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxBytes int64) wire.Records {
 	for {
 		b.mu.Lock()
-		n, size := 0, int64(0)
-		for n < max && n < b.n {
-			s := b.at(n).size
-			if n > 0 && size+s > maxBytes {
-				break
-			}
-			size += s
-			n++
-		}
-		if n > 0 {
-			out := make(wire.Records, n)
-			for i := range n {
-				out[i] = b.at(i).rec
-			}
+		if out := b.peekLocked(0, max, maxBytes); out != nil {
 			b.mu.Unlock()
 			return out
 		}
@@ -126,6 +113,34 @@ func (b *buffer) peek(ctx context.Context, wake <-chan struct{}, max int, maxByt
 		case <-b.notify:
 		}
 	}
+}
+
+// peekFrom is peek of the records after the skip oldest, without waiting:
+// nil when there are none.
+func (b *buffer) peekFrom(skip, max int, maxBytes int64) wire.Records {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.peekLocked(skip, max, maxBytes)
+}
+
+func (b *buffer) peekLocked(skip, max int, maxBytes int64) wire.Records {
+	n, size := 0, int64(0)
+	for n < max && skip+n < b.n {
+		s := b.at(skip + n).size
+		if n > 0 && size+s > maxBytes {
+			break
+		}
+		size += s
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make(wire.Records, n)
+	for i := range n {
+		out[i] = b.at(skip + i).rec
+	}
+	return out
 }
 
 // commit removes the n oldest records.

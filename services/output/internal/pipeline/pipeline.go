@@ -86,8 +86,9 @@ type proc struct {
 	p     *pluginkit.Process
 	sink  pluginkit.HostSink
 	tr    pluginkit.HostTransform
-	// maxBatch is what a sink asked for in Configure.
-	maxBatch int
+	// maxBatch and inFlight are what a sink asked for in Configure
+	// (max_batch_records, max_writes_in_flight).
+	maxBatch, inFlight int
 	// pidv mirrors p's pid for readers outside the worker.
 	pidv atomic.Int64
 	// failed is set when the process was killed after a fault, so that the
@@ -122,6 +123,15 @@ func (rt *runtime) batchSize() int {
 	return max(n, 1)
 }
 
+// maxWritesInFlight caps what a sink may ask for: two overlap the next
+// batch's encoding, transfer and decoding with a write; more only queue.
+const maxWritesInFlight = 4
+
+// writesInFlight is how many sink writes the worker keeps going at once.
+func (rt *runtime) writesInFlight() int {
+	return max(1, min(rt.sink.inFlight, maxWritesInFlight))
+}
+
 // launch starts and configures pr. On error nothing is left running.
 func (pr *proc) launch(ctx context.Context, pipeline string, cfg *Config, logger *slog.Logger) error {
 	p, err := pluginkit.Launch(pr.stage.Path, pr.kind, cfg.StartTimeout, logger.With("plugin", pr.stage.Plugin))
@@ -138,7 +148,7 @@ func (pr *proc) launch(ctx context.Context, pipeline string, cfg *Config, logger
 			p.Kill(true)
 			return fmt.Errorf("%w: configure %s: %s", ErrPluginConfig, pr.stage.Plugin, status.Convert(err).Message())
 		}
-		pr.sink, pr.maxBatch = s, int(resp.GetMaxBatchRecords())
+		pr.sink, pr.maxBatch, pr.inFlight = s, int(resp.GetMaxBatchRecords()), int(resp.GetMaxWritesInFlight())
 	default:
 		t := p.Transform()
 		if _, err := t.Configure(cctx, &pluginv1.TransformServiceConfigureRequest{Pipeline: pipeline, ConfigJson: pr.stage.Config}); err != nil {
@@ -215,11 +225,16 @@ type Pipeline struct {
 	dropped atomic.Uint64
 	restart atomic.Uint64
 
-	rt      *runtime                // owned by the worker goroutine
-	rtp     atomic.Pointer[runtime] // rt, for readers outside the worker
-	cancel  context.CancelFunc
-	done    chan struct{}
-	removal string // drop reason for what is left when the worker ends
+	rt  *runtime                // owned by the worker goroutine
+	rtp atomic.Pointer[runtime] // rt, for readers outside the worker
+	// seq numbers the writes sent to seqProc, the sink process, and
+	// runLast is the last of them in the current run of writes sent
+	// behind one another (0: none). Owned by the worker.
+	seq, runLast uint64
+	seqProc      *pluginkit.Process
+	cancel       context.CancelFunc
+	done         chan struct{}
+	removal      string // drop reason for what is left when the worker ends
 }
 
 func newPipeline(spec *rules.Pipeline, rt *runtime, cfg Config, logger *slog.Logger, m *Metrics) *Pipeline {
@@ -314,30 +329,168 @@ func (p *Pipeline) run(ctx context.Context) {
 			p.pm.buffered.Sub(float64(n))
 		}
 	}()
+	var flights []*flight // oldest first
+	skip := 0             // records the flights hold, from the buffer's head
+	defer func() {
+		for _, f := range flights {
+			f.abandon()
+		}
+	}()
 	for {
-		p.takePending()
-		recs := p.buf.peek(ctx, p.wake, p.rt.batchSize(), pluginkit.MaxBatchBytes)
-		if recs == nil {
-			if ctx.Err() != nil || p.buf.closedEmpty() {
-				return
+		if len(flights) == 0 {
+			p.takePending()
+		}
+		depth := p.rt.writesInFlight()
+		if len(flights) < depth && !p.hasPending() {
+			var recs wire.Records
+			if len(flights) == 0 {
+				recs = p.buf.peek(ctx, p.wake, p.rt.batchSize(), pluginkit.MaxBatchBytes)
+				if recs == nil {
+					if ctx.Err() != nil || p.buf.closedEmpty() {
+						return
+					}
+					continue
+				}
+			} else {
+				recs = p.buf.peekFrom(skip, p.rt.batchSize(), pluginkit.MaxBatchBytes)
 			}
+			var f *flight
+			if recs != nil && depth > 1 {
+				f = p.launch(ctx, recs, len(flights) > 0)
+			}
+			if f != nil {
+				flights = append(flights, f)
+				skip += len(recs)
+				continue
+			}
+			if recs != nil && len(flights) == 0 {
+				// One at a time: the sink takes no more, or the plugins
+				// need the retry loop (down, or a transform failing).
+				if p.deliver(ctx, recs) {
+					p.commit(len(recs))
+				}
+				continue
+			}
+		}
+		if len(flights) == 0 {
+			continue // a new runtime is pending
+		}
+		f := flights[0]
+		var r writeResult
+		select {
+		case r = <-f.done:
+		case <-ctx.Done():
+			return
+		}
+		f.cancel()
+		retry, err := p.settle(ctx, f.out, r)
+		if err == nil && len(retry) == 0 {
+			p.commit(len(f.recs))
+			flights, skip = flights[1:], skip-len(f.recs)
 			continue
 		}
-		if p.deliver(ctx, recs) {
-			p.buf.commit(len(recs))
-			p.pm.buffered.Sub(float64(len(recs)))
+		// The rest of the run goes again after this batch: the sink refuses
+		// writes behind a failed one, and a write that went anyway is only
+		// sent twice.
+		for _, g := range flights[1:] {
+			g.abandon()
+		}
+		flights, skip = flights[:0], 0
+		if err != nil {
+			retry = f.out
+		}
+		if p.deliverFrom(ctx, f.recs, retry, true, 1) {
+			p.commit(len(f.recs))
 		}
 	}
+}
+
+// commit removes n delivered records from the buffer's head.
+func (p *Pipeline) commit(n int) {
+	p.buf.commit(n)
+	p.pm.buffered.Sub(float64(n))
+}
+
+// flight is a sink write in progress.
+type flight struct {
+	recs   wire.Records // as taken from the buffer
+	out    wire.Records // as sent to the sink, after the transforms
+	cancel context.CancelFunc
+	done   chan writeResult // receives the one result
+}
+
+type writeResult struct {
+	resp *pluginv1.SinkServiceWriteResponse
+	err  error
+}
+
+// abandon cancels the write and waits for it to end; its result is not
+// looked at, so its records are sent again.
+func (f *flight) abandon() {
+	f.cancel()
+	<-f.done
+	f.done <- writeResult{err: context.Canceled} // for a second abandon
+}
+
+// launch runs recs through the transforms and starts writing them, behind
+// the writes in flight (queued): the sink writes them in order. It returns
+// nil when that cannot be done now (a plugin is down or a transform
+// failed), leaving it to the retry loop once nothing is in flight.
+func (p *Pipeline) launch(ctx context.Context, recs wire.Records, queued bool) *flight {
+	pr := p.rt.sink
+	if queued {
+		// Behind writes to a process that is gone, nothing can go: its
+		// successor starts a new run once those have failed.
+		if pr.p == nil || pr.p != p.seqProc || pr.p.Exited() {
+			return nil
+		}
+	} else if p.ensure(ctx) != nil {
+		return nil
+	}
+	out, err := p.transform(ctx, recs)
+	if err != nil {
+		return nil
+	}
+	if n := len(recs) - len(out); n > 0 {
+		p.pm.filtered.Add(float64(n))
+	}
+	if pr.p != p.seqProc {
+		p.seq, p.seqProc = 0, pr.p
+	}
+	if !queued {
+		p.runLast = 0 // nothing ahead of it
+	}
+	if len(out) == 0 {
+		f := &flight{recs: recs, cancel: func() {}, done: make(chan writeResult, 1)}
+		f.done <- writeResult{resp: &pluginv1.SinkServiceWriteResponse{}}
+		return f
+	}
+	p.seq++
+	// A write waits for the one ahead of it before it goes out.
+	f := p.send(ctx, out, p.seq, p.runLast, p.rt.spec.WriteTimeout*time.Duration(p.rt.writesInFlight()))
+	p.runLast = p.seq
+	f.recs = recs
+	return f
 }
 
 // deliver runs one batch through the transforms and the sink until the sink
 // took every record or refused it for good (true). It returns false when ctx
 // ends or a new runtime is pending; the batch then stays in the buffer.
 func (p *Pipeline) deliver(ctx context.Context, recs wire.Records) bool {
-	var rem wire.Records
-	transformed := false
+	return p.deliverFrom(ctx, recs, nil, false, 0)
+}
+
+// deliverFrom is deliver from a given point: rem are the records still to
+// write when transformed is set, and attempt counts the tries so far.
+func (p *Pipeline) deliverFrom(ctx context.Context, recs, rem wire.Records, transformed bool, attempt int) bool {
+	if transformed && len(rem) == 0 {
+		return true
+	}
 	delay := p.cfg.BackoffMin
-	for attempt := 0; ; attempt++ {
+	for i := 1; i < attempt; i++ {
+		delay = min(2*delay, p.cfg.BackoffMax)
+	}
+	for ; ; attempt++ {
 		if attempt > 0 {
 			p.pm.retries.Inc()
 			if !p.sleep(ctx, delay) {
@@ -473,23 +626,43 @@ func (p *Pipeline) transform(ctx context.Context, recs wire.Records) (wire.Recor
 
 // write sends recs to the sink and returns the records to retry.
 func (p *Pipeline) write(ctx context.Context, recs wire.Records) (wire.Records, error) {
-	pr := p.rt.sink
-	cctx, cancel := context.WithTimeout(ctx, p.rt.spec.WriteTimeout)
-	// A sampled batch gets a span (the sampling ratio applies per batch).
-	cctx, span := tracer.StartRoot(cctx, "output.sink.write", trace.SpanKindClient, "")
-	start := time.Now()
-	resp, err := pr.sink.WriteRecords(cctx, recs)
-	cancel()
-	p.pm.writeTime.Observe(time.Since(start).Seconds())
-	if span != nil {
-		span.SetAttributes(attrPipeline.String(p.name), attrSink.String(p.sinkID), attrRecords.Int(len(recs)),
-			attrFailures.Int(len(resp.GetFailures())))
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(otelcodes.Error, err.Error())
+	f := p.send(ctx, recs, 0, 0, p.rt.spec.WriteTimeout)
+	r := <-f.done
+	f.cancel()
+	return p.settle(ctx, recs, r)
+}
+
+// send starts writing recs to the sink under sequence seq, behind the
+// write with sequence follows.
+func (p *Pipeline) send(ctx context.Context, recs wire.Records, seq, follows uint64, timeout time.Duration) *flight {
+	sink := p.rt.sink.sink
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	f := &flight{out: recs, cancel: cancel, done: make(chan writeResult, 1)}
+	go func() {
+		// A sampled batch gets a span (the sampling ratio applies per batch).
+		cctx, span := tracer.StartRoot(cctx, "output.sink.write", trace.SpanKindClient, "")
+		start := time.Now()
+		resp, err := sink.WriteRecords(cctx, recs, seq, follows)
+		p.pm.writeTime.Observe(time.Since(start).Seconds())
+		if span != nil {
+			span.SetAttributes(attrPipeline.String(p.name), attrSink.String(p.sinkID), attrRecords.Int(len(recs)),
+				attrFailures.Int(len(resp.GetFailures())))
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(otelcodes.Error, err.Error())
+			}
+			span.End()
 		}
-		span.End()
-	}
+		f.done <- writeResult{resp: resp, err: err}
+	}()
+	return f
+}
+
+// settle takes the result of a write of recs, and returns the records to
+// retry.
+func (p *Pipeline) settle(ctx context.Context, recs wire.Records, r writeResult) (wire.Records, error) {
+	pr := p.rt.sink
+	resp, err := r.resp, r.err
 	if err != nil {
 		p.pm.errSink.Inc()
 		p.callFailed(ctx, pr, err)

@@ -78,9 +78,10 @@ func (c *sinkClient) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRe
 
 // WriteRecords is Write with the records in wire form: the host sends them
 // as they came.
-func (c *sinkClient) WriteRecords(ctx context.Context, recs wire.Records) (*pluginv1.SinkServiceWriteResponse, error) {
+func (c *sinkClient) WriteRecords(ctx context.Context, recs wire.Records, seq, follows uint64) (*pluginv1.SinkServiceWriteResponse, error) {
 	out := new(pluginv1.SinkServiceWriteResponse)
-	return out, c.cc.Invoke(ctx, methodSinkWrite, &recs, out, grpc.ForceCodecV2(wire.GRPCCodec{}))
+	return out, c.cc.Invoke(ctx, methodSinkWrite, &wire.SinkWrite{Records: recs, Sequence: seq, Follows: follows}, out,
+		grpc.ForceCodecV2(wire.GRPCCodec{}))
 }
 
 func (c *sinkClient) Close(ctx context.Context, req *pluginv1.SinkServiceCloseRequest) (*pluginv1.SinkServiceCloseResponse, error) {

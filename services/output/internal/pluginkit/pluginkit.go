@@ -55,8 +55,9 @@ type Transform interface {
 // HostSink is the host's client of a sink plugin.
 type HostSink interface {
 	Sink
-	// WriteRecords is Write with records in wire form.
-	WriteRecords(ctx context.Context, recs wire.Records) (*pluginv1.SinkServiceWriteResponse, error)
+	// WriteRecords is Write with records in wire form; seq and follows
+	// are the request's sequence and the one it follows (0: none).
+	WriteRecords(ctx context.Context, recs wire.Records, seq, follows uint64) (*pluginv1.SinkServiceWriteResponse, error)
 }
 
 // HostTransform is the host's client of a transform plugin.

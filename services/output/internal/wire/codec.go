@@ -40,7 +40,7 @@ func (Codec) Unmarshal(b []byte, v any) error {
 }
 
 // GRPCCodec is the gRPC codec of the host's plugin calls: it sends
-// [Records] as they are and reads them back checked, and defers to gRPC's
+// [Records] and [SinkWrite] as they are and reads them back checked, and defers to gRPC's
 // protobuf codec for every other message. Use it per call
 // (grpc.ForceCodecV2); plugins decode with the runtime.
 type GRPCCodec struct{}
@@ -52,8 +52,11 @@ func (GRPCCodec) Name() string { return "proto" }
 
 // Marshal encodes v.
 func (GRPCCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if rs, ok := v.(*Records); ok {
-		return mem.BufferSlice{mem.SliceBuffer(rs.AppendTo(make([]byte, 0, rs.size())))}, nil
+	switch v := v.(type) {
+	case *Records:
+		return mem.BufferSlice{mem.SliceBuffer(v.AppendTo(make([]byte, 0, v.size())))}, nil
+	case *SinkWrite:
+		return mem.BufferSlice{mem.SliceBuffer(v.AppendTo(make([]byte, 0, v.size())))}, nil
 	}
 	return protoCodec.Marshal(v)
 }

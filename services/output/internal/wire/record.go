@@ -21,6 +21,8 @@ var (
 // init checks these against them.
 const (
 	recordMessage  = 1 // Record.message, and the repeated records of every batch message
+	writeSequence  = 2 // SinkServiceWriteRequest.sequence
+	writeFollows   = 3 // SinkServiceWriteRequest.follows
 	messageTenant  = 2
 	messageTopic   = 3
 	messagePayload = 4
@@ -29,6 +31,8 @@ const (
 
 func init() {
 	mustField(recordDesc, recordMessage, "message")
+	mustField((&pluginv1.SinkServiceWriteRequest{}).ProtoReflect().Descriptor(), writeSequence, "sequence")
+	mustField((&pluginv1.SinkServiceWriteRequest{}).ProtoReflect().Descriptor(), writeFollows, "follows")
 	mustField(messageDesc, messageTenant, "tenant")
 	mustField(messageDesc, messageTopic, "topic")
 	mustField(messageDesc, messagePayload, "payload")
@@ -153,6 +157,38 @@ func (rs Records) size() int {
 		n += protowire.SizeTag(recordMessage) + protowire.SizeBytes(len(r.Enc))
 	}
 	return n
+}
+
+// SinkWrite is a sink write request (SinkServiceWriteRequest) with its
+// records in wire form.
+type SinkWrite struct {
+	Records           Records
+	Sequence, Follows uint64
+}
+
+func (w *SinkWrite) size() int {
+	n := w.Records.size()
+	if w.Sequence > 0 {
+		n += protowire.SizeTag(writeSequence) + protowire.SizeVarint(w.Sequence)
+	}
+	if w.Follows > 0 {
+		n += protowire.SizeTag(writeFollows) + protowire.SizeVarint(w.Follows)
+	}
+	return n
+}
+
+// AppendTo appends the request message to dst.
+func (w *SinkWrite) AppendTo(dst []byte) []byte {
+	dst = w.Records.AppendTo(dst)
+	if w.Sequence > 0 {
+		dst = protowire.AppendTag(dst, writeSequence, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, w.Sequence)
+	}
+	if w.Follows > 0 {
+		dst = protowire.AppendTag(dst, writeFollows, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, w.Follows)
+	}
+	return dst
 }
 
 // AppendTo appends the batch message to dst.

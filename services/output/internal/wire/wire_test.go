@@ -193,6 +193,20 @@ func TestRecords_RoundTrip(t *testing.T) {
 		require.True(t, proto.Equal(sampleMessage(uint64(i+1)), r.GetMessage()))
 	}
 
+	// A sink write with its sequence, through the gRPC codec.
+	for _, seq := range []uint64{0, 1, 1 << 40} {
+		sw := &SinkWrite{Records: rs, Sequence: seq, Follows: seq / 2}
+		data, err := GRPCCodec{}.Marshal(sw)
+		require.NoError(t, err)
+		enc := data.Materialize()
+		require.Len(t, enc, sw.size())
+		w.Reset()
+		require.NoError(t, proto.Unmarshal(enc, &w))
+		require.Len(t, w.GetRecords(), 3)
+		require.Equal(t, seq, w.GetSequence())
+		require.Equal(t, seq/2, w.GetFollows())
+	}
+
 	// A transform's answer: records changed, one without a payload.
 	m := sampleMessage(9)
 	m.Payload = nil

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ import (
 
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
 	"github.com/keelmq/keel/services/output/internal/meta"
+	"github.com/keelmq/keel/services/output/internal/pluginkit"
 )
 
 // ID is the plugin ID.
@@ -39,6 +41,9 @@ const (
 	DefaultLinger       = 2 * time.Millisecond
 	DefaultMaxAttempts  = 5
 	DefaultWriteTimeout = 10 * time.Second
+	// DefaultWritesInFlight lets the host send the next batch while one is
+	// produced: its decoding and conversion overlap the produce request.
+	DefaultWritesInFlight = 2
 )
 
 // Config is the plugin's configuration (the rule's sink.config section).
@@ -63,6 +68,10 @@ type Config struct {
 	MaxAttempts int `json:"max_attempts"`
 	// WriteTimeout bounds one produce request.
 	WriteTimeout meta.Duration `json:"write_timeout"`
+	// WritesInFlight is how many batches the host may send before the
+	// first is acknowledged (default 2); they are produced one after the
+	// other, in order. 1 sends one at a time.
+	WritesInFlight int `json:"writes_in_flight"`
 	// Compression: "", "gzip", "snappy", "lz4" or "zstd".
 	Compression string `json:"compression"`
 	// AutoCreateTopics lets the broker create missing topics.
@@ -110,8 +119,8 @@ func (c *Config) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("compression %q: want gzip, snappy, lz4 or zstd", c.Compression))
 	}
-	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.BatchBytes < 0 {
-		errs = append(errs, errors.New("batch_size, batch_bytes and max_attempts must not be negative"))
+	if c.BatchSize < 0 || c.MaxAttempts < 0 || c.BatchBytes < 0 || c.WritesInFlight < 0 {
+		errs = append(errs, errors.New("batch_size, batch_bytes, max_attempts and writes_in_flight must not be negative"))
 	}
 	if c.SASL != nil {
 		switch c.SASL.Mechanism {
@@ -136,6 +145,8 @@ type Sink struct {
 	keyMode  string
 	topic    string
 	pipeline string
+
+	chain pluginkit.WriteChain
 }
 
 // New returns an unconfigured sink.
@@ -169,9 +180,14 @@ func (s *Sink) Configure(_ context.Context, req *pluginv1.SinkServiceConfigureRe
 	s.logger.Info("kafka sink configured", "pipeline", req.GetPipeline(), "brokers", strings.Join(cfg.Brokers, ","),
 		"topic", cfg.Topic, "acks", w.RequiredAcks.String(), "tls", cfg.TLS != nil, "sasl", cfg.SASL != nil,
 		"sasl_password_set", cfg.SASL != nil && cfg.SASL.Password != "")
+	inFlight := cfg.WritesInFlight
+	if inFlight == 0 {
+		inFlight = DefaultWritesInFlight
+	}
 	return &pluginv1.SinkServiceConfigureResponse{
-		Info:            &pluginv1.PluginInfo{Id: ID, Version: "1"},
-		MaxBatchRecords: uint32(w.BatchSize),
+		Info:              &pluginv1.PluginInfo{Id: ID, Version: "1"},
+		MaxBatchRecords:   uint32(w.BatchSize),
+		MaxWritesInFlight: uint32(inFlight),
 	}, nil
 }
 
@@ -314,7 +330,8 @@ func Messages(recs []*pluginv1.Record, defaultTopic, keyMode string) []kafka.Mes
 	return msgs
 }
 
-// Write produces the batch and waits for the acks.
+// Write produces the batch and waits for the acks. A batch sent behind
+// another is produced after it (pluginkit.WriteChain).
 func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest) (*pluginv1.SinkServiceWriteResponse, error) {
 	s.mu.Lock()
 	w, topic, keyMode := s.writer, s.topic, s.keyMode
@@ -330,9 +347,27 @@ func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest)
 			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Message: "no kafka topic: set sink topic or a destination"})
 		}
 	}
+	seq := req.GetSequence()
+	ok, err := s.chain.Wait(ctx, req.GetFollows())
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		s.chain.Done(seq, false)
+		return pluginkit.FailAll(len(recs), "an earlier batch is to be written first"), nil
+	}
 	if len(resp.Failures) > 0 {
+		s.chain.Done(seq, true) // refused for good: nothing to retry
 		return resp, nil
 	}
+	resp, err = s.produce(ctx, w, msgs)
+	s.chain.Done(seq, err == nil && !slices.ContainsFunc(resp.GetFailures(), (*pluginv1.RecordFailure).GetRetryable))
+	return resp, err
+}
+
+// produce writes msgs and reports the records that failed.
+func (s *Sink) produce(ctx context.Context, w *kafka.Writer, msgs []kafka.Message) (*pluginv1.SinkServiceWriteResponse, error) {
+	resp := &pluginv1.SinkServiceWriteResponse{}
 	err := w.WriteMessages(ctx, msgs...)
 	if err == nil {
 		return resp, nil

@@ -274,8 +274,15 @@ type SinkServiceConfigureResponse struct {
 	Info *PluginInfo `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
 	// max_batch_records is the largest batch the sink wants; 0 means no limit.
 	MaxBatchRecords uint32 `protobuf:"varint,2,opt,name=max_batch_records,json=maxBatchRecords,proto3" json:"max_batch_records,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// max_writes_in_flight is how many Write calls the sink takes at once when
+	// they say which write they follow (SinkServiceWriteRequest.follows); 0 or
+	// 1: one at a time. A sink that takes more writes each one only after the
+	// one it follows finished (decoding it meanwhile), and fails every record of
+	// a write, retryable, when the one it follows failed or left records to
+	// retry, so that nothing overtakes a record to be retried.
+	MaxWritesInFlight uint32 `protobuf:"varint,3,opt,name=max_writes_in_flight,json=maxWritesInFlight,proto3" json:"max_writes_in_flight,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SinkServiceConfigureResponse) Reset() {
@@ -322,11 +329,23 @@ func (x *SinkServiceConfigureResponse) GetMaxBatchRecords() uint32 {
 	return 0
 }
 
+func (x *SinkServiceConfigureResponse) GetMaxWritesInFlight() uint32 {
+	if x != nil {
+		return x.MaxWritesInFlight
+	}
+	return 0
+}
+
 // SinkServiceWriteRequest carries one batch.
 type SinkServiceWriteRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// records in order.
-	Records       []*Record `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	Records []*Record `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// sequence numbers the writes to one plugin process, increasing; 0 when the
+	// host waits for each write to finish.
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// follows is the sequence of the write this one goes out after; 0: none.
+	Follows       uint64 `protobuf:"varint,3,opt,name=follows,proto3" json:"follows,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +385,20 @@ func (x *SinkServiceWriteRequest) GetRecords() []*Record {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *SinkServiceWriteRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *SinkServiceWriteRequest) GetFollows() uint64 {
+	if x != nil {
+		return x.Follows
+	}
+	return 0
 }
 
 // SinkServiceWriteResponse reports the batch. An RPC error means nothing in the
@@ -767,12 +800,15 @@ const file_keel_output_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x1bSinkServiceConfigureRequest\x12\x1a\n" +
 	"\bpipeline\x18\x01 \x01(\tR\bpipeline\x12\x1f\n" +
 	"\vconfig_json\x18\x02 \x01(\fR\n" +
-	"configJson\"\x81\x01\n" +
+	"configJson\"\xb2\x01\n" +
 	"\x1cSinkServiceConfigureResponse\x125\n" +
 	"\x04info\x18\x01 \x01(\v2!.keel.output.plugin.v1.PluginInfoR\x04info\x12*\n" +
-	"\x11max_batch_records\x18\x02 \x01(\rR\x0fmaxBatchRecords\"R\n" +
+	"\x11max_batch_records\x18\x02 \x01(\rR\x0fmaxBatchRecords\x12/\n" +
+	"\x14max_writes_in_flight\x18\x03 \x01(\rR\x11maxWritesInFlight\"\x88\x01\n" +
 	"\x17SinkServiceWriteRequest\x127\n" +
-	"\arecords\x18\x01 \x03(\v2\x1d.keel.output.plugin.v1.RecordR\arecords\"\\\n" +
+	"\arecords\x18\x01 \x03(\v2\x1d.keel.output.plugin.v1.RecordR\arecords\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x18\n" +
+	"\afollows\x18\x03 \x01(\x04R\afollows\"\\\n" +
 	"\x18SinkServiceWriteResponse\x12@\n" +
 	"\bfailures\x18\x01 \x03(\v2$.keel.output.plugin.v1.RecordFailureR\bfailures\"]\n" +
 	"\rRecordFailure\x12\x14\n" +
