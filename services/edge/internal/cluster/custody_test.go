@@ -79,6 +79,12 @@ func TestWatch_CustodyTriedUntilAdopted(t *testing.T) {
 			}
 			return fmt.Errorf("adopted %v after tries %v", custodian.adopted, custodian.tries)
 		}
+		// The watch counts a job done once TakeCustody has returned.
+		for id, epoch := range custodian.adopted {
+			if through := w.AdoptedThrough(); through < epoch {
+				return fmt.Errorf("%s adopted under %d, reported through %d", id, epoch, through)
+			}
+		}
 		return nil
 	})
 	custodian.mu.Lock()
