@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 
@@ -144,6 +145,33 @@ func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
 	}
 	k := memberInc{to, toInc}
 	p.custodians[k] = max(p.custodians[k], epoch)
+}
+
+// recallCustody fills in, from the state st, the custodians of the
+// pending edges' sessions that an earlier leader assigned: their
+// assignments are not in this term's memory, and without them the removal
+// would wait for no custodian, and could take a dead edge's routes while
+// its sessions' custodians had not registered theirs. A session counts
+// while it is still in custody (not claimed by a connection since). It
+// scans every session once; call it before any removal can be due.
+func (d *deadRoutes) recallCustody(st *fsm.State) {
+	d.mu.Lock()
+	pending := make(map[string]uint64, len(d.pending))
+	for id, p := range d.pending {
+		pending[id] = p.inc
+	}
+	d.mu.Unlock()
+	if len(pending) == 0 {
+		return
+	}
+	st.ScanSessions(fsm.SessionScan{}, func(rec *raftpb.SessionRecord, _ bool) bool {
+		from := rec.GetTakenFromEdgeId()
+		if inc, ok := pending[from]; ok && rec.GetOwnerKind() == raftpb.OwnerKind_OWNER_KIND_CUSTODY &&
+			rec.GetTakenFromIncarnation() <= inc {
+			d.assigned(from, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
+		}
+		return true
+	})
 }
 
 // reported records an edge incarnation's custody progress, and the state

@@ -149,6 +149,8 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// Off the leader loop: it reads every session once.
+			t.routes.recallCustody(st)
 			s.removeDeadRoutes(ctx, t.routes, t.leases)
 		}()
 	}

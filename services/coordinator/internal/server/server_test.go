@@ -317,7 +317,7 @@ func TestServer_LeaseExpiry(t *testing.T) {
 // TestServer_CustodyAfterRejoin: the sessions of an edge's old incarnation
 // go to another edge, never to the rejoined edge itself (the FSM refuses
 // that move), and while no other edge lives the leader writes no entry for
-// them at all.
+// them at all. A later leader finds their custodian in the state.
 func TestServer_CustodyAfterRejoin(t *testing.T) {
 	ts := newTestServer(t, true, func(c *Config) { c.LeaseTTL = 3 * time.Second }) // ticks every 300ms
 	ts.renew(t, "e1", 1)
@@ -346,6 +346,29 @@ func TestServer_CustodyAfterRejoin(t *testing.T) {
 	idx = ts.s.fsm.State().Index()
 	time.Sleep(time.Second)
 	require.Equal(t, idx, ts.s.fsm.State().Index(), "custody kept writing entries after every session moved")
+
+	// A later leader knows the custodian from the state alone: the removal
+	// of e1/1's routes waits for e2 to report the sessions adopted.
+	st := ts.s.fsm.State()
+	var highest uint64
+	for i := range n {
+		highest = max(highest, st.Session("acme", fmt.Sprintf("c%d", i)).GetEpoch())
+	}
+	_, err := ts.claim(t.Context(), "e2", "c0", "back") // c0's client came back: no longer in custody
+	require.NoError(t, err)
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("e1", 1)
+	d.add("e3", 1) // dead, with nothing in custody
+	d.recallCustody(ts.s.fsm.State())
+	e2 := ts.s.fsm.State().Member("e2").GetIncarnation()
+	require.Equal(t, map[memberInc]uint64{{"e2", e2}: highest}, d.pending["e1"].custodians)
+	require.Empty(t, d.pending["e3"].custodians)
+	now := time.Unix(1000, 0)
+	d.adopted(edgeRec("e1", 1, expired), now, st.Index())
+	d.reported("e2", e2, &coordinatorv1.CustodyProgress{AdoptedThrough: highest - 1})
+	require.Empty(t, d.takeDue(now.Add(2*time.Second), anyLive), "e2 has not reported every session adopted")
+	d.reported("e2", e2, &coordinatorv1.CustodyProgress{AdoptedThrough: highest})
+	require.Equal(t, []deadRoute{{edge: "e1", inc: 1}}, d.takeDue(now.Add(3*time.Second), anyLive))
 }
 
 // TestServer_BumpAclVersion: a bump is one Raft entry whose index is the
