@@ -218,7 +218,9 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 	p99 := func(d []time.Duration) time.Duration { return d[len(d)*99/100] }
 
 	base := measure(time.Second)
-	testutil.Eventually(t, 5*time.Second, func() error {
+	// Delivered before the stall; the bound is generous for a loaded CI
+	// machine (the latencies measured here are what the test is about).
+	testutil.Eventually(t, 20*time.Second, func() error {
 		if int(delivered.Load()) < len(base)*10 {
 			return fmt.Errorf("delivered %d", delivered.Load())
 		}
