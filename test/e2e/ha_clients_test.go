@@ -336,11 +336,19 @@ func (c *Checker) progress() string {
 }
 
 // requireOneConnectionPerClient compares the edges' connection gauges with
-// the clients the test holds open: a client ID with two live connections
-// anywhere in the cluster shows as one more server-side connection than
-// there are open clients (invariant 3).
-func requireOneConnectionPerClient(t *testing.T, k *keelCluster, open int) {
+// the clients the test holds open (pubs among them, connected again if
+// their last connection was dropped): a client ID with two live
+// connections anywhere in the cluster shows as one more server-side
+// connection than there are open clients (invariant 3).
+func requireOneConnectionPerClient(t *testing.T, k *keelCluster, open int, pubs ...*Publisher) {
 	t.Helper()
+	for _, p := range pubs {
+		before := p.Reconnects()
+		require.NoError(t, p.Connect(), "publisher %s connects again", p.ID)
+		if p.Reconnects() > before {
+			t.Logf("publisher %s had lost its last connection; connected again", p.ID)
+		}
+	}
 	var total int
 	var per []int
 	var err error

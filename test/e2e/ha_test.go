@@ -231,7 +231,7 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 		"relayed by the previous owner, or left unacknowledged by a draining edge and delivered late", names(subs)...)
 	requireSessionsKept(t, roamers...)
 	open := len(roamers) + len(pubs)
-	requireOneConnectionPerClient(t, k, open)
+	requireOneConnectionPerClient(t, k, open, pubs...)
 }
 
 // TestE2E_Cluster_NetworkCut disconnects edge 2 from the cluster network
@@ -361,7 +361,7 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	requireNoLoss(t, r, "a publish that one edge did not take (its peer went away, or a store write failed) is sent "+
 		"again by its publisher after later ones were taken elsewhere", w1.Name, w3.Name, victim.Name, back.Name)
 	// The witnesses, the subscriber, the newcomer and the publishers.
-	requireOneConnectionPerClient(t, k, 2+1+1+len(pubs))
+	requireOneConnectionPerClient(t, k, 2+1+1+len(pubs), pubs...)
 }
 
 // TestE2E_Cluster_RaftLeaderKilledDuringConnectStorm opens a few hundred
@@ -529,7 +529,7 @@ func TestE2E_Cluster_RaftLeaderKilledDuringConnectStorm(t *testing.T) {
 		open += live
 	}
 	mu.Unlock()
-	requireOneConnectionPerClient(t, k, open+3)
+	requireOneConnectionPerClient(t, k, open+3, pub)
 	require.Equal(t, clients, open, "every client connected, once")
 
 	stopPub()

@@ -648,6 +648,9 @@ func (b *Broker) counted(r enqueueResult) error {
 	case storeFailed:
 		b.m.dropped.WithLabelValues("store_failed").Inc()
 		return errStoreFailed
+	case revoked:
+		b.m.dropped.WithLabelValues("behind_failed_write").Inc()
+		return errStoreFailed
 	case droppedQoS0:
 		b.m.dropped.WithLabelValues("qos0_queue_full").Inc()
 	case droppedOffline:
@@ -663,7 +666,10 @@ func (b *Broker) counted(r enqueueResult) error {
 
 var (
 	errStoreFailed = errors.New("durable store failed; message not taken")
-	errFenced      = errors.New("edge lease lapsed; acknowledging nothing")
+	// errRevoked: stored, but taken back because the write of an earlier
+	// message of the same publisher failed (settleQueued).
+	errRevoked = errors.New("queued behind a message whose write failed; not taken")
+	errFenced  = errors.New("edge lease lapsed; acknowledging nothing")
 )
 
 func (b *Broker) retain(m *Message) {

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -50,12 +51,13 @@ func (d *Deferred) Wait(n int) []error {
 	d.mu.Unlock()
 	errs := make([]error, n)
 	for _, w := range waits {
-		if err := w.s.settle(w.p, w.m); err != nil {
-			w.s.notStored(w.seq, w.m.ID)
-			if errs[w.msg] == nil {
-				w.s.b.m.dropped.WithLabelValues("store_failed").Inc()
-				errs[w.msg] = errStoreFailed
+		if err := w.s.settleQueued(w.p, w.m, w.seq); err != nil && errs[w.msg] == nil {
+			cause := "store_failed"
+			if errors.Is(err, errRevoked) {
+				cause = "behind_failed_write"
 			}
+			w.s.b.m.dropped.WithLabelValues(cause).Inc()
+			errs[w.msg] = errStoreFailed
 		}
 	}
 	return errs

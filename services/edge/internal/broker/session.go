@@ -3,6 +3,7 @@ package broker
 import (
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -95,6 +96,9 @@ type session struct {
 	slow         bool   // a non-persistent client being disconnected for staying full; drop what comes
 	durable      bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
 	seq          uint64 // last stored queue position
+	// unsettled holds the queue positions whose stored copies are being
+	// written, until settleQueued decides them.
+	unsettled map[uint64]unsettledWrite
 	// yielding is set once a fenced write made the edge give the session
 	// up (claims.go).
 	yielding bool
@@ -131,7 +135,15 @@ const (
 	droppedOverflow // offline queue full, policy drop
 	slowConsumer    // non-persistent consumer stayed full past the grace
 	storeFailed     // the durable store refused or timed out
+	revoked         // stored, but taken back behind a failed write (settleQueued)
 )
+
+func notTaken(err error) enqueueResult {
+	if errors.Is(err, errRevoked) {
+		return revoked
+	}
+	return storeFailed
+}
 
 // enqueue queues d for the session. For QoS 1/2 to a connected client whose
 // queue is full it waits up to the slow-consumer grace (the publisher is
@@ -214,7 +226,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			p, seq := s.pushLocked(d, size)
 			s.mu.Unlock()
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
-				return storeFailed
+				return notTaken(err)
 			}
 			return result
 		}
@@ -241,7 +253,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				s.b.startWriter(s)
 			}
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
-				return storeFailed
+				return notTaken(err)
 			}
 			return enqueued
 		}
@@ -282,6 +294,10 @@ func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint
 		s.seq++
 		d.seq = s.seq
 		p = s.b.store.Enqueue(s.id, entryOf(&d, 0, 0))
+		if s.unsettled == nil {
+			s.unsettled = map[uint64]unsettledWrite{}
+		}
+		s.unsettled[d.seq] = unsettledWrite{origin: d.msg.Origin}
 	}
 	if d.relayed {
 		s.queueRelayedLocked(d)
@@ -292,17 +308,55 @@ func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint
 	return p, d.seq
 }
 
-// notStored undoes what queuing message id at seq did when its stored copy
-// was not written: the message was not taken, and its sender sends it
-// again. A taken-over session's memory of queued msgIDs forgets it, and so
-// does its memory of QoS 2 deliveries, or the resend would be taken for a
-// copy queued already and acknowledged with nothing stored. The entry
-// leaves the queue if the writer has not taken it yet: sent, it would have
-// no stored copy, which the store refuses, and the client would be dropped
-// for it.
-func (s *session) notStored(seq uint64, id MsgID) {
+// unsettledWrite is a queued delivery whose stored copy is being written.
+type unsettledWrite struct {
+	origin  string // the publisher of its message
+	revoked bool   // taken back from the queue: an earlier write of its publisher failed
+}
+
+// settleQueued waits until the store has p, the stored copy of m queued at
+// seq, and decides whether the session took m. It did not if the write
+// failed: the queuing is undone and the sender sends m again. Then the
+// later deliveries of m's publisher still in the queue and not yet decided
+// are taken back too (revoked), stored or not, and their senders send them
+// again behind m: kept, they would reach the client before m's resend, out
+// of their publisher's order. One already taken by the writer stays: the
+// client has it.
+func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error {
+	err := s.settle(p, m)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	w := s.unsettled[seq]
+	delete(s.unsettled, seq)
+	if len(s.unsettled) == 0 {
+		s.unsettled = nil // an idle session keeps no map
+	}
+	if err == nil && !w.revoked {
+		s.mu.Unlock()
+		return nil
+	}
+	s.forgetLocked(m.ID)
+	if !w.revoked {
+		s.unqueueLocked(seq, m.ID)
+	}
+	s.revokeAfterLocked(seq, m.Origin)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Stored, but revoked: the copy leaves the store as well, or the session
+	// would find it ahead of the resend of the message that failed when it
+	// moves to another edge. A failure here costs that order only.
+	if err := s.b.store.Dequeue(context.Background(), s.id, []durable.Entry{{Seq: seq, MsgID: msgIDString(m.ID)}}); err != nil {
+		s.b.logger.Warn("revoked queue entry not removed from the store", "client_id", s.id, "error", err)
+	}
+	return errRevoked
+}
+
+// forgetLocked forgets that the session took message id, which it did not:
+// a taken-over session's memory of queued msgIDs, and its memory of QoS 2
+// deliveries, or the resend would be taken for a copy queued already and
+// acknowledged with nothing stored.
+func (s *session) forgetLocked(id MsgID) {
 	if r := s.recent; r != nil {
 		delete(r.ids, id)
 	}
@@ -311,13 +365,44 @@ func (s *session) notStored(seq uint64, id MsgID) {
 		// is then forgotten that many deliveries early.
 		delete(s.took.ids, id)
 	}
+}
+
+// unqueueLocked removes the entry of message id at seq if the writer has
+// not taken it yet: sent, it would have no stored copy, which the store
+// refuses, and the client would be dropped for it.
+func (s *session) unqueueLocked(seq uint64, id MsgID) {
 	for i := range s.queue.len() {
-		if d := s.queue.at(i); d.seq == seq && d.msg.ID == id {
+		if d := s.queue.at(i); d.seq == seq && d.msg != nil && d.msg.ID == id {
 			s.queueBytes -= d.msg.size()
 			s.queue.remove(i)
 			return
 		}
 	}
+}
+
+// revokeAfterLocked takes back the queued deliveries of origin's messages
+// after seq whose writes are not decided.
+func (s *session) revokeAfterLocked(seq uint64, origin string) {
+	pending := false
+	for q, w := range s.unsettled {
+		if q > seq && !w.revoked && w.origin == origin {
+			pending = true
+			break
+		}
+	}
+	if !pending {
+		return // spares a walk of the queue on every failure of an outage
+	}
+	s.queue.removeIf(func(d *delivery) bool {
+		w, ok := s.unsettled[d.seq]
+		if !ok || d.seq <= seq || w.revoked || w.origin != origin || d.msg == nil {
+			return false
+		}
+		w.revoked = true
+		s.unsettled[d.seq] = w
+		s.queueBytes -= d.msg.size()
+		return true
+	})
 }
 
 // queueRelayedLocked queues a relayed message ahead of the queued ones that
@@ -393,7 +478,7 @@ func (s *session) wait(p *durable.Pending, m *Message) error {
 
 // waitQueued waits until the store has p, the stored copy of m queued at
 // seq (or hands the wait to the caller collecting deferred writes); if it
-// was not written, the queuing is undone (notStored).
+// was not written, the queuing is undone (settleQueued).
 func (s *session) waitQueued(p *durable.Pending, m *Message, seq uint64) error {
 	if p == nil {
 		return nil
@@ -402,11 +487,7 @@ func (s *session) waitQueued(p *durable.Pending, m *Message, seq uint64) error {
 		m.deferred.add(s, p, m, seq)
 		return nil
 	}
-	if err := s.settle(p, m); err != nil {
-		s.notStored(seq, m.ID)
-		return err
-	}
-	return nil
+	return s.settleQueued(p, m, seq)
 }
 
 // settle waits for a durable write of m's delivery, in a persist span.
@@ -711,6 +792,26 @@ func (r *ring) remove(i int) {
 	}
 	*r.at(r.size - 1) = delivery{}
 	r.size--
+}
+
+// removeIf takes out the deliveries drop reports, keeping the order of the
+// others, in one pass.
+func (r *ring) removeIf(drop func(*delivery) bool) {
+	kept := 0
+	for i := range r.size {
+		d := r.at(i)
+		if drop(d) {
+			continue
+		}
+		if kept != i {
+			*r.at(kept) = *d
+		}
+		kept++
+	}
+	for i := kept; i < r.size; i++ {
+		*r.at(i) = delivery{}
+	}
+	r.size = kept
 }
 
 func (r *ring) pop() delivery {

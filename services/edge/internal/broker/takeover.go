@@ -328,7 +328,7 @@ func (b *Broker) mergeLate(id string, late []byte) error {
 	var failed error
 	for _, e := range st.Queue {
 		m := fromRecord(e.Msg)
-		if s.enqueueNow(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}) == storeFailed {
+		if r := s.enqueueNow(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}); r == storeFailed || r == revoked {
 			failed = errStoreFailed
 		}
 	}

@@ -63,9 +63,22 @@ func (s *flakyStore) enqueued() []string {
 	return slices.Clone(s.queued)
 }
 
+// storedEdge is a broker on a flakyStore with its edge API.
+type storedEdge struct {
+	b    *broker.Broker
+	api  string // URL of the edge API
+	mqtt string // address of the MQTT listener
+}
+
 // startStoredEdge runs a broker on store with its edge API, and a
 // persistent subscriber of "t" at qos.
 func startStoredEdge(t *testing.T, store *flakyStore, qos byte) (api string, sub *mqtttest.Client) {
+	t.Helper()
+	e, sub := startStoredEdgeAt(t, store, qos)
+	return e.api, sub
+}
+
+func startStoredEdgeAt(t *testing.T, store *flakyStore, qos byte) (*storedEdge, *mqtttest.Client) {
 	t.Helper()
 	cfg := broker.DefaultConfig()
 	cfg.EdgeID = "b"
@@ -81,10 +94,33 @@ func startStoredEdge(t *testing.T, store *flakyStore, qos byte) (api string, sub
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
 	ts := serveAPI(t, &Server{Deliver: b, Logger: testutil.Logger(t)})
-	sub = mqtttest.Dial(t, l.Address(), 5)
-	sub.Connect("sub", true, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
+	sub := mqtttest.Dial(t, l.Address(), 5)
+	sub.Connect("sub", true, sessionProps)
 	require.Equal(t, []byte{qos}, sub.Subscribe(1, "t", qos).ReasonCodes)
-	return ts.URL, sub
+	return &storedEdge{b: b, api: ts.URL, mqtt: l.Address()}, sub
+}
+
+var sessionProps = packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+
+// away disconnects the edge's one subscriber and waits until its session
+// is offline, so what comes for it stays queued.
+func (e *storedEdge) away(t *testing.T, sub *mqtttest.Client) {
+	t.Helper()
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if st := e.b.Status(); st.SessionsOffline != 1 {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+}
+
+// back connects the subscriber again, resuming its session.
+func (e *storedEdge) back(t *testing.T) *mqtttest.Client {
+	t.Helper()
+	sub := mqtttest.Dial(t, e.mqtt, 5)
+	sub.Connect("sub", false, sessionProps)
+	return sub
 }
 
 // frameOf is frame seq of edge "a" incarnation 1 carrying payloads on "t"
@@ -103,14 +139,24 @@ func frameOf(seq uint64, qos uint32, first uint64, payloads ...string) *edgev1.F
 // one, and counts them by payload.
 func readAll(sub *mqtttest.Client) map[string]int {
 	counts := map[string]int{}
+	for _, p := range readInOrder(sub) {
+		counts[p]++
+	}
+	return counts
+}
+
+// readInOrder reads and acknowledges PUBLISHes until a second passes
+// without one, and returns their payloads in arrival order.
+func readInOrder(sub *mqtttest.Client) []string {
+	var got []string
 	for {
 		pk, err := sub.Read(time.Second)
 		if err != nil {
-			return counts
+			return got
 		}
 		switch pk.FixedHeader.Type {
 		case packets.Publish:
-			counts[string(pk.Payload)]++
+			got = append(got, string(pk.Payload))
 			if pk.FixedHeader.Qos == 2 {
 				sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: pk.PacketID})
 			} else {
@@ -197,4 +243,32 @@ func TestServer_DeferredWritesPerMessage(t *testing.T) {
 	require.Equal(t, 1, counts["one"], "stored the first time: delivered once (%v)", counts)
 	require.Equal(t, 1, counts["three"], "stored the first time: delivered once (%v)", counts)
 	require.GreaterOrEqual(t, counts["fail"], 1, "the failed message comes with the resend (%v)", counts)
+}
+
+// A message whose write fails comes again with the resend, and so do the
+// ones of its publisher after it that its session still held, behind it,
+// though their own writes were stored: a session gets each publisher's
+// messages in their order, here an offline one whose queue is what it gets
+// on its return. Another publisher's message keeps its place.
+func TestServer_FailedWriteKeepsSessionOrder(t *testing.T) {
+	t.Parallel()
+	store := &flakyStore{gate: make(chan struct{})}
+	e, sub := startStoredEdgeAt(t, store, 1)
+	e.away(t, sub)
+	frame2 := frameOf(2, 1, 4, "four", "other")
+	frame2.Messages[1].Message.ClientId = "another-publisher"
+	frames := []*edgev1.ForwardRequest{frameOf(1, 1, 1, "slow1", "fail", "three"), frame2}
+	res := make(chan error, 1)
+	go func() { res <- sendFrames(t, e.api, frames...) }()
+	// Frame 2 is delivered while frame 1's writes are still being stored.
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if got := store.enqueued(); !slices.Contains(got, "four") {
+			return fmt.Errorf("enqueued %v", got)
+		}
+		return nil
+	})
+	close(store.gate)
+	require.ErrorIs(t, <-res, errResend)
+	require.NoError(t, sendFrames(t, e.api, frames...))
+	require.Equal(t, []string{"slow1", "other", "fail", "three", "four"}, readInOrder(e.back(t)))
 }
