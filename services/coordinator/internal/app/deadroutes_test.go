@@ -168,6 +168,57 @@ func TestCluster_DeadEdgeRoutesWaitForCustodyReport(t *testing.T) {
 	}
 }
 
+// TestCluster_DeadEdgeRoutesFollowCustodyOn: the custodian of a dead
+// edge's session dies before it reports the session adopted, so nothing
+// but the dead edge's routes reaches the session. They stay while custody
+// passes the custodian's sessions to another edge, and until that edge
+// reports the session adopted.
+func TestCluster_DeadEdgeRoutesFollowCustodyOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a router process")
+	}
+	t.Parallel()
+	const ttl, grace = time.Second, 500 * time.Millisecond
+	r := startRouter(t)
+	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: ttl, routerURL: r.url, routeGrace: grace, adoptionWait: time.Minute})
+	l := c.waitLeader(5 * time.Second)
+	stopA := join(t, l.client(), "edge-a", 1, ttl)
+	stopB := joinReporting(t, l.client(), "edge-b", 1, ttl, func() uint64 { return 0 })
+	_, err := claimOne(t.Context(), l.client(), "edge-a", 1, "t1", "c1", "req-1")
+	require.NoError(t, err)
+	a, stopRoutesA := edgeRoutes(t, r, "edge-a", 1)
+	subscribe(t, a, "t1", "a/b")
+	stopRoutesA()
+
+	ownedBy := func(edge string) (epoch uint64) {
+		t.Helper()
+		testutil.Eventually(t, 10*ttl, func() error {
+			rec := c.waitLeader(5*time.Second).a().FSM().State().Session("t1", "c1")
+			if rec.GetOwnerEdgeId() != edge {
+				return fmt.Errorf("c1 owned by %s", rec.GetOwnerEdgeId())
+			}
+			epoch = rec.GetEpoch()
+			return nil
+		})
+		return epoch
+	}
+	stopA()
+	ownedBy("edge-b")
+	// edge-c joins; edge-b dies without having adopted c1.
+	var through atomic.Uint64
+	joinReporting(t, l.client(), "edge-c", 1, ttl, through.Load)
+	stopB()
+	epoch := ownedBy("edge-c")
+	time.Sleep(grace + 2*ttl)
+	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"),
+		"edge-a's routes removed while c1's custodian had not reported it adopted")
+
+	reported := time.Now()
+	through.Store(epoch)
+	waitGone(t, r, "edge-a", "t1", "a/b", 10*time.Second)
+	t.Logf("routes removed %v after the second custodian reported", time.Since(reported).Round(time.Millisecond))
+}
+
 // TestCluster_DeadEdgeRoutesRejoin: an edge that rejoins under a new
 // incarnation before the old one's lease ran out leaves no EXPIRED record of
 // the old one; the leader still removes the old incarnation's routes, after

@@ -147,6 +147,21 @@ func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
 	p.custodians[k] = max(p.custodians[k], epoch)
 }
 
+// passedOn records that custody moved a session from a dead custodian to
+// (to, toInc) under epoch, the session having come to that custodian from
+// origin's incarnation originInc: if origin's routes are still to be
+// removed, they wait for the new custodian as they did for the dead one,
+// which may have died before it adopted the session.
+func (d *deadRoutes) passedOn(origin string, originInc uint64, to string, toInc, epoch uint64) {
+	d.mu.Lock()
+	p := d.pending[origin]
+	chained := p != nil && originInc <= p.inc
+	d.mu.Unlock()
+	if chained {
+		d.assigned(origin, to, toInc, epoch)
+	}
+}
+
 // recallCustody fills in, from the state st, the custodians of the
 // pending edges' sessions that an earlier leader assigned: their
 // assignments are not in this term's memory, and without them the removal
@@ -194,21 +209,27 @@ func (d *deadRoutes) forget(id string, inc uint64) {
 	delete(d.claims, memberInc{id, inc})
 }
 
-// unsettledLocked lists the live edges the removal of edge's routes (p)
-// waits for: custodians that have not reported the sessions they were
-// given adopted, and claimants that have not reported their claims settled
-// through p's index, or still list edge as the source of a failed
-// takeover. A custodian that died is not waited for: its own sessions,
-// these among them, go to custody again, and waiting would hold the dead
-// edge's routes until the bound.
+// unsettledLocked lists the edges the removal of edge's routes (p) waits
+// for: live custodians that have not reported the sessions they were given
+// adopted; dead custodians whose own sessions custody has not passed on
+// yet (their unadopted sessions of edge among them: once passed on, the new
+// custodians are waited for instead, [deadRoutes.passedOn]); and live
+// claimants that have not reported their claims settled through p's index,
+// or still list edge as the source of a failed takeover.
 func (d *deadRoutes) unsettledLocked(edge string, p *deadEdge, now time.Time, live func(id string, inc uint64) bool) []string {
 	var out []string
 	for c, epoch := range p.custodians {
+		if !live(c.id, c.inc) {
+			if q := d.pending[c.id]; q != nil && q.inc >= c.inc && !q.adopted {
+				out = append(out, c.id)
+			}
+			continue
+		}
 		through, reports := d.progress[c]
 		if !reports && !now.Before(p.adoptedAt.Add(d.reportWithin)) {
 			continue
 		}
-		if through < epoch && live(c.id, c.inc) {
+		if through < epoch {
 			out = append(out, c.id)
 		}
 	}

@@ -192,7 +192,8 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 104})
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(4*time.Second), anyLive))
 
-	// A custodian whose lease is gone is not waited for.
+	// A custodian whose lease is gone is not waited for once custody has
+	// passed its own sessions on (here it has none pending).
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", "edge-b", 7, 100)
@@ -225,6 +226,52 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 0})
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(20*time.Second), anyLive))
+}
+
+// A custodian that dies before adopting the sessions of a dead edge holds
+// nothing that reaches them: the dead edge's routes are the only ones. They
+// wait until custody has passed the custodian's sessions on, then for the
+// new custodian to report them adopted, as they did for the first.
+func TestDeadRoutes_CustodianDiesBeforeAdopting(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.assigned("edge-a", "edge-b", 7, 100)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
+	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "edge-b has not reported")
+
+	// edge-b's lease expires: its death is recorded before its lease goes.
+	d.add("edge-b", 7)
+	d.forget("edge-b", 7)
+	noB := func(id string, _ uint64) bool { return id != "edge-b" }
+	require.Equal(t, []string{"edge-b"}, unsettledOf(d, "edge-a", t0.Add(2*time.Second), noB),
+		"custody has not passed edge-b's sessions on")
+	require.Empty(t, d.takeDue(t0.Add(2*time.Second), noB))
+
+	// Custody moves them to edge-c; one came to edge-b from edge-a.
+	d.assigned("edge-b", "edge-c", 9, 120)
+	d.passedOn("edge-a", 3, "edge-c", 9, 120)
+	d.passedOn("edge-z", 1, "edge-c", 9, 120) // no removal pending for edge-z: nothing to wait on
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-b", Incarnation: 7, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0.Add(3*time.Second), 0)
+	require.Equal(t, []string{"edge-c"}, unsettledOf(d, "edge-a", t0.Add(4*time.Second), noB))
+	d.reported("edge-c", 9, &coordinatorv1.CustodyProgress{AdoptedThrough: 120})
+	due := d.takeDue(t0.Add(5*time.Second), noB)
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}, {edge: "edge-b", inc: 7}}, due)
+
+	// A session that came from an older incarnation than the one pending
+	// chains; one from a newer incarnation (it rejoined since) does not.
+	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("edge-a", 3)
+	d.passedOn("edge-a", 4, "edge-c", 9, 120)
+	require.Empty(t, d.pending["edge-a"].custodians)
+	d.passedOn("edge-a", 2, "edge-c", 9, 120)
+	require.Equal(t, map[memberInc]uint64{{"edge-c", 9}: 120}, d.pending["edge-a"].custodians)
+}
+
+func unsettledOf(d *deadRoutes, edge string, now time.Time, live func(string, uint64) bool) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.unsettledLocked(edge, d.pending[edge], now, live)
 }
 
 // The routes of a dead edge also wait until every live edge that reports

@@ -298,8 +298,12 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 					if ok {
 						n++
 						if t.routes != nil {
-							a := cmd.Assignments[i]
+							a, r := cmd.Assignments[i], chunk[i]
 							t.routes.assigned(edge, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+							if r.GetOwnerKind() == raftpb.OwnerKind_OWNER_KIND_CUSTODY && r.GetTakenFromEdgeId() != edge {
+								t.routes.passedOn(r.GetTakenFromEdgeId(), r.GetTakenFromIncarnation(),
+									a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+							}
 						}
 					}
 				}
