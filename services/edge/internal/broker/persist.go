@@ -64,6 +64,7 @@ func (b *Broker) Restore(st DurableState) error {
 			continue
 		}
 		s, client, subs, incoming := b.adopt(st, sc, toMsg)
+		b.indexSubs(s)
 		rs.subs = append(rs.subs, subs...)
 		rs.incoming = append(rs.incoming, incoming...)
 		rs.clients = append(rs.clients, client)
@@ -78,6 +79,8 @@ func (b *Broker) Restore(st DurableState) error {
 
 // adopt builds the live session of a stored one, and what mochi must know
 // of it: the offline client, its subscriptions and its inbound QoS 2 state.
+// The session takes no message until the caller indexes its subscriptions
+// (indexSubs), once it is whole.
 func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*durable.Message) *Message) (*session, storage.Client, []storage.Subscription, []storage.Message) {
 	rec := st.Session
 	var subs []storage.Subscription
@@ -100,7 +103,6 @@ func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*d
 		}
 		s.subs[sub.Filter] = x
 		s.nsubs.Store(int32(len(s.subs)))
-		b.index.add(x)
 		subs = append(subs, storage.Subscription{Client: rec.ID, Filter: sub.Filter, Qos: sub.QoS,
 			NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished, RetainHandling: sub.RetainHandling, Identifier: sub.Identifier})
 	}
@@ -141,6 +143,23 @@ func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*d
 	client := storage.Client{ID: rec.ID, Listener: rec.Listener, Username: rec.Username,
 		ProtocolVersion: rec.ProtocolVersion, Clean: rec.Clean, Properties: props}
 	return s, client, subs, incoming
+}
+
+// indexSubs makes the subscriptions of s, a session adopt built, match
+// published messages. Only once the session is whole: a publisher that
+// found it earlier would queue into it while it was being built, unlocked,
+// and the two writers of its queue could lose a message or leave an empty
+// entry in it.
+func (b *Broker) indexSubs(s *session) {
+	s.mu.Lock()
+	subs := make([]*subscription, 0, len(s.subs))
+	for _, x := range s.subs {
+		subs = append(subs, x)
+	}
+	s.mu.Unlock()
+	for _, x := range subs {
+		b.index.add(x)
+	}
 }
 
 // The storage hooks mochi calls once, in Serve.

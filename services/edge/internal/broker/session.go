@@ -658,9 +658,10 @@ func (s *session) writeLoop() {
 		for s.queue.len() > 0 && len(batch) < writeBatch {
 			d := s.queue.peek()
 			if d.msg == nil {
-				// An entry with no message (seen once, under a Redis
-				// failover, cause not found): it has nothing to deliver,
-				// and sending it would take the whole edge down.
+				// An entry with no message: none should be. One was
+				// left by a publisher queuing into a session still being
+				// imported (fixed: indexSubs); should another cause
+				// appear, sending it would take the whole edge down.
 				s.queue.pop()
 				s.b.m.dropped.WithLabelValues("empty_queue_entry").Inc()
 				s.b.logger.Error("entry without a message in a session's queue; dropped", "client_id", s.id,

@@ -213,6 +213,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		s.recent.ids[parseMsgID(e.MsgID)] = struct{}{}
 	}
 	s.hold = make(chan struct{})
+	b.indexSubs(s)
 	b.sessMu.Lock()
 	b.sessions[id] = s
 	b.sessMu.Unlock()
