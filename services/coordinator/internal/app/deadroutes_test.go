@@ -127,45 +127,70 @@ func TestCluster_DeadEdgeRoutesWaitForCustodyReport(t *testing.T) {
 		t.Skip("runs a router process")
 	}
 	t.Parallel()
-	const ttl, grace = time.Second, 500 * time.Millisecond
-	r := startRouter(t)
-	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: ttl, routerURL: r.url, routeGrace: grace, adoptionWait: time.Minute})
-	l := c.waitLeader(5 * time.Second)
-	stopA := join(t, l.client(), "edge-a", 1, ttl)
 	var through atomic.Uint64
-	joinReporting(t, l.client(), "edge-b", 1, ttl, through.Load)
-	_, err := claimOne(t.Context(), l.client(), "edge-a", 1, "t1", "c1", "req-1")
-	require.NoError(t, err)
-	a, stopRoutesA := edgeRoutes(t, r, "edge-a", 1)
-	subscribe(t, a, "t1", "a/b")
-	stopRoutesA()
+	e := startRoutedEdge(t, func(l *testNode) { joinReporting(t, l.client(), "edge-b", 1, deadTTL, through.Load) })
+	r := e.r
 
-	stopA()
-	var epoch uint64
-	testutil.Eventually(t, 10*ttl, func() error {
-		rec := c.waitLeader(5*time.Second).a().FSM().State().Session("t1", "c1")
-		if rec.GetOwnerEdgeId() != "edge-b" {
-			return fmt.Errorf("c1 owned by %s", rec.GetOwnerEdgeId())
-		}
-		epoch = rec.GetEpoch()
-		return nil
-	})
+	e.stopA()
+	epoch := e.ownedBy("edge-b")
 	// Well past the grace: edge-b has not reported c1 adopted.
-	time.Sleep(grace + 2*ttl)
+	time.Sleep(deadGrace + 2*deadTTL)
 	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"), "routes removed before the custodian reported")
 	through.Store(epoch - 1)
-	time.Sleep(ttl)
+	time.Sleep(deadTTL)
 	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"), "an epoch below c1's is not c1")
 
 	reported := time.Now()
 	through.Store(epoch)
 	waitGone(t, r, "edge-a", "t1", "a/b", 10*time.Second)
 	t.Logf("routes removed %v after the custodian reported", time.Since(reported).Round(time.Millisecond))
-	for _, tn := range c.nodes {
+	for _, tn := range e.c.nodes {
 		if tn.running() {
 			require.Zero(t, counter(t, tn.a().reg, removalsMetric, "unconfirmed"))
 		}
 	}
+}
+
+const deadTTL, deadGrace = time.Second, 500 * time.Millisecond
+
+// routedEdge is a router and a 3-node cluster with a fast lease TTL, in
+// which edge-a holds session t1/c1 and routes a/b to itself.
+type routedEdge struct {
+	t     *testing.T
+	r     *routerProc
+	c     *cluster
+	stopA func() // edge-a stops renewing its lease
+}
+
+// startRoutedEdge starts a routedEdge; others joins the other edges, once
+// the cluster has a leader and before edge-a claims c1.
+func startRoutedEdge(t *testing.T, others func(l *testNode)) *routedEdge {
+	t.Helper()
+	r := startRouter(t)
+	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: deadTTL, routerURL: r.url, routeGrace: deadGrace, adoptionWait: time.Minute})
+	l := c.waitLeader(5 * time.Second)
+	stopA := join(t, l.client(), "edge-a", 1, deadTTL)
+	others(l)
+	_, err := claimOne(t.Context(), l.client(), "edge-a", 1, "t1", "c1", "req-1")
+	require.NoError(t, err)
+	a, stopRoutesA := edgeRoutes(t, r, "edge-a", 1)
+	subscribe(t, a, "t1", "a/b")
+	stopRoutesA()
+	return &routedEdge{t: t, r: r, c: c, stopA: stopA}
+}
+
+// ownedBy waits until edge owns c1, and returns the session's epoch.
+func (e *routedEdge) ownedBy(edge string) (epoch uint64) {
+	e.t.Helper()
+	testutil.Eventually(e.t, 10*deadTTL, func() error {
+		rec := e.c.waitLeader(5*time.Second).a().FSM().State().Session("t1", "c1")
+		if rec.GetOwnerEdgeId() != edge {
+			return fmt.Errorf("c1 owned by %s", rec.GetOwnerEdgeId())
+		}
+		epoch = rec.GetEpoch()
+		return nil
+	})
+	return epoch
 }
 
 // TestCluster_DeadEdgeRoutesFollowCustodyOn: the custodian of a dead
@@ -178,44 +203,24 @@ func TestCluster_DeadEdgeRoutesFollowCustodyOn(t *testing.T) {
 		t.Skip("runs a router process")
 	}
 	t.Parallel()
-	const ttl, grace = time.Second, 500 * time.Millisecond
-	r := startRouter(t)
-	c := startCluster(t, 3, clusterOpts{fast: true, leaseTTL: ttl, routerURL: r.url, routeGrace: grace, adoptionWait: time.Minute})
-	l := c.waitLeader(5 * time.Second)
-	stopA := join(t, l.client(), "edge-a", 1, ttl)
-	stopB := joinReporting(t, l.client(), "edge-b", 1, ttl, func() uint64 { return 0 })
-	_, err := claimOne(t.Context(), l.client(), "edge-a", 1, "t1", "c1", "req-1")
-	require.NoError(t, err)
-	a, stopRoutesA := edgeRoutes(t, r, "edge-a", 1)
-	subscribe(t, a, "t1", "a/b")
-	stopRoutesA()
-
-	ownedBy := func(edge string) (epoch uint64) {
-		t.Helper()
-		testutil.Eventually(t, 10*ttl, func() error {
-			rec := c.waitLeader(5*time.Second).a().FSM().State().Session("t1", "c1")
-			if rec.GetOwnerEdgeId() != edge {
-				return fmt.Errorf("c1 owned by %s", rec.GetOwnerEdgeId())
-			}
-			epoch = rec.GetEpoch()
-			return nil
-		})
-		return epoch
-	}
-	stopA()
-	ownedBy("edge-b")
+	var stopB func()
+	e := startRoutedEdge(t, func(l *testNode) {
+		stopB = joinReporting(t, l.client(), "edge-b", 1, deadTTL, func() uint64 { return 0 })
+	})
+	e.stopA()
+	e.ownedBy("edge-b")
 	// edge-c joins; edge-b dies without having adopted c1.
 	var through atomic.Uint64
-	joinReporting(t, l.client(), "edge-c", 1, ttl, through.Load)
+	joinReporting(t, e.c.waitLeader(5*time.Second).client(), "edge-c", 1, deadTTL, through.Load)
 	stopB()
-	epoch := ownedBy("edge-c")
-	time.Sleep(grace + 2*ttl)
-	require.Equal(t, []string{"edge-a"}, r.mustLookup(t, "t1", "a/b"),
+	epoch := e.ownedBy("edge-c")
+	time.Sleep(deadGrace + 2*deadTTL)
+	require.Equal(t, []string{"edge-a"}, e.r.mustLookup(t, "t1", "a/b"),
 		"edge-a's routes removed while c1's custodian had not reported it adopted")
 
 	reported := time.Now()
 	through.Store(epoch)
-	waitGone(t, r, "edge-a", "t1", "a/b", 10*time.Second)
+	waitGone(t, e.r, "edge-a", "t1", "a/b", 10*time.Second)
 	t.Logf("routes removed %v after the second custodian reported", time.Since(reported).Round(time.Millisecond))
 }
 
