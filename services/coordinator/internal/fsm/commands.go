@@ -178,16 +178,22 @@ func applyReassignSessions(tx *Tx, cmd *raftpb.ReassignSessionsCommand) (*raftpb
 		if a.GetToEdgeId() == cmd.GetFromEdgeId() || !tx.aliveEdge(a.GetToEdgeId(), a.GetToIncarnation()) {
 			continue
 		}
+		origin, originInc := CustodyOrigin(rec)
+		if rec.GetOwnerKind() != raftpb.OwnerKind_OWNER_KIND_CUSTODY {
+			origin, originInc = rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation()
+		}
 		tx.putSession(rec, &raftpb.SessionRecord{
-			Tenant:               rec.GetTenant(),
-			ClientId:             rec.GetClientId(),
-			Epoch:                tx.index,
-			OwnerEdgeId:          a.GetToEdgeId(),
-			OwnerIncarnation:     a.GetToIncarnation(),
-			OwnerKind:            raftpb.OwnerKind_OWNER_KIND_CUSTODY,
-			GrantedAtUnixNano:    cmd.GetNowUnixNano(),
-			TakenFromEdgeId:      rec.GetOwnerEdgeId(),
-			TakenFromIncarnation: rec.GetOwnerIncarnation(),
+			Tenant:                   rec.GetTenant(),
+			ClientId:                 rec.GetClientId(),
+			Epoch:                    tx.index,
+			OwnerEdgeId:              a.GetToEdgeId(),
+			OwnerIncarnation:         a.GetToIncarnation(),
+			OwnerKind:                raftpb.OwnerKind_OWNER_KIND_CUSTODY,
+			GrantedAtUnixNano:        cmd.GetNowUnixNano(),
+			TakenFromEdgeId:          rec.GetOwnerEdgeId(),
+			TakenFromIncarnation:     rec.GetOwnerIncarnation(),
+			CustodyOriginEdgeId:      origin,
+			CustodyOriginIncarnation: originInc,
 		})
 		res.Applied[i] = true
 		j, ok := byTo[a.GetToEdgeId()]
@@ -200,6 +206,20 @@ func applyReassignSessions(tx *Tx, cmd *raftpb.ReassignSessionsCommand) (*raftpb
 		tx.events[j].Sessions = append(tx.events[j].Sessions, SessionEpoch{Tenant: rec.GetTenant(), ClientID: rec.GetClientId(), Epoch: tx.index})
 	}
 	return res, nil
+}
+
+// CustodyOrigin returns the edge whose death put a custody session in
+// custody (SessionRecord.custody_origin_edge_id), or, for a record written
+// before that field existed, the edge custody took it from. Empty for a
+// session a connection holds.
+func CustodyOrigin(rec *raftpb.SessionRecord) (edge string, incarnation uint64) {
+	if rec.GetOwnerKind() != raftpb.OwnerKind_OWNER_KIND_CUSTODY {
+		return "", 0
+	}
+	if rec.GetCustodyOriginEdgeId() != "" {
+		return rec.GetCustodyOriginEdgeId(), rec.GetCustodyOriginIncarnation()
+	}
+	return rec.GetTakenFromEdgeId(), rec.GetTakenFromIncarnation()
 }
 
 func dead(s raftpb.MemberState) bool {

@@ -272,6 +272,30 @@ func TestFSM_ReassignSessions(t *testing.T) {
 	r = h.apply(CmdReassignSessions, &raftpb.ReassignSessionsCommand{NowUnixNano: h.now, FromEdgeId: "dead", FromIncarnation: 1,
 		Assignments: []*raftpb.Reassignment{{Tenant: "acme", ClientId: "a", ToEdgeId: "live", ToIncarnation: 1}}})
 	require.Equal(t, []bool{false}, r.Msg.(*raftpb.ReassignSessionsResult).GetApplied())
+
+	// The custody origin is the edge whose death started the custody, and
+	// stays when the session passes on from a custodian that died.
+	origin := func() (string, uint64) { return CustodyOrigin(h.f.State().Session("acme", "a")) }
+	e, inc := origin()
+	require.Equal(t, "dead", e)
+	require.Equal(t, uint64(1), inc)
+	h.join("next", 1)
+	h.setState("live", 1, raftpb.MemberState_MEMBER_STATE_EXPIRED)
+	r = h.apply(CmdReassignSessions, &raftpb.ReassignSessionsCommand{NowUnixNano: h.now, FromEdgeId: "live", FromIncarnation: 1,
+		Assignments: []*raftpb.Reassignment{{Tenant: "acme", ClientId: "a", ToEdgeId: "next", ToIncarnation: 1}}})
+	require.Equal(t, []bool{true}, r.Msg.(*raftpb.ReassignSessionsResult).GetApplied())
+	require.Equal(t, "live", h.f.State().Session("acme", "a").GetTakenFromEdgeId())
+	e, _ = origin()
+	require.Equal(t, "dead", e, "passed on from a dead custodian, the origin stays")
+	// A connection's claim ends the custody, and its origin with it.
+	h.claim(claim("next", 1, "acme", "a", ""))
+	e, _ = origin()
+	require.Empty(t, e)
+	// A record written before the field existed: taken_from stands for it.
+	old := &raftpb.SessionRecord{OwnerKind: raftpb.OwnerKind_OWNER_KIND_CUSTODY, TakenFromEdgeId: "x", TakenFromIncarnation: 4}
+	e, inc = CustodyOrigin(old)
+	require.Equal(t, "x", e)
+	require.Equal(t, uint64(4), inc)
 }
 
 func TestFSM_UpsertMember(t *testing.T) {

@@ -14,12 +14,11 @@
 package raftpb
 
 import (
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -301,8 +300,19 @@ type SessionRecord struct {
 	TakenFromEdgeId string `protobuf:"bytes,8,opt,name=taken_from_edge_id,json=takenFromEdgeId,proto3" json:"taken_from_edge_id,omitempty"`
 	// taken_from_incarnation is the incarnation of taken_from_edge_id then.
 	TakenFromIncarnation uint64 `protobuf:"varint,9,opt,name=taken_from_incarnation,json=takenFromIncarnation,proto3" json:"taken_from_incarnation,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// custody_origin_edge_id is, while custody holds the session, the edge whose
+	// death put it in custody. It stays when custody passes the session from a
+	// custodian that died in turn (taken_from then names that custodian): until a
+	// custodian adopts the session, the origin's routes may be the only ones that
+	// reach it, and the leader keeps them while any custodian in the chain has not
+	// reported it adopted. Empty for a session a connection holds, and in records
+	// written before the field existed (taken_from stands for it then).
+	CustodyOriginEdgeId string `protobuf:"bytes,10,opt,name=custody_origin_edge_id,json=custodyOriginEdgeId,proto3" json:"custody_origin_edge_id,omitempty"`
+	// custody_origin_incarnation is the incarnation of custody_origin_edge_id
+	// that died.
+	CustodyOriginIncarnation uint64 `protobuf:"varint,11,opt,name=custody_origin_incarnation,json=custodyOriginIncarnation,proto3" json:"custody_origin_incarnation,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *SessionRecord) Reset() {
@@ -394,6 +404,20 @@ func (x *SessionRecord) GetTakenFromEdgeId() string {
 func (x *SessionRecord) GetTakenFromIncarnation() uint64 {
 	if x != nil {
 		return x.TakenFromIncarnation
+	}
+	return 0
+}
+
+func (x *SessionRecord) GetCustodyOriginEdgeId() string {
+	if x != nil {
+		return x.CustodyOriginEdgeId
+	}
+	return ""
+}
+
+func (x *SessionRecord) GetCustodyOriginIncarnation() uint64 {
+	if x != nil {
+		return x.CustodyOriginIncarnation
 	}
 	return 0
 }
@@ -2408,7 +2432,7 @@ var File_keel_coordinator_raft_v1_raft_proto protoreflect.FileDescriptor
 
 const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"#keel/coordinator/raft/v1/raft.proto\x12\x18keel.coordinator.raft.v1\"\x83\x03\n" +
+	"#keel/coordinator/raft/v1/raft.proto\x12\x18keel.coordinator.raft.v1\"\xf6\x03\n" +
 	"\rSessionRecord\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x14\n" +
@@ -2419,7 +2443,10 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"owner_kind\x18\x06 \x01(\x0e2#.keel.coordinator.raft.v1.OwnerKindR\townerKind\x12/\n" +
 	"\x14granted_at_unix_nano\x18\a \x01(\x03R\x11grantedAtUnixNano\x12+\n" +
 	"\x12taken_from_edge_id\x18\b \x01(\tR\x0ftakenFromEdgeId\x124\n" +
-	"\x16taken_from_incarnation\x18\t \x01(\x04R\x14takenFromIncarnation\"\xb4\x02\n" +
+	"\x16taken_from_incarnation\x18\t \x01(\x04R\x14takenFromIncarnation\x123\n" +
+	"\x16custody_origin_edge_id\x18\n" +
+	" \x01(\tR\x13custodyOriginEdgeId\x12<\n" +
+	"\x1acustody_origin_incarnation\x18\v \x01(\x04R\x18custodyOriginIncarnation\"\xb4\x02\n" +
 	"\fMemberRecord\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x128\n" +
 	"\x04role\x18\x02 \x01(\x0e2$.keel.coordinator.raft.v1.MemberRoleR\x04role\x12 \n" +

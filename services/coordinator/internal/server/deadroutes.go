@@ -163,10 +163,11 @@ func (d *deadRoutes) passedOn(origin string, originInc uint64, to string, toInc,
 }
 
 // recallCustody fills in, from the state st, the custodians of the
-// pending edges' sessions that an earlier leader assigned: their
-// assignments are not in this term's memory, and without them the removal
-// would wait for no custodian, and could take a dead edge's routes while
-// its sessions' custodians had not registered theirs. A session counts
+// pending edges' sessions that an earlier leader assigned, directly or by
+// passing a session on from a custodian that died (its custody origin):
+// their assignments are not in this term's memory, and without them the
+// removal would wait for no custodian, and could take a dead edge's routes
+// while its sessions' custodians had not registered theirs. A session counts
 // while it is still in custody (not claimed by a connection since). It
 // scans every session once; call it before any removal can be due.
 func (d *deadRoutes) recallCustody(st *fsm.State) {
@@ -180,10 +181,19 @@ func (d *deadRoutes) recallCustody(st *fsm.State) {
 		return
 	}
 	st.ScanSessions(fsm.SessionScan{}, func(rec *raftpb.SessionRecord, _ bool) bool {
+		if rec.GetOwnerKind() != raftpb.OwnerKind_OWNER_KIND_CUSTODY {
+			return true
+		}
 		from := rec.GetTakenFromEdgeId()
-		if inc, ok := pending[from]; ok && rec.GetOwnerKind() == raftpb.OwnerKind_OWNER_KIND_CUSTODY &&
-			rec.GetTakenFromIncarnation() <= inc {
+		if inc, ok := pending[from]; ok && rec.GetTakenFromIncarnation() <= inc {
 			d.assigned(from, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
+		}
+		// Passed on from a custodian that died: the edge whose death
+		// started the custody may still hold the only routes to it.
+		if origin, originInc := fsm.CustodyOrigin(rec); origin != from {
+			if inc, ok := pending[origin]; ok && originInc <= inc {
+				d.assigned(origin, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
+			}
 		}
 		return true
 	})

@@ -298,11 +298,10 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 					if ok {
 						n++
 						if t.routes != nil {
-							a, r := cmd.Assignments[i], chunk[i]
+							a := cmd.Assignments[i]
 							t.routes.assigned(edge, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
-							if r.GetOwnerKind() == raftpb.OwnerKind_OWNER_KIND_CUSTODY && r.GetTakenFromEdgeId() != edge {
-								t.routes.passedOn(r.GetTakenFromEdgeId(), r.GetTakenFromIncarnation(),
-									a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+							if origin, originInc := fsm.CustodyOrigin(chunk[i]); origin != "" && origin != edge {
+								t.routes.passedOn(origin, originInc, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
 							}
 						}
 					}

@@ -371,6 +371,52 @@ func TestServer_CustodyAfterRejoin(t *testing.T) {
 	require.Equal(t, []deadRoute{{edge: "e1", inc: 1}}, d.takeDue(now.Add(3*time.Second), anyLive))
 }
 
+// A session passed on from a custodian that died keeps its custody
+// origin: a later leader finds its new custodian for the first dead edge
+// too, whose routes may still be the only ones that reach it.
+func TestServer_RecallCustodyPassedOn(t *testing.T) {
+	ts := newTestServer(t, true, func(c *Config) { c.LeaseTTL = 3 * time.Second })
+	ts.renew(t, "e1", 1)
+	const n = 5
+	for i := range n {
+		_, err := ts.claim(t.Context(), "e1", fmt.Sprintf("c%d", i), fmt.Sprintf("r%d", i))
+		require.NoError(t, err)
+	}
+	inCustodyOf := func(edge string, inc uint64) {
+		t.Helper()
+		testutil.Eventually(t, 5*time.Second, func() error {
+			for i := range n {
+				rec := ts.s.fsm.State().Session("acme", fmt.Sprintf("c%d", i))
+				if rec.GetOwnerKind() != raftpb.OwnerKind_OWNER_KIND_CUSTODY || rec.GetTakenFromEdgeId() != edge || rec.GetTakenFromIncarnation() != inc {
+					return fmt.Errorf("c%d: %v", i, rec)
+				}
+			}
+			return nil
+		})
+	}
+	// e1/1 dies (it rejoins as e1/2); e2 takes custody.
+	ts.renew(t, "e2", 1)
+	ts.renew(t, "e1", 2)
+	inCustodyOf("e1", 1)
+	// e2/1 dies in turn before adopting them; they pass on.
+	ts.renew(t, "e2", 2)
+	inCustodyOf("e2", 1)
+
+	st := ts.s.fsm.State()
+	want := map[memberInc]uint64{}
+	for i := range n {
+		rec := st.Session("acme", fmt.Sprintf("c%d", i))
+		k := memberInc{rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation()}
+		want[k] = max(want[k], rec.GetEpoch())
+	}
+	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
+	d.add("e1", 1)
+	d.add("e2", 1)
+	d.recallCustody(st)
+	require.Equal(t, want, d.pending["e2"].custodians)
+	require.Equal(t, want, d.pending["e1"].custodians, "the custodians of the sessions e1/1's death put in custody")
+}
+
 // TestServer_BumpAclVersion: a bump is one Raft entry whose index is the
 // tenant's new version, kept in the FSM (for watch snapshots) and published to
 // the watch hub; versions only grow, the empty tenant (cluster-wide rules) is
