@@ -86,3 +86,46 @@ func BenchmarkCluster_Devices(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "suback-p99-ms")
 	b.ReportMetric(float64(devices)/subTime.Seconds(), "subscribes/s")
 }
+
+// BenchmarkCluster_SubackPaced offers subscribes at a fixed rate
+// (KEEL_ROUTER_BENCH_RATE per second across three edges, default 2,000;
+// open loop: a slow SUBACK does not slow the offered load) to three router
+// nodes, each a new devices/<id>/cmd/# filter, and reports the SUBACK
+// latency a subscriber sees at that load. BenchmarkCluster_Devices
+// saturates the cluster instead, so its latency is mostly queueing.
+//
+//	go test -run '^$' -bench BenchmarkCluster_SubackPaced -benchtime 20000x ./internal/server/
+func BenchmarkCluster_SubackPaced(b *testing.B) {
+	rate := 2000
+	if s := os.Getenv("KEEL_ROUTER_BENCH_RATE"); s != "" {
+		rate, _ = strconv.Atoi(s)
+	}
+	nodes := startClusterB(b, 3)
+	edges := make([]*client.Client, 3)
+	for i := range edges {
+		edges[i] = startEdgeCfg(b, client.Config{URL: nodes[i].url, EdgeID: fmt.Sprintf("edge-%d", i), Incarnation: 1})
+	}
+	ctx := context.Background()
+	lat := make([]time.Duration, b.N)
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		<-tick.C
+		wg.Go(func() {
+			t0 := time.Now()
+			if err := edges[i%3].Subscribe(ctx, "t1", fmt.Sprintf("devices/%d/cmd/#", i)); err != nil {
+				b.Error(err)
+			}
+			lat[i] = time.Since(t0)
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "subscribes/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "suback-p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "suback-p99-ms")
+}

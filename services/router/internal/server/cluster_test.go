@@ -146,7 +146,7 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 			}
 			tn.node = node
 			mux := http.NewServeMux()
-			mux.Handle(routerv1connect.NewRouterServiceHandler(node))
+			mux.Handle(routerv1connect.NewRouterServiceHandler(node, rpc.HandlerOptions()...))
 			var h http.Handler = mux
 			if wrap != nil {
 				h = wrap(i, h)
