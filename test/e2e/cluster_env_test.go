@@ -236,6 +236,7 @@ func (k *keelCluster) runEdge(i int) (*testcontainers.DockerContainer, error) {
 		args = append(args, "--cluster.persistence", fmt.Sprintf("http://%s:%d", persistAlias, persistPort))
 	}
 	args = append(args, k.cfg.EdgeArgs...)
+	args = append(args, strings.Fields(os.Getenv("KEEL_E2E_EDGE_ARGS"))...)
 	var nets []testcontainers.ContainerCustomizer
 	if k.accessNet != "" {
 		// The access network first: it sorts first by name too, so Docker

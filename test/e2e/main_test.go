@@ -5,7 +5,9 @@
 // Environment: KEEL_E2E=1 runs the suite; KEEL_E2E_IMAGES=keep reuses the
 // images already built under the e2e tag; KEEL_E2E_LOGS=1 prints every
 // cluster container's logs even when a test passes (to read what the
-// product did), and KEEL_E2E_LOG_LEVEL sets their --log.level.
+// product did), KEEL_E2E_LOG_LEVEL sets their --log.level, and
+// KEEL_E2E_EDGE_ARGS adds flags to every edge (to try a setting across the
+// suite, such as --cluster.forward-retry).
 package e2e
 
 import (
