@@ -597,3 +597,62 @@ func TestBroker_ImportWhilePublishing(t *testing.T) {
 	require.Equal(t, stored, old, "every stored entry is queued")
 	require.LessOrEqual(t, fresh, int(published.Load()), "no published message is queued twice")
 }
+
+// A session that moves takes its memory of the QoS 2 messages it took
+// along: a resend of one under its msgID (the publisher was not
+// acknowledged because another recipient failed) is not delivered again
+// on the edge the session moved to, while a new message is.
+func TestBroker_ImportKeepsQoS2Memory(t *testing.T) {
+	t.Parallel()
+	b, sc, id, st := storedSession(t, "once")
+	filter, _ := sc.Filter("q/#")
+	st.Subs = []durable.Subscription{{Filter: filter, QoS: 2}}
+	st.TookQoS2 = []string{"other/1/7"}
+	s, err := b.importSession(t.Context(), sc, id, 7, st)
+	require.NoError(t, err)
+	s.releaseHold()
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(7, "q/x", 2, time.Now()), SharedChoice{}))
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(8, "q/x", 2, time.Now()), SharedChoice{}))
+	s.mu.Lock()
+	var queued []uint64
+	for i := range s.queue.len() {
+		queued = append(queued, s.queue.at(i).msg.ID.Seq)
+	}
+	took := s.tookIDsLocked()
+	s.mu.Unlock()
+	require.Equal(t, []uint64{8}, queued, "the resend of 7 is not delivered again")
+	require.Equal(t, []string{"other/1/7", "other/1/8"}, took)
+
+	// Taken over from here, the session hands the memory on, at Begin and
+	// with the late messages at End.
+	require.NoError(t, b.store.PutSession(t.Context(), st.Session))
+	owned, _, state, err := b.TakeOver(t.Context(), "default", "once", "edge-new", 9, false)
+	require.NoError(t, err)
+	require.True(t, owned)
+	begun, err := durable.DecodeTransfer(state)
+	require.NoError(t, err)
+	require.Equal(t, took, begun.TookQoS2)
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(9, "q/x", 2, time.Now()), SharedChoice{}))
+	late, err := b.TakeoverEnd(t.Context(), "default", "once", 9)
+	require.NoError(t, err)
+	ended, err := durable.DecodeTransfer(late)
+	require.NoError(t, err)
+	require.Equal(t, []string{"other/1/7", "other/1/8", "other/1/9"}, ended.TookQoS2)
+
+	// The new owner queues the late message, which its memory names too,
+	// and then remembers it.
+	nb, nsc, nid, _ := storedSession(t, "once")
+	begun.Session.ID = nid
+	ns, err := nb.importSession(t.Context(), nsc, nid, 9, begun)
+	require.NoError(t, err)
+	require.NoError(t, nb.mergeLate(nid, late))
+	ns.releaseHold()
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	var last uint64
+	for i := range ns.queue.len() {
+		last = ns.queue.at(i).msg.ID.Seq
+	}
+	require.Equal(t, uint64(9), last, "the late message is queued")
+	require.True(t, ns.took.has(MsgID{Edge: "other", Incarnation: 1, Seq: 9}))
+}

@@ -113,6 +113,9 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	// detach put the connection's in-flight messages back in memory; the
 	// stored in-flight set already holds them, with their packet IDs.
+	s.mu.Lock()
+	st.TookQoS2 = s.tookIDsLocked()
+	s.mu.Unlock()
 	state, err = durable.EncodeTransfer(st)
 	return true, wasConnected, state, err
 }
@@ -150,7 +153,7 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	// numbers are not this edge's).
 	s.mu.Lock()
 	mv.done = true
-	late := durable.SessionState{Session: durable.Session{ID: id}}
+	late := durable.SessionState{Session: durable.Session{ID: id}, TookQoS2: s.tookIDsLocked()}
 	for i := 0; i < s.queue.len(); i++ {
 		if d := s.queue.at(i); d.seq > mv.fromSeq {
 			late.Queue = append(late.Queue, entryOf(d, 0, 0))
@@ -213,6 +216,9 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		s.recent.ids[parseMsgID(e.MsgID)] = struct{}{}
 	}
 	s.hold = make(chan struct{})
+	for _, id := range st.TookQoS2 {
+		s.rememberQoS2(parseMsgID(id))
+	}
 	b.indexSubs(s)
 	b.sessMu.Lock()
 	b.sessions[id] = s
@@ -332,6 +338,11 @@ func (b *Broker) mergeLate(id string, late []byte) error {
 		if r := s.enqueueNow(delivery{msg: m, qos: e.QoS, retain: e.Retain, ids: e.SubIDs}); r == storeFailed || r == revoked {
 			failed = errStoreFailed
 		}
+	}
+	// After the late messages: the previous owner took those too, and
+	// remembered first they would be taken for copies queued already.
+	for _, id := range st.TookQoS2 {
+		s.rememberQoS2(parseMsgID(id))
 	}
 	return failed
 }

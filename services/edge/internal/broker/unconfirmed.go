@@ -106,6 +106,21 @@ func (t *tookQoS2) has(id MsgID) bool {
 	return ok
 }
 
+// tookIDsLocked lists the msgIDs the session remembers taking at QoS 2, for the
+// edge the session moves to. s.mu must be held.
+func (s *session) tookIDsLocked() []string {
+	if s.took == nil {
+		return nil
+	}
+	out := make([]string, 0, len(s.took.ids))
+	for _, id := range s.took.ring {
+		if _, ok := s.took.ids[id]; ok {
+			out = append(out, msgIDString(id))
+		}
+	}
+	return out
+}
+
 // rememberQoS2 records a QoS 2 delivery the session took.
 func (s *session) rememberQoS2(id MsgID) {
 	s.mu.Lock()

@@ -144,6 +144,10 @@ type SessionState struct {
 	Queue    []Entry // in queue order
 	Inflight []Entry
 	Incoming []Incoming
+	// TookQoS2 names the last QoS 2 messages the session took, by msgID,
+	// so that a resend of one under the same msgID is not delivered twice
+	// after the session moved. Handed between edges only, never stored.
+	TookQoS2 []string
 }
 
 // Store is the on-disk state of one edge.

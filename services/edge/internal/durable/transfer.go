@@ -130,6 +130,7 @@ type transfer struct {
 	Queue    []transferEntry `json:"queue,omitempty"`
 	Inflight []transferEntry `json:"inflight,omitempty"`
 	Incoming []Incoming      `json:"incoming,omitempty"`
+	TookQoS2 []string        `json:"took_qos2,omitempty"`
 }
 
 // transferEntry carries its message along, which the stored form keeps
@@ -141,7 +142,7 @@ type transferEntry struct {
 
 // EncodeTransfer encodes a session's state for another edge.
 func EncodeTransfer(st SessionState) ([]byte, error) {
-	t := transfer{Format: transferFormat, Session: st.Session, Subs: st.Subs, Incoming: st.Incoming}
+	t := transfer{Format: transferFormat, Session: st.Session, Subs: st.Subs, Incoming: st.Incoming, TookQoS2: st.TookQoS2}
 	for _, e := range st.Queue {
 		t.Queue = append(t.Queue, transferEntry{Entry: e, Message: e.Msg})
 	}
@@ -164,7 +165,7 @@ func DecodeTransfer(b []byte) (SessionState, error) {
 	if t.Session.ID == "" {
 		return SessionState{}, errors.New("decode session transfer: no session id")
 	}
-	st := SessionState{Session: t.Session, Subs: t.Subs, Incoming: t.Incoming}
+	st := SessionState{Session: t.Session, Subs: t.Subs, Incoming: t.Incoming, TookQoS2: t.TookQoS2}
 	for _, set := range []struct {
 		from []transferEntry
 		to   *[]Entry
