@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/keelmq/keel/libs/testutil"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 )
 
@@ -88,35 +89,14 @@ func BenchmarkCluster_Claims(b *testing.B) {
 }
 
 // benchPaced issues b.N ClaimSessions calls of size claims at rate calls per
-// second, each on its own goroutine (open loop: a slow call does not slow the
-// offered load), and reports the achieved claims/s and the latency quantiles.
+// second, open loop (testutil.Paced).
 func benchPaced(b *testing.B, cl client, seq *atomic.Int64, size, rate int) {
-	lat := make([]time.Duration, b.N)
-	var wg sync.WaitGroup
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	b.ResetTimer()
-	start := time.Now()
-	for i := range b.N {
-		<-tick.C
+	testutil.Paced(b, rate, size, "claims/s", "", func(int) error {
 		req := &coordinatorv1.ClaimSessionsRequest{EdgeId: "bench-edge", Incarnation: 1}
 		for range size {
 			req.Claims = append(req.Claims, &coordinatorv1.SessionClaim{Session: sk("bench", fmt.Sprintf("c%d", seq.Add(1)))})
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t0 := time.Now()
-			if _, err := cl.ClaimSessions(context.Background(), connect.NewRequest(req)); err != nil {
-				b.Error(err)
-			}
-			lat[i] = time.Since(t0)
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	slices.Sort(lat)
-	b.ReportMetric(float64(b.N*size)/elapsed.Seconds(), "claims/s")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+		_, err := cl.ClaimSessions(context.Background(), connect.NewRequest(req))
+		return err
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	client "github.com/keelmq/keel/libs/routerclient"
+	"github.com/keelmq/keel/libs/testutil"
 )
 
 // BenchmarkCluster_Devices is the devices scenario scaled to one process:
@@ -22,19 +23,9 @@ import (
 // (Subscribe until the router's ack) and the share of publishes that needed
 // a Lookup RPC after one warm-up pass.
 func BenchmarkCluster_Devices(b *testing.B) {
-	devices := 30_000
-	if s := os.Getenv("KEEL_ROUTER_BENCH_DEVICES"); s != "" {
-		devices, _ = strconv.Atoi(s)
-	}
-	conc := 64
-	if s := os.Getenv("KEEL_ROUTER_BENCH_CONC"); s != "" {
-		conc, _ = strconv.Atoi(s)
-	}
-	nodes := startClusterB(b, 3)
-	edges := make([]*client.Client, 3)
-	for i := range edges {
-		edges[i] = startEdgeCfg(b, client.Config{URL: nodes[i].url, EdgeID: fmt.Sprintf("edge-%d", i), Incarnation: 1})
-	}
+	devices := envInt("KEEL_ROUTER_BENCH_DEVICES", 30_000)
+	conc := envInt("KEEL_ROUTER_BENCH_CONC", 64)
+	edges := benchEdges(b)
 	ctx := context.Background()
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -96,36 +87,26 @@ func BenchmarkCluster_Devices(b *testing.B) {
 //
 //	go test -run '^$' -bench BenchmarkCluster_SubackPaced -benchtime 20000x ./internal/server/
 func BenchmarkCluster_SubackPaced(b *testing.B) {
-	rate := 2000
-	if s := os.Getenv("KEEL_ROUTER_BENCH_RATE"); s != "" {
-		rate, _ = strconv.Atoi(s)
-	}
+	edges := benchEdges(b)
+	testutil.Paced(b, envInt("KEEL_ROUTER_BENCH_RATE", 2000), 1, "subscribes/s", "suback-", func(i int) error {
+		return edges[i%3].Subscribe(context.Background(), "t1", fmt.Sprintf("devices/%d/cmd/#", i))
+	})
+}
+
+// benchEdges starts three router nodes and an edge client on each.
+func benchEdges(b *testing.B) []*client.Client {
 	nodes := startClusterB(b, 3)
 	edges := make([]*client.Client, 3)
 	for i := range edges {
 		edges[i] = startEdgeCfg(b, client.Config{URL: nodes[i].url, EdgeID: fmt.Sprintf("edge-%d", i), Incarnation: 1})
 	}
-	ctx := context.Background()
-	lat := make([]time.Duration, b.N)
-	var wg sync.WaitGroup
-	tick := time.NewTicker(time.Second / time.Duration(rate))
-	defer tick.Stop()
-	b.ResetTimer()
-	start := time.Now()
-	for i := range b.N {
-		<-tick.C
-		wg.Go(func() {
-			t0 := time.Now()
-			if err := edges[i%3].Subscribe(ctx, "t1", fmt.Sprintf("devices/%d/cmd/#", i)); err != nil {
-				b.Error(err)
-			}
-			lat[i] = time.Since(t0)
-		})
+	return edges
+}
+
+// envInt reads a benchmark's setting from the environment.
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
 	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	slices.Sort(lat)
-	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "subscribes/s")
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "suback-p50-ms")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "suback-p99-ms")
+	return def
 }
