@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -208,6 +209,19 @@ func applyReassignSessions(tx *Tx, cmd *raftpb.ReassignSessionsCommand) (*raftpb
 	return res, nil
 }
 
+// FencesWriter reports whether a member other than (member, incarnation)
+// holds g's promotion lease for a failover (fence_writers) at now, taken
+// since g's record last changed: a promotion under way, not one already
+// published (the lease outlives the record's compare-and-set until it
+// expires).
+func FencesWriter(g *raftpb.RedisGroupRecord, member string, incarnation uint64, now time.Time) bool {
+	l := g.GetPromotionLease()
+	if l == nil || !l.GetFenceWriters() || l.GetExpiresAtUnixNano() <= now.UnixNano() || l.GetLeaseEpoch() <= g.GetRecordEpoch() {
+		return false
+	}
+	return l.GetHolderMemberId() != member || l.GetHolderIncarnation() != incarnation
+}
+
 // CustodyOrigin returns the edge whose death put a custody session in
 // custody (SessionRecord.custody_origin_edge_id), or, for a record written
 // before that field existed, the edge custody took it from. Empty for a
@@ -377,6 +391,7 @@ func applyAcquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand
 		HolderIncarnation: cmd.GetIncarnation(),
 		ExpiresAtUnixNano: now + cmd.GetTtlNanos(),
 		LeaseEpoch:        epoch,
+		FenceWriters:      cmd.GetFenceWriters(),
 	}
 	tx.txn.Insert(redisKey(next.GetGroupId()), next)
 	return &raftpb.AcquirePromotionLeaseResult{Acquired: true, Lease: next.GetPromotionLease()}, nil

@@ -533,7 +533,10 @@ type PromotionLease struct {
 	// expires_at_unix_nano is when the lease ends, on the leader's clock.
 	ExpiresAtUnixNano int64 `protobuf:"varint,3,opt,name=expires_at_unix_nano,json=expiresAtUnixNano,proto3" json:"expires_at_unix_nano,omitempty"`
 	// lease_epoch is the Raft index of the acquisition (not of renewals).
-	LeaseEpoch    uint64 `protobuf:"varint,4,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	LeaseEpoch uint64 `protobuf:"varint,4,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	// fence_writers marks a failover: until the group's record changes or the
+	// lease ends, the other writers of the group are granted no writes.
+	FenceWriters  bool `protobuf:"varint,5,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -594,6 +597,13 @@ func (x *PromotionLease) GetLeaseEpoch() uint64 {
 		return x.LeaseEpoch
 	}
 	return 0
+}
+
+func (x *PromotionLease) GetFenceWriters() bool {
+	if x != nil {
+		return x.FenceWriters
+	}
+	return false
 }
 
 // RedisGroupRecord is the record of one Redis group.
@@ -1899,7 +1909,9 @@ type AcquirePromotionLeaseCommand struct {
 	// incarnation of the promoter.
 	Incarnation uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// ttl_nanos is the lease duration.
-	TtlNanos      int64 `protobuf:"varint,5,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	TtlNanos int64 `protobuf:"varint,5,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
+	// fence_writers marks the lease as a failover's (PromotionLease.fence_writers).
+	FenceWriters  bool `protobuf:"varint,6,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1967,6 +1979,13 @@ func (x *AcquirePromotionLeaseCommand) GetTtlNanos() int64 {
 		return x.TtlNanos
 	}
 	return 0
+}
+
+func (x *AcquirePromotionLeaseCommand) GetFenceWriters() bool {
+	if x != nil {
+		return x.FenceWriters
+	}
+	return false
 }
 
 // AcquirePromotionLeaseResult answers an AcquirePromotionLeaseCommand.
@@ -2454,13 +2473,14 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x12;\n" +
 	"\x05state\x18\x05 \x01(\x0e2%.keel.coordinator.raft.v1.MemberStateR\x05state\x12#\n" +
 	"\rupdated_index\x18\x06 \x01(\x04R\fupdatedIndex\x12/\n" +
-	"\x14updated_at_unix_nano\x18\a \x01(\x03R\x11updatedAtUnixNano\"\xbb\x01\n" +
+	"\x14updated_at_unix_nano\x18\a \x01(\x03R\x11updatedAtUnixNano\"\xe0\x01\n" +
 	"\x0ePromotionLease\x12(\n" +
 	"\x10holder_member_id\x18\x01 \x01(\tR\x0eholderMemberId\x12-\n" +
 	"\x12holder_incarnation\x18\x02 \x01(\x04R\x11holderIncarnation\x12/\n" +
 	"\x14expires_at_unix_nano\x18\x03 \x01(\x03R\x11expiresAtUnixNano\x12\x1f\n" +
 	"\vlease_epoch\x18\x04 \x01(\x04R\n" +
-	"leaseEpoch\"\xaa\x02\n" +
+	"leaseEpoch\x12#\n" +
+	"\rfence_writers\x18\x05 \x01(\bR\ffenceWriters\"\xaa\x02\n" +
 	"\x10RedisGroupRecord\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\rR\agroupId\x12!\n" +
 	"\frecord_epoch\x18\x02 \x01(\x04R\vrecordEpoch\x12'\n" +
@@ -2548,13 +2568,14 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"]\n" +
 	"\x14BumpAclVersionResult\x12E\n" +
 	"\vacl_version\x18\x01 \x01(\v2$.keel.coordinator.raft.v1.AclVersionR\n" +
-	"aclVersion\"\xb9\x01\n" +
+	"aclVersion\"\xde\x01\n" +
 	"\x1cAcquirePromotionLeaseCommand\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12\x19\n" +
 	"\bgroup_id\x18\x02 \x01(\rR\agroupId\x12\x1b\n" +
 	"\tmember_id\x18\x03 \x01(\tR\bmemberId\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x1b\n" +
-	"\tttl_nanos\x18\x05 \x01(\x03R\bttlNanos\"y\n" +
+	"\tttl_nanos\x18\x05 \x01(\x03R\bttlNanos\x12#\n" +
+	"\rfence_writers\x18\x06 \x01(\bR\ffenceWriters\"y\n" +
 	"\x1bAcquirePromotionLeaseResult\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12>\n" +
 	"\x05lease\x18\x02 \x01(\v2(.keel.coordinator.raft.v1.PromotionLeaseR\x05lease\"\xc9\x02\n" +

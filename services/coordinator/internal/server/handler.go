@@ -366,7 +366,8 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 		}
 		if rec.GetRole() == role && rec.GetAddress() == m.GetAddress() && rec.GetState() == state {
 			return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(t.leases.TTL()),
-				State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index()}), nil
+				State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index(),
+				WriteGrant: s.writeGrant(m, t.leases.TTL(), now)}), nil
 		}
 	}
 	err = s.upsertMember(ctx, now, &raftpb.MemberRecord{
@@ -383,7 +384,25 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 	}
 	l := t.leases.Grant(lease.Lease{MemberID: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}, now)
 	return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(l.Expires.Sub(now)),
-		State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index()}), nil
+		State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index(),
+		WriteGrant: s.writeGrant(m, l.Expires.Sub(now), now)}), nil
+}
+
+// writeGrant is how long a persistence member may acknowledge writes
+// (RenewLeaseResponse.write_grant): its lease, except while another member
+// promotes a replica of its group. The promoter waits one lease TTL after
+// taking the promotion lease; a writer cut off from the coordinator has
+// let its lease lapse by then, and one that renewed meanwhile was granted
+// nothing, so none still acknowledges through the old primary, which may
+// keep a replica the promoter cannot reach. nil for other roles.
+func (s *Server) writeGrant(m *coordinatorv1.RenewLeaseRequest, remaining time.Duration, now time.Time) *durationpb.Duration {
+	if m.GetRole() != coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE {
+		return nil
+	}
+	if fsm.FencesWriter(s.fsm.State().RedisGroup(m.GetRedisGroupId()), m.GetMemberId(), m.GetIncarnation(), now) {
+		return durationpb.New(0)
+	}
+	return durationpb.New(remaining)
 }
 
 // GetRedisPrimary implements the RPC (linearizable).
@@ -444,7 +463,8 @@ func (s *Server) AcquirePromotionLease(ctx context.Context, req *connect.Request
 	}
 	now := s.now()
 	msg, _, err := s.apply(ctx, fsm.CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: now.UnixNano(),
-		GroupId: m.GetGroupId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(), TtlNanos: ttl.Nanoseconds()})
+		GroupId: m.GetGroupId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(), TtlNanos: ttl.Nanoseconds(),
+		FenceWriters: m.GetFenceWriters()})
 	if err != nil {
 		return nil, s.toConnect(err)
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 )
@@ -415,6 +417,51 @@ func TestServer_RecallCustodyPassedOn(t *testing.T) {
 	d.recallCustody(st)
 	require.Equal(t, want, d.pending["e2"].custodians)
 	require.Equal(t, want, d.pending["e1"].custodians, "the custodians of the sessions e1/1's death put in custody")
+}
+
+// A persistence writer is granted writes for its lease, except while
+// another member fails its group over (holds the promotion lease with
+// fence_writers, taken since the record last changed): then none, so that
+// the promoter, waiting one lease TTL, knows no other writer acknowledges
+// through the old primary. A switchover's lease, the promoter itself,
+// another group and other roles are not affected, and the grant comes
+// back once the new record is in.
+func TestServer_WriteGrantDuringFailover(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	ctx := t.Context()
+	renew := func(id string, group uint32, role coordinatorv1.MemberRole) *durationpb.Duration {
+		t.Helper()
+		resp, err := ts.s.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: id, Role: role,
+			Incarnation: 1, Address: "http://" + id, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE, RedisGroupId: group}))
+		require.NoError(t, err)
+		return resp.Msg.GetWriteGrant()
+	}
+	persistence := coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE
+	acquire := func(id string, fence bool) {
+		t.Helper()
+		resp, err := ts.s.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: id,
+			Incarnation: 1, GroupId: 0, Ttl: durationpb.New(time.Minute), FenceWriters: fence}))
+		require.NoError(t, err)
+		require.True(t, resp.Msg.GetAcquired())
+	}
+	for _, id := range []string{"p1", "p2", "p3"} {
+		require.Positive(t, renew(id, 0, persistence).AsDuration(), "%s: no promotion yet", id)
+	}
+	require.Nil(t, renew("e1", 0, coordinatorv1.MemberRole_MEMBER_ROLE_EDGE), "not a writer")
+
+	acquire("p1", false) // a switchover's lease: writers go on
+	require.Positive(t, renew("p2", 0, persistence).AsDuration())
+	acquire("p1", true) // p1 fails the group over
+	require.Zero(t, renew("p2", 0, persistence).AsDuration(), "another writer of the group is granted nothing")
+	require.Positive(t, renew("p1", 0, persistence).AsDuration(), "the promoter is")
+	require.Positive(t, renew("p3", 1, persistence).AsDuration(), "a writer of another group is")
+
+	// The new record is in: writers are granted again, though p1 still
+	// holds the lease.
+	_, err := ts.s.CompareAndSetRedisPrimary(ctx, connect.NewRequest(&coordinatorv1.CompareAndSetRedisPrimaryRequest{RequestId: "r1",
+		MemberId: "p1", Incarnation: 1, Group: &coordinatorv1.RedisGroupRecord{GroupId: 0, PrimaryAddress: "10.0.0.2:6379"}}))
+	require.NoError(t, err)
+	require.Positive(t, renew("p2", 0, persistence).AsDuration())
 }
 
 // TestServer_BumpAclVersion: a bump is one Raft entry whose index is the

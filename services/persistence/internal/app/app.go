@@ -166,6 +166,8 @@ type App struct {
 	srv      *server.Server
 
 	leaseUntil atomic.Int64 // unix nanos; writes stop after it
+	leaseTTL   atomic.Int64 // nanos: the coordinator's member lease TTL, once known
+	paused     atomic.Bool  // writes are not granted: another member fails the group over
 }
 
 // New validates and allocates; it opens nothing.
@@ -262,7 +264,8 @@ func (a *App) openStore(ctx context.Context) error {
 		return err
 	}
 	a.follower, a.store = f, f
-	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4}
+	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4,
+		WaitWriters: a.waitWriters}
 	a.loop = failover.NewLoop(a.cfg.Failover, a.records, f, p, a.metrics, a.logger.With("component", "failover"))
 	a.metrics.GroupEpoch.Set(float64(rec.Epoch))
 	a.logger.Info("following group record", "primary", rec.Primary, "record_epoch", rec.Epoch, "replicas", rec.Replicas)
@@ -329,14 +332,11 @@ func (a *App) renew(ctx context.Context) error {
 	for {
 		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		resp, err := a.coord.RenewLease(cctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: a.cfg.MemberID,
-			Role: coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE, Incarnation: a.cfg.Incarnation, Address: a.advertise(),
-			State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}))
+		resp, err := a.coord.RenewLease(cctx, connect.NewRequest(a.renewal(coordinatorv1.MemberState_MEMBER_STATE_ALIVE)))
 		cancel()
 		if err == nil {
-			ttl := resp.Msg.GetRemainingTtl().AsDuration()
-			a.leaseUntil.Store(sent.Add(ttl - a.leaseMargin(ttl)).UnixNano())
-			interval = max(ttl/3, 100*time.Millisecond)
+			a.renewed(sent, resp.Msg)
+			interval = max(resp.Msg.GetRemainingTtl().AsDuration()/3, 100*time.Millisecond)
 		} else {
 			a.logger.Warn("lease renewal failed", "error", err)
 			interval = 200 * time.Millisecond
@@ -350,11 +350,61 @@ func (a *App) renew(ctx context.Context) error {
 }
 
 func (a *App) leave(ctx context.Context) error {
-	_, err := a.coord.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: a.cfg.MemberID,
-		Role: coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE, Incarnation: a.cfg.Incarnation, Address: a.advertise(),
-		State: coordinatorv1.MemberState_MEMBER_STATE_LEFT}))
+	_, err := a.coord.RenewLease(ctx, connect.NewRequest(a.renewal(coordinatorv1.MemberState_MEMBER_STATE_LEFT)))
 	return err
 }
+
+func (a *App) renewal(state coordinatorv1.MemberState) *coordinatorv1.RenewLeaseRequest {
+	return &coordinatorv1.RenewLeaseRequest{MemberId: a.cfg.MemberID, Role: coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE,
+		Incarnation: a.cfg.Incarnation, Address: a.advertise(), State: state, RedisGroupId: uint32(a.cfg.RedisGroupID)}
+}
+
+// renewed takes in a renewal sent at sent: writes are acknowledged until
+// the lease, or the write grant when the coordinator gives a shorter one
+// (none while another member fails the group over), less the margin.
+func (a *App) renewed(sent time.Time, resp *coordinatorv1.RenewLeaseResponse) {
+	ttl := resp.GetRemainingTtl().AsDuration()
+	a.leaseTTL.Store(int64(ttl))
+	valid := ttl
+	if g := resp.GetWriteGrant(); g != nil {
+		valid = min(valid, g.AsDuration())
+	}
+	if paused := valid <= 0; a.paused.Swap(paused) != paused {
+		if paused {
+			a.logger.Warn("writes paused: another member is failing the redis group over")
+		} else {
+			a.logger.Info("writes granted again")
+		}
+	}
+	a.leaseUntil.Store(sent.Add(valid - a.leaseMargin(ttl)).UnixNano())
+}
+
+// waitWriters is the failover's wait for the group's other writers
+// ([failover.Promoter.WaitWriters]): one member lease TTL from when the
+// promotion lease was taken. Every other writer has stopped acknowledging
+// by then: one cut off from the coordinator because its lease lapsed,
+// one that renewed meanwhile because it was granted no writes. Until
+// then, the old primary may still take their writes, through a replica
+// the promoter cannot reach.
+func (a *App) waitWriters(ctx context.Context) error {
+	ttl := time.Duration(a.leaseTTL.Load())
+	if ttl <= 0 {
+		ttl = defaultMemberLeaseTTL
+	}
+	a.logger.Info("waiting out the other writers' leases before promoting", "wait", ttl)
+	t := time.NewTimer(ttl)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// defaultMemberLeaseTTL is the coordinator's default member lease TTL,
+// waited for when no renewal has said what it is.
+const defaultMemberLeaseTTL = 10 * time.Second
 
 // Run serves until ctx ends, then stops in reverse order: readiness off,
 // the API drained, the loops stopped, the lease given up, the store closed.
@@ -383,14 +433,11 @@ func (a *App) Run(ctx context.Context) error {
 			return retry(ctx, 30*time.Second, func(ctx context.Context) error {
 				// The first renewal must succeed before anything is acknowledged.
 				sent := time.Now()
-				resp, err := a.coord.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: a.cfg.MemberID,
-					Role: coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE, Incarnation: a.cfg.Incarnation, Address: a.advertise(),
-					State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}))
+				resp, err := a.coord.RenewLease(ctx, connect.NewRequest(a.renewal(coordinatorv1.MemberState_MEMBER_STATE_ALIVE)))
 				if err != nil {
 					return err
 				}
-				ttl := resp.Msg.GetRemainingTtl().AsDuration()
-				a.leaseUntil.Store(sent.Add(ttl - a.leaseMargin(ttl)).UnixNano())
+				a.renewed(sent, resp.Msg)
 				return nil
 			})
 		}, a.leave)

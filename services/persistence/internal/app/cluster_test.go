@@ -550,3 +550,81 @@ func otherOf(addrs []string, not string) string {
 	}
 	return ""
 }
+
+// TestCluster_FailoverLeasePausesWriters: while another member holds the
+// group's promotion lease for a failover (fence_writers), the coordinator
+// grants a writer no writes: it answers UNAVAILABLE from its next lease
+// renewal on, though its primary is fine, and acknowledges again once the
+// lease is gone. A promoter that waits one lease TTL after taking the
+// lease thus knows no other writer still acknowledges through the old
+// primary.
+func TestCluster_FailoverLeasePausesWriters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster: skipped under -short")
+	}
+	redistest.Binary(t)
+	apis := startCoordinators(t)
+	g := redistest.StartGroup(t, 1, 1)
+	in := startInstance(t, "p1", apis[0], g.Primary.Addr, []string{g.Replicas[0].Addr})
+	w := in.client.Write(t.Context())
+	id := uint64(0)
+	write := func(ops ...*persistencev1.WriteOp) persistencev1.WriteStatus {
+		t.Helper()
+		id++
+		require.NoError(t, w.Send(&persistencev1.WriteRequest{BatchId: id, Ops: ops}))
+		r, err := w.Receive()
+		require.NoError(t, err)
+		return r.GetStatus()
+	}
+	activate := &persistencev1.WriteOp{Session: csess, Fence: &persistencev1.Fence{Epoch: 1},
+		Op: &persistencev1.WriteOp_Activate{Activate: &persistencev1.ActivateOp{}}}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if st := write(activate); st != persistencev1.WriteStatus_WRITE_STATUS_OK {
+			return fmt.Errorf("activate: %s", st)
+		}
+		return nil
+	})
+	seq := uint64(1)
+	batch := func() persistencev1.WriteStatus {
+		t.Helper()
+		id++
+		require.NoError(t, w.Send(batchOf(id, seq, 4)))
+		r, err := w.Receive()
+		require.NoError(t, err)
+		if r.GetStatus() == persistencev1.WriteStatus_WRITE_STATUS_OK {
+			seq += 4
+		}
+		return r.GetStatus()
+	}
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, batch())
+
+	const leaseTTL = 6 * time.Second
+	coord := coordinatorv1connect.NewCoordinatorServiceClient(h2c(), apis[1])
+	var taken time.Time
+	testutil.Eventually(t, 15*time.Second, func() error { // the bootstrap's lease may still be held
+		lease, err := coord.AcquirePromotionLease(t.Context(), connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "promoter-probe",
+			Incarnation: 1, GroupId: 0, Ttl: durationpb.New(leaseTTL), FenceWriters: true}))
+		if err != nil || !lease.Msg.GetAcquired() {
+			return fmt.Errorf("lease not acquired: %v", err)
+		}
+		taken = time.Now()
+		return nil
+	})
+	var paused time.Duration
+	testutil.Eventually(t, 5*time.Second, func() error { // one renewal: every TTL/3 (3 s leases here)
+		if st := batch(); st != persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE {
+			return fmt.Errorf("batch answered %s", st)
+		}
+		paused = time.Since(taken)
+		return nil
+	})
+	t.Logf("writes refused %v after the failover's lease was taken", paused.Round(time.Millisecond))
+	require.Less(t, paused, 3*time.Second, "within one lease TTL of the lease")
+	testutil.Eventually(t, leaseTTL+5*time.Second, func() error {
+		if st := batch(); st != persistencev1.WriteStatus_WRITE_STATUS_OK {
+			return fmt.Errorf("batch answered %s", st)
+		}
+		return nil
+	})
+	t.Logf("writes acknowledged again %v after the lease was taken (it lasted %v)", time.Since(taken).Round(time.Millisecond), leaseTTL)
+}

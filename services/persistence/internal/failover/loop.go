@@ -59,7 +59,10 @@ func (c *LoopConfig) Validate() error {
 // Leases is what the loop needs of the coordinator beyond [Records].
 type Leases interface {
 	Records
-	AcquirePromotionLease(ctx context.Context, ttl time.Duration) (bool, error)
+	// AcquirePromotionLease takes or renews the group's promotion lease;
+	// fenceWriters marks a failover's, during which the coordinator grants
+	// the group's other writers no writes.
+	AcquirePromotionLease(ctx context.Context, ttl time.Duration, fenceWriters bool) (bool, error)
 }
 
 // Loop follows a group's record and fails the group over: every instance
@@ -185,13 +188,19 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 		return false
 	}
 	defer l.donePromoting()
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.PromotionLeaseTTL)
-	defer cancel()
-	ok, err := l.records.AcquirePromotionLease(cctx, l.cfg.PromotionLeaseTTL)
+	ttl := l.cfg.PromotionLeaseTTL
+	actx, cancel := context.WithTimeout(ctx, ttl)
+	ok, err := l.records.AcquirePromotionLease(actx, ttl, true)
+	cancel()
 	if err != nil || !ok {
 		l.logger.Debug("promotion lease not held", "error", err)
 		return false
 	}
+	// The promoter first waits out the old writers' leases (WaitWriters),
+	// which can outlast one promotion lease: it is kept meanwhile.
+	defer l.keepLease(ctx, ttl, true, "failover")()
+	cctx, cancel := context.WithTimeout(ctx, ttl+maxWritersWait)
+	defer cancel()
 	start := time.Now()
 	next, err := l.promoter.Failover(cctx)
 	if err != nil {
@@ -220,7 +229,7 @@ func (l *Loop) reconcile(ctx context.Context) {
 	if need, err := l.promoter.NeedsReconcile(cctx); err != nil || !need {
 		return
 	}
-	ok, err := l.records.AcquirePromotionLease(cctx, l.reconcileLeaseTTL())
+	ok, err := l.records.AcquirePromotionLease(cctx, l.reconcileLeaseTTL(), false)
 	if err != nil || !ok {
 		return
 	}
@@ -275,32 +284,43 @@ func (l *Loop) switchover(ctx context.Context, opts SwitchoverOptions) (Switchov
 	}
 	// Keep the lease while the switchover runs; if it lapses anyway, the
 	// record's compare-and-set fails and the switchover is undone.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tk := time.NewTicker(ttl / 3)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-			cctx, cancel := context.WithTimeout(ctx, ttl/3)
-			ok, err := l.records.AcquirePromotionLease(cctx, ttl)
-			cancel()
-			if err != nil || !ok {
-				l.logger.Warn("renewing the promotion lease during switchover failed", "acquired", ok, "error", err)
-			}
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
+	defer l.keepLease(ctx, ttl, false, "switchover")()
 	res, err := l.promoter.Switchover(ctx, opts)
 	if err != nil {
 		return res, err
 	}
 	l.follow(res.New)
 	return res, nil
+}
+
+// maxWritersWait bounds a failover's wait for the old writers' leases
+// (Promoter.WaitWriters), beyond the promotion lease's own TTL.
+const maxWritersWait = time.Minute
+
+// keepLease renews the promotion lease every ttl/3 until the returned stop
+// is called; what for names the work in logs. If it lapses anyway, the
+// record's compare-and-set fails and the work is undone or retried.
+func (l *Loop) keepLease(ctx context.Context, ttl time.Duration, fenceWriters bool, what string) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tk := time.NewTicker(ttl / 3)
+		defer tk.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tk.C:
+			}
+			cctx, cancel := context.WithTimeout(ctx, ttl/3)
+			ok, err := l.records.AcquirePromotionLease(cctx, ttl, fenceWriters)
+			cancel()
+			if err != nil || !ok {
+				l.logger.Warn("renewing the promotion lease failed", "during", what, "acquired", ok, "error", err)
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
 }
 
 // acquireForSwitchover takes the promotion lease, waiting while another
@@ -311,7 +331,7 @@ func (l *Loop) acquireForSwitchover(ctx context.Context, ttl time.Duration) erro
 	deadline := time.Now().Add(ttl + l.reconcileLeaseTTL())
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ok, err := l.records.AcquirePromotionLease(cctx, ttl)
+		ok, err := l.records.AcquirePromotionLease(cctx, ttl, false)
 		cancel()
 		switch {
 		case ok:

@@ -2506,7 +2506,10 @@ type RenewLeaseRequest struct {
 	// leader removes a dead edge's routes only once its custodians registered the
 	// routes of the sessions they adopted. Unset from other roles and from edges
 	// that do not report it (the leader then waits the route grace alone).
-	Custody       *CustodyProgress `protobuf:"bytes,6,opt,name=custody,proto3" json:"custody,omitempty"`
+	Custody *CustodyProgress `protobuf:"bytes,6,opt,name=custody,proto3" json:"custody,omitempty"`
+	// redis_group_id is, for a persistence member, the Redis group it writes to:
+	// its write grant follows that group's promotions.
+	RedisGroupId  uint32 `protobuf:"varint,7,opt,name=redis_group_id,json=redisGroupId,proto3" json:"redis_group_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2581,6 +2584,13 @@ func (x *RenewLeaseRequest) GetCustody() *CustodyProgress {
 		return x.Custody
 	}
 	return nil
+}
+
+func (x *RenewLeaseRequest) GetRedisGroupId() uint32 {
+	if x != nil {
+		return x.RedisGroupId
+	}
+	return 0
 }
 
 // CustodyProgress is an edge's progress with its custody assignments.
@@ -2670,7 +2680,16 @@ type RenewLeaseResponse struct {
 	LeaderId string `protobuf:"bytes,3,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
 	// applied_index is the leader's last applied Raft index when it handled the
 	// request: a claim the caller sends after reading it gets a greater epoch.
-	AppliedIndex  uint64 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	AppliedIndex uint64 `protobuf:"varint,4,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// write_grant is, for a persistence member, how long from the request it may
+	// acknowledge writes: remaining_ttl, or zero while another member promotes a
+	// replica of its group (holds the group's promotion lease, taken since the
+	// group's record last changed). A promoter that waits one lease TTL after
+	// taking the lease thus knows that no other writer of the group still
+	// acknowledges through the old primary, whether it can reach the coordinator
+	// or not. Unset for other roles, and from leaders of earlier versions
+	// (remaining_ttl stands for it then).
+	WriteGrant    *durationpb.Duration `protobuf:"bytes,5,opt,name=write_grant,json=writeGrant,proto3" json:"write_grant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2731,6 +2750,13 @@ func (x *RenewLeaseResponse) GetAppliedIndex() uint64 {
 		return x.AppliedIndex
 	}
 	return 0
+}
+
+func (x *RenewLeaseResponse) GetWriteGrant() *durationpb.Duration {
+	if x != nil {
+		return x.WriteGrant
+	}
+	return nil
 }
 
 // GetRedisPrimaryRequest reads one group record.
@@ -2972,7 +2998,12 @@ type AcquirePromotionLeaseRequest struct {
 	// group_id of the Redis group.
 	GroupId uint32 `protobuf:"varint,3,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
 	// ttl of the lease; the server caps it. Zero means the server default.
-	Ttl           *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// fence_writers asks that, while the lease is held and the group's record has
+	// not changed, the group's other writers be granted no writes
+	// (RenewLeaseResponse.write_grant): set by a failover, which then waits one
+	// lease TTL before it promotes. A switchover or a reconcile leaves it unset.
+	FenceWriters  bool `protobuf:"varint,5,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3033,6 +3064,13 @@ func (x *AcquirePromotionLeaseRequest) GetTtl() *durationpb.Duration {
 		return x.Ttl
 	}
 	return nil
+}
+
+func (x *AcquirePromotionLeaseRequest) GetFenceWriters() bool {
+	if x != nil {
+		return x.FenceWriters
+	}
+	return false
 }
 
 // AcquirePromotionLeaseResponse reports the lease in force.
@@ -3692,23 +3730,26 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
 	"\x10ClusterHeartbeat\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term\"\x99\x02\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"\xbf\x02\n" +
 	"\x11RenewLeaseRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x123\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1f.keel.coordinator.v1.MemberRoleR\x04role\x12 \n" +
 	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x126\n" +
 	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12>\n" +
-	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\"\x99\x01\n" +
+	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\x12$\n" +
+	"\x0eredis_group_id\x18\a \x01(\rR\fredisGroupId\"\x99\x01\n" +
 	"\x0fCustodyProgress\x12'\n" +
 	"\x0fadopted_through\x18\x01 \x01(\x04R\x0eadoptedThrough\x124\n" +
 	"\x16claims_settled_through\x18\x02 \x01(\x04R\x14claimsSettledThrough\x12'\n" +
-	"\x0funfinished_from\x18\x03 \x03(\tR\x0eunfinishedFrom\"\xce\x01\n" +
+	"\x0funfinished_from\x18\x03 \x03(\tR\x0eunfinishedFrom\"\x8a\x02\n" +
 	"\x12RenewLeaseResponse\x12>\n" +
 	"\rremaining_ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\fremainingTtl\x126\n" +
 	"\x05state\x18\x02 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12\x1b\n" +
 	"\tleader_id\x18\x03 \x01(\tR\bleaderId\x12#\n" +
-	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\"3\n" +
+	"\rapplied_index\x18\x04 \x01(\x04R\fappliedIndex\x12:\n" +
+	"\vwrite_grant\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"writeGrant\"3\n" +
 	"\x16GetRedisPrimaryRequest\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\rR\agroupId\"V\n" +
 	"\x17GetRedisPrimaryResponse\x12;\n" +
@@ -3722,12 +3763,13 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05group\x18\x05 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"z\n" +
 	"!CompareAndSetRedisPrimaryResponse\x12\x18\n" +
 	"\aswapped\x18\x01 \x01(\bR\aswapped\x12;\n" +
-	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\xa5\x01\n" +
+	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\xca\x01\n" +
 	"\x1cAcquirePromotionLeaseRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x19\n" +
 	"\bgroup_id\x18\x03 \x01(\rR\agroupId\x12+\n" +
-	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xee\x01\n" +
+	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12#\n" +
+	"\rfence_writers\x18\x05 \x01(\bR\ffenceWriters\"\xee\x01\n" +
 	"\x1dAcquirePromotionLeaseResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12(\n" +
 	"\x10holder_member_id\x18\x02 \x01(\tR\x0eholderMemberId\x12-\n" +
@@ -3935,45 +3977,46 @@ var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	35, // 45: keel.coordinator.v1.RenewLeaseRequest.custody:type_name -> keel.coordinator.v1.CustodyProgress
 	52, // 46: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
 	1,  // 47: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
-	29, // 48: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 49: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 50: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	52, // 51: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	52, // 52: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
-	5,  // 53: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 54: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	48, // 55: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
-	9,  // 56: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 57: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 58: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 59: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 60: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
-	23, // 61: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	34, // 62: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	37, // 63: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	39, // 64: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	41, // 65: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	43, // 66: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	45, // 67: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	47, // 68: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
-	10, // 69: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 70: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 71: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 72: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 73: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
-	24, // 74: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	36, // 75: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	38, // 76: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	40, // 77: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	42, // 78: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	44, // 79: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	46, // 80: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	49, // 81: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
-	69, // [69:82] is the sub-list for method output_type
-	56, // [56:69] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	52, // 48: keel.coordinator.v1.RenewLeaseResponse.write_grant:type_name -> google.protobuf.Duration
+	29, // 49: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 50: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	29, // 51: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	52, // 52: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	52, // 53: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	5,  // 54: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	7,  // 55: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	48, // 56: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	9,  // 57: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	12, // 58: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	17, // 59: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	19, // 60: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	21, // 61: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
+	23, // 62: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	34, // 63: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	37, // 64: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	39, // 65: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	41, // 66: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	43, // 67: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	45, // 68: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	47, // 69: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	10, // 70: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	14, // 71: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	18, // 72: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	20, // 73: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	22, // 74: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
+	24, // 75: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	36, // 76: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	38, // 77: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	40, // 78: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	42, // 79: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	44, // 80: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	46, // 81: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	49, // 82: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	70, // [70:83] is the sub-list for method output_type
+	57, // [57:70] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
