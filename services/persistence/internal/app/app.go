@@ -264,8 +264,10 @@ func (a *App) openStore(ctx context.Context) error {
 		return err
 	}
 	a.follower, a.store = f, f
-	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4,
-		WaitWriters: a.waitWriters}
+	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4}
+	if a.cfg.Failover.FenceWriters {
+		p.WaitWriters = a.waitWriters
+	}
 	a.loop = failover.NewLoop(a.cfg.Failover, a.records, f, p, a.metrics, a.logger.With("component", "failover"))
 	a.metrics.GroupEpoch.Set(float64(rec.Epoch))
 	a.logger.Info("following group record", "primary", rec.Primary, "record_epoch", rec.Epoch, "replicas", rec.Replicas)

@@ -186,6 +186,7 @@ func startInstance(t *testing.T, id, coord, redisAddr string, replicas []string)
 	cfg.Failover.DownAfter = time.Second
 	cfg.Failover.PromotionLeaseTTL = 5 * time.Second
 	cfg.Failover.ReconcileInterval = time.Second
+	cfg.Failover.FenceWriters = true
 	cfg.StopTimeout = 5 * time.Second
 	cfg.Registry = prometheus.NewRegistry()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -35,6 +35,13 @@ type LoopConfig struct {
 	// ReconcileInterval is how often the lease holder demotes stray
 	// primaries and re-points replicas.
 	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	// FenceWriters makes a failover take its lease with fence_writers (the
+	// coordinator then grants the group's other writers no writes) and wait
+	// one member lease TTL before it promotes (Promoter.WaitWriters), so
+	// that no writer cut off with the old primary still acknowledges
+	// through it. Off by default: the longer write outage it brings makes
+	// edges lose messages of sessions that move meanwhile (to be fixed).
+	FenceWriters bool `yaml:"fence_writers"`
 }
 
 // RegisterFlags registers the settings under prefix.
@@ -43,6 +50,7 @@ func (c *LoopConfig) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.DownAfter, prefix+"down-after", DefaultDownAfter, "how long the primary must stay unanswering before a replica is promoted")
 	fs.DurationVar(&c.PromotionLeaseTTL, prefix+"promotion-lease-ttl", DefaultPromotionLeaseTTL, "promotion lease asked of the coordinator (bounds one promotion)")
 	fs.DurationVar(&c.ReconcileInterval, prefix+"reconcile-interval", DefaultReconcileInterval, "how often to demote stray primaries and re-point replicas")
+	fs.BoolVar(&c.FenceWriters, prefix+"fence-writers", false, "before promoting, stop the group's other writers and wait one member lease TTL, so that none cut off with the old primary still acknowledges through it (experimental: lengthens the write outage by a lease TTL)")
 }
 
 // Validate checks the settings.
@@ -190,7 +198,7 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 	defer l.donePromoting()
 	ttl := l.cfg.PromotionLeaseTTL
 	actx, cancel := context.WithTimeout(ctx, ttl)
-	ok, err := l.records.AcquirePromotionLease(actx, ttl, true)
+	ok, err := l.records.AcquirePromotionLease(actx, ttl, l.cfg.FenceWriters)
 	cancel()
 	if err != nil || !ok {
 		l.logger.Debug("promotion lease not held", "error", err)
@@ -198,7 +206,7 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 	}
 	// The promoter first waits out the old writers' leases (WaitWriters),
 	// which can outlast one promotion lease: it is kept meanwhile.
-	defer l.keepLease(ctx, ttl, true, "failover")()
+	defer l.keepLease(ctx, ttl, l.cfg.FenceWriters, "failover")()
 	cctx, cancel := context.WithTimeout(ctx, ttl+maxWritersWait)
 	defer cancel()
 	start := time.Now()
