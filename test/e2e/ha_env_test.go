@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -236,6 +237,7 @@ func (k *keelCluster) runHAPersistence(i int) (*testcontainers.DockerContainer, 
 		"--member-id", alias, "--api.addr", fmt.Sprintf(":%d", persistPort),
 		"--api.advertise-addr", fmt.Sprintf("http://%s:%d", alias, persistPort),
 		"--coordinator.addr", fmt.Sprintf("http://%s:%d", coordAlias, coordAPIPort)}
+	args = append(args, strings.Fields(os.Getenv("KEEL_E2E_PERSISTENCE_ARGS"))...)
 	return k.run(alias, "persistence", args, []string{persistOps}, persistOps, k.onCluster(alias, persistAlias))
 }
 

@@ -6,8 +6,9 @@
 // images already built under the e2e tag; KEEL_E2E_LOGS=1 prints every
 // cluster container's logs even when a test passes (to read what the
 // product did), KEEL_E2E_LOG_LEVEL sets their --log.level, and
-// KEEL_E2E_EDGE_ARGS adds flags to every edge (to try a setting across the
-// suite, such as --cluster.forward-retry).
+// KEEL_E2E_EDGE_ARGS and KEEL_E2E_PERSISTENCE_ARGS add flags to every edge
+// and every HA persistence instance (to try a setting across the suite,
+// such as --cluster.forward-retry or --failover.fence-writers).
 package e2e
 
 import (
