@@ -512,6 +512,33 @@ func TestBroker_IncompleteTakeoverResumesFromTheStore(t *testing.T) {
 	require.Positive(t, added.Load(), "its routes are registered here")
 }
 
+// fencedShared is a shared store in which a newer claim holds every
+// session: activating one is refused as fenced.
+type fencedShared struct{ sharedLocal }
+
+func (fencedShared) Activate(context.Context, string, uint64) error {
+	return fmt.Errorf("activate: %w", durable.ErrFenced)
+}
+
+// A failed takeover whose session a newer claim took elsewhere (its client
+// connected to another edge) is not left unfinished here: listed, it
+// would hold a dead previous owner's routes for the whole adoption wait,
+// and every publish would find the dead edge's route meanwhile.
+func TestBroker_SupersededUnfinishedTakeoverIsSettled(t *testing.T) {
+	t.Parallel()
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("moved-on")
+	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}))
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}})
+	b.setUnfinished(id, unfinishedTakeover{previous: "edge-dead", epoch: 30, scope: sc, clientID: "moved-on"})
+	_, from := b.ClaimsSettled()
+	require.Equal(t, []string{"edge-dead"}, from)
+	require.False(t, b.resumeOwned(sc, "moved-on", 30, "edge-dead"))
+	_, from = b.ClaimsSettled()
+	require.Empty(t, from, "the newer claim settled it")
+}
+
 // failingEnd is a scripted takeover whose End fails.
 type failingEnd struct{ scriptedTakeover }
 

@@ -502,6 +502,15 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 	err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false)
 	switch {
 	case errors.Is(err, errNewerCopy):
+	case errors.Is(err, durable.ErrFenced):
+		// A newer claim holds the session (its client connected to
+		// another edge meanwhile): the takeover is that claim's now, not
+		// unfinished here. Listed still, it would hold the previous
+		// owner's routes, if it died, for the whole adoption wait.
+		b.logger.Info("session of a failed takeover claimed again elsewhere; not resumed here", "client_id", id,
+			"previous", previous, "error", err)
+		b.setUnfinished(id, unfinishedTakeover{})
+		return false
 	case err != nil:
 		b.logger.Warn("session of a failed takeover not resumed; it waits in the store for its client", "client_id", id,
 			"previous", previous, "error", err)
