@@ -354,7 +354,7 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	reconnects := 0
 	for _, p := range pubs {
 		reconnects += p.Reconnects()
-		require.Positive(t, r.Pub(p.ID).Acked)
+		require.Positive(t, r.Pub(p.ID).Acked, "%s acknowledged nothing:%s", p.ID, r)
 	}
 	t.Logf("after the cut, publisher reconnects %d:%s", reconnects, r)
 	logLostAround(t, ck, r, healed, "edge 2 was connected again")
