@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -52,12 +51,7 @@ func (d *Deferred) Wait(n int) []error {
 	errs := make([]error, n)
 	for _, w := range waits {
 		if err := w.s.settleQueued(w.p, w.m, w.seq); err != nil && errs[w.msg] == nil {
-			cause := "store_failed"
-			if errors.Is(err, errRevoked) {
-				cause = "behind_failed_write"
-			}
-			w.s.b.m.dropped.WithLabelValues(cause).Inc()
-			errs[w.msg] = errStoreFailed
+			errs[w.msg] = w.s.b.counted(notTaken(err))
 		}
 	}
 	return errs

@@ -112,9 +112,13 @@ func (s *session) tookIDsLocked() []string {
 	if s.took == nil {
 		return nil
 	}
-	out := make([]string, 0, len(s.took.ids))
-	for _, id := range s.took.ring {
-		if _, ok := s.took.ids[id]; ok {
+	t := s.took
+	out := make([]string, 0, len(t.ids))
+	// Oldest first (next is the oldest slot once the ring is full), so the
+	// new owner evicts them in the same order.
+	for i := range t.ring {
+		id := t.ring[(t.next+i)%len(t.ring)]
+		if _, ok := t.ids[id]; ok {
 			out = append(out, msgIDString(id))
 		}
 	}
