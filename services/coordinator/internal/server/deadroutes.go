@@ -131,13 +131,16 @@ func newDeadRoutes(grace, adoptionWait, reportWithin time.Duration) *deadRoutes 
 // reported is looked at again; they report with their lease renewals.
 const settleRecheck = 250 * time.Millisecond
 
-// assigned records that sessions of the dead edge went to the custodian
-// (to, toInc) under epoch.
-func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
+// assigned records that sessions of the dead edge's incarnation edgeInc
+// (or older) went to the custodian (to, toInc) under epoch, directly or
+// passed on from a custodian that died before adopting them: the edge's
+// routes, if still to be removed, wait for that custodian. A newer
+// incarnation of the edge (it rejoined since) is not the one pending.
+func (d *deadRoutes) assigned(edge string, edgeInc uint64, to string, toInc, epoch uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p := d.pending[edge]
-	if p == nil {
+	if p == nil || edgeInc > p.inc {
 		return
 	}
 	if p.custodians == nil {
@@ -145,21 +148,6 @@ func (d *deadRoutes) assigned(edge, to string, toInc, epoch uint64) {
 	}
 	k := memberInc{to, toInc}
 	p.custodians[k] = max(p.custodians[k], epoch)
-}
-
-// passedOn records that custody moved a session from a dead custodian to
-// (to, toInc) under epoch, the session having come to that custodian from
-// origin's incarnation originInc: if origin's routes are still to be
-// removed, they wait for the new custodian as they did for the dead one,
-// which may have died before it adopted the session.
-func (d *deadRoutes) passedOn(origin string, originInc uint64, to string, toInc, epoch uint64) {
-	d.mu.Lock()
-	p := d.pending[origin]
-	chained := p != nil && originInc <= p.inc
-	d.mu.Unlock()
-	if chained {
-		d.assigned(origin, to, toInc, epoch)
-	}
 }
 
 // recallCustody fills in, from the state st, the custodians of the
@@ -172,9 +160,9 @@ func (d *deadRoutes) passedOn(origin string, originInc uint64, to string, toInc,
 // scans every session once; call it before any removal can be due.
 func (d *deadRoutes) recallCustody(st *fsm.State) {
 	d.mu.Lock()
-	pending := make(map[string]uint64, len(d.pending))
-	for id, p := range d.pending {
-		pending[id] = p.inc
+	pending := make(map[string]bool, len(d.pending))
+	for id := range d.pending {
+		pending[id] = true
 	}
 	d.mu.Unlock()
 	if len(pending) == 0 {
@@ -185,14 +173,14 @@ func (d *deadRoutes) recallCustody(st *fsm.State) {
 			return true
 		}
 		from := rec.GetTakenFromEdgeId()
-		if inc, ok := pending[from]; ok && rec.GetTakenFromIncarnation() <= inc {
-			d.assigned(from, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
+		if pending[from] {
+			d.assigned(from, rec.GetTakenFromIncarnation(), rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
 		}
 		// Passed on from a custodian that died: the edge whose death
 		// started the custody may still hold the only routes to it.
 		if origin, originInc := fsm.CustodyOrigin(rec); origin != from {
-			if inc, ok := pending[origin]; ok && originInc <= inc {
-				d.assigned(origin, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
+			if pending[origin] {
+				d.assigned(origin, originInc, rec.GetOwnerEdgeId(), rec.GetOwnerIncarnation(), rec.GetEpoch())
 			}
 		}
 		return true
@@ -223,7 +211,7 @@ func (d *deadRoutes) forget(id string, inc uint64) {
 // for: live custodians that have not reported the sessions they were given
 // adopted; dead custodians whose own sessions custody has not passed on
 // yet (their unadopted sessions of edge among them: once passed on, the new
-// custodians are waited for instead, [deadRoutes.passedOn]); and live
+// custodians are waited for instead, [deadRoutes.assigned]); and live
 // claimants that have not reported their claims settled through p's index,
 // or still list edge as the source of a failed takeover.
 func (d *deadRoutes) unsettledLocked(edge string, p *deadEdge, now time.Time, live func(id string, inc uint64) bool) []string {

@@ -179,9 +179,9 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
-	d.assigned("edge-a", "edge-c", 8, 101)
-	d.assigned("edge-a", "edge-b", 7, 104)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-c", 8, 101)
+	d.assigned("edge-a", 3, "edge-b", 7, 104)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "no custodian reported yet")
 	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 101})
@@ -196,7 +196,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	// passed its own sessions on (here it has none pending).
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive))
 	dead := func(id string, inc uint64) bool { return id != "edge-b" }
@@ -205,7 +205,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	// Past the adoption wait the routes go anyway, naming who did not report.
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Minute-time.Millisecond), anyLive))
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3, unsettled: []string{"edge-b"}}}, d.takeDue(t0.Add(time.Minute), anyLive))
@@ -214,7 +214,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	// waited for a lease TTL, then taken for one that does not report.
 	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(5*time.Second), anyLive))
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(10*time.Second), anyLive))
@@ -222,7 +222,7 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	// One that reported once, even nothing adopted, is known to report.
 	d = newDeadRoutes(time.Second, time.Minute, 10*time.Second)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.reported("edge-b", 7, &coordinatorv1.CustodyProgress{AdoptedThrough: 0})
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(20*time.Second), anyLive))
@@ -236,7 +236,7 @@ func TestDeadRoutes_CustodianDiesBeforeAdopting(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	d := newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.assigned("edge-a", "edge-b", 7, 100)
+	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive), "edge-b has not reported")
 
@@ -249,9 +249,9 @@ func TestDeadRoutes_CustodianDiesBeforeAdopting(t *testing.T) {
 	require.Empty(t, d.takeDue(t0.Add(2*time.Second), noB))
 
 	// Custody moves them to edge-c; one came to edge-b from edge-a.
-	d.assigned("edge-b", "edge-c", 9, 120)
-	d.passedOn("edge-a", 3, "edge-c", 9, 120)
-	d.passedOn("edge-z", 1, "edge-c", 9, 120) // no removal pending for edge-z: nothing to wait on
+	d.assigned("edge-b", 7, "edge-c", 9, 120)
+	d.assigned("edge-a", 3, "edge-c", 9, 120)
+	d.assigned("edge-z", 1, "edge-c", 9, 120) // no removal pending for edge-z: nothing to wait on
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-b", Incarnation: 7, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0.Add(3*time.Second), 0)
 	require.Equal(t, []string{"edge-c"}, unsettledOf(d, "edge-a", t0.Add(4*time.Second), noB))
 	d.reported("edge-c", 9, &coordinatorv1.CustodyProgress{AdoptedThrough: 120})
@@ -262,9 +262,9 @@ func TestDeadRoutes_CustodianDiesBeforeAdopting(t *testing.T) {
 	// chains; one from a newer incarnation (it rejoined since) does not.
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
-	d.passedOn("edge-a", 4, "edge-c", 9, 120)
+	d.assigned("edge-a", 4, "edge-c", 9, 120)
 	require.Empty(t, d.pending["edge-a"].custodians)
-	d.passedOn("edge-a", 2, "edge-c", 9, 120)
+	d.assigned("edge-a", 2, "edge-c", 9, 120)
 	require.Equal(t, map[memberInc]uint64{{"edge-c", 9}: 120}, d.pending["edge-a"].custodians)
 }
 

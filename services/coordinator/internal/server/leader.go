@@ -299,9 +299,9 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 						n++
 						if t.routes != nil {
 							a := cmd.Assignments[i]
-							t.routes.assigned(edge, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+							t.routes.assigned(edge, inc, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
 							if origin, originInc := fsm.CustodyOrigin(chunk[i]); origin != "" && origin != edge {
-								t.routes.passedOn(origin, originInc, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
+								t.routes.assigned(origin, originInc, a.GetToEdgeId(), a.GetToIncarnation(), res.GetEpoch())
 							}
 						}
 					}
