@@ -204,10 +204,15 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 		l.logger.Debug("promotion lease not held", "error", err)
 		return false
 	}
-	// The promoter first waits out the old writers' leases (WaitWriters),
-	// which can outlast one promotion lease: it is kept meanwhile.
-	defer l.keepLease(ctx, ttl, l.cfg.FenceWriters, "failover")()
-	cctx, cancel := context.WithTimeout(ctx, ttl+maxWritersWait)
+	bound := ttl
+	if l.cfg.FenceWriters {
+		// The promoter first waits out the old writers' leases
+		// (WaitWriters), which can outlast one promotion lease: it is kept
+		// meanwhile.
+		defer l.keepLease(ctx, ttl, true, "failover")()
+		bound += maxWritersWait
+	}
+	cctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	start := time.Now()
 	next, err := l.promoter.Failover(cctx)
