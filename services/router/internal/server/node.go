@@ -306,6 +306,15 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 		}
 		n.mu.Unlock()
 		if changed {
+			// Register the API address again: a key written while the
+			// members were still joining can read as "not found" from its
+			// new owner until written again, and peers that cannot find it
+			// refuse the routes they should forward here.
+			pctx, cancel := context.WithTimeout(ctx, time.Second)
+			if err := n.st.Put(pctx, prefixNode+n.ID(), []byte(n.cfg.AdvertiseURL)); err != nil {
+				n.logger.Warn("registering the node again failed", logging.Err(err))
+			}
+			cancel()
 			if err := n.reload(ctx); err != nil {
 				n.logger.Warn("reload replicas failed", logging.Err(err))
 			}
