@@ -218,7 +218,12 @@ func (d *deadRoutes) unsettledLocked(edge string, p *deadEdge, now time.Time, li
 	var out []string
 	for c, epoch := range p.custodians {
 		if !live(c.id, c.inc) {
-			if q := d.pending[c.id]; q != nil && q.inc >= c.inc && !q.adopted {
+			// Its death may not be recorded here yet (its lease goes
+			// before the observer adds it): only custody having passed its
+			// sessions on, or its own routes gone, settles it.
+			q := d.pending[c.id]
+			passed := q != nil && q.inc >= c.inc && q.adopted
+			if !passed && d.removed[c.id] < c.inc {
 				out = append(out, c.id)
 			}
 			continue

@@ -193,14 +193,18 @@ func TestDeadRoutes_WaitForCustodiansToReportAdoption(t *testing.T) {
 	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(4*time.Second), anyLive))
 
 	// A custodian whose lease is gone is not waited for once custody has
-	// passed its own sessions on (here it has none pending).
+	// passed its own sessions on (here it had none left); until its death
+	// is recorded here, it is.
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
 	d.add("edge-a", 3)
 	d.assigned("edge-a", 3, "edge-b", 7, 100)
 	d.adopted(&raftpb.MemberRecord{MemberId: "edge-a", Incarnation: 3, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0, 0)
 	require.Empty(t, d.takeDue(t0.Add(time.Second), anyLive))
 	dead := func(id string, inc uint64) bool { return id != "edge-b" }
-	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(2*time.Second), dead))
+	require.Empty(t, d.takeDue(t0.Add(2*time.Second), dead), "edge-b's death not recorded yet")
+	d.add("edge-b", 7)
+	d.adopted(&raftpb.MemberRecord{MemberId: "edge-b", Incarnation: 7, State: raftpb.MemberState_MEMBER_STATE_EXPIRED}, t0.Add(2*time.Second), 0)
+	require.Equal(t, []deadRoute{{edge: "edge-a", inc: 3}}, d.takeDue(t0.Add(2500*time.Millisecond), dead))
 
 	// Past the adoption wait the routes go anyway, naming who did not report.
 	d = newDeadRoutes(time.Second, time.Minute, time.Hour)
