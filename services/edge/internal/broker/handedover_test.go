@@ -338,7 +338,7 @@ func TestBroker_SupersededTakeoverKeepsTheNewerCopy(t *testing.T) {
 	}}
 	b.SetCluster(Cluster{Ownership: own, Takeover: tk})
 
-	moved, err := b.takeOverFrom(t.Context(), "previous", sc, "roaming", 7, false)
+	moved, _, err := b.takeOverFrom(t.Context(), "previous", sc, "roaming", 7, false)
 	require.ErrorIs(t, err, errNewerCopy)
 	require.False(t, moved)
 	require.Same(t, newer, b.session(id), "the newer copy stays")
@@ -563,7 +563,7 @@ func TestBroker_TakeoverLateCopyOfStoredMessageQueuedOnce(t *testing.T) {
 		Queue: []durable.Entry{{Seq: 7, MsgID: m.ID, QoS: 1, Msg: m}}})
 	require.NoError(t, err)
 	b.SetCluster(Cluster{Takeover: &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }, late: late}})
-	moved, err := b.takeOverFrom(t.Context(), "edge-3", sc, "overlap", 5, false)
+	moved, _, err := b.takeOverFrom(t.Context(), "edge-3", sc, "overlap", 5, false)
 	require.NoError(t, err)
 	require.True(t, moved)
 	s := b.session(id)

@@ -194,7 +194,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
 		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
 	} else if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
-		if moved, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
+		if moved, previous, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
 			if !errors.Is(err, errTakeoverIncomplete) || pk.Connect.Clean || !b.resumeOwned(sc, external, epoch, previous) {

@@ -9,41 +9,42 @@ import (
 // metrics are the edge's MQTT metrics. Label values are fixed sets, never
 // client or topic names.
 type metrics struct {
-	connections      prometheus.GaugeFunc
-	connects         *prometheus.CounterVec // result
-	disconnects      *prometheus.CounterVec // reason
-	authFailures     *prometheus.CounterVec // reason
-	messagesIn       *prometheus.CounterVec // qos
-	bytesIn          prometheus.Counter
-	messagesOut      *prometheus.CounterVec // qos
-	bytesOut         prometheus.Counter
-	dropped          *prometheus.CounterVec // cause
-	packetErrors     *prometheus.CounterVec // reason
-	inflight         prometheus.GaugeFunc
-	retained         prometheus.GaugeFunc
-	subscriptions    prometheus.GaugeFunc
-	sessions         prometheus.GaugeFunc
-	publishWait      prometheus.Histogram
-	slowConsumers    prometheus.Counter
-	willsPublished   prometheus.Counter
-	sharedRedispatch *prometheus.CounterVec // outcome
-	fencedSessions   prometheus.Counter
-	throttledPubs    prometheus.Counter
-	bans             prometheus.Counter
-	acksDeferred     prometheus.Counter
-	duplicatePubs    prometheus.Counter
-	qos2Rerouted     prometheus.Counter
-	takeovers        prometheus.Counter
-	lapsedDropped    prometheus.Counter
-	handoverRelays   *prometheus.CounterVec
-	forwardRetries   *prometheus.CounterVec
-	relaysReceived   *prometheus.CounterVec
-	resumedFromStore prometheus.Counter
-	adoptedSessions  *prometheus.CounterVec
-	drainedSessions  *prometheus.CounterVec // outcome
-	loadScore        prometheus.GaugeFunc
-	aclRevoked       prometheus.Counter
-	aclRefreshes     *prometheus.CounterVec // outcome
+	connections       prometheus.GaugeFunc
+	connects          *prometheus.CounterVec // result
+	disconnects       *prometheus.CounterVec // reason
+	authFailures      *prometheus.CounterVec // reason
+	messagesIn        *prometheus.CounterVec // qos
+	bytesIn           prometheus.Counter
+	messagesOut       *prometheus.CounterVec // qos
+	bytesOut          prometheus.Counter
+	dropped           *prometheus.CounterVec // cause
+	packetErrors      *prometheus.CounterVec // reason
+	inflight          prometheus.GaugeFunc
+	retained          prometheus.GaugeFunc
+	subscriptions     prometheus.GaugeFunc
+	sessions          prometheus.GaugeFunc
+	publishWait       prometheus.Histogram
+	slowConsumers     prometheus.Counter
+	willsPublished    prometheus.Counter
+	sharedRedispatch  *prometheus.CounterVec // outcome
+	fencedSessions    prometheus.Counter
+	throttledPubs     prometheus.Counter
+	bans              prometheus.Counter
+	acksDeferred      prometheus.Counter
+	duplicatePubs     prometheus.Counter
+	qos2Rerouted      prometheus.Counter
+	takeovers         prometheus.Counter
+	takeoverRedirects prometheus.Counter
+	lapsedDropped     prometheus.Counter
+	handoverRelays    *prometheus.CounterVec
+	forwardRetries    *prometheus.CounterVec
+	relaysReceived    *prometheus.CounterVec
+	resumedFromStore  prometheus.Counter
+	adoptedSessions   *prometheus.CounterVec
+	drainedSessions   *prometheus.CounterVec // outcome
+	loadScore         prometheus.GaugeFunc
+	aclRevoked        prometheus.Counter
+	aclRefreshes      *prometheus.CounterVec // outcome
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -123,6 +124,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
+		takeoverRedirects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_takeover_redirects_total",
+			Help: "Takeovers sent on to another edge by the previous owner, which held no copy of the session because its own takeover from that edge had failed.",
+		}),
 		handoverRelays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_handover_relays_total",
 			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok, error: not taken, the sender tries again).",
@@ -164,7 +169,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

@@ -33,6 +33,24 @@ type Takeover interface {
 // is not a live member any more (its lease expired).
 var ErrPreviousOwnerGone = errors.New("previous owner is not a live member")
 
+// HeldElsewhereError is what Begin returns when the edge asked owns the
+// session at the coordinator but holds no copy of it: its own takeover
+// from Edge failed, and the session is still there. Taken over from the
+// edge asked, the session would be resumed from the store while Edge's
+// copy lived on, drawing the messages routed to it before the new owner's
+// routes were in place, and losing them once fenced.
+type HeldElsewhereError struct{ Edge string }
+
+func (e *HeldElsewhereError) Error() string {
+	return fmt.Sprintf("session held by edge %s, whose takeover did not finish", e.Edge)
+}
+
+// maxTakeoverHops bounds how many times a takeover follows
+// HeldElsewhereError: each hop is a failed takeover that was not retried
+// before the next claim, and each edge names the one it claimed from, so a
+// longer chain means edges naming each other in a loop.
+const maxTakeoverHops = 4
+
 // takeoverGrace is how long the previous owner keeps queueing for a moved
 // session after the new owner's routes are in place: messages routed to it
 // just before then are still in flight on the forward links.
@@ -66,6 +84,9 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	b.supersede(id, newEpoch)
 	s := b.session(id)
 	if s == nil {
+		if held := b.passUnfinished(id, newEpoch); held != "" {
+			return false, false, nil, &HeldElsewhereError{Edge: held}
+		}
 		return false, false, nil, nil
 	}
 	s.mu.Lock()
@@ -109,6 +130,12 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
+		// The session stays here: no End follows a failed Begin.
+		s.mu.Lock()
+		if s.moving != nil && s.moving.epoch == newEpoch {
+			s.moving = nil
+		}
+		s.mu.Unlock()
 		return true, wasConnected, nil, errors.Join(errors.New("session not stored"), err)
 	}
 	// detach put the connection's in-flight messages back in memory; the
@@ -406,19 +433,54 @@ func (s *session) releaseHold() {
 // handed a session over and then fails End still holds the late messages,
 // so the connection is refused and the client comes back. moved is true
 // when the session came over from the previous owner.
-func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) (moved bool, err error) {
-	state, err := b.cluster.Takeover.Begin(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
+//
+// The session is taken from the edge that holds it: previous, or the one
+// previous names (HeldElsewhereError). from is that edge, the one a failed
+// takeover is unfinished from; it is this edge when the session is here.
+func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) (moved bool, from string, err error) {
+	state, from, err := b.beginTakeover(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
 	if errors.Is(err, ErrPreviousOwnerGone) {
 		// Its lease expired: it fenced itself and closed its connections.
-		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
-		return false, nil
+		b.logger.Info("previous owner is gone; nothing to take over", "previous", from)
+		return false, from, nil
 	}
 	if err != nil {
 		// It may still hold the client's connection: admitting this one
 		// would make two. The client comes back; by then the previous owner
 		// answers, or its lease has expired.
-		return false, fmt.Errorf("previous owner %s did not give the session up: %w", previous, err)
+		return false, from, fmt.Errorf("previous owner %s did not give the session up: %w", from, err)
 	}
+	moved, err = b.completeTakeover(ctx, from, sc, clientID, epoch, state)
+	return moved, from, err
+}
+
+// beginTakeover calls Begin on previous, and on the edges it names as
+// holding the session (HeldElsewhereError), until one answers. from is the
+// edge that answered, or this one when the session is named as being here.
+func (b *Broker) beginTakeover(ctx context.Context, previous, tenant, clientID string, epoch uint64, cleanStart bool) (state []byte, from string, err error) {
+	from = previous
+	for hop := 0; ; hop++ {
+		state, err = b.cluster.Takeover.Begin(ctx, from, tenant, clientID, epoch, cleanStart)
+		var held *HeldElsewhereError
+		if !errors.As(err, &held) {
+			return state, from, err
+		}
+		if hop == maxTakeoverHops {
+			return nil, from, fmt.Errorf("session not found after %d edges named another as holding it: %w", hop+1, err)
+		}
+		b.m.takeoverRedirects.Inc()
+		b.logger.Info("session held by another edge than its previous owner; taking it over from there",
+			"client_id", clientID, "asked", from, "held_by", held.Edge)
+		if held.Edge == b.cfg.EdgeID {
+			return nil, held.Edge, nil
+		}
+		from = held.Edge
+	}
+}
+
+// completeTakeover takes in the state the previous owner gave up at Begin
+// and ends the takeover there; see takeOverFrom.
+func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, state []byte) (moved bool, err error) {
 	if len(state) == 0 {
 		return false, nil
 	}
@@ -542,6 +604,21 @@ func (b *Broker) unfinishedTakeover(id, self string) string {
 		return u.previous
 	}
 	return self
+}
+
+// passUnfinished answers a takeover of id under newEpoch that reached this
+// edge, named as the previous owner while it holds no copy: it returns the
+// edge its own failed takeover left the session on ("" if none), and
+// forgets that takeover, which is the newer claim's now.
+func (b *Broker) passUnfinished(id string, newEpoch uint64) string {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	u, ok := b.unfinished[id]
+	if !ok || u.epoch >= newEpoch || b.sessions[id] != nil {
+		return ""
+	}
+	delete(b.unfinished, id)
+	return u.previous
 }
 
 // setUnfinished records (or with a zero u forgets) a takeover of id that

@@ -23,6 +23,9 @@ import (
 type sharedCluster struct {
 	edges   map[string]*sharedEdge
 	persist string // the persistence service's URL
+	// killPersistence kills the persistence service (SIGKILL), and
+	// startPersistence starts it again on its address and data.
+	killPersistence, startPersistence func()
 }
 
 type sharedEdge struct {
@@ -45,11 +48,14 @@ func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 		"--router.rebuild-wait", "200ms", "--olric.bind-addr", "127.0.0.1", "--olric.port", fmt.Sprint(testutil.FreePort(t)),
 		"--olric.memberlist-port", fmt.Sprint(testutil.FreePort(t)), "--log.level", "warn")
 	coordURL, _ := startCoordinator(t, 2*time.Second, "--router.url", "http://"+routerAPI, "--custody.route-grace", "500ms")
-	persistAPI, persistOps := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	startProcess(t, "persistence", persistBin, persistOps, "--api.addr", persistAPI, "--ops.addr", persistOps,
-		"--data-dir", t.TempDir(), "--log.level", "warn")
-
+	persistAPI, persistOps, persistData := testutil.FreeAddr(t), testutil.FreeAddr(t), t.TempDir()
 	c := &sharedCluster{edges: map[string]*sharedEdge{}, persist: "http://" + persistAPI}
+	c.startPersistence = func() {
+		_, c.killPersistence = startKillable(t, "persistence", persistBin, persistOps, "--api.addr", persistAPI, "--ops.addr", persistOps,
+			"--data-dir", persistData, "--log.level", "warn")
+	}
+	c.startPersistence()
+
 	for _, id := range ids {
 		mqtt, ops, api := testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 		proc, stop, kill := startProc(t, id, edgeBin, ops, "--auth.anonymous", "--mqtt.tcp-addr", mqtt, "--mqtt.ws-addr", "",
@@ -353,6 +359,51 @@ func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
 	// r0 may come again: its PUBACK may not have reached the store.
 	got := slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "r0" })
 	require.Equal(t, want, got, "queued while the client was away, in order")
+}
+
+// TestCluster_TakeoverFollowsTheHolder: a client that tries edge B while
+// the store is down makes B the session's owner at the coordinator, but
+// B's takeover from edge A fails, so the session stays on A. When the
+// client then connects to edge C, C is told B's previous owner is B; B
+// holds no copy and names A, and C takes the session over from A, with
+// what A queued. Resumed from the store beside A's copy instead, the
+// session would keep its routes on A too, and a message routed only there
+// before C's routes were in place would be lost when the store fenced A's
+// copy.
+func TestCluster_TakeoverFollowsTheHolder(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts several processes; skipped under -short")
+	}
+	t.Parallel()
+	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
+	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
+
+	sub := mqtttest.Dial(t, a.mqtt, 5)
+	sub.Connect("mover", true, sessionProps)
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "move/#", 1).ReasonCodes)
+	publishAcked(t, cc.mqtt, "move/x", []byte("m0"), 10*time.Second)
+	require.Equal(t, []string{"m0"}, receive(t, sub, []string{"m0"}))
+
+	// With the store down, A cannot hand the session over: B's CONNECT is
+	// refused, and the session stays on A, owned by B at the coordinator.
+	c.killPersistence()
+	early := mqtttest.Dial(t, b.mqtt, 5)
+	require.NotEqual(t, packets.CodeSuccess.Code, early.Connect("mover", false, sessionProps).ReasonCode)
+	_ = early.Conn.Close()
+	c.startPersistence()
+
+	// Queued on A, which still holds the session.
+	want := payloads("m", 1, 4)
+	for _, p := range want {
+		publishAcked(t, cc.mqtt, "move/x", []byte(p), 20*time.Second)
+	}
+	back := connectResumed(t, cc.mqtt, "mover", 20*time.Second)
+	require.Equal(t, want, slices.DeleteFunc(receive(t, back, want), func(p string) bool { return p == "m0" }))
+
+	publishAcked(t, b.mqtt, "move/x", []byte("m4"), 20*time.Second)
+	require.Equal(t, []string{"m4"}, receive(t, back, []string{"m4"}))
+	require.Zero(t, testutil.Metric(t, a.ops, "keel_edge_sessions_fenced_total"), "A's copy went with the takeover, not when the store fenced it")
+	require.Equal(t, 1.0, testutil.Metric(t, cc.ops, "keel_edge_takeover_redirects_total"), "B named A as holding the session")
 }
 
 // TestCluster_RejoinedEdgeDropsLapsedSessions: an edge stalled past its

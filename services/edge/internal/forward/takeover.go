@@ -38,6 +38,9 @@ func (s *Server) TakeoverBegin(ctx context.Context, req *connect.Request[edgev1.
 		}
 	}
 	owned, connected, state, err := s.Sessions.TakeOver(ctx, k.GetTenant(), k.GetClientId(), req.Msg.GetNewOwnerEdgeId(), req.Msg.GetNewEpoch(), req.Msg.GetCleanStart())
+	if held := (*broker.HeldElsewhereError)(nil); errors.As(err, &held) {
+		return connect.NewResponse(&edgev1.TakeoverBeginResponse{HeldBy: held.Edge}), nil
+	}
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
@@ -87,6 +90,9 @@ func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID s
 	}))
 	if err != nil {
 		return nil, err
+	}
+	if held := resp.Msg.GetHeldBy(); held != "" {
+		return nil, &broker.HeldElsewhereError{Edge: held}
 	}
 	return resp.Msg.GetSessionState(), nil
 }

@@ -980,7 +980,11 @@ type TakeoverBeginResponse struct {
 	// (subscriptions, in-flight messages with their packet IDs, queue, inbound
 	// QoS 2 state), in the edges' session transfer encoding (versioned JSON);
 	// empty when the session does not move (clean start, or none persistent).
-	SessionState  []byte `protobuf:"bytes,3,opt,name=session_state,json=sessionState,proto3" json:"session_state,omitempty"`
+	SessionState []byte `protobuf:"bytes,3,opt,name=session_state,json=sessionState,proto3" json:"session_state,omitempty"`
+	// held_by is set when this edge owns the session at the coordinator but holds
+	// no copy of it: its own takeover from held_by failed, and the session is
+	// still there. The new owner takes the session over from held_by instead.
+	HeldBy        string `protobuf:"bytes,4,opt,name=held_by,json=heldBy,proto3" json:"held_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1034,6 +1038,13 @@ func (x *TakeoverBeginResponse) GetSessionState() []byte {
 		return x.SessionState
 	}
 	return nil
+}
+
+func (x *TakeoverBeginResponse) GetHeldBy() string {
+	if x != nil {
+		return x.HeldBy
+	}
+	return ""
 }
 
 // TakeoverEndRequest completes a takeover.
@@ -1790,11 +1801,12 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\x11new_owner_edge_id\x18\x04 \x01(\tR\x0enewOwnerEdgeId\x122\n" +
 	"\x15new_owner_incarnation\x18\x05 \x01(\x04R\x13newOwnerIncarnation\x12\x1f\n" +
 	"\vclean_start\x18\x06 \x01(\bR\n" +
-	"cleanStart\"w\n" +
+	"cleanStart\"\x90\x01\n" +
 	"\x15TakeoverBeginResponse\x12\x14\n" +
 	"\x05owned\x18\x01 \x01(\bR\x05owned\x12#\n" +
 	"\rwas_connected\x18\x02 \x01(\bR\fwasConnected\x12#\n" +
-	"\rsession_state\x18\x03 \x01(\fR\fsessionState\"g\n" +
+	"\rsession_state\x18\x03 \x01(\fR\fsessionState\x12\x17\n" +
+	"\aheld_by\x18\x04 \x01(\tR\x06heldBy\"g\n" +
 	"\x12TakeoverEndRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1b\n" +
 	"\tnew_epoch\x18\x02 \x01(\x04R\bnewEpoch\"\x7f\n" +
