@@ -8,7 +8,7 @@
 // product did), KEEL_E2E_LOG_LEVEL sets their --log.level, and
 // KEEL_E2E_EDGE_ARGS and KEEL_E2E_PERSISTENCE_ARGS add flags to every edge
 // and every HA persistence instance (to try a setting across the suite,
-// such as --cluster.forward-retry or --failover.fence-writers).
+// such as --cluster.forward-retry or --failover.fence-writers=false).
 package e2e
 
 import (

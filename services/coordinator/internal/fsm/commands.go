@@ -378,11 +378,15 @@ func applyAcquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand
 	l := g.GetPromotionLease()
 	live := l != nil && l.GetExpiresAtUnixNano() > now
 	mine := live && l.GetHolderMemberId() == cmd.GetMemberId() && l.GetHolderIncarnation() == cmd.GetIncarnation()
-	if live && !mine {
+	if live && !mine || cmd.GetRenewEpoch() != 0 && (!mine || l.GetLeaseEpoch() != cmd.GetRenewEpoch()) {
 		return &raftpb.AcquirePromotionLeaseResult{Acquired: false, Lease: l}, nil
 	}
+	// A failover's lease taken by a member that holds one already, from a
+	// reconcile or the group's bootstrap, is a new lease: its epoch must be
+	// newer than the record for the group's writers to be fenced
+	// (FencesWriter). Renewals keep the epoch.
 	epoch := tx.index
-	if mine {
+	if mine && (cmd.GetRenewEpoch() != 0 || !cmd.GetFenceWriters()) {
 		epoch = l.GetLeaseEpoch()
 	}
 	next := proto.CloneOf(g)

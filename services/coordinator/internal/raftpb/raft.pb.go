@@ -1911,7 +1911,10 @@ type AcquirePromotionLeaseCommand struct {
 	// ttl_nanos is the lease duration.
 	TtlNanos int64 `protobuf:"varint,5,opt,name=ttl_nanos,json=ttlNanos,proto3" json:"ttl_nanos,omitempty"`
 	// fence_writers marks the lease as a failover's (PromotionLease.fence_writers).
-	FenceWriters  bool `protobuf:"varint,6,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
+	FenceWriters bool `protobuf:"varint,6,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
+	// renew_epoch renews the caller's lease of that lease epoch only; zero takes
+	// the lease (AcquirePromotionLeaseRequest.renew_epoch).
+	RenewEpoch    uint64 `protobuf:"varint,7,opt,name=renew_epoch,json=renewEpoch,proto3" json:"renew_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1986,6 +1989,13 @@ func (x *AcquirePromotionLeaseCommand) GetFenceWriters() bool {
 		return x.FenceWriters
 	}
 	return false
+}
+
+func (x *AcquirePromotionLeaseCommand) GetRenewEpoch() uint64 {
+	if x != nil {
+		return x.RenewEpoch
+	}
+	return 0
 }
 
 // AcquirePromotionLeaseResult answers an AcquirePromotionLeaseCommand.
@@ -2568,14 +2578,16 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"]\n" +
 	"\x14BumpAclVersionResult\x12E\n" +
 	"\vacl_version\x18\x01 \x01(\v2$.keel.coordinator.raft.v1.AclVersionR\n" +
-	"aclVersion\"\xde\x01\n" +
+	"aclVersion\"\xff\x01\n" +
 	"\x1cAcquirePromotionLeaseCommand\x12\"\n" +
 	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12\x19\n" +
 	"\bgroup_id\x18\x02 \x01(\rR\agroupId\x12\x1b\n" +
 	"\tmember_id\x18\x03 \x01(\tR\bmemberId\x12 \n" +
 	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x1b\n" +
 	"\tttl_nanos\x18\x05 \x01(\x03R\bttlNanos\x12#\n" +
-	"\rfence_writers\x18\x06 \x01(\bR\ffenceWriters\"y\n" +
+	"\rfence_writers\x18\x06 \x01(\bR\ffenceWriters\x12\x1f\n" +
+	"\vrenew_epoch\x18\a \x01(\x04R\n" +
+	"renewEpoch\"y\n" +
 	"\x1bAcquirePromotionLeaseResult\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12>\n" +
 	"\x05lease\x18\x02 \x01(\v2(.keel.coordinator.raft.v1.PromotionLeaseR\x05lease\"\xc9\x02\n" +

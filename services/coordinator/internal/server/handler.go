@@ -367,7 +367,7 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 		if rec.GetRole() == role && rec.GetAddress() == m.GetAddress() && rec.GetState() == state {
 			return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(t.leases.TTL()),
 				State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index(),
-				WriteGrant: s.writeGrant(m, t.leases.TTL(), now)}), nil
+				WriteGrant: s.writeGrant(t, m, t.leases.TTL(), now)}), nil
 		}
 	}
 	err = s.upsertMember(ctx, now, &raftpb.MemberRecord{
@@ -385,7 +385,7 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 	l := t.leases.Grant(lease.Lease{MemberID: m.GetMemberId(), Role: role, Incarnation: m.GetIncarnation(), Address: m.GetAddress(), State: state}, now)
 	return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{RemainingTtl: durationpb.New(l.Expires.Sub(now)),
 		State: m.GetState(), LeaderId: leaderID, AppliedIndex: s.fsm.State().Index(),
-		WriteGrant: s.writeGrant(m, l.Expires.Sub(now), now)}), nil
+		WriteGrant: s.writeGrant(t, m, l.Expires.Sub(now), now)}), nil
 }
 
 // writeGrant is how long a persistence member may acknowledge writes
@@ -394,12 +394,20 @@ func (s *Server) RenewLease(ctx context.Context, req *connect.Request[coordinato
 // taking the promotion lease; a writer cut off from the coordinator has
 // let its lease lapse by then, and one that renewed meanwhile was granted
 // nothing, so none still acknowledges through the old primary, which may
-// keep a replica the promoter cannot reach. nil for other roles.
-func (s *Server) writeGrant(m *coordinatorv1.RenewLeaseRequest, remaining time.Duration, now time.Time) *durationpb.Duration {
+// keep a replica the promoter cannot reach; it stops waiting once every
+// such writer reported its writes paused (writerPauses). nil for other
+// roles.
+func (s *Server) writeGrant(t *leaderTerm, m *coordinatorv1.RenewLeaseRequest, remaining time.Duration, now time.Time) *durationpb.Duration {
 	if m.GetRole() != coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE {
 		return nil
 	}
-	if fsm.FencesWriter(s.fsm.State().RedisGroup(m.GetRedisGroupId()), m.GetMemberId(), m.GetIncarnation(), now) {
+	g := s.fsm.State().RedisGroup(m.GetRedisGroupId())
+	var zeroUnder uint64
+	if fsm.FencesWriter(g, m.GetMemberId(), m.GetIncarnation(), now) {
+		zeroUnder = g.GetPromotionLease().GetLeaseEpoch()
+	}
+	t.writers.renewed(m.GetMemberId(), m.GetIncarnation(), m.GetRedisGroupId(), m.GetWritesPaused(), zeroUnder)
+	if zeroUnder != 0 {
 		return durationpb.New(0)
 	}
 	return durationpb.New(remaining)
@@ -464,15 +472,20 @@ func (s *Server) AcquirePromotionLease(ctx context.Context, req *connect.Request
 	now := s.now()
 	msg, _, err := s.apply(ctx, fsm.CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: now.UnixNano(),
 		GroupId: m.GetGroupId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(), TtlNanos: ttl.Nanoseconds(),
-		FenceWriters: m.GetFenceWriters()})
+		FenceWriters: m.GetFenceWriters(), RenewEpoch: m.GetRenewEpoch()})
 	if err != nil {
 		return nil, s.toConnect(err)
 	}
 	res := msg.(*raftpb.AcquirePromotionLeaseResult)
 	l := res.GetLease()
+	// A new leader's term may not have started: it has seen nobody pause.
+	t := s.term.Load()
+	paused := t != nil && res.GetAcquired() && l.GetFenceWriters() &&
+		t.writers.allPaused(t.leases, m.GetGroupId(), m.GetMemberId(), m.GetIncarnation(), l.GetLeaseEpoch(), s.now())
 	return connect.NewResponse(&coordinatorv1.AcquirePromotionLeaseResponse{Acquired: res.GetAcquired(),
 		HolderMemberId: l.GetHolderMemberId(), HolderIncarnation: l.GetHolderIncarnation(),
-		Remaining: durationpb.New(max(0, time.Unix(0, l.GetExpiresAtUnixNano()).Sub(now))), LeaseEpoch: l.GetLeaseEpoch()}), nil
+		Remaining: durationpb.New(max(0, time.Unix(0, l.GetExpiresAtUnixNano()).Sub(now))), LeaseEpoch: l.GetLeaseEpoch(),
+		WritersPaused: paused}), nil
 }
 
 // Status implements the RPC from this node's own view.

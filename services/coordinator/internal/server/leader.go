@@ -29,6 +29,8 @@ type leaderTerm struct {
 	// state must not clear a mark it has not seen. Guarded by dirtyMu.
 	dirty map[string]uint64
 	incs  map[string]uint64 // latest incarnation of every edge member; guarded by dirtyMu
+	// writers follows the persistence members' pauses for failovers.
+	writers *writerPauses
 }
 
 // observe marks edges whose membership changed for the custody scan, and
@@ -115,10 +117,11 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		}
 	}
 	t := &leaderTerm{
-		leases: lease.NewTable(s.cfg.LeaseTTL),
-		kick:   make(chan struct{}, 1),
-		dirty:  map[string]uint64{},
-		incs:   map[string]uint64{},
+		leases:  lease.NewTable(s.cfg.LeaseTTL),
+		kick:    make(chan struct{}, 1),
+		dirty:   map[string]uint64{},
+		incs:    map[string]uint64{},
+		writers: newWriterPauses(),
 	}
 	if s.router != nil {
 		t.routes = newDeadRoutes(s.cfg.RouteGrace, s.cfg.AdoptionWait, s.cfg.LeaseTTL)

@@ -464,6 +464,62 @@ func TestServer_WriteGrantDuringFailover(t *testing.T) {
 	require.Positive(t, renew("p2", 0, persistence).AsDuration())
 }
 
+// TestServer_WritersPausedForFailover: a failover's lease reports the
+// group's other writers paused once each, answered a zero grant under that
+// lease, renewed again saying it applied it. A report from before the lease
+// does not count; a writer of another group does not hold it up.
+func TestServer_WritersPausedForFailover(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	ctx := t.Context()
+	persistence := coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE
+	renew := func(id string, group uint32, paused bool) *durationpb.Duration {
+		t.Helper()
+		resp, err := ts.s.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: id, Role: persistence,
+			Incarnation: 1, Address: "http://" + id, State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE, RedisGroupId: group,
+			WritesPaused: paused}))
+		require.NoError(t, err)
+		return resp.Msg.GetWriteGrant()
+	}
+	var epoch uint64
+	lease := func(fence bool, renewEpoch uint64) *coordinatorv1.AcquirePromotionLeaseResponse {
+		t.Helper()
+		resp, err := ts.s.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{MemberId: "p1",
+			Incarnation: 1, GroupId: 0, Ttl: durationpb.New(time.Minute), FenceWriters: fence, RenewEpoch: renewEpoch}))
+		require.NoError(t, err)
+		return resp.Msg
+	}
+	acquire := func() bool {
+		t.Helper()
+		l := lease(true, epoch)
+		require.True(t, l.GetAcquired())
+		return l.GetWritersPaused()
+	}
+	renew("p1", 0, false)
+	renew("p2", 0, true) // paused for an earlier failover, say
+	renew("p3", 0, false)
+	renew("p4", 1, false)
+	// p1 holds the lease for a reconcile, taken before the group's record:
+	// its failover's lease is a new one, newer than the record, or nobody
+	// would be fenced.
+	reconcile := lease(false, 0).GetLeaseEpoch()
+	_, err := ts.s.CompareAndSetRedisPrimary(ctx, connect.NewRequest(&coordinatorv1.CompareAndSetRedisPrimaryRequest{RequestId: "r1",
+		MemberId: "p1", Incarnation: 1, Group: &coordinatorv1.RedisGroupRecord{GroupId: 0, PrimaryAddress: "10.0.0.1:6379"}}))
+	require.NoError(t, err)
+	first := lease(true, 0)
+	require.True(t, first.GetAcquired())
+	epoch = first.GetLeaseEpoch()
+	require.Greater(t, epoch, reconcile, "a failover's lease is a new one")
+	require.False(t, lease(true, epoch+1).GetAcquired(), "a renewal of another lease epoch is refused")
+	require.False(t, acquire(), "nobody paused under this lease yet")
+	require.Zero(t, renew("p2", 0, true).AsDuration())
+	require.False(t, acquire(), "p2's report came with the grant, before it applied it")
+	require.Zero(t, renew("p2", 0, true).AsDuration())
+	require.Zero(t, renew("p3", 0, false).AsDuration())
+	require.False(t, acquire(), "p3 has not applied its zero grant")
+	require.Zero(t, renew("p3", 0, true).AsDuration())
+	require.True(t, acquire(), "both other writers of group 0 paused; p4 writes to group 1")
+}
+
 // TestServer_BumpAclVersion: a bump is one Raft entry whose index is the
 // tenant's new version, kept in the FSM (for watch snapshots) and published to
 // the watch hub; versions only grow, the empty tenant (cluster-wide rules) is

@@ -339,6 +339,11 @@ func (a *App) renew(ctx context.Context) error {
 		if err == nil {
 			a.renewed(sent, resp.Msg)
 			interval = max(resp.Msg.GetRemainingTtl().AsDuration()/3, 100*time.Millisecond)
+			if a.paused.Load() || a.loop != nil && a.loop.PrimaryDown() {
+				// A failover may be waiting for this instance to hear that
+				// it is under way and to say it has paused.
+				interval = min(interval, failoverRenewInterval)
+			}
 		} else {
 			a.logger.Warn("lease renewal failed", "error", err)
 			interval = 200 * time.Millisecond
@@ -356,9 +361,17 @@ func (a *App) leave(ctx context.Context) error {
 	return err
 }
 
+// failoverRenewInterval is how often an instance renews its lease while its
+// group's primary does not answer or its writes are paused: a failover
+// waits for it to learn that it may not write, and to say it stopped.
+const failoverRenewInterval = 200 * time.Millisecond
+
 func (a *App) renewal(state coordinatorv1.MemberState) *coordinatorv1.RenewLeaseRequest {
+	// Paused means nothing is acknowledged from now on: the gate refuses
+	// new writes and is checked again before a written batch is answered.
 	return &coordinatorv1.RenewLeaseRequest{MemberId: a.cfg.MemberID, Role: coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE,
-		Incarnation: a.cfg.Incarnation, Address: a.advertise(), State: state, RedisGroupId: uint32(a.cfg.RedisGroupID)}
+		Incarnation: a.cfg.Incarnation, Address: a.advertise(), State: state, RedisGroupId: uint32(a.cfg.RedisGroupID),
+		WritesPaused: a.paused.Load()}
 }
 
 // renewed takes in a renewal sent at sent: writes are acknowledged until
@@ -382,27 +395,55 @@ func (a *App) renewed(sent time.Time, resp *coordinatorv1.RenewLeaseResponse) {
 }
 
 // waitWriters is the failover's wait for the group's other writers
-// ([failover.Promoter.WaitWriters]): one member lease TTL from when the
-// promotion lease was taken. Every other writer has stopped acknowledging
-// by then: one cut off from the coordinator because its lease lapsed,
-// one that renewed meanwhile because it was granted no writes. Until
-// then, the old primary may still take their writes, through a replica
-// the promoter cannot reach.
+// ([failover.Promoter.WaitWriters]): until the coordinator reports that
+// each has paused under this failover's lease, or one member lease TTL
+// has passed, by which time every one has stopped acknowledging: one cut
+// off from the coordinator because its lease lapsed, one that renewed
+// meanwhile because it was granted no writes. Until then, the old primary
+// may still take their writes, through a replica the promoter cannot
+// reach.
 func (a *App) waitWriters(ctx context.Context) error {
 	ttl := time.Duration(a.leaseTTL.Load())
 	if ttl <= 0 {
 		ttl = defaultMemberLeaseTTL
 	}
-	a.logger.Info("waiting out the other writers' leases before promoting", "wait", ttl)
-	t := time.NewTimer(ttl)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	start := time.Now()
+	deadline := start.Add(ttl)
+	a.logger.Info("waiting for the group's other writers to pause before promoting", "at_most", ttl)
+	for {
+		epoch := a.loop.FailoverLeaseEpoch()
+		if epoch == 0 {
+			return errors.New("no failover lease held")
+		}
+		cctx, cancel := context.WithTimeout(ctx, failoverRenewInterval*5)
+		lease, err := a.records.FailoverLease(cctx, a.cfg.Failover.PromotionLeaseTTL, epoch)
+		cancel()
+		if err == nil && !lease.Acquired {
+			err = errors.New("the failover lease is no longer held")
+		}
+		if err == nil && lease.WritersPaused {
+			a.logger.Info("every other writer of the group paused", "after", time.Since(start))
+			return nil
+		}
+		if err != nil {
+			a.logger.Debug("asking whether the group's writers paused failed", "error", err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			a.logger.Info("waited one member lease TTL for the group's other writers", "after", time.Since(start))
+			return nil
+		}
+		select {
+		case <-time.After(min(left, writersPollInterval)):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
+
+// writersPollInterval is how often a failover asks whether the group's
+// other writers paused.
+const writersPollInterval = 100 * time.Millisecond
 
 // defaultMemberLeaseTTL is the coordinator's default member lease TTL,
 // waited for when no renewal has said what it is.

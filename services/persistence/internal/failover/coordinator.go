@@ -86,6 +86,30 @@ func (c *CoordinatorRecords) AcquirePromotionLease(ctx context.Context, ttl time
 	return resp.Msg.GetAcquired(), nil
 }
 
+// FailoverLease is a failover's promotion lease, as the coordinator
+// answered for it.
+type FailoverLease struct {
+	Acquired bool
+	// Epoch identifies the lease: renewals name it.
+	Epoch uint64
+	// WritersPaused: every other writer of the group has paused under it
+	// (AcquirePromotionLeaseResponse.writers_paused).
+	WritersPaused bool
+}
+
+// FailoverLease takes the group's promotion lease for a failover
+// (fence_writers) for ttl, a new one even if this member holds the lease
+// already, or with renew set renews the failover lease of that epoch.
+func (c *CoordinatorRecords) FailoverLease(ctx context.Context, ttl time.Duration, renew uint64) (FailoverLease, error) {
+	resp, err := c.Client.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{
+		MemberId: c.MemberID, Incarnation: c.Incarnation, GroupId: c.GroupID, Ttl: durationpb.New(ttl), FenceWriters: true,
+		RenewEpoch: renew}))
+	if err != nil {
+		return FailoverLease{}, fmt.Errorf("failover lease: %w", err)
+	}
+	return FailoverLease{Acquired: resp.Msg.GetAcquired(), Epoch: resp.Msg.GetLeaseEpoch(), WritersPaused: resp.Msg.GetWritersPaused()}, nil
+}
+
 // Bootstrap publishes the first record of a group that has none, naming
 // primary; it needs the promotion lease. A group that has a record keeps it.
 func (c *CoordinatorRecords) Bootstrap(ctx context.Context, primary string, replicas []string, leaseTTL time.Duration) (Record, error) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,11 +37,13 @@ type LoopConfig struct {
 	// primaries and re-points replicas.
 	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
 	// FenceWriters makes a failover take its lease with fence_writers (the
-	// coordinator then grants the group's other writers no writes) and wait
-	// one member lease TTL before it promotes (Promoter.WaitWriters), so
-	// that no writer cut off with the old primary still acknowledges
-	// through it. Off by default: the longer write outage it brings makes
-	// edges lose messages of sessions that move meanwhile (to be fixed).
+	// coordinator then grants the group's other writers no writes) and
+	// wait, before it promotes, until each of them reported its writes
+	// paused or its lease lapsed, at most one member lease TTL
+	// (Promoter.WaitWriters), so that no writer cut off with the old
+	// primary still acknowledges through it. On by default; off, such a
+	// writer's acknowledgements until its lease lapses are lost with the
+	// old primary.
 	FenceWriters bool `yaml:"fence_writers"`
 }
 
@@ -50,7 +53,7 @@ func (c *LoopConfig) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.DownAfter, prefix+"down-after", DefaultDownAfter, "how long the primary must stay unanswering before a replica is promoted")
 	fs.DurationVar(&c.PromotionLeaseTTL, prefix+"promotion-lease-ttl", DefaultPromotionLeaseTTL, "promotion lease asked of the coordinator (bounds one promotion)")
 	fs.DurationVar(&c.ReconcileInterval, prefix+"reconcile-interval", DefaultReconcileInterval, "how often to demote stray primaries and re-point replicas")
-	fs.BoolVar(&c.FenceWriters, prefix+"fence-writers", false, "before promoting, stop the group's other writers and wait one member lease TTL, so that none cut off with the old primary still acknowledges through it (experimental: lengthens the write outage by a lease TTL)")
+	fs.BoolVar(&c.FenceWriters, prefix+"fence-writers", true, "before promoting, stop the group's other writers and wait until each has paused or its lease lapsed (at most one member lease TTL), so that none cut off with the old primary still acknowledges through it")
 }
 
 // Validate checks the settings.
@@ -67,10 +70,13 @@ func (c *LoopConfig) Validate() error {
 // Leases is what the loop needs of the coordinator beyond [Records].
 type Leases interface {
 	Records
-	// AcquirePromotionLease takes or renews the group's promotion lease;
-	// fenceWriters marks a failover's, during which the coordinator grants
-	// the group's other writers no writes.
+	// AcquirePromotionLease takes or renews the group's promotion lease
+	// for a reconcile or a switchover.
 	AcquirePromotionLease(ctx context.Context, ttl time.Duration, fenceWriters bool) (bool, error)
+	// FailoverLease takes a failover's lease, during which the coordinator
+	// grants the group's other writers no writes, or renews it (renew is
+	// its epoch).
+	FailoverLease(ctx context.Context, ttl time.Duration, renew uint64) (FailoverLease, error)
 }
 
 // Loop follows a group's record and fails the group over: every instance
@@ -88,6 +94,11 @@ type Loop struct {
 
 	mu      sync.Mutex
 	pingers map[string]*redis.Client
+
+	// primaryDown is set while the recorded primary does not answer.
+	primaryDown atomic.Bool
+	// failoverEpoch is the epoch of the failover lease held, 0 when none.
+	failoverEpoch atomic.Uint64
 
 	// promoting (a one-slot semaphore) is held by a failover, reconcile or
 	// switchover of this instance: the promotion lease is per member, so it
@@ -140,6 +151,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		l.follow(rec)
 		if l.ping(ctx, rec.Primary) == nil {
 			downSince = time.Time{}
+			l.primaryDown.Store(false)
 			l.gauge(1)
 			if time.Since(lastReconcile) >= l.cfg.ReconcileInterval {
 				lastReconcile = time.Now()
@@ -148,6 +160,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			continue
 		}
 		l.gauge(0)
+		l.primaryDown.Store(true)
 		if downSince.IsZero() {
 			downSince = time.Now()
 			l.logger.Warn("redis primary not answering", "primary", rec.Primary, "record_epoch", rec.Epoch)
@@ -161,6 +174,10 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// PrimaryDown reports whether the recorded primary did not answer this
+// instance's last ping: a failover may be under way.
+func (l *Loop) PrimaryDown() bool { return l.primaryDown.Load() }
 
 func (l *Loop) get(ctx context.Context) (Record, error) {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -198,7 +215,15 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 	defer l.donePromoting()
 	ttl := l.cfg.PromotionLeaseTTL
 	actx, cancel := context.WithTimeout(ctx, ttl)
-	ok, err := l.records.AcquirePromotionLease(actx, ttl, l.cfg.FenceWriters)
+	var ok bool
+	var err error
+	var lease FailoverLease
+	if l.cfg.FenceWriters {
+		lease, err = l.records.FailoverLease(actx, ttl, 0)
+		ok = lease.Acquired
+	} else {
+		ok, err = l.records.AcquirePromotionLease(actx, ttl, false)
+	}
 	cancel()
 	if err != nil || !ok {
 		l.logger.Debug("promotion lease not held", "error", err)
@@ -206,10 +231,12 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 	}
 	bound := ttl
 	if l.cfg.FenceWriters {
-		// The promoter first waits out the old writers' leases
+		// The promoter first waits for the old writers to pause
 		// (WaitWriters), which can outlast one promotion lease: it is kept
 		// meanwhile.
-		defer l.keepLease(ctx, ttl, true, "failover")()
+		l.failoverEpoch.Store(lease.Epoch)
+		defer l.failoverEpoch.Store(0)
+		defer l.keepLease(ctx, ttl, lease.Epoch, "failover")()
 		bound += maxWritersWait
 	}
 	cctx, cancel := context.WithTimeout(ctx, bound)
@@ -297,7 +324,7 @@ func (l *Loop) switchover(ctx context.Context, opts SwitchoverOptions) (Switchov
 	}
 	// Keep the lease while the switchover runs; if it lapses anyway, the
 	// record's compare-and-set fails and the switchover is undone.
-	defer l.keepLease(ctx, ttl, false, "switchover")()
+	defer l.keepLease(ctx, ttl, 0, "switchover")()
 	res, err := l.promoter.Switchover(ctx, opts)
 	if err != nil {
 		return res, err
@@ -313,7 +340,13 @@ const maxWritersWait = time.Minute
 // keepLease renews the promotion lease every ttl/3 until the returned stop
 // is called; what for names the work in logs. If it lapses anyway, the
 // record's compare-and-set fails and the work is undone or retried.
-func (l *Loop) keepLease(ctx context.Context, ttl time.Duration, fenceWriters bool, what string) (stop func()) {
+// FailoverLeaseEpoch is the epoch of the failover lease this instance
+// holds, 0 when it runs no failover.
+func (l *Loop) FailoverLeaseEpoch() uint64 { return l.failoverEpoch.Load() }
+
+// keepLease renews the promotion lease every ttl/3 until stopped: a
+// failover's of epoch failover, or a switchover's when failover is 0.
+func (l *Loop) keepLease(ctx context.Context, ttl time.Duration, failover uint64, what string) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -326,7 +359,15 @@ func (l *Loop) keepLease(ctx context.Context, ttl time.Duration, fenceWriters bo
 			case <-tk.C:
 			}
 			cctx, cancel := context.WithTimeout(ctx, ttl/3)
-			ok, err := l.records.AcquirePromotionLease(cctx, ttl, fenceWriters)
+			var ok bool
+			var err error
+			if failover != 0 {
+				var lease FailoverLease
+				lease, err = l.records.FailoverLease(cctx, ttl, failover)
+				ok = lease.Acquired
+			} else {
+				ok, err = l.records.AcquirePromotionLease(cctx, ttl, false)
+			}
 			cancel()
 			if err != nil || !ok {
 				l.logger.Warn("renewing the promotion lease failed", "during", what, "acquired", ok, "error", err)

@@ -32,6 +32,12 @@ func (m *memLeases) AcquirePromotionLease(context.Context, time.Duration, bool) 
 	return m.other == "", nil
 }
 
+func (m *memLeases) FailoverLease(_ context.Context, _ time.Duration, renew uint64) (FailoverLease, error) {
+	m.lmu.Lock()
+	defer m.lmu.Unlock()
+	return FailoverLease{Acquired: m.other == "", Epoch: max(renew, 1)}, nil
+}
+
 // writers append to sessions through a follower, as persistence instances
 // do for edges: each message is retried until it is acknowledged (WAIT 1
 // confirmed), and the acknowledged ones are remembered.

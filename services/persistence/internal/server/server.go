@@ -154,6 +154,15 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 		go func(id uint64) {
 			defer func() { <-sem; wg.Done(); s.streams.Done() }()
 			resp := s.answer(id, ops, wait())
+			if err := s.leaseGate(); err != nil {
+				// The lease or the write grant ended while the batch was
+				// written: a failover may promote a replica that lacks it
+				// without waiting any longer for this instance, so nothing
+				// of it is acknowledged. Writes are idempotent; the edge
+				// sends them again.
+				s.count(nil, nil, persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE)
+				resp = &persistencev1.WriteResponse{BatchId: id, Status: persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE, Error: err.Error()}
+			}
 			send(resp)
 			if s.metrics != nil {
 				s.metrics.WriteLatency.Observe(time.Since(start).Seconds())
@@ -172,6 +181,10 @@ func (s *Server) gate() error {
 	if s.stopping.Load() {
 		return ErrStopping
 	}
+	return s.leaseGate()
+}
+
+func (s *Server) leaseGate() error {
 	if s.cfg.Gate != nil {
 		return s.cfg.Gate()
 	}

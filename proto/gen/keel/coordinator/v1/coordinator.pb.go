@@ -2509,7 +2509,12 @@ type RenewLeaseRequest struct {
 	Custody *CustodyProgress `protobuf:"bytes,6,opt,name=custody,proto3" json:"custody,omitempty"`
 	// redis_group_id is, for a persistence member, the Redis group it writes to:
 	// its write grant follows that group's promotions.
-	RedisGroupId  uint32 `protobuf:"varint,7,opt,name=redis_group_id,json=redisGroupId,proto3" json:"redis_group_id,omitempty"`
+	RedisGroupId uint32 `protobuf:"varint,7,opt,name=redis_group_id,json=redisGroupId,proto3" json:"redis_group_id,omitempty"`
+	// writes_paused is, from a persistence member, that it acknowledges no write:
+	// it applied a write grant of zero, and a write in flight through its gate is
+	// answered as not acknowledged. A failover waits for it from every other
+	// writer of the group (AcquirePromotionLeaseResponse.writers_paused).
+	WritesPaused  bool `protobuf:"varint,8,opt,name=writes_paused,json=writesPaused,proto3" json:"writes_paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2591,6 +2596,13 @@ func (x *RenewLeaseRequest) GetRedisGroupId() uint32 {
 		return x.RedisGroupId
 	}
 	return 0
+}
+
+func (x *RenewLeaseRequest) GetWritesPaused() bool {
+	if x != nil {
+		return x.WritesPaused
+	}
+	return false
 }
 
 // CustodyProgress is an edge's progress with its custody assignments.
@@ -3001,9 +3013,16 @@ type AcquirePromotionLeaseRequest struct {
 	Ttl *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// fence_writers asks that, while the lease is held and the group's record has
 	// not changed, the group's other writers be granted no writes
-	// (RenewLeaseResponse.write_grant): set by a failover, which then waits one
-	// lease TTL before it promotes. A switchover or a reconcile leaves it unset.
-	FenceWriters  bool `protobuf:"varint,5,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
+	// (RenewLeaseResponse.write_grant): set by a failover, which then waits for
+	// them to pause (writers_paused), at most one lease TTL, before it promotes. A switchover or a reconcile leaves it unset.
+	// Without renew_epoch, a lease taken with it is a new one (a new lease_epoch)
+	// even when the caller holds the lease already, for a reconcile say: writers
+	// are fenced from this failover on.
+	FenceWriters bool `protobuf:"varint,5,opt,name=fence_writers,json=fenceWriters,proto3" json:"fence_writers,omitempty"`
+	// renew_epoch renews the caller's lease of that lease_epoch, keeping its
+	// epoch; the lease is not acquired when the caller does not hold it under
+	// that epoch. Zero takes the lease.
+	RenewEpoch    uint64 `protobuf:"varint,6,opt,name=renew_epoch,json=renewEpoch,proto3" json:"renew_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3073,6 +3092,13 @@ func (x *AcquirePromotionLeaseRequest) GetFenceWriters() bool {
 	return false
 }
 
+func (x *AcquirePromotionLeaseRequest) GetRenewEpoch() uint64 {
+	if x != nil {
+		return x.RenewEpoch
+	}
+	return 0
+}
+
 // AcquirePromotionLeaseResponse reports the lease in force.
 type AcquirePromotionLeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3085,7 +3111,13 @@ type AcquirePromotionLeaseResponse struct {
 	// remaining is how long the lease runs on the leader's clock from when it answered.
 	Remaining *durationpb.Duration `protobuf:"bytes,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	// lease_epoch is the Raft index of the holder's acquisition.
-	LeaseEpoch    uint64 `protobuf:"varint,5,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	LeaseEpoch uint64 `protobuf:"varint,5,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
+	// writers_paused is, for a lease held with fence_writers, that every other
+	// persistence member of the group with a live lease on this leader has
+	// reported its writes paused (RenewLeaseRequest.writes_paused) after it was
+	// granted none under this lease: the promoter need not wait out their
+	// leases. False on a leader that has not seen them all since it took over.
+	WritersPaused bool `protobuf:"varint,6,opt,name=writers_paused,json=writersPaused,proto3" json:"writers_paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3153,6 +3185,13 @@ func (x *AcquirePromotionLeaseResponse) GetLeaseEpoch() uint64 {
 		return x.LeaseEpoch
 	}
 	return 0
+}
+
+func (x *AcquirePromotionLeaseResponse) GetWritersPaused() bool {
+	if x != nil {
+		return x.WritersPaused
+	}
+	return false
 }
 
 // StatusRequest asks for a node's status.
@@ -3730,7 +3769,7 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"C\n" +
 	"\x10ClusterHeartbeat\x12\x1b\n" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\x12\x12\n" +
-	"\x04term\x18\x02 \x01(\x04R\x04term\"\xbf\x02\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\"\xe4\x02\n" +
 	"\x11RenewLeaseRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x123\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x1f.keel.coordinator.v1.MemberRoleR\x04role\x12 \n" +
@@ -3738,7 +3777,8 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\aaddress\x18\x04 \x01(\tR\aaddress\x126\n" +
 	"\x05state\x18\x05 \x01(\x0e2 .keel.coordinator.v1.MemberStateR\x05state\x12>\n" +
 	"\acustody\x18\x06 \x01(\v2$.keel.coordinator.v1.CustodyProgressR\acustody\x12$\n" +
-	"\x0eredis_group_id\x18\a \x01(\rR\fredisGroupId\"\x99\x01\n" +
+	"\x0eredis_group_id\x18\a \x01(\rR\fredisGroupId\x12#\n" +
+	"\rwrites_paused\x18\b \x01(\bR\fwritesPaused\"\x99\x01\n" +
 	"\x0fCustodyProgress\x12'\n" +
 	"\x0fadopted_through\x18\x01 \x01(\x04R\x0eadoptedThrough\x124\n" +
 	"\x16claims_settled_through\x18\x02 \x01(\x04R\x14claimsSettledThrough\x12'\n" +
@@ -3763,20 +3803,23 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\x05group\x18\x05 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"z\n" +
 	"!CompareAndSetRedisPrimaryResponse\x12\x18\n" +
 	"\aswapped\x18\x01 \x01(\bR\aswapped\x12;\n" +
-	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\xca\x01\n" +
+	"\x05group\x18\x02 \x01(\v2%.keel.coordinator.v1.RedisGroupRecordR\x05group\"\xeb\x01\n" +
 	"\x1cAcquirePromotionLeaseRequest\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x19\n" +
 	"\bgroup_id\x18\x03 \x01(\rR\agroupId\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12#\n" +
-	"\rfence_writers\x18\x05 \x01(\bR\ffenceWriters\"\xee\x01\n" +
+	"\rfence_writers\x18\x05 \x01(\bR\ffenceWriters\x12\x1f\n" +
+	"\vrenew_epoch\x18\x06 \x01(\x04R\n" +
+	"renewEpoch\"\x95\x02\n" +
 	"\x1dAcquirePromotionLeaseResponse\x12\x1a\n" +
 	"\bacquired\x18\x01 \x01(\bR\bacquired\x12(\n" +
 	"\x10holder_member_id\x18\x02 \x01(\tR\x0eholderMemberId\x12-\n" +
 	"\x12holder_incarnation\x18\x03 \x01(\x04R\x11holderIncarnation\x127\n" +
 	"\tremaining\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\tremaining\x12\x1f\n" +
 	"\vlease_epoch\x18\x05 \x01(\x04R\n" +
-	"leaseEpoch\"\x0f\n" +
+	"leaseEpoch\x12%\n" +
+	"\x0ewriters_paused\x18\x06 \x01(\bR\rwritersPaused\"\x0f\n" +
 	"\rStatusRequest\"\xbb\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12=\n" +
