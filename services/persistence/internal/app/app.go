@@ -79,7 +79,9 @@ type Config struct {
 	APIListener net.Listener `yaml:"-"`
 	// Registry, if set, receives the metrics (tests).
 	Registry *prometheus.Registry `yaml:"-"`
-	Tracing  tracing.Config
+	// RedisDialer, if set, opens every connection to Redis (tests cut some).
+	RedisDialer func(ctx context.Context, network, addr string) (net.Conn, error) `yaml:"-"`
+	Tracing     tracing.Config
 }
 
 // RegisterFlags registers every flag.
@@ -211,7 +213,7 @@ func (a *App) Ops() *service.Ops { return a.ops }
 
 func (a *App) openRedis(addr string) (*redisstore.Store, error) {
 	s, err := redisstore.New(redisstore.Config{Addr: addr, MinReplicas: a.cfg.MinReplicas, WaitTimeout: a.cfg.WaitTimeout,
-		MaxBatch: a.cfg.MaxPipeline}, a.logger.With("component", "redis", "primary", addr))
+		MaxBatch: a.cfg.MaxPipeline, Dialer: a.cfg.RedisDialer}, a.logger.With("component", "redis", "primary", addr))
 	if err != nil {
 		return nil, err
 	}
@@ -264,7 +266,8 @@ func (a *App) openStore(ctx context.Context) error {
 		return err
 	}
 	a.follower, a.store = f, f
-	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4}
+	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4,
+		Dialer: a.cfg.RedisDialer}
 	if a.cfg.Failover.FenceWriters {
 		p.WaitWriters = a.waitWriters
 	}
@@ -422,7 +425,7 @@ func (a *App) waitWriters(ctx context.Context) error {
 			err = errors.New("the failover lease is no longer held")
 		}
 		if err == nil && lease.WritersPaused {
-			a.logger.Info("every other writer of the group paused", "after", time.Since(start))
+			a.logger.Info("every other writer of the group paused or lost its lease", "after", time.Since(start))
 			return nil
 		}
 		if err != nil {

@@ -66,13 +66,14 @@ func h2c() *http.Client {
 // once a leader answers. A cluster that does not come up (a port taken by
 // another process between choosing and binding it, or no leader under heavy
 // load) is torn down and started again on fresh ports, at most three times.
-func startCoordinators(t *testing.T) []string {
+// extra flags go to every coordinator (the last of a flag wins).
+func startCoordinators(t *testing.T, extra ...string) []string {
 	t.Helper()
 	if coordBuildErr != nil {
 		t.Fatal(coordBuildErr)
 	}
 	for attempt := 1; ; attempt++ {
-		apis, err := tryStartCoordinators(t)
+		apis, err := tryStartCoordinators(t, extra)
 		if err == nil {
 			return apis
 		}
@@ -83,7 +84,7 @@ func startCoordinators(t *testing.T) []string {
 	}
 }
 
-func tryStartCoordinators(t *testing.T) ([]string, error) {
+func tryStartCoordinators(t *testing.T, extra []string) ([]string, error) {
 	const n = 3
 	var gossip, apis []string
 	for range n {
@@ -127,6 +128,7 @@ func tryStartCoordinators(t *testing.T) ([]string, error) {
 			"--raft.heartbeat-timeout", "500ms", "--raft.election-timeout", "500ms", "--raft.leader-lease-timeout", "250ms", "--raft.commit-timeout", "5ms",
 			"--gossip.bind-addr", gossip[i], "--gossip.join", strings.Join(gossip, ","), "--gossip.join-interval", "100ms",
 			"--api.addr", api, "--ops.addr", "", "--lease-ttl", "3s", "--log.level", "warn")
+		cmd.Args = append(cmd.Args, extra...)
 		log, err := os.Create(filepath.Join(dir, "coordinator.log"))
 		require.NoError(t, err)
 		cmd.Stdout, cmd.Stderr = log, log
@@ -175,6 +177,12 @@ type instance struct {
 
 func startInstance(t *testing.T, id, coord, redisAddr string, replicas []string) *instance {
 	t.Helper()
+	return startInstanceWith(t, id, coord, redisAddr, replicas, nil)
+}
+
+// startInstanceWith is startInstance with edit applied to the config.
+func startInstanceWith(t *testing.T, id, coord, redisAddr string, replicas []string, edit func(*Config)) *instance {
+	t.Helper()
 	var cfg Config
 	cfg.RegisterFlags(flag.NewFlagSet(id, flag.ContinueOnError))
 	cfg.MemberID, cfg.Incarnation = id, 1
@@ -192,6 +200,9 @@ func startInstance(t *testing.T, id, coord, redisAddr string, replicas []string)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	cfg.APIListener = ln
+	if edit != nil {
+		edit(&cfg)
+	}
 	a, err := New(cfg, testutil.Logger(t).With("member", id))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -382,7 +393,8 @@ func TestCluster_KillPrimaryUnderWrites(t *testing.T) {
 // retrying each until it is answered OK, as an edge would.
 type batchWriter struct {
 	mu       sync.Mutex
-	acked    []uint64 // first seq of each acknowledged batch
+	acked    []uint64    // first seq of each acknowledged batch
+	ackedAt  []time.Time // when each was acknowledged
 	statuses map[string]int
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -422,6 +434,7 @@ func startBatchWriter(t *testing.T, in *instance) *batchWriter {
 				ok := resp.GetStatus() == persistencev1.WriteStatus_WRITE_STATUS_OK
 				if ok {
 					bw.acked = append(bw.acked, seq)
+					bw.ackedAt = append(bw.ackedAt, time.Now())
 				}
 				bw.mu.Unlock()
 				if ok {

@@ -64,6 +64,8 @@ type Promoter struct {
 	Logger      *slog.Logger
 	// DialTimeout bounds each call to a node.
 	DialTimeout time.Duration
+	// Dialer, if set, opens the connections to the nodes (tests cut them).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 
 	// afterPause, if set, runs in a switchover right after the primary is
 	// paused (tests).
@@ -91,7 +93,7 @@ func (p *Promoter) client(addr string) *redis.Client {
 	if t <= 0 {
 		t = time.Second
 	}
-	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1})
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1, Dialer: p.Dialer})
 }
 
 func (p *Promoter) state(ctx context.Context, addr string) replState {

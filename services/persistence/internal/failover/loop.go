@@ -430,7 +430,8 @@ func (l *Loop) ping(ctx context.Context, addr string) error {
 	c, ok := l.pingers[addr]
 	if !ok {
 		t := l.cfg.CheckInterval
-		c = redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1, PoolSize: 1})
+		c = redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1, PoolSize: 1,
+			Dialer: l.promoter.Dialer})
 		l.pingers[addr] = c
 	}
 	l.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,8 @@ type Config struct {
 	MaxBatch int
 	// MessageTTL bounds how long a stored payload lives without expiry set.
 	MessageTTL time.Duration
+	// Dialer, if set, opens the connections to Redis (tests cut them).
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Store is a [store.Store] on Redis.
@@ -95,7 +98,7 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{cfg: cfg, logger: logger, ops: make(chan *op, 4096), done: make(chan struct{}),
-		rdb: redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: 8})}
+		rdb: redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: 8, Dialer: cfg.Dialer})}
 	s.wg.Add(1)
 	go s.commitLoop()
 	return s, nil
