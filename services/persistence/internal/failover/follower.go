@@ -66,7 +66,12 @@ func (f *Follower) Follow(rec Record) (bool, error) {
 	old := f.cur
 	f.cur, f.rec = s, rec
 	f.mu.Unlock()
-	return true, old.Close()
+	// The old primary may be dead: its store's writer can take a dial or
+	// read timeout to give up the batch it is on, seconds in which the
+	// failover loop would neither ping nor publish that it follows the new
+	// record. New writes go to the new store already.
+	go func() { _ = old.Close() }()
+	return true, nil
 }
 
 func (f *Follower) get() *redisstore.Store {
