@@ -115,6 +115,28 @@ func connectResumed(t *testing.T, addr, id string, within time.Duration) *mqttte
 	}
 }
 
+// persistentSubscriber connects id to addr with a persistent session
+// subscribed to prefix/# at QoS 1, and waits until a message published
+// through pubAddr (payload first) reaches it: routed and stored.
+func persistentSubscriber(t *testing.T, addr, id, prefix, pubAddr, first string) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect(id, true, sessionProps)
+	require.Equal(t, []byte{1}, c.Subscribe(1, prefix+"/#", 1).ReasonCodes)
+	publishAcked(t, pubAddr, prefix+"/x", []byte(first), 10*time.Second)
+	require.Equal(t, []string{first}, receive(t, c, []string{first}))
+	return c
+}
+
+// connectRefused requires a CONNECT of id to addr, clean start off, to be
+// refused.
+func connectRefused(t *testing.T, addr, id string) {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	require.NotEqual(t, packets.CodeSuccess.Code, c.Connect(id, false, sessionProps).ReasonCode)
+	_ = c.Conn.Close()
+}
+
 // receive reads PUBLISHes, acknowledging each, until every payload in want
 // arrived (duplicates of QoS 1 messages are allowed), and returns them in
 // arrival order.
@@ -296,11 +318,7 @@ func TestCluster_FencedSessionGivenUp(t *testing.T) {
 	c := startSharedCluster(t, "edge-a", "edge-b")
 	a, b := c.edges["edge-a"], c.edges["edge-b"]
 
-	holder := mqtttest.Dial(t, a.mqtt, 5)
-	holder.Connect("holder", true, sessionProps)
-	require.Equal(t, []byte{1}, holder.Subscribe(1, "fence/#", 1).ReasonCodes)
-	publishAcked(t, b.mqtt, "fence/x", []byte("before"), 10*time.Second)
-	require.Equal(t, []string{"before"}, receive(t, holder, []string{"before"}))
+	holder := persistentSubscriber(t, a.mqtt, "holder", "fence", b.mqtt, "before")
 
 	// A newer owner, as far as the store knows.
 	st, err := remotestore.New(remotestore.Config{URL: c.persist})
@@ -338,17 +356,11 @@ func TestCluster_FailedTakeoverAdoptedWhenOwnerLeaves(t *testing.T) {
 	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
 	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
 
-	sub := mqtttest.Dial(t, a.mqtt, 5)
-	sub.Connect("racer", true, sessionProps)
-	require.Equal(t, []byte{1}, sub.Subscribe(1, "race/#", 1).ReasonCodes)
-	publishAcked(t, cc.mqtt, "race/x", []byte("r0"), 10*time.Second)
-	require.Equal(t, []string{"r0"}, receive(t, sub, []string{"r0"}))
+	persistentSubscriber(t, a.mqtt, "racer", "race", cc.mqtt, "r0")
 	a.kill()
 	// At once, while edge A's lease runs: edge B claims, cannot reach A,
 	// refuses the CONNECT.
-	early := mqtttest.Dial(t, b.mqtt, 5)
-	require.NotEqual(t, packets.CodeSuccess.Code, early.Connect("racer", false, sessionProps).ReasonCode)
-	_ = early.Conn.Close()
+	connectRefused(t, b.mqtt, "racer")
 	// The lease expires, custody passes the session by, A's routes go.
 	time.Sleep(5 * time.Second)
 	want := payloads("r", 1, 6)
@@ -378,18 +390,12 @@ func TestCluster_TakeoverFollowsTheHolder(t *testing.T) {
 	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
 	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
 
-	sub := mqtttest.Dial(t, a.mqtt, 5)
-	sub.Connect("mover", true, sessionProps)
-	require.Equal(t, []byte{1}, sub.Subscribe(1, "move/#", 1).ReasonCodes)
-	publishAcked(t, cc.mqtt, "move/x", []byte("m0"), 10*time.Second)
-	require.Equal(t, []string{"m0"}, receive(t, sub, []string{"m0"}))
+	persistentSubscriber(t, a.mqtt, "mover", "move", cc.mqtt, "m0")
 
 	// With the store down, A cannot hand the session over: B's CONNECT is
 	// refused, and the session stays on A, owned by B at the coordinator.
 	c.killPersistence()
-	early := mqtttest.Dial(t, b.mqtt, 5)
-	require.NotEqual(t, packets.CodeSuccess.Code, early.Connect("mover", false, sessionProps).ReasonCode)
-	_ = early.Conn.Close()
+	connectRefused(t, b.mqtt, "mover")
 	c.startPersistence()
 
 	// Queued on A, which still holds the session.
@@ -420,11 +426,7 @@ func TestCluster_RejoinedEdgeDropsLapsedSessions(t *testing.T) {
 	c := startSharedCluster(t, "edge-a", "edge-b", "edge-c")
 	a, b, cc := c.edges["edge-a"], c.edges["edge-b"], c.edges["edge-c"]
 
-	sub := mqtttest.Dial(t, a.mqtt, 5)
-	sub.Connect("lapser", true, sessionProps)
-	require.Equal(t, []byte{1}, sub.Subscribe(1, "lapse/#", 1).ReasonCodes)
-	publishAcked(t, cc.mqtt, "lapse/x", []byte("l0"), 10*time.Second)
-	require.Equal(t, []string{"l0"}, receive(t, sub, []string{"l0"}))
+	sub := persistentSubscriber(t, a.mqtt, "lapser", "lapse", cc.mqtt, "l0")
 
 	// Stalled past its 2 s lease: the coordinator expires it and hands the
 	// session to a custodian.

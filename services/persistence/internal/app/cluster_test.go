@@ -366,17 +366,7 @@ func TestCluster_KillPrimaryUnderWrites(t *testing.T) {
 	require.Less(t, promoted, 8*time.Second)
 
 	// Every acknowledged record is readable, through another instance.
-	resp, err := ins[2].client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: csess}))
-	require.NoError(t, err)
-	have := map[uint64]bool{}
-	for _, e := range resp.Msg.GetQueue() {
-		have[e.GetMsgId().GetSeq()] = true
-	}
-	for _, seq := range acked {
-		for i := range uint64(32) {
-			require.True(t, have[seq+i], "acknowledged record %d lost", seq+i)
-		}
-	}
+	requireStored(t, ins[2], acked)
 
 	// The old primary returns and is demoted by reconciliation.
 	g.Primary.Restart()
@@ -387,6 +377,23 @@ func TestCluster_KillPrimaryUnderWrites(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// requireStored requires every record of the batches of 32 acknowledged
+// from the given first sequence numbers to be readable through in.
+func requireStored(t *testing.T, in *instance, acked []uint64) {
+	t.Helper()
+	resp, err := in.client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: csess}))
+	require.NoError(t, err)
+	have := map[uint64]bool{}
+	for _, e := range resp.Msg.GetQueue() {
+		have[e.GetMsgId().GetSeq()] = true
+	}
+	for _, seq := range acked {
+		for i := range uint64(32) {
+			require.True(t, have[seq+i], "acknowledged record %d lost", seq+i)
+		}
+	}
 }
 
 // batchWriter streams batches of 32 QoS 1 appends through one instance,

@@ -11,12 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
-	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
 	"github.com/keelmq/keel/services/persistence/internal/redistest"
 )
 
@@ -94,17 +92,7 @@ func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 		last.Sub(cut).Round(time.Millisecond), promoted.Sub(cut).Round(time.Millisecond), statuses)
 	require.True(t, last.Before(promoted), "p1 stopped acknowledging before the promotion")
 
-	resp, err := p2.client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: csess}))
-	require.NoError(t, err)
-	have := map[uint64]bool{}
-	for _, e := range resp.Msg.GetQueue() {
-		have[e.GetMsgId().GetSeq()] = true
-	}
-	for _, seq := range acked {
-		for i := range uint64(32) {
-			require.True(t, have[seq+i], "acknowledged record %d is not on the new primary", seq+i)
-		}
-	}
+	requireStored(t, p2, acked) // on the new primary
 }
 
 // cutProxy forwards TCP connections to a target until cut, then closes
