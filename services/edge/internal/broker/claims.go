@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 
@@ -122,8 +124,38 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
+			b.relayFenced(s)
 			b.forgetSession(s.id)
 		}
 	}()
 	return true
+}
+
+// relayFenced makes the session's owner at the coordinator the new owner
+// of fenced copy s for the messages published before it took the session
+// and routed here (handedOver), as if s had been handed over to it: the
+// owner resumed the session from the store beside this copy (its takeover
+// went to an edge that did not know the session was here), so it may not
+// have been routed to when they were published, and this copy cannot
+// store them. Without an owner to name, they find no session here once
+// the copy is gone.
+func (b *Broker) relayFenced(s *session) {
+	lookup, ok := b.cluster.Ownership.(OwnerLookup)
+	if !ok {
+		return
+	}
+	clientID, _ := s.scope.ExternalClientID(s.id)
+	ctx, cancel := context.WithTimeout(b.stopped, 5*time.Second)
+	defer cancel()
+	owner, epoch, err := lookup.Owner(ctx, s.scope.Tenant(), clientID)
+	s.mu.Lock()
+	mine := s.epoch
+	s.mu.Unlock()
+	if err != nil || owner == "" || owner == b.cfg.EdgeID || epoch <= mine {
+		b.logger.Warn("fenced session's owner not found; messages routed to its copy here are not relayed", "client_id", s.id,
+			"owner", owner, "epoch", epoch, "error", err)
+		return
+	}
+	b.handed.add(s, time.Now(), owner, epoch)
+	b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
 }

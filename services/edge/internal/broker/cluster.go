@@ -93,6 +93,13 @@ type Grant struct {
 	SourceGone bool
 }
 
+// OwnerLookup is an Ownership that can say who owns a session now.
+type OwnerLookup interface {
+	// Owner returns the edge that owns the session and the epoch of its
+	// claim; edge is "" when nobody owns it.
+	Owner(ctx context.Context, tenant, clientID string) (edge string, epoch uint64, err error)
+}
+
 // ConditionalOwnership is an Ownership that can claim a session only while
 // a given edge owns it.
 type ConditionalOwnership interface {

@@ -259,6 +259,12 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 		}
 		id := sc.ClientID(t.ClientID)
 		s := b.session(id)
+		if s == nil && b.unfinishedTakeover(id, "") != "" {
+			// Owned here but held elsewhere (a takeover failed): the
+			// message would reach no copy. The sender tries again.
+			failed = fmt.Errorf("relayed message for session %s, owned here but still held by another edge", t.ClientID)
+			continue
+		}
 		if s == nil {
 			if movedOn == nil {
 				movedOn = map[string]bool{}

@@ -158,7 +158,8 @@ func takenOverTarget(t *testing.T, now time.Time) (*Broker, string, *mqtttest.Cl
 
 // A relayed message goes to its target sessions alone, once even when it
 // reached the session directly as well; one for a session that is not here
-// is taken with nothing to do.
+// is taken with nothing to do, unless the session is owned here and held
+// elsewhere.
 func TestBroker_DeliverRelayed(t *testing.T) {
 	t.Parallel()
 	b, addr, target, _, epoch := takenOverTarget(t, time.Now())
@@ -185,6 +186,12 @@ func TestBroker_DeliverRelayed(t *testing.T) {
 		[]RelayTarget{{Tenant: "default", ClientID: "gone", Epoch: 1, QoS: 1}}))
 	require.Error(t, b.DeliverRelayed(t.Context(), forwardedMsg(4, "a/e", 1, time.Now()),
 		[]RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch + 1, QoS: 1}}), "a copy under an older epoch is not the session meant")
+
+	// Owned here but still held elsewhere (a failed takeover): not taken.
+	sc := b.mustScope(t, "default")
+	b.setUnfinished(sc.ClientID("stuck"), unfinishedTakeover{previous: "edge-7", epoch: 3, scope: sc, clientID: "stuck"})
+	require.Error(t, b.DeliverRelayed(t.Context(), forwardedMsg(5, "a/f", 1, time.Now()),
+		[]RelayTarget{{Tenant: "default", ClientID: "stuck", Epoch: 3, QoS: 1}}), "no copy here to take it")
 }
 
 // The memory of a handed-over session lasts as long as a publish routed
@@ -682,4 +689,42 @@ func TestBroker_ImportKeepsQoS2Memory(t *testing.T) {
 	}
 	require.Equal(t, uint64(9), last, "the late message is queued")
 	require.True(t, ns.took.has(MsgID{Edge: "other", Incarnation: 1, Seq: 9}))
+}
+
+// ownerAt is an ownership that says edge owns every session under epoch.
+type ownerAt struct {
+	fakeOwnership
+	edge  string
+	epoch uint64
+}
+
+func (o ownerAt) Owner(context.Context, string, string) (string, uint64, error) {
+	return o.edge, o.epoch, nil
+}
+
+// A copy fenced by a newer owner that resumed the session beside it (its
+// takeover went elsewhere) hands that owner the messages published before
+// and routed here: they are relayed to it, as for a handover, not taken
+// here by no session once the copy is gone.
+func TestBroker_FencedCopyRelaysToTheOwner(t *testing.T) {
+	t.Parallel()
+	b, sc, id, st := storedSession(t, "orphan")
+	filter, _ := sc.Filter("orphan/#")
+	st.Subs = []durable.Subscription{{Filter: filter, QoS: 1}}
+	s, err := b.importSession(t.Context(), sc, id, 7, st)
+	require.NoError(t, err)
+	s.releaseHold()
+	b.SetCluster(Cluster{Ownership: ownerAt{edge: "edge-9", epoch: 12}})
+	before := time.Now().UnixNano()
+
+	require.True(t, b.yieldIfFenced(s, fmt.Errorf("enqueue: %w", durable.ErrFenced)))
+	b.releases.Wait()
+	require.Nil(t, b.session(id), "the fenced copy is given up")
+	m := &Message{Topic: sc.Topic("orphan/x"), QoS: 1, Created: before}
+	rs := b.handed.relays(m, time.Now(), nil)
+	require.Len(t, rs, 1, "a message published before is relayed")
+	require.Equal(t, "edge-9", rs[0].to)
+	require.Equal(t, uint64(12), rs[0].targets[0].Epoch)
+	later := &Message{Topic: sc.Topic("orphan/x"), QoS: 1, Created: time.Now().Add(time.Second).UnixNano()}
+	require.Empty(t, b.handed.relays(later, time.Now(), nil), "one published after is routed to the owner directly")
 }

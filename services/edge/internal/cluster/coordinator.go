@@ -321,6 +321,17 @@ func (o *Ownership) send(batch []*claim) {
 	}
 }
 
+// Owner implements broker.OwnerLookup from the leader's record.
+func (o *Ownership) Owner(ctx context.Context, tenant, clientID string) (string, uint64, error) {
+	resp, err := o.Client.GetSession(ctx, connect.NewRequest(&coordinatorv1.GetSessionRequest{
+		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}}))
+	if err != nil {
+		return "", 0, err
+	}
+	rec := resp.Msg.GetSession()
+	return rec.GetOwnerEdgeId(), rec.GetEpoch(), nil
+}
+
 // Release gives a session up (a clean session ended).
 func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch uint64) error {
 	_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(&coordinatorv1.ReleaseSessionRequest{
