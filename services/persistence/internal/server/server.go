@@ -63,6 +63,11 @@ type Server struct {
 
 	stopping atomic.Bool
 	streams  sync.WaitGroup
+	// stopped is closed once Stop has seen the batches in flight answered:
+	// open Write streams end then, or an HTTP server shutdown would wait
+	// for their clients to close them.
+	stopped  chan struct{}
+	stopOnce sync.Once
 }
 
 var _ persistencev1connect.PersistenceServiceHandler = (*Server)(nil)
@@ -82,7 +87,8 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits}, store: st, metrics: m, status: status, logger: logger}
+	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits}, store: st, metrics: m, status: status, logger: logger,
+		stopped: make(chan struct{})}
 }
 
 // Handler returns the Connect handler and its path prefix.
@@ -91,11 +97,13 @@ func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 }
 
 // Stop makes new batches fail with UNAVAILABLE and waits (until ctx ends)
-// for the batches already handed to the store to be answered.
+// for the batches already handed to the store to be answered; then every
+// open Write stream ends (UNAVAILABLE), and its client writes elsewhere.
 func (s *Server) Stop(ctx context.Context) error {
 	s.stopping.Store(true)
 	done := make(chan struct{})
 	go func() { s.streams.Wait(); close(done) }()
+	defer s.stopOnce.Do(func() { close(s.stopped) })
 	select {
 	case <-done:
 		return nil
@@ -103,6 +111,9 @@ func (s *Server) Stop(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// errStreamStopped ends the Write streams of a stopping server.
+var errStreamStopped = connect.NewError(connect.CodeUnavailable, ErrStopping)
 
 // Write implements the RPC.
 func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persistencev1.WriteRequest, persistencev1.WriteResponse]) error {
@@ -113,6 +124,9 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 		sem     = make(chan struct{}, s.cfg.MaxInflightBatches)
 	)
 	defer wg.Wait()
+	done := make(chan struct{})
+	defer close(done)
+	reqs := s.receive(stream, done)
 	send := func(resp *persistencev1.WriteResponse) {
 		sendMu.Lock()
 		defer sendMu.Unlock()
@@ -121,7 +135,13 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 		}
 	}
 	for {
-		req, err := stream.Receive()
+		var r received
+		select {
+		case r = <-reqs:
+		case <-s.stopped:
+			return errStreamStopped
+		}
+		req, err := r.req, r.err
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -175,6 +195,32 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 			return err
 		}
 	}
+}
+
+type received struct {
+	req *persistencev1.WriteRequest
+	err error
+}
+
+// receive reads stream on its own goroutine, so that a stopping server
+// does not wait for the next frame to end the stream. It stops at the
+// first error, or once the handler returned (done).
+func (s *Server) receive(stream *connect.BidiStream[persistencev1.WriteRequest, persistencev1.WriteResponse], done <-chan struct{}) <-chan received {
+	out := make(chan received)
+	go func() {
+		for {
+			req, err := stream.Receive()
+			select {
+			case out <- received{req, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
 }
 
 func (s *Server) gate() error {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net/http"
@@ -29,6 +30,8 @@ type testServer struct {
 	url    string
 	client persistencev1connect.PersistenceServiceClient
 	grpc   persistencev1connect.PersistenceServiceClient
+	srv    *Server
+	http   *http.Server
 }
 
 func h2cClient() *http.Client {
@@ -52,7 +55,7 @@ func startServer(t testing.TB, st store.Store) *testServer {
 	hs.Start()
 	t.Cleanup(hs.Close)
 	return &testServer{url: hs.URL, client: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL),
-		grpc: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL, connect.WithGRPC())}
+		grpc: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL, connect.WithGRPC()), srv: srv, http: hs.Config}
 }
 
 func boltStore(t *testing.T) store.Store {
@@ -174,6 +177,28 @@ func TestServer_Write_RoundTrip(t *testing.T) {
 			require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
 		})
 	}
+}
+
+// Stopping ends the open Write streams once their batches are answered
+// (UNAVAILABLE: the client writes elsewhere), so the HTTP server's shutdown
+// does not wait for the edges to close them.
+func TestServer_StopEndsWriteStreams(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	w := newWriter(t, ts.client)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, w.write(activate(1)).GetStatus())
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, ts.srv.Stop(ctx))
+	ended := make(chan error, 1)
+	go func() { _, err := w.stream.Receive(); ended <- err }()
+	select {
+	case err := <-ended:
+		require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
+	case <-ctx.Done():
+		t.Fatal("the stream was not ended")
+	}
+	require.NoError(t, ts.http.Shutdown(ctx), "no stream holds the server open")
 }
 
 func TestServer_Write_Fenced(t *testing.T) {
