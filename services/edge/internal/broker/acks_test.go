@@ -225,6 +225,7 @@ func TestBroker_FailedQoS2PublishIsRoutedAgainAfterResume(t *testing.T) {
 type lookupPeers struct {
 	heldPeers
 	release chan struct{}
+	fail    error // what the slow lookup ends with
 	mu2     sync.Mutex
 	order   []string // payloads in the order Forward was called
 }
@@ -234,6 +235,9 @@ func (p *lookupPeers) RoutesAtOnce(m *Message) bool { return !strings.HasSuffix(
 func (p *lookupPeers) Forward(ctx context.Context, m *Message, _ *Again) (func() error, SharedChoice, error) {
 	if strings.HasSuffix(m.Topic, "/slow") && string(m.Payload) == "s1" {
 		<-p.release
+		if p.fail != nil {
+			return nil, SharedChoice{}, p.fail
+		}
 	}
 	p.mu2.Lock()
 	p.order = append(p.order, string(m.Payload))
@@ -274,4 +278,59 @@ func TestBroker_LookupHoldsUpOnlyItsTopic(t *testing.T) {
 		require.Equal(t, id, pub.Expect(packets.Puback).PacketID)
 	}
 	require.Equal(t, []string{"f1", "f2", "s1", "s2"}, peers.forwarded(), "the slow topic in its order")
+}
+
+// A publish whose lookup fails is not acknowledged (the publisher is
+// disconnected and sends it again), and the publishes behind it on its
+// topic are not routed either: they would reach subscribers before it.
+func TestBroker_FailedLookupHoldsBackItsTopic(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &lookupPeers{release: make(chan struct{}), fail: errors.New("router unreachable")}
+	release := sync.OnceFunc(func() { close(peers.release) })
+	t.Cleanup(release)
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "a/slow", 1, []byte("s1"))
+	pub.Publish(2, "a/slow", 1, []byte("s2"))
+	pub.Publish(3, "b/fast", 1, []byte("f1"))
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	release()
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		if err != nil {
+			break // disconnected
+		}
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "nothing is acknowledged after the failed publish")
+	}
+	require.Equal(t, []string{"f1"}, peers.forwarded(), "s2 is not routed ahead of s1's resend")
+}
+
+// Publishes waiting behind a lookup when the publisher's connection closes
+// are not routed: read on the read loop, they would not have been either,
+// and the client sends them again on its next connection, where routed
+// late they would follow its resends.
+func TestBroker_LookupChainEndsWithItsConnection(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &lookupPeers{release: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(peers.release) })
+	t.Cleanup(release)
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "a/slow", 1, []byte("s1"))
+	pub.Publish(2, "a/slow", 1, []byte("s2"))
+	pub.Publish(3, "b/fast", 1, []byte("f1"))
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, pub.Conn.Close())
+	id := b.mustScope(t, "default").ClientID("pub")
+	require.Eventually(t, func() bool { cl, on := b.server.Clients.Get(id); return !on || cl.Closed() }, 5*time.Second, time.Millisecond)
+	release()
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 2 }, 5*time.Second, time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, []string{"f1", "s1"}, peers.forwarded(), "s1 was being routed; s2, behind it, is not")
 }

@@ -17,11 +17,21 @@ import (
 // Its acknowledgement takes its place in the client's ack queue, which
 // answers in the order of the PUBLISHes.
 
-// lookupChains is, per topic, the completion of the last publish routed
-// off the read loop and not yet routed.
+// lookupChains is, per topic, the last publish routed off the read loop
+// and not yet routed.
 type lookupChains struct {
 	mu   sync.Mutex
-	last map[string]chan struct{} // guarded by mu
+	last map[string]*lookupLink // guarded by mu
+}
+
+// lookupLink is one publish in a topic's chain.
+type lookupLink struct {
+	done chan struct{} // closed once it is routed, or failed to be
+	// failed is set before done is closed when it could not be routed:
+	// the publisher is disconnected without its acknowledgement and sends
+	// it again, so the publishes behind it on its topic must not be routed
+	// either, or they would reach subscribers before it.
+	failed bool
 }
 
 // pending reports whether a publish on topic is still being routed off
@@ -33,27 +43,28 @@ func (l *lookupChains) pending(topic string) bool {
 	return ok
 }
 
-// push makes done the last of topic's chain and returns the one before
+// push makes link the last of topic's chain and returns the one before
 // (nil if none).
-func (l *lookupChains) push(topic string, done chan struct{}) (before chan struct{}) {
+func (l *lookupChains) push(topic string, link *lookupLink) (before *lookupLink) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.last == nil {
-		l.last = map[string]chan struct{}{}
+		l.last = map[string]*lookupLink{}
 	}
 	before = l.last[topic]
-	l.last[topic] = done
+	l.last[topic] = link
 	return before
 }
 
-// finish ends done, and topic's chain if done is its last.
-func (l *lookupChains) finish(topic string, done chan struct{}) {
+// finish ends link, and topic's chain if link is its last.
+func (l *lookupChains) finish(topic string, link *lookupLink, failed bool) {
 	l.mu.Lock()
-	if l.last[topic] == done {
+	if l.last[topic] == link {
 		delete(l.last, topic)
 	}
 	l.mu.Unlock()
-	close(done)
+	link.failed = failed
+	close(link.done)
 }
 
 // routesAtOnce reports whether m's routes are found without a call.
@@ -66,16 +77,26 @@ func (b *Broker) routesAtOnce(m *Message) bool {
 // (QoS 1/2) in its turn; see lookupChains. It is OnPublish's answer.
 func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Message) (packets.Packet, error) {
 	b.m.routedBehind.Inc()
-	done := make(chan struct{})
-	before := c.lookups.push(m.Topic, done)
+	link := &lookupLink{done: make(chan struct{})}
+	done := link.done
+	before := c.lookups.push(m.Topic, link)
 	var wait func() error
 	var err error
 	b.ackers.Add(1)
 	go func() {
 		defer b.ackers.Done()
-		defer c.lookups.finish(m.Topic, done)
+		defer func() { c.lookups.finish(m.Topic, link, err != nil) }()
 		if before != nil {
-			<-before
+			<-before.done
+			// Read after the publisher's connection closed, it would not
+			// have been routed on the read loop either: its resend is.
+			if before.failed || cl.Closed() {
+				err = errFailedEarlier
+				if m.QoS == 0 {
+					finishSpan(m.span, err)
+				}
+				return
+			}
 		}
 		wait, err = b.routeAsync(m)
 		if err != nil {
