@@ -78,7 +78,6 @@ func (b *Broker) routesAtOnce(m *Message) bool {
 func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Message) (packets.Packet, error) {
 	b.m.routedBehind.Inc()
 	link := &lookupLink{done: make(chan struct{})}
-	done := link.done
 	before := c.lookups.push(m.Topic, link)
 	var wait func() error
 	var err error
@@ -115,7 +114,7 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 		return *pk, packets.CodeSuccessIgnore
 	}
 	b.queueAck(cl, c, pk, func() error {
-		<-done
+		<-link.done
 		if err != nil {
 			return err
 		}

@@ -75,11 +75,12 @@ func (c *CoordinatorRecords) CompareAndSet(ctx context.Context, oldEpoch uint64,
 }
 
 // AcquirePromotionLease takes (or renews) the group's promotion lease for
-// ttl and reports whether this member holds it; fenceWriters marks a
-// failover's (AcquirePromotionLeaseRequest.fence_writers).
-func (c *CoordinatorRecords) AcquirePromotionLease(ctx context.Context, ttl time.Duration, fenceWriters bool) (bool, error) {
+// ttl, not fencing the group's writers (a reconcile, a switchover or the
+// bootstrap; a failover's is FailoverLease), and reports whether this
+// member holds it.
+func (c *CoordinatorRecords) AcquirePromotionLease(ctx context.Context, ttl time.Duration) (bool, error) {
 	resp, err := c.Client.AcquirePromotionLease(ctx, connect.NewRequest(&coordinatorv1.AcquirePromotionLeaseRequest{
-		MemberId: c.MemberID, Incarnation: c.Incarnation, GroupId: c.GroupID, Ttl: durationpb.New(ttl), FenceWriters: fenceWriters}))
+		MemberId: c.MemberID, Incarnation: c.Incarnation, GroupId: c.GroupID, Ttl: durationpb.New(ttl)}))
 	if err != nil {
 		return false, fmt.Errorf("acquire promotion lease: %w", err)
 	}
@@ -117,7 +118,7 @@ func (c *CoordinatorRecords) Bootstrap(ctx context.Context, primary string, repl
 	if !errors.Is(err, ErrNoRecord) {
 		return rec, err
 	}
-	ok, err := c.AcquirePromotionLease(ctx, leaseTTL, false)
+	ok, err := c.AcquirePromotionLease(ctx, leaseTTL)
 	if err != nil {
 		return Record{}, err
 	}

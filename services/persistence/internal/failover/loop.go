@@ -72,7 +72,7 @@ type Leases interface {
 	Records
 	// AcquirePromotionLease takes or renews the group's promotion lease
 	// for a reconcile or a switchover.
-	AcquirePromotionLease(ctx context.Context, ttl time.Duration, fenceWriters bool) (bool, error)
+	AcquirePromotionLease(ctx context.Context, ttl time.Duration) (bool, error)
 	// FailoverLease takes a failover's lease, during which the coordinator
 	// grants the group's other writers no writes, or renews it (renew is
 	// its epoch).
@@ -222,7 +222,7 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 		lease, err = l.records.FailoverLease(actx, ttl, 0)
 		ok = lease.Acquired
 	} else {
-		ok, err = l.records.AcquirePromotionLease(actx, ttl, false)
+		ok, err = l.records.AcquirePromotionLease(actx, ttl)
 	}
 	cancel()
 	if err != nil || !ok {
@@ -269,7 +269,7 @@ func (l *Loop) reconcile(ctx context.Context) {
 	if need, err := l.promoter.NeedsReconcile(cctx); err != nil || !need {
 		return
 	}
-	ok, err := l.records.AcquirePromotionLease(cctx, l.reconcileLeaseTTL(), false)
+	ok, err := l.records.AcquirePromotionLease(cctx, l.reconcileLeaseTTL())
 	if err != nil || !ok {
 		return
 	}
@@ -366,7 +366,7 @@ func (l *Loop) keepLease(ctx context.Context, ttl time.Duration, failover uint64
 				lease, err = l.records.FailoverLease(cctx, ttl, failover)
 				ok = lease.Acquired
 			} else {
-				ok, err = l.records.AcquirePromotionLease(cctx, ttl, false)
+				ok, err = l.records.AcquirePromotionLease(cctx, ttl)
 			}
 			cancel()
 			if err != nil || !ok {
@@ -385,7 +385,7 @@ func (l *Loop) acquireForSwitchover(ctx context.Context, ttl time.Duration) erro
 	deadline := time.Now().Add(ttl + l.reconcileLeaseTTL())
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ok, err := l.records.AcquirePromotionLease(cctx, ttl, false)
+		ok, err := l.records.AcquirePromotionLease(cctx, ttl)
 		cancel()
 		switch {
 		case ok:

@@ -26,7 +26,7 @@ type memLeases struct {
 	other string
 }
 
-func (m *memLeases) AcquirePromotionLease(context.Context, time.Duration, bool) (bool, error) {
+func (m *memLeases) AcquirePromotionLease(context.Context, time.Duration) (bool, error) {
 	m.lmu.Lock()
 	defer m.lmu.Unlock()
 	return m.other == "", nil
