@@ -655,6 +655,32 @@ func (c *Client) applyBloom(b *routerv1.BloomChunk) {
 	}
 }
 
+// Answers reports whether Route would answer (tenant, name) now without
+// asking the router: the stream is current and every anchor of the topic
+// is cached or absent from the tenant's Bloom filter. A caller can then
+// take a publish that needs a Lookup off its connection's read loop.
+func (c *Client) Answers(tenant, name string) bool {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.validLocked(now) {
+		return false
+	}
+	bl := c.blooms[tenant]
+	answers := true
+	routes.ProbeAnchors(name, func(a string) bool {
+		if e := c.cache[[2]string{tenant, a}]; e != nil && now.Before(e.until) {
+			return true
+		}
+		if bl != nil && !bl.MayContain(a) {
+			return true
+		}
+		answers = false
+		return false
+	})
+	return answers
+}
+
 // Route returns the edges and shared groups that must receive a message
 // published on (tenant, name). It retries the router until it answers or ctx
 // ends.

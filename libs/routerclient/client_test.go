@@ -186,6 +186,7 @@ func TestClient_RouteLocalAndLookup(t *testing.T) {
 	}}}})
 	eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.blooms["t1"] != nil && c.wild["t1"] != nil })
 
+	require.True(t, c.Answers("t1", "x/y/status"), "Answers says what Route will do")
 	r, err = c.Route(ctx, "t1", "x/y/status")
 	require.NoError(t, err)
 	require.False(t, r.Looked, "wildcard + Bloom negatives answer locally")
@@ -208,10 +209,12 @@ func TestClient_RouteLocalAndLookup(t *testing.T) {
 			{Anchor: "dev"}, {Anchor: "dev/1", Routes: []*routerv1.AnchorRoute{{Filter: "dev/1/#", EdgeIds: []string{"e9"}}}}, {Anchor: "dev/1/temp"}}}, nil
 	}
 	f.mu.Unlock()
+	require.False(t, c.Answers("t1", "dev/1/temp"))
 	r, err = c.Route(ctx, "t1", "dev/1/temp")
 	require.NoError(t, err)
 	require.True(t, r.Looked)
 	require.Equal(t, []string{"e9"}, r.Edges)
+	require.True(t, c.Answers("t1", "dev/1/temp"))
 	r, err = c.Route(ctx, "t1", "dev/1/temp")
 	require.NoError(t, err)
 	require.False(t, r.Looked, "cached")
@@ -221,6 +224,7 @@ func TestClient_RouteLocalAndLookup(t *testing.T) {
 	// Invalidation drops the anchor; the next Route asks again.
 	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Invalidation{Invalidation: &routerv1.RouteInvalidation{Tenant: "t1", Anchors: []string{"dev/1"}}}})
 	eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.cache[[2]string{"t1", "dev/1"}] == nil })
+	require.False(t, c.Answers("t1", "dev/1/temp"))
 	r, err = c.Route(ctx, "t1", "dev/1/temp")
 	require.NoError(t, err)
 	require.True(t, r.Looked)
@@ -228,6 +232,7 @@ func TestClient_RouteLocalAndLookup(t *testing.T) {
 	// Heartbeats stop: within one lease nothing local is trusted any more.
 	f.hbOn.Store(false)
 	eventually(t, func() bool { return !c.Ready() })
+	require.False(t, c.Answers("t1", "x/y/status"))
 	r, err = c.Route(ctx, "t1", "x/y/status")
 	require.NoError(t, err)
 	require.True(t, r.Looked, "no valid lease: Lookup even for wildcard-only answers")

@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +30,8 @@ func newHeldPeers() *heldPeers {
 func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey, string) (func() error, error) {
 	return nil, ErrNoMember
 }
+
+func (p *heldPeers) RoutesAtOnce(*Message) bool { return true }
 
 func (p *heldPeers) Relay(context.Context, *Message, string, []RelayTarget) (func() error, error) {
 	return nil, errors.New("no relays here")
@@ -214,4 +218,119 @@ func TestBroker_FailedQoS2PublishIsRoutedAgainAfterResume(t *testing.T) {
 		TopicName: "t", Payload: []byte("once")})
 	require.Equal(t, uint16(7), pub.Expect(packets.Pubrec).PacketID)
 	require.Equal(t, "once", string(sub.Expect(packets.Publish).Payload), "routed again")
+}
+
+// lookupPeers stands in for the other edges where topics ending in "/slow"
+// need a Lookup at the router: Forward blocks on them until released.
+type lookupPeers struct {
+	heldPeers
+	release chan struct{}
+	fail    error // what the slow lookup ends with
+	mu2     sync.Mutex
+	order   []string // payloads in the order Forward was called
+}
+
+func (p *lookupPeers) RoutesAtOnce(m *Message) bool { return !strings.HasSuffix(m.Topic, "/slow") }
+
+func (p *lookupPeers) Forward(ctx context.Context, m *Message, _ *Again) (func() error, SharedChoice, error) {
+	if strings.HasSuffix(m.Topic, "/slow") && string(m.Payload) == "s1" {
+		<-p.release
+		if p.fail != nil {
+			return nil, SharedChoice{}, p.fail
+		}
+	}
+	p.mu2.Lock()
+	p.order = append(p.order, string(m.Payload))
+	p.mu2.Unlock()
+	return nil, SharedChoice{}, nil
+}
+
+func (p *lookupPeers) forwarded() []string {
+	p.mu2.Lock()
+	defer p.mu2.Unlock()
+	return slices.Clone(p.order)
+}
+
+// A publish whose routes need a call to the router does not hold up the
+// publisher's other topics: they are routed meanwhile, while a later
+// publish on its topic waits behind it, and the acknowledgements still
+// leave in the order of the PUBLISHes.
+func TestBroker_LookupHoldsUpOnlyItsTopic(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &lookupPeers{release: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(peers.release) })
+	t.Cleanup(release) // a failing test does not leave the read loop stuck
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "a/slow", 1, []byte("s1"))
+	pub.Publish(2, "b/fast", 1, []byte("f1"))
+	pub.Publish(3, "a/slow", 1, []byte("s2"))
+	pub.Publish(4, "c/fast", 1, []byte("f2"))
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 2 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, []string{"f1", "f2"}, peers.forwarded(), "other topics go on; s2 waits behind s1")
+	expectNothing(t, pub, 100*time.Millisecond) // s1's PUBACK comes first
+
+	release()
+	for id := uint16(1); id <= 4; id++ {
+		require.Equal(t, id, pub.Expect(packets.Puback).PacketID)
+	}
+	require.Equal(t, []string{"f1", "f2", "s1", "s2"}, peers.forwarded(), "the slow topic in its order")
+}
+
+// A publish whose lookup fails is not acknowledged (the publisher is
+// disconnected and sends it again), and the publishes behind it on its
+// topic are not routed either: they would reach subscribers before it.
+func TestBroker_FailedLookupHoldsBackItsTopic(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &lookupPeers{release: make(chan struct{}), fail: errors.New("router unreachable")}
+	release := sync.OnceFunc(func() { close(peers.release) })
+	t.Cleanup(release)
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "a/slow", 1, []byte("s1"))
+	pub.Publish(2, "a/slow", 1, []byte("s2"))
+	pub.Publish(3, "b/fast", 1, []byte("f1"))
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	release()
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		if err != nil {
+			break // disconnected
+		}
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "nothing is acknowledged after the failed publish")
+	}
+	require.Equal(t, []string{"f1"}, peers.forwarded(), "s2 is not routed ahead of s1's resend")
+}
+
+// Publishes waiting behind a lookup when the publisher's connection closes
+// are not routed: read on the read loop, they would not have been either,
+// and the client sends them again on its next connection, where routed
+// late they would follow its resends.
+func TestBroker_LookupChainEndsWithItsConnection(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &lookupPeers{release: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(peers.release) })
+	t.Cleanup(release)
+	b.SetCluster(Cluster{Peers: peers})
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "a/slow", 1, []byte("s1"))
+	pub.Publish(2, "a/slow", 1, []byte("s2"))
+	pub.Publish(3, "b/fast", 1, []byte("f1"))
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, pub.Conn.Close())
+	id := b.mustScope(t, "default").ClientID("pub")
+	require.Eventually(t, func() bool { cl, on := b.server.Clients.Get(id); return !on || cl.Closed() }, 5*time.Second, time.Millisecond)
+	release()
+	require.Eventually(t, func() bool { return len(peers.forwarded()) == 2 }, 5*time.Second, time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, []string{"f1", "s1"}, peers.forwarded(), "s1 was being routed; s2, behind it, is not")
 }

@@ -133,6 +133,9 @@ type conn struct {
 	// pubACLFor is the rules pubACL was filled under; other rules in force
 	// make it stale.
 	pubACLFor *auth.Rules
+	// lookups holds, per topic, the last of the publishes routed off the
+	// read loop (routeBehind) while it is routed.
+	lookups lookupChains
 }
 
 // New builds a broker; Serve starts it.

@@ -144,6 +144,9 @@ type Peers interface {
 	// A wait that fails because edges left the cluster before taking m
 	// returns a [*NotTaken].
 	Forward(ctx context.Context, m *Message, again *Again) (wait func() error, local SharedChoice, err error)
+	// RoutesAtOnce reports whether Forward finds m's routes without a call
+	// to the router (a cached or absent anchor).
+	RoutesAtOnce(m *Message) bool
 	// ForwardShared hands m to one other edge with members of group, for
 	// that group alone, never to notEdge ("": any); ErrNoMember when no
 	// other edge has one.

@@ -785,6 +785,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if m.Retain {
 		b.retain(m)
 	}
+	if c.lookups.pending(m.Topic) || !b.routesAtOnce(m) {
+		return b.routeBehind(cl, c, &pk, m)
+	}
 	wait, err := b.routeAsync(m)
 	if err != nil {
 		wait, err = b.routeAgainNow(cl, m, err)

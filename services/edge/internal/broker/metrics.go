@@ -31,6 +31,7 @@ type metrics struct {
 	throttledPubs     prometheus.Counter
 	bans              prometheus.Counter
 	acksDeferred      prometheus.Counter
+	routedBehind      prometheus.Counter
 	duplicatePubs     prometheus.Counter
 	qos2Rerouted      prometheus.Counter
 	takeovers         prometheus.Counter
@@ -124,6 +125,10 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
+		routedBehind: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_publishes_routed_behind_total",
+			Help: "Publishes whose routes needed a call to the router (or followed one on the same topic), routed off the client's read loop.",
+		}),
 		takeoverRedirects: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_takeover_redirects_total",
 			Help: "Takeovers sent on to another edge by the previous owner, which held no copy of the session because its own takeover from that edge had failed.",
@@ -169,7 +174,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.routedBehind, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes)
 	return m
 }

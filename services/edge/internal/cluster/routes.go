@@ -134,6 +134,9 @@ type Resolver struct {
 	Peers  *Peers
 }
 
+// Answers implements forward.LocalResolver.
+func (r Resolver) Answers(tenant, topic string) bool { return r.Routes.Answers(tenant, topic) }
+
 // Route implements forward.Resolver.
 func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Route, error) {
 	res, err := r.Routes.Route(ctx, tenant, topic)

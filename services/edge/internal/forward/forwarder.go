@@ -31,6 +31,12 @@ type Resolver interface {
 	Route(ctx context.Context, tenant, topic string) (Route, error)
 }
 
+// LocalResolver is a Resolver that can tell when it answers a topic from
+// what it holds, without a call.
+type LocalResolver interface {
+	Answers(tenant, topic string) bool
+}
+
 // Route is where a message must go: the edges with matching plain
 // subscriptions, and per matching shared group the edges with members.
 type Route struct {
@@ -158,6 +164,17 @@ func (f *Forwarder) PeerGone(edgeID string) {
 		l.gone.Store(true)
 		l.stop()
 	}
+}
+
+// RoutesAtOnce implements broker.Peers: whether Forward resolves m's
+// routes without a call to the router.
+func (f *Forwarder) RoutesAtOnce(m *broker.Message) bool {
+	lr, ok := f.Resolver.(LocalResolver)
+	if !ok {
+		return true
+	}
+	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
+	return !ok || lr.Answers(tenant, topic)
 }
 
 // Forward implements broker.Peers: m is queued on the link of every peer
