@@ -70,6 +70,8 @@ type Broker struct {
 	// importLocks serialise the imports of a session (importSession), by
 	// a hash of its ID.
 	importLocks [importStripes]sync.Mutex
+	// claiming serialises this edge's claims of each session.
+	claiming sessionLocks
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will
@@ -244,7 +246,7 @@ func (b *Broker) DropLapsedSessions() int {
 	cancel()
 	for _, id := range ids {
 		b.cancelWill(id, false)
-		b.forgetSessionRoutes(noWait, id)
+		b.forgetSessionRoutes(noWait, id, endWhich{})
 	}
 	if len(ids) > 0 {
 		b.m.lapsedDropped.Add(float64(len(ids)))
@@ -820,22 +822,35 @@ func (b *Broker) disconnectSlow(s *session, cl *mqtt.Client) {
 // endSession removes a session that ended: its subscriptions leave the index
 // and its queue is dropped.
 func (b *Broker) endSession(id string, cl *mqtt.Client) {
-	b.endSessionRoutes(context.Background(), id, cl)
+	b.endSessionRoutes(context.Background(), id, endWhich{cl: cl})
+}
+
+// endWhich says which copy of a session endSessionRoutes ends, and how.
+type endWhich struct {
+	// cl, when set, spares a copy that a newer connection took on.
+	cl *mqtt.Client
+	// only, when set, is the copy to end: a newer one that replaced it
+	// meanwhile stays.
+	only *session
+	// replaced: a newer copy of the same or a later claim is being put in
+	// its place, which activated (or activates) its epoch in the store; the
+	// ending copy's epoch, which can be the same, is not deactivated.
+	replaced bool
 }
 
 // endSessionRoutes is endSession that waits for the router to remove the
 // session's routes only until routes ends: the route client drops them from
 // the set it registers at once, and removes them at the router as soon as
 // its stream allows.
-func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Client) {
+func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWhich) {
 	b.sessMu.Lock()
 	s := b.sessions[id]
-	if s == nil {
+	if s == nil || (which.only != nil && s != which.only) {
 		b.sessMu.Unlock()
 		return
 	}
 	s.mu.Lock()
-	if cl != nil && s.client != nil && s.client != cl {
+	if cl := which.cl; cl != nil && s.client != nil && s.client != cl {
 		s.mu.Unlock()
 		b.sessMu.Unlock()
 		return // a new connection owns it now
@@ -845,7 +860,12 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Cl
 	s.record = nil
 	// A session handed to another edge lives on in a shared store: the new
 	// owner reads it there.
-	handedOver := s.moving != nil && s.moving.done && b.store != nil && b.store.Shared()
+	// A copy handed over, or forgotten for another (forgetSession), is not
+	// the end of the session: it goes on elsewhere or in a copy that
+	// replaces this one, and the claim it was taken under is not this
+	// copy's to give back (a copy resumed under the same claim holds it).
+	goesOn := s.moving != nil && s.moving.done
+	handedOver := goesOn && b.store != nil && b.store.Shared()
 	epoch := s.epoch
 	s.closed = true
 	s.client = nil
@@ -880,10 +900,11 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, cl *mqtt.Cl
 	if b.store != nil && wasStored && !handedOver {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}
-	if b.store != nil {
+	if b.store != nil && !which.replaced {
 		b.store.Deactivate(id, epoch)
 	}
-	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 {
+	b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
+	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 && !goesOn {
 		// The session ended here, so no edge owns it. The release carries
 		// the epoch of this edge's claim: if the client has meanwhile
 		// connected elsewhere, the newer claim stands and this is refused.

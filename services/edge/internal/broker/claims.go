@@ -125,7 +125,7 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 		}
 		if b.session(s.id) == s {
 			b.relayFenced(s)
-			b.forgetSession(s.id)
+			b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s})
 		}
 	}()
 	return true

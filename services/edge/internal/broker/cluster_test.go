@@ -160,8 +160,9 @@ func (b *Broker) mustScope(t *testing.T, tenant string) *tenancy.Scope {
 }
 
 // Another edge's claim that lands while CONNECTs of the same client ID are
-// claiming here refuses them all, however many there are (a client that
-// gave up waiting for its CONNACK connected again); a claim the
+// in flight here refuses them all, however many there are (a client that
+// gave up waiting for its CONNACK connected again): the one claiming, and
+// the one waiting behind it to claim (sessionLocks); a claim the
 // coordinator answers as superseded is refused too (invariant 3).
 func TestBroker_TakeOverRefusesEveryConnectInFlight(t *testing.T) {
 	t.Parallel()
@@ -182,9 +183,13 @@ func TestBroker_TakeOverRefusesEveryConnectInFlight(t *testing.T) {
 		c := mqtttest.Dial(t, addr, 5)
 		go func() { codes <- c.Connect("x", false, packets.Properties{}).ReasonCode }()
 	}
-	for range 2 {
-		<-claimed
-	}
+	<-claimed
+	id := b.mustScope(t, "default").ClientID("x")
+	require.Eventually(t, func() bool {
+		b.claims.mu.Lock()
+		defer b.claims.mu.Unlock()
+		return len(b.claims.byID[id]) == 2
+	}, 5*time.Second, 5*time.Millisecond, "both CONNECTs in flight")
 	owned, _, _, err := b.TakeOver(t.Context(), "default", "x", "other", 100, false)
 	require.NoError(t, err)
 	require.False(t, owned, "nothing is bound here yet")
@@ -192,7 +197,7 @@ func TestBroker_TakeOverRefusesEveryConnectInFlight(t *testing.T) {
 	for range 2 {
 		require.Equal(t, packets.ErrServerUnavailable.Code, <-codes)
 	}
-	require.Nil(t, b.session(b.mustScope(t, "default").ClientID("x")))
+	require.Nil(t, b.session(id))
 
 	late := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.ErrServerUnavailable.Code, late.Connect("late", false, packets.Properties{}).ReasonCode)

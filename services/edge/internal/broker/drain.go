@@ -211,6 +211,12 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	if err != nil {
 		return false, err
 	}
+	// Behind this edge's other claims of the session (sessionLocks).
+	unlock, err := b.claiming.lock(ctx, sc.ClientID(clientID))
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	// Only while the draining edge owns it: a client that came back
 	// elsewhere meanwhile keeps its connection and its session there.
 	defer b.claimMarks.end(b.claimMarks.begin())
@@ -278,6 +284,11 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		return false, err
 	}
 	id := sc.ClientID(clientID)
+	unlock, err := b.claiming.lock(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	if s := b.session(id); s != nil {
 		s.mu.Lock()
 		newer := s.epoch >= epoch

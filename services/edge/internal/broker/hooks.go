@@ -151,6 +151,15 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			b.dropGuard(sc.ClientID(external), c.guard) // refused
 		}
 	}()
+	// Behind this edge's other claims of the session (sessionLocks).
+	unlock, err := b.claiming.lock(ctx, sc.ClientID(external))
+	if err != nil {
+		cancel()
+		finishSpan(claimSpan, err)
+		b.logger.Warn("session busy with another claim here until the connect timeout; refused", "client_id", sc.ClientID(external))
+		return refuse(packets.ErrServerUnavailable, "claim_busy")
+	}
+	defer unlock()
 	// Settled when this hook returns: the session is held here, or the
 	// connection refused (a failed takeover listed as unfinished).
 	defer b.claimMarks.end(b.claimMarks.begin())

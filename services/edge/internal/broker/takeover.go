@@ -82,7 +82,10 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	// A CONNECT of the client in flight here loses to the newer claim; it
 	// is marked before the session is looked at (claims.go).
 	b.supersede(id, newEpoch)
-	s := b.session(id)
+	s, err := b.settledSession(ctx, id)
+	if err != nil {
+		return false, false, nil, err
+	}
 	if s == nil {
 		if held := b.passUnfinished(id, newEpoch); held != "" {
 			return false, false, nil, &HeldElsewhereError{Edge: held}
@@ -147,6 +150,33 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	return true, wasConnected, state, err
 }
 
+// settledSession returns this edge's copy of session id once no import of
+// it is in progress: a copy being taken in (from its previous owner, the
+// shared store, or custody) is not whole until its stored state is written
+// under its epoch and the late messages are merged, and handed on before
+// that, what the import adds afterwards would stay behind with a copy that
+// is no longer the session's. The import ends within its own deadlines;
+// if it failed, its copy is gone and nil is returned.
+func (b *Broker) settledSession(ctx context.Context, id string) (*session, error) {
+	for {
+		s := b.session(id)
+		if s == nil {
+			return nil, nil
+		}
+		s.mu.Lock()
+		hold := s.hold
+		s.mu.Unlock()
+		if hold == nil {
+			return s, nil
+		}
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("session %s still being taken in here: %w", id, ctx.Err())
+		}
+	}
+}
+
 // TakeoverEnd completes a takeover on the previous owner: after a grace for
 // messages still in flight to it, it returns what it queued for the session
 // since TakeoverBegin and ends the session here (its routes and stored
@@ -196,7 +226,9 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	if mv.to != "" {
 		b.handed.add(s, handover, mv.to, newEpoch)
 	}
-	b.endSession(id, nil)
+	// This copy only: one imported since in its place (an adoption
+	// completed here meanwhile) is the session's now.
+	b.endSessionRoutes(context.Background(), id, endWhich{only: s})
 	return out, nil
 }
 
@@ -226,7 +258,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 			return nil, fmt.Errorf("%w: %s is held here under a newer claim", errNewerCopy, id)
 		}
 	}
-	b.forgetSession(id)
+	b.forgetSessionRoutes(context.Background(), id, endWhich{replaced: true})
 	s, client, subs, incoming := b.adopt(st, sc, fromRecord)
 	s.epoch = epoch
 	// The stored state's messages count as queued already: the previous
@@ -282,6 +314,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		}
 	}
 	s.routable.Store(time.Now().UnixNano())
+	b.logger.Debug("session copy imported", "client_id", id, "epoch", epoch, "queued", len(st.Queue), "inflight", len(st.Inflight))
 	return s, nil
 }
 
@@ -323,20 +356,21 @@ func importStripe(id string) int {
 // by a newer one. A shared store keeps what it holds (the newer copy reads
 // it); an edge-local store drops it before the newer copy is written.
 func (b *Broker) forgetSession(id string) {
-	b.forgetSessionRoutes(context.Background(), id)
+	b.forgetSessionRoutes(context.Background(), id, endWhich{})
 }
 
 // forgetSessionRoutes is forgetSession waiting for the removal of the
 // session's routes only until routes ends (see endSessionRoutes).
-func (b *Broker) forgetSessionRoutes(routes context.Context, id string) {
+func (b *Broker) forgetSessionRoutes(routes context.Context, id string, which endWhich) {
 	s := b.session(id)
-	if s == nil {
+	if s == nil || (which.only != nil && s != which.only) {
 		return
 	}
 	s.mu.Lock()
 	s.moving = &moving{done: true}
 	s.mu.Unlock()
-	b.endSessionRoutes(routes, id, nil)
+	which.only = s
+	b.endSessionRoutes(routes, id, which)
 }
 
 func mochiSub(sub storage.Subscription) packets.Subscription {
@@ -659,7 +693,19 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 		b.releases.Add(1)
 		go func() {
 			defer b.releases.Done()
-			b.resumeOwned(u.scope, u.clientID, u.epoch, edge)
+			id := u.scope.ClientID(u.clientID)
+			unlock, err := b.claiming.lock(b.stopped, id)
+			if err != nil {
+				return
+			}
+			defer unlock()
+			// A claim that ran meanwhile settled the takeover.
+			b.sessMu.Lock()
+			still := b.unfinished[id] == u && b.sessions[id] == nil
+			b.sessMu.Unlock()
+			if still {
+				b.resumeOwned(u.scope, u.clientID, u.epoch, edge)
+			}
 		}()
 	}
 }
