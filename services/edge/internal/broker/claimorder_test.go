@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -239,4 +240,38 @@ func TestBroker_ReplacedCopyLeavesTheClaimAndEpoch(t *testing.T) {
 	own.mu.Lock()
 	defer own.mu.Unlock()
 	require.Empty(t, own.released)
+}
+
+// A client whose session is stored while the coordinator names no owner of
+// it (an owner gave its claim back without ending the session) resumes
+// that session, with what is queued for it: starting a new one beside it
+// would lose the messages acknowledged to their publishers.
+func TestBroker_StoredSessionWithoutOwnerIsResumed(t *testing.T) {
+	t.Parallel()
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("orphan")
+	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}))
+	require.NoError(t, st.PutSubscription(t.Context(), id, durable.Subscription{Filter: sc.Topic("s/#"), QoS: 1}))
+	msg := &durable.Message{ID: "other/1/1", Topic: sc.Topic("s/kept"), Payload: []byte("acknowledged"), QoS: 1, Created: time.Now().UnixNano()}
+	require.NoError(t, st.Enqueue(id, durable.Entry{Seq: 1, MsgID: msg.ID, QoS: 1, Msg: msg}).Wait(t.Context()))
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Ownership: grantOwnership(func() Grant { return Grant{Epoch: 4} })})
+
+	c := mqtttest.Dial(t, l.Address(), 5)
+	ack := c.Connect("orphan", false, persistentProps)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+	require.True(t, ack.SessionPresent, "the stored session is the client's")
+	pk := c.Expect(packets.Publish)
+	require.Equal(t, "s/kept", pk.TopicName)
+	require.Equal(t, "acknowledged", string(pk.Payload))
+	require.Equal(t, 1.0, promtest.ToFloat64(b.m.resumedFromStore))
+
+	// A client starting clean does not read the store.
+	fresh := mqtttest.Dial(t, l.Address(), 5)
+	require.False(t, fresh.Connect("newcomer", true, persistentProps).SessionPresent)
+	require.Equal(t, 1.0, promtest.ToFloat64(b.m.resumedFromStore))
 }

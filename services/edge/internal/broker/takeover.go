@@ -712,9 +712,10 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 
 // claimShared makes this edge the writer of a session in a store every
 // edge shares, and resumes the session from it when no live edge handed it
-// over: its previous owner died, or a custodian holds it only in the store.
-// A session that nobody owned before and that stores nothing (it does not
-// outlive its connection and has no will) costs the store nothing.
+// over: its previous owner died, or a custodian holds it only in the store
+// (or, with no previous owner, the store holds it all the same). A session
+// that nobody owned before and that stores nothing (it does not outlive
+// its connection and has no will) costs the store nothing.
 func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) error {
 	if moved || (previous == "" && !stores) {
 		return nil
@@ -723,7 +724,7 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	if err := b.store.Activate(ctx, id, epoch); err != nil {
 		return fmt.Errorf("activate session: %w", err)
 	}
-	if previous == "" {
+	if previous == "" && cleanStart {
 		return nil
 	}
 	if cleanStart {
@@ -737,13 +738,22 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	if s := b.session(id); s != nil {
 		return nil // this edge holds it already
 	}
+	// With no previous owner this is most often a new session, and the
+	// read finds nothing. A stored one is the client's all the same: an
+	// owner that gave its claim back without ending the session must not
+	// cost the client its session and what is queued for it.
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
 		return err
 	}
 	b.m.resumedFromStore.Inc()
-	b.logger.Info("session resumed from the shared store", "client_id", id, "previous", previous,
-		"queued", len(st.Queue), "inflight", len(st.Inflight))
+	if previous == "" {
+		b.logger.Warn("session stored while no edge owned it; resumed from the shared store", "client_id", id,
+			"queued", len(st.Queue), "inflight", len(st.Inflight))
+	} else {
+		b.logger.Info("session resumed from the shared store", "client_id", id, "previous", previous,
+			"queued", len(st.Queue), "inflight", len(st.Inflight))
+	}
 	s, err := b.importSession(ctx, sc, id, epoch, st)
 	if err != nil {
 		return err
