@@ -280,23 +280,32 @@ func TestBroker_LookupHoldsUpOnlyItsTopic(t *testing.T) {
 	require.Equal(t, []string{"f1", "f2", "s1", "s2"}, peers.forwarded(), "the slow topic in its order")
 }
 
-// A publish whose lookup fails is not acknowledged (the publisher is
-// disconnected and sends it again), and the publishes behind it on its
-// topic are not routed either: they would reach subscribers before it.
-func TestBroker_FailedLookupHoldsBackItsTopic(t *testing.T) {
-	t.Parallel()
+// slowTopicBehindLookup has a client publish s1 and s2 on a topic whose
+// routes need a lookup, then f1 on one whose routes are known, and waits
+// until f1 was routed. The lookup ends, failing with fail, when release is
+// called.
+func slowTopicBehindLookup(t *testing.T, fail error) (*Broker, *mqtttest.Client, *lookupPeers, func()) {
+	t.Helper()
 	b, addr := startBroker(t, nil)
-	peers := &lookupPeers{release: make(chan struct{}), fail: errors.New("router unreachable")}
+	peers := &lookupPeers{release: make(chan struct{}), fail: fail}
 	release := sync.OnceFunc(func() { close(peers.release) })
-	t.Cleanup(release)
+	t.Cleanup(release) // a failing test does not leave the lookup stuck
 	b.SetCluster(Cluster{Peers: peers})
-
 	pub := mqtttest.Dial(t, addr, 5)
 	pub.Connect("pub", true, packets.Properties{})
 	pub.Publish(1, "a/slow", 1, []byte("s1"))
 	pub.Publish(2, "a/slow", 1, []byte("s2"))
 	pub.Publish(3, "b/fast", 1, []byte("f1"))
 	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	return b, pub, peers, release
+}
+
+// A publish whose lookup fails is not acknowledged (the publisher is
+// disconnected and sends it again), and the publishes behind it on its
+// topic are not routed either: they would reach subscribers before it.
+func TestBroker_FailedLookupHoldsBackItsTopic(t *testing.T) {
+	t.Parallel()
+	_, pub, peers, release := slowTopicBehindLookup(t, errors.New("router unreachable"))
 	release()
 	for {
 		pk, err := pub.Read(5 * time.Second)
@@ -314,18 +323,7 @@ func TestBroker_FailedLookupHoldsBackItsTopic(t *testing.T) {
 // late they would follow its resends.
 func TestBroker_LookupChainEndsWithItsConnection(t *testing.T) {
 	t.Parallel()
-	b, addr := startBroker(t, nil)
-	peers := &lookupPeers{release: make(chan struct{})}
-	release := sync.OnceFunc(func() { close(peers.release) })
-	t.Cleanup(release)
-	b.SetCluster(Cluster{Peers: peers})
-
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
-	pub.Publish(1, "a/slow", 1, []byte("s1"))
-	pub.Publish(2, "a/slow", 1, []byte("s2"))
-	pub.Publish(3, "b/fast", 1, []byte("f1"))
-	require.Eventually(t, func() bool { return len(peers.forwarded()) == 1 }, 5*time.Second, time.Millisecond)
+	b, pub, peers, release := slowTopicBehindLookup(t, nil)
 	require.NoError(t, pub.Conn.Close())
 	id := b.mustScope(t, "default").ClientID("pub")
 	require.Eventually(t, func() bool { cl, on := b.server.Clients.Get(id); return !on || cl.Closed() }, 5*time.Second, time.Millisecond)

@@ -78,10 +78,7 @@ func (f *blockingTakeover) begins() []uint64 {
 // its copy), and the client's next connection found no session anywhere.
 func TestBroker_ConnectWaitsForTheAdoptionOfItsSession(t *testing.T) {
 	t.Parallel()
-	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, st, addr := servingOnSharedStore(t)
 	sc := b.mustScope(t, "default")
 	id := sc.ClientID("mover")
 	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}
@@ -108,7 +105,7 @@ func TestBroker_ConnectWaitsForTheAdoptionOfItsSession(t *testing.T) {
 	connected := make(chan struct{})
 	go func() {
 		defer close(connected)
-		c := mqtttest.Dial(t, l.Address(), 5)
+		c := mqtttest.Dial(t, addr, 5)
 		pk := c.Connect("mover", false, persistentProps)
 		connack.Store(&pk)
 	}()
@@ -248,10 +245,7 @@ func TestBroker_ReplacedCopyLeavesTheClaimAndEpoch(t *testing.T) {
 // would lose the messages acknowledged to their publishers.
 func TestBroker_StoredSessionWithoutOwnerIsResumed(t *testing.T) {
 	t.Parallel()
-	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, st, addr := servingOnSharedStore(t)
 	sc := b.mustScope(t, "default")
 	id := sc.ClientID("orphan")
 	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}))
@@ -261,7 +255,7 @@ func TestBroker_StoredSessionWithoutOwnerIsResumed(t *testing.T) {
 	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
 		Ownership: grantOwnership(func() Grant { return Grant{Epoch: 4} })})
 
-	c := mqtttest.Dial(t, l.Address(), 5)
+	c := mqtttest.Dial(t, addr, 5)
 	ack := c.Connect("orphan", false, persistentProps)
 	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	require.True(t, ack.SessionPresent, "the stored session is the client's")
@@ -271,7 +265,7 @@ func TestBroker_StoredSessionWithoutOwnerIsResumed(t *testing.T) {
 	require.Equal(t, 1.0, promtest.ToFloat64(b.m.resumedFromStore))
 
 	// A client starting clean does not read the store.
-	fresh := mqtttest.Dial(t, l.Address(), 5)
+	fresh := mqtttest.Dial(t, addr, 5)
 	require.False(t, fresh.Connect("newcomer", true, persistentProps).SessionPresent)
 	require.Equal(t, 1.0, promtest.ToFloat64(b.m.resumedFromStore))
 }

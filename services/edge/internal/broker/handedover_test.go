@@ -482,6 +482,17 @@ func brokerOnStore(t *testing.T, wrap func(*durable.Store) DurableState) (*Broke
 
 func (sharedLocal) Shared() bool { return true }
 
+// servingOnSharedStore is brokerOnStore on a sharedLocal store, serving
+// MQTT on addr.
+func servingOnSharedStore(t *testing.T) (*Broker, *durable.Store, string) {
+	t.Helper()
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	return b, st, l.Address()
+}
+
 // A takeover that fails after the previous owner gave the session up (here
 // End fails) refuses the CONNECT, but the session stays with this edge, its
 // owner at the coordinator: resumed from the shared store, offline, with
@@ -489,10 +500,7 @@ func (sharedLocal) Shared() bool { return true }
 // what is published for it reaches no edge.
 func TestBroker_IncompleteTakeoverResumesFromTheStore(t *testing.T) {
 	t.Parallel()
-	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, st, addr := servingOnSharedStore(t)
 
 	id := b.mustScope(t, "default").ClientID("mover")
 	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300}
@@ -512,7 +520,7 @@ func TestBroker_IncompleteTakeoverResumesFromTheStore(t *testing.T) {
 		return Grant{Epoch: 9, Previous: "other"}
 	})})
 
-	c := mqtttest.Dial(t, l.Address(), 5)
+	c := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.ErrServerUnavailable.Code, c.Connect("mover", false, persistentProps).ReasonCode)
 	s := b.session(id)
 	require.NotNil(t, s, "the session stays here")
