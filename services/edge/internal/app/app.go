@@ -426,7 +426,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, URLs: e.peers, Redispatch: e.broker.RedispatchShared,
 		Logger: e.logger.With("component", "forward")}
-	fwd := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers,
+	fwd := &forward.Server{Deliver: e.broker, Sessions: e.broker, Custodian: e.broker, Members: e.peers, Incarnation: e.member.Incarnation,
 		Logger: e.logger.With("component", "edge-api")}
 	e.peers.OnGone = func(edge string) {
 		e.forwarder.PeerGone(edge)

@@ -117,6 +117,15 @@ func (p *Peers) IDs() []string {
 	return ids
 }
 
+// peer returns a live edge as a forwarding destination: its URL and
+// incarnation, read together.
+func (p *Peers) peer(id string) (forward.Peer, bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	u, ok := p.urls[id]
+	return forward.Peer{ID: id, URL: u, Incarnation: p.incs[id]}, ok
+}
+
 // URL returns the edge API URL of an edge, if it is a live member.
 func (p *Peers) URL(edgeID string) (string, bool) {
 	p.mu.RLock()
@@ -145,8 +154,8 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 	}
 	refreshed := false
 	peer := func(id string) (forward.Peer, error) {
-		if u, ok := r.Peers.URL(id); ok {
-			return forward.Peer{ID: id, URL: u}, nil
+		if p, ok := r.Peers.peer(id); ok {
+			return p, nil
 		}
 		if id == r.Self {
 			return forward.Peer{ID: id}, nil
@@ -156,8 +165,8 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 			// joined): ask the coordinator now rather than drop its share.
 			refreshed = true
 			r.Peers.refresh(ctx)
-			if u, ok := r.Peers.URL(id); ok {
-				return forward.Peer{ID: id, URL: u}, nil
+			if p, ok := r.Peers.peer(id); ok {
+				return p, nil
 			}
 		}
 		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerLeft, id)

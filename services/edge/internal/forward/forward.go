@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -95,7 +96,11 @@ type Server struct {
 	// incarnation that is not live (its lease expired, or it rejoined under
 	// a newer one) is refused.
 	Members Incarnations
-	Logger  *slog.Logger
+	// Incarnation, when set, is this edge's current incarnation: a stream
+	// whose frames were meant for another one (this edge restarted, or
+	// rejoined after its lease lapsed) is refused with ErrTargetRestarted.
+	Incarnation func() uint64
+	Logger      *slog.Logger
 
 	mu  sync.Mutex
 	hwm map[peerKey]uint64 // highest frame seq taken per sending incarnation
@@ -191,6 +196,10 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		}
 		if req.GetEdgeId() == "" || req.GetSeq() == 0 {
 			return connect.NewError(connect.CodeInvalidArgument, errors.New("frame needs edge_id and seq"))
+		}
+		if err := s.vetTarget(req); err != nil {
+			s.log().Info("forward stream refused", "from", req.GetEdgeId(), "error", err)
+			return err
 		}
 		if ob == nil {
 			key = peerKey{req.GetEdgeId(), req.GetIncarnation()}
@@ -351,6 +360,14 @@ type Incarnations interface {
 // live: a fenced edge, or one that has since rejoined under a newer one.
 var ErrExpiredIncarnation = errors.New("caller's incarnation is not live")
 
+// ErrTargetRestarted refuses frames meant for an earlier incarnation of the
+// receiving edge. The sessions they were routed to went to other edges
+// with that incarnation's end: taken here, they would reach none of them,
+// and the publishers would be acknowledged for messages nobody queued. The
+// sender fails them as sent to an edge that left (ErrPeerLeft), and they
+// are routed again.
+var ErrTargetRestarted = errors.New("frames meant for an earlier incarnation of this edge")
+
 // vet checks a caller against the membership, reading it again when the
 // copy here may simply predate the caller's (re)join.
 func (s *Server) vet(ctx context.Context, edge string, inc uint64) error {
@@ -371,6 +388,19 @@ func (s *Server) vet(ctx context.Context, edge string, inc uint64) error {
 	return nil
 }
 
+// vetTarget refuses a frame meant for another incarnation of this edge
+// (ErrTargetRestarted). A sender that does not say (0) is not refused.
+func (s *Server) vetTarget(req *edgev1.ForwardRequest) error {
+	want := req.GetTargetIncarnation()
+	if want == 0 || s.Incarnation == nil {
+		return nil
+	}
+	if cur := s.Incarnation(); cur != want {
+		return connect.NewError(connect.CodeAborted, fmt.Errorf("%w: meant for incarnation %d, this is %d", ErrTargetRestarted, want, cur))
+	}
+	return nil
+}
+
 func (s *Server) log() *slog.Logger {
 	if s.Logger == nil {
 		return slog.New(slog.DiscardHandler)
@@ -383,10 +413,16 @@ type Link struct {
 	edgeID      string
 	incarnation uint64
 	peer        string
-	client      edgev1connect.EdgeServiceClient
-	logger      *slog.Logger
-	m           *Metrics
-	stop        context.CancelFunc // ends Run (set by the Forwarder)
+	// target is the peer's incarnation the link was made for (0: not
+	// known). Every frame names it, and a peer that restarted since
+	// refuses them (ErrTargetRestarted): the link then ends as if the peer
+	// had left, and its messages are routed again.
+	target uint64
+
+	client edgev1connect.EdgeServiceClient
+	logger *slog.Logger
+	m      *Metrics
+	stop   context.CancelFunc // ends Run (set by the Forwarder)
 
 	mu      sync.Mutex
 	queue   []*pending // not yet in a frame
@@ -486,6 +522,13 @@ func (l *Link) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
+		if connect.CodeOf(err) == connect.CodeAborted {
+			// The peer restarted since the link was made for it: what the
+			// link holds is not for the edge there now.
+			l.logger.Info("peer edge restarted; failing what the link held for its earlier incarnation", "peer", l.peer, "error", err)
+			l.gone.Store(true)
+			break
+		}
 		l.logger.Debug("forward stream ended; reconnecting", "peer", l.peer, "error", err)
 		wait = reconnectWait(wait, l.streamAcked.Swap(false))
 		select {
@@ -527,16 +570,26 @@ func (l *Link) stream(ctx context.Context) error {
 	resend := append([]*frame(nil), l.unacked...)
 	l.confirmSent = 0
 	l.mu.Unlock()
+	// A send fails with io.EOF when the peer ended the stream; why it did
+	// (it restarted, say) is the stream's error.
+	why := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			if _, rerr := st.Receive(); rerr != nil {
+				return rerr
+			}
+		}
+		return err
+	}
 	for _, f := range resend {
 		if err := st.Send(l.request(f)); err != nil {
-			return err
+			return why(err)
 		}
 		l.connected.Store(true)
 		l.m.resent.Inc()
 	}
 	if len(resend) == 0 {
 		if err := st.Send(l.request(l.emptyFrame())); err != nil {
-			return err
+			return why(err)
 		}
 	}
 	errc := make(chan error, 1)
@@ -575,7 +628,7 @@ func (l *Link) stream(ctx context.Context) error {
 				break
 			}
 			if err := st.Send(l.request(f)); err != nil {
-				return err
+				return l.streamError(err, errc)
 			}
 			l.connected.Store(true)
 			l.m.frames.Inc()
@@ -583,9 +636,24 @@ func (l *Link) stream(ctx context.Context) error {
 		}
 		if l.unconfirmed() {
 			if err := st.Send(l.request(l.emptyFrame())); err != nil {
-				return err
+				return l.streamError(err, errc)
 			}
 		}
+	}
+}
+
+// streamError is the error a stream ended with when a send on it failed
+// with err: a send fails with io.EOF when the peer ended the stream, and
+// the receiving side (errc) hears why.
+func (l *Link) streamError(err error, errc <-chan error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	select {
+	case rerr := <-errc:
+		return rerr
+	case <-time.After(time.Second):
+		return err
 	}
 }
 
@@ -629,7 +697,7 @@ func (l *Link) nextFrame() *frame {
 func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	l.mu.Lock()
 	l.confirmSent = l.confirm
-	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, Seq: f.seq, OutcomesConfirmed: l.confirm}
+	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, TargetIncarnation: l.target, Seq: f.seq, OutcomesConfirmed: l.confirm}
 	l.mu.Unlock()
 	for _, p := range f.msgs {
 		req.Messages = append(req.Messages, p.msg)

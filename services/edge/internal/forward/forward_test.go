@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -390,4 +391,58 @@ func TestReconnectWait(t *testing.T) {
 		w = reconnectWait(w, false)
 	}
 	require.Equal(t, 2*time.Second, w)
+}
+
+// movingRoutes sends every topic to one peer, whose incarnation the test
+// changes.
+type movingRoutes struct {
+	peer Peer
+	inc  atomic.Uint64
+}
+
+func (r *movingRoutes) Route(context.Context, string, string) (Route, error) {
+	p := r.peer
+	p.Incarnation = r.inc.Load()
+	return Route{Edges: []Peer{p}}, nil
+}
+
+// Frames meant for an earlier incarnation of a peer (it restarted, and its
+// sessions went to other edges with that incarnation's end) are refused
+// there: taken, they would reach none of those sessions and their
+// publishers would be acknowledged for nothing. The publish is not
+// acknowledged; routed to the incarnation the membership names now, the
+// next one is taken.
+func TestForward_RestartedPeerRefusesFramesForItsEarlierIncarnation(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	b.srv.Incarnation = func() uint64 { return 2 }
+	routes := &movingRoutes{peer: Peer{ID: "edge-b", URL: b.api.URL}}
+	routes.inc.Store(1) // the membership has not heard of the restart yet
+	_, inc := a.b.ID()
+	f := &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Resolver: routes, Bound: time.Minute, Logger: testutil.Logger(t)}
+	runForwarder(t, a, f)
+	sub := mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+
+	pub := mqtttest.Dial(t, a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("for the earlier incarnation"))
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		require.NoError(t, err, "expected a DISCONNECT well before the forward bound")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although the restarted peer took nothing")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			break
+		}
+	}
+	_, err := sub.Read(200 * time.Millisecond)
+	require.Error(t, err, "nothing reached the restarted peer's subscriber")
+
+	routes.inc.Store(2)
+	again := mqtttest.Dial(t, a.mqtt, 5)
+	again.Connect("pub", true, packets.Properties{})
+	again.Publish(1, "t/x", 1, []byte("for the live incarnation"))
+	again.Expect(packets.Puback)
+	require.Equal(t, "for the live incarnation", string(sub.Expect(packets.Publish).Payload))
 }

@@ -24,6 +24,9 @@ import (
 type Peer struct {
 	ID  string
 	URL string
+	// Incarnation is the edge's incarnation in the membership the route
+	// was resolved with (0: not known).
+	Incarnation uint64
 }
 
 // Resolver answers which edges have routes matching a topic.
@@ -100,7 +103,7 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 	f.mu.RLock()
 	l, running := f.links[p.ID], f.ctx != nil && f.ctx.Err() == nil
 	f.mu.RUnlock()
-	if running && l != nil && l.incarnation == inc && !l.isClosed() {
+	if running && l != nil && l.incarnation == inc && !l.isClosed() && !restarted(l, p) {
 		return l, nil
 	}
 	f.mu.Lock()
@@ -116,9 +119,15 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 		l.stop()
 		l = nil
 	}
+	if l != nil && restarted(l, p) {
+		// What the link holds was for the peer's earlier incarnation.
+		l.gone.Store(true)
+		l.stop()
+		l = nil
+	}
 	if l == nil || l.isClosed() {
 		l = NewLink(f.Self, inc, p.ID, p.URL, f.log(), f.Metrics)
-		l.again, l.maxHeld = f.Redispatch, f.MaxHeldPerPeer
+		l.again, l.maxHeld, l.target = f.Redispatch, f.MaxHeldPerPeer, p.Incarnation
 		f.links[p.ID] = l
 		ctx, cancel := context.WithCancel(f.ctx)
 		l.stop = cancel
@@ -130,6 +139,18 @@ func (f *Forwarder) link(p Peer) (*Link, error) {
 		}()
 	}
 	return l, nil
+}
+
+// incarnations is what URLs may also tell: the incarnation of each live
+// edge (cluster.Peers does).
+type incarnations interface {
+	Incarnation(edgeID string) (uint64, bool)
+}
+
+// restarted reports whether p names a newer incarnation of the peer than
+// the one l was made for.
+func restarted(l *Link, p Peer) bool {
+	return p.Incarnation > l.target && l.target != 0
 }
 
 // Links reports the links to peers made so far, sorted by peer. It only
@@ -155,8 +176,17 @@ func (f *Forwarder) Links() []LinkStatus {
 // acknowledgement now, and send again (to the sessions' new holders), rather
 // than at the end of the forward bound.
 func (f *Forwarder) PeerGone(edgeID string) {
+	live, isLive := uint64(0), false
+	if m, ok := f.URLs.(incarnations); ok {
+		live, isLive = m.Incarnation(edgeID)
+	}
 	f.mu.Lock()
 	l := f.links[edgeID]
+	if l != nil && isLive && l.target != 0 && l.target == live {
+		// Made for the incarnation that replaced the one that left.
+		f.mu.Unlock()
+		return
+	}
 	delete(f.links, edgeID)
 	f.mu.Unlock()
 	if l != nil {
@@ -344,7 +374,11 @@ func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, t
 	}
 	bound := f.bound()
 	deadline := time.Now().Add(bound)
-	l, err := f.link(Peer{ID: edge, URL: url})
+	p := Peer{ID: edge, URL: url}
+	if m, ok := f.URLs.(incarnations); ok {
+		p.Incarnation, _ = m.Incarnation(edge)
+	}
+	l, err := f.link(p)
 	if err != nil {
 		return nil, err
 	}
