@@ -344,7 +344,10 @@ const putRetry = 3 * time.Second
 //
 // NOTE(router): while the partition table settles (a member joined or left),
 // Olric v0.5.7 answers ErrWriteQuorum at once, for a few hundred ms, even
-// though enough members are up. Put retries that for up to putRetry.
+// though enough members are up, and a write routed to a member that just
+// left and came back at the same address fails with "client is closed"
+// (the connection pool to its earlier instance was closed). Put retries
+// both for up to putRetry; a Put is idempotent.
 func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 	deadline := time.Now().Add(putRetry)
 	for {
@@ -352,7 +355,7 @@ func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, olric.ErrWriteQuorum) || time.Now().After(deadline) {
+		if !settling(err) || time.Now().After(deadline) {
 			return fmt.Errorf("olric put: %w", err)
 		}
 		select {
@@ -361,6 +364,12 @@ func (s *Store) Put(ctx context.Context, key string, value []byte) error {
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
+}
+
+// settling reports whether err is one a write gets while the cluster's
+// membership settles (see Put).
+func settling(err error) bool {
+	return errors.Is(err, olric.ErrWriteQuorum) || strings.Contains(err.Error(), "client is closed")
 }
 
 // Delete removes key.
