@@ -125,7 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402): persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
-	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded (and, with cluster.forward-retry, routed again), counted from its ingress, before the publisher is closed unacknowledged")
+	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded (and routed again while its routes name an edge that left, or with cluster.forward-retry after one left without taking it), counted from its ingress, before the publisher is closed unacknowledged")
 	fs.BoolVar(&c.ForwardRetry, "cluster.forward-retry", false, "route a QoS 1/2 publish again, within cluster.forward-timeout, when an edge it went to left the cluster before taking it, instead of closing the publisher (experimental: a rolling restart lost messages with it once)")
 	fs.StringVar(&c.ServerReference, "cluster.server-reference", "", "server reference sent to MQTT 5 clients when this edge drains (DISCONNECT 0x9C, use another server, instead of 0x8B), e.g. the address of the MQTT load balancer; a drain through the edge API may give another")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
@@ -291,6 +291,10 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	// A message routed here before a handover arrives at the latest when its
 	// publisher's edge stops waiting for it.
 	cfg.Broker.HandoverMemory = cfg.ForwardTimeout
+	// A publish whose routes still name an edge that left is routed again
+	// once they no longer do: nothing of it went anywhere yet, so this is
+	// routing it a little later, not again.
+	cfg.Broker.ResolveBound = cfg.ForwardTimeout
 	if cfg.ForwardRetry {
 		// Off by default: a message routed again while a session moves
 		// between live edges can find the moment no edge routes it (a

@@ -505,7 +505,7 @@ func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func()
 			return err
 		}
 		again := &Again{Since: m.Created - int64(clockSkew), Groups: nt.Groups}
-		return b.reroute(cl, m, err, func() error {
+		return b.reroute(cl, m, err, b.cfg.ForwardBound, func() error {
 			w, err := b.deliver(m, again)
 			if err == nil && w != nil {
 				err = w()
@@ -521,15 +521,20 @@ func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func()
 
 // routeAgainNow routes a message whose routes named an edge that left the
 // cluster (they outlive it until its sessions are adopted) again, until
-// it is handed to every edge with a match, within the forward bound.
+// it is handed to every edge with a match, within the resolve bound (or
+// the forward bound, if longer).
 // Nothing was delivered yet: it runs before the publisher's next message
-// is read, which must not overtake it. cl is the publisher (nil for the
-// broker's own messages).
+// on its topic is routed, which must not overtake it, and routed later it
+// is routed as if published then. So the publisher keeps its connection
+// while the routes catch up, instead of being closed and sending its whole
+// window again, over and over, until they do. cl is the publisher (nil for
+// the broker's own messages).
 func (b *Broker) routeAgainNow(cl *mqtt.Client, m *Message, err error) (wait func() error, _ error) {
-	if m.QoS == 0 || b.cfg.ForwardBound <= 0 || !errors.Is(err, ErrEdgeLeft) {
+	bound := max(b.cfg.ResolveBound, b.cfg.ForwardBound)
+	if m.QoS == 0 || bound <= 0 || !errors.Is(err, ErrEdgeLeft) {
 		return nil, err
 	}
-	err = b.reroute(cl, m, err, func() error {
+	err = b.reroute(cl, m, err, bound, func() error {
 		var err error
 		wait, err = b.deliver(m, nil)
 		return err
@@ -546,8 +551,8 @@ func (b *Broker) routeAgainNow(cl *mqtt.Client, m *Message, err error) (wait fun
 // The first attempt goes at once: a publisher's failed messages are routed
 // again one after the other, in its order, and each but the first failed
 // long ago, most often while the one before it waited for the routes.
-func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, attempt func() error) error {
-	deadline := time.Unix(0, m.Created).Add(b.cfg.ForwardBound)
+func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, bound time.Duration, attempt func() error) error {
+	deadline := time.Unix(0, m.Created).Add(bound)
 	closed := func() bool { return cl != nil && cl.Closed() }
 	for backoff := time.Duration(0); ; backoff = min(max(2*backoff, 50*time.Millisecond), time.Second) {
 		if b.stopping.Load() || b.fenced.Load() || closed() || !time.Now().Add(backoff).Before(deadline) {

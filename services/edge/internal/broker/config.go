@@ -56,6 +56,13 @@ type Config struct {
 	// with cluster.forward-retry). Zero: it is not routed again; the
 	// publisher is closed at once.
 	ForwardBound time.Duration `yaml:"-"`
+	// ResolveBound is how long, from its ingress, a QoS 1/2 publish whose
+	// routes name an edge that left the cluster (they outlive it until its
+	// sessions are adopted) is routed again, before anything of it was
+	// delivered, until the routes name live edges; then its publisher is
+	// closed unacknowledged (cluster.forward-timeout). Zero: the publisher
+	// is closed at once.
+	ResolveBound time.Duration `yaml:"-"`
 }
 
 // Defaults for [Config].

@@ -66,8 +66,15 @@ type rerouteCluster struct {
 
 func startRerouteCluster(t *testing.T, bound time.Duration) *rerouteCluster {
 	t.Helper()
+	return startRerouteClusterWith(t, func(c *broker.Config) { c.ForwardBound = bound })
+}
+
+// startRerouteClusterWith is startRerouteCluster with edge A's broker
+// configured by set.
+func startRerouteClusterWith(t *testing.T, set func(*broker.Config)) *rerouteCluster {
+	t.Helper()
 	rc := &rerouteCluster{reg: prometheus.NewRegistry(), routes: &switchRoutes{}}
-	rc.a = startEdgeWith(t, "edge-a", func(c *broker.Config) { c.ForwardBound = bound }, rc.reg)
+	rc.a = startEdgeWith(t, "edge-a", set, rc.reg)
 	rc.b, rc.c = startEdge(t, "edge-b"), startEdge(t, "edge-c")
 	rc.bURL = rc.b.api.URL
 	rc.b.api.Close() // it stopped answering; it leaves the membership later
@@ -210,4 +217,44 @@ func TestForward_QoS2RoutedAgainOnce(t *testing.T) {
 	_, err := early.Read(300 * time.Millisecond)
 	require.Error(t, err, "no second copy of a QoS 2 message")
 	require.Equal(t, 1.0, retries(t, rc.reg, "taken"))
+}
+
+// A publish whose routes still name an edge that left the cluster (they
+// outlive it until its sessions are adopted) waits for the routes to name
+// live edges, also without forward-retry: nothing of it was delivered, so
+// it is routed as if published then. Its publisher keeps the connection,
+// rather than being closed and sending its whole window again, over and
+// over, until the routes catch up.
+func TestForward_StaleRouteWaitsForLiveEdges(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteClusterWith(t, func(c *broker.Config) { c.ResolveBound = 20 * time.Second })
+	sub := mqtttest.Dial(t, rc.c.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+	rc.routes.set(Route{}, "edge-b")
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	_, err := pub.Read(500 * time.Millisecond)
+	require.Error(t, err, "neither acknowledged nor closed while the route names the edge that left")
+
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}}, "")
+	require.Equal(t, uint16(1), pub.Expect(packets.Puback).PacketID)
+	require.Equal(t, "x", string(sub.Expect(packets.Publish).Payload))
+	require.Positive(t, retries(t, rc.reg, "taken"))
+
+	// A message an edge that left did not take after it was sent is not
+	// routed again without forward-retry: the publisher is closed.
+	rc.routes.set(Route{Edges: []Peer{rc.peerB(), rc.peerC()}}, "")
+	pub.Publish(2, "t/x", 1, []byte("y"))
+	require.Equal(t, "y", string(sub.Expect(packets.Publish).Payload))
+	rc.fwd.PeerGone("edge-b")
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		require.NoError(t, err, "expected the publisher closed")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type)
+		if pk.FixedHeader.Type == packets.Disconnect {
+			break
+		}
+	}
 }
