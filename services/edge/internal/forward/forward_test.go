@@ -66,6 +66,21 @@ func startEdgeWith(t *testing.T, id string, set func(*broker.Config), reg *prome
 	return &edge{b: b, srv: srv, mqtt: l.Address(), api: serveAPI(t, srv)}
 }
 
+// expectClosedUnacknowledged waits, up to within, for the server to close
+// pub's connection (a DISCONNECT), and fails if it acknowledges a publish
+// first: no peer took it.
+func expectClosedUnacknowledged(t *testing.T, pub *mqtttest.Client, within time.Duration) {
+	t.Helper()
+	for {
+		pk, err := pub.Read(within)
+		require.NoError(t, err, "expected the publisher closed without an acknowledgement")
+		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no peer took it")
+		if pk.FixedHeader.Type == packets.Disconnect {
+			return
+		}
+	}
+}
+
 // staticRoutes sends every topic to the listed peers.
 type staticRoutes []Peer
 
@@ -143,14 +158,7 @@ func TestForward_PeerGoneNoAck(t *testing.T) {
 	pub := mqtttest.Dial(t, a.mqtt, 5)
 	pub.Connect("pub", true, packets.Properties{})
 	pub.Publish(1, "t/x", 1, []byte("x"))
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		require.NoError(t, err, "expected a DISCONNECT, not silence")
-		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no peer took it")
-		if pk.FixedHeader.Type == packets.Disconnect {
-			break
-		}
-	}
+	expectClosedUnacknowledged(t, pub, 5*time.Second)
 }
 
 type countingDeliverer struct{ n int }
@@ -336,14 +344,7 @@ func TestForward_PeerGoneFailsAtOnce(t *testing.T) {
 	require.Error(t, err, "nothing while the peer may still take it")
 	gone := time.Now()
 	f.PeerGone("edge-b")
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		require.NoError(t, err, "expected a DISCONNECT soon after the peer left")
-		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although no peer took it")
-		if pk.FixedHeader.Type == packets.Disconnect {
-			break
-		}
-	}
+	expectClosedUnacknowledged(t, pub, 5*time.Second)
 	require.Less(t, time.Since(gone), 5*time.Second)
 }
 
@@ -428,14 +429,7 @@ func TestForward_RestartedPeerRefusesFramesForItsEarlierIncarnation(t *testing.T
 	pub := mqtttest.Dial(t, a.mqtt, 5)
 	pub.Connect("pub", true, packets.Properties{})
 	pub.Publish(1, "t/x", 1, []byte("for the earlier incarnation"))
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		require.NoError(t, err, "expected a DISCONNECT well before the forward bound")
-		require.NotEqual(t, packets.Puback, pk.FixedHeader.Type, "acknowledged although the restarted peer took nothing")
-		if pk.FixedHeader.Type == packets.Disconnect {
-			break
-		}
-	}
+	expectClosedUnacknowledged(t, pub, 5*time.Second)
 	_, err := sub.Read(200 * time.Millisecond)
 	require.Error(t, err, "nothing reached the restarted peer's subscriber")
 
