@@ -220,8 +220,11 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !ok {
 		return nil, broker.SharedChoice{}, nil
 	}
-	bound := f.bound()
-	deadline := time.Now().Add(bound)
+	// Read once per message, and only for QoS 1/2: nobody waits for QoS 0.
+	var deadline time.Time
+	if m.QoS > 0 {
+		deadline = time.Now().Add(f.bound())
+	}
 	// No per-message deadline: a cached answer needs none, and the router
 	// client bounds its own lookups.
 	route, err := f.Resolver.Route(ctx, tenant, topic)
@@ -288,7 +291,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !wait {
 		return nil, local, nil
 	}
-	return func() error { return waitTaken(ctx, deadline, bound, sent) }, local, nil
+	return func() error { return waitTaken(ctx, deadline, f.bound(), sent) }, local, nil
 }
 
 // waitTaken waits until every peer took its copy of a message, or deadline.
