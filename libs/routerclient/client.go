@@ -666,19 +666,38 @@ func (c *Client) Answers(tenant, name string) bool {
 	if !c.validLocked(now) {
 		return false
 	}
+	return !c.probeLocked(tenant, name, now, nil, nil)
+}
+
+// probeLocked walks the anchors of name (tenant's) and reports whether one
+// needs a Lookup: neither cached under a live lease nor ruled out by the
+// tenant's Bloom filter. hit, when set, is given each cached entry found;
+// st, when set, counts the probes.
+func (c *Client) probeLocked(tenant, name string, now time.Time, hit func(*cacheEntry), st *Stats) (need bool) {
 	bl := c.blooms[tenant]
-	answers := true
 	routes.ProbeAnchors(name, func(a string) bool {
 		if e := c.cache[[2]string{tenant, a}]; e != nil && now.Before(e.until) {
+			if st != nil {
+				st.CacheHits++
+			}
+			if hit != nil {
+				hit(e)
+			}
 			return true
 		}
 		if bl != nil && !bl.MayContain(a) {
+			if st != nil {
+				st.BloomNegatives++
+			}
 			return true
 		}
-		answers = false
+		if st != nil {
+			st.Misses++
+		}
+		need = true
 		return false
 	})
-	return answers
+	return need
 }
 
 // Route returns the edges and shared groups that must receive a message
@@ -704,27 +723,15 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 				return true
 			})
 		}
-		bl := c.blooms[tenant]
-		routes.ProbeAnchors(name, func(a string) bool {
-			if e := c.cache[[2]string{tenant, a}]; e != nil && now.Before(e.until) {
-				c.stats.CacheHits++
-				for _, r := range e.routes {
-					if topic.Match(r.GetFilter(), name) {
-						for _, id := range r.GetEdgeIds() {
-							edges, groups = addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
-						}
+		need = c.probeLocked(tenant, name, now, func(e *cacheEntry) {
+			for _, r := range e.routes {
+				if topic.Match(r.GetFilter(), name) {
+					for _, id := range r.GetEdgeIds() {
+						edges, groups = addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
 					}
 				}
-				return true
 			}
-			if bl != nil && !bl.MayContain(a) {
-				c.stats.BloomNegatives++
-				return true
-			}
-			c.stats.Misses++
-			need = true
-			return false
-		})
+		}, &c.stats)
 	}
 	if !need {
 		c.stats.Local++
