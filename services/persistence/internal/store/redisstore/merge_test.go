@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -98,3 +99,150 @@ func TestCommit_MergesPerSession(t *testing.T) {
 	require.Len(t, st.Queue, 3)
 	require.Empty(t, st.Inflight)
 }
+
+// committed prepares ops and commits them as one batch; it returns the
+// calls merge made (their op indexes) and each op's result.
+func committed(t *testing.T, s *Store, ops []store.Op, merged bool) ([][]int, []store.OpResult) {
+	t.Helper()
+	ctx := t.Context()
+	batch := make([]*op, len(ops))
+	for i := range ops {
+		o, err := s.prepare(&ops[i])
+		require.NoError(t, err)
+		o.result = make(chan opResult, 1)
+		batch[i] = o
+	}
+	conn := s.rdb.Conn()
+	defer conn.Close()
+	require.NoError(t, loadScripts(ctx, conn))
+	var shape [][]int
+	if merged {
+		for _, c := range merge(batch) {
+			shape = append(shape, c.ops)
+		}
+		require.NoError(t, s.commit(ctx, conn, batch))
+	} else {
+		for _, o := range batch {
+			require.NoError(t, s.commit(ctx, conn, []*op{o}))
+		}
+	}
+	res := make([]store.OpResult, len(ops))
+	for i, o := range batch {
+		r := <-o.result
+		res[i] = parse(ops[i].Kind, r.val, r.err)
+	}
+	return shape, res
+}
+
+// references returns every stored message's reference count.
+func references(t *testing.T, s *Store) map[string]string {
+	t.Helper()
+	ctx := t.Context()
+	keys, err := s.rdb.Keys(ctx, "m:*").Result()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, k := range keys {
+		out[k] = s.rdb.HGet(ctx, k, "n").Val()
+	}
+	return out
+}
+
+// TestCommit_SendJoinsItsAppend commits one batch in which sessions append
+// messages and send them at once, and the same ops one call each on
+// another server: a send joins the append call that stores its messages
+// (unless a complete of the session came between, or it sends a message
+// the call does not store), and the stored state is the same either way,
+// reference counts included; only the joined entries never touched the
+// queue.
+func TestCommit_SendJoinsItsAppend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	open := func() *Store {
+		s, err := New(Config{Addr: redistest.StartNode(t).Addr}, testutil.Logger(t))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	a, b := store.SessionKey{Tenant: "acme", ClientID: "a"}, store.SessionKey{Tenant: "acme", ClientID: "b"}
+	f := store.Fence{Epoch: 1}
+	msg := func(i int) *store.Message {
+		return &store.Message{ID: fmt.Sprintf("e/1/%d", i), Topic: "t", Payload: []byte{byte(i)}, QoS: 1, Created: int64(i)}
+	}
+	lim := store.QueueLimits{MaxLen: 4}
+	app := func(k store.SessionKey, is ...int) store.Op {
+		o := store.Op{Kind: store.OpAppend, Key: k, Fence: f, Limits: lim}
+		for _, i := range is {
+			o.Entries = append(o.Entries, store.Entry{MsgID: msg(i).ID, QoS: 1})
+			o.Messages = append(o.Messages, msg(i))
+		}
+		return o
+	}
+	// send takes (message, packet ID, QoS) triples.
+	send := func(k store.SessionKey, xs ...int) store.Op {
+		o := store.Op{Kind: store.OpSend, Key: k, Fence: f}
+		for j := 0; j < len(xs); j += 3 {
+			o.Entries = append(o.Entries, store.Entry{MsgID: msg(xs[j]).ID, PacketID: uint16(xs[j+1]), QoS: byte(xs[j+2])})
+		}
+		return o
+	}
+	complete := func(k store.SessionKey, pks ...uint16) store.Op {
+		return store.Op{Kind: store.OpComplete, Key: k, Fence: f, PacketIDs: pks}
+	}
+	ops := []store.Op{
+		app(a, 1, 2),
+		app(b, 1),
+		send(a, 1, 1, 1, 2, 2, 0), // 2 goes at QoS 0: its reference goes
+		app(a, 3, 4),
+		send(a, 3, 3, 1, 3, 4, 1), // 3 twice: the second copy is a reference of its own
+		app(b, 6),
+		send(b, 6, 9, 1, 1, 10, 2),
+		app(a, 5),
+		complete(a, 1),
+		send(a, 5, 1, 1), // a complete came between (packet ID 1 again): not joined
+		app(a, 7),
+		send(a, 7, 5, 1, 4, 6, 1), // 4 is queued by an earlier call: not joined
+		app(b, 8),
+		send(b, 8, 11, 1),
+	}
+	merged, alone := open(), open()
+	for _, s := range []*Store{merged, alone} {
+		require.NoError(t, s.Activate(t.Context(), a, f))
+		require.NoError(t, s.Activate(t.Context(), b, f))
+	}
+	shape, got := committed(t, merged, ops, true)
+	require.Equal(t, [][]int{{0, 2}, {1, 5, 6}, {3, 4}, {7}, {8}, {9}, {10}, {11}, {12, 13}}, shape)
+	_, want := committed(t, alone, ops, false)
+	require.Equal(t, want, got)
+	for _, k := range []store.SessionKey{a, b} {
+		sm, err := merged.Load(t.Context(), k)
+		require.NoError(t, err)
+		sa, err := alone.Load(t.Context(), k)
+		require.NoError(t, err)
+		slices.SortFunc(sm.Inflight, byPacketID)
+		slices.SortFunc(sa.Inflight, byPacketID)
+		require.Equal(t, sa, sm, "session %s", k.ClientID)
+	}
+	require.Equal(t, references(t, alone), references(t, merged))
+	// A full queue does not bound a message sent at once: it never waits
+	// in the queue.
+	full := store.QueueLimits{MaxLen: 1}
+	_, res := committed(t, merged, []store.Op{app(a, 10), complete(a, 1, 2, 3, 4, 5, 6)}, true)
+	require.Equal(t, store.AppendResult{Added: 1}, res[0].Append)
+	_, res = committed(t, merged, []store.Op{
+		{Kind: store.OpAppend, Key: a, Fence: f, Limits: full, Entries: []store.Entry{{MsgID: msg(9).ID, QoS: 1}}, Messages: []*store.Message{msg(9)}},
+		send(a, 9, 12, 1),
+	}, true)
+	require.NoError(t, res[0].Err)
+	require.Equal(t, store.AppendResult{Added: 1}, res[0].Append)
+	require.NoError(t, res[1].Err)
+	st, err := merged.Load(t.Context(), a)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 1)
+	require.Equal(t, msg(10).ID, st.Queue[0].MsgID)
+	require.Len(t, st.Inflight, 1)
+	require.Equal(t, msg(9).ID, st.Inflight[0].MsgID)
+	require.Contains(t, st.Messages, msg(9).ID)
+}
+
+func byPacketID(x, y store.Entry) int { return int(x.PacketID) - int(y.PacketID) }

@@ -126,25 +126,46 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// commitLoop owns the writer connection: it sends every waiting operation
-// as one pipeline followed by WAIT, then answers each.
+// commitsInFlight is how many commits may wait for replication at once.
+// A commit's WAIT blocks its connection, so each has its own; the next
+// commit's scripts run on another while the replicas catch up with the
+// last, instead of the primary idling through every WAIT.
+const commitsInFlight = 2
+
+// commitLoop is the single writer: it sends every waiting operation as one
+// pipeline of scripts, in order, and hands the commit to a goroutine that
+// waits for replication (WAIT, on the same connection) and answers each
+// op. Answers go out in commit order.
 func (s *Store) commitLoop() {
 	defer s.wg.Done()
 	ctx := context.Background()
-	var conn *redis.Conn
+	conns := make(chan *redis.Conn, commitsInFlight)
+	for range commitsInFlight {
+		conns <- nil // opened on first use
+	}
+	var replicating sync.WaitGroup
 	defer func() {
-		if conn != nil {
-			_ = conn.Close()
+		replicating.Wait()
+		for range commitsInFlight {
+			if c := <-conns; c != nil {
+				_ = c.Close()
+			}
 		}
 	}()
-	batch := make([]*op, 0, s.cfg.MaxBatch)
+	answered := make(chan struct{})
+	close(answered)
 	for {
+		var first *op
 		select {
-		case o := <-s.ops:
-			batch = append(batch[:0], o)
+		case first = <-s.ops:
 		case <-s.done:
 			return
 		}
+		// A connection frees up as its commit's WAIT returns; meanwhile the
+		// batch grows.
+		conn := <-conns
+		batch := make([]*op, 1, s.cfg.MaxBatch)
+		batch[0] = first
 	more:
 		for len(batch) < s.cfg.MaxBatch {
 			select {
@@ -160,11 +181,21 @@ func (s *Store) commitLoop() {
 				s.logger.Warn("loading scripts failed", "error", err)
 			}
 		}
-		if err := s.commit(ctx, conn, batch); err != nil {
-			// The connection may be broken: start over with a new one.
-			_ = conn.Close()
-			conn = nil
-		}
+		w := s.write(ctx, conn, batch)
+		prev, done := answered, make(chan struct{})
+		answered = done
+		replicating.Add(1)
+		go func() {
+			defer replicating.Done()
+			err := s.finish(ctx, conn, w, prev)
+			close(done)
+			if err != nil {
+				// The connection may be broken: start over with a new one.
+				_ = conn.Close()
+				conn = nil
+			}
+			conns <- conn
+		}()
 	}
 }
 
@@ -193,19 +224,27 @@ const (
 // MULTI/EXEC that wraps a script's effects for replicas) dominates these
 // small writes.
 //
+// A send that delivers only entries the session's open append call queues
+// joins that call too (scriptAppend), which then never writes them to the
+// queue: a message that reaches an online subscriber goes straight into
+// its in-flight set, one write instead of three and their removal. The
+// send then closes the call: later appends come after it.
+//
 // Merging moves an op earlier in the batch. Past other sessions' ops that
 // is safe: their keys are disjoint but for the shared message records,
 // which appends only reference and completes only release. References
 // commute, and so do releases, except against a send of an entry that was
 // never queued, which needs its message to exist (scriptSend): a complete
-// never moves past a send. Within the session, an append and a complete
-// commute too: they touch the queue and the in-flight set apart, and an
-// append carries its message's body, so the record exists after it
-// whichever runs first. Every other write of the session ends the merging.
+// never moves past a send, and a send joins an append call only when that
+// call stores every message it sends. Within the session, an append and a
+// complete commute too: they touch the queue and the in-flight set apart,
+// and an append carries its message's body, so the record exists after it
+// whichever runs first. A send and a complete do not (a packet ID is
+// reused): a send never joins an append call that a complete of its session
+// followed. Every other write of the session ends the merging.
 func merge(batch []*op) []*scriptCall {
-	type open struct{ append, complete *scriptCall }
 	calls := make([]*scriptCall, 0, len(batch))
-	sessions := make(map[string]*open, len(batch))
+	sessions := make(map[string]*openCalls, len(batch))
 	var sends uint64
 	for i, o := range batch {
 		if o.script == scriptSend {
@@ -214,7 +253,7 @@ func merge(batch []*op) []*scriptCall {
 		k := o.keys[0]
 		st := sessions[k]
 		if st == nil {
-			st = &open{}
+			st = &openCalls{}
 			sessions[k] = st
 		}
 		var into **scriptCall
@@ -224,6 +263,16 @@ func merge(batch []*op) []*scriptCall {
 			into, body = &st.append, appendBody
 		case scriptComplete:
 			into = &st.complete
+			st.completed = st.append != nil
+		case scriptSend:
+			if c := st.append; c != nil && !st.completed && sameArgs(c.args[:fenceBody], o.args[:fenceBody]) && sendsOnly(o.args, st.appended) {
+				c.args = append(append(c.args, sendMark), o.args[fenceBody:]...)
+				c.wait = true
+				c.ops = append(c.ops, i)
+				st.append, st.complete = nil, nil
+				continue
+			}
+			st.append, st.complete = nil, nil
 		default:
 			st.append, st.complete = nil, nil
 		}
@@ -232,6 +281,9 @@ func merge(batch []*op) []*scriptCall {
 				c.args = append(c.args, o.args[body:]...)
 				c.wait = c.wait || o.wait
 				c.ops = append(c.ops, i)
+				if o.script == scriptAppend {
+					st.noteAppended(o.args[body:])
+				}
 				continue
 			}
 		}
@@ -240,9 +292,51 @@ func merge(batch []*op) []*scriptCall {
 			c.args = slices.Clip(o.args) // appended to if merged into: never into the op's own array
 			*into = c
 		}
+		if o.script == scriptAppend {
+			st.appended, st.completed = nil, false
+			st.noteAppended(o.args[body:])
+		}
 		calls = append(calls, c)
 	}
 	return calls
+}
+
+// sendMark separates a joined send's quads from the append segments.
+const sendMark = "S"
+
+// openCalls are the calls of one session that later ops may join.
+type openCalls struct {
+	append, complete *scriptCall
+	appended         map[string]bool // msgIDs in the open append call
+	completed        bool            // a complete came after the append call opened
+}
+
+// noteAppended records the msgIDs of append segments: a count, then
+// (msgID, entry, message) triples.
+func (st *openCalls) noteAppended(segs []any) {
+	if st.appended == nil {
+		st.appended = make(map[string]bool)
+	}
+	for i := 0; i < len(segs); {
+		n, _ := segs[i].(int)
+		for k := range n {
+			id, _ := segs[i+1+3*k].(string)
+			st.appended[id] = true
+		}
+		i += 1 + 3*n
+	}
+}
+
+// sendsOnly reports whether every entry of a send's arguments (fence, then
+// (msgID, packetID, entry, qos) quads) is one of appended.
+func sendsOnly(args []any, appended map[string]bool) bool {
+	for j := fenceBody; j < len(args); j += 4 {
+		id, _ := args[j].(string)
+		if !appended[id] {
+			return false
+		}
+	}
+	return true
 }
 
 // sameArgs compares fence and limit arguments: strings and ints only.
@@ -255,69 +349,114 @@ func sameArgs(a, b []any) bool {
 	return true
 }
 
+// commit writes a batch and answers it, as the commit loop does with one
+// commit at a time.
 func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error {
-	calls := merge(batch)
-	needWait := false
-	cmds := make([]*redis.Cmd, len(calls))
-	var waitCmd *redis.IntCmd
-	start := time.Now()
+	done := make(chan struct{})
+	close(done)
+	return s.finish(ctx, conn, s.write(ctx, conn, batch), done)
+}
+
+// written is a commit whose scripts ran (or failed) and whose replication
+// is not known yet.
+type written struct {
+	batch    []*op
+	calls    []*scriptCall
+	cmds     []*redis.Cmd
+	wait     bool // some call needs replication
+	start    time.Time
+	noscript bool  // the server did not know the scripts: nothing ran
+	broken   error // the connection failed
+}
+
+// write sends the batch's script calls as one pipeline on conn and reads
+// their replies.
+func (s *Store) write(ctx context.Context, conn *redis.Conn, batch []*op) *written {
+	w := &written{batch: batch, calls: merge(batch), start: time.Now()}
+	w.cmds = make([]*redis.Cmd, len(w.calls))
 	_, perr := conn.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range calls {
-			cmds[i] = p.EvalSha(ctx, shaOf(c.script), c.keys, c.args...)
-			needWait = needWait || c.wait
-		}
-		if needWait && s.cfg.MinReplicas > 0 {
-			waitCmd = redis.NewIntCmd(ctx, "wait", s.cfg.MinReplicas, s.cfg.WaitTimeout.Milliseconds())
-			_ = p.Process(ctx, waitCmd)
+		for i, c := range w.calls {
+			w.cmds[i] = p.EvalSha(ctx, shaOf(c.script), c.keys, c.args...)
+			w.wait = w.wait || c.wait
 		}
 		return nil
 	})
-	var replicated = true
-	if waitCmd != nil {
-		n, err := waitCmd.Result()
+	for _, cmd := range w.cmds {
+		if err := cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			// The script cache was flushed (or this is another server):
+			// nothing ran; reconnect, which loads the scripts again.
+			w.noscript = true
+		}
+	}
+	if perr != nil && !isScriptErr(perr) {
+		w.broken = perr
+	}
+	return w
+}
+
+// finish waits on conn until the writes of w reach the replicas they need
+// (WAIT, outside any script), then, once the commit before it answered
+// (prev closed), answers every op of w. It returns an error when conn
+// should not be used again.
+func (s *Store) finish(ctx context.Context, conn *redis.Conn, w *written, prev <-chan struct{}) error {
+	replicated := true
+	waited := w.wait && s.cfg.MinReplicas > 0 && w.broken == nil
+	if waited {
+		n, err := conn.Do(ctx, "wait", s.cfg.MinReplicas, s.cfg.WaitTimeout.Milliseconds()).Int64()
 		replicated = err == nil && n >= int64(s.cfg.MinReplicas)
 		if !replicated {
 			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err)
 		}
+		if err != nil && !isScriptErr(err) {
+			w.broken = err
+		}
 	}
 	if s.Observer != nil {
-		s.Observer.Committed(len(calls), time.Since(start), waitCmd != nil, replicated)
+		s.Observer.Committed(len(w.calls), time.Since(w.start), waited, replicated)
 	}
-	noscript := false
-	for i, c := range calls {
-		val, err := cmds[i].Result()
+	<-prev
+	for i, c := range w.calls {
+		val, err := w.cmds[i].Result()
 		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			// The script cache was flushed (or this is another server):
-			// nothing ran; reconnect, which loads the scripts again.
-			noscript = true
 			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
 		segments, _ := val.([]any)
 		for seg, j := range c.ops {
-			o := batch[j]
+			o := w.batch[j]
 			v := val
+			oerr := err
 			if c.script == scriptAppend && err == nil {
-				// One result per merged append, in order.
+				// One result per merged append, in order, then the
+				// joined send's: 1, or why it wrote nothing.
 				v = nil
 				if seg < len(segments) {
 					v = segments[seg]
 				}
+				if o.script == scriptSend {
+					if text, ok := v.(string); ok {
+						oerr = scriptError(text)
+					}
+				}
 			}
-			oerr := err
 			if oerr == nil && o.wait && !replicated {
 				oerr = store.ErrNotReplicated
 			}
 			o.result <- opResult{val: v, err: mapErr(oerr)}
 		}
 	}
-	if noscript {
+	if w.noscript {
 		return errors.New("scripts not loaded")
 	}
-	if perr != nil && !isScriptErr(perr) {
-		return perr
-	}
-	return nil
+	return w.broken
 }
+
+// scriptError is an error a script reports inside its reply.
+type scriptError string
+
+func (e scriptError) Error() string { return string(e) }
+
+// RedisError marks it a [redis.Error]: the script ran and refused.
+func (scriptError) RedisError() {}
 
 func isScriptErr(err error) bool {
 	var re redis.Error
@@ -505,7 +644,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			mb, _ := json.Marshal(m)
 			args = append(args, e.MsgID, eb, mb)
 		}
-		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe}, args
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf}, args
 	case store.OpSend:
 		args := fa
 		for _, e := range so.Entries {

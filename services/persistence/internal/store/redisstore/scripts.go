@@ -98,10 +98,89 @@ const scriptDelSub = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 return redis.call('HDEL', KEYS[2], ARGV[3])`
 
-// append: KEYS s q qe; ARGV epoch gepoch maxLen dropOldest ttl, then
+// send moves entries into the in-flight set KEYS[4]: the (msgID, packetID,
+// entryJSON, qos) quads of ARGV from index at. A queued entry moves with its
+// reference, and so does one in direct (appended by this call and sent at
+// once: it holds a reference but no queue entry); an entry that was never
+// queued must refer to a stored message. A msgID twice takes the queue's
+// (or direct) reference once: the other copy is a new reference. Returns
+// an error text, having written nothing, when a message is stored nowhere.
+const sendFn = `
+local function send(at, direct)
+  local n = (#ARGV - at + 1) / 4
+  local ids, look, lookAt = {}, {}, {}
+  for j = 1, n do
+    ids[j] = ARGV[at + 4 * (j - 1)]
+    if not direct[ids[j]] then look[#look + 1] = ids[j]; lookAt[j] = #look end
+  end
+  local found = hmget(KEYS[3], look)
+  local queued = {}
+  for j = 1, n do queued[j] = lookAt[j] and found[lookAt[j]] end
+  -- Refuse a delivery of a message stored nowhere before writing anything.
+  for j = 1, n do
+    if ARGV[at + 4 * (j - 1) + 3] ~= '0' and not queued[j] and not direct[ids[j]] and redis.call('EXISTS', 'm:' .. ids[j]) == 0 then
+      return 'NOMSG message ' .. ids[j] .. ' is not stored'
+    end
+  end
+  -- References are taken before any goes: a message sent at QoS 0 and at
+  -- QoS 1 in one call must outlive the first.
+  local taken, dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}, {}
+  for j = 1, n do
+    local b = at + 4 * (j - 1)
+    local id, pk, entry, qos = ids[j], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+    local held = false
+    if not taken[id] then
+      if direct[id] then
+        held = true
+      elseif queued[j] then
+        held = true
+        dequeue[#dequeue + 1] = id
+      end
+      taken[id] = held
+    end
+    if qos == '0' then
+      if held then drops[#drops + 1] = id end
+    else
+      if not held and not ref(id, false, 0) then
+        return 'NOMSG message ' .. id .. ' is not stored'
+      end
+      pks[#pks + 1] = pk
+      sent[#sent + 1] = id
+      inf[#inf + 1] = pk
+      inf[#inf + 1] = entry
+    end
+  end
+  each('HDEL', KEYS[3], dequeue)
+  each('ZREM', KEYS[2], dequeue)
+  -- An entry replaced at its packet ID lets its reference go, after the new
+  -- references were taken (the same message may be sent again); so does one
+  -- this call wrote and then replaced.
+  local old = hmget(KEYS[4], pks)
+  local wrote = {}
+  for j = 1, #pks do
+    if wrote[pks[j]] then
+      unref(wrote[pks[j]])
+    elseif old[j] then
+      unref(cjson.decode(old[j]).m)
+    end
+    wrote[pks[j]] = sent[j]
+  end
+  each('HSET', KEYS[4], inf)
+  for _, id in ipairs(drops) do unref(id) end
+  return false
+end
+`
+
+// append: KEYS s q qe inf; ARGV epoch gepoch maxLen dropOldest ttl, then
 // segments, each a count n and n (msgID, entryJSON, msgJSON) triples: the
-// appends of one session that a commit merged into one call. Returns one
-// {added, dups, dropped, refused} per segment.
+// appends of one session that a commit merged into one call; then,
+// optionally, "S" and the quads of a send of the session that came right
+// after them (see merge). Returns one {added, dups, dropped, refused} per
+// segment, and after them 1 or the send's error text when a send came.
+//
+// An entry the send delivers at once never enters the queue: it takes its
+// message's reference straight into the in-flight set, and neither counts
+// against the queue's bound nor costs the queue's writes and their removal.
 //
 // The entry JSON comes without "s" and never empty ({"m":...}); its queue
 // position is spliced in as text rather than by decoding and encoding it.
@@ -109,7 +188,7 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // which entries are queued already is one HMGET, and the new entries go in
 // with one ZADD and one HSET (written before a ZPOPMIN, which must see
 // them): per record, Lua's calls cost as much as the record's own writes.
-const scriptAppend = prelude + `
+const scriptAppend = prelude + sendFn + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
@@ -118,13 +197,19 @@ local card = 0
 if maxLen > 0 then card = redis.call('ZCARD', KEYS[2]) end
 local ids = {}
 local i = 6
-while i <= #ARGV do
+while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
   for k = 0, n - 1 do ids[#ids + 1] = ARGV[i + 1 + 3 * k] end
   i = i + 1 + 3 * n
 end
+local sendAt = nil
+local sending = {}
+if i <= #ARGV then
+  sendAt = i + 1
+  for j = sendAt, #ARGV, 4 do sending[ARGV[j]] = true end
+end
 local queued = hmget(KEYS[3], ids)
-local added_now, popped = {}, {}
+local added_now, popped, direct = {}, {}, {}
 local zadd, hset = {}, {}
 local function flush()
   each('ZADD', KEYS[2], zadd)
@@ -134,7 +219,7 @@ end
 local results = {}
 local r = 0
 i = 6
-while i <= #ARGV do
+while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
   i = i + 1
   local added, dups, dropped, refused = 0, 0, 0, 0
@@ -144,6 +229,11 @@ while i <= #ARGV do
     r = r + 1
     if added_now[id] or (queued[r] and not popped[id]) then
       dups = dups + 1
+    elseif sending[id] then
+      seq = seq + 1
+      ref(id, msg, ttl)
+      added_now[id], direct[id] = true, true
+      added = added + 1
     else
       local ok = true
       if maxLen > 0 and card >= maxLen then
@@ -178,63 +268,15 @@ while i <= #ARGV do
 end
 flush()
 if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
+if sendAt then table.insert(results, send(sendAt, direct) or 1) end
 return results`
 
 // send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,
-// qos) quads. A queued entry moves with its reference; an entry that was
-// never queued must refer to a stored message. A msgID twice in one call
-// takes the queue's reference once: the other copy is a new reference.
-const scriptSend = prelude + `
+// qos) quads.
+const scriptSend = prelude + sendFn + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local n = (#ARGV - 2) / 4
-local ids = {}
-for j = 1, n do ids[j] = ARGV[4 * j - 1] end
-local queued = hmget(KEYS[3], ids)
--- Refuse a delivery of a message stored nowhere before writing anything.
-for j = 1, n do
-  if ARGV[4 * j + 2] ~= '0' and not queued[j] and redis.call('EXISTS', 'm:' .. ids[j]) == 0 then
-    return redis.error_reply('NOMSG message ' .. ids[j] .. ' is not stored')
-  end
-end
--- References are taken before any goes: a message sent at QoS 0 and at
--- QoS 1 in one call must outlive the first.
-local taken, dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}, {}
-for j = 1, n do
-  local id, pk, entry, qos = ids[j], ARGV[4 * j], ARGV[4 * j + 1], ARGV[4 * j + 2]
-  local fromQueue = queued[j] and not taken[id]
-  if fromQueue then
-    taken[id] = true
-    dequeue[#dequeue + 1] = id
-  end
-  if qos == '0' then
-    if fromQueue then drops[#drops + 1] = id end
-  else
-    if not fromQueue and not ref(id, false, 0) then
-      return redis.error_reply('NOMSG message ' .. id .. ' is not stored')
-    end
-    pks[#pks + 1] = pk
-    sent[#sent + 1] = id
-    inf[#inf + 1] = pk
-    inf[#inf + 1] = entry
-  end
-end
-each('HDEL', KEYS[3], dequeue)
-each('ZREM', KEYS[2], dequeue)
--- An entry replaced at its packet ID lets its reference go, after the new
--- references were taken (the same message may be sent again); so does one
--- this call wrote and then replaced.
-local old = hmget(KEYS[4], pks)
-local wrote = {}
-for j = 1, #pks do
-  if wrote[pks[j]] then
-    unref(wrote[pks[j]])
-  elseif old[j] then
-    unref(cjson.decode(old[j]).m)
-  end
-  wrote[pks[j]] = sent[j]
-end
-each('HSET', KEYS[4], inf)
-for _, id in ipairs(drops) do unref(id) end
+local e = send(3, {})
+if e then return redis.error_reply(e) end
 return 1`
 
 // pubrel: KEYS s inf; ARGV epoch gepoch packetID.
