@@ -88,6 +88,7 @@ type session struct {
 	queueBytes   int
 	writing      bool
 	space        chan struct{} // closed when the queue frees room; publishers wait on it
+	nudge        chan struct{} // wakes a writer waiting on the store: more to send
 	subs         map[string]*subscription
 	aliases      *mqtt.OutboundTopicAliases
 	closed       bool   // the session ended; nothing more is queued
@@ -120,7 +121,8 @@ type session struct {
 }
 
 func newSession(b *Broker, id string, scope *tenancy.Scope) *session {
-	s := &session{id: id, scope: scope, b: b, subs: map[string]*subscription{}, space: make(chan struct{})}
+	s := &session{id: id, scope: scope, b: b, subs: map[string]*subscription{}, space: make(chan struct{}),
+		nudge: make(chan struct{}, 1)}
 	s.routable.Store(time.Now().UnixNano())
 	return s
 }
@@ -305,6 +307,7 @@ func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint
 		s.queue.push(d)
 	}
 	s.queueBytes += size
+	s.nudgeWriterLocked()
 	return p, d.seq
 }
 
@@ -570,6 +573,7 @@ func (s *session) detach(old *mqtt.Client) {
 		s.client = nil
 		s.online.Store(false)
 		s.wakeLocked()
+		s.nudgeWriterLocked() // it stops
 	}
 	s.mu.Unlock()
 	// Bound a write stuck on the old socket, then wait for the writer.
@@ -612,6 +616,7 @@ func (s *session) unbind(cl *mqtt.Client) bool {
 	s.client = nil
 	s.online.Store(false)
 	s.wakeLocked()
+	s.nudgeWriterLocked() // it stops
 	return true
 }
 
@@ -631,6 +636,7 @@ func (s *session) acked() {
 	if start {
 		s.writing = true
 	}
+	s.nudgeWriterLocked()
 	s.mu.Unlock()
 	if start {
 		s.b.startWriter(s)
@@ -639,13 +645,32 @@ func (s *session) acked() {
 
 // writeLoop sends queued messages until the queue is empty, the client's
 // receive window is full, or the client is gone.
+//
+// A durable session's batch goes to the client only once its packet IDs
+// are stored (Send). The writer does not idle through that write: it takes
+// the next batch meanwhile (woken by a new message or an acknowledgement),
+// so up to maxStoring batches are being stored at once, each written to
+// the client in order as soon as it and every batch before it are stored.
+// A message that arrives while one is stored joins the next commit instead
+// of waiting for that one to end first, and its Send often reaches the
+// store together with its append (which then never queues it there).
 func (s *session) writeLoop() {
 	var batch []delivery
-	var entries []durable.Entry
-	var dropped []durable.Entry
-	bufp := writeBufs.Get().(*[]byte)
-	defer writeBufs.Put(bufp)
+	var storing []*storingBatch // in send order
+	defer func() {
+		for _, w := range storing {
+			w.release()
+		}
+	}()
 	for {
+		// Write what is stored, in order.
+		for len(storing) > 0 && storing[0].isStored() {
+			if !s.flush(storing[0]) {
+				return
+			}
+			storing[0].release()
+			storing = storing[1:]
+		}
 		s.mu.Lock()
 		cl := s.client
 		if cl == nil || cl.Closed() {
@@ -655,7 +680,7 @@ func (s *session) writeLoop() {
 		}
 		batch = batch[:0]
 		now := time.Now()
-		for s.queue.len() > 0 && len(batch) < writeBatch {
+		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring {
 			d := s.queue.peek()
 			if d.msg == nil {
 				// An entry with no message: none should be. One was
@@ -686,9 +711,19 @@ func (s *session) writeLoop() {
 			batch = append(batch, d)
 		}
 		if len(batch) == 0 {
-			s.writing = false
+			if len(storing) == 0 {
+				s.writing = false
+				s.mu.Unlock()
+				return
+			}
 			s.mu.Unlock()
-			return
+			// Wait for the oldest batch to be stored, or for something new
+			// to send meanwhile.
+			select {
+			case <-storing[0].stored:
+			case <-s.nudge:
+			}
+			continue
 		}
 		if s.spilling && s.queue.len() < s.b.cfg.QueueLen/2 {
 			s.spilling = false
@@ -697,13 +732,15 @@ func (s *session) writeLoop() {
 		version, maxPacket, aliases := s.version, s.maxPacket, s.aliases
 		s.mu.Unlock()
 
-		buf := (*bufp)[:0]
-		entries, dropped := entries[:0], dropped[:0]
+		w := newStoringBatch(cl)
+		// Fresh slices: a store may keep them until the write commits,
+		// and the next batch is taken before that.
+		var entries, dropped []durable.Entry
 		for i := range batch {
 			d := &batch[i]
 			var id uint16
 			var sent bool
-			buf, id, sent = s.b.encodeDelivery(buf, cl, s, d, version, maxPacket, aliases, now.Unix())
+			w.buf, id, sent = s.b.encodeDelivery(w.buf, cl, s, d, version, maxPacket, aliases, now.Unix())
 			switch {
 			case d.seq == 0 && (d.qos == 0 || !s.durable):
 			case sent:
@@ -718,34 +755,98 @@ func (s *session) writeLoop() {
 		}
 		if len(entries) > 0 {
 			// The packet IDs must be durable before the first send.
-			if err := s.wait(s.b.store.Send(s.id, entries), nil); err != nil {
-				if !s.b.yieldIfFenced(s, err) {
-					cl.Stop(err) // resent from the store when the session resumes
-				}
-				s.mu.Lock()
-				s.writing = false
-				s.mu.Unlock()
-				return
-			}
+			w.store(s, s.b.store.Send(s.id, entries))
 		}
-		if len(buf) > 0 {
-			if err := s.b.writeRaw(s, cl, buf); err != nil {
-				// The connection is gone; in-flight messages stay in the client's
-				// store and are resent when the session resumes.
-				s.mu.Lock()
-				s.writing = false
-				s.mu.Unlock()
-				return
-			}
+		storing = append(storing, w)
+	}
+}
+
+// storingBatch is a batch of encoded deliveries, written to the client
+// once its packet IDs are stored.
+type storingBatch struct {
+	cl     *mqtt.Client
+	bufp   *[]byte
+	buf    []byte
+	stored chan struct{} // closed once the store answered; nil: nothing to store
+	err    error         // the store's answer, set before stored closes
+}
+
+func newStoringBatch(cl *mqtt.Client) *storingBatch {
+	bufp := writeBufs.Get().(*[]byte)
+	return &storingBatch{cl: cl, bufp: bufp, buf: (*bufp)[:0]}
+}
+
+// store waits for p in the background.
+func (w *storingBatch) store(s *session, p *durable.Pending) {
+	w.stored = make(chan struct{})
+	go func() {
+		w.err = s.wait(p, nil)
+		close(w.stored)
+	}()
+}
+
+func (w *storingBatch) isStored() bool {
+	if w.stored == nil {
+		return true
+	}
+	select {
+	case <-w.stored:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *storingBatch) release() {
+	if w.stored != nil && !w.isStored() {
+		return // its store goroutine still holds it; the buffer goes to the GC
+	}
+	if cap(w.buf) <= maxKeptBuf {
+		*w.bufp = w.buf[:0]
+		writeBufs.Put(w.bufp)
+	}
+	w.buf = nil
+}
+
+// flush writes a stored batch to its client; false means the writer stops
+// (the store refused the batch, or the connection is gone).
+func (s *session) flush(w *storingBatch) bool {
+	if w.err != nil {
+		if !s.b.yieldIfFenced(s, w.err) {
+			w.cl.Stop(w.err) // resent from the store when the session resumes
 		}
-		if cap(buf) <= maxKeptBuf {
-			*bufp = buf
+		s.mu.Lock()
+		s.writing = false
+		s.mu.Unlock()
+		return false
+	}
+	if len(w.buf) > 0 {
+		if err := s.b.writeRaw(s, w.cl, w.buf); err != nil {
+			// The connection is gone; in-flight messages stay in the client's
+			// store and are resent when the session resumes.
+			s.mu.Lock()
+			s.writing = false
+			s.mu.Unlock()
+			return false
+		}
+	}
+	return true
+}
+
+// nudgeWriterLocked wakes a writer waiting for a batch to be stored: there
+// is more to send. s.mu must be held.
+func (s *session) nudgeWriterLocked() {
+	if s.writing {
+		select {
+		case s.nudge <- struct{}{}:
+		default:
 		}
 	}
 }
 
 const (
 	writeBatch = 256
+	maxStoring = 8 // batches of a session being stored at once
 	maxKeptBuf = 256 << 10
 )
 

@@ -148,11 +148,11 @@ func (s *Store) fenceAtSubmit(o *op) {
 // take removes the next batch from the queue: up to MaxBatchOps ops and
 // about MaxBatchBytes, stopping before a barrier. A barrier at the head
 // comes back alone. Ops that waited longer than MaxQueueWait come back in
-// expired, to be failed rather than sent late.
+// expired, to be failed rather than sent late (see expiredLocked).
 func (s *Store) take(now time.Time) (ops, expired []*op, barrier *op) {
-	cutoff := now.Add(-s.cfg.MaxQueueWait)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	expired = s.expiredLocked(now)
 	n, bytes := 0, 0
 	for n < len(s.queue) && len(ops) < s.cfg.MaxBatchOps {
 		o := s.queue[n]
@@ -162,11 +162,6 @@ func (s *Store) take(now time.Time) (ops, expired []*op, barrier *op) {
 				n++
 			}
 			break
-		}
-		if o.at.Before(cutoff) {
-			expired = append(expired, o)
-			n++
-			continue
 		}
 		if len(ops) > 0 && bytes+o.size > s.cfg.MaxBatchBytes {
 			break
@@ -180,6 +175,40 @@ func (s *Store) take(now time.Time) (ops, expired []*op, barrier *op) {
 	}
 	s.dropHead(n)
 	return ops, expired, barrier
+}
+
+// expiredLocked takes out of the queue the ops that waited longer than
+// MaxQueueWait, and with each every later op of its session: one of those
+// applied after an earlier write of its session failed would break the
+// order the caller relies on (a session's deliveries stored in flight
+// ahead of earlier ones left queued). Barriers stay. s.mu must be held.
+func (s *Store) expiredLocked(now time.Time) (expired []*op) {
+	cutoff := now.Add(-s.cfg.MaxQueueWait)
+	if len(s.queue) == 0 || !s.queue[0].at.Before(cutoff) {
+		return nil // ops queue in time order: none waited too long
+	}
+	var gone map[string]bool
+	kept := s.queue[:0]
+	for _, o := range s.queue {
+		id := ""
+		if o.call != nil {
+			id = o.call.id
+		}
+		if o.w != nil && (o.at.Before(cutoff) || (id != "" && gone[id])) {
+			expired = append(expired, o)
+			if id != "" {
+				if gone == nil {
+					gone = map[string]bool{}
+				}
+				gone[id] = true
+			}
+			continue
+		}
+		kept = append(kept, o)
+	}
+	clear(s.queue[len(kept):])
+	s.queue = kept
+	return expired
 }
 
 // dropHead removes the first n queued ops. s.mu must be held.
@@ -201,15 +230,16 @@ func (s *Store) queueLen() int {
 }
 
 // expire fails queued ops older than MaxQueueWait (while no stream takes
-// them), and answers the barriers behind them.
+// them), with the later ops of their sessions, and answers the barriers
+// they held up.
 func (s *Store) expire(now time.Time) {
-	cutoff := now.Add(-s.cfg.MaxQueueWait)
 	s.mu.Lock()
+	old := s.expiredLocked(now)
 	n := 0
-	for n < len(s.queue) && s.queue[n].at.Before(cutoff) {
+	for n < len(s.queue) && s.queue[n].w == nil {
 		n++
 	}
-	old := append([]*op(nil), s.queue[:n]...)
+	old = append(old, s.queue[:n]...)
 	s.dropHead(n)
 	s.mu.Unlock()
 	for _, o := range old {
