@@ -979,16 +979,55 @@ var errHandlerPanic = errors.New("connection handler panicked")
 // keepalive + keepalive/2 whole seconds, so a 1 s keep-alive gets 1 s instead
 // of the 1.5 s the spec requires ([MQTT-3.1.2-22]). Once the edge knows the
 // keep-alive, every deadline mochi sets is replaced by 1.5 × keep-alive.
+//
+// mochi sets the deadline again after every packet it reads, which costs a
+// clock read and two timer updates per PUBLISH. The deadline is set a little
+// long instead (by slack: a twentieth of the keep-alive, at most 250 ms) and
+// left alone while it still covers 1.5 × keep-alive from now, so a busy
+// connection moves it a few times a second; an idle one is closed at most
+// slack late.
 type keepaliveConn struct {
 	net.Conn
 	keepalive atomic.Int64 // nanoseconds; 0 until CONNECT is accepted
+	// mochiAllows is what mochi adds to the time it reads: deadlines it
+	// sets are that much after now.
+	mochiAllows atomic.Int64
+	deadline    atomic.Int64 // unix nanoseconds of the deadline last set; 0 none
+}
+
+// setKeepalive records the keep-alive (whole seconds) the client got.
+func (c *keepaliveConn) setKeepalive(seconds uint16) {
+	c.mochiAllows.Store(int64(time.Duration(seconds+seconds/2) * time.Second))
+	c.keepalive.Store(int64(time.Duration(seconds) * time.Second))
 }
 
 func (c *keepaliveConn) SetDeadline(t time.Time) error {
-	if ka := time.Duration(c.keepalive.Load()); ka > 0 && !t.IsZero() {
-		t = time.Now().Add(ka + ka/2)
+	ka := time.Duration(c.keepalive.Load())
+	if ka <= 0 || t.IsZero() {
+		c.deadline.Store(0)
+		return c.Conn.SetDeadline(t)
 	}
-	return c.Conn.SetDeadline(t)
+	want := t.Add(time.Duration(-c.mochiAllows.Load())).Add(ka + ka/2) // from the time mochi read
+	if want.UnixNano() <= c.deadline.Load() {
+		return nil
+	}
+	at := want.Add(min(ka/20, 250*time.Millisecond))
+	c.deadline.Store(at.UnixNano())
+	return c.Conn.SetDeadline(at)
+}
+
+// SetWriteDeadline sets the write deadline alone: the next SetDeadline sets
+// both again.
+func (c *keepaliveConn) SetWriteDeadline(t time.Time) error {
+	c.deadline.Store(0)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetReadDeadline sets the read deadline alone: the next SetDeadline sets
+// both again.
+func (c *keepaliveConn) SetReadDeadline(t time.Time) error {
+	c.deadline.Store(0)
+	return c.Conn.SetReadDeadline(t)
 }
 
 // NetConn returns the wrapped connection (for TLS state).

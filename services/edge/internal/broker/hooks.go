@@ -139,7 +139,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		cl.State.ServerKeepalive = cl.Properties.ProtocolVersion == 5
 	}
 	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && cl.State.Keepalive > 0 {
-		kc.keepalive.Store(int64(time.Duration(cl.State.Keepalive) * time.Second))
+		kc.setKeepalive(cl.State.Keepalive)
 	}
 	// Claim the session before the CONNACK: in a cluster this is where a
 	// session on another edge is taken over, and its epoch fences every write.
