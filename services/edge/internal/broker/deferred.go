@@ -41,6 +41,13 @@ func (d *Deferred) add(s *session, p *durable.Pending, m *Message, seq uint64) {
 	d.mu.Unlock()
 }
 
+// Pending reports whether writes were collected: Wait waits for the store.
+func (d *Deferred) Pending() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.waits) > 0
+}
+
 // Wait returns once every collected write is stored or failed, with the
 // first failure of each of the n messages (nil: every recipient took it).
 func (d *Deferred) Wait(n int) []error {

@@ -158,8 +158,9 @@ const framesInFlight = 32
 
 // landing is a frame delivered and not yet acknowledged.
 type landing struct {
-	seq  uint64
-	wait func() ([]bool, error) // nil: taken on an earlier stream
+	seq    uint64
+	wait   func() ([]bool, error) // nil: taken on an earlier stream
+	stores bool                   // wait waits for the store
 }
 
 // Forward implements edgev1connect.EdgeServiceHandler.
@@ -232,8 +233,8 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		s.mu.Unlock()
 		l := landing{seq: req.GetSeq()}
 		if !seen {
-			wait, err := s.deliverFrame(ctx, key, req, before)
-			l.wait = wait
+			wait, stores, err := s.deliverFrame(ctx, key, req, before)
+			l.wait, l.stores = wait, stores
 			if err != nil {
 				// A message was refused before its writes: later ones wait
 				// for the resend, in order. The frame lands with what it took.
@@ -268,9 +269,29 @@ func (s *Server) waitLanded(key peerKey) {
 // Once one was not all taken, no later frame is acknowledged: each is
 // recorded with what it took, the sender is told to resend (ForwardResponse
 // .resend), and the stream takes no more.
+//
+// Acknowledgements are cumulative, so frames that land together (queued
+// here already, and not waiting for the store) get one: a response costs
+// both edges a write and a read. What is taken is acknowledged before a
+// wait on the store, and at least every ackEvery frames.
 func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*edgev1.ForwardResponse) error, failed *atomic.Pointer[error]) {
 	var failure error
+	var owed uint64 // taken, not acknowledged yet
+	owedFrames := 0
+	ack := func() {
+		if owed > 0 && failure == nil {
+			if err := send(&edgev1.ForwardResponse{TakenSeq: owed}); err != nil {
+				failure = err
+				failed.Store(&failure)
+			}
+		}
+		owed, owedFrames = 0, 0
+	}
+	defer ack()
 	for l := range landings {
+		if l.stores {
+			ack()
+		}
 		if l.wait != nil {
 			taken, err := l.wait()
 			s.mu.Lock()
@@ -292,6 +313,7 @@ func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*ed
 			s.landed.Broadcast()
 			s.mu.Unlock()
 			if err != nil && failure == nil {
+				ack() // the frames before it were taken
 				failure = err
 				failed.Store(&failure)
 				s.log().Warn("forwarded message not taken", "from", key.edge, "error", err)
@@ -299,13 +321,17 @@ func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*ed
 			}
 		}
 		if failure == nil {
-			if err := send(&edgev1.ForwardResponse{TakenSeq: l.seq}); err != nil {
-				failure = err
-				failed.Store(&failure)
+			owed = l.seq
+			owedFrames++
+			if len(landings) == 0 || owedFrames >= ackEvery {
+				ack()
 			}
 		}
 	}
 }
+
+// ackEvery bounds the frames one acknowledgement covers.
+const ackEvery = 8
 
 // deliverFrame delivers a frame's messages in order, skipping those taken
 // by an earlier attempt. The durable writes of all of them are submitted
@@ -314,7 +340,7 @@ func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*ed
 // (a message counts as taken once its writes are stored). A message
 // refused before any write is an error at once; wait then reports the
 // messages before it.
-func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.ForwardRequest, before []bool) (wait func() ([]bool, error), _ error) {
+func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.ForwardRequest, before []bool) (wait func() ([]bool, error), stores bool, _ error) {
 	msgs := req.GetMessages()
 	taken := make([]bool, len(msgs))
 	copy(taken, before)
@@ -347,7 +373,7 @@ func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.For
 		}
 		return taken, err
 	}
-	return wait, failed
+	return wait, deferred.Pending(), failed
 }
 
 // Incarnations answers which incarnation of an edge is live (cluster.Peers).

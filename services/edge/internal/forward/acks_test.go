@@ -1,0 +1,67 @@
+package forward
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+)
+
+// acksFor runs ackLandings over frames queued together and returns the
+// responses it sent: "taken N" or "resend".
+func acksFor(t *testing.T, frames []landing) []string {
+	t.Helper()
+	s := &Server{Logger: testutil.Logger(t)}
+	s.mu.Lock()
+	s.initLocked()
+	s.flying[peerKey{"a", 1}] = len(frames)
+	s.mu.Unlock()
+	landings := make(chan landing, len(frames))
+	for _, l := range frames {
+		landings <- l
+	}
+	close(landings)
+	var got []string
+	var failed atomic.Pointer[error]
+	s.ackLandings(peerKey{"a", 1}, landings, func(r *edgev1.ForwardResponse) error {
+		if r.GetResend() {
+			got = append(got, "resend")
+		} else {
+			got = append(got, fmt.Sprintf("taken %d", r.GetTakenSeq()))
+		}
+		return nil
+	}, &failed)
+	return got
+}
+
+func frames(n int, mod func(i int, l *landing)) []landing {
+	out := make([]landing, n)
+	for i := range out {
+		out[i] = landing{seq: uint64(i + 1), wait: func() ([]bool, error) { return []bool{true}, nil }}
+		if mod != nil {
+			mod(i, &out[i])
+		}
+	}
+	return out
+}
+
+// Frames that land together get one cumulative acknowledgement, at most
+// ackEvery frames apart; what is taken is acknowledged before a wait on
+// the store and before a resend is asked for.
+func TestAckLandings_OneAcknowledgementForFramesThatLandTogether(t *testing.T) {
+	require.Equal(t, []string{"taken 5"}, acksFor(t, frames(5, nil)))
+	require.Equal(t, []string{"taken 8", "taken 16", "taken 20"}, acksFor(t, frames(20, nil)))
+	require.Equal(t, []string{"taken 2", "taken 4"}, acksFor(t, frames(4, func(i int, l *landing) {
+		l.stores = i == 2
+	})))
+	require.Equal(t, []string{"taken 2", "resend"}, acksFor(t, frames(4, func(i int, l *landing) {
+		if i == 2 {
+			l.wait = func() ([]bool, error) { return []bool{false}, errors.New("not stored") }
+		}
+	})))
+}
