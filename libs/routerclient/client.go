@@ -655,20 +655,6 @@ func (c *Client) applyBloom(b *routerv1.BloomChunk) {
 	}
 }
 
-// Answers reports whether Route would answer (tenant, name) now without
-// asking the router: the stream is current and every anchor of the topic
-// is cached or absent from the tenant's Bloom filter. A caller can then
-// take a publish that needs a Lookup off its connection's read loop.
-func (c *Client) Answers(tenant, name string) bool {
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.validLocked(now) {
-		return false
-	}
-	return !c.probeLocked(tenant, name, now, nil, nil)
-}
-
 // probeLocked walks the anchors of name (tenant's) and reports whether one
 // needs a Lookup: neither cached under a live lease nor ruled out by the
 // tenant's Bloom filter. hit, when set, is given each cached entry found;
@@ -707,15 +693,37 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 	if err := routes.ValidateTopic(tenant, name, routes.DefaultLimits); err != nil {
 		return Result{}, err
 	}
+	res, need, gen, api := c.held(tenant, name, true)
+	if !need {
+		return res, nil
+	}
+	return c.lookup(ctx, tenant, name, gen, api)
+}
+
+// RouteAtOnce is Route without a call to the router: ok is false when the
+// answer needs one (then Route makes it). A message routed this way costs
+// one reading of the cache and the clock, not one to ask and one to route.
+func (c *Client) RouteAtOnce(tenant, name string) (res Result, ok bool, err error) {
+	if err := routes.ValidateTopic(tenant, name, routes.DefaultLimits); err != nil {
+		return Result{}, false, err
+	}
+	res, need, _, _ := c.held(tenant, name, false)
+	return res, !need, nil
+}
+
+// held answers (tenant, name) from the leading-wildcard table and the
+// cache; need says a Lookup must (gen and api are for it). The stats count
+// it as a route if it answers, or if lookup follows (a Route).
+func (c *Client) held(tenant, name string, lookupFollows bool) (res Result, need bool, gen uint64, api routerv1connect.RouterServiceClient) {
 	now := time.Now()
 	var (
 		edges  []string
 		groups []Group
+		st     Stats
 	)
 	c.mu.Lock()
-	c.stats.Routes++
 	valid := c.validLocked(now)
-	need := !valid
+	need = !valid
 	if valid {
 		if t := c.wild[tenant]; t != nil {
 			t.Match(name, func(v wildVal) bool {
@@ -731,18 +739,30 @@ func (c *Client) Route(ctx context.Context, tenant, name string) (Result, error)
 					}
 				}
 			}
-		}, &c.stats)
+		}, &st)
+	}
+	if !need || lookupFollows {
+		c.stats.Routes++
+		c.stats.CacheHits += st.CacheHits
+		c.stats.BloomNegatives += st.BloomNegatives
+		c.stats.Misses += st.Misses
 	}
 	if !need {
 		c.stats.Local++
 	}
-	gen := c.gen
-	api := c.apis[c.cur]
+	gen = c.gen
+	api = c.apis[c.cur]
 	c.mu.Unlock()
-	if !need {
-		slices.Sort(edges)
-		return Result{Edges: edges, Groups: groups}, nil
+	if need {
+		return Result{}, true, gen, api
 	}
+	slices.Sort(edges)
+	return Result{Edges: edges, Groups: groups}, false, gen, api
+}
+
+// lookup asks the router, retrying until it answers or ctx ends, and
+// caches the answer unless an invalidation came after gen.
+func (c *Client) lookup(ctx context.Context, tenant, name string, gen uint64, api routerv1connect.RouterServiceClient) (Result, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.LookupTimeout)

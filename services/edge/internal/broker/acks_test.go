@@ -31,8 +31,6 @@ func (p *heldPeers) ForwardShared(context.Context, *Message, GroupKey, string) (
 	return nil, ErrNoMember
 }
 
-func (p *heldPeers) RoutesAtOnce(*Message) bool { return true }
-
 func (p *heldPeers) Relay(context.Context, *Message, string, []RelayTarget) (func() error, error) {
 	return nil, errors.New("no relays here")
 }
@@ -230,9 +228,10 @@ type lookupPeers struct {
 	order   []string // payloads in the order Forward was called
 }
 
-func (p *lookupPeers) RoutesAtOnce(m *Message) bool { return !strings.HasSuffix(m.Topic, "/slow") }
-
 func (p *lookupPeers) Forward(ctx context.Context, m *Message, _ *Again) (func() error, SharedChoice, error) {
+	if strings.HasSuffix(m.Topic, "/slow") && IsAtOnce(ctx) {
+		return nil, SharedChoice{}, ErrNeedsLookup
+	}
 	if strings.HasSuffix(m.Topic, "/slow") && string(m.Payload) == "s1" {
 		<-p.release
 		if p.fail != nil {

@@ -84,6 +84,7 @@ type Broker struct {
 	done chan struct{}
 	// stopped ends what waits on other edges when the broker stops.
 	stopped  context.Context
+	atOnce   context.Context // b.stopped under AtOnce
 	stop     context.CancelFunc
 	stopping atomic.Bool
 	draining atomic.Bool // handing sessions to custodians: admit no one
@@ -180,6 +181,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
 	}
 	b.stopped, b.stop = context.WithCancel(context.Background())
+	b.atOnce = AtOnce(b.stopped)
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities:           caps,
 		Logger:                 logger.With("component", "mochi"),
@@ -452,22 +454,41 @@ func (b *Broker) route(m *Message) error {
 // other edges; the returned wait, nil when there is nothing to wait for,
 // blocks until the other edges took it.
 func (b *Broker) routeAsync(m *Message) (wait func() error, err error) {
+	wait, err = b.deliver(b.stopped, m, nil)
+	b.offer(m)
+	return wait, err
+}
+
+// routeAtOnce is routeAsync for a message whose routes are held: with
+// ErrNeedsLookup, it did nothing.
+func (b *Broker) routeAtOnce(m *Message) (wait func() error, err error) {
+	wait, err = b.deliver(b.atOnce, m, nil)
+	if !errors.Is(err, ErrNeedsLookup) {
+		b.offer(m)
+	}
+	return wait, err
+}
+
+// offer hands m to the output service.
+func (b *Broker) offer(m *Message) {
 	if m.span != nil {
 		b.offerTraced(m)
 	} else if !b.cluster.Output.Offer(m) {
 		b.m.dropped.WithLabelValues("output_queue_full").Inc()
 	}
-	return b.deliver(m, nil)
 }
 
 // deliver is routeAsync without the output; again is set when m is routed
-// again ([Again]).
-func (b *Broker) deliver(m *Message, again *Again) (wait func() error, err error) {
+// again ([Again]). ctx is b.stopped, or b.atOnce.
+func (b *Broker) deliver(ctx context.Context, m *Message, again *Again) (wait func() error, err error) {
 	var local SharedChoice
 	if b.cluster.Peers != nil {
 		// Forwarding first: it decides which edge serves each shared group.
-		w, choice, ferr := b.cluster.Peers.Forward(b.stopped, m, again)
+		w, choice, ferr := b.cluster.Peers.Forward(ctx, m, again)
 		if ferr != nil {
+			if errors.Is(ferr, ErrNeedsLookup) {
+				return nil, ferr
+			}
 			if again == nil {
 				b.m.dropped.WithLabelValues("forward_failed").Inc()
 			}
@@ -506,7 +527,7 @@ func (b *Broker) retrying(cl *mqtt.Client, m *Message, wait func() error) func()
 		}
 		again := &Again{Since: m.Created - int64(clockSkew), Groups: nt.Groups}
 		return b.reroute(cl, m, err, b.cfg.ForwardBound, func() error {
-			w, err := b.deliver(m, again)
+			w, err := b.deliver(b.stopped, m, again)
 			if err == nil && w != nil {
 				err = w()
 			}
@@ -536,7 +557,7 @@ func (b *Broker) routeAgainNow(cl *mqtt.Client, m *Message, err error) (wait fun
 	}
 	err = b.reroute(cl, m, err, bound, func() error {
 		var err error
-		wait, err = b.deliver(m, nil)
+		wait, err = b.deliver(b.stopped, m, nil)
 		return err
 	})
 	return wait, err

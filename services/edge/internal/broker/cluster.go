@@ -143,10 +143,9 @@ type Peers interface {
 	// again is nil the first time; set when m is routed again (see [Again]).
 	// A wait that fails because edges left the cluster before taking m
 	// returns a [*NotTaken].
+	// With a context from [AtOnce], Forward returns ErrNeedsLookup, having
+	// done nothing, when it would have to ask the router for m's routes.
 	Forward(ctx context.Context, m *Message, again *Again) (wait func() error, local SharedChoice, err error)
-	// RoutesAtOnce reports whether Forward finds m's routes without a call
-	// to the router (a cached or absent anchor).
-	RoutesAtOnce(m *Message) bool
 	// ForwardShared hands m to one other edge with members of group, for
 	// that group alone, never to notEdge ("": any); ErrNoMember when no
 	// other edge has one.
@@ -156,6 +155,21 @@ type Peers interface {
 	// not have reached.
 	Relay(ctx context.Context, m *Message, edge string, to []RelayTarget) (wait func() error, err error)
 }
+
+// ErrNeedsLookup is Forward's answer, under [AtOnce], for a message whose
+// routes it does not hold.
+var ErrNeedsLookup = errors.New("routes need a lookup")
+
+type atOnceKey struct{}
+
+// AtOnce makes Forward route with what it holds, or refuse with
+// ErrNeedsLookup: the reading goroutine of a publisher routes there only
+// what needs no call, and hands the rest to a goroutine of its own
+// (routeBehind).
+func AtOnce(ctx context.Context) context.Context { return context.WithValue(ctx, atOnceKey{}, true) }
+
+// IsAtOnce reports whether ctx comes from [AtOnce].
+func IsAtOnce(ctx context.Context) bool { v, _ := ctx.Value(atOnceKey{}).(bool); return v }
 
 // Again describes a message routed again because edges it was forwarded
 // to left the cluster before taking it (DESIGN: PUBLISH, the publishing

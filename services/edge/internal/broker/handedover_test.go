@@ -40,8 +40,6 @@ func (p *relayingPeers) Forward(context.Context, *Message, *Again) (func() error
 	return nil, SharedChoice{}, nil
 }
 
-func (p *relayingPeers) RoutesAtOnce(*Message) bool { return true }
-
 func (p *relayingPeers) ForwardShared(context.Context, *Message, GroupKey, string) (func() error, error) {
 	return nil, ErrNoMember
 }

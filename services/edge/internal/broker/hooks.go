@@ -794,10 +794,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if m.Retain {
 		b.retain(m)
 	}
-	if c.lookups.pending(m.Topic) || !b.routesAtOnce(m) {
+	if c.lookups.pending(m.Topic) {
 		return b.routeBehind(cl, c, &pk, m)
 	}
-	wait, err := b.routeAsync(m)
+	wait, err := b.routeAtOnce(m)
+	if errors.Is(err, ErrNeedsLookup) {
+		return b.routeBehind(cl, c, &pk, m)
+	}
 	if err != nil {
 		wait, err = b.routeAgainNow(cl, m, err)
 	}

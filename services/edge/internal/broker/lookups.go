@@ -67,11 +67,6 @@ func (l *lookupChains) finish(topic string, link *lookupLink, failed bool) {
 	close(link.done)
 }
 
-// routesAtOnce reports whether m's routes are found without a call.
-func (b *Broker) routesAtOnce(m *Message) bool {
-	return b.cluster.Peers == nil || b.cluster.Peers.RoutesAtOnce(m)
-}
-
 // routeBehind routes m, published by cl, on a goroutine of its own once
 // the publishes before it on its topic are routed, and has it acknowledged
 // (QoS 1/2) in its turn; see lookupChains. It is OnPublish's answer.

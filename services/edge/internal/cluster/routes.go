@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -143,8 +144,20 @@ type Resolver struct {
 	Peers  *Peers
 }
 
-// Answers implements forward.LocalResolver.
-func (r Resolver) Answers(tenant, topic string) bool { return r.Routes.Answers(tenant, topic) }
+// RouteAtOnce implements forward.LocalResolver: held is false when the
+// router must be asked, or the membership read again for an edge a route
+// names.
+func (r Resolver) RouteAtOnce(tenant, topic string) (forward.Route, bool, error) {
+	res, held, err := r.Routes.RouteAtOnce(tenant, topic)
+	if err != nil || !held {
+		return forward.Route{}, false, err
+	}
+	out, err := r.peers(context.Background(), res, false)
+	if errors.Is(err, errNeedsRefresh) {
+		return forward.Route{}, false, nil
+	}
+	return out, err == nil, err
+}
 
 // Route implements forward.Resolver.
 func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Route, error) {
@@ -152,6 +165,17 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 	if err != nil {
 		return forward.Route{}, err
 	}
+	return r.peers(ctx, res, true)
+}
+
+// errNeedsRefresh: a route names an edge unknown here, and reading the
+// membership again was not allowed.
+var errNeedsRefresh = errors.New("membership needs a refresh")
+
+// peers gives the edges of res their addresses and incarnations. An edge
+// not known here is looked up in the membership again if mayRefresh, or
+// else the answer is errNeedsRefresh.
+func (r Resolver) peers(ctx context.Context, res routerclient.Result, mayRefresh bool) (forward.Route, error) {
 	refreshed := false
 	peer := func(id string) (forward.Peer, error) {
 		if p, ok := r.Peers.peer(id); ok {
@@ -159,6 +183,9 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 		}
 		if id == r.Self {
 			return forward.Peer{ID: id}, nil
+		}
+		if !mayRefresh {
+			return forward.Peer{}, errNeedsRefresh
 		}
 		if !refreshed {
 			// A route names an edge this one has not heard of yet (it just
@@ -187,6 +214,9 @@ func (r Resolver) Route(ctx context.Context, tenant, topic string) (forward.Rout
 		var gone error
 		for _, id := range g.Edges {
 			p, err := peer(id)
+			if errors.Is(err, errNeedsRefresh) {
+				return forward.Route{}, err
+			}
 			if err != nil {
 				gone = err
 				continue

@@ -34,10 +34,10 @@ type Resolver interface {
 	Route(ctx context.Context, tenant, topic string) (Route, error)
 }
 
-// LocalResolver is a Resolver that can tell when it answers a topic from
-// what it holds, without a call.
+// LocalResolver is a Resolver that can answer a topic from what it holds:
+// held is false when the answer needs a call.
 type LocalResolver interface {
-	Answers(tenant, topic string) bool
+	RouteAtOnce(tenant, topic string) (route Route, held bool, err error)
 }
 
 // Route is where a message must go: the edges with matching plain
@@ -196,17 +196,6 @@ func (f *Forwarder) PeerGone(edgeID string) {
 	}
 }
 
-// RoutesAtOnce implements broker.Peers: whether Forward resolves m's
-// routes without a call to the router.
-func (f *Forwarder) RoutesAtOnce(m *broker.Message) bool {
-	lr, ok := f.Resolver.(LocalResolver)
-	if !ok {
-		return true
-	}
-	tenant, topic, ok := tenancy.TenantOfTopic(m.Topic)
-	return !ok || lr.Answers(tenant, topic)
-}
-
 // Forward implements broker.Peers: m is queued on the link of every peer
 // with a matching route before it returns, so a publisher's messages reach
 // each peer in order; the wait is bounded from this call on. Each shared
@@ -225,11 +214,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if m.QoS > 0 {
 		deadline = time.Now().Add(f.bound())
 	}
-	// No per-message deadline: a cached answer needs none, and the router
-	// client bounds its own lookups.
-	route, err := f.Resolver.Route(ctx, tenant, topic)
+	route, err := f.route(ctx, tenant, topic)
 	if err != nil {
-		return nil, broker.SharedChoice{}, fmt.Errorf("resolve routes: %w", err)
+		return nil, broker.SharedChoice{}, err
 	}
 	local := broker.SharedChoice{Chosen: true}
 	if again != nil {
@@ -292,6 +279,28 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		return nil, local, nil
 	}
 	return func() error { return waitTaken(ctx, deadline, f.bound(), sent) }, local, nil
+}
+
+// route resolves where a message on (tenant, topic) goes; under
+// broker.AtOnce, only from what the resolver holds (else
+// broker.ErrNeedsLookup). No per-message deadline: a held answer needs
+// none, and the router client bounds its own lookups.
+func (f *Forwarder) route(ctx context.Context, tenant, topic string) (Route, error) {
+	if lr, ok := f.Resolver.(LocalResolver); ok && broker.IsAtOnce(ctx) {
+		route, held, err := lr.RouteAtOnce(tenant, topic)
+		if err != nil {
+			return Route{}, fmt.Errorf("resolve routes: %w", err)
+		}
+		if !held {
+			return Route{}, broker.ErrNeedsLookup
+		}
+		return route, nil
+	}
+	route, err := f.Resolver.Route(ctx, tenant, topic)
+	if err != nil {
+		return Route{}, fmt.Errorf("resolve routes: %w", err)
+	}
+	return route, nil
 }
 
 // waitTaken waits until every peer took its copy of a message, or deadline.
