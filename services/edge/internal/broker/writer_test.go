@@ -81,18 +81,17 @@ func (s *gatedSends) waitSends(t *testing.T, n int) {
 	})
 }
 
-// A persistent session's writer stores the next batch's packet IDs while
-// the one before is being stored, and writes each to the client only once
-// it and every batch before it are stored: in order.
-func TestSession_WriterStoresBatchesWhileEarlierOnesAreStored(t *testing.T) {
-	t.Parallel()
+// sendsStoredTogether serves a persistent subscriber of "t" and publishes
+// four messages to it, the first alone: its Send is being stored while
+// the others are queued.
+func sendsStoredTogether(t *testing.T) (*gatedSends, string, *mqtttest.Client) {
+	t.Helper()
 	st, addr := servingGatedSends(t)
 	sub := mqtttest.Dial(t, addr, 5)
 	sub.Connect("sub", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
 	sub.Subscribe(1, "t", 1)
 	pub := mqtttest.Dial(t, addr, 5)
 	pub.Connect("pub", true, packets.Properties{})
-
 	pub.Publish(1, "t", 1, seqPayload(0))
 	pub.Expect(packets.Puback)
 	st.waitSends(t, 1)
@@ -100,6 +99,15 @@ func TestSession_WriterStoresBatchesWhileEarlierOnesAreStored(t *testing.T) {
 		pub.Publish(uint16(i+1), "t", 1, seqPayload(i))
 		pub.Expect(packets.Puback)
 	}
+	return st, addr, sub
+}
+
+// A persistent session's writer stores the next batch's packet IDs while
+// the one before is being stored, and writes each to the client only once
+// it and every batch before it are stored: in order.
+func TestSession_WriterStoresBatchesWhileEarlierOnesAreStored(t *testing.T) {
+	t.Parallel()
+	st, _, sub := sendsStoredTogether(t)
 	st.waitSends(t, 2) // while the first is not stored yet
 	expectNothing(t, sub, 100*time.Millisecond)
 	for i := st.sends() - 1; i > 0; i-- {
@@ -119,20 +127,7 @@ func TestSession_WriterStoresBatchesWhileEarlierOnesAreStored(t *testing.T) {
 // delivers every message, in order.
 func TestSession_WriterStopsAtABatchNotStored(t *testing.T) {
 	t.Parallel()
-	st, addr := servingGatedSends(t)
-	sub := mqtttest.Dial(t, addr, 5)
-	sub.Connect("sub", false, packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true})
-	sub.Subscribe(1, "t", 1)
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
-
-	pub.Publish(1, "t", 1, seqPayload(0))
-	pub.Expect(packets.Puback)
-	st.waitSends(t, 1)
-	for i := 1; i < 4; i++ {
-		pub.Publish(uint16(i+1), "t", 1, seqPayload(i))
-		pub.Expect(packets.Puback)
-	}
+	st, addr, sub := sendsStoredTogether(t)
 	st.waitSends(t, 2)
 	n := st.sends()
 	for i := n - 1; i > 0; i-- {

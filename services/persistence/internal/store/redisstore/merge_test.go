@@ -59,30 +59,12 @@ func TestCommit_MergesPerSession(t *testing.T) {
 		app(a, f, 2), // duplicate
 		app(b, f, 2),
 	}
-	batch := make([]*op, len(ops))
-	for i := range ops {
-		o, err := s.prepare(&ops[i])
-		require.NoError(t, err)
-		o.result = make(chan opResult, 1)
-		batch[i] = o
-	}
-	calls := merge(batch)
-	var shape [][]int
-	for _, c := range calls {
-		shape = append(shape, c.ops)
-	}
+	shape, results := committed(t, s, ops, true)
 	// A's appends join; B's second append comes after B's send; A's second
 	// complete comes after B's send, so it does not join A's first.
 	require.Equal(t, [][]int{{0, 3, 7, 8, 9}, {1}, {2}, {4}, {5}, {6}, {10}}, shape)
-
-	conn := s.rdb.Conn()
-	defer conn.Close()
-	require.NoError(t, loadScripts(ctx, conn))
-	require.NoError(t, s.commit(ctx, conn, batch))
 	want := []store.AppendResult{{Added: 1}, {Added: 1}, {}, {Added: 1}, {}, {}, {}, {Added: 1}, {Refused: 1}, {Duplicates: 1}, {Added: 1}}
-	for i, o := range batch {
-		r := <-o.result
-		res := parse(ops[i].Kind, r.val, r.err)
+	for i, res := range results {
 		if i == 4 {
 			require.ErrorIs(t, res.Err, store.ErrFenced)
 			continue
