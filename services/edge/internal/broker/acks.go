@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ type ackQueue struct {
 	mu      sync.Mutex
 	pending []pendingAck
 	running bool
+	handed  int // pending entries handed to the writer, at the front
 	// failed: an earlier publish was not taken and the client is being
 	// disconnected; nothing after it may be acknowledged.
 	failed bool
@@ -125,25 +127,58 @@ func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait fun
 	}
 }
 
-// sendAcks runs while the queue has entries.
+// sendAcks runs while the queue has entries. It waits for each entry in
+// turn and hands its acknowledgement to a writer (writeAcks), which writes
+// all those handed over by the time it runs with one write: under load a
+// client's acknowledgements leave together rather than one syscall each,
+// in the order of the PUBLISHes. A writer lasts while the waits keep
+// finding entries; one that catches up ends with it.
 func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 	for {
+		ready := make(chan pendingAck, ackBurst)
+		written := make(chan struct{})
+		go func() {
+			defer close(written)
+			b.writeAcks(cl, q, ready, v5)
+		}()
+		b.waitAcks(cl, q, ready)
+		close(ready)
+		<-written
+
 		q.mu.Lock()
-		if len(q.pending) == 0 || q.failed {
-			unacked := q.pending
-			for _, p := range q.pending {
-				finishSpan(p.span, errFailedEarlier)
-			}
-			q.pending = nil
-			q.running = false
-			q.room.Broadcast()
+		if len(q.pending) > 0 && !q.failed {
 			q.mu.Unlock()
-			for _, p := range unacked {
-				b.unconfirm(cl, p.qos, p.packetID, p.msg)
-			}
+			continue // more came while the last were written
+		}
+		unacked := q.pending
+		for _, p := range q.pending {
+			finishSpan(p.span, errFailedEarlier)
+		}
+		q.pending = nil
+		q.running = false
+		q.room.Broadcast()
+		q.mu.Unlock()
+		for _, p := range unacked {
+			b.unconfirm(cl, p.qos, p.packetID, p.msg)
+		}
+		return
+	}
+}
+
+// ackBurst bounds the acknowledgements written at once.
+const ackBurst = 256
+
+// waitAcks waits for the queue's entries in turn and hands each taken one
+// to ready; it returns when none is left to wait for, or one failed (then
+// the client is disconnected and nothing after it is acknowledged).
+func (b *Broker) waitAcks(cl *mqtt.Client, q *ackQueue, ready chan<- pendingAck) {
+	for {
+		q.mu.Lock()
+		if q.handed == len(q.pending) || q.failed {
+			q.mu.Unlock()
 			return
 		}
-		p := q.pending[0]
+		p := q.pending[q.handed]
 		q.mu.Unlock()
 
 		var err error
@@ -157,31 +192,86 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			finishSpan(p.span, err)
 			q.mu.Lock()
 			q.failed = true
-			q.pending[0].span = nil
+			q.pending[q.handed].span = nil
 			q.mu.Unlock()
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
 			_ = b.disconnect(cl, packets.ErrServerBusy)
-			continue
+			return
 		}
-		b.writeAck(cl, p, v5)
-		finishSpan(p.span, nil)
-
 		q.mu.Lock()
-		q.pending = q.pending[1:]
+		q.handed++
+		q.mu.Unlock()
+		ready <- p
+	}
+}
+
+// writeAcks writes the acknowledgements handed to ready, every one waiting
+// at once in one write, and then takes them off the queue.
+func (b *Broker) writeAcks(cl *mqtt.Client, q *ackQueue, ready <-chan pendingAck, v5 bool) {
+	batch := make([]pendingAck, 0, 16)
+	var buf bytes.Buffer
+	for p := range ready {
+		batch = append(batch[:0], p)
+	more:
+		for len(batch) < ackBurst {
+			select {
+			case p, ok := <-ready:
+				if !ok {
+					break more
+				}
+				batch = append(batch, p)
+			default:
+				break more
+			}
+		}
+		buf.Reset()
+		for _, p := range batch {
+			b.encodeAck(cl, &buf, p)
+		}
+		err := writeAcksTo(cl, buf.Bytes())
+		for _, p := range batch {
+			if err == nil && p.qos == 1 && v5 {
+				cl.State.Inflight.IncreaseReceiveQuota()
+			}
+			finishSpan(p.span, nil)
+		}
+		q.mu.Lock()
+		q.pending = q.pending[len(batch):]
+		q.handed -= len(batch)
 		q.room.Broadcast()
 		q.mu.Unlock()
 	}
 }
 
-// writeAck does what mochi does after OnPublish for a publish it
-// acknowledges itself.
-func (b *Broker) writeAck(cl *mqtt.Client, p pendingAck, v5 bool) {
+// writeAcksTo writes encoded acknowledgements to cl. A failed write leaves
+// them unsent: the connection is gone, and the client sends the PUBLISHes
+// again.
+func writeAcksTo(cl *mqtt.Client, buf []byte) error {
+	cl.Lock()
+	defer cl.Unlock()
+	if cl.Closed() {
+		return mqtt.ErrConnectionClosed
+	}
+	if cl.Net.Conn == nil {
+		return nil // an inline client: nothing to write to
+	}
+	_, err := cl.Net.Conn.Write(buf)
+	if err != nil {
+		cl.Stop(err)
+	}
+	return err
+}
+
+// encodeAck does what mochi does after OnPublish for a publish it
+// acknowledges itself, writing the PUBACK or PUBREC into buf.
+func (b *Broker) encodeAck(cl *mqtt.Client, buf *bytes.Buffer, p pendingAck) {
 	ack := packets.Packet{
-		FixedHeader: packets.FixedHeader{Type: packets.Puback},
-		PacketID:    p.packetID,
-		ReasonCode:  packets.QosCodes[p.qos].Code,
-		Created:     time.Now().Unix(),
+		FixedHeader:     packets.FixedHeader{Type: packets.Puback},
+		PacketID:        p.packetID,
+		ReasonCode:      packets.QosCodes[p.qos].Code,
+		ProtocolVersion: cl.Properties.ProtocolVersion,
+		Created:         time.Now().Unix(),
 	}
 	if p.qos == 2 {
 		ack.FixedHeader.Type = packets.Pubrec
@@ -191,11 +281,8 @@ func (b *Broker) writeAck(cl *mqtt.Client, p pendingAck, v5 bool) {
 		if cl.State.Inflight.Set(ack) {
 			atomic.AddInt64(&b.server.Info.Inflight, 1)
 		}
+		_ = ack.PubrecEncode(buf)
+		return
 	}
-	if err := cl.WritePacket(ack); err != nil {
-		return // the connection is gone; the client sends it again
-	}
-	if p.qos == 1 && v5 {
-		cl.State.Inflight.IncreaseReceiveQuota()
-	}
+	_ = ack.PubackEncode(buf)
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -330,4 +332,69 @@ func TestBroker_LookupChainEndsWithItsConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return len(peers.forwarded()) == 2 }, 5*time.Second, time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
 	require.Equal(t, []string{"f1", "s1"}, peers.forwarded(), "s1 was being routed; s2, behind it, is not")
+}
+
+// writesConn records each Write; the first one blocks until released.
+type writesConn struct {
+	net.Conn
+	mu      sync.Mutex
+	writes  [][]byte
+	first   chan struct{} // closed: writes go through
+	blocked chan struct{} // closed once the first write is waiting
+	once    sync.Once
+}
+
+func (c *writesConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.writes = append(c.writes, slices.Clone(p))
+	n := len(c.writes)
+	c.mu.Unlock()
+	if n == 1 {
+		c.once.Do(func() { close(c.blocked) })
+		<-c.first
+	}
+	return len(p), nil
+}
+
+// Acknowledgements that are ready while an earlier write is on its way
+// leave in one write, in the order of the PUBLISHes.
+func TestAcks_ReadyTogetherWrittenTogether(t *testing.T) {
+	t.Parallel()
+	b, _ := startBroker(t, nil)
+	end, _ := net.Pipe() // for its addresses: writes go to wc
+	wc := &writesConn{Conn: end, first: make(chan struct{}), blocked: make(chan struct{})}
+	cl := b.server.NewClient(wc, "test", "pub", false)
+	cl.Properties.ProtocolVersion = 5
+	c := &conn{}
+	const n = 20
+	for i := range n {
+		b.queueAck(cl, c, &packets.Packet{PacketID: uint16(i + 1), FixedHeader: packets.FixedHeader{Qos: 1}}, nil, nil, nil)
+		if i == 0 {
+			<-wc.blocked // the first acknowledgement is being written
+		}
+	}
+	close(wc.first)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if !c.acks.idle() {
+			return errors.New("acknowledgements pending")
+		}
+		return nil
+	})
+	wc.mu.Lock()
+	defer wc.mu.Unlock()
+	require.Len(t, wc.writes, 2, "the first alone, then the other %d together", n-1)
+	var ids []uint16
+	for _, w := range wc.writes {
+		for len(w) > 0 {
+			require.Equal(t, byte(packets.Puback<<4), w[0])
+			require.Equal(t, byte(2), w[1])
+			ids = append(ids, uint16(w[2])<<8|uint16(w[3]))
+			w = w[4:]
+		}
+	}
+	want := make([]uint16, n)
+	for i := range want {
+		want[i] = uint16(i + 1)
+	}
+	require.Equal(t, want, ids)
 }
