@@ -61,8 +61,8 @@ func (f *blockingTakeover) Begin(ctx context.Context, _, _, _ string, newEpoch u
 	}
 }
 
-func (f *blockingTakeover) End(context.Context, string, string, string, uint64) ([]byte, error) {
-	return nil, nil
+func (f *blockingTakeover) End(context.Context, string, string, string, uint64) (TakeoverEnded, error) {
+	return TakeoverEnded{}, nil
 }
 
 func (f *blockingTakeover) begins() []uint64 {

@@ -28,6 +28,13 @@ const handoverSkew = 100 * time.Millisecond
 // than that is sent when it comes (keel_edge_relays_received_total).
 const handoverSettle = time.Second
 
+// handoverSettleLanding replaces handoverSettle when the previous owner was
+// still storing forwarded frames at the handover (its store was slow or
+// failing over): the messages queued behind them on other edges' links
+// reach it, and are relayed, only once they are stored. Measured with the
+// e2e suite's Redis failover, relays came up to a few seconds late.
+const handoverSettleLanding = 5 * time.Second
+
 // defaultHandoverMemory is how long a handed-over session's subscriptions are
 // remembered when Config.HandoverMemory is not set: the default bound of a
 // forwarded publish.

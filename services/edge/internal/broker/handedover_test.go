@@ -292,10 +292,11 @@ func TestBroker_ImportKeepsNewerCopy(t *testing.T) {
 
 // scriptedTakeover is the other edges of a takeover, as a test scripts them.
 type scriptedTakeover struct {
-	begin func(newEpoch uint64) ([]byte, error)
-	late  []byte // what End hands over
-	ended []uint64
-	from  []string // the previous owners Begin was called on
+	begin   func(newEpoch uint64) ([]byte, error)
+	late    []byte // what End hands over
+	landing bool   // End says frames were landing
+	ended   []uint64
+	from    []string // the previous owners Begin was called on
 }
 
 func (f *scriptedTakeover) Begin(_ context.Context, previous, _, _ string, newEpoch uint64, _ bool) ([]byte, error) {
@@ -303,9 +304,9 @@ func (f *scriptedTakeover) Begin(_ context.Context, previous, _, _ string, newEp
 	return f.begin(newEpoch)
 }
 
-func (f *scriptedTakeover) End(_ context.Context, _, _, _ string, newEpoch uint64) ([]byte, error) {
+func (f *scriptedTakeover) End(_ context.Context, _, _, _ string, newEpoch uint64) (TakeoverEnded, error) {
 	f.ended = append(f.ended, newEpoch)
-	return f.late, nil
+	return TakeoverEnded{Late: f.late, FramesLanding: f.landing}, nil
 }
 
 // releaseCounter is an ownership whose claims are scripted and whose
@@ -440,7 +441,7 @@ func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	b, _, target, s, epoch := takenOverTarget(t, now)
-	s.settleAfterTakeover(now)
+	s.settleAfterTakeover(now, false)
 
 	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
 	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
@@ -557,8 +558,8 @@ func TestBroker_SupersededUnfinishedTakeoverIsSettled(t *testing.T) {
 // failingEnd is a scripted takeover whose End fails.
 type failingEnd struct{ scriptedTakeover }
 
-func (f *failingEnd) End(context.Context, string, string, string, uint64) ([]byte, error) {
-	return nil, errors.New("previous owner stopped")
+func (f *failingEnd) End(context.Context, string, string, string, uint64) (TakeoverEnded, error) {
+	return TakeoverEnded{}, errors.New("previous owner stopped")
 }
 
 // A message the previous owner queued after Begin, but before its store
@@ -735,4 +736,25 @@ func TestBroker_FencedCopyRelaysToTheOwner(t *testing.T) {
 	require.Equal(t, uint64(12), rs[0].targets[0].Epoch)
 	later := &Message{Topic: sc.Topic("orphan/x"), QoS: 1, Created: time.Now().Add(time.Second).UnixNano()}
 	require.Empty(t, b.handed.relays(later, time.Now(), nil), "one published after is routed to the owner directly")
+}
+
+// When the previous owner was still storing forwarded frames at the
+// handover, newer messages wait past handoverSettle: a relay that comes
+// two seconds late still goes first.
+func TestBroker_RelayBehindLandingFramesKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	b, _, target, s, epoch := takenOverTarget(t, now)
+	s.settleAfterTakeover(now, true)
+
+	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
+	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
+	_, err := target.Read(2 * handoverSettle)
+	require.Error(t, err, "the newer message waits past handoverSettle")
+	older := forwardedMsg(2, "a/old", 1, now.Add(-time.Second))
+	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
+	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
+	require.Equal(t, "a/old", target.Expect(packets.Publish).TopicName, "the relayed, older message first")
+	require.Equal(t, "a/new", target.Expect(packets.Publish).TopicName)
+	require.Less(t, time.Since(now), handoverSettleLanding+time.Second)
 }

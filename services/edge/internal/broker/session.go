@@ -432,11 +432,20 @@ func (s *session) queueRelayedLocked(d delivery) {
 
 // settleAfterTakeover holds back, for handoverSettle, the sending of the
 // messages that enter the cluster from now on: the previous owner may still
-// relay older ones.
-func (s *session) settleAfterTakeover(now time.Time) {
+// relay older ones. framesLanding (the previous owner was still storing
+// forwarded frames, and the messages queued behind them on their links may
+// come to it and be relayed for a while yet) holds them for
+// handoverSettleLanding.
+func (s *session) settleAfterTakeover(now time.Time, framesLanding bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.settleUntil = now.Add(handoverSettle)
+	settle := handoverSettle
+	if framesLanding {
+		settle = handoverSettleLanding
+		s.b.logger.Debug("previous owner's store was slow at the handover; newer messages wait for its relays",
+			"client_id", s.id, "for", settle)
+	}
+	s.settleUntil = now.Add(settle)
 	s.settleCutoff = now.Add(handoverSkew).UnixNano()
 }
 

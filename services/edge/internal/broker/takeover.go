@@ -26,7 +26,7 @@ import (
 // runs out.
 type Takeover interface {
 	Begin(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64, cleanStart bool) (state []byte, err error)
-	End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) (late []byte, err error)
+	End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) (TakeoverEnded, error)
 }
 
 // ErrPreviousOwnerGone is what a Takeover returns when the previous owner
@@ -550,7 +550,7 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
 	}()
-	late, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
+	ended, err := b.cluster.Takeover.End(ctx, previous, sc.Tenant(), clientID, epoch)
 	if err != nil {
 		return false, fmt.Errorf("end takeover: %w", err)
 	}
@@ -566,11 +566,21 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	if err := b.store.ImportSession(ctx, st); err != nil {
 		return false, fmt.Errorf("store the taken-over session: %w", err)
 	}
-	if err := b.mergeLate(id, late); err != nil {
+	if err := b.mergeLate(id, ended.Late); err != nil {
 		return false, err
 	}
-	s.settleAfterTakeover(time.Now())
+	s.settleAfterTakeover(time.Now(), ended.FramesLanding)
 	return true, nil
+}
+
+// TakeoverEnded is the previous owner's answer to TakeoverEnd.
+type TakeoverEnded struct {
+	// Late holds what it queued for the session since TakeoverBegin (the
+	// session transfer encoding).
+	Late []byte
+	// FramesLanding: it was still storing forwarded frames, so messages
+	// published before the handover may be relayed here for a while yet.
+	FramesLanding bool
 }
 
 // errTakeoverIncomplete wraps the failure of a takeover after the previous

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -64,4 +65,19 @@ func TestAckLandings_OneAcknowledgementForFramesThatLandTogether(t *testing.T) {
 			l.wait = func() ([]bool, error) { return []bool{false}, errors.New("not stored") }
 		}
 	})))
+}
+
+// A handover reports frames landing only when one has waited for the store
+// longer than slowLanding: under load frames always wait a commit or two.
+func TestServer_FramesLandingMeansASlowStore(t *testing.T) {
+	s := &Server{}
+	s.mu.Lock()
+	s.initLocked()
+	s.flyingSince[peerKey{"a", 1}] = []time.Time{time.Now().Add(-10 * time.Millisecond)}
+	s.mu.Unlock()
+	require.False(t, s.framesLanding(), "a frame in its first commit")
+	s.mu.Lock()
+	s.flyingSince[peerKey{"b", 1}] = []time.Time{time.Now().Add(-2 * slowLanding), time.Now()}
+	s.mu.Unlock()
+	require.True(t, s.framesLanding(), "a frame waiting past slowLanding")
 }

@@ -113,7 +113,10 @@ type Server struct {
 	// being stored; a new stream from it waits for them (landed) before it
 	// takes a frame, so that a frame it resends is known taken or not.
 	flying map[peerKey]int
-	landed *sync.Cond // on mu
+	// flyingSince holds, per sending incarnation, when each flying frame
+	// came, oldest first (frames land in the order they came).
+	flyingSince map[peerKey][]time.Time
+	landed      *sync.Cond // on mu
 }
 
 type peerKey struct {
@@ -229,6 +232,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		before := s.partial[key][req.GetSeq()]
 		if !seen {
 			s.flying[key]++
+			s.flyingSince[key] = append(s.flyingSince[key], time.Now())
 		}
 		s.mu.Unlock()
 		l := landing{seq: req.GetSeq()}
@@ -251,9 +255,30 @@ func (s *Server) initLocked() {
 		s.hwm = map[peerKey]uint64{}
 		s.partial = map[peerKey]map[uint64][]bool{}
 		s.flying = map[peerKey]int{}
+		s.flyingSince = map[peerKey][]time.Time{}
 		s.landed = sync.NewCond(&s.mu)
 	}
 }
+
+// framesLanding reports whether a frame has been waiting for the store
+// longer than slowLanding: the store is slow or failing over, and messages
+// queued behind such frames on other edges' links may come here, and be
+// relayed, well after a handover.
+func (s *Server) framesLanding() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cutoff := time.Now().Add(-slowLanding)
+	for _, q := range s.flyingSince {
+		if len(q) > 0 && q[0].Before(cutoff) {
+			return true
+		}
+	}
+	return false
+}
+
+// slowLanding is how long a frame waits for the store before the store
+// counts as slow: a commit takes milliseconds.
+const slowLanding = 250 * time.Millisecond
 
 // waitLanded waits until no frame of key is being stored.
 func (s *Server) waitLanded(key peerKey) {
@@ -309,6 +334,9 @@ func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*ed
 			}
 			if s.flying[key]--; s.flying[key] <= 0 {
 				delete(s.flying, key)
+				delete(s.flyingSince, key)
+			} else if q := s.flyingSince[key]; len(q) > 0 {
+				s.flyingSince[key] = q[1:]
 			}
 			s.landed.Broadcast()
 			s.mu.Unlock()

@@ -60,7 +60,7 @@ func (s *Server) TakeoverEnd(ctx context.Context, req *connect.Request[edgev1.Ta
 	if err != nil {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
-	return connect.NewResponse(&edgev1.TakeoverEndResponse{LateState: late}), nil
+	return connect.NewResponse(&edgev1.TakeoverEndResponse{LateState: late, FramesLanding: s.framesLanding()}), nil
 }
 
 // URLs finds a peer edge's API URL by its ID.
@@ -98,18 +98,18 @@ func (t *Takeovers) Begin(ctx context.Context, previousOwner, tenant, clientID s
 }
 
 // End implements broker.Takeover.
-func (t *Takeovers) End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) ([]byte, error) {
+func (t *Takeovers) End(ctx context.Context, previousOwner, tenant, clientID string, newEpoch uint64) (broker.TakeoverEnded, error) {
 	c, err := t.peer(ctx, previousOwner)
 	if err != nil {
-		return nil, err
+		return broker.TakeoverEnded{}, err
 	}
 	resp, err := c.TakeoverEnd(ctx, connect.NewRequest(&edgev1.TakeoverEndRequest{
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, NewEpoch: newEpoch,
 	}))
 	if err != nil {
-		return nil, err
+		return broker.TakeoverEnded{}, err
 	}
-	return resp.Msg.GetLateState(), nil
+	return broker.TakeoverEnded{Late: resp.Msg.GetLateState(), FramesLanding: resp.Msg.GetFramesLanding()}, nil
 }
 
 // ErrNotMember means the edge is not a live member by the coordinator's

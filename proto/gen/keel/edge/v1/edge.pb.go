@@ -1112,7 +1112,12 @@ type TakeoverEndResponse struct {
 	// TakeoverBegin (routed here before the new owner's routes were visible), in
 	// the session transfer encoding; the new owner queues them, skipping those it
 	// received itself.
-	LateState     []byte `protobuf:"bytes,2,opt,name=late_state,json=lateState,proto3" json:"late_state,omitempty"`
+	LateState []byte `protobuf:"bytes,2,opt,name=late_state,json=lateState,proto3" json:"late_state,omitempty"`
+	// frames_landing says this edge was still storing forwarded frames when it
+	// handed the session over: messages published before the handover may reach
+	// it, and be relayed to the new owner, for a while yet. The new owner holds
+	// back the messages published after the handover longer.
+	FramesLanding bool `protobuf:"varint,3,opt,name=frames_landing,json=framesLanding,proto3" json:"frames_landing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1159,6 +1164,13 @@ func (x *TakeoverEndResponse) GetLateState() []byte {
 		return x.LateState
 	}
 	return nil
+}
+
+func (x *TakeoverEndResponse) GetFramesLanding() bool {
+	if x != nil {
+		return x.FramesLanding
+	}
+	return false
 }
 
 // AdoptRequest names the session to take custody of.
@@ -1809,11 +1821,12 @@ const file_keel_edge_v1_edge_proto_rawDesc = "" +
 	"\aheld_by\x18\x04 \x01(\tR\x06heldBy\"g\n" +
 	"\x12TakeoverEndRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1b\n" +
-	"\tnew_epoch\x18\x02 \x01(\x04R\bnewEpoch\"\x7f\n" +
+	"\tnew_epoch\x18\x02 \x01(\x04R\bnewEpoch\"\xa6\x01\n" +
 	"\x13TakeoverEndResponse\x12I\n" +
 	"\x13route_release_after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x11routeReleaseAfter\x12\x1d\n" +
 	"\n" +
-	"late_state\x18\x02 \x01(\fR\tlateState\"f\n" +
+	"late_state\x18\x02 \x01(\fR\tlateState\x12%\n" +
+	"\x0eframes_landing\x18\x03 \x01(\bR\rframesLanding\"f\n" +
 	"\fAdoptRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12 \n" +
 	"\ffrom_edge_id\x18\x02 \x01(\tR\n" +
