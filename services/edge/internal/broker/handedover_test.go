@@ -439,15 +439,7 @@ func TestBroker_ClaimAfterLostAnswerTakesOverFromTakenFrom(t *testing.T) {
 // it settled: the client gets them in the order they were published.
 func TestBroker_RelayedMessageKeepsItsPlace(t *testing.T) {
 	t.Parallel()
-	now := time.Now()
-	b, _, target, s, epoch := takenOverTarget(t, now)
-	s.settleAfterTakeover(now, false)
-
-	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
-	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
-	older := forwardedMsg(2, "a/old", 1, now.Add(-time.Second))
-	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
-	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
+	b, target, to, now := relayAfterNewer(t, false, func(*mqtttest.Client) {})
 	first := target.Expect(packets.Publish)
 	require.Equal(t, "a/old", first.TopicName, "the relayed, older message first")
 	require.Equal(t, "a/new", target.Expect(packets.Publish).TopicName)
@@ -743,18 +735,29 @@ func TestBroker_FencedCopyRelaysToTheOwner(t *testing.T) {
 // two seconds late still goes first.
 func TestBroker_RelayBehindLandingFramesKeepsItsPlace(t *testing.T) {
 	t.Parallel()
-	now := time.Now()
-	b, _, target, s, epoch := takenOverTarget(t, now)
-	s.settleAfterTakeover(now, true)
-
-	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
-	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
-	_, err := target.Read(2 * handoverSettle)
-	require.Error(t, err, "the newer message waits past handoverSettle")
-	older := forwardedMsg(2, "a/old", 1, now.Add(-time.Second))
-	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
-	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
+	_, target, _, now := relayAfterNewer(t, true, func(target *mqtttest.Client) {
+		_, err := target.Read(2 * handoverSettle)
+		require.Error(t, err, "the newer message waits past handoverSettle")
+	})
 	require.Equal(t, "a/old", target.Expect(packets.Publish).TopicName, "the relayed, older message first")
 	require.Equal(t, "a/new", target.Expect(packets.Publish).TopicName)
 	require.Less(t, time.Since(now), handoverSettleLanding+time.Second)
+}
+
+// relayAfterNewer takes a session over (from an edge whose frames were
+// landing, or not), delivers a message published after the handover, runs
+// between, and then relays an older one; it returns the target's client and
+// the relay's targets.
+func relayAfterNewer(t *testing.T, landing bool, between func(*mqtttest.Client)) (*Broker, *mqtttest.Client, []RelayTarget, time.Time) {
+	t.Helper()
+	now := time.Now()
+	b, _, target, s, epoch := takenOverTarget(t, now)
+	s.settleAfterTakeover(now, landing)
+	newer := forwardedMsg(1, "a/new", 1, time.Now().Add(handoverSkew+time.Millisecond))
+	require.NoError(t, b.DeliverForwarded(t.Context(), newer, SharedChoice{}))
+	between(target)
+	older := forwardedMsg(2, "a/old", 1, now.Add(-time.Second))
+	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}}
+	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
+	return b, target, to, now
 }
