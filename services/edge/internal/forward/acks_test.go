@@ -20,7 +20,7 @@ func acksFor(t *testing.T, frames []landing) []string {
 	s := &Server{Logger: testutil.Logger(t)}
 	s.mu.Lock()
 	s.initLocked()
-	s.flying[peerKey{"a", 1}] = len(frames)
+	s.flying[peerKey{"a", 1}] = make([]time.Time, len(frames))
 	s.mu.Unlock()
 	landings := make(chan landing, len(frames))
 	for _, l := range frames {
@@ -73,11 +73,11 @@ func TestServer_FramesLandingMeansASlowStore(t *testing.T) {
 	s := &Server{}
 	s.mu.Lock()
 	s.initLocked()
-	s.flyingSince[peerKey{"a", 1}] = []time.Time{time.Now().Add(-10 * time.Millisecond)}
+	s.flying[peerKey{"a", 1}] = []time.Time{time.Now().Add(-10 * time.Millisecond)}
 	s.mu.Unlock()
 	require.False(t, s.framesLanding(), "a frame in its first commit")
 	s.mu.Lock()
-	s.flyingSince[peerKey{"b", 1}] = []time.Time{time.Now().Add(-2 * slowLanding), time.Now()}
+	s.flying[peerKey{"b", 1}] = []time.Time{time.Now().Add(-2 * slowLanding), time.Now()}
 	s.mu.Unlock()
 	require.True(t, s.framesLanding(), "a frame waiting past slowLanding")
 }

@@ -109,14 +109,12 @@ type Server struct {
 	// frames come again, and what they had taken is not delivered twice.
 	partial  map[peerKey]map[uint64][]bool
 	outboxes map[peerKey]*outbox // outcomes of group messages, per sending incarnation
-	// flying counts, per sending incarnation, the frames whose writes are
-	// being stored; a new stream from it waits for them (landed) before it
-	// takes a frame, so that a frame it resends is known taken or not.
-	flying map[peerKey]int
-	// flyingSince holds, per sending incarnation, when each flying frame
-	// came, oldest first (frames land in the order they came).
-	flyingSince map[peerKey][]time.Time
-	landed      *sync.Cond // on mu
+	// flying holds, per sending incarnation, when each frame whose writes
+	// are being stored came, oldest first (frames land in the order they
+	// came); a new stream from it waits for them (landed) before it takes a
+	// frame, so that a frame it resends is known taken or not.
+	flying map[peerKey][]time.Time
+	landed *sync.Cond // on mu
 }
 
 type peerKey struct {
@@ -231,8 +229,7 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 		seen := req.GetSeq() <= s.hwm[key]
 		before := s.partial[key][req.GetSeq()]
 		if !seen {
-			s.flying[key]++
-			s.flyingSince[key] = append(s.flyingSince[key], time.Now())
+			s.flying[key] = append(s.flying[key], time.Now())
 		}
 		s.mu.Unlock()
 		l := landing{seq: req.GetSeq()}
@@ -254,8 +251,7 @@ func (s *Server) initLocked() {
 	if s.hwm == nil {
 		s.hwm = map[peerKey]uint64{}
 		s.partial = map[peerKey]map[uint64][]bool{}
-		s.flying = map[peerKey]int{}
-		s.flyingSince = map[peerKey][]time.Time{}
+		s.flying = map[peerKey][]time.Time{}
 		s.landed = sync.NewCond(&s.mu)
 	}
 }
@@ -268,7 +264,7 @@ func (s *Server) framesLanding() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	cutoff := time.Now().Add(-slowLanding)
-	for _, q := range s.flyingSince {
+	for _, q := range s.flying {
 		if len(q) > 0 && q[0].Before(cutoff) {
 			return true
 		}
@@ -285,7 +281,7 @@ func (s *Server) waitLanded(key peerKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	for s.flying[key] > 0 {
+	for len(s.flying[key]) > 0 {
 		s.landed.Wait()
 	}
 }
@@ -332,11 +328,10 @@ func (s *Server) ackLandings(key peerKey, landings <-chan landing, send func(*ed
 					delete(s.partial, key)
 				}
 			}
-			if s.flying[key]--; s.flying[key] <= 0 {
+			if q := s.flying[key]; len(q) > 1 {
+				s.flying[key] = q[1:]
+			} else {
 				delete(s.flying, key)
-				delete(s.flyingSince, key)
-			} else if q := s.flyingSince[key]; len(q) > 0 {
-				s.flyingSince[key] = q[1:]
 			}
 			s.landed.Broadcast()
 			s.mu.Unlock()
