@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
@@ -80,6 +82,14 @@ func TestCommit_MergesPerSession(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, st.Queue, 3)
 	require.Empty(t, st.Inflight)
+}
+
+// commit writes a batch and answers it, as the commit loop does when no
+// commit is before it.
+func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error {
+	done := make(chan struct{})
+	close(done)
+	return s.finish(ctx, conn, s.write(ctx, conn, batch), done)
 }
 
 // committed prepares ops and commits them as one batch; it returns the

@@ -349,14 +349,6 @@ func sameArgs(a, b []any) bool {
 	return true
 }
 
-// commit writes a batch and answers it, as the commit loop does with one
-// commit at a time.
-func (s *Store) commit(ctx context.Context, conn *redis.Conn, batch []*op) error {
-	done := make(chan struct{})
-	close(done)
-	return s.finish(ctx, conn, s.write(ctx, conn, batch), done)
-}
-
 // written is a commit whose scripts ran (or failed) and whose replication
 // is not known yet.
 type written struct {
