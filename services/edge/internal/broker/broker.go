@@ -1009,26 +1009,22 @@ var errHandlerPanic = errors.New("connection handler panicked")
 // slack late.
 type keepaliveConn struct {
 	net.Conn
-	keepalive atomic.Int64 // nanoseconds; 0 until CONNECT is accepted
-	// mochiAllows is what mochi adds to the time it reads: deadlines it
-	// sets are that much after now.
-	mochiAllows atomic.Int64
-	deadline    atomic.Int64 // unix nanoseconds of the deadline last set; 0 none
+	keepalive atomic.Int64 // whole seconds; 0 until CONNECT is accepted
+	deadline  atomic.Int64 // unix nanoseconds of the deadline last set; 0 none
 }
 
 // setKeepalive records the keep-alive (whole seconds) the client got.
-func (c *keepaliveConn) setKeepalive(seconds uint16) {
-	c.mochiAllows.Store(int64(time.Duration(seconds+seconds/2) * time.Second))
-	c.keepalive.Store(int64(time.Duration(seconds) * time.Second))
-}
+func (c *keepaliveConn) setKeepalive(seconds uint16) { c.keepalive.Store(int64(seconds)) }
 
 func (c *keepaliveConn) SetDeadline(t time.Time) error {
-	ka := time.Duration(c.keepalive.Load())
-	if ka <= 0 || t.IsZero() {
+	secs := c.keepalive.Load()
+	if secs <= 0 || t.IsZero() {
 		c.deadline.Store(0)
 		return c.Conn.SetDeadline(t)
 	}
-	want := t.Add(time.Duration(-c.mochiAllows.Load())).Add(ka + ka/2) // from the time mochi read
+	ka := time.Duration(secs) * time.Second
+	mochiAllows := time.Duration(secs+secs/2) * time.Second // whole seconds after the time it read
+	want := t.Add(ka + ka/2 - mochiAllows)
 	if want.UnixNano() <= c.deadline.Load() {
 		return nil
 	}
