@@ -491,17 +491,24 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 		c.mConnected.Set(0)
 		return unackedList(), err
 	}
-	send := func(b *batch) error {
+	track := func(b *batch) {
 		mu.Lock()
 		inflight[b.req.GetBatchId()] = b
 		order = append(order, b.req.GetBatchId())
 		inBytes += b.bytes
 		mu.Unlock()
+	}
+	transmit := func(b *batch) error {
 		if err := st.Send(b.req); err != nil {
 			return err
 		}
 		c.mSent.Add(float64(len(b.req.GetRecords())))
 		return nil
+	}
+	// The batches of the broken stream are unacknowledged on this one from
+	// its start: however early it breaks too, they are handed to the next.
+	for _, b := range resend {
+		track(b)
 	}
 	// An empty batch opens the stream, so that the output service sends its
 	// filters, and is acknowledged at once, so that the first response comes
@@ -513,7 +520,7 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 	}
 	c.mConnected.Set(1)
 	for _, b := range resend {
-		if err := send(b); err != nil {
+		if err := transmit(b); err != nil {
 			return fail(err)
 		}
 	}
@@ -544,7 +551,9 @@ func (c *Client) stream(ctx context.Context, resend []*batch, nextID *uint64) ([
 		for i, m := range msgs {
 			req.Records[i] = &outputv1.OutputRecord{Message: m}
 		}
-		if err := send(&batch{req: req, bytes: bytes}); err != nil {
+		b := &batch{req: req, bytes: bytes}
+		track(b)
+		if err := transmit(b); err != nil {
 			return fail(err)
 		}
 	}

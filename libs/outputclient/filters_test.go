@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -310,4 +311,78 @@ func BenchmarkClient_Offer(b *testing.B) {
 		}
 		require.Zero(b, c.Stats().Skipped)
 	})
+}
+
+// holdingService receives batches and acknowledges none of them.
+type holdingService struct {
+	outputv1connect.UnimplementedOutputServiceHandler
+	got chan struct{}
+}
+
+func (s *holdingService) Publish(ctx context.Context, st *connect.BidiStream[outputv1.PublishRequest, outputv1.PublishResponse]) error {
+	for {
+		req, err := st.Receive()
+		if err != nil {
+			return err
+		}
+		if len(req.GetRecords()) > 0 {
+			select {
+			case s.got <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// TestClient_UnackedSurviveFailedReconnects sends a batch to an output
+// service that takes it without acknowledging and then goes away. While it
+// is away every reconnection fails; the batch must still be sent, whole, to
+// the instance that comes back on the same address.
+func TestClient_UnackedSurviveFailedReconnects(t *testing.T) {
+	t.Parallel()
+	serve := func(ln net.Listener, svc outputv1connect.OutputServiceHandler) *http.Server {
+		mux := http.NewServeMux()
+		mux.Handle(outputv1connect.NewOutputServiceHandler(svc, rpc.HandlerOptions()...))
+		srv := &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		return srv
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	holder := &holdingService{got: make(chan struct{}, 1)}
+	first := serve(ln, holder)
+
+	c, err := New(Config{URL: "http://" + addr, EdgeID: "edge-1", BackoffMin: 5 * time.Millisecond, BackoffMax: 20 * time.Millisecond}, ktestutil.Logger(t), nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const n = 10
+	for i := range n {
+		require.True(t, c.OfferMessage(&commonv1.Message{Tenant: "acme", Topic: fmt.Sprintf("t/%d", i)}))
+	}
+	select {
+	case <-holder.got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first instance received nothing")
+	}
+	require.NoError(t, first.Close())
+	// Reconnections fail (connection refused) for a while.
+	time.Sleep(300 * time.Millisecond)
+
+	ln, err = net.Listen("tcp", addr)
+	require.NoError(t, err)
+	svc := &filterlessService{}
+	second := serve(ln, svc)
+	t.Cleanup(func() { _ = second.Close() })
+	ktestutil.Eventually(t, 10*time.Second, func() error {
+		if got := svc.records.Load(); got != n {
+			return fmt.Errorf("the second instance received %d of %d", got, n)
+		}
+		return nil
+	})
+	require.Zero(t, c.Stats().Dropped)
 }
