@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
@@ -74,6 +75,9 @@ type Config struct {
 	StopTimeout     time.Duration
 	SysInterval     time.Duration
 	OutputURL       string
+	// Output holds the output client's queue bounds and drop-log interval;
+	// its URL and identity come from OutputURL and the edge.
+	Output          outputclient.Config
 	CoordinatorURL  string
 	RouterURL       string
 	PersistenceURL  string
@@ -129,6 +133,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.ForwardRetry, "cluster.forward-retry", false, "route a QoS 1/2 publish again, within cluster.forward-timeout, when an edge it went to left the cluster before taking it, instead of closing the publisher (experimental: a rolling restart lost messages with it once)")
 	fs.StringVar(&c.ServerReference, "cluster.server-reference", "", "server reference sent to MQTT 5 clients when this edge drains (DISCONNECT 0x9C, use another server, instead of 0x8B), e.g. the address of the MQTT load balancer; a drain through the edge API may give another")
 	fs.StringVar(&c.OutputURL, "output.url", "", "URL of the output service (e.g. http://keel-output:9310); messages matching its rules go to it through a bounded queue that never blocks MQTT")
+	fs.IntVar(&c.Output.QueueRecords, "output.queue-records", outputclient.DefaultQueueRecords, "most messages waiting for the output service; beyond it they are dropped (keel_edge_output_dropped_total{reason=\"queue_full\"}), never MQTT delivery slowed")
+	fs.Int64Var(&c.Output.QueueBytes, "output.queue-bytes", outputclient.DefaultQueueBytes, "most payload bytes waiting for the output service")
+	fs.DurationVar(&c.Output.DropLogInterval, "output.drop-log-interval", outputclient.DefaultDropLogInterval, "least time between two warnings about dropped output messages")
 	fs.DurationVar(&c.SysInterval, "mqtt.sys-interval", 10*time.Second, "how often each tenant's $SYS topics are published (0: never)")
 	c.Broker.RegisterFlags(fs, "mqtt.")
 	c.Tracing.RegisterFlags(fs, "tracing.")
@@ -161,6 +168,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Anonymous && !tenancy.ValidTenant(c.AnonymousTenant) {
 		errs = append(errs, fmt.Errorf("auth.anonymous-tenant %q: want [a-z0-9-]{1,63}", c.AnonymousTenant))
+	}
+	if c.Output.QueueRecords <= 0 || c.Output.QueueBytes <= 0 || c.Output.DropLogInterval <= 0 {
+		errs = append(errs, errors.New("output.queue-records, output.queue-bytes and output.drop-log-interval must be positive"))
 	}
 	if err := validServerReference(c.ServerReference); err != nil {
 		errs = append(errs, fmt.Errorf("cluster.server-reference: %w", err))
@@ -309,7 +319,7 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 	e.broker = b
 	if cfg.OutputURL != "" {
 		edgeID, inc := b.ID()
-		sink, err := output.New(cfg.OutputURL, edgeID, inc, logger.With("component", "output"), e.reg)
+		sink, err := output.New(cfg.Output, cfg.OutputURL, edgeID, inc, logger.With("component", "output"), e.reg)
 		if err != nil {
 			return nil, err
 		}

@@ -22,9 +22,11 @@ type Sink struct {
 	client *outputclient.Client
 }
 
-// New builds a sink sending to the output service at url.
-func New(url, edgeID string, incarnation uint64, logger *slog.Logger, reg prometheus.Registerer) (*Sink, error) {
-	c, err := outputclient.New(outputclient.Config{URL: url, EdgeID: edgeID, Incarnation: incarnation}, logger, reg)
+// New builds a sink sending to the output service at url, with the queue
+// bounds of cfg (zero values take the client's defaults).
+func New(cfg outputclient.Config, url, edgeID string, incarnation uint64, logger *slog.Logger, reg prometheus.Registerer) (*Sink, error) {
+	cfg.URL, cfg.EdgeID, cfg.Incarnation = url, edgeID, incarnation
+	c, err := outputclient.New(cfg, logger, reg)
 	if err != nil {
 		return nil, err
 	}
