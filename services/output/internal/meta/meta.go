@@ -9,13 +9,16 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	pluginv1 "github.com/keelmq/keel/proto/gen/keel/output/plugin/v1"
 )
 
 // Header names carried by every sink record. User properties follow them
-// under their own keys, in order, and then any headers a transform added.
+// in order, under their own keys except those Keel reserves (see
+// [UserPropertyHeader]), and then any headers a transform added.
 const (
 	HeaderTenant          = "keel-tenant"
 	HeaderTopic           = "keel-topic"
@@ -29,6 +32,55 @@ const (
 	HeaderCorrelationData = "keel-correlation-data"
 	HeaderPayloadFormat   = "keel-payload-format"
 )
+
+// HeaderPrefix begins every header Keel sets, and UserPropertyPrefix the
+// headers of user properties whose keys begin with HeaderPrefix. No header
+// Keel sets itself begins with UserPropertyPrefix.
+const (
+	HeaderPrefix       = "keel-"
+	UserPropertyPrefix = "keel-user-property-"
+)
+
+// UserPropertyHeader returns the header key of an MQTT 5 user property. A
+// key that begins with [HeaderPrefix], in any case, is carried under
+// [UserPropertyPrefix] + key, so that a publisher cannot forge Keel's own
+// headers (a user property "keel-tenant" becomes
+// "keel-user-property-keel-tenant") and consumers can tell the two apart:
+// the mapping is one to one, and only such keys begin with the prefix.
+func UserPropertyHeader(key string) string {
+	if ReservedKey(key) {
+		return UserPropertyPrefix + key
+	}
+	return key
+}
+
+// ReservedKey reports whether key begins with [HeaderPrefix] under Unicode
+// case folding: consumers compare header names case-insensitively as often
+// as not (HTTP always does), and some fold the Kelvin sign to "k".
+func ReservedKey(key string) bool {
+	for _, p := range HeaderPrefix {
+		r, n := utf8.DecodeRuneInString(key)
+		if n == 0 || !foldEqual(r, p) {
+			return false
+		}
+		key = key[n:]
+	}
+	return true
+}
+
+// foldEqual is strings.EqualFold for one rune, without converting it to a
+// string.
+func foldEqual(r, p rune) bool {
+	if r == p {
+		return true
+	}
+	for f := unicode.SimpleFold(p); f != p; f = unicode.SimpleFold(f) {
+		if f == r {
+			return true
+		}
+	}
+	return false
+}
 
 // MsgID formats a message ID as "edge:incarnation:seq", the string consumers
 // de-duplicate on.
@@ -46,9 +98,10 @@ type Header struct {
 }
 
 // Headers returns the headers of r: the keel-* metadata (optional MQTT 5
-// properties only when present), the MQTT 5 user properties and then r's
-// own headers. withUserProps false leaves the user properties out (the HTTP
-// sink carries them differently).
+// properties only when present), the MQTT 5 user properties (keys as
+// [UserPropertyHeader] maps them) and then r's own headers. withUserProps
+// false leaves the user properties out (the HTTP sink carries them
+// differently).
 func Headers(r *pluginv1.Record, withUserProps bool) []Header {
 	m := r.GetMessage()
 	hs := make([]Header, 0, 8+len(m.GetUserProperties())+len(r.GetHeaders()))
@@ -76,7 +129,7 @@ func Headers(r *pluginv1.Record, withUserProps bool) []Header {
 	}
 	if withUserProps {
 		for _, up := range m.GetUserProperties() {
-			add(up.GetKey(), []byte(up.GetValue()))
+			add(UserPropertyHeader(up.GetKey()), []byte(up.GetValue()))
 		}
 	}
 	for _, h := range r.GetHeaders() {
@@ -149,7 +202,8 @@ func AppendHeaders[H HeaderLike](dst []H, arena []byte, r *pluginv1.Record, with
 	}
 	if withUserProps {
 		for _, up := range m.GetUserProperties() {
-			addStr(up.GetKey(), up.GetValue())
+			// A reserved key costs an allocation; publishers rarely send one.
+			addStr(UserPropertyHeader(up.GetKey()), up.GetValue())
 		}
 	}
 	for _, h := range r.GetHeaders() {

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -142,6 +143,7 @@ type Sink struct {
 	mu       sync.Mutex
 	cfg      Config
 	writer   *kafka.Writer
+	auth     *saslWatch // nil without SASL
 	keyMode  string
 	topic    string
 	pipeline string
@@ -161,13 +163,13 @@ func (s *Sink) Configure(_ context.Context, req *pluginv1.SinkServiceConfigureRe
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("kafka sink config: %w", err)
 	}
-	w, err := newWriter(&cfg)
+	w, auth, err := newWriter(&cfg)
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	old := s.writer
-	s.cfg, s.writer, s.pipeline = cfg, w, req.GetPipeline()
+	s.cfg, s.writer, s.auth, s.pipeline = cfg, w, auth, req.GetPipeline()
 	s.keyMode = cfg.Key
 	if s.keyMode == "" {
 		s.keyMode = "topic"
@@ -191,15 +193,16 @@ func (s *Sink) Configure(_ context.Context, req *pluginv1.SinkServiceConfigureRe
 	}, nil
 }
 
-func newWriter(cfg *Config) (*kafka.Writer, error) {
+func newWriter(cfg *Config) (*kafka.Writer, *saslWatch, error) {
 	tr := &kafka.Transport{DialTimeout: 5 * time.Second, ClientID: "keel-output"}
 	if cfg.TLS != nil {
 		t, err := tlsConfig(cfg.TLS)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		tr.TLS = t
 	}
+	var auth *saslWatch
 	if cfg.SASL != nil {
 		var mech sasl.Mechanism
 		switch cfg.SASL.Mechanism {
@@ -212,11 +215,12 @@ func newWriter(cfg *Config) (*kafka.Writer, error) {
 			}
 			m, err := scram.Mechanism(algo, cfg.SASL.Username, cfg.SASL.Password)
 			if err != nil {
-				return nil, fmt.Errorf("sasl: %w", err)
+				return nil, nil, fmt.Errorf("sasl: %w", err)
 			}
 			mech = m
 		}
-		tr.SASL = mech
+		auth = &saslWatch{Mechanism: mech, mechanism: cfg.SASL.Mechanism, username: cfg.SASL.Username}
+		tr.SASL = auth
 	}
 	acks := kafka.RequireAll
 	switch cfg.Acks {
@@ -263,7 +267,59 @@ func newWriter(cfg *Config) (*kafka.Writer, error) {
 		Compression:            comp,
 		Transport:              tr,
 		AllowAutoTopicCreation: cfg.AutoCreateTopics,
-	}, nil
+	}, auth, nil
+}
+
+// saslWatch is the configured SASL mechanism, watched so that a failed
+// write can say that authentication failed: a broker may refuse
+// credentials by closing the connection, which kafka-go reports as a bare
+// "unexpected EOF".
+type saslWatch struct {
+	sasl.Mechanism
+	mechanism, username string
+
+	exchanges atomic.Uint64
+	// open is the latest exchange started while it has not completed, else 0.
+	open atomic.Uint64
+}
+
+// saslExchange is one authentication of one connection.
+type saslExchange struct {
+	sasl.StateMachine
+	watch *saslWatch
+	id    uint64
+}
+
+func (w *saslWatch) Start(ctx context.Context) (sasl.StateMachine, []byte, error) {
+	sm, first, err := w.Mechanism.Start(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("SASL %s: %w", w.mechanism, err)
+	}
+	id := w.exchanges.Add(1)
+	w.open.Store(id)
+	return &saslExchange{StateMachine: sm, watch: w, id: id}, first, nil
+}
+
+func (x *saslExchange) Next(ctx context.Context, challenge []byte) (bool, []byte, error) {
+	done, resp, err := x.StateMachine.Next(ctx, challenge)
+	if done || err != nil {
+		// A mechanism's own error is named here; only a broker that hung
+		// up mid-exchange leaves the exchange open.
+		x.watch.open.CompareAndSwap(x.id, 0)
+	}
+	if err != nil {
+		return done, resp, fmt.Errorf("SASL %s: %w", x.watch.mechanism, err)
+	}
+	return done, resp, nil
+}
+
+// describe returns err's message, saying that authentication failed when
+// the latest SASL exchange never completed.
+func (w *saslWatch) describe(err error) string {
+	if w != nil && w.open.Load() != 0 {
+		return fmt.Sprintf("SASL %s authentication as %q failed: %v", w.mechanism, w.username, err)
+	}
+	return err.Error()
 }
 
 func tlsConfig(c *TLSConfig) (*tls.Config, error) {
@@ -334,7 +390,7 @@ func Messages(recs []*pluginv1.Record, defaultTopic, keyMode string) []kafka.Mes
 // another is produced after it (pluginkit.WriteChain).
 func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest) (*pluginv1.SinkServiceWriteResponse, error) {
 	s.mu.Lock()
-	w, topic, keyMode := s.writer, s.topic, s.keyMode
+	w, auth, topic, keyMode := s.writer, s.auth, s.topic, s.keyMode
 	s.mu.Unlock()
 	if w == nil {
 		return nil, errors.New("kafka sink: not configured")
@@ -360,13 +416,13 @@ func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest)
 		s.chain.Done(seq, true) // refused for good: nothing to retry
 		return resp, nil
 	}
-	resp, err = s.produce(ctx, w, msgs)
+	resp, err = s.produce(ctx, w, auth, msgs)
 	s.chain.Done(seq, err == nil && !slices.ContainsFunc(resp.GetFailures(), (*pluginv1.RecordFailure).GetRetryable))
 	return resp, err
 }
 
 // produce writes msgs and reports the records that failed.
-func (s *Sink) produce(ctx context.Context, w *kafka.Writer, msgs []kafka.Message) (*pluginv1.SinkServiceWriteResponse, error) {
+func (s *Sink) produce(ctx context.Context, w *kafka.Writer, auth *saslWatch, msgs []kafka.Message) (*pluginv1.SinkServiceWriteResponse, error) {
 	resp := &pluginv1.SinkServiceWriteResponse{}
 	err := w.WriteMessages(ctx, msgs...)
 	if err == nil {
@@ -378,14 +434,17 @@ func (s *Sink) produce(ctx context.Context, w *kafka.Writer, msgs []kafka.Messag
 			if e == nil {
 				continue
 			}
-			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: retryable(e), Message: e.Error()})
+			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: retryable(e), Message: auth.describe(e)})
 		}
-		s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "failed", werrs.Count(), "records", len(msgs), "error", err)
+		s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "failed", werrs.Count(), "records", len(msgs), "error", auth.describe(err))
 		return resp, nil
 	}
-	s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "records", len(msgs), "error", err)
+	msg := auth.describe(err)
+	s.logger.Warn("kafka write failed", "pipeline", s.pipeline, "records", len(msgs), "error", msg)
+	// Failed authentication stays retryable too: the records wait in the
+	// buffer while the credentials are corrected by a reload.
 	for i := range msgs {
-		resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: true, Message: err.Error()})
+		resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Retryable: true, Message: msg})
 	}
 	return resp, nil
 }
