@@ -91,10 +91,11 @@ func (h *Host) publishFilters(set *rules.Set) {
 // Apply switches to set. Pipelines whose plugins and plugin configuration
 // are unchanged keep running untouched. For new or changed ones the plugins
 // are launched and configured first; if any of them fails, every process
-// launched here is killed, the error is returned and the running rules stay
-// as they were. Otherwise changed pipelines switch between batches, keeping
-// their buffers; deleted ones stop taking records and drain for
-// DrainTimeout.
+// launched here is killed, the error is returned (a config a plugin refused
+// is reported at its line in the rules file, as rules.Parse reports
+// problems) and the running rules stay as they were. Otherwise changed
+// pipelines switch between batches, keeping their buffers; deleted ones stop
+// taking records and drain for DrainTimeout.
 func (h *Host) Apply(ctx context.Context, set *rules.Set) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -117,7 +118,11 @@ func (h *Host) Apply(ctx context.Context, set *rules.Set) error {
 		}
 		rt := newRuntime(spec)
 		if err := rt.start(ctx, &h.cfg, h.logger.With("rule", spec.Name)); err != nil {
-			errs = append(errs, fmt.Errorf("rule %s: %w", spec.Name, err))
+			var located *rules.Error
+			if !errors.As(err, &located) {
+				err = fmt.Errorf("rule %s: %w", spec.Name, err)
+			}
+			errs = append(errs, err)
 			continue
 		}
 		changes = append(changes, change{spec: spec, rt: rt, pipe: cur})

@@ -47,7 +47,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of one sink Write call (one batch).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, rs),
 		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_output_plugin_restarts_total",
-			Help: "Plugin processes killed and restarted after a crash or hang."}, []string{"rule", "plugin"}),
+			Help: "Plugin processes relaunched after a crash, hang or exit, counted when the relaunch succeeds (failed attempts count in keel_output_errors_total{stage=\"launch\"})."}, []string{"rule", "plugin"}),
 		Buffered: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "keel_output_buffered_records",
 			Help: "Records waiting in a pipeline's buffer."}, []string{"rule"}),
 		Unmatched: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_output_unmatched_total",

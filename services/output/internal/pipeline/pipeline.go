@@ -17,7 +17,6 @@ package pipeline
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -91,8 +90,9 @@ type proc struct {
 	maxBatch, inFlight int
 	// pidv mirrors p's pid for readers outside the worker.
 	pidv atomic.Int64
-	// failed is set when the process was killed after a fault, so that the
-	// next launch counts as a restart.
+	// failed is set when the process was killed after a fault, until a
+	// relaunch succeeds: that one counts as the restart, however many
+	// attempts failed before it.
 	failed bool
 }
 
@@ -146,20 +146,26 @@ func (pr *proc) launch(ctx context.Context, pipeline string, cfg *Config, logger
 		resp, err := s.Configure(cctx, &pluginv1.SinkServiceConfigureRequest{Pipeline: pipeline, ConfigJson: pr.stage.Config})
 		if err != nil {
 			p.Kill(true)
-			return fmt.Errorf("%w: configure %s: %s", ErrPluginConfig, pr.stage.Plugin, status.Convert(err).Message())
+			return pr.refused(err)
 		}
 		pr.sink, pr.maxBatch, pr.inFlight = s, int(resp.GetMaxBatchRecords()), int(resp.GetMaxWritesInFlight())
 	default:
 		t := p.Transform()
 		if _, err := t.Configure(cctx, &pluginv1.TransformServiceConfigureRequest{Pipeline: pipeline, ConfigJson: pr.stage.Config}); err != nil {
 			p.Kill(true)
-			return fmt.Errorf("%w: configure %s: %s", ErrPluginConfig, pr.stage.Plugin, status.Convert(err).Message())
+			return pr.refused(err)
 		}
 		pr.tr = t
 	}
 	pr.p = p
 	pr.pidv.Store(int64(p.Pid()))
 	return nil
+}
+
+// refused locates err, the plugin's answer to Configure, at the stage's
+// config in the rules file.
+func (pr *proc) refused(err error) error {
+	return &configError{at: pr.stage.ConfigAt.Problem(status.Convert(err).Message())}
 }
 
 // kill ends the process after a fault.
@@ -183,26 +189,35 @@ func (rt *runtime) start(ctx context.Context, cfg *Config, logger *slog.Logger) 
 	return nil
 }
 
-// stop closes the sink gracefully and ends every process.
+// stop closes the sink gracefully and ends every process. The stages stop
+// side by side: ending a plugin process takes about a second, and a rule
+// with several transforms would otherwise spend its whole drain time here.
 func (rt *runtime) stop(cfg *Config) {
+	var wg sync.WaitGroup
 	for _, pr := range rt.procs() {
 		if pr.p == nil {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.CallTimeout)
-		var closeFn func(context.Context) error
-		if pr.sink != nil {
-			s := pr.sink
-			closeFn = func(ctx context.Context) error {
-				_, err := s.Close(ctx, &pluginv1.SinkServiceCloseRequest{})
-				return err
-			}
-		}
-		_ = pr.p.Stop(ctx, closeFn)
-		cancel()
-		pr.p, pr.sink, pr.tr = nil, nil, nil
-		pr.pidv.Store(0)
+		wg.Go(func() { pr.stop(cfg) })
 	}
+	wg.Wait()
+}
+
+// stop closes the stage's plugin (gracefully for a sink) and ends it.
+func (pr *proc) stop(cfg *Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.CallTimeout)
+	defer cancel()
+	var closeFn func(context.Context) error
+	if pr.sink != nil {
+		s := pr.sink
+		closeFn = func(ctx context.Context) error {
+			_, err := s.Close(ctx, &pluginv1.SinkServiceCloseRequest{})
+			return err
+		}
+	}
+	_ = pr.p.Stop(ctx, closeFn)
+	pr.p, pr.sink, pr.tr = nil, nil, nil
+	pr.pidv.Store(0)
 }
 
 // Pipeline is one running rule.
@@ -559,20 +574,19 @@ func (p *Pipeline) ensure(ctx context.Context) error {
 		}
 		p.state.Store(int32(outputv1.PipelineState_PIPELINE_STATE_RESTARTING))
 		p.pm.up.Set(0)
-		if pr.failed {
-			p.pm.restart(pr.stage.Plugin)
-			p.restart.Add(1)
-		}
 		if err := pr.launch(ctx, p.name, &p.cfg, p.logger); err != nil {
+			// pr.failed stays set, so that the attempt that succeeds counts
+			// the restart.
 			p.pm.errLaunch.Inc()
 			p.logger.Error("plugin restart failed", "plugin", pr.stage.Plugin, logging.Err(err))
-			pr.failed = false // counted this restart already
 			return err
 		}
 		if pr.failed {
+			p.pm.restart(pr.stage.Plugin)
+			p.restart.Add(1)
 			p.logger.Info("plugin restarted", "plugin", pr.stage.Plugin, "pid", pr.p.Pid())
+			pr.failed = false
 		}
-		pr.failed = false
 	}
 	p.state.Store(int32(outputv1.PipelineState_PIPELINE_STATE_RUNNING))
 	p.pm.up.Set(1)

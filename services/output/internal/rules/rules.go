@@ -34,7 +34,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -101,6 +100,28 @@ type Stage struct {
 	Plugin string // plugin ID
 	Path   string // binary
 	Config []byte // JSON, ${VAR}s expanded
+	// ConfigAt is where the stage's config is in the rules file, so that a
+	// plugin refusing it can be reported like any other problem of the file.
+	ConfigAt Location
+}
+
+// Location is a place in a rules file.
+type Location struct {
+	File string // as given to [Parse]
+	Line int    // of the config key, or of the stage's key when it has no config
+	Path string // e.g. "tenants.acme.rules[0].sink.config"
+}
+
+// Problem returns msg as a problem found at l, in the form of every other
+// problem of the file.
+func (l Location) Problem(msg string) *Error {
+	return &Error{File: l.File, Line: l.Line, Path: l.Path, Msg: msg}
+}
+
+// sameRuntime reports whether s and t launch the same binary with the same
+// configuration, wherever in the file they are.
+func (s *Stage) sameRuntime(t *Stage) bool {
+	return s.Plugin == t.Plugin && s.Path == t.Path && bytes.Equal(s.Config, t.Config)
 }
 
 // Pipeline is one validated rule. Its Name is "tenant/rule".
@@ -118,11 +139,11 @@ type Pipeline struct {
 }
 
 // SameRuntime reports whether p and q run the same plugins with the same
-// configuration (filters and buffer sizes may differ), so a reload can keep
-// p's plugin processes.
+// configuration (filters, buffer sizes and where the rule is in the file may
+// differ), so a reload can keep p's plugin processes.
 func (p *Pipeline) SameRuntime(q *Pipeline) bool {
-	return reflect.DeepEqual(p.Transforms, q.Transforms) && reflect.DeepEqual(p.Sink, q.Sink) &&
-		p.MaxBatch == q.MaxBatch && p.WriteTimeout == q.WriteTimeout
+	return slices.EqualFunc(p.Transforms, q.Transforms, func(s, t Stage) bool { return s.sameRuntime(&t) }) &&
+		p.Sink.sameRuntime(&q.Sink) && p.MaxBatch == q.MaxBatch && p.WriteTimeout == q.WriteTimeout
 }
 
 // Set is a validated rules file.
@@ -347,7 +368,8 @@ func (v *validator) rule(tenant string, r *rule, path []any, plugins map[string]
 }
 
 func (v *validator) stage(s *stage, path []any, plugins map[string]string) Stage {
-	out := Stage{Plugin: s.Plugin}
+	cfgPath := append(path[:len(path):len(path)], "config")
+	out := Stage{Plugin: s.Plugin, ConfigAt: Location{File: v.name, Line: lineOf(v.root, cfgPath), Path: pathString(cfgPath)}}
 	if !pluginRe.MatchString(s.Plugin) {
 		v.add(append(path, "plugin"), "plugin ID %q: want [a-z0-9-]{1,63}", s.Plugin)
 		return out
@@ -371,14 +393,14 @@ func (v *validator) stage(s *stage, path []any, plugins map[string]string) Stage
 	}
 	cfg, missing := expand(s.Config, v.opts.LookupEnv)
 	for _, name := range missing {
-		v.add(append(path, "config"), "environment variable %s is not set", name)
+		v.add(cfgPath, "environment variable %s is not set", name)
 	}
 	if cfg == nil {
 		cfg = map[string]any{}
 	}
 	b, err := json.Marshal(cfg)
 	if err != nil {
-		v.add(append(path, "config"), "config cannot be encoded as JSON: %v", err)
+		v.add(cfgPath, "config cannot be encoded as JSON: %v", err)
 	}
 	out.Config = b
 	return out

@@ -161,3 +161,52 @@ func TestLoad_RelativePluginPath(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(dir, "bin", "my-sink"), set.Pipelines[0].Sink.Path)
 }
+
+const locatedRules = `tenants:
+  acme:
+    rules:
+      - name: orders
+        filters: ["orders/#"]
+        transforms:
+          - plugin: filter
+            config: {user_properties: [{key: region}]}
+          - plugin: json-map
+            config:
+              fields: {id: msg_id}
+        sink:
+          plugin: kafka
+          config:
+            brokers: ["k:9092"]
+  beta:
+    rules:
+      - name: all
+        filters: ["#"]
+        sink: {plugin: http}
+`
+
+// TestParse_ConfigLocations checks where each stage's config is recorded:
+// a plugin refusing its config is then reported at the line of the config
+// key, or of the stage when it has none.
+func TestParse_ConfigLocations(t *testing.T) {
+	t.Parallel()
+	set, err := Parse("r.yaml", []byte(locatedRules), Options{SkipBinaryCheck: true})
+	require.NoError(t, err)
+	p := set.Pipeline("acme/orders")
+	require.Equal(t, Location{File: "r.yaml", Line: 8, Path: "tenants.acme.rules[0].transforms[0].config"}, p.Transforms[0].ConfigAt)
+	require.Equal(t, Location{File: "r.yaml", Line: 10, Path: "tenants.acme.rules[0].transforms[1].config"}, p.Transforms[1].ConfigAt)
+	require.Equal(t, Location{File: "r.yaml", Line: 14, Path: "tenants.acme.rules[0].sink.config"}, p.Sink.ConfigAt)
+	require.Equal(t, Location{File: "r.yaml", Line: 20, Path: "tenants.beta.rules[0].sink.config"}, set.Pipeline("beta/all").Sink.ConfigAt)
+
+	e := p.Sink.ConfigAt.Problem("kafka sink config: brokers: at least one address is required")
+	require.EqualError(t, e, "r.yaml:14: tenants.acme.rules[0].sink.config: kafka sink config: brokers: at least one address is required")
+	require.ErrorIs(t, e, ErrInvalid)
+
+	// Lines added above a rule move its configs, not its processes.
+	moved, err := Parse("r.yaml", []byte("# owner: data team\n\n"+locatedRules), Options{SkipBinaryCheck: true})
+	require.NoError(t, err)
+	q := moved.Pipeline("acme/orders")
+	require.Equal(t, 16, q.Sink.ConfigAt.Line)
+	require.True(t, p.SameRuntime(q))
+	q.Sink.Config = []byte(`{"brokers":["k:9093"]}`)
+	require.False(t, p.SameRuntime(q))
+}

@@ -1,7 +1,11 @@
 package httpsink
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -23,6 +27,67 @@ func TestSign_Verify(t *testing.T) {
 	require.True(t, Verify([]byte("k"), "1700000000", []byte(`{"a":1}`), sig))
 	require.False(t, Verify([]byte("k"), "1700000001", []byte(`{"a":1}`), sig))
 	require.False(t, Verify([]byte("x"), "1700000000", []byte(`{"a":1}`), sig))
+}
+
+// Receivers check signatures with their own code, written from the README's
+// formula, so the value is pinned twice: computed from that formula with
+// crypto/hmac, and as a literal computed outside Go (printf '%s'
+// '1700000000.{"id":42,"ok":true}' | openssl dgst -sha256 -hmac keel-secret).
+const (
+	kaSecret    = "keel-secret"
+	kaTimestamp = "1700000000"
+	kaBody      = `{"id":42,"ok":true}`
+	kaSignature = "sha256=aa3a6a99231cf7ef78db74df368a8956ebebf799aa632d9e0f2b6fd086b89824"
+)
+
+// documentedSignature is the README's "sha256=" +
+// hex(HMAC-SHA256(secret, timestamp + "." + body)).
+func documentedSignature(secret, ts string, body []byte) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(ts + "." + string(body)))
+	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+func TestSign_KnownAnswer(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, kaSignature, documentedSignature(kaSecret, kaTimestamp, []byte(kaBody)))
+	require.Equal(t, kaSignature, Sign([]byte(kaSecret), kaTimestamp, []byte(kaBody)))
+	require.True(t, Verify([]byte(kaSecret), kaTimestamp, []byte(kaBody), kaSignature))
+}
+
+// TestSink_Write_SignatureHeaders checks the headers a receiver gets, in
+// both modes: the timestamp in Unix seconds and the signature over exactly
+// the body sent.
+func TestSink_Write_SignatureHeaders(t *testing.T) {
+	t.Parallel()
+	type got struct {
+		ts, sig string
+		body    []byte
+	}
+	reqs := make(chan got, 2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		reqs <- got{ts: r.Header.Get("X-Keel-Timestamp"), sig: r.Header.Get("X-Keel-Signature"), body: b}
+	}))
+	t.Cleanup(srv.Close)
+	rec := &pluginv1.Record{Message: &commonv1.Message{Tenant: "acme", Topic: "a/b", Payload: []byte(kaBody)}}
+	for _, batch := range []bool{false, true} {
+		s := New(testutil.Logger(t))
+		s.now = func() time.Time { return time.Unix(1700000000, 999_000_000) }
+		cfg := fmt.Sprintf(`{"url":%q,"hmac_secret":%q,"batch":%t}`, srv.URL, kaSecret, batch)
+		_, err := s.Configure(t.Context(), &pluginv1.SinkServiceConfigureRequest{ConfigJson: []byte(cfg)})
+		require.NoError(t, err)
+		resp, err := s.Write(t.Context(), &pluginv1.SinkServiceWriteRequest{Records: []*pluginv1.Record{rec}})
+		require.NoError(t, err)
+		require.Empty(t, resp.GetFailures())
+		r := <-reqs
+		require.Equal(t, kaTimestamp, r.ts, "batch=%t", batch)
+		require.Equal(t, documentedSignature(kaSecret, kaTimestamp, r.body), r.sig, "batch=%t", batch)
+		if !batch {
+			require.Equal(t, kaBody, string(r.body))
+			require.Equal(t, kaSignature, r.sig)
+		}
+	}
 }
 
 // TestSink_Write_Single sends records one per request: headers carry the
