@@ -1,25 +1,41 @@
 package app
 
 import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
+	"github.com/eclipse/paho.golang/paho"
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
+	"github.com/keelmq/keel/services/output/internal/sink/httpsink"
 )
 
 // repoRoot finds the directory holding go.work.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	require.NoError(t, err)
@@ -35,84 +51,483 @@ func repoRoot(t *testing.T) string {
 	}
 }
 
-// TestOutput_FromEdge_MQTTToKafka is the whole path: MQTT clients publish
-// to a real keel-edge process, which sends the messages a rule matches to
-// this output service, whose Kafka plugin writes them to a kfake broker;
-// kafka-go reads them back with their MQTT metadata. Messages no rule
-// matches stay on the edge (keel_edge_output_skipped_total) and never reach
-// the output service.
-func TestOutput_FromEdge_MQTTToKafka(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
-	}
-	t.Parallel()
-	root := repoRoot(t)
-	bin := filepath.Join(t.TempDir(), "keel-edge")
-	build := exec.Command("go", "build", "-o", bin, "./services/edge/cmd/keel-edge")
-	build.Dir = root
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "build keel-edge: %s", out)
+// edgeBuild is the keel-edge binary, built once for every test that runs one.
+var edgeBuild struct {
+	once      sync.Once
+	dir, path string
+	err       error
+}
 
-	addr := outputtest.StartKafka(t, 4, kafkaTopic)
-	h := startOutput(t, kafkaRules(addr, ""))
-	mqttAddr, opsAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	edge := exec.Command(bin, "--auth.anonymous", "--auth.anonymous-tenant", "acme", "--mqtt.tcp-addr", mqttAddr,
-		"--mqtt.ws-addr", "", "--ops.addr", opsAddr, "--data-dir", t.TempDir(), "--output.url", h.url, "--log.level", "warn")
+func keelEdgeBinary(t testing.TB) string {
+	t.Helper()
+	root := repoRoot(t)
+	edgeBuild.once.Do(func() {
+		dir, err := os.MkdirTemp("", "keel-edge-")
+		if err != nil {
+			edgeBuild.err = err
+			return
+		}
+		edgeBuild.dir, edgeBuild.path = dir, filepath.Join(dir, "keel-edge")
+		build := exec.Command("go", "build", "-o", edgeBuild.path, "./services/edge/cmd/keel-edge")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			edgeBuild.err = fmt.Errorf("build keel-edge: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, edgeBuild.err)
+	return edgeBuild.path
+}
+
+// edgeProcess is a keel-edge process of tenant acme (anonymous) sending to
+// an output service.
+type edgeProcess struct {
+	mqttAddr, opsAddr string
+	pid               int
+}
+
+// startEdge runs keel-edge against h with extra flags and returns once its
+// output stream has the rules' filters. It is stopped at cleanup.
+func startEdge(t testing.TB, h *harness, args ...string) *edgeProcess {
+	t.Helper()
+	e := &edgeProcess{mqttAddr: testutil.FreeAddr(t), opsAddr: testutil.FreeAddr(t)}
+	cmd := exec.Command(keelEdgeBinary(t), append([]string{"--auth.anonymous", "--auth.anonymous-tenant", "acme",
+		"--mqtt.tcp-addr", e.mqttAddr, "--mqtt.ws-addr", "", "--ops.addr", e.opsAddr, "--data-dir", t.TempDir(),
+		"--output.url", h.url, "--log.level", "warn"}, args...)...)
 	var logs strings.Builder
-	edge.Stdout, edge.Stderr = &logs, &logs
-	require.NoError(t, edge.Start())
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	require.NoError(t, cmd.Start())
+	e.pid = cmd.Process.Pid
 	t.Cleanup(func() {
-		_ = edge.Process.Signal(syscall.SIGTERM)
-		_ = edge.Wait()
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
 		if t.Failed() {
 			t.Logf("edge logs:\n%s", logs.String())
 		}
 	})
-
-	opts := mqtt.NewClientOptions().AddBroker("tcp://" + mqttAddr).SetClientID("pub").SetConnectRetry(true).
-		SetConnectRetryInterval(100 * time.Millisecond).SetConnectTimeout(5 * time.Second)
-	c := mqtt.NewClient(opts)
-	tok := c.Connect()
-	require.True(t, tok.WaitTimeout(15*time.Second), "connect to the edge")
-	require.NoError(t, tok.Error())
-	defer c.Disconnect(100)
-	// The edge has the rules' filters once its stream is open.
-	edgeMetric := func(name string) float64 { return testutil.Metric(t, opsAddr, name) }
 	testutil.Eventually(t, 20*time.Second, func() error {
-		if v := edgeMetric("keel_edge_output_filters_version"); v != float64(h.out.Host().Filters().Proto.GetVersion()) {
+		c, err := net.Dial("tcp", e.opsAddr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if v := e.metric(t, "keel_edge_output_filters_version", nil); v != float64(h.out.Host().Filters().Proto.GetVersion()) {
 			return fmt.Errorf("edge filters version %v", v)
 		}
 		return nil
 	})
-	publish := func(topic string, i int) {
-		t.Helper()
-		pt := c.Publish(topic, 1, false, fmt.Appendf(nil, "m%d", i))
-		require.True(t, pt.WaitTimeout(5*time.Second))
-		require.NoError(t, pt.Error())
-	}
-	const n, other = 50, 20
-	for i := range n {
-		publish(fmt.Sprintf("sensors/%d", i%3), i)
-		if i < other {
-			publish(fmt.Sprintf("other/%d", i%3), i)
+	return e
+}
+
+// metric sums the edge's series of name whose labels include labels (none
+// at all: zero, as a counter never incremented).
+func (e *edgeProcess) metric(t testing.TB, name string, labels map[string]string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + e.opsAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var sum float64
+	for line := range strings.SplitSeq(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		i := strings.LastIndexByte(rest, ' ')
+		lbls, value := rest[:i], rest[i+1:]
+		match := true
+		for k, v := range labels {
+			match = match && strings.Contains(lbls, fmt.Sprintf("%s=%q", k, v))
+		}
+		if match {
+			f, err := strconv.ParseFloat(value, 64)
+			require.NoError(t, err, "%s", line)
+			sum += f
 		}
 	}
+	return sum
+}
+
+// connectV5 connects an MQTT 5 client to the edge.
+func connectV5(t *testing.T, addr, clientID string) *paho.Client {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	c := paho.NewClient(paho.ClientConfig{Conn: packets.NewThreadSafeConn(conn)})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ca, err := c.Connect(ctx, &paho.Connect{ClientID: clientID, CleanStart: true, KeepAlive: 30})
+	require.NoError(t, err)
+	require.Zero(t, ca.ReasonCode)
+	t.Cleanup(func() { _ = c.Disconnect(&paho.Disconnect{}) })
+	return c
+}
+
+// TestOutput_FromEdge_MQTT5ToKafka is the whole path with MQTT 5 metadata:
+// an MQTT 5 client publishes to a real keel-edge process, which sends the
+// messages a rule matches to this output service, whose Kafka plugin writes
+// them to a kfake broker; kafka-go and kcat read them back. Payloads, keys,
+// every header (user properties included, a forged "keel-tenant" among
+// them) and per-topic order are exact. Messages no rule matches stay on the
+// edge (keel_edge_output_skipped_total) and never reach the output service.
+func TestOutput_FromEdge_MQTT5ToKafka(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	addr := outputtest.StartKafka(t, 4, kafkaTopic)
+	h := startOutput(t, kafkaRules(addr, ""))
+	e := startEdge(t, h)
+	pub := connectV5(t, e.mqttAddr, "pub5")
+
+	props := func(topic string, i int) *paho.PublishProperties {
+		return &paho.PublishProperties{
+			ContentType:     "application/json",
+			ResponseTopic:   topic + "/reply",
+			CorrelationData: []byte{0x00, 0xff, byte(i)},
+			PayloadFormat:   new(byte(1)),
+			User: paho.UserProperties{
+				{Key: "site", Value: "lyon"},
+				{Key: "i", Value: strconv.Itoa(i)},
+				{Key: "site", Value: "ñ✓ 漢字"},
+				{Key: meta.HeaderTenant, Value: "forged"},
+			},
+		}
+	}
+	topics := []string{"sensors/a/temp", "sensors/b/temp", "sensors/c"}
+	const perTopic, other = 40, 20
+	publish := func(topic string, i int) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err := pub.Publish(ctx, &paho.Publish{QoS: 1, Topic: topic, Payload: fmt.Appendf(nil, `{"i":%d}`, i), Properties: props(topic, i)})
+		require.NoError(t, err)
+	}
+	for i := range perTopic {
+		for _, tp := range topics {
+			publish(tp, i)
+		}
+		if i < other {
+			publish("other/x", i)
+		}
+	}
+	total := perTopic * len(topics)
 	testutil.Eventually(t, 20*time.Second, func() error {
-		if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); int(w) < n {
-			return fmt.Errorf("written %v of %d", w, n)
+		if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); int(w) < total {
+			return fmt.Errorf("written %v of %d", w, total)
 		}
 		return nil
 	})
-	require.Equal(t, float64(other), edgeMetric("keel_edge_output_skipped_total"))
-	require.Equal(t, float64(n), edgeMetric("keel_edge_output_sent_total"))
+	require.Equal(t, float64(other), e.metric(t, "keel_edge_output_skipped_total", nil))
+	require.Equal(t, float64(total), e.metric(t, "keel_edge_output_sent_total", nil))
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_unmatched_total", nil))
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 20*time.Second)
-	require.Len(t, msgs, n)
+
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 20*time.Second)
+	require.Len(t, msgs, total)
+	next := map[string]int{}
+	partOf := map[string]int{}
+	ids := map[string]bool{}
 	for _, km := range msgs {
-		require.Equal(t, "acme", header(km.Headers, meta.HeaderTenant))
-		require.Equal(t, "pub", header(km.Headers, meta.HeaderClientID))
-		require.Equal(t, "1", header(km.Headers, meta.HeaderQoS))
-		require.True(t, strings.HasPrefix(string(km.Key), "sensors/"))
-		require.NotEmpty(t, header(km.Headers, meta.HeaderMsgID))
+		topic := string(km.Key)
+		i := next[topic]
+		next[topic]++
+		require.Equal(t, fmt.Sprintf(`{"i":%d}`, i), string(km.Value), "order and payload of %s", topic)
+		if p, ok := partOf[topic]; ok {
+			require.Equal(t, p, km.Partition, "topic %s spread over partitions", topic)
+		}
+		partOf[topic] = km.Partition
+		id, ingress := header(km.Headers, meta.HeaderMsgID), header(km.Headers, meta.HeaderIngress)
+		require.Regexp(t, `^[^:]+:[0-9]+:[0-9]+$`, id)
+		require.False(t, ids[id], "msgID %s twice", id)
+		ids[id] = true
+		_, err := strconv.ParseInt(ingress, 10, 64)
+		require.NoError(t, err, "ingress %q", ingress)
+		p := props(topic, i)
+		want := []kafka.Header{
+			{Key: meta.HeaderTenant, Value: []byte("acme")},
+			{Key: meta.HeaderTopic, Value: []byte(topic)},
+			{Key: meta.HeaderClientID, Value: []byte("pub5")},
+			{Key: meta.HeaderMsgID, Value: []byte(id)},
+			{Key: meta.HeaderQoS, Value: []byte("1")},
+			{Key: meta.HeaderRetain, Value: []byte("false")},
+			{Key: meta.HeaderIngress, Value: []byte(ingress)},
+			{Key: meta.HeaderContentType, Value: []byte(p.ContentType)},
+			{Key: meta.HeaderResponseTopic, Value: []byte(p.ResponseTopic)},
+			{Key: meta.HeaderCorrelationData, Value: p.CorrelationData},
+			{Key: meta.HeaderPayloadFormat, Value: []byte("1")},
+		}
+		for _, up := range p.User {
+			want = append(want, kafka.Header{Key: meta.UserPropertyHeader(up.Key), Value: []byte(up.Value)})
+		}
+		require.Equal(t, want, km.Headers, "headers of %s #%d", topic, i)
 	}
+	for _, tp := range topics {
+		require.Equal(t, perTopic, next[tp], "records of %s", tp)
+	}
+	t.Run("kcat", func(t *testing.T) { requireKcatAgrees(t, addr, msgs) })
+}
+
+// TestOutput_FromEdge_StalledSinkLeavesMQTTAlone stalls the HTTP sink for
+// 10 s while an MQTT client publishes through a real keel-edge to a
+// subscriber on the same edge. Publish-to-delivery latency is measured
+// before and during the stall and must stay within noise of the baseline
+// (a blocked path would add seconds); every message reaches the
+// subscriber; and the drop counters account for every message that did not
+// reach the sink: delivered to the sink + dropped at the edge's queue +
+// refused by the output's full buffer = published.
+func TestOutput_FromEdge_StalledSinkLeavesMQTTAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	var stall atomic.Bool
+	release := make(chan struct{})
+	var sinkMu sync.Mutex
+	atSink := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if stall.Load() {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		var b httpsink.BatchBody
+		if json.Unmarshal(body, &b) != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		sinkMu.Lock()
+		for _, rec := range b.Records {
+			atSink[rec.MsgID] = true
+		}
+		sinkMu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	h := startOutput(t, fmt.Sprintf(`
+tenants:
+  acme:
+    rules:
+      - name: to-http
+        filters: ["sensors/#"]
+        sink:
+          plugin: http
+          config: {url: %q, batch: true, max_batch_records: 50, timeout: 60s, max_attempts: 2}
+        buffer: {records: 200}
+        max_batch: 50
+`, srv.URL))
+	e := startEdge(t, h, "--output.queue-records", "300")
+
+	// Each payload carries its send time; the subscriber notes the latency.
+	type sample struct {
+		seq     uint64
+		latency time.Duration
+	}
+	var recvMu sync.Mutex
+	var received []sample
+	sub := mqtt.NewClient(mqtt.NewClientOptions().AddBroker("tcp://" + e.mqttAddr).SetClientID("sub").SetCleanSession(true).
+		SetOrderMatters(false).SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
+		p := m.Payload()
+		lat := time.Since(time.Unix(0, int64(binary.BigEndian.Uint64(p[8:]))))
+		recvMu.Lock()
+		received = append(received, sample{binary.BigEndian.Uint64(p), lat})
+		recvMu.Unlock()
+	}))
+	require.True(t, sub.Connect().WaitTimeout(10*time.Second))
+	t.Cleanup(func() { sub.Disconnect(100) })
+	require.True(t, sub.Subscribe("sensors/#", 1, nil).WaitTimeout(10*time.Second))
+	pub := mqtt.NewClient(mqtt.NewClientOptions().AddBroker("tcp://" + e.mqttAddr).SetClientID("pub").SetCleanSession(true))
+	require.True(t, pub.Connect().WaitTimeout(10*time.Second))
+	t.Cleanup(func() { pub.Disconnect(100) })
+
+	// 500 messages/s, QoS 1, acknowledgements awaited in batches so the
+	// publisher never runs far ahead of the edge.
+	var published uint64
+	publishFor := func(d time.Duration) (first, last uint64) {
+		first = published + 1
+		var toks []mqtt.Token
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for end := time.Now().Add(d); time.Now().Before(end); <-tick.C {
+			published++
+			p := make([]byte, 64)
+			binary.BigEndian.PutUint64(p, published)
+			binary.BigEndian.PutUint64(p[8:], uint64(time.Now().UnixNano()))
+			toks = append(toks, pub.Publish(fmt.Sprintf("sensors/%d", published%4), 1, false, p))
+			if len(toks) == 50 {
+				for _, tok := range toks {
+					require.True(t, tok.WaitTimeout(10*time.Second))
+					require.NoError(t, tok.Error())
+				}
+				toks = toks[:0]
+			}
+		}
+		for _, tok := range toks {
+			require.True(t, tok.WaitTimeout(10*time.Second))
+			require.NoError(t, tok.Error())
+		}
+		return first, published
+	}
+	waitReceived := func() {
+		t.Helper()
+		testutil.Eventually(t, 20*time.Second, func() error {
+			recvMu.Lock()
+			defer recvMu.Unlock()
+			if uint64(len(received)) < published {
+				return fmt.Errorf("subscriber has %d of %d", len(received), published)
+			}
+			return nil
+		})
+	}
+	latencies := func(first, last uint64) []time.Duration {
+		recvMu.Lock()
+		defer recvMu.Unlock()
+		var ls []time.Duration
+		for _, s := range received {
+			if s.seq >= first && s.seq <= last {
+				ls = append(ls, s.latency)
+			}
+		}
+		slices.Sort(ls)
+		return ls
+	}
+	q := func(ls []time.Duration, f float64) time.Duration { return ls[int(float64(len(ls)-1)*f)] }
+
+	publishFor(500 * time.Millisecond) // warm-up
+	b0, b1 := publishFor(2 * time.Second)
+	waitReceived()
+	base := latencies(b0, b1)
+
+	stall.Store(true)
+	stallStart := time.Now()
+	s0, s1 := publishFor(10 * time.Second)
+	waitReceived()
+	during := latencies(s0, s1)
+	stall.Store(false)
+	close(release)
+	t.Logf("publish-to-delivery over MQTT: before the stall p50 %v p99 %v max %v (%d msgs); during the %v stall p50 %v p99 %v max %v (%d msgs)",
+		q(base, .5), q(base, .99), base[len(base)-1], len(base), time.Since(stallStart).Round(time.Millisecond),
+		q(during, .5), q(during, .99), during[len(during)-1], len(during))
+	require.Len(t, during, int(s1-s0+1), "every message published during the stall reached the subscriber")
+	// A delivery path blocked by the sink would add up to 10 s.
+	require.Less(t, q(during, .99), q(base, .99)+250*time.Millisecond, "a stalled sink slowed MQTT delivery")
+
+	// Every published message reached the sink or is counted as dropped.
+	queueFull := func() float64 {
+		return e.metric(t, "keel_edge_output_dropped_total", map[string]string{"reason": client.ReasonQueueFull})
+	}
+	refused := func() float64 {
+		return e.metric(t, "keel_edge_output_dropped_total", map[string]string{"reason": client.ReasonRefused})
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		sinkMu.Lock()
+		n := len(atSink)
+		sinkMu.Unlock()
+		if got := float64(n) + queueFull() + refused(); got != float64(published) {
+			return fmt.Errorf("at the sink %d + dropped at the edge %v + refused %v != published %d", n, queueFull(), refused(), published)
+		}
+		return nil
+	})
+	sinkMu.Lock()
+	n := len(atSink)
+	sinkMu.Unlock()
+	t.Logf("published %d: %d at the sink, %v dropped from the edge's queue, %v refused by the output's buffer", published, n, queueFull(), refused())
+	require.Positive(t, queueFull()+refused(), "the stall dropped nothing: the test did not fill the buffers")
+	require.Equal(t, refused(), metric(t, h.out.Registry(), "keel_output_dropped_total", map[string]string{"reason": "buffer_full"}))
+}
+
+// TestOutput_FromEdge_TransformsToHTTP runs both transform plugins as
+// processes between a real keel-edge and the HTTP sink: the filter keeps an
+// order only from region eu with a positive JSON total, and json-map
+// rewrites what passes into a new document keyed by the customer and sent
+// with the topic's second level as its destination.
+func TestOutput_FromEdge_TransformsToHTTP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	type got struct {
+		path string
+		rec  httpsink.BatchRecord
+	}
+	recs := make(chan got, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var b httpsink.BatchBody
+		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		for _, rec := range b.Records {
+			recs <- got{r.URL.Path, rec}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	h := startOutput(t, fmt.Sprintf(`
+tenants:
+  acme:
+    rules:
+      - name: orders
+        filters: ["orders/#"]
+        transforms:
+          - plugin: filter
+            config: {user_properties: [{key: region, value: eu}], json: [{path: total, gt: 0}]}
+          - plugin: json-map
+            config:
+              fields: {id: msg_id, shop: topic_level.1, site: user_properties.site, order.total: payload.total, order.lines: payload.lines}
+              key: payload.customer
+              destination: topic_level.1
+        sink:
+          plugin: http
+          config: {url: %q, batch: true}
+        max_batch: 10
+`, srv.URL+"/in/"))
+	e := startEdge(t, h)
+	pub := connectV5(t, e.mqttAddr, "shop-pub")
+	publish := func(topic, region, payload string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err := pub.Publish(ctx, &paho.Publish{QoS: 1, Topic: topic, Payload: []byte(payload),
+			Properties: &paho.PublishProperties{User: paho.UserProperties{{Key: "region", Value: region}, {Key: "site", Value: "lyon"}}}})
+		require.NoError(t, err)
+	}
+	publish("orders/paris", "us", `{"customer":"c1","total":10,"lines":[1]}`)     // wrong region
+	publish("orders/paris", "eu", `{"customer":"c2","total":0,"lines":[]}`)       // total not > 0
+	publish("orders/paris", "eu", `not json`)                                     // no total
+	publish("orders/paris", "eu", `{"customer":"c3","total":12.5,"lines":[1,2]}`) // kept
+	publish("orders/berlin", "eu", `{"customer":"c4","total":3,"lines":[3]}`)     // kept
+
+	var kept []got
+	for len(kept) < 2 {
+		select {
+		case g := <-recs:
+			kept = append(kept, g)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the sink got %d of 2 records", len(kept))
+		}
+	}
+	for i, want := range []struct{ key, shop, total, lines string }{
+		{"c3", "paris", "12.5", "[1,2]"},
+		{"c4", "berlin", "3", "[3]"},
+	} {
+		g := kept[i]
+		// A batch goes to the sink's URL; each record names its destination.
+		require.Equal(t, "/in/", g.path)
+		require.Equal(t, want.shop, g.rec.Destination)
+		require.Equal(t, want.key, string(g.rec.Key))
+		require.Equal(t, "orders/"+want.shop, g.rec.Topic)
+		require.Regexp(t, `^[^:]+:[0-9]+:[0-9]+$`, g.rec.MsgID)
+		require.JSONEq(t, fmt.Sprintf(`{"id":%q,"shop":%q,"site":"lyon","order":{"total":%s,"lines":%s}}`,
+			g.rec.MsgID, want.shop, want.total, want.lines), string(g.rec.Payload))
+	}
+	select {
+	case g := <-recs:
+		t.Fatalf("a record the filter should have dropped reached the sink: %+v", g)
+	case <-time.After(500 * time.Millisecond):
+	}
+	require.Equal(t, 5.0, e.metric(t, "keel_edge_output_sent_total", nil))
+	require.Equal(t, 3.0, metric(t, h.out.Registry(), "keel_output_filtered_total", nil))
 }

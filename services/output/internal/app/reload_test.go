@@ -1,9 +1,12 @@
 package app
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,7 +15,6 @@ import (
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
-	"github.com/keelmq/keel/services/output/internal/rules"
 )
 
 // TestOutput_Reload_BadRulesKeepLastGood applies broken rules files and a
@@ -51,7 +53,7 @@ func TestOutput_Reload_BadRulesKeepLastGood(t *testing.T) {
 		{"bad_filter", "tenants:\n  acme:\n    rules:\n      - name: x\n        filters: [\"a/#/b\"]\n        sink: {plugin: kafka}\n", "rules.yaml:5: tenants.acme.rules[0].filters[0]"},
 		{"missing_binary", "tenants:\n  acme:\n    rules:\n      - name: x\n        filters: [a]\n        sink: {plugin: nope}\n", "rules.yaml:6: tenants.acme.rules[0].sink.plugin: plugin \"nope\""},
 		{"not_a_plugin", fmt.Sprintf("plugins: {fake: %q}\ntenants:\n  acme:\n    rules:\n      - name: x\n        filters: [a]\n        sink: {plugin: fake}\n", notPlugin), "launch plugin"},
-		{"config_refused", "tenants:\n  acme:\n    rules:\n      - name: x\n        filters: [a]\n        sink: {plugin: kafka, config: {topic: t}}\n", "brokers"},
+		{"config_refused", "tenants:\n  acme:\n    rules:\n      - name: x\n        filters: [a]\n        sink: {plugin: kafka, config: {topic: t}}\n", "rules.yaml:6: tenants.acme.rules[0].sink.config: kafka sink config: brokers: at least one address is required"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h.writeRules(t, tc.rules)
@@ -65,18 +67,69 @@ func TestOutput_Reload_BadRulesKeepLastGood(t *testing.T) {
 	require.Equal(t, 6.0, metric(t, h.out.Registry(), "keel_output_rules_reloads_total", map[string]string{"result": "error"}))
 }
 
+// reloadTrigger makes the output service re-read its rules file.
+type reloadTrigger func(t *testing.T, h *harness)
+
 // TestOutput_Reload_KeepsBuffer points a rule at a Kafka address nobody
 // listens on, so records pile up in its buffer while the sink retries, then
 // fixes the address in the rules file. The reload switches the pipeline to
-// new plugin processes and every buffered record is delivered.
+// new plugin processes and every buffered record is delivered, whichever
+// way the reload comes: a call, a change of the file, or SIGHUP.
 func TestOutput_Reload_KeepsBuffer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
 	}
 	t.Parallel()
+	testReloadKeepsBuffer(t, nil, func(t *testing.T, h *harness) {
+		require.NoError(t, h.out.Reload(t.Context(), false))
+	})
+}
+
+func TestOutput_Reload_KeepsBufferOnFileChange(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	testReloadKeepsBuffer(t, func(c *Config) { c.PollInterval = 50 * time.Millisecond }, func(*testing.T, *harness) {})
+}
+
+// TestOutput_Reload_KeepsBufferOnSIGHUP is not parallel: the signal goes to
+// the whole test process, and every output service running in it reloads.
+func TestOutput_Reload_KeepsBufferOnSIGHUP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	// The test's own registration keeps a SIGHUP from ending the process
+	// should it come before the service's watcher registered its own.
+	own := make(chan os.Signal, 16)
+	signal.Notify(own, syscall.SIGHUP)
+	defer signal.Stop(own)
+	testReloadKeepsBuffer(t, nil, func(t *testing.T, h *harness) {
+		reloads := func() float64 {
+			return metric(t, h.out.Registry(), "keel_output_rules_reloads_total", map[string]string{"result": "ok"})
+		}
+		// With no polling the changed file alone reloads nothing.
+		before := reloads()
+		time.Sleep(300 * time.Millisecond)
+		require.Equal(t, before, reloads())
+		testutil.Eventually(t, 10*time.Second, func() error {
+			require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+			deadline := time.Now().Add(time.Second)
+			for time.Now().Before(deadline) {
+				if reloads() > before {
+					return nil
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			return errors.New("no reload after SIGHUP")
+		})
+	})
+}
+
+func testReloadKeepsBuffer(t *testing.T, mod func(*Config), reload reloadTrigger) {
 	addr := outputtest.StartKafka(t, 2, kafkaTopic)
 	dead := testutil.FreeAddr(t)
-	h := startOutput(t, kafkaRules(dead, ""))
+	h := startOutputWith(t, kafkaRules(dead, ""), mod)
 	c, _ := newClient(t, h, nil)
 	const n = 500
 	for i := range n {
@@ -90,7 +143,7 @@ func TestOutput_Reload_KeepsBuffer(t *testing.T) {
 	})
 	oldPid := h.out.Host().PluginPIDs("acme/to-kafka")[0]
 	h.writeRules(t, kafkaRules(addr, ""))
-	require.NoError(t, h.out.Reload(t.Context(), false))
+	reload(t, h)
 	testutil.Eventually(t, 20*time.Second, func() error {
 		if w := metric(t, h.out.Registry(), "keel_output_records_out_total", nil); w < n {
 			return fmt.Errorf("written %v", w)
@@ -105,5 +158,4 @@ func TestOutput_Reload_KeepsBuffer(t *testing.T) {
 	}
 	require.Len(t, ids, n)
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_dropped_total", nil))
-	_ = rules.ErrInvalid
 }
