@@ -16,6 +16,7 @@ import (
 
 	client "github.com/keelmq/keel/libs/outputclient"
 	"github.com/keelmq/keel/libs/testutil"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	outputv1 "github.com/keelmq/keel/proto/gen/keel/output/v1"
 	"github.com/keelmq/keel/proto/gen/keel/output/v1/outputv1connect"
 	"github.com/keelmq/keel/services/output/internal/meta"
@@ -59,6 +60,7 @@ func TestOutput_HTTP_RetriesSignaturesBatches(t *testing.T) {
 		requests int
 		got      = map[string]httpsink.BatchRecord{}
 		badSig   int
+		biggest  int          // most records in one body
 		phase    atomic.Int32 // 0: 500s, 1: stall, 2: ok
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -67,6 +69,10 @@ func TestOutput_HTTP_RetriesSignaturesBatches(t *testing.T) {
 		requests++
 		if !httpsink.Verify([]byte(hmacSecret), r.Header.Get(httpsink.HeaderTimestamp), body, r.Header.Get(httpsink.HeaderSignature)) {
 			badSig++
+		}
+		var sent httpsink.BatchBody
+		if json.Unmarshal(body, &sent) == nil {
+			biggest = max(biggest, len(sent.Records))
 		}
 		mu.Unlock()
 		switch phase.Load() {
@@ -97,13 +103,13 @@ func TestOutput_HTTP_RetriesSignaturesBatches(t *testing.T) {
 	h := startOutput(t, httpRules(srv.URL, "200ms", "${TEST_HMAC_SECRET}", 10000))
 	c, _ := newClient(t, h, nil)
 	const n = 200
-	want := map[string]bool{}
+	want := map[string]*commonv1.Message{}
 	for i := range n {
 		m := outputtest.Message("acme", fmt.Sprintf("sensors/%d", i%3), uint64(i+1), fmt.Appendf(nil, `{"i":%d}`, i))
 		if i%4 == 3 {
 			m.UserProperties = m.UserProperties[1:2] // no region: filtered out
 		} else {
-			want[meta.MsgID(m.GetId())] = true
+			want[meta.MsgID(m.GetId())] = m
 		}
 		require.True(t, c.OfferMessage(m))
 	}
@@ -134,14 +140,21 @@ func TestOutput_HTTP_RetriesSignaturesBatches(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Zero(t, badSig, "requests with a bad signature")
+	require.LessOrEqual(t, biggest, 20, "a body over max_batch_records")
 	for id, rec := range got {
-		require.True(t, want[id], "unexpected record %s (filtered?)", id)
+		m := want[id]
+		require.NotNil(t, m, "unexpected record %s (filtered?)", id)
 		require.Equal(t, "acme", rec.Tenant)
-		require.Equal(t, "client-"+rec.Topic, rec.ClientID)
+		require.Equal(t, m.GetTopic(), rec.Topic)
+		require.Equal(t, m.GetClientId(), rec.ClientID)
 		require.Equal(t, uint32(1), rec.QoS)
+		require.Equal(t, m.GetRetain(), rec.Retain)
+		require.Equal(t, m.GetIngressUnixNano(), rec.IngressUnixNano)
 		require.Equal(t, "application/json", rec.ContentType)
-		require.True(t, json.Valid(rec.Payload), "payload %q", rec.Payload)
-		require.Equal(t, []httpsink.UserProperty{{Key: "region", Value: "eu"}, {Key: "seq", Value: rec.UserProperties[1].Value}, {Key: "region", Value: "eu-2"}}, rec.UserProperties)
+		require.Equal(t, m.GetResponseTopic(), rec.ResponseTopic)
+		require.Equal(t, m.GetCorrelationData(), rec.CorrelationData)
+		require.Equal(t, m.GetPayload(), rec.Payload)
+		require.Equal(t, []httpsink.UserProperty{{Key: "region", Value: "eu"}, {Key: "seq", Value: fmt.Sprint(m.GetId().GetSeq())}, {Key: "region", Value: "eu-2"}}, rec.UserProperties)
 	}
 	reg := h.out.Registry()
 	require.Positive(t, metric(t, reg, "keel_output_retries_total", map[string]string{"rule": "acme/to-http"}))

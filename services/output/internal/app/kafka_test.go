@@ -199,6 +199,19 @@ func TestOutput_Kafka_PluginKilled(t *testing.T) {
 	testPluginFault(t, syscall.SIGKILL, "")
 }
 
+// TestOutput_Kafka_TransformKilled kill -9s a transform plugin in front of
+// the Kafka sink mid-stream: the host restarts it and nothing is lost.
+func TestOutput_Kafka_TransformKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	t.Parallel()
+	testPluginFault(t, syscall.SIGKILL, `        transforms:
+          - plugin: filter
+            config: {user_properties: [{key: region}]}
+`)
+}
+
 // TestOutput_Kafka_PluginHung stops the sink plugin with SIGSTOP (a hung
 // plugin: its Write never returns) and checks that the host kills it after
 // the rule's write_timeout, restarts it, and delivers everything.
@@ -210,6 +223,8 @@ func TestOutput_Kafka_PluginHung(t *testing.T) {
 	testPluginFault(t, syscall.SIGSTOP, "        write_timeout: 1s\n")
 }
 
+// testPluginFault sends sig to the rule's first plugin process (its first
+// transform, or the sink when it has none) a third of the way into a stream.
 func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 	addr := outputtest.StartKafka(t, 4, kafkaTopic)
 	h := startOutput(t, kafkaRules(addr, "")+extra)
@@ -217,9 +232,9 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 	const n = 3000
 	const rule = "acme/to-kafka"
 	pids := h.out.Host().PluginPIDs(rule)
-	require.Len(t, pids, 1)
-	sinkPid := pids[0]
-	require.NotZero(t, sinkPid)
+	require.Len(t, pids, 1+strings.Count(extra, "- plugin:"))
+	victim := pids[0]
+	require.NotZero(t, victim)
 
 	sent := make(map[string]bool, n)
 	for i := range n {
@@ -227,7 +242,7 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 		sent[meta.MsgID(m.GetId())] = true
 		require.True(t, c.OfferMessage(m))
 		if i == n/3 {
-			require.NoError(t, syscall.Kill(sinkPid, sig))
+			require.NoError(t, syscall.Kill(victim, sig))
 		}
 		if i%100 == 0 {
 			time.Sleep(5 * time.Millisecond)
@@ -244,7 +259,7 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 		return nil
 	})
 	newPid := h.out.Host().PluginPIDs(rule)[0]
-	require.NotEqual(t, sinkPid, newPid, "sink restarted under a new pid")
+	require.NotEqual(t, victim, newPid, "plugin restarted under a new pid")
 
 	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 10*time.Second)
 	got := map[string]int{}
@@ -261,7 +276,7 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 	t.Logf("signal %v: %d records in Kafka for %d messages (%d duplicates), restarts %v", sig, len(msgs), n, len(msgs)-n,
 		metric(t, h.out.Registry(), "keel_output_plugin_restarts_total", nil))
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_dropped_total", nil))
-	_ = strings.TrimSpace
+	require.Zero(t, metric(t, h.out.Registry(), "keel_output_filtered_total", nil))
 }
 
 // TestOutput_Kafka_OrderWhileProducesFail: the sink takes two batches at
