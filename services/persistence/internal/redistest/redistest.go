@@ -214,3 +214,31 @@ func (g *Group) CPU() time.Duration {
 	}
 	return total
 }
+
+// CommandTime returns the time the node spent in cmd ("evalsha", ...) since
+// it started, as INFO commandstats reports it: a benchmark's script time
+// per record, apart from the replication and client work that CPU counts.
+func (n *Node) CommandTime(cmd string) time.Duration {
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	_ = c.Close()
+	if err != nil {
+		n.t.Fatalf("INFO commandstats on %s: %v", n.Addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+strings.ToLower(cmd)+":")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					n.t.Fatalf("INFO commandstats on %s: %s: %v", n.Addr, line, err)
+				}
+				return time.Duration(us) * time.Microsecond
+			}
+		}
+	}
+	return 0
+}

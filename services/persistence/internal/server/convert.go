@@ -194,7 +194,7 @@ func (d decoder) entry(e *persistencev1.Entry, needPacketID bool) (store.Entry, 
 	if err != nil {
 		return store.Entry{}, err
 	}
-	se := store.Entry{MsgID: id, QoS: q, Retain: e.GetRetain(), Pubrel: e.GetPubrel()}
+	se := store.Entry{MsgID: id, QoS: q, Retain: e.GetRetain(), Pubrel: e.GetPubrel(), TookQoS2: e.GetTookQos2()}
 	if len(e.GetSubscriptionIdentifiers()) > 32 {
 		return store.Entry{}, invalid("%d subscription identifiers", len(e.GetSubscriptionIdentifiers()))
 	}
@@ -213,6 +213,9 @@ func (d decoder) entry(e *persistencev1.Entry, needPacketID bool) (store.Entry, 
 	}
 	if se.Pubrel && q != 2 {
 		return store.Entry{}, invalid("pubrel on a QoS %d entry", q)
+	}
+	if se.TookQoS2 && q != 2 {
+		return store.Entry{}, invalid("took_qos2 on a QoS %d entry", q)
 	}
 	return se, nil
 }
@@ -392,6 +395,7 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 			if err != nil {
 				return fmt.Errorf("entry %d: %w", i, err)
 			}
+			se.TookQoS2 = false // an append's mark: a send records nothing
 			if se.QoS > 0 {
 				if seen[se.PacketID] {
 					return invalid("packet_id %d twice", se.PacketID)

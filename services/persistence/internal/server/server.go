@@ -309,6 +309,11 @@ func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persisten
 	for _, in := range st.Incoming {
 		out.Incoming = append(out.Incoming, IncomingOut(in))
 	}
+	for _, id := range st.TookQoS2 {
+		if m, err := ParseMsgID(id); err == nil {
+			out.TookQos2 = append(out.TookQos2, m)
+		}
+	}
 	// In queue order, then in-flight, so a caller can deliver as it reads.
 	seen := make(map[string]bool, len(st.Messages))
 	add := func(id string) {

@@ -238,6 +238,8 @@ func badOps() map[string]*persistencev1.WriteOp {
 	noFence.Fence = nil
 	noMsgID := appendOp(1, 1)
 	noMsgID.GetAppend().Entries[0].MsgId = nil
+	tookQoS1 := appendOp(1, 1)
+	tookQoS1.GetAppend().Entries[0].TookQos2 = true
 	return map[string]*persistencev1.WriteOp{
 		"oversized_payload": withMsg(big),
 		"wildcard_topic":    withMsg(wild),
@@ -247,6 +249,7 @@ func badOps() map[string]*persistencev1.WriteOp {
 		"bad_tenant":        badTenant,
 		"no_fence":          noFence,
 		"no_msgid":          noMsgID,
+		"took_qos2_at_qos1": tookQoS1,
 		"no_kind":           {Session: sess, Fence: fence(1)},
 		"bad_qos":           {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_PutSubscription{PutSubscription: &persistencev1.PutSubscriptionOp{Subscription: &persistencev1.Subscription{Filter: "a", Qos: 3}}}},
 		"bad_filter":        {Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_PutSubscription{PutSubscription: &persistencev1.PutSubscriptionOp{Subscription: &persistencev1.Subscription{Filter: "a/#/b"}}}},
@@ -381,4 +384,39 @@ func TestIncomingOut_RoundTrip(t *testing.T) {
 		require.True(t, proto.Equal(&persistencev1.Incoming{PacketId: 2, MsgId: id, Unconfirmed: true, Fingerprint: 0xabc},
 			IncomingOut(store.Incoming{PacketID: 2, MsgID: unconfirmedValue(plain, 0xabc)})), "unconfirmed, edge %q", edge)
 	}
+}
+
+// An append's took_qos2 entries come back from LoadSession, oldest first,
+// after their deliveries completed; a send's mark records nothing, and
+// DeleteSession forgets them.
+func TestServer_TookQoS2_RoundTrip(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, boltStore(t))
+	w := newWriter(t, ts.client)
+	qos2 := func(seq uint64, took bool) *persistencev1.Entry {
+		return &persistencev1.Entry{MsgId: mid(seq), Qos: 2, TookQos2: took}
+	}
+	a := &persistencev1.AppendOp{Entries: []*persistencev1.Entry{qos2(3, true), qos2(1, false), qos2(2, true)},
+		Messages: []*commonv1.Message{pmsg(3), pmsg(1), pmsg(2)}}
+	send := &persistencev1.SendOp{}
+	for i, seq := range []uint64{3, 1, 2} {
+		e := qos2(seq, true)
+		e.PacketId = uint32(i + 1)
+		send.Entries = append(send.Entries, e)
+	}
+	resp := w.write(activate(1),
+		&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Append{Append: a}},
+		&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Send{Send: send}},
+		&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Complete{Complete: &persistencev1.CompleteOp{PacketIds: []uint32{1, 2, 3}}}},
+	)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	st := load(t, ts.client)
+	require.Empty(t, st.GetInflight())
+	require.Len(t, st.GetTookQos2(), 2)
+	require.True(t, proto.Equal(mid(3), st.GetTookQos2()[0]), "oldest first: %v", st.GetTookQos2())
+	require.True(t, proto.Equal(mid(2), st.GetTookQos2()[1]))
+
+	resp = w.write(&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_DeleteSession{DeleteSession: &persistencev1.DeleteSessionOp{}}})
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	require.Empty(t, load(t, ts.client).GetTookQos2())
 }

@@ -73,7 +73,17 @@ type Entry struct {
 	PacketID uint16 `json:"pk,omitempty"`  // in flight only
 	Pubrel   bool   `json:"rel,omitempty"` // QoS 2: PUBREC received, PUBREL owed
 	Seq      uint64 `json:"s,omitempty"`   // queue position, assigned by the store
+	// TookQoS2 marks, in an append, a QoS 2 delivery the session takes only
+	// once: the store remembers its msgID in [State.TookQoS2], so that a
+	// resend under the same msgID is not delivered again after the session
+	// resumed elsewhere from the store. It is not part of the stored entry.
+	TookQoS2 bool `json:"-"`
 }
+
+// TookQoS2Len bounds the msgIDs a session's [State.TookQoS2] remembers. A
+// resend comes within seconds of its edge's failure, after far fewer QoS 2
+// deliveries than this; the edges remember as many in memory.
+const TookQoS2Len = 1024
 
 // Subscription is a stored subscription.
 type Subscription struct {
@@ -109,6 +119,12 @@ type State struct {
 	Inflight []Entry
 	Incoming []Incoming
 	Messages map[string]*Message // every message the queue and in-flight entries refer to
+	// TookQoS2 holds the msgIDs of the last [TookQoS2Len] entries appended
+	// with [Entry.TookQoS2], oldest first. An append records an entry it
+	// queued or sent at once, and one it found queued already (a retry);
+	// not one its queue limit refused. Sending, completing or dropping the
+	// entry later leaves the record: the session took the message.
+	TookQoS2 []string
 }
 
 // QueueLimits bound one session's queue.
@@ -130,11 +146,13 @@ type Store interface {
 	// Activate makes f.Epoch the session's current epoch.
 	Activate(ctx context.Context, k SessionKey, f Fence) error
 	PutSession(ctx context.Context, k SessionKey, f Fence, s Session) error
-	// DeleteSession removes everything of the session but its epoch.
+	// DeleteSession removes everything of the session but its epoch, the
+	// remembered QoS 2 msgIDs included.
 	DeleteSession(ctx context.Context, k SessionKey, f Fence) error
 	PutSubscription(ctx context.Context, k SessionKey, f Fence, sub Subscription) error
 	DeleteSubscription(ctx context.Context, k SessionKey, f Fence, filter string) error
-	// Append queues messages, set-if-absent by msgID, in order.
+	// Append queues messages, set-if-absent by msgID, in order, and
+	// remembers the msgIDs of entries marked [Entry.TookQoS2].
 	Append(ctx context.Context, k SessionKey, f Fence, lim QueueLimits, entries []Entry, msgs []*Message) (AppendResult, error)
 	// Send moves queued entries (by msgID) to the in-flight set under their
 	// packet IDs; entries with QoS 0 just leave the queue.

@@ -410,7 +410,13 @@ type Entry struct {
 	// pubrel is true once PUBREC arrived (QoS 2): resend PUBREL, never the PUBLISH.
 	Pubrel bool `protobuf:"varint,6,opt,name=pubrel,proto3" json:"pubrel,omitempty"`
 	// seq is the queue position the store assigned; ignored in requests.
-	Seq           uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq uint64 `protobuf:"varint,7,opt,name=seq,proto3" json:"seq,omitempty"`
+	// took_qos2 marks, in an append, a QoS 2 delivery the session takes only
+	// once: the store remembers its msg_id among the session's last 1024 such
+	// (LoadSessionResponse.took_qos2), so that a resend of the message under
+	// the same msg_id, reaching the session after it moved to another edge
+	// with no handover (its edge died), is not delivered a second time.
+	TookQos2      bool `protobuf:"varint,8,opt,name=took_qos2,json=tookQos2,proto3" json:"took_qos2,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -492,6 +498,13 @@ func (x *Entry) GetSeq() uint64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *Entry) GetTookQos2() bool {
+	if x != nil {
+		return x.TookQos2
+	}
+	return false
 }
 
 // Incoming is an inbound QoS 2 PUBLISH awaiting its PUBREL.
@@ -1811,7 +1824,10 @@ type LoadSessionResponse struct {
 	// incoming lists the inbound QoS 2 messages awaiting PUBREL.
 	Incoming []*Incoming `protobuf:"bytes,6,rep,name=incoming,proto3" json:"incoming,omitempty"`
 	// messages are the bodies the queue and in-flight entries refer to, one per msgID.
-	Messages      []*v1.Message `protobuf:"bytes,7,rep,name=messages,proto3" json:"messages,omitempty"`
+	Messages []*v1.Message `protobuf:"bytes,7,rep,name=messages,proto3" json:"messages,omitempty"`
+	// took_qos2 lists the msg_ids of the last QoS 2 deliveries the session took
+	// (appended with Entry.took_qos2), oldest first; at most 1024.
+	TookQos2      []*v1.MsgID `protobuf:"bytes,8,rep,name=took_qos2,json=tookQos2,proto3" json:"took_qos2,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1891,6 +1907,13 @@ func (x *LoadSessionResponse) GetIncoming() []*Incoming {
 func (x *LoadSessionResponse) GetMessages() []*v1.Message {
 	if x != nil {
 		return x.Messages
+	}
+	return nil
+}
+
+func (x *LoadSessionResponse) GetTookQos2() []*v1.MsgID {
+	if x != nil {
+		return x.TookQos2
 	}
 	return nil
 }
@@ -2329,7 +2352,7 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\n" +
 	"properties\x18\x04 \x01(\fR\n" +
 	"properties\x12-\n" +
-	"\x04will\x18\x05 \x01(\v2\x19.keel.persistence.v1.WillR\x04will\"\xe1\x01\n" +
+	"\x04will\x18\x05 \x01(\v2\x19.keel.persistence.v1.WillR\x04will\"\xfe\x01\n" +
 	"\x05Entry\x12,\n" +
 	"\x06msg_id\x18\x01 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12\x10\n" +
 	"\x03qos\x18\x02 \x01(\rR\x03qos\x12\x16\n" +
@@ -2337,7 +2360,8 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x18subscription_identifiers\x18\x04 \x03(\rR\x17subscriptionIdentifiers\x12\x1b\n" +
 	"\tpacket_id\x18\x05 \x01(\rR\bpacketId\x12\x16\n" +
 	"\x06pubrel\x18\x06 \x01(\bR\x06pubrel\x12\x10\n" +
-	"\x03seq\x18\a \x01(\x04R\x03seq\"\x99\x01\n" +
+	"\x03seq\x18\a \x01(\x04R\x03seq\x12\x1b\n" +
+	"\ttook_qos2\x18\b \x01(\bR\btookQos2\"\x99\x01\n" +
 	"\bIncoming\x12\x1b\n" +
 	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
 	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12 \n" +
@@ -2414,7 +2438,7 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\arefused\x18\x06 \x01(\rR\arefused\x12\x18\n" +
 	"\achanged\x18\a \x01(\bR\achanged\"J\n" +
 	"\x12LoadSessionRequest\x124\n" +
-	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\"\x86\x03\n" +
+	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\"\xba\x03\n" +
 	"\x13LoadSessionResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x126\n" +
 	"\asession\x18\x02 \x01(\v2\x1c.keel.persistence.v1.SessionR\asession\x12G\n" +
@@ -2422,7 +2446,8 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x05queue\x18\x04 \x03(\v2\x1a.keel.persistence.v1.EntryR\x05queue\x126\n" +
 	"\binflight\x18\x05 \x03(\v2\x1a.keel.persistence.v1.EntryR\binflight\x129\n" +
 	"\bincoming\x18\x06 \x03(\v2\x1d.keel.persistence.v1.IncomingR\bincoming\x123\n" +
-	"\bmessages\x18\a \x03(\v2\x17.keel.common.v1.MessageR\bmessages\"]\n" +
+	"\bmessages\x18\a \x03(\v2\x17.keel.common.v1.MessageR\bmessages\x122\n" +
+	"\ttook_qos2\x18\b \x03(\v2\x15.keel.common.v1.MsgIDR\btookQos2\"]\n" +
 	"\x15LookupRetainedRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x16\n" +
 	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x14\n" +
@@ -2562,24 +2587,25 @@ var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
 	5,  // 36: keel.persistence.v1.LoadSessionResponse.inflight:type_name -> keel.persistence.v1.Entry
 	6,  // 37: keel.persistence.v1.LoadSessionResponse.incoming:type_name -> keel.persistence.v1.Incoming
 	33, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
-	33, // 39: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
-	36, // 40: keel.persistence.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	36, // 41: keel.persistence.v1.SwitchoverResponse.paused_for:type_name -> google.protobuf.Duration
-	8,  // 42: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
-	25, // 43: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
-	27, // 44: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
-	29, // 45: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
-	31, // 46: keel.persistence.v1.PersistenceService.Switchover:input_type -> keel.persistence.v1.SwitchoverRequest
-	23, // 47: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
-	26, // 48: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
-	28, // 49: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
-	30, // 50: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
-	32, // 51: keel.persistence.v1.PersistenceService.Switchover:output_type -> keel.persistence.v1.SwitchoverResponse
-	47, // [47:52] is the sub-list for method output_type
-	42, // [42:47] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	34, // 39: keel.persistence.v1.LoadSessionResponse.took_qos2:type_name -> keel.common.v1.MsgID
+	33, // 40: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
+	36, // 41: keel.persistence.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	36, // 42: keel.persistence.v1.SwitchoverResponse.paused_for:type_name -> google.protobuf.Duration
+	8,  // 43: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
+	25, // 44: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
+	27, // 45: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
+	29, // 46: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
+	31, // 47: keel.persistence.v1.PersistenceService.Switchover:input_type -> keel.persistence.v1.SwitchoverRequest
+	23, // 48: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
+	26, // 49: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
+	28, // 50: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
+	30, // 51: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
+	32, // 52: keel.persistence.v1.PersistenceService.Switchover:output_type -> keel.persistence.v1.SwitchoverResponse
+	48, // [48:53] is the sub-list for method output_type
+	43, // [43:48] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_keel_persistence_v1_persistence_proto_init() }

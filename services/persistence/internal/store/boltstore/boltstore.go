@@ -96,6 +96,11 @@ var (
 	kRec      = []byte("rec")
 	kSeq      = []byte("seq")
 	subNames  = [][]byte{[]byte("sub"), []byte("q"), []byte("qe"), []byte("inf"), []byte("in")}
+	// bTook, in a session's bucket, lists the msgIDs of [store.State.TookQoS2]
+	// under the bucket's sequence (8 bytes, big-endian), so a cursor reads
+	// them oldest first. It is created by the first append that records one,
+	// so sessions that never take a QoS 2 message do not carry it.
+	bTook = []byte("took")
 )
 
 // Open opens (creating) the store file in dir and starts the committer.
@@ -458,8 +463,14 @@ func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error
 		}); err != nil {
 			return err
 		}
-		return each(subNames[4], func(k, v []byte) error {
+		if err := each(subNames[4], func(k, v []byte) error {
 			st.Incoming = append(st.Incoming, store.Incoming{PacketID: binary.BigEndian.Uint16(k), MsgID: string(v)})
+			return nil
+		}); err != nil {
+			return err
+		}
+		return each(bTook, func(_, v []byte) error {
+			st.TookQoS2 = append(st.TookQoS2, string(v))
 			return nil
 		})
 	})

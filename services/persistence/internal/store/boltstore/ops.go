@@ -245,6 +245,11 @@ func deleteSession(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			return store.OpResult{}, err
 		}
 	}
+	if ss.b.Bucket(bTook) != nil {
+		if err := ss.b.DeleteBucket(bTook); err != nil {
+			return store.OpResult{}, err
+		}
+	}
 	if err := ss.b.Delete(kRec); err != nil {
 		return store.OpResult{}, err
 	}
@@ -292,10 +297,16 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		return store.OpResult{Err: fail}, err
 	}
 	var res store.AppendResult
+	var took tookList
 	qlen := -1 // counted on first need, then kept up to date
 	for i, e := range entries {
 		if ss.qe.Get([]byte(e.MsgID)) != nil {
 			res.Duplicates++
+			if e.TookQoS2 {
+				if err := took.remember(ss.b, e.MsgID, true); err != nil {
+					return store.OpResult{}, err
+				}
+			}
 			continue
 		}
 		if lim.MaxLen > 0 {
@@ -343,8 +354,56 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			qlen++
 		}
 		res.Added++
+		if e.TookQoS2 {
+			if err := took.remember(ss.b, e.MsgID, false); err != nil {
+				return store.OpResult{}, err
+			}
+		}
 	}
 	return store.OpResult{Append: res}, nil
+}
+
+// tookList records an append's entries marked [store.Entry.TookQoS2] in
+// the session's bTook bucket, as the Redis store does: an entry found
+// queued already (a retry) is recorded only if the list lacks it, which
+// is read once per append, and only then; a fresh one without looking.
+type tookList struct {
+	b      *bolt.Bucket
+	listed map[string]bool
+}
+
+func (t *tookList) remember(session *bolt.Bucket, msgID string, dup bool) error {
+	if t.b == nil {
+		var err error
+		if t.b, err = session.CreateBucketIfNotExists(bTook); err != nil {
+			return err
+		}
+	}
+	if dup {
+		if t.listed == nil {
+			t.listed = map[string]bool{}
+			if err := t.b.ForEach(func(_, v []byte) error { t.listed[string(v)] = true; return nil }); err != nil {
+				return err
+			}
+		}
+		if t.listed[msgID] {
+			return nil
+		}
+	}
+	if t.listed != nil {
+		t.listed[msgID] = true
+	}
+	n, err := t.b.NextSequence()
+	if err != nil {
+		return err
+	}
+	if err := t.b.Put(be(n), []byte(msgID)); err != nil {
+		return err
+	}
+	if n > store.TookQoS2Len {
+		return t.b.Delete(be(n - store.TookQoS2Len))
+	}
+	return nil
 }
 
 func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {

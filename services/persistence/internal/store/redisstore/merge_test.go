@@ -145,7 +145,8 @@ func references(t *testing.T, s *Store) map[string]string {
 // (unless a complete of the session came between, or it sends a message
 // the call does not store), and the stored state is the same either way,
 // reference counts included; only the joined entries never touched the
-// queue.
+// queue. Odd messages are marked TookQoS2: the session's list of them is
+// the same too.
 func TestCommit_SendJoinsItsAppend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("redis: skipped under -short")
@@ -165,7 +166,7 @@ func TestCommit_SendJoinsItsAppend(t *testing.T) {
 	app := func(k store.SessionKey, is ...int) store.Op {
 		o := store.Op{Kind: store.OpAppend, Key: k, Fence: f, Limits: lim}
 		for _, i := range is {
-			o.Entries = append(o.Entries, store.Entry{MsgID: msg(i).ID, QoS: 1})
+			o.Entries = append(o.Entries, store.Entry{MsgID: msg(i).ID, QoS: 1, TookQoS2: i%2 == 1})
 			o.Messages = append(o.Messages, msg(i))
 		}
 		return o
@@ -215,6 +216,9 @@ func TestCommit_SendJoinsItsAppend(t *testing.T) {
 		slices.SortFunc(sa.Inflight, byPacketID)
 		require.Equal(t, sa, sm, "session %s", k.ClientID)
 	}
+	st, err := merged.Load(t.Context(), a)
+	require.NoError(t, err)
+	require.Equal(t, []string{msg(1).ID, msg(3).ID, msg(5).ID, msg(7).ID}, st.TookQoS2)
 	require.Equal(t, references(t, alone), references(t, merged))
 	// A full queue does not bound a message sent at once: it never waits
 	// in the queue.
@@ -228,7 +232,7 @@ func TestCommit_SendJoinsItsAppend(t *testing.T) {
 	require.NoError(t, res[0].Err)
 	require.Equal(t, store.AppendResult{Added: 1}, res[0].Append)
 	require.NoError(t, res[1].Err)
-	st, err := merged.Load(t.Context(), a)
+	st, err = merged.Load(t.Context(), a)
 	require.NoError(t, err)
 	require.Len(t, st.Queue, 1)
 	require.Equal(t, msg(10).ID, st.Queue[0].MsgID)
@@ -238,3 +242,34 @@ func TestCommit_SendJoinsItsAppend(t *testing.T) {
 }
 
 func byPacketID(x, y store.Entry) int { return int(x.PacketID) - int(y.PacketID) }
+
+// TestAppend_UnmarkedCostsNoCommand: appends without TookQoS2, fresh or
+// retried, run no list command and leave the session's list key unmade.
+func TestAppend_UnmarkedCostsNoCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	node := redistest.StartNode(t)
+	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	k := store.SessionKey{Tenant: "acme", ClientID: "a"}
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, k, f))
+	rdb := node.Client()
+	require.NoError(t, rdb.ConfigResetStat(ctx).Err())
+	es := []store.Entry{{MsgID: "e/1/1", QoS: 2}, {MsgID: "e/1/2", QoS: 2}}
+	ms := []*store.Message{{ID: "e/1/1", Topic: "t"}, {ID: "e/1/2", Topic: "t"}}
+	for range 2 {
+		_, err := s.Append(ctx, k, f, store.QueueLimits{MaxLen: 1}, es, ms)
+		require.NoError(t, err)
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	require.NoError(t, err)
+	require.Contains(t, stats, "cmdstat_evalsha:")
+	for _, cmd := range []string{"rpush", "ltrim", "lrange", "lpos", "llen"} {
+		require.NotContains(t, stats, "cmdstat_"+cmd+":")
+	}
+	require.Zero(t, rdb.Exists(ctx, keysOf(k).took).Val())
+}

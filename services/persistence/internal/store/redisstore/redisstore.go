@@ -573,11 +573,11 @@ func parse(kind store.OpKind, v any, err error) store.OpResult {
 	return r
 }
 
-type keys struct{ s, sub, q, qe, inf, in string }
+type keys struct{ s, sub, q, qe, inf, in, took string }
 
 func keysOf(k store.SessionKey) keys {
 	t := k.Tag()
-	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in"}
+	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took"}
 }
 
 func (s *Store) fenceArgs(f store.Fence) []any {
@@ -608,7 +608,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		}
 		o.script, o.keys, o.args = scriptPutSession, []string{ks.s}, append(fa, b)
 	case store.OpDeleteSession:
-		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in}, fa, false
+		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took}, fa, false
 	case store.OpPutSubscription:
 		if so.Sub.Filter == "" {
 			return nil, fmt.Errorf("%w: empty filter", store.ErrInvalid)
@@ -633,10 +633,13 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			}
 			e.Seq = 0 // the script assigns it
 			eb, _ := json.Marshal(&e)
+			if e.TookQoS2 {
+				eb = append([]byte{tookMark}, eb...)
+			}
 			mb, _ := json.Marshal(m)
 			args = append(args, e.MsgID, eb, mb)
 		}
-		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf}, args
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took}, args
 	case store.OpSend:
 		args := fa
 		for _, e := range so.Entries {
@@ -751,12 +754,12 @@ func (s *Store) Load(ctx context.Context, k store.SessionKey) (*store.State, err
 		return nil, err
 	}
 	ks := keysOf(k)
-	v, err := s.rdb.Eval(ctx, scriptLoad, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in}).Result()
+	v, err := s.rdb.Eval(ctx, scriptLoad, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took}).Result()
 	if err != nil {
 		return nil, mapErr(err)
 	}
 	xs, ok := v.([]any)
-	if !ok || len(xs) != 7 {
+	if !ok || len(xs) != 8 {
 		return nil, fmt.Errorf("load: unexpected reply %T", v)
 	}
 	st := &store.State{Messages: map[string]*store.Message{}}
@@ -799,6 +802,9 @@ func (s *Store) Load(ctx context.Context, k store.SessionKey) (*store.State, err
 			return nil, err
 		}
 		st.Messages[m.ID] = &m
+	}
+	if took := strs(xs[7]); len(took) > 0 {
+		st.TookQoS2 = took
 	}
 	return st, nil
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keelmq/keel/services/persistence/internal/store"
 )
 
 // Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
@@ -77,13 +80,14 @@ local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 redis.call('HSET', KEYS[1], 'rec', ARGV[3])
 return 1`
 
-// deleteSession: KEYS s sub q qe inf in; ARGV epoch gepoch. Keeps the epoch.
+// deleteSession: KEYS s sub q qe inf in took; ARGV epoch gepoch. Keeps the
+// epoch.
 const scriptDeleteSession = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do unref(id) end
 local inf = redis.call('HVALS', KEYS[5])
 for _, e in ipairs(inf) do unref(cjson.decode(e).m) end
-redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 redis.call('HDEL', KEYS[1], 'rec', 'seq')
 return 1`
 
@@ -171,12 +175,25 @@ local function send(at, direct)
 end
 `
 
-// append: KEYS s q qe inf; ARGV epoch gepoch maxLen dropOldest ttl, then
-// segments, each a count n and n (msgID, entryJSON, msgJSON) triples: the
-// appends of one session that a commit merged into one call; then,
+// tookMark precedes the entry JSON of an append's entry marked TookQoS2.
+const tookMark = '!'
+
+// append: KEYS s q qe inf took; ARGV epoch gepoch maxLen dropOldest ttl,
+// then segments, each a count n and n (msgID, entryJSON, msgJSON) triples:
+// the appends of one session that a commit merged into one call; then,
 // optionally, "S" and the quads of a send of the session that came right
 // after them (see merge). Returns one {added, dups, dropped, refused} per
 // segment, and after them 1 or the send's error text when a send came.
+//
+// An entry marked TookQoS2 comes as tookMark then its JSON: its msgID joins
+// the list KEYS[5] (the newest last, the last tookLen kept) when the entry
+// is queued or sent at once, or found queued already, never when the queue
+// limit refuses it. An unmarked entry costs a byte comparison and no
+// command; the marked ones of a call cost one RPUSH together, an LTRIM
+// once the list outgrows tookLen, and one LRANGE when one was queued
+// already, so that a retry of an append does not list its msgIDs twice. A
+// fresh entry is listed without looking: its msgID could be listed only if
+// an edge let a resend through, and a second copy in the list is harmless.
 //
 // An entry the send delivers at once never enters the queue: it takes its
 // message's reference straight into the in-flight set, and neither counts
@@ -188,7 +205,8 @@ end
 // which entries are queued already is one HMGET, and the new entries go in
 // with one ZADD and one HSET (written before a ZPOPMIN, which must see
 // them): per record, Lua's calls cost as much as the record's own writes.
-const scriptAppend = prelude + sendFn + `
+var scriptAppend = prelude + sendFn + `
+local tookLen, tookMark = ` + strconv.Itoa(store.TookQoS2Len) + `, ` + strconv.Itoa(tookMark) + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
@@ -216,6 +234,19 @@ local function flush()
   each('HSET', KEYS[3], hset)
   zadd, hset = {}, {}
 end
+local took, tookNow, listed = {}, {}, nil
+local function remember(id, dup)
+  if tookNow[id] then return end
+  tookNow[id] = true
+  if dup then
+    if not listed then
+      listed = {}
+      for _, x in ipairs(redis.call('LRANGE', KEYS[5], 0, -1)) do listed[x] = true end
+    end
+    if listed[id] then return end
+  end
+  took[#took + 1] = id
+end
 local results = {}
 local r = 0
 i = 6
@@ -227,13 +258,18 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
     local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
     i = i + 3
     r = r + 1
+    -- The entry's fields start after its '{' (and the mark).
+    local marked, fields = string.byte(entry) == tookMark, 2
+    if marked then fields = 3 end
     if added_now[id] or (queued[r] and not popped[id]) then
       dups = dups + 1
+      if marked then remember(id, true) end
     elseif sending[id] then
       seq = seq + 1
       ref(id, msg, ttl)
       added_now[id], direct[id] = true, true
       added = added + 1
+      if marked then remember(id, false) end
     else
       local ok = true
       if maxLen > 0 and card >= maxLen then
@@ -256,11 +292,12 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         zadd[#zadd + 1] = seq
         zadd[#zadd + 1] = id
         hset[#hset + 1] = id
-        hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, 2)
+        hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, fields)
         ref(id, msg, ttl)
         added_now[id] = true
         added = added + 1
         card = card + 1
+        if marked then remember(id, false) end
       end
     end
   end
@@ -268,6 +305,9 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
 end
 flush()
 if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
+local listLen = 0
+for j = 1, #took, chunk do listLen = redis.call('RPUSH', KEYS[5], unpack(took, j, math.min(j + chunk - 1, #took))) end
+if listLen > tookLen then redis.call('LTRIM', KEYS[5], -tookLen, -1) end
 if sendAt then table.insert(results, send(sendAt, direct) or 1) end
 return results`
 
@@ -330,8 +370,8 @@ const scriptDelIncoming = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 return redis.call('HDEL', KEYS[2], ARGV[3])`
 
-// load: KEYS s sub q qe inf in. Returns {epoch, rec, subs, queue ids,
-// queue entries, inflight, incoming, messages}, all read at one instant.
+// load: KEYS s sub q qe inf in took. Returns {epoch, rec, subs, queue
+// entries, inflight, incoming, messages, took}, all read at one instant.
 const scriptLoad = `
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or '0'
 local rec = redis.call('HGET', KEYS[1], 'rec') or ''
@@ -352,7 +392,7 @@ local function add(id)
 end
 for _, id in ipairs(ids) do add(id) end
 for _, e in ipairs(inf) do add(cjson.decode(e).m) end
-return {epoch, rec, subs, q, inf, inc, msgs}`
+return {epoch, rec, subs, q, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1)}`
 
 // putRetained: KEYS r (hash topic -> JSON); ARGV tenant topic json created
 // empty. The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the

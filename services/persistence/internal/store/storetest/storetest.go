@@ -24,6 +24,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("retained", func(t *testing.T) { testRetained(t, newStore(t)) })
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore(t)) })
 	t.Run("batch", func(t *testing.T) { testBatch(t, newStore(t)) })
+	t.Run("took_qos2", func(t *testing.T) { testTookQoS2(t, newStore(t)) })
 }
 
 var (
@@ -379,3 +380,104 @@ func testBatch(t *testing.T, s store.Store) {
 	require.NoError(t, err)
 	require.Empty(t, st.Queue, "the fenced append stored nothing")
 }
+
+// testTookQoS2: the store remembers the msgIDs of the last TookQoS2Len
+// entries appended marked TookQoS2, oldest first, whatever becomes of the
+// entries, so that a session resumed from the store still drops a resend
+// of a QoS 2 message it took.
+func testTookQoS2(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 2}
+	require.NoError(t, s.Activate(ctx, key, f))
+	load := func() *store.State {
+		t.Helper()
+		st, err := s.Load(ctx, key)
+		require.NoError(t, err)
+		return st
+	}
+	ids := func(is ...int) []string {
+		var out []string
+		for _, i := range is {
+			out = append(out, msg(i).ID)
+		}
+		return out
+	}
+	// appendQoS2 appends entries at QoS 2, marked unless i is negative.
+	appendQoS2 := func(f store.Fence, lim store.QueueLimits, is ...int) (store.AppendResult, error) {
+		var es []store.Entry
+		var ms []*store.Message
+		for _, i := range is {
+			e := store.Entry{MsgID: msg(abs(i)).ID, QoS: 2, TookQoS2: i > 0}
+			es, ms = append(es, e), append(ms, msg(abs(i)))
+		}
+		return s.Append(ctx, key, f, lim, es, ms)
+	}
+
+	require.Empty(t, load().TookQoS2)
+	res, err := appendQoS2(f, store.QueueLimits{}, 1, -2, 3)
+	require.NoError(t, err)
+	require.Equal(t, store.AppendResult{Added: 3}, res)
+	st := load()
+	require.Equal(t, ids(1, 3), st.TookQoS2, "marked entries only, in order")
+	for _, e := range st.Queue {
+		require.False(t, e.TookQoS2, "the mark is not part of the stored entry")
+	}
+	// A retry of the append (its answer was lost) lists nothing twice; an
+	// entry queued unmarked and appended again marked is listed then.
+	res, err = appendQoS2(f, store.QueueLimits{}, 1, 2, 3)
+	require.NoError(t, err)
+	require.Equal(t, store.AppendResult{Duplicates: 3}, res)
+	require.Equal(t, ids(1, 3, 2), load().TookQoS2)
+
+	// Delivered and completed, the entries are gone; the memory stays.
+	var sent []store.Entry
+	for i, id := range ids(1, 2, 3) {
+		sent = append(sent, store.Entry{MsgID: id, QoS: 2, PacketID: uint16(10 + i)})
+	}
+	require.NoError(t, s.Send(ctx, key, f, sent))
+	require.NoError(t, s.Pubrel(ctx, key, f, 10))
+	require.NoError(t, s.Complete(ctx, key, f, []uint16{10, 11, 12}))
+	st = load()
+	require.Empty(t, st.Queue)
+	require.Empty(t, st.Inflight)
+	require.Empty(t, st.Messages)
+	require.Equal(t, ids(1, 3, 2), st.TookQoS2)
+
+	// An entry the queue limit refuses was not taken; one sent at once
+	// (its send in the append's batch) was.
+	res, err = appendQoS2(f, store.QueueLimits{MaxLen: 1}, 4, 5)
+	require.NoError(t, err)
+	require.Equal(t, store.AppendResult{Added: 1, Refused: 1}, res)
+	r := store.Submit(ctx, s, []store.Op{
+		{Kind: store.OpAppend, Key: key, Fence: f, Entries: []store.Entry{{MsgID: msg(6).ID, QoS: 2, TookQoS2: true}}, Messages: []*store.Message{msg(6)}},
+		{Kind: store.OpSend, Key: key, Fence: f, Entries: []store.Entry{{MsgID: msg(6).ID, QoS: 2, PacketID: 20}}},
+	})()
+	require.NoError(t, r[0].Err)
+	require.NoError(t, r[1].Err)
+	require.Equal(t, ids(1, 3, 2, 4, 6), load().TookQoS2)
+
+	// A fenced append records nothing.
+	require.NoError(t, s.Activate(ctx, key, store.Fence{Epoch: 3}))
+	_, err = appendQoS2(f, store.QueueLimits{}, 7)
+	require.ErrorIs(t, err, store.ErrFenced)
+	f = store.Fence{Epoch: 3}
+	require.Equal(t, ids(1, 3, 2, 4, 6), load().TookQoS2)
+
+	// DeleteSession forgets, as it forgets the queue.
+	require.NoError(t, s.DeleteSession(ctx, key, f))
+	require.Empty(t, load().TookQoS2)
+
+	// The newest TookQoS2Len are kept, within one append and across them.
+	var many []int
+	for i := 1001; i <= 1000+store.TookQoS2Len+6; i++ {
+		many = append(many, i)
+	}
+	res, err = appendQoS2(f, store.QueueLimits{}, many...)
+	require.NoError(t, err)
+	require.Equal(t, len(many), res.Added)
+	require.Equal(t, ids(many[6:]...), load().TookQoS2)
+	_, err = appendQoS2(f, store.QueueLimits{}, 3001, -3002, 3003)
+	require.NoError(t, err)
+	require.Equal(t, append(ids(many[8:]...), ids(3001, 3003)...), load().TookQoS2)
+}
+
+func abs(i int) int { return max(i, -i) }
