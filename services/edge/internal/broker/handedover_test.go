@@ -761,3 +761,49 @@ func relayAfterNewer(t *testing.T, landing bool, between func(*mqtttest.Client))
 	require.NoError(t, b.DeliverRelayed(t.Context(), older, to))
 	return b, target, to, now
 }
+
+// A session resumed from the store after its edge died, with no handover,
+// still drops a resend of a QoS 2 message it took: the store remembers the
+// msgIDs, and keeps them after the delivery's entry is gone.
+func TestBroker_StoredQoS2MemoryOutlivesItsEdge(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	b, _, stop := openDurable(t, dir)
+	t.Cleanup(stop)
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("once")
+	filter, _ := sc.Filter("q/#")
+	st := durable.SessionState{Session: durable.Session{ID: id, ExpiryInterval: 300}, Subs: []durable.Subscription{{Filter: filter, QoS: 2}}}
+	require.NoError(t, b.store.PutSession(t.Context(), st.Session))
+	require.NoError(t, b.store.PutSubscription(t.Context(), id, st.Subs[0]))
+	s, err := b.importSession(t.Context(), sc, id, 7, st)
+	require.NoError(t, err)
+	s.releaseHold()
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(7, "q/x", 2, time.Now()), SharedChoice{}))
+	// Delivered and completed: its entry leaves the store.
+	s.mu.Lock()
+	seq := s.queue.at(0).seq
+	s.mu.Unlock()
+	require.NoError(t, b.store.Dequeue(t.Context(), id, []durable.Entry{{Seq: seq, MsgID: "other/1/7"}}))
+	stored, ok, err := b.store.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, stored.Queue)
+	require.Equal(t, []string{"other/1/7"}, stored.TookQoS2)
+	stop()
+
+	// The next edge resumes the session from the store alone.
+	nb, _, nstop := openDurable(t, dir)
+	t.Cleanup(nstop)
+	ns := nb.session(id)
+	require.NotNil(t, ns)
+	require.NoError(t, nb.DeliverForwarded(t.Context(), forwardedMsg(7, "q/x", 2, time.Now()), SharedChoice{}))
+	require.NoError(t, nb.DeliverForwarded(t.Context(), forwardedMsg(8, "q/x", 2, time.Now()), SharedChoice{}))
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	var queued []uint64
+	for i := range ns.queue.len() {
+		queued = append(queued, ns.queue.at(i).msg.ID.Seq)
+	}
+	require.Equal(t, []uint64{8}, queued, "the resend of 7 is not delivered again")
+}

@@ -123,6 +123,11 @@ func (b *Broker) adopt(st durable.SessionState, sc *tenancy.Scope, toMsg func(*d
 		s.seq = max(s.seq, e.Seq)
 	}
 	slices.SortFunc(s.resend, func(a, b packets.Packet) int { return cmp.Compare(a.Created, b.Created) })
+	// Remembered from the store, or handed over: a resend of one of these
+	// under its msgID is not delivered again.
+	for _, id := range st.TookQoS2 {
+		s.rememberQoS2(parseMsgID(id))
+	}
 	for _, in := range st.Incoming {
 		if in.Unconfirmed {
 			// Not acknowledged: the client sends it again, and it is routed
@@ -282,5 +287,5 @@ func subRecord(sub *subscription) durable.Subscription {
 
 func entryOf(d *delivery, packetID uint16, order int64) durable.Entry {
 	return durable.Entry{Seq: d.seq, PacketID: packetID, Order: order, MsgID: msgIDString(d.msg.ID), QoS: d.qos, Retain: d.retain,
-		SubIDs: d.ids, Msg: d.msg.record()}
+		SubIDs: d.ids, TookQoS2: tracksQoS2(d), Msg: d.msg.record()}
 }

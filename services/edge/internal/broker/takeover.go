@@ -275,9 +275,6 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 		s.recent.ids[parseMsgID(e.MsgID)] = struct{}{}
 	}
 	s.hold = make(chan struct{})
-	for _, id := range st.TookQoS2 {
-		s.rememberQoS2(parseMsgID(id))
-	}
 	b.indexSubs(s)
 	b.sessMu.Lock()
 	b.sessions[id] = s

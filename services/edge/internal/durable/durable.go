@@ -43,7 +43,12 @@ var (
 	// edge acknowledged with PUBREC, until PUBREL: a resent PUBLISH with the
 	// same packet ID is not delivered again, even after a restart.
 	bucketIncoming = []byte("incoming")
-	allBuckets     = [][]byte{bucketSessions, bucketSubs, bucketMsgs, bucketQueue, bucketInflight, bucketRetained, bucketIncoming}
+	// bucketTook holds, per session, the msgIDs of its last QoS 2
+	// deliveries under (id, n) with n counting up from 1, and under the
+	// bare prefix (id, "") the last n used, so that the oldest is found
+	// without a scan.
+	bucketTook = []byte("took")
+	allBuckets = [][]byte{bucketSessions, bucketSubs, bucketMsgs, bucketQueue, bucketInflight, bucketRetained, bucketIncoming, bucketTook}
 )
 
 // Message is a stored application message.
@@ -114,14 +119,17 @@ type Subscription struct {
 
 // Entry is a message queued for, or in flight to, a session.
 type Entry struct {
-	Seq      uint64   `json:"s,omitempty"`  // queue order
-	PacketID uint16   `json:"pk,omitempty"` // in flight only
-	MsgID    string   `json:"m"`
-	QoS      byte     `json:"q"`
-	Retain   bool     `json:"r,omitempty"`
-	SubIDs   []int    `json:"ids,omitempty"`
-	Pubrel   bool     `json:"rel,omitempty"` // QoS 2: PUBREC received, PUBREL owed
-	Order    int64    `json:"o,omitempty"`   // send order among the session's in-flight messages
+	Seq      uint64 `json:"s,omitempty"`  // queue order
+	PacketID uint16 `json:"pk,omitempty"` // in flight only
+	MsgID    string `json:"m"`
+	QoS      byte   `json:"q"`
+	Retain   bool   `json:"r,omitempty"`
+	SubIDs   []int  `json:"ids,omitempty"`
+	Pubrel   bool   `json:"rel,omitempty"` // QoS 2: PUBREC received, PUBREL owed
+	Order    int64  `json:"o,omitempty"`   // send order among the session's in-flight messages
+	// TookQoS2 marks, on Enqueue, a QoS 2 delivery the session takes only
+	// once: the store remembers its msgID (SessionState.TookQoS2).
+	TookQoS2 bool     `json:"t,omitempty"`
 	Msg      *Message `json:"-"`
 }
 
@@ -145,10 +153,17 @@ type SessionState struct {
 	Inflight []Entry
 	Incoming []Incoming
 	// TookQoS2 names the last QoS 2 messages the session took, by msgID,
-	// so that a resend of one under the same msgID is not delivered twice
-	// after the session moved. Handed between edges only, never stored.
+	// oldest first, so that a resend of one under the same msgID is not
+	// delivered twice after the session moved: handed between edges on a
+	// takeover, and stored (the last TookQoS2Len enqueued with
+	// Entry.TookQoS2) for a session resumed from the store.
 	TookQoS2 []string
 }
+
+// TookQoS2Len bounds the QoS 2 msgIDs a store remembers per session: a
+// resend comes within seconds of the failed forward, after far fewer QoS 2
+// messages than this.
+const TookQoS2Len = 1024
 
 // Store is the on-disk state of one edge.
 type Store struct {

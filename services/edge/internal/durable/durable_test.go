@@ -58,3 +58,40 @@ func TestStore_QueueInflightLifecycle(t *testing.T) {
 	require.NoError(t, st.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketMsgs).Stats().KeyN; return nil }))
 	require.Zero(t, n)
 }
+
+// The store remembers the msgIDs of the last TookQoS2Len QoS 2 deliveries
+// enqueued with TookQoS2, oldest first, after their entries are gone, and
+// forgets them with the session; an import carries them.
+func TestStore_TookQoS2(t *testing.T) {
+	t.Parallel()
+	st := open(t, t.TempDir())
+	ctx := context.Background()
+	require.NoError(t, st.PutSession(ctx, Session{ID: "s1", ExpiryInterval: 60}))
+	const n = TookQoS2Len + 6
+	for i := 1; i <= n; i++ {
+		m := msg(i)
+		require.NoError(t, st.Enqueue("s1", Entry{Seq: uint64(i), MsgID: m.ID, QoS: 2, TookQoS2: i%2 == 0 || i > 10, Msg: m}).Wait(ctx))
+		require.NoError(t, st.Dequeue(ctx, "s1", []Entry{{Seq: uint64(i), MsgID: m.ID}}))
+	}
+	var want []string
+	for i := 1; i <= n; i++ {
+		if i%2 == 0 || i > 10 {
+			want = append(want, msg(i).ID)
+		}
+	}
+	want = want[len(want)-TookQoS2Len:]
+	got, ok, err := st.LoadSession(ctx, "s1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, got.Queue)
+	require.Equal(t, want, got.TookQoS2)
+	all, _, err := st.Load()
+	require.NoError(t, err)
+	require.Equal(t, want, all[0].TookQoS2)
+
+	require.NoError(t, st.DeleteSession(ctx, "s1", true))
+	require.NoError(t, st.ImportSession(ctx, SessionState{Session: Session{ID: "s1", ExpiryInterval: 60}, TookQoS2: []string{"a/1/1", "a/1/2"}}))
+	got, _, err = st.LoadSession(ctx, "s1")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a/1/1", "a/1/2"}, got.TookQoS2, "nothing left of the deleted session's memory")
+}

@@ -3,6 +3,7 @@ package durable
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 
 	bolt "go.etcd.io/bbolt"
@@ -32,7 +33,7 @@ func (s *Store) DeleteSession(ctx context.Context, id string, wait bool) error {
 			return err
 		}
 		p := prefix(id)
-		for _, name := range [][]byte{bucketSubs, bucketQueue, bucketInflight, bucketIncoming} {
+		for _, name := range [][]byte{bucketSubs, bucketQueue, bucketInflight, bucketIncoming, bucketTook} {
 			b := tx.Bucket(name)
 			c := b.Cursor()
 			var keys [][]byte
@@ -84,8 +85,47 @@ func (s *Store) Enqueue(id string, e Entry) *Pending {
 		if err := ref(tx, e.Msg); err != nil {
 			return err
 		}
+		if e.TookQoS2 {
+			if err := rememberTook(tx.Bucket(bucketTook), id, e.MsgID); err != nil {
+				return err
+			}
+		}
 		return putJSON(b, k, &e)
 	})
+}
+
+// rememberTook records msgID as the session's newest QoS 2 delivery and
+// forgets the one TookQoS2Len before it.
+func rememberTook(b *bolt.Bucket, id, msgID string) error {
+	last := prefix(id)
+	var n uint64
+	if v := b.Get(last); len(v) == 8 {
+		n = binary.BigEndian.Uint64(v)
+	}
+	n++
+	if err := b.Put(seqKey(id, n), []byte(msgID)); err != nil {
+		return err
+	}
+	if err := b.Put(last, binary.BigEndian.AppendUint64(nil, n)); err != nil {
+		return err
+	}
+	if n > TookQoS2Len {
+		return b.Delete(seqKey(id, n-TookQoS2Len))
+	}
+	return nil
+}
+
+// tookOf lists what rememberTook recorded for the session, oldest first.
+func tookOf(b *bolt.Bucket, id string) []string {
+	p := prefix(id)
+	var out []string
+	c := b.Cursor()
+	for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
+		if len(k) == len(p)+8 { // not the counter under the bare prefix
+			out = append(out, string(v))
+		}
+	}
+	return out
 }
 
 // Dequeue removes queue entries (by Seq) without sending them (dropped or
@@ -280,6 +320,10 @@ func (s *Store) Load() ([]SessionState, []Message, error) {
 			return nil
 		}); err != nil {
 			return err
+		}
+		took := tx.Bucket(bucketTook)
+		for i := range sessions {
+			sessions[i].TookQoS2 = tookOf(took, sessions[i].Session.ID)
 		}
 		return tx.Bucket(bucketRetained).ForEach(func(_, v []byte) error {
 			var m Message

@@ -62,6 +62,7 @@ func (s *Store) LoadSession(ctx context.Context, id string) (st SessionState, ok
 		if err := each(bucketInflight, entry(&st.Inflight)); err != nil {
 			return err
 		}
+		st.TookQoS2 = tookOf(tx.Bucket(bucketTook), id)
 		return each(bucketIncoming, func(v []byte) error {
 			var in Incoming
 			if err := json.Unmarshal(v, &in); err != nil {
@@ -84,6 +85,11 @@ func (s *Store) ImportSession(ctx context.Context, st SessionState) error {
 	return s.do(ctx, true, func(tx *bolt.Tx) error {
 		if err := putJSON(tx.Bucket(bucketSessions), []byte(id), &st.Session); err != nil {
 			return err
+		}
+		for _, m := range st.TookQoS2 {
+			if err := rememberTook(tx.Bucket(bucketTook), id, m); err != nil {
+				return err
+			}
 		}
 		for i := range st.Subs {
 			if err := putJSON(tx.Bucket(bucketSubs), key(id, st.Subs[i].Filter), &st.Subs[i]); err != nil {

@@ -227,7 +227,7 @@ func entry(e *durable.Entry, withPacket bool) (*persistencev1.Entry, error) {
 	if e.QoS > 2 {
 		return nil, fmt.Errorf("%w: entry %s: QoS %d", ErrInvalid, e.MsgID, e.QoS)
 	}
-	out := &persistencev1.Entry{MsgId: id, Qos: uint32(e.QoS), Retain: e.Retain}
+	out := &persistencev1.Entry{MsgId: id, Qos: uint32(e.QoS), Retain: e.Retain, TookQos2: e.TookQoS2 && !withPacket}
 	if len(e.SubIDs) > maxSubIDs {
 		return nil, fmt.Errorf("%w: entry %s: %d subscription identifiers", ErrInvalid, e.MsgID, len(e.SubIDs))
 	}

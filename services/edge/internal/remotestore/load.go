@@ -73,6 +73,9 @@ func (s *Store) LoadSession(ctx context.Context, id string) (st durable.SessionS
 		st.Incoming = append(st.Incoming, durable.Incoming{PacketID: uint16(in.GetPacketId()), MsgID: msgIDString(in.GetMsgId()),
 			Unconfirmed: in.GetUnconfirmed(), Fingerprint: in.GetFingerprint()})
 	}
+	for _, id := range r.GetTookQos2() {
+		st.TookQoS2 = append(st.TookQoS2, msgIDString(id))
+	}
 	return st, true, nil
 }
 

@@ -659,3 +659,35 @@ func TestOrderInflight(t *testing.T) {
 	}
 	require.Equal(t, []uint16{7, 65534, 1, 65535}, got)
 }
+
+// TestTookQoS2Remembered: the msgIDs of QoS 2 deliveries enqueued as taken
+// once come back with the session, oldest first, after their entries left,
+// so that an edge resuming it drops a resend; others are not listed.
+func TestTookQoS2Remembered(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			p := be.start(t)
+			s := newStore(t, p.URL)
+			ctx := ctxT(t)
+			sc := scope(t, "acme")
+			id := sc.ClientID("c")
+			require.NoError(t, s.Activate(ctx, id, 1))
+			require.NoError(t, s.PutSession(ctx, durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 60}))
+			m1, m2, m3 := message(sc, 1, "a", 2), message(sc, 2, "a", 2), message(sc, 3, "a", 2)
+			for i, m := range []*durable.Message{m1, m2, m3} {
+				e := queued(m, uint64(i+1), 2)
+				e.TookQoS2 = m != m2 // a retained message sent on subscribe, say
+				waitOK(t, s.Enqueue(id, e))
+			}
+			waitOK(t, s.Send(id, []durable.Entry{{Seq: 1, PacketID: 1, MsgID: m1.ID, QoS: 2, Msg: m1}}))
+			require.NoError(t, s.Complete(ctx, id, 1))
+			st, ok, err := s.LoadSession(ctx, id)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Len(t, st.Queue, 2)
+			require.Empty(t, st.Inflight)
+			require.Equal(t, []string{m1.ID, m3.ID}, st.TookQoS2)
+		})
+	}
+}
