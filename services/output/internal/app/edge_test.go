@@ -412,8 +412,9 @@ tenants:
 		q(base, .5), q(base, .99), base[len(base)-1], len(base), time.Since(stallStart).Round(time.Millisecond),
 		q(during, .5), q(during, .99), during[len(during)-1], len(during))
 	require.Len(t, during, int(s1-s0+1), "every message published during the stall reached the subscriber")
-	// A delivery path blocked by the sink would add up to 10 s.
-	require.Less(t, q(during, .99), q(base, .99)+250*time.Millisecond, "a stalled sink slowed MQTT delivery")
+	// A delivery path blocked by the sink would add up to 10 s (or fail
+	// waitReceived); the margin is for a loaded machine's noise.
+	require.Less(t, q(during, .99), q(base, .99)+time.Second, "a stalled sink slowed MQTT delivery")
 
 	// Every published message reached the sink or is counted as dropped.
 	queueFull := func() float64 {
