@@ -124,7 +124,7 @@ type peerKey struct {
 
 // Handler returns the HTTP handler of the edge API.
 func (s *Server) Handler() (string, http.Handler) {
-	return edgev1connect.NewEdgeServiceHandler(s, rpc.HandlerOptions()...)
+	return edgev1connect.NewEdgeServiceHandler(s, rpc.HandlerOptions(connect.WithCodec(frameCodec{}))...)
 }
 
 // deliver hands one forwarded message to the local edge, in a deliver span

@@ -1,0 +1,364 @@
+package forward
+
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
+	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
+)
+
+// frameCodec is the "proto" codec of the edge API's handler. It decodes the
+// frames of Forward streams with decodeForwardRequest and everything else,
+// and every encoding, with the protobuf runtime.
+//
+// The runtime spent about 1.6 µs and 10 allocations per forwarded message
+// decoding a frame (BenchmarkFrame_Decode): a fifth of a receiving edge's
+// CPU at QoS 0 across edges.
+type frameCodec struct{}
+
+func (frameCodec) Name() string { return "proto" }
+
+func (c frameCodec) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
+
+func (frameCodec) MarshalAppend(dst []byte, v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("edge API: cannot encode %T", v)
+	}
+	return proto.MarshalOptions{}.MarshalAppend(dst, m)
+}
+
+func (frameCodec) Unmarshal(b []byte, v any) error {
+	switch v := v.(type) {
+	case *edgev1.ForwardRequest:
+		return decodeForwardRequest(b, v)
+	case proto.Message:
+		return proto.Unmarshal(b, v)
+	}
+	return fmt.Errorf("edge API: cannot decode into %T", v)
+}
+
+func (frameCodec) IsBinary() bool { return true }
+
+// errUncommon stops the fast decoding of a part that holds something it
+// leaves to the runtime: a field it does not read (user properties, relay
+// and shared targets, a field of a newer version), a message field given
+// twice (merged), or a field on an unexpected wire type.
+var errUncommon = errors.New("uncommon encoding")
+
+// decodeForwardRequest decodes b into req exactly as proto.Unmarshal does
+// (FuzzDecodeForwardRequest holds it to that). Each forwarded message costs
+// two allocations instead of about ten: its three structs in one, and one
+// copy of its encoding, which its strings and payload alias (the connection
+// reuses b). A message with anything uncommon in it is decoded by the
+// runtime from its own bytes; a frame with anything uncommon at its top, as
+// a whole.
+func decodeForwardRequest(b []byte, req *edgev1.ForwardRequest) error {
+	proto.Reset(req)
+	if err := decodeFrameFast(b, req); err != nil {
+		if !errors.Is(err, errUncommon) {
+			return err
+		}
+		proto.Reset(req)
+		return proto.Unmarshal(b, req)
+	}
+	return nil
+}
+
+func decodeFrameFast(b []byte, req *edgev1.ForwardRequest) error {
+	if n := countMessages(b); n > 0 {
+		req.Messages = make([]*edgev1.ForwardMessage, 0, n)
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			if !utf8.Valid(v) {
+				return errInvalidUTF8
+			}
+			req.EdgeId = string(v)
+			b = b[n:]
+		case (num == 2 || num == 3 || num == 4 || num == 6) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			switch num {
+			case 2:
+				req.Incarnation = v
+			case 3:
+				req.TargetIncarnation = v
+			case 4:
+				req.Seq = v
+			default:
+				req.OutcomesConfirmed = v
+			}
+			b = b[n:]
+		case num == 5 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			fm, err := decodeForwardMessage(v)
+			if err != nil {
+				return err
+			}
+			req.Messages = append(req.Messages, fm)
+			b = b[n:]
+		default:
+			return errUncommon
+		}
+	}
+	return nil
+}
+
+// countMessages counts the messages of a frame, as far as it can be read.
+func countMessages(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		num, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return n
+		}
+		b = b[l:]
+		l = protowire.ConsumeFieldValue(num, typ, b)
+		if l < 0 {
+			return n
+		}
+		if num == 5 && typ == protowire.BytesType {
+			n++
+		}
+		b = b[l:]
+	}
+	return n
+}
+
+// errInvalidUTF8 is the runtime's refusal of a string field that is not
+// UTF-8.
+var errInvalidUTF8 = errors.New("string field contains invalid UTF-8")
+
+// forwardedMessage holds a decoded message's three structs in one
+// allocation.
+type forwardedMessage struct {
+	fm edgev1.ForwardMessage
+	m  commonv1.Message
+	id commonv1.MsgID
+}
+
+// decodeForwardMessage decodes one ForwardMessage, by hand when it holds
+// only what forwarded messages commonly do, else with the runtime.
+func decodeForwardMessage(b []byte) (*edgev1.ForwardMessage, error) {
+	x := new(forwardedMessage)
+	// The copy outlives the connection's buffer; strings and the payload
+	// alias it, and nothing writes to it.
+	own := append([]byte(nil), b...)
+	err := x.decode(own)
+	if err == nil {
+		return &x.fm, nil
+	}
+	if !errors.Is(err, errUncommon) {
+		return nil, err
+	}
+	fm := new(edgev1.ForwardMessage)
+	if err := proto.Unmarshal(own, fm); err != nil {
+		return nil, err
+	}
+	return fm, nil
+}
+
+func (x *forwardedMessage) decode(b []byte) error {
+	fm := &x.fm
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			if fm.Message != nil {
+				return errUncommon // merged by the runtime
+			}
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			if err := x.decodeMessage(v); err != nil {
+				return err
+			}
+			fm.Message = &x.m
+			b = b[n:]
+		case (num == 2 || num == 6) && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			s, err := aliasString(v)
+			if err != nil {
+				return err
+			}
+			if num == 2 {
+				fm.Filters = append(fm.Filters, s)
+			} else {
+				fm.Traceparent = s
+			}
+			b = b[n:]
+		case (num == 5 || num == 7 || num == 8) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			switch num {
+			case 5:
+				fm.SharedChosen = v != 0
+			case 7:
+				fm.SharedOnly = v != 0
+			default:
+				fm.SessionsSinceUnixNano = int64(v)
+			}
+			b = b[n:]
+		default:
+			return errUncommon
+		}
+	}
+	return nil
+}
+
+func (x *forwardedMessage) decodeMessage(b []byte) error {
+	m := &x.m
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			switch num {
+			case 1:
+				if m.Id != nil {
+					return errUncommon // merged by the runtime
+				}
+				if err := decodeMsgID(v, &x.id); err != nil {
+					return err
+				}
+				m.Id = &x.id
+			case 4:
+				m.Payload = v
+			case 11:
+				m.CorrelationData = v
+			case 2, 3, 8, 9, 10:
+				s, err := aliasString(v)
+				if err != nil {
+					return err
+				}
+				switch num {
+				case 2:
+					m.Tenant = s
+				case 3:
+					m.Topic = s
+				case 8:
+					m.ClientId = s
+				case 9:
+					m.ContentType = s
+				default:
+					m.ResponseTopic = s
+				}
+			default:
+				return errUncommon
+			}
+		case protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			switch num {
+			case 5:
+				m.Qos = uint32(v)
+			case 6:
+				m.Retain = v != 0
+			case 7:
+				m.IngressUnixNano = int64(v)
+			case 13:
+				m.PayloadFormat = uint32(v)
+			case 14:
+				e := uint32(v)
+				m.MessageExpiryInterval = &e
+			default:
+				return errUncommon
+			}
+		default:
+			return errUncommon
+		}
+	}
+	return nil
+}
+
+func decodeMsgID(b []byte, id *commonv1.MsgID) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			s, err := aliasString(v)
+			if err != nil {
+				return err
+			}
+			id.EdgeId = s
+			b = b[n:]
+		case (num == 2 || num == 3) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			if num == 2 {
+				id.Incarnation = v
+			} else {
+				id.Seq = v
+			}
+			b = b[n:]
+		default:
+			return errUncommon
+		}
+	}
+	return nil
+}
+
+// aliasString returns v as a string without copying it: v is part of a
+// message's own copy of its encoding, which nothing writes to.
+func aliasString(v []byte) (string, error) {
+	if !utf8.Valid(v) {
+		return "", errInvalidUTF8
+	}
+	if len(v) == 0 {
+		return "", nil
+	}
+	return unsafe.String(&v[0], len(v)), nil
+}
