@@ -10,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/forward"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -89,7 +88,7 @@ var _ edgev1connect.EdgeServiceHandler = (*edgeAPI)(nil)
 
 // Handler returns the HTTP handler of the edge API.
 func (a *edgeAPI) Handler() (string, http.Handler) {
-	return edgev1connect.NewEdgeServiceHandler(a, rpc.HandlerOptions()...)
+	return edgev1connect.NewEdgeServiceHandler(a, forward.HandlerOptions()...)
 }
 
 // KickSession implements edgev1connect.EdgeServiceHandler.

@@ -124,7 +124,13 @@ type peerKey struct {
 
 // Handler returns the HTTP handler of the edge API.
 func (s *Server) Handler() (string, http.Handler) {
-	return edgev1connect.NewEdgeServiceHandler(s, rpc.HandlerOptions(connect.WithCodec(frameCodec{}))...)
+	return edgev1connect.NewEdgeServiceHandler(s, HandlerOptions()...)
+}
+
+// HandlerOptions are the options of an edge API handler: the product's,
+// and frameCodec for the frames of Forward streams.
+func HandlerOptions() []connect.HandlerOption {
+	return rpc.HandlerOptions(connect.WithCodec(frameCodec{}))
 }
 
 // deliver hands one forwarded message to the local edge, in a deliver span
