@@ -128,9 +128,9 @@ func (s *Server) Handler() (string, http.Handler) {
 }
 
 // HandlerOptions are the options of an edge API handler: the product's,
-// and frameCodec for the frames of Forward streams.
+// and decodeForwardRequest for the frames of Forward streams.
 func HandlerOptions() []connect.HandlerOption {
-	return rpc.HandlerOptions(connect.WithCodec(frameCodec{}))
+	return rpc.HandlerOptions(connect.WithCodec(rpc.ProtoCodec(decodeForwardRequest)))
 }
 
 // deliver hands one forwarded message to the local edge, in a deliver span

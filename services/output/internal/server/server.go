@@ -67,7 +67,7 @@ func New(host *pipeline.Host, memberID string, credit uint64, logger *slog.Logge
 
 // Mount returns the path and handler to mount on a mux.
 func (h *Handler) Mount() (string, http.Handler) {
-	opts := connect.WithHandlerOptions(rpc.HandlerOptions(connect.WithCodec(wire.Codec{}))...)
+	opts := connect.WithHandlerOptions(rpc.HandlerOptions(connect.WithCodec(wire.Codec))...)
 	methods := outputv1.File_keel_output_v1_output_proto.Services().ByName("OutputService").Methods()
 	publish := connect.NewBidiStreamHandler(outputv1connect.OutputServicePublishProcedure, h.Publish,
 		connect.WithSchema(methods.ByName("Publish")), opts)

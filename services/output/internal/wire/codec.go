@@ -1,43 +1,15 @@
 package wire
 
 import (
-	"fmt"
-
+	"github.com/keelmq/keel/libs/rpc"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec this one defers to
 	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/proto"
 )
 
 // Codec is the "proto" codec of the output service's Connect handler. It
 // reads a [PublishBatch] by hand, and everything else with the runtime.
-type Codec struct{}
-
-// Name is the codec's content subtype.
-func (Codec) Name() string { return "proto" }
-
-// Marshal encodes a protobuf message.
-func (c Codec) Marshal(v any) ([]byte, error) { return c.MarshalAppend(nil, v) }
-
-// MarshalAppend encodes a protobuf message after dst.
-func (Codec) MarshalAppend(dst []byte, v any) ([]byte, error) {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("wire: cannot encode %T", v)
-	}
-	return proto.MarshalOptions{}.MarshalAppend(dst, m)
-}
-
-// Unmarshal decodes b into v, a *PublishBatch or a protobuf message.
-func (Codec) Unmarshal(b []byte, v any) error {
-	switch v := v.(type) {
-	case *PublishBatch:
-		return v.Unmarshal(b)
-	case proto.Message:
-		return proto.Unmarshal(b, v)
-	}
-	return fmt.Errorf("wire: cannot decode into %T", v)
-}
+var Codec = rpc.ProtoCodec(func(b []byte, pb *PublishBatch) error { return pb.Unmarshal(b) })
 
 // GRPCCodec is the gRPC codec of the host's plugin calls: it sends
 // [Records] and [SinkWrite] as they are and reads them back checked, and defers to gRPC's
