@@ -51,8 +51,17 @@ func TestConformance_MessageExpiry(t *testing.T) {
 
 	sub = connect(false)
 	require.True(t, sub.Connack.SessionPresent)
-	// [MQTT-3.3.2-5]: "short" expired and is not delivered.
-	got := sub.expectPayloads(t, "long", "forever")
+	// [MQTT-3.3.2-5]: "short" expired and is not delivered, unless its
+	// onward delivery had started: the server may take the publishes before
+	// it has read the DISCONNECT sent on another connection, and send
+	// "short" to the leaving client. It then goes again, as a redelivery.
+	first := sub.next(t)
+	if string(first.Payload) == "short" {
+		require.True(t, first.Duplicate(), "[MQTT-3.3.2-5] an expired message is delivered only as the resend of one already sent")
+		first = sub.next(t)
+	}
+	require.Equal(t, "long", string(first.Payload))
+	got := append([]*paho.Publish{first}, sub.expectPayloads(t, "forever")...)
 	require.NotNil(t, got[0].Properties.MessageExpiry)
 	// [MQTT-3.3.2-6]: the expiry sent is the received one minus the time the
 	// message waited (at least 2 s here).
