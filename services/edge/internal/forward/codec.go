@@ -233,10 +233,12 @@ func (x *forwardedMessage) decodeMessage(b []byte) error {
 					return err
 				}
 				m.Id = &x.id
+			// Capped, so that an append to one never writes over the
+			// fields after it in the shared copy.
 			case 4:
-				m.Payload = v
+				m.Payload = v[:len(v):len(v)]
 			case 11:
-				m.CorrelationData = v
+				m.CorrelationData = v[:len(v):len(v)]
 			case 2, 3, 8, 9, 10:
 				s, err := aliasString(v)
 				if err != nil {

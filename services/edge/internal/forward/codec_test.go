@@ -133,3 +133,19 @@ func BenchmarkFrame_Decode(b *testing.B) {
 		})
 	}
 }
+
+// An append to a decoded payload does not write over the fields decoded
+// after it from the same copy.
+func TestDecodeForwardRequest_PayloadCapped(t *testing.T) {
+	t.Parallel()
+	b, err := proto.Marshal(&edgev1.ForwardRequest{EdgeId: "e", Seq: 1, Messages: []*edgev1.ForwardMessage{{
+		Message: &commonv1.Message{Payload: []byte("p"), ClientId: "client", CorrelationData: []byte("c"), ContentType: "type"}}}})
+	require.NoError(t, err)
+	var req edgev1.ForwardRequest
+	require.NoError(t, decodeForwardRequest(b, &req))
+	m := req.GetMessages()[0].GetMessage()
+	_ = append(m.Payload, "XXXXXXXXXXXX"...)
+	_ = append(m.CorrelationData, "XXXXXXXXXXXX"...)
+	require.Equal(t, "client", m.GetClientId())
+	require.Equal(t, "type", m.GetContentType())
+}
