@@ -43,30 +43,27 @@ func decodeForwardRequest(b []byte, req *edgev1.ForwardRequest) error {
 }
 
 func decodeFrameFast(b []byte, req *edgev1.ForwardRequest) error {
-	if n := countMessages(b); n > 0 {
-		req.Messages = make([]*edgev1.ForwardMessage, 0, n)
-	}
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		num, typ, rest, err := consumeTag(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
+		b = rest
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
 			if !utf8.Valid(v) {
 				return errInvalidUTF8
 			}
 			req.EdgeId = string(v)
-			b = b[n:]
+			b = rest
 		case (num == 2 || num == 3 || num == 4 || num == 6) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeVarint(b)
+			if err != nil {
+				return err
 			}
 			switch num {
 			case 2:
@@ -78,44 +75,23 @@ func decodeFrameFast(b []byte, req *edgev1.ForwardRequest) error {
 			default:
 				req.OutcomesConfirmed = v
 			}
-			b = b[n:]
+			b = rest
 		case num == 5 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
 			fm, err := decodeForwardMessage(v)
 			if err != nil {
 				return err
 			}
 			req.Messages = append(req.Messages, fm)
-			b = b[n:]
+			b = rest
 		default:
 			return errUncommon
 		}
 	}
 	return nil
-}
-
-// countMessages counts the messages of a frame, as far as it can be read.
-func countMessages(b []byte) int {
-	n := 0
-	for len(b) > 0 {
-		num, typ, l := protowire.ConsumeTag(b)
-		if l < 0 {
-			return n
-		}
-		b = b[l:]
-		l = protowire.ConsumeFieldValue(num, typ, b)
-		if l < 0 {
-			return n
-		}
-		if num == 5 && typ == protowire.BytesType {
-			n++
-		}
-		b = b[l:]
-	}
-	return n
 }
 
 // errInvalidUTF8 is the runtime's refusal of a string field that is not
@@ -154,29 +130,29 @@ func decodeForwardMessage(b []byte) (*edgev1.ForwardMessage, error) {
 func (x *forwardedMessage) decode(b []byte) error {
 	fm := &x.fm
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		num, typ, rest, err := consumeTag(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
+		b = rest
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			if fm.Message != nil {
 				return errUncommon // merged by the runtime
 			}
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
 			if err := x.decodeMessage(v); err != nil {
 				return err
 			}
 			fm.Message = &x.m
-			b = b[n:]
+			b = rest
 		case (num == 2 || num == 6) && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
 			s, err := aliasString(v)
 			if err != nil {
@@ -187,11 +163,11 @@ func (x *forwardedMessage) decode(b []byte) error {
 			} else {
 				fm.Traceparent = s
 			}
-			b = b[n:]
+			b = rest
 		case (num == 5 || num == 7 || num == 8) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeVarint(b)
+			if err != nil {
+				return err
 			}
 			switch num {
 			case 5:
@@ -201,7 +177,7 @@ func (x *forwardedMessage) decode(b []byte) error {
 			default:
 				fm.SessionsSinceUnixNano = int64(v)
 			}
-			b = b[n:]
+			b = rest
 		default:
 			return errUncommon
 		}
@@ -212,18 +188,18 @@ func (x *forwardedMessage) decode(b []byte) error {
 func (x *forwardedMessage) decodeMessage(b []byte) error {
 	m := &x.m
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		num, typ, rest, err := consumeTag(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
+		b = rest
 		switch typ {
 		case protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
-			b = b[n:]
+			b = rest
 			switch num {
 			case 1:
 				if m.Id != nil {
@@ -260,11 +236,11 @@ func (x *forwardedMessage) decodeMessage(b []byte) error {
 				return errUncommon
 			}
 		case protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeVarint(b)
+			if err != nil {
+				return err
 			}
-			b = b[n:]
+			b = rest
 			switch num {
 			case 5:
 				m.Qos = uint32(v)
@@ -289,34 +265,34 @@ func (x *forwardedMessage) decodeMessage(b []byte) error {
 
 func decodeMsgID(b []byte, id *commonv1.MsgID) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		num, typ, rest, err := consumeTag(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
+		b = rest
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeBytes(b)
+			if err != nil {
+				return err
 			}
 			s, err := aliasString(v)
 			if err != nil {
 				return err
 			}
 			id.EdgeId = s
-			b = b[n:]
+			b = rest
 		case (num == 2 || num == 3) && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return protowire.ParseError(n)
+			v, rest, err := consumeVarint(b)
+			if err != nil {
+				return err
 			}
 			if num == 2 {
 				id.Incarnation = v
 			} else {
 				id.Seq = v
 			}
-			b = b[n:]
+			b = rest
 		default:
 			return errUncommon
 		}
@@ -334,4 +310,28 @@ func aliasString(v []byte) (string, error) {
 		return "", nil
 	}
 	return unsafe.String(&v[0], len(v)), nil
+}
+
+func consumeTag(b []byte) (protowire.Number, protowire.Type, []byte, error) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return 0, 0, nil, protowire.ParseError(n)
+	}
+	return num, typ, b[n:], nil
+}
+
+func consumeBytes(b []byte) (v, rest []byte, err error) {
+	v, n := protowire.ConsumeBytes(b)
+	if n < 0 {
+		return nil, nil, protowire.ParseError(n)
+	}
+	return v, b[n:], nil
+}
+
+func consumeVarint(b []byte) (v uint64, rest []byte, err error) {
+	v, n := protowire.ConsumeVarint(b)
+	if n < 0 {
+		return 0, nil, protowire.ParseError(n)
+	}
+	return v, b[n:], nil
 }
