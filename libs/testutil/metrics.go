@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Metric reads an unlabelled sample from the Prometheus text exposition
@@ -39,6 +42,24 @@ func Metric(t testing.TB, opsAddr, name string) float64 {
 	return 0
 }
 
+// MetricSum sums the counter and gauge samples of family name at
+// http://<opsAddr>/metrics whose labels include want (nil: every sample);
+// 0 when there are none, as for a labelled counter never incremented.
+func MetricSum(t testing.TB, opsAddr, name string, want map[string]string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + opsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", opsAddr, err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", opsAddr, err)
+	}
+	return sumSamples(slices.Collect(maps.Values(mfs)), name, want)
+}
+
 // CounterValue sums the samples of counter family name in g whose labels
 // include want (nil: every sample); 0 when there are none.
 func CounterValue(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) float64 {
@@ -47,6 +68,10 @@ func CounterValue(t testing.TB, g prometheus.Gatherer, name string, want map[str
 	if err != nil {
 		t.Fatalf("gather metrics: %v", err)
 	}
+	return sumSamples(mfs, name, want)
+}
+
+func sumSamples(mfs []*dto.MetricFamily, name string, want map[string]string) float64 {
 	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() != name {
@@ -59,7 +84,7 @@ func CounterValue(t testing.TB, g prometheus.Gatherer, name string, want map[str
 					continue samples
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetUntyped().GetValue()
 		}
 	}
 	return sum

@@ -3,20 +3,14 @@ package app
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -31,50 +25,24 @@ import (
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/output/internal/meta"
 	"github.com/keelmq/keel/services/output/internal/outputtest"
-	"github.com/keelmq/keel/services/output/internal/sink/httpsink"
 )
 
-// repoRoot finds the directory holding go.work.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	require.NoError(t, err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skip("go.work not found: the edge cannot be built here")
-		}
-		dir = parent
-	}
-}
-
-// edgeBuild is the keel-edge binary, built once for every test that runs one.
+// edgeBuild is the keel-edge binary, built once for every test that runs
+// one; TestMain removes its directory.
 var edgeBuild struct {
 	once      sync.Once
 	dir, path string
-	err       error
 }
 
 func keelEdgeBinary(t testing.TB) string {
 	t.Helper()
-	root := repoRoot(t)
 	edgeBuild.once.Do(func() {
 		dir, err := os.MkdirTemp("", "keel-edge-")
-		if err != nil {
-			edgeBuild.err = err
-			return
-		}
-		edgeBuild.dir, edgeBuild.path = dir, filepath.Join(dir, "keel-edge")
-		build := exec.Command("go", "build", "-o", edgeBuild.path, "./services/edge/cmd/keel-edge")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			edgeBuild.err = fmt.Errorf("build keel-edge: %w: %s", err, out)
-		}
+		require.NoError(t, err)
+		edgeBuild.dir = dir
+		edgeBuild.path = testutil.Build(t, dir, "./services/edge/cmd/keel-edge")
 	})
-	require.NoError(t, edgeBuild.err)
+	require.NotEmpty(t, edgeBuild.path, "keel-edge was not built (see the first test that needed it)")
 	return edgeBuild.path
 }
 
@@ -120,34 +88,10 @@ func startEdge(t testing.TB, h *harness, args ...string) *edgeProcess {
 	return e
 }
 
-// metric sums the edge's series of name whose labels include labels (none
-// at all: zero, as a counter never incremented).
+// metric sums the edge's samples of name whose labels include labels.
 func (e *edgeProcess) metric(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + e.opsAddr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	var sum float64
-	for line := range strings.SplitSeq(string(body), "\n") {
-		rest, ok := strings.CutPrefix(line, name)
-		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
-			continue
-		}
-		i := strings.LastIndexByte(rest, ' ')
-		lbls, value := rest[:i], rest[i+1:]
-		match := true
-		for k, v := range labels {
-			match = match && strings.Contains(lbls, fmt.Sprintf("%s=%q", k, v))
-		}
-		if match {
-			f, err := strconv.ParseFloat(value, 64)
-			require.NoError(t, err, "%s", line)
-			sum += f
-		}
-	}
-	return sum
+	return testutil.MetricSum(t, e.opsAddr, name, labels)
 }
 
 // connectV5 connects an MQTT 5 client to the edge.
@@ -282,31 +226,15 @@ func TestOutput_FromEdge_StalledSinkLeavesMQTTAlone(t *testing.T) {
 		t.Skip("integration test")
 	}
 	t.Parallel()
-	var stall atomic.Bool
-	release := make(chan struct{})
-	var sinkMu sync.Mutex
-	atSink := map[string]bool{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if stall.Load() {
-			select {
-			case <-release:
-			case <-r.Context().Done():
-				return
-			}
+	sink := newHTTPCollector(t)
+	// The sink may take a batch twice (a retry); count each message once.
+	atSink := func() int {
+		ids := map[string]bool{}
+		for _, rec := range sink.received() {
+			ids[rec.MsgID] = true
 		}
-		var b httpsink.BatchBody
-		if json.Unmarshal(body, &b) != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		sinkMu.Lock()
-		for _, rec := range b.Records {
-			atSink[rec.MsgID] = true
-		}
-		sinkMu.Unlock()
-	}))
-	t.Cleanup(srv.Close)
+		return len(ids)
+	}
 	h := startOutput(t, fmt.Sprintf(`
 tenants:
   acme:
@@ -318,7 +246,7 @@ tenants:
           config: {url: %q, batch: true, max_batch_records: 50, timeout: 60s, max_attempts: 2}
         buffer: {records: 200}
         max_batch: 50
-`, srv.URL))
+`, sink.url))
 	e := startEdge(t, h, "--output.queue-records", "300")
 
 	// Each payload carries its send time; the subscriber notes the latency.
@@ -401,13 +329,12 @@ tenants:
 	waitReceived()
 	base := latencies(b0, b1)
 
-	stall.Store(true)
+	sink.stall()
 	stallStart := time.Now()
 	s0, s1 := publishFor(10 * time.Second)
 	waitReceived()
 	during := latencies(s0, s1)
-	stall.Store(false)
-	close(release)
+	sink.release()
 	t.Logf("publish-to-delivery over MQTT: before the stall p50 %v p99 %v max %v (%d msgs); during the %v stall p50 %v p99 %v max %v (%d msgs)",
 		q(base, .5), q(base, .99), base[len(base)-1], len(base), time.Since(stallStart).Round(time.Millisecond),
 		q(during, .5), q(during, .99), during[len(during)-1], len(during))
@@ -424,18 +351,12 @@ tenants:
 		return e.metric(t, "keel_edge_output_dropped_total", map[string]string{"reason": client.ReasonRefused})
 	}
 	testutil.Eventually(t, 30*time.Second, func() error {
-		sinkMu.Lock()
-		n := len(atSink)
-		sinkMu.Unlock()
-		if got := float64(n) + queueFull() + refused(); got != float64(published) {
-			return fmt.Errorf("at the sink %d + dropped at the edge %v + refused %v != published %d", n, queueFull(), refused(), published)
+		if got := float64(atSink()) + queueFull() + refused(); got != float64(published) {
+			return fmt.Errorf("at the sink %d + dropped at the edge %v + refused %v != published %d", atSink(), queueFull(), refused(), published)
 		}
 		return nil
 	})
-	sinkMu.Lock()
-	n := len(atSink)
-	sinkMu.Unlock()
-	t.Logf("published %d: %d at the sink, %v dropped from the edge's queue, %v refused by the output's buffer", published, n, queueFull(), refused())
+	t.Logf("published %d: %d at the sink, %v dropped from the edge's queue, %v refused by the output's buffer", published, atSink(), queueFull(), refused())
 	require.Positive(t, queueFull()+refused(), "the stall dropped nothing: the test did not fill the buffers")
 	require.Equal(t, refused(), metric(t, h.out.Registry(), "keel_output_dropped_total", map[string]string{"reason": "buffer_full"}))
 }
@@ -450,22 +371,7 @@ func TestOutput_FromEdge_TransformsToHTTP(t *testing.T) {
 		t.Skip("integration test")
 	}
 	t.Parallel()
-	type got struct {
-		path string
-		rec  httpsink.BatchRecord
-	}
-	recs := make(chan got, 100)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var b httpsink.BatchBody
-		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		for _, rec := range b.Records {
-			recs <- got{r.URL.Path, rec}
-		}
-	}))
-	t.Cleanup(srv.Close)
+	sink := newHTTPCollector(t)
 	h := startOutput(t, fmt.Sprintf(`
 tenants:
   acme:
@@ -484,7 +390,7 @@ tenants:
           plugin: http
           config: {url: %q, batch: true}
         max_batch: 10
-`, srv.URL+"/in/"))
+`, sink.url))
 	e := startEdge(t, h)
 	pub := connectV5(t, e.mqttAddr, "shop-pub")
 	publish := func(topic, region, payload string) {
@@ -501,33 +407,27 @@ tenants:
 	publish("orders/paris", "eu", `{"customer":"c3","total":12.5,"lines":[1,2]}`) // kept
 	publish("orders/berlin", "eu", `{"customer":"c4","total":3,"lines":[3]}`)     // kept
 
-	var kept []got
-	for len(kept) < 2 {
-		select {
-		case g := <-recs:
-			kept = append(kept, g)
-		case <-time.After(20 * time.Second):
-			t.Fatalf("the sink got %d of 2 records", len(kept))
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if n := len(sink.received()); n < 2 {
+			return fmt.Errorf("the sink got %d of 2 records", n)
 		}
-	}
+		return nil
+	})
+	// Nothing the filter should have dropped comes after them.
+	time.Sleep(500 * time.Millisecond)
+	kept := sink.received()
+	require.Len(t, kept, 2)
 	for i, want := range []struct{ key, shop, total, lines string }{
 		{"c3", "paris", "12.5", "[1,2]"},
 		{"c4", "berlin", "3", "[3]"},
 	} {
-		g := kept[i]
-		// A batch goes to the sink's URL; each record names its destination.
-		require.Equal(t, "/in/", g.path)
-		require.Equal(t, want.shop, g.rec.Destination)
-		require.Equal(t, want.key, string(g.rec.Key))
-		require.Equal(t, "orders/"+want.shop, g.rec.Topic)
-		require.Regexp(t, `^[^:]+:[0-9]+:[0-9]+$`, g.rec.MsgID)
+		rec := kept[i]
+		require.Equal(t, want.shop, rec.Destination)
+		require.Equal(t, want.key, string(rec.Key))
+		require.Equal(t, "orders/"+want.shop, rec.Topic)
+		require.Regexp(t, `^[^:]+:[0-9]+:[0-9]+$`, rec.MsgID)
 		require.JSONEq(t, fmt.Sprintf(`{"id":%q,"shop":%q,"site":"lyon","order":{"total":%s,"lines":%s}}`,
-			g.rec.MsgID, want.shop, want.total, want.lines), string(g.rec.Payload))
-	}
-	select {
-	case g := <-recs:
-		t.Fatalf("a record the filter should have dropped reached the sink: %+v", g)
-	case <-time.After(500 * time.Millisecond):
+			rec.MsgID, want.shop, want.total, want.lines), string(rec.Payload))
 	}
 	require.Equal(t, 5.0, e.metric(t, "keel_edge_output_sent_total", nil))
 	require.Equal(t, 3.0, metric(t, h.out.Registry(), "keel_output_filtered_total", nil))

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,19 +24,29 @@ import (
 )
 
 // httpCollector is an HTTP endpoint for the http sink in batch mode that
-// keeps the records it received and counts them by "tenant/topic".
+// keeps the records it received and counts them by "tenant/topic". Once
+// stalled, it holds every request until released.
 type httpCollector struct {
-	url     string
-	mu      sync.Mutex
-	got     map[string]int
-	records []httpsink.BatchRecord
+	url      string
+	mu       sync.Mutex
+	got      map[string]int
+	records  []httpsink.BatchRecord
+	stalled  atomic.Bool
+	released chan struct{}
 }
 
 func newHTTPCollector(t *testing.T) *httpCollector {
 	t.Helper()
-	hc := &httpCollector{got: map[string]int{}}
+	hc := &httpCollector{got: map[string]int{}, released: make(chan struct{})}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		if hc.stalled.Load() {
+			select {
+			case <-hc.released:
+			case <-r.Context().Done():
+				return
+			}
+		}
 		var b httpsink.BatchBody
 		if err := json.Unmarshal(body, &b); err != nil {
 			w.WriteHeader(http.StatusBadRequest)
@@ -52,6 +63,15 @@ func newHTTPCollector(t *testing.T) *httpCollector {
 	t.Cleanup(srv.Close)
 	hc.url = srv.URL
 	return hc
+}
+
+// stall holds the requests from now on, until release.
+func (hc *httpCollector) stall() { hc.stalled.Store(true) }
+
+// release answers the held requests and holds no more.
+func (hc *httpCollector) release() {
+	hc.stalled.Store(false)
+	close(hc.released)
 }
 
 func (hc *httpCollector) count(key string) int {

@@ -20,7 +20,11 @@ import (
 
 func TestMain(m *testing.M) {
 	outputtest.MaybeServePlugin()
-	os.Exit(m.Run())
+	code := m.Run()
+	if edgeBuild.dir != "" {
+		_ = os.RemoveAll(edgeBuild.dir)
+	}
+	os.Exit(code)
 }
 
 // harness is a running output service.

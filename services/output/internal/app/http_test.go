@@ -175,25 +175,9 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 		t.Skip("integration test")
 	}
 	t.Parallel()
-	var stall atomic.Bool
-	var delivered atomic.Int64
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if stall.Load() {
-			select {
-			case <-release:
-			case <-r.Context().Done():
-				return
-			}
-		}
-		var b httpsink.BatchBody
-		_ = json.Unmarshal(body, &b)
-		delivered.Add(int64(len(b.Records)))
-	}))
-	t.Cleanup(srv.Close)
+	sink := newHTTPCollector(t)
 	const buffer = 200
-	h := startOutput(t, httpRules(srv.URL, "30s", hmacSecret, buffer))
+	h := startOutput(t, httpRules(sink.url, "30s", hmacSecret, buffer))
 
 	// A raw Publish stream, to time each batch's acknowledgement.
 	api := outputv1connect.NewOutputServiceClient(h2cClient(), h.url)
@@ -234,15 +218,15 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 	// Delivered before the stall; the bound is generous for a loaded CI
 	// machine (the latencies measured here are what the test is about).
 	testutil.Eventually(t, 20*time.Second, func() error {
-		if int(delivered.Load()) < len(base)*10 {
-			return fmt.Errorf("delivered %d", delivered.Load())
+		if sink.total() < len(base)*10 {
+			return fmt.Errorf("delivered %d", sink.total())
 		}
 		return nil
 	})
 
 	// The edge-side client, offering in parallel; time every Offer.
 	c, creg := newClient(t, h, func(c *client.Config) { c.QueueRecords = 500 })
-	stall.Store(true)
+	sink.stall()
 	stallStart := time.Now()
 	var offerMax atomic.Int64
 	stopOffers := make(chan struct{})
@@ -272,8 +256,7 @@ func TestOutput_Isolation_StalledSink(t *testing.T) {
 	for time.Since(stallStart) < 10*time.Second {
 		time.Sleep(50 * time.Millisecond)
 	}
-	stall.Store(false)
-	close(release)
+	sink.release()
 
 	t.Logf("publish ack round trip: before stall p50 %v p99 %v max %v (%d batches); during 10 s stall p50 %v p99 %v max %v (%d batches)",
 		base[len(base)/2], p99(base), base[len(base)-1], len(base), during[len(during)/2], p99(during), during[len(during)-1], len(during))
