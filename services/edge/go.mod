@@ -60,3 +60,5 @@ require (
 replace github.com/keelmq/keel/libs => ../../libs
 
 replace github.com/keelmq/keel/proto => ../../proto
+
+replace github.com/mochi-mqtt/server/v2 => ../../third_party/mochi

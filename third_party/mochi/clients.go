@@ -155,6 +155,7 @@ type ClientState struct {
 	open            context.Context      // indicate that the client is open for packet exchange
 	cancelOpen      context.CancelFunc   // cancel function for open context
 	outboundQty     int32                // number of messages currently in the outbound queue
+	writeLoop       atomic.Bool          // the WriteLoop was started (keel patch)
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
 }
@@ -188,6 +189,15 @@ func newClient(c net.Conn, o *ops) *Client {
 	}
 
 	return cl
+}
+
+// startWriteLoop starts the client's WriteLoop unless it was started
+// already. (keel patch: a client that is never sent a packet through the
+// outbound queue has no goroutine waiting on it.)
+func (cl *Client) startWriteLoop() {
+	if !cl.State.writeLoop.Load() && cl.State.writeLoop.CompareAndSwap(false, true) {
+		go cl.WriteLoop()
+	}
 }
 
 // WriteLoop ranges over pending outbound messages and writes them to the client connection.

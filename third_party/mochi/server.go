@@ -126,6 +126,15 @@ type Options struct {
 	// SysTopicResendInterval specifies the interval between $SYS topic updates in seconds.
 	SysTopicResendInterval int64 `yaml:"sys_topic_resend_interval" json:"sys_topic_resend_interval"`
 
+	// DetachClient, if set, is called once a client is connected (its CONNACK
+	// sent) with serve, the client's read loop and disconnect handling, which
+	// it must run on a goroutine of its own, e.g. `go serve()`. The
+	// connection's first goroutine then ends, and with it the stack that
+	// reading and answering CONNECT grew (hooks, authentication), which an
+	// idle client would otherwise hold for its whole connection. serve
+	// returns what the listener would have been given. (keel patch)
+	DetachClient func(cl *Client, serve func() error) `yaml:"-" json:"-"`
+
 	// Enable Inline client to allow direct subscribing and publishing from the parent codebase,
 	// with negligible performance difference (disabled by default to prevent confusion in statistics).
 	InlineClient bool `yaml:"inline_client" json:"inline_client"`
@@ -404,12 +413,27 @@ func (s *Server) EstablishConnection(listener string, c net.Conn) error {
 // attachClient validates an incoming client connection and if viable, attaches the client
 // to the server, performs session housekeeping, and reads incoming packets.
 func (s *Server) attachClient(cl *Client, listener string) error {
-	defer s.Listeners.ClientsWg.Done()
 	s.Listeners.ClientsWg.Add(1)
+	if err := s.connectClient(cl, listener); err != nil {
+		cl.Stop(nil)
+		s.Listeners.ClientsWg.Done()
+		return err
+	}
 
-	go cl.WriteLoop()
-	defer cl.Stop(nil)
+	// keel patch: the read loop may go on on a goroutine of the embedder's
+	// choosing, so that the stack the CONNECT handling grew is freed rather
+	// than held by every idle connection.
+	if s.Options.DetachClient != nil {
+		s.Options.DetachClient(cl, func() error { return s.serveClient(cl, listener) })
+		return nil
+	}
+	return s.serveClient(cl, listener)
+}
 
+// connectClient reads and answers a client's CONNECT. When it returns nil
+// the client is connected (counted in ClientsConnected) and serveClient
+// must follow.
+func (s *Server) connectClient(cl *Client, listener string) error {
 	pk, err := s.readConnectionPacket(cl)
 	if err != nil {
 		return fmt.Errorf("read connection: %w", err)
@@ -450,7 +474,12 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	atomic.AddInt64(&s.Info.ClientsConnected, 1)
-	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	connected := false
+	defer func() {
+		if !connected {
+			atomic.AddInt64(&s.Info.ClientsConnected, -1)
+		}
+	}()
 
 	s.hooks.OnSessionEstablish(cl, pk)
 
@@ -472,8 +501,18 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	s.hooks.OnSessionEstablished(cl, pk)
+	connected = true
+	return nil
+}
 
-	err = cl.Read(s.receivePacket)
+// serveClient reads a connected client's packets until its connection ends,
+// then runs the disconnect housekeeping.
+func (s *Server) serveClient(cl *Client, listener string) error {
+	defer s.Listeners.ClientsWg.Done()
+	defer cl.Stop(nil)
+	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
+
+	err := cl.Read(s.receivePacket)
 	if err != nil {
 		s.sendLWT(cl)
 		cl.Stop(err)
@@ -1097,6 +1136,7 @@ func (s *Server) publishToClient(cl *Client, sub packets.Subscription, pk packet
 		return out, packets.CodeDisconnect
 	}
 
+	cl.startWriteLoop() // keel patch: started by the first packet queued
 	select {
 	case cl.State.outbound <- &out:
 		atomic.AddInt32(&cl.State.outboundQty, 1)

@@ -186,6 +186,10 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		Capabilities:           caps,
 		Logger:                 logger.With("component", "mochi"),
 		SysTopicResendInterval: 3600,
+		// A connected client's read loop runs on a goroutine of its own,
+		// so the stack its CONNECT grew (authentication, session claim)
+		// is freed: an idle client holds one small stack.
+		DetachClient: b.serveDetached,
 	})
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -977,21 +981,58 @@ func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 	l.Listener.Serve(func(id string, c net.Conn) (err error) {
 		l.b.handlers.Add(1)
 		defer l.b.handlers.Add(-1)
+		kc := &keepaliveConn{Conn: c}
 		defer func() {
 			if r := recover(); r != nil {
-				_ = c.Close()
-				l.b.m.packetErrors.WithLabelValues("decoder_panic").Inc()
-				l.b.logger.Error("connection handler panicked; connection closed", "remote", c.RemoteAddr().String(), "panic", r)
-				err = fmt.Errorf("%w: %v", errHandlerPanic, r)
-				l.b.forgetConn(c, err)
+				err = l.b.handlerPanicked(kc, nil, r)
 			}
 		}()
-		kc := &keepaliveConn{Conn: c}
 		if l.timeout > 0 {
 			_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 		}
 		return establish(id, kc)
 	})
+}
+
+// serveDetached runs a connected client's read loop (mochi's serve) on a
+// goroutine of its own, counted and guarded like the connection's first
+// goroutine, which is still counted while this is called.
+func (b *Broker) serveDetached(cl *mqtt.Client, serve func() error) {
+	b.handlers.Add(1)
+	go func() {
+		defer b.handlers.Add(-1)
+		defer func() {
+			if r := recover(); r != nil {
+				_ = b.handlerPanicked(cl.Net.Conn, cl, r)
+			}
+		}()
+		if err := serve(); err != nil {
+			b.logger.Debug("client connection ended", "client_id", cl.ID, "error", err)
+		}
+	}()
+}
+
+// handlerPanicked contains a panic in the goroutine serving the connection
+// c (of client cl, nil if not known yet): it closes the connection, counts
+// and logs it, and runs the disconnect path mochi did not get to.
+func (b *Broker) handlerPanicked(c net.Conn, cl *mqtt.Client, r any) error {
+	_ = c.Close()
+	b.m.packetErrors.WithLabelValues("decoder_panic").Inc()
+	b.logger.Error("connection handler panicked; connection closed", "remote", c.RemoteAddr().String(), "panic", r)
+	err := fmt.Errorf("%w: %v", errHandlerPanic, r)
+	if cl == nil {
+		b.conns.Range(func(k, _ any) bool {
+			if found := k.(*mqtt.Client); found.Net.Conn == c {
+				cl = found
+				return false
+			}
+			return true
+		})
+	}
+	if cl != nil {
+		b.forgetClient(cl, err)
+	}
+	return err
 }
 
 var errHandlerPanic = errors.New("connection handler panicked")
@@ -1050,28 +1091,17 @@ func (c *keepaliveConn) SetReadDeadline(t time.Time) error {
 // NetConn returns the wrapped connection (for TLS state).
 func (c *keepaliveConn) NetConn() net.Conn { return c.Conn }
 
-// forgetConn runs the disconnect path for the client on c after its handler
-// died without mochi running it.
-func (b *Broker) forgetConn(c net.Conn, cause error) {
-	var found *mqtt.Client
-	b.conns.Range(func(k, _ any) bool {
-		if cl := k.(*mqtt.Client); cl.Net.Conn == c {
-			found = cl
-			return false
-		}
-		return true
-	})
-	if found == nil {
-		return
-	}
-	found.Stop(cause)
-	expire := (found.Properties.ProtocolVersion == 5 && found.Properties.Props.SessionExpiryInterval == 0) ||
-		(found.Properties.ProtocolVersion < 5 && found.Properties.Clean)
-	(&hook{b: b}).OnDisconnect(found, cause, expire)
+// forgetClient runs the disconnect path for cl after its handler died
+// without mochi running it.
+func (b *Broker) forgetClient(cl *mqtt.Client, cause error) {
+	cl.Stop(cause)
+	expire := (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) ||
+		(cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
+	(&hook{b: b}).OnDisconnect(cl, cause, expire)
 	if expire {
-		if cur, ok := b.server.Clients.Get(found.ID); ok && cur == found {
-			b.server.UnsubscribeClient(found)
-			b.server.Clients.Delete(found.ID)
+		if cur, ok := b.server.Clients.Get(cl.ID); ok && cur == cl {
+			b.server.UnsubscribeClient(cl)
+			b.server.Clients.Delete(cl.ID)
 		}
 	}
 }

@@ -3,10 +3,13 @@ package broker
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
@@ -116,4 +119,42 @@ func fuzzSeeds() [][]byte {
 		{0x30, 0x04, 0x00, 0x02, 0xc0, 0x80},       // overlong UTF-8 in topic
 		{0x30, 0x04, 0x00, 0x02, 0x00, 0x00},       // NUL in topic
 	}
+}
+
+// A packet that makes mochi's decoder panic closes only the connection it
+// came on, and that client ends as after any other error: its will goes
+// out, it is counted as disconnected, and its client ID is free again.
+func TestBroker_DecoderPanicEndsOnlyItsClient(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/#", 1).ReasonCodes)
+
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "crasher",
+			WillFlag: true, WillTopic: "gone/crasher", WillQos: 1, WillPayload: []byte("bye")}})
+	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
+	_, err := c.Conn.Write([]byte{0x82, 0x05, 0x00, 0x01, 0x00, 0x00, 0x00}) // SUBSCRIBE with an empty filter
+	require.NoError(t, err)
+
+	will := watcher.Expect(packets.Publish)
+	require.Equal(t, "gone/crasher", will.TopicName)
+	require.Equal(t, []byte("bye"), will.Payload)
+	require.Equal(t, float64(1), testutil.ToFloat64(b.m.packetErrors.WithLabelValues("decoder_panic")))
+	require.Eventually(t, func() bool { return atomic.LoadInt64(&b.server.Info.ClientsConnected) == 1 }, 5*time.Second, 5*time.Millisecond)
+	sc, err := b.scope("default")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, registered := b.server.Clients.Get(sc.ClientID("crasher"))
+		return !registered
+	}, 5*time.Second, 5*time.Millisecond, "a clean session that ended stays registered")
+
+	// The watcher was not harmed, and the ID connects again.
+	again := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, again.Connect("crasher", true, packets.Properties{}).ReasonCode)
+	again.Publish(1, "gone/again", 1, []byte("x"))
+	again.Expect(packets.Puback)
+	require.Equal(t, "gone/again", watcher.Expect(packets.Publish).TopicName)
 }
