@@ -96,8 +96,9 @@ func (l *Websocket) handler(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	defer c.Close()
-
+	// keel patch: no deferred close here. The server closes the connection
+	// on every path once the client ends, which with Options.DetachClient
+	// is after establish has returned.
 	err = l.establish(l.id, &wsConn{Conn: c.UnderlyingConn(), c: c})
 	if err != nil {
 		l.log.Warn("", "error", err)
