@@ -2,6 +2,8 @@ package broker
 
 import (
 	"bytes"
+	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -157,4 +159,41 @@ func TestBroker_DecoderPanicEndsOnlyItsClient(t *testing.T) {
 	again.Publish(1, "gone/again", 1, []byte("x"))
 	again.Expect(packets.Puback)
 	require.Equal(t, "gone/again", watcher.Expect(packets.Publish).TopicName)
+}
+
+// An idle connected client holds one goroutine, its read loop, on a small
+// stack: the connection's first goroutine, whose stack the CONNECT grew,
+// ends after CONNACK, and mochi starts no WriteLoop for it
+// (third_party/mochi/README.keel.md). Not parallel, so that no other test's
+// goroutines come and go while it counts.
+func TestBroker_IdleClientHoldsOneSmallGoroutine(t *testing.T) {
+	_, addr := startBroker(t, nil)
+	settled := func() (goroutines int, stacks uint64) {
+		n := runtime.NumGoroutine()
+		for range 50 {
+			time.Sleep(20 * time.Millisecond)
+			if m := runtime.NumGoroutine(); m != n {
+				n = m
+				continue
+			}
+			break
+		}
+		runtime.GC() // shrinks the stacks that can be
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return runtime.NumGoroutine(), ms.StackInuse
+	}
+	g0, s0 := settled()
+	const clients = 500
+	for i := range clients {
+		c := mqtttest.Dial(t, addr, byte(4+i%2))
+		c.Connect(fmt.Sprintf("idle-%d", i), true, packets.Properties{})
+	}
+	g1, s1 := settled()
+	goroutines := float64(g1-g0) / clients
+	stack := float64(s1-s0) / clients
+	t.Logf("per idle client: %.2f goroutines, %.0f B of stack", goroutines, stack)
+	require.InDelta(t, 1.0, goroutines, 0.1)
+	require.Less(t, stack, 10*1024.0, "an idle client holds a stack grown by its CONNECT")
 }
