@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
@@ -141,6 +142,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 			t.routes.add(m.GetMemberId(), m.GetIncarnation())
 		}
 	}
+	s.installSlotTable(ctx, st)
 	t.claims = newBatcher(s)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -371,5 +373,38 @@ func (s *Server) reconcileVoters(missing map[string]time.Time) {
 		s.logger.Info("removed dead voter", "node_id", id, "missing_for", time.Since(since))
 		delete(missing, id)
 		delete(known, id)
+	}
+}
+
+// installSlotTable writes the slot table of Config.RedisGroups groups if
+// the cluster has none and K > 1 (no table means one group). K is fixed at
+// install: a table in place is never changed here, since moving a slot
+// would strand the sessions stored under it in their old group.
+func (s *Server) installSlotTable(ctx context.Context, st *fsm.State) {
+	k := max(s.cfg.RedisGroups, 1)
+	if cur := st.SlotTable(); cur != nil {
+		if have := int(slices.Max(cur.GetSlotGroups())) + 1; have != k {
+			s.logger.Error("redis.groups differs from the installed slot table; keeping the table (K is fixed at install)",
+				"redis_groups", k, "installed", have)
+		}
+		return
+	}
+	if k == 1 {
+		return
+	}
+	for {
+		res, _, err := s.apply(ctx, fsm.CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: slots.Even(k)})
+		if err == nil {
+			if r, _ := res.(*raftpb.SetSlotTableResult); r.GetSwapped() {
+				s.logger.Info("slot table installed", "redis_groups", k)
+			}
+			return
+		}
+		s.logger.Warn("installing the slot table failed; retrying", logging.Err(err))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

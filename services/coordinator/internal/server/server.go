@@ -30,6 +30,7 @@ import (
 
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/services/coordinator/internal/discovery"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
@@ -79,6 +80,10 @@ type Config struct {
 	// expired is kept (0: forever). Members that come and go under new IDs,
 	// as the pods of a Deployment do, each leave one.
 	MemberRetention time.Duration `yaml:"member_retention"`
+	// RedisGroups is K, the number of Redis groups persistence keeps its
+	// state in, fixed at install: the first leader writes the slot table
+	// for it, and a later K different from the table's is refused.
+	RedisGroups int `yaml:"redis_groups"`
 
 	// Now is the leader's clock; nil means time.Now.
 	Now func() time.Time `yaml:"-"`
@@ -97,6 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.StringVar(&c.RouterURL, prefix+"router.url", "", "API base URL of a router node (e.g. http://keel-router:9300), where the leader removes dead edges' routes (empty: they are never removed)")
 	fs.DurationVar(&c.RouteGrace, prefix+"custody.route-grace", DefaultRouteGrace, "after a dead edge's last session was adopted, wait this long for the custodians to register its routes before removing the dead edge's")
 	fs.DurationVar(&c.AdoptionWait, prefix+"custody.adoption-wait", DefaultAdoptionWait, "after a dead edge's last session was given to custodians, wait at most this long for them to report the sessions adopted (their routes registered) before removing the dead edge's routes; publishes to those sessions are not acknowledged meanwhile")
+	fs.IntVar(&c.RedisGroups, prefix+"redis.groups", 1, "K, the number of Redis groups, fixed at install: the first leader maps the 16384 slots to K groups in equal runs, and a coordinator started later with another K logs an error and keeps the table")
 	fs.DurationVar(&c.MemberRetention, prefix+"members.retention", DefaultMemberRetention, "keep the record of a member that left or expired this long, then delete it once no session or promotion lease refers to it (0: keep forever; at least 10 lease TTLs)")
 }
 
@@ -106,6 +112,9 @@ const DefaultMemberRetention = 24 * time.Hour
 // Validate checks c.
 func (c *Config) Validate() error {
 	var errs []error
+	if c.RedisGroups < 0 || c.RedisGroups > slots.Count {
+		errs = append(errs, fmt.Errorf("redis.groups must be between 1 and %d", slots.Count))
+	}
 	if c.LeaseTTL < 30*time.Millisecond {
 		errs = append(errs, errors.New("lease ttl must be at least 30ms"))
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/coordinator/internal/discovery"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
@@ -111,6 +112,7 @@ func TestConfig_Validate(t *testing.T) {
 		"router no scheme":   func(c *Config) { c.RouterURL = "keel-router:9300" },
 		"router no host":     func(c *Config) { c.RouterURL = "http://" },
 		"router bad scheme":  func(c *Config) { c.RouterURL = "ftp://keel-router:9300" },
+		"too many groups":    func(c *Config) { c.RedisGroups = 16385 },
 	} {
 		c := good()
 		mut(&c)
@@ -577,4 +579,31 @@ func TestServer_BumpAclVersionNoLeader(t *testing.T) {
 	ts := newTestServer(t, false, nil)
 	_, err := ts.s.BumpAclVersion(t.Context(), connect.NewRequest(&coordinatorv1.BumpAclVersionRequest{Tenant: "acme"}))
 	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "%v", err)
+}
+
+// The first leader installs the slot table for K groups; K is fixed then:
+// a leader configured with another K keeps the table.
+func TestServer_SlotTableInstalledOnce(t *testing.T) {
+	ts := newTestServer(t, true, func(c *Config) { c.RedisGroups = 3 })
+	var cfg *coordinatorv1.ClusterConfig
+	testutil.Eventually(t, 5*time.Second, func() error {
+		cfg = ts.s.clusterConfig(ts.s.fsm.State())
+		if len(cfg.GetSlotGroups()) == 0 {
+			return errors.New("no slot table yet")
+		}
+		return nil
+	})
+	require.Equal(t, uint32(3), cfg.GetRedisGroupCount())
+	require.NoError(t, slots.Table(cfg.GetSlotGroups()).Validate(3))
+	version := ts.s.fsm.State().SlotTable().GetVersion()
+
+	ts.s.cfg.RedisGroups = 2
+	ts.s.installSlotTable(t.Context(), ts.s.fsm.State())
+	require.Equal(t, version, ts.s.fsm.State().SlotTable().GetVersion())
+	require.Equal(t, uint32(3), ts.s.clusterConfig(ts.s.fsm.State()).GetRedisGroupCount())
+
+	// One group needs no table.
+	one := newTestServer(t, true, nil)
+	require.Nil(t, one.s.fsm.State().SlotTable())
+	require.Equal(t, uint32(1), one.s.clusterConfig(one.s.fsm.State()).GetRedisGroupCount())
 }

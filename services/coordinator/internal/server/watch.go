@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"context"
 	"strconv"
 	"sync"
@@ -213,7 +214,10 @@ func (s *Server) clusterConfig(st *fsm.State) *coordinatorv1.ClusterConfig {
 		RedisGroupCount:   1,
 		SlotGroups:        st.SlotTable().GetSlotGroups(),
 	}
-	if v, ok := st.ConfigValue(ConfigRedisGroupCount); ok {
+	// K is the slot table's, once one is installed: it is fixed then.
+	if len(c.SlotGroups) > 0 {
+		c.RedisGroupCount = slices.Max(c.SlotGroups) + 1
+	} else if v, ok := st.ConfigValue(ConfigRedisGroupCount); ok {
 		if n, err := strconv.ParseUint(v, 10, 32); err == nil {
 			c.RedisGroupCount = uint32(n)
 		}
