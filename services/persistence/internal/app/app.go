@@ -23,6 +23,7 @@ import (
 	"github.com/keelmq/keel/libs/config"
 	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/persistence/internal/failover"
@@ -166,6 +167,7 @@ type App struct {
 	records  *failover.CoordinatorRecords
 	coord    coordinatorv1connect.CoordinatorServiceClient
 	srv      *server.Server
+	slots    slots.Table // the cluster's, read at start (nil: one group)
 
 	leaseUntil atomic.Int64 // unix nanos; writes stop after it
 	leaseTTL   atomic.Int64 // nanos: the coordinator's member lease TTL, once known
@@ -252,8 +254,20 @@ func (a *App) openStore(ctx context.Context) error {
 		a.store = s
 		return nil
 	}
-	var rec failover.Record
+	var k int
 	err := retry(ctx, 30*time.Second, func(ctx context.Context) error {
+		var err error
+		a.slots, k, err = slots.Fetch(ctx, a.coord, a.cfg.MemberID, coordinatorv1.MemberRole_MEMBER_ROLE_PERSISTENCE)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read the slot table: %w", err)
+	}
+	if int(a.cfg.RedisGroupID) >= k {
+		return fmt.Errorf("redis.group-id %d: the cluster has %d Redis groups (0 to %d)", a.cfg.RedisGroupID, k, k-1)
+	}
+	var rec failover.Record
+	err = retry(ctx, 30*time.Second, func(ctx context.Context) error {
 		var err error
 		rec, err = a.records.Bootstrap(ctx, a.cfg.RedisAddr, a.cfg.RedisReplicas, a.cfg.Failover.PromotionLeaseTTL)
 		return err
@@ -273,7 +287,7 @@ func (a *App) openStore(ctx context.Context) error {
 	}
 	a.loop = failover.NewLoop(a.cfg.Failover, a.records, f, p, a.metrics, a.logger.With("component", "failover"))
 	a.metrics.GroupEpoch.Set(float64(rec.Epoch))
-	a.logger.Info("following group record", "primary", rec.Primary, "record_epoch", rec.Epoch, "replicas", rec.Replicas)
+	a.logger.Info("following group record", "primary", rec.Primary, "record_epoch", rec.Epoch, "replicas", rec.Replicas, "group", a.cfg.RedisGroupID, "groups", k)
 	return nil
 }
 
@@ -498,7 +512,8 @@ func (a *App) Run(ctx context.Context) error {
 		}
 	}
 	g.Add("api", func(context.Context) error {
-		scfg := server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate}
+		scfg := server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate,
+			Slots: a.slots, Group: uint32(a.cfg.RedisGroupID)}
 		if a.loop != nil {
 			scfg.Switchover = a.loop.Switchover
 		}

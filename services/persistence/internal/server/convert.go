@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/persistence/internal/store"
 
@@ -47,7 +48,36 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{store.ErrInvalid}, args...)...)
 }
 
-type decoder struct{ lim Limits }
+type decoder struct {
+	lim Limits
+	// slots maps sessions and tenants to Redis groups (nil: one group);
+	// group is this instance's. A session or tenant of another group is
+	// refused: its state kept here would be where no resume looks.
+	slots slots.Table
+	group uint32
+}
+
+// sessionInGroup refuses a session of another group.
+func (d decoder) sessionInGroup(k store.SessionKey) error {
+	if g := d.slots.Session(k.Tenant, k.ClientID); g != d.group {
+		return invalid("session %.70q of tenant %q is in slot %d of Redis group %d; this instance serves group %d",
+			k.ClientID, k.Tenant, slots.Of(k.Tenant, k.ClientID), g, d.group)
+	}
+	return nil
+}
+
+// retainedTenant checks a tenant whose retained messages are read or
+// written: valid, and of this group.
+func (d decoder) retainedTenant(t string) error {
+	if err := d.tenant(t); err != nil {
+		return err
+	}
+	if g := d.slots.Tenant(t); g != d.group {
+		return invalid("retained messages of tenant %q are in slot %d of Redis group %d; this instance serves group %d",
+			t, slots.OfTenant(t), g, d.group)
+	}
+	return nil
+}
 
 func (d decoder) tenant(t string) error {
 	if !tenantRE.MatchString(t) {
@@ -67,7 +97,10 @@ func (d decoder) sessionKey(k *commonv1.SessionKey) (store.SessionKey, error) {
 		return store.SessionKey{}, invalid("client ID must be valid UTF-8 of at most %d bytes", d.lim.MaxClientID)
 	}
 	sk := store.SessionKey{Tenant: k.GetTenant(), ClientID: k.GetClientId()}
-	return sk, sk.Validate()
+	if err := sk.Validate(); err != nil {
+		return sk, err
+	}
+	return sk, d.sessionInGroup(sk)
 }
 
 // MsgIDString is the store's form of a msgID: "<edge>/<incarnation>/<seq>",
@@ -318,7 +351,7 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 		if m == nil {
 			return invalid("message is required")
 		}
-		if err := d.tenant(m.GetTenant()); err != nil {
+		if err := d.retainedTenant(m.GetTenant()); err != nil {
 			return err
 		}
 		sm, err := d.message(m, m.GetTenant())

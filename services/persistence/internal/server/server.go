@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/persistence/internal/failover"
 	"github.com/keelmq/keel/services/persistence/internal/metrics"
@@ -43,6 +44,11 @@ type Config struct {
 	MaxInflightBatches int
 	// MaxLookup caps LookupRetained's limit.
 	MaxLookup int
+	// Slots maps sessions and tenants to Redis groups (nil: one group) and
+	// Group is the group this instance fronts: ops for another group's
+	// sessions or tenants are refused as invalid.
+	Slots slots.Table `yaml:"-"`
+	Group uint32      `yaml:"-"`
 	// Gate, if set, is asked before each batch; an error answers the batch
 	// UNAVAILABLE (the instance lost its coordinator lease: it must not
 	// acknowledge anything).
@@ -87,7 +93,7 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits}, store: st, metrics: m, status: status, logger: logger,
+	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group}, store: st, metrics: m, status: status, logger: logger,
 		stopped: make(chan struct{})}
 }
 
@@ -334,7 +340,7 @@ func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persisten
 // LookupRetained implements the RPC.
 func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persistencev1.LookupRetainedRequest]) (*connect.Response[persistencev1.LookupRetainedResponse], error) {
 	m := req.Msg
-	if err := s.dec.tenant(m.GetTenant()); err != nil {
+	if err := s.dec.retainedTenant(m.GetTenant()); err != nil {
 		return nil, toConnect(err)
 	}
 	if err := topic.ValidateFilter(m.GetFilter(), topic.Limits{}); err != nil {

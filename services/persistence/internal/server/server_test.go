@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/persistence/internal/redistest"
 	"github.com/keelmq/keel/services/persistence/internal/store"
@@ -44,7 +45,12 @@ func h2cClient() *http.Client {
 // a Connect and a gRPC client.
 func startServer(t testing.TB, st store.Store) *testServer {
 	t.Helper()
-	srv := New(Config{}, st, nil, nil, testutil.Logger(t))
+	return startServerWith(t, st, Config{})
+}
+
+func startServerWith(t testing.TB, st store.Store, cfg Config) *testServer {
+	t.Helper()
+	srv := New(cfg, st, nil, nil, testutil.Logger(t))
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	hs := httptest.NewUnstartedServer(mux)
@@ -419,4 +425,39 @@ func TestServer_TookQoS2_RoundTrip(t *testing.T) {
 	resp = w.write(&persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_DeleteSession{DeleteSession: &persistencev1.DeleteSessionOp{}}})
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
 	require.Empty(t, load(t, ts.client).GetTookQos2())
+}
+
+// An instance refuses the sessions and the retained messages of another
+// Redis group's slots, and keeps what its own group's clients write.
+func TestServer_OtherGroupRefused(t *testing.T) {
+	t.Parallel()
+	tab := slots.Even(2)
+	own := tab.Session(sess.GetTenant(), sess.GetClientId())
+	st := boltStore(t)
+	other := startServerWith(t, st, Config{Slots: tab, Group: 1 - own})
+	mine := startServerWith(t, st, Config{Slots: tab, Group: own})
+
+	resp := newWriter(t, other.client).write(activate(1), appendOp(1, 1))
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, resp.GetStatus())
+	require.Contains(t, resp.GetError(), fmt.Sprintf("slot %d of Redis group %d; this instance serves group %d",
+		slots.Of(sess.GetTenant(), sess.GetClientId()), own, 1-own))
+	_, err := other.client.LoadSession(t.Context(), connect.NewRequest(&persistencev1.LoadSessionRequest{Session: sess}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	require.Zero(t, load(t, mine.client).GetEpoch(), "the refused batch stored something")
+
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, newWriter(t, mine.client).write(activate(1), appendOp(1, 1)).GetStatus())
+	require.Len(t, load(t, mine.client).GetQueue(), 1)
+
+	// Retained messages go by the tenant's slot.
+	tenantGroup := tab.Tenant("acme")
+	retained := func(ts *testServer) error {
+		_, err := ts.client.LookupRetained(t.Context(), connect.NewRequest(&persistencev1.LookupRetainedRequest{Tenant: "acme", Filter: "#"}))
+		return err
+	}
+	byGroup := map[uint32]*testServer{own: mine, 1 - own: other}
+	require.NoError(t, retained(byGroup[tenantGroup]))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(retained(byGroup[1-tenantGroup])))
+	put := &persistencev1.WriteOp{Op: &persistencev1.WriteOp_PutRetained{PutRetained: &persistencev1.PutRetainedOp{Message: pmsg(9)}}}
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, newWriter(t, byGroup[1-tenantGroup].client).write(put).GetStatus())
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, newWriter(t, byGroup[tenantGroup].client).write(put).GetStatus())
 }
