@@ -338,6 +338,25 @@ func TestServer_CustodyAfterRejoin(t *testing.T) {
 	require.Equal(t, uint64(1), ts.s.fsm.State().Session("acme", "c0").GetOwnerIncarnation())
 
 	ts.renew(t, "e2", 1)
+	// Both edges stay alive from here on: a lease that expired in the
+	// window below would be an entry too.
+	renewing, stopRenewing := context.WithCancel(t.Context())
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for renewing.Err() == nil {
+			for _, m := range []struct {
+				id  string
+				inc uint64
+			}{{"e1", 2}, {"e2", 1}} {
+				_, _ = ts.s.RenewLease(renewing, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{MemberId: m.id,
+					Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: m.inc, Address: "http://" + m.id,
+					State: coordinatorv1.MemberState_MEMBER_STATE_ALIVE}))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+	defer func() { stopRenewing(); <-renewed }()
 	testutil.Eventually(t, 5*time.Second, func() error {
 		for i := range n {
 			rec := ts.s.fsm.State().Session("acme", fmt.Sprintf("c%d", i))

@@ -12,9 +12,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +33,7 @@ import (
 	"github.com/keelmq/keel/libs/routerclient"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
+	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/broker"
@@ -126,7 +129,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StopTimeout, "stop-timeout", 15*time.Second, "deadline for each shutdown step")
 	fs.StringVar(&c.CoordinatorURL, "cluster.coordinator", "", "URL of the coordinator API (e.g. http://keel-coordinator:7401); empty runs single-node")
 	fs.StringVar(&c.RouterURL, "cluster.router", "", "URL of a router node (e.g. http://keel-router:9300); needs cluster.coordinator")
-	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402): persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
+	fs.StringVar(&c.PersistenceURL, "cluster.persistence", "", "URL of the persistence service (e.g. http://keel-persistence:7402), or with K Redis groups one URL per group in group order, comma-separated: persistent sessions, queues and retained messages live there, so any edge resumes any session and a dead edge's sessions go to custodians (empty: data-dir, this edge only); needs cluster.coordinator")
 	fs.StringVar(&c.APIAddr, "cluster.api-addr", ":7411", "listen address of the edge API other edges forward to (cluster mode)")
 	fs.StringVar(&c.AdvertiseAddr, "cluster.advertise-addr", "", "host:port other edges reach this edge's API at (default: cluster.api-addr)")
 	fs.DurationVar(&c.ForwardTimeout, "cluster.forward-timeout", 30*time.Second, "how long a QoS 1/2 publish is forwarded (and routed again while its routes name an edge that left, or with cluster.forward-retry after one left without taking it), counted from its ingress, before the publisher is closed unacknowledged")
@@ -157,6 +160,13 @@ func (c *Config) Validate() error {
 		// Writes to the shared store are fenced by the coordinator's epochs.
 		errs = append(errs, errors.New("cluster.persistence needs cluster.coordinator"))
 	}
+	if c.PersistenceURL != "" {
+		for i, u := range strings.Split(c.PersistenceURL, ",") {
+			if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
+				errs = append(errs, fmt.Errorf("cluster.persistence: URL %d, %.80q, is not an http(s) URL with a host", i, u))
+			}
+		}
+	}
 	if c.MTLS && c.TLSClientCA == "" {
 		errs = append(errs, errors.New("auth.mtls needs tls.client-ca"))
 	}
@@ -185,12 +195,35 @@ func (c *Config) Validate() error {
 }
 
 // openStore opens the edge's durable state: the persistence service in a
-// cluster, else the data dir; nil when neither is set (memory only).
-func openStore(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (closingStore, error) {
+// cluster, else the data dir; nil when neither is set (memory only). With
+// one persistence URL per Redis group, a session's state goes to its
+// group's service by the cluster's slot table, read from the coordinator.
+func openStore(cfg Config, edgeID string, logger *slog.Logger, reg prometheus.Registerer) (closingStore, error) {
 	switch {
 	case cfg.PersistenceURL != "":
-		return remotestore.New(remotestore.Config{URL: cfg.PersistenceURL, HTTPClient: rpc.H2CClient(),
-			Logger: logger.With("component", "persistence"), Registerer: reg})
+		urls := strings.Split(cfg.PersistenceURL, ",")
+		if len(urls) == 1 {
+			return remotestore.New(remotestore.Config{URL: urls[0], HTTPClient: rpc.H2CClient(),
+				Logger: logger.With("component", "persistence"), Registerer: reg})
+		}
+		table, err := fetchSlots(cfg.CoordinatorURL, edgeID, len(urls))
+		if err != nil {
+			return nil, err
+		}
+		stores := make([]*remotestore.Store, 0, len(urls))
+		for g, u := range urls {
+			s, err := remotestore.New(remotestore.Config{URL: u, HTTPClient: rpc.H2CClient(),
+				Logger:     logger.With("component", "persistence", "group", g),
+				Registerer: prometheus.WrapRegistererWith(prometheus.Labels{"group": strconv.Itoa(g)}, reg)})
+			if err != nil {
+				for _, s := range stores {
+					_ = s.Close()
+				}
+				return nil, err
+			}
+			stores = append(stores, s)
+		}
+		return remotestore.NewGrouped(stores, table)
 	case cfg.DataDir != "":
 		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 			return nil, fmt.Errorf("data dir: %w", err)
@@ -198,6 +231,29 @@ func openStore(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (clos
 		return durable.Open(cfg.DataDir, logger.With("component", "durable"))
 	}
 	return nil, nil
+}
+
+// fetchSlots reads the cluster's slot table from the coordinator, retrying
+// for a while (the coordinator may be starting beside the edge), and checks
+// that the cluster has k Redis groups.
+func fetchSlots(coordinatorURL, edgeID string, k int) (slots.Table, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := cluster.NewClient(coordinatorURL)
+	for {
+		table, groups, err := slots.Fetch(ctx, client, edgeID, coordinatorv1.MemberRole_MEMBER_ROLE_EDGE)
+		if err == nil {
+			if groups != k {
+				return nil, fmt.Errorf("cluster.persistence lists %d URLs, one per Redis group, but the cluster has %d groups", k, groups)
+			}
+			return table, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read the slot table from the coordinator: %w", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // closingStore is the durable state the edge closes when it stops.
@@ -352,7 +408,8 @@ func New(cfg Config, logger *slog.Logger) (*Edge, error) {
 			}}
 		b.SetCluster(broker.Cluster{Ownership: &cluster.Ownership{Client: client, Member: e.member, MaxBatch: 256, Linger: time.Millisecond}})
 	}
-	st, err := openStore(cfg, logger, e.reg)
+	edgeID, _ := b.ID()
+	st, err := openStore(cfg, edgeID, logger, e.reg)
 	if err != nil {
 		return nil, err
 	}
