@@ -93,7 +93,9 @@ func (g *Grouped) DeleteSubscription(ctx context.Context, id, filter string) err
 	return g.of(id).DeleteSubscription(ctx, id, filter)
 }
 
-func (g *Grouped) Enqueue(id string, e durable.Entry) *durable.Pending { return g.of(id).Enqueue(id, e) }
+func (g *Grouped) Enqueue(id string, e durable.Entry) *durable.Pending {
+	return g.of(id).Enqueue(id, e)
+}
 
 func (g *Grouped) Dequeue(ctx context.Context, id string, gone []durable.Entry) error {
 	return g.of(id).Dequeue(ctx, id, gone)
