@@ -19,6 +19,7 @@ import (
 
 	"github.com/keelmq/keel/libs/config"
 	"github.com/keelmq/keel/libs/rpc"
+	"github.com/keelmq/keel/libs/slots"
 
 	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
@@ -65,7 +66,7 @@ const listLimit = 1000
 func (f *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.coordinator, "coordinator", "", "coordinator API URL (env KEEL_COORDINATOR)")
 	fs.StringVar(&f.router, "router", "", "router API URL (env KEEL_ROUTER)")
-	fs.StringVar(&f.persistence, "persistence", "", "persistence API URL (env KEEL_PERSISTENCE)")
+	fs.StringVar(&f.persistence, "persistence", "", "persistence API URL (env KEEL_PERSISTENCE); with K Redis groups one URL per group in group order, comma-separated (session show then needs --coordinator for the slot table)")
 	fs.StringVar(&f.edge, "edge", "", "edge cluster API URL (env KEEL_EDGE); session list: the ID of the owner edge to list the sessions of")
 	fs.StringVar(&f.tenant, "tenant", "", "tenant of the topic or session")
 	fs.StringVar(&f.output, "o", "table", "output: table or json")
@@ -194,6 +195,27 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func baseURL(u string) string { return strings.TrimRight(u, "/") }
+
+// groupURL returns the persistence URL of the session's Redis group: the
+// one URL given, or of K URLs the one the cluster's slot table (read from
+// the coordinator) maps the session to.
+func groupURL(ctx context.Context, f clusterFlags, client string) (string, error) {
+	urls := strings.Split(f.persistence, ",")
+	if len(urls) == 1 {
+		return urls[0], nil
+	}
+	if f.coordinator == "" {
+		return "", fmt.Errorf("session show: %d persistence URLs need --coordinator, for the slot table", len(urls))
+	}
+	table, k, err := slots.Fetch(ctx, coordinatorClient(f.coordinator), "keelctl", coordinatorv1.MemberRole_MEMBER_ROLE_EDGE)
+	if err != nil {
+		return "", fmt.Errorf("session show: read the slot table: %w", err)
+	}
+	if k != len(urls) {
+		return "", fmt.Errorf("session show: %d persistence URLs, but the cluster has %d Redis groups", len(urls), k)
+	}
+	return urls[table.Session(f.tenant, client)], nil
+}
 
 func coordinatorClient(u string) coordinatorv1connect.CoordinatorServiceClient {
 	return coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), baseURL(u), rpc.ClientOptions()...)
@@ -405,7 +427,11 @@ func showSession(ctx context.Context, w io.Writer, f clusterFlags, client string
 		}
 	}
 	if f.persistence != "" {
-		if stored, err = call(ctx, "session load", f.persistence, persistenceClient(f.persistence).LoadSession,
+		u, err := groupURL(ctx, f, client)
+		if err != nil {
+			return err
+		}
+		if stored, err = call(ctx, "session load", u, persistenceClient(u).LoadSession,
 			&persistencev1.LoadSessionRequest{Session: key}); err != nil {
 			return err
 		}

@@ -9,7 +9,7 @@
 //	keelctl acl bump     --coordinator URL (--tenant T | --all)
 //	keelctl cluster status --coordinator URL [--router URL] [-o json]
 //	keelctl routes       --router URL --tenant T TOPIC [-o json]
-//	keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] CLIENT [-o json]
+//	keelctl session show --tenant T [--coordinator URL] [--persistence URL[,URL…]] [--limit N] CLIENT [-o json]
 //	keelctl session list --coordinator URL [--tenant T] [--edge EDGE_ID] [--prefix P] [--limit N] [-o json]
 //	keelctl session kick --coordinator URL --tenant T [--discard] [--edge URL] [-o json] CLIENT
 //	keelctl edge status  --edge URL [-o json]
@@ -63,7 +63,7 @@ const usage = `usage:
   keelctl acl bump     --coordinator URL (--tenant T | --all)
   keelctl cluster status --coordinator URL [--router URL] [-o json]
   keelctl routes       --router URL --tenant T [-o json] TOPIC
-  keelctl session show --tenant T [--coordinator URL] [--persistence URL] [--limit N] [-o json] CLIENT
+  keelctl session show --tenant T [--coordinator URL] [--persistence URL[,URL…]] [--limit N] [-o json] CLIENT
   keelctl session list --coordinator URL [--tenant T] [--edge EDGE_ID] [--prefix P] [--limit N] [-o json]
   keelctl session kick --coordinator URL --tenant T [--discard] [--edge URL] [-o json] CLIENT
   keelctl edge status  --edge URL [-o json]
