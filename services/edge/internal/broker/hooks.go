@@ -679,11 +679,16 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			sub.filter = inner
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
-		if !s.addSub(sub, b.cfg.MaxSubscriptions) {
-			b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
+		if err := s.addSub(sub, b.cfg.MaxSubscriptions); err != nil {
 			cl.State.Subscriptions.Delete(f.Filter)
 			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
-			refuse(i, packets.ErrQuotaExceeded.Code)
+			if errors.Is(err, errSubQuota) {
+				b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
+				refuse(i, packets.ErrQuotaExceeded.Code)
+			} else {
+				// Not a fault of the client's: it may subscribe again.
+				refuse(i, packets.ErrUnspecifiedError.Code)
+			}
 			continue
 		}
 		if !c.rules.Load().CanSubscribe(s.outsideFilter(sub)) {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -956,49 +957,78 @@ func inflightPacket(d *delivery, packetID uint16, retain bool, order int64) pack
 	return pk
 }
 
+// Why addSub refused a subscription.
+var (
+	errSubQuota     = errors.New("subscription quota reached")
+	errSubNotRouted = errors.New("route not registered")
+	errSubNotStored = errors.New("subscription not stored")
+)
+
 // addSub adds or replaces a subscription of the session. It refuses a new
-// filter beyond max subscriptions.
-func (s *session) addSub(sub *subscription, maxSubs int) bool {
+// filter beyond max subscriptions, one whose route the cluster did not
+// take, and for a durable session one the store did not keep.
+//
+// The subscription matches this edge's publishes from the moment it is read,
+// before its route and its durable record are in place: the server may send
+// PUBLISH packets matching a subscription before its SUBACK (§3.8.4), and a
+// client that subscribes and then has another client publish, without
+// waiting for the SUBACK, gets what it expects from a single broker. Only
+// the SUBACK waits (DESIGN: SUBSCRIBE); a refused subscription leaves the
+// index again.
+func (s *session) addSub(sub *subscription, maxSubs int) error {
 	s.mu.Lock()
 	old := s.subs[sub.full]
 	if old == nil && maxSubs > 0 && len(s.subs) >= maxSubs {
 		s.mu.Unlock()
-		return false
+		return errSubQuota
 	}
 	s.subs[sub.full] = sub
 	s.nsubs.Store(int32(len(s.subs)))
 	isDurable := s.durable && s.b.store != nil
 	s.mu.Unlock()
+	if old != nil {
+		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
+	}
+	s.b.index.add(sub)
+	undo := func() {
+		s.mu.Lock()
+		current := s.subs[sub.full] == sub
+		if current {
+			delete(s.subs, sub.full)
+			s.nsubs.Store(int32(len(s.subs)))
+		}
+		s.mu.Unlock()
+		s.b.index.remove(sub)
+	}
 	if old == nil {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			s.mu.Lock()
-			if s.subs[sub.full] == sub {
-				delete(s.subs, sub.full)
-				s.nsubs.Store(int32(len(s.subs)))
-			}
-			s.mu.Unlock()
+			undo()
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
-			return false
+			return fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
 	}
 	if isDurable {
-		// Stored before the SUBACK leaves.
+		// Stored before the SUBACK leaves: a granted subscription of a
+		// durable session outlives this edge.
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
 		cancel()
 		if err != nil {
-			s.b.logger.Error("subscription not stored", "client_id", s.id, "error", err)
+			undo()
+			if old == nil {
+				if rerr := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); rerr != nil {
+					s.b.logger.Warn("route not removed", "client_id", s.id, "error", rerr)
+				}
+			}
+			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
+			return fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
-	if old != nil {
-		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
-	}
-	s.b.index.add(sub)
-	return true
+	return nil
 }
 
 func (s *session) removeSub(filter string) {
