@@ -66,9 +66,16 @@ func startEdge(t *testing.T, extraArgs ...string) *edge {
 		}
 		return &edge{TCP: suite.external, WS: suite.wsAddr, external: true}
 	}
+	return startEdgeAt(t, "", extraArgs...)
+}
+
+// startEdgeAt is startEdge with the MQTT over TCP listener on tcpAddr (a
+// free loopback port when empty).
+func startEdgeAt(t *testing.T, tcpAddr string, extraArgs ...string) *edge {
+	t.Helper()
 	var lastErr error
 	for attempt := 1; attempt <= 3; attempt++ {
-		e, err := launchEdge(t, extraArgs)
+		e, err := launchEdge(t, tcpAddr, extraArgs)
 		if err == nil {
 			return e
 		}
@@ -79,8 +86,11 @@ func startEdge(t *testing.T, extraArgs ...string) *edge {
 	return nil
 }
 
-func launchEdge(t *testing.T, extraArgs []string) (*edge, error) {
-	e := &edge{TCP: freeAddr(t), WS: freeAddr(t), Ops: freeAddr(t), exited: make(chan struct{})}
+func launchEdge(t *testing.T, tcpAddr string, extraArgs []string) (*edge, error) {
+	if tcpAddr == "" {
+		tcpAddr = freeAddr(t)
+	}
+	e := &edge{TCP: tcpAddr, WS: freeAddr(t), Ops: freeAddr(t), exited: make(chan struct{})}
 	args := []string{
 		"--mqtt.tcp-addr", e.TCP,
 		"--mqtt.ws-addr", e.WS,
