@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -115,6 +116,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		return refuse(packets.ErrNotAuthorized, "auth_failed")
 	}
 	external := cl.ID // assigned by mochi when the client sent none
+	internal := sc.ClientID(external)
 	c := &conn{scope: sc, identity: id, clientID: external, listener: cl.Net.Listener}
 	c.rules.Store(id.ACL.Bind(id.Tenant, id.Username, external))
 	if b.cfg.PublishRate > 0 {
@@ -145,18 +147,18 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	// session on another edge is taken over, and its epoch fences every write.
 	ctx, cancel = context.WithTimeout(spanCtx, b.cfg.ConnectTimeout)
 	claimCtx, claimSpan := tracer.Start(ctx, "cluster.claim")
-	c.guard = b.guardClaim(sc.ClientID(external))
+	c.guard = b.guardClaim(internal)
 	defer func() {
 		if b.conn(cl) != c {
-			b.dropGuard(sc.ClientID(external), c.guard) // refused
+			b.dropGuard(internal, c.guard) // refused
 		}
 	}()
 	// Behind this edge's other claims of the session (sessionLocks).
-	unlock, err := b.claiming.lock(ctx, sc.ClientID(external))
+	unlock, err := b.claiming.lock(ctx, internal)
 	if err != nil {
 		cancel()
 		finishSpan(claimSpan, err)
-		b.logger.Warn("session busy with another claim here until the connect timeout; refused", "client_id", sc.ClientID(external))
+		b.logger.Warn("session busy with another claim here until the connect timeout; refused", "client_id", internal)
 		return refuse(packets.ErrServerUnavailable, "claim_busy")
 	}
 	defer unlock()
@@ -179,7 +181,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.logger.Error("session claim failed", "tenant", id.Tenant, "error", err)
 		return refuse(packets.ErrServerUnavailable, "claim_failed")
 	}
-	b.logger.Debug("session claimed for a connection", "client_id", sc.ClientID(external), "epoch", epoch, "previous", previous)
+	if b.logger.Enabled(ctx, slog.LevelDebug) {
+		b.logger.Debug("session claimed for a connection", "client_id", internal, "epoch", epoch, "previous", previous)
+	}
 	if c.guard.granted(epoch) {
 		// Another edge claimed the session since, for a newer connection.
 		cancel()
@@ -188,8 +192,8 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	moved := false
 	if previous == b.cfg.EdgeID {
-		previous = b.unfinishedTakeover(sc.ClientID(external), previous)
-		if previous == b.cfg.EdgeID && grant.TakenFrom != "" && b.session(sc.ClientID(external)) == nil {
+		previous = b.unfinishedTakeover(internal, previous)
+		if previous == b.cfg.EdgeID && grant.TakenFrom != "" && b.session(internal) == nil {
 			// This edge owns the session but holds no copy: the answer to
 			// its earlier claim was lost (a leader change), so that
 			// CONNECT was refused and the takeover never ran. The session,
@@ -201,17 +205,17 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		// Its lease expired or it left: it fenced itself and closed its
 		// connections, and what it stored is read from the store below.
 		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
-		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
+		b.setUnfinished(internal, unfinishedTakeover{})
 	} else if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, previous, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
 			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
 			if !errors.Is(err, errTakeoverIncomplete) || pk.Connect.Clean || !b.resumeOwned(sc, external, epoch, previous) {
-				b.setUnfinished(sc.ClientID(external), unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
+				b.setUnfinished(internal, unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			}
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")
 		}
-		b.setUnfinished(sc.ClientID(external), unfinishedTakeover{})
+		b.setUnfinished(internal, unfinishedTakeover{})
 	}
 	if b.store != nil && b.store.Shared() {
 		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl) || c.will.Load() != nil, moved); err != nil {
@@ -222,7 +226,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	cancel()
 	c.epoch = epoch
-	cl.ID = sc.ClientID(external)
+	cl.ID = internal
 	if w := c.will.Load(); w != nil {
 		w.Origin = cl.ID
 	}

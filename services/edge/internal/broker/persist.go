@@ -248,25 +248,27 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	if b.store == nil {
 		return nil
 	}
+	rec := b.willRecord(durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
+		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
+		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval}, c)
+	if rec == nil {
+		// Only a session that was stored has a record to remove; a clean
+		// session without a will costs the store nothing.
+		if s := b.session(cl.ID); s != nil && s.stored() {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			defer cancel()
+			return b.store.DeleteSession(ctx, cl.ID, true)
+		}
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	props, _ := json.Marshal(storage.ClientProperties{
+	rec.Props, _ = json.Marshal(storage.ClientProperties{
 		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
 		MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
 		RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
 		RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
 	})
-	rec := b.willRecord(durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
-		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
-		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval, Props: props}, c)
-	if rec == nil {
-		// Only a session that was stored has a record to remove; a clean
-		// session without a will costs the store nothing.
-		if s := b.session(cl.ID); s != nil && s.stored() {
-			return b.store.DeleteSession(ctx, cl.ID, true)
-		}
-		return nil
-	}
 	if err := b.store.PutSession(ctx, *rec); err != nil {
 		return err
 	}
