@@ -35,8 +35,6 @@ type Config struct {
 	WaitTimeout time.Duration
 	// MaxBatch bounds the writes sent in one pipeline.
 	MaxBatch int
-	// MessageTTL bounds how long a stored payload lives without expiry set.
-	MessageTTL time.Duration
 	// Dialer, if set, opens the connections to Redis (tests cut them).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
@@ -90,9 +88,6 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	}
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
-	}
-	if cfg.MessageTTL <= 0 {
-		cfg.MessageTTL = 7 * 24 * time.Hour
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -212,7 +207,7 @@ type scriptCall struct {
 
 // Where the per-op arguments start, after the fence (and queue limits).
 const (
-	appendBody = 5 // epoch gepoch maxLen dropOldest ttl
+	appendBody = 4 // epoch gepoch maxLen dropOldest
 	fenceBody  = 2 // epoch gepoch
 )
 
@@ -301,6 +296,22 @@ func merge(batch []*op) []*scriptCall {
 	return calls
 }
 
+// bodyExpiry is how long a message's body outlives its MQTT expiry: the
+// edges' clocks, which judge the expiry, and Redis's, which removes the
+// body, may differ by this much without a session missing a body it would
+// still deliver.
+const bodyExpiry = time.Minute
+
+// bodyExpireAt is when the body of m may go (unix seconds): a while after
+// its MQTT expiry, or never (0) for a message without one, which lives as
+// long as a session refers to it.
+func bodyExpireAt(m *store.Message) int64 {
+	if m.Expiry <= 0 {
+		return 0
+	}
+	return m.Expiry + int64(bodyExpiry/time.Second)
+}
+
 // sendMark separates a joined send's quads from the append segments.
 const sendMark = "S"
 
@@ -312,7 +323,7 @@ type openCalls struct {
 }
 
 // noteAppended records the msgIDs of append segments: a count, then
-// (msgID, entry, message) triples.
+// (msgID, entry, message, expireAt) quads.
 func (st *openCalls) noteAppended(segs []any) {
 	if st.appended == nil {
 		st.appended = make(map[string]bool)
@@ -320,10 +331,10 @@ func (st *openCalls) noteAppended(segs []any) {
 	for i := 0; i < len(segs); {
 		n, _ := segs[i].(int)
 		for k := range n {
-			id, _ := segs[i+1+3*k].(string)
+			id, _ := segs[i+1+4*k].(string)
 			st.appended[id] = true
 		}
-		i += 1 + 3*n
+		i += 1 + 4*n
 	}
 }
 
@@ -625,7 +636,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if so.Limits.DropOldest {
 			drop = "1"
 		}
-		args := append(fa, so.Limits.MaxLen, drop, int(s.cfg.MessageTTL.Seconds()), len(so.Entries))
+		args := append(fa, so.Limits.MaxLen, drop, len(so.Entries))
 		for i, e := range so.Entries {
 			m := so.Messages[i]
 			if m == nil || m.ID == "" || m.ID != e.MsgID {
@@ -637,7 +648,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 				eb = append([]byte{tookMark}, eb...)
 			}
 			mb, _ := json.Marshal(m)
-			args = append(args, e.MsgID, eb, mb)
+			args = append(args, e.MsgID, eb, mb, bodyExpireAt(m))
 		}
 		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took}, args
 	case store.OpSend:

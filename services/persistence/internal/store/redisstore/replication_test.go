@@ -144,3 +144,50 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 		})
 	}
 }
+
+// A stored message's body lives as long as a session refers to it when the
+// message has no MQTT expiry (a session may stay offline for as long as
+// its own expiry interval allows: before, every body expired after a fixed
+// seven days, and a session resumed later silently lost those messages),
+// and goes a minute after its expiry when it has one. A body shared by two
+// sessions keeps the expiry it was stored with.
+func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	other := store.SessionKey{Tenant: "acme", ClientID: "d"}
+	for _, sk := range []store.SessionKey{k, other} {
+		require.NoError(t, s.Activate(ctx, sk, store.Fence{Epoch: 1}))
+	}
+	expiry := time.Now().Add(time.Hour).Unix()
+	forever := &store.Message{ID: "edge-a/1/1", Topic: "t", Payload: []byte("kept"), QoS: 1, Created: 1}
+	expiring := &store.Message{ID: "edge-a/1/2", Topic: "t", Payload: []byte("for an hour"), QoS: 1, Created: 2, Expiry: expiry}
+	for _, sk := range []store.SessionKey{k, other} {
+		res, err := s.Append(ctx, sk, store.Fence{Epoch: 1}, store.QueueLimits{},
+			[]store.Entry{{MsgID: forever.ID, QoS: 1}, {MsgID: expiring.ID, QoS: 1}}, []*store.Message{forever, expiring})
+		require.NoError(t, err)
+		require.Equal(t, 2, res.Added)
+	}
+	c := g.Primary.Client()
+	ttl, err := c.TTL(ctx, "m:"+forever.ID).Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), ttl, "a message without expiry has no TTL")
+	at, err := c.ExpireTime(ctx, "m:"+expiring.ID).Result()
+	require.NoError(t, err)
+	require.Equal(t, expiry+int64(bodyExpiry/time.Second), int64(at/time.Second))
+	for _, id := range []string{forever.ID, expiring.ID} {
+		n, err := c.HGet(ctx, "m:"+id, "n").Int()
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "%s: one reference per session", id)
+	}
+	// Replicas hold the same expiry: they apply the script's effects.
+	at, err = g.Replicas[0].Client().ExpireTime(ctx, "m:"+expiring.ID).Result()
+	require.NoError(t, err)
+	require.Equal(t, expiry+int64(bodyExpiry/time.Second), int64(at/time.Second))
+}

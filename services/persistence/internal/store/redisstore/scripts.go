@@ -23,9 +23,12 @@ local function fence(skey, epoch, gepoch)
   return false
 end
 -- ref takes a reference to message id. A message not stored yet is stored
--- with body data (expiring after ttl seconds if ttl > 0), one write, when
--- data is given, and refused (false) when it is not.
-local function ref(id, data, ttl)
+-- with body data, one write, when data is given (expiring at unix second
+-- at when at > 0: its MQTT message expiry, past which no session delivers
+-- it), and refused (false) when it is not. A message without an expiry
+-- lives as long as a reference to it: a session may stay offline for as
+-- long as its expiry interval allows.
+local function ref(id, data, at)
   local k = 'm:' .. id
   if redis.call('EXISTS', k) == 1 then
     redis.call('HINCRBY', k, 'n', 1)
@@ -33,7 +36,7 @@ local function ref(id, data, ttl)
   end
   if not data then return false end
   redis.call('HSET', k, 'n', 1, 'd', data)
-  if ttl > 0 then redis.call('EXPIRE', k, ttl) end
+  if at > 0 then redis.call('EXPIREAT', k, at) end
   return true
 end
 -- unref drops a reference to message id, and the message with its last.
@@ -178,8 +181,9 @@ end
 // tookMark precedes the entry JSON of an append's entry marked TookQoS2.
 const tookMark = '!'
 
-// append: KEYS s q qe inf took; ARGV epoch gepoch maxLen dropOldest ttl,
-// then segments, each a count n and n (msgID, entryJSON, msgJSON) triples:
+// append: KEYS s q qe inf took; ARGV epoch gepoch maxLen dropOldest,
+// then segments, each a count n and n (msgID, entryJSON, msgJSON, expireAt)
+// quads (expireAt: unix seconds when the message's body may go, 0 never):
 // the appends of one session that a commit merged into one call; then,
 // optionally, "S" and the quads of a send of the session that came right
 // after them (see merge). Returns one {added, dups, dropped, refused} per
@@ -208,17 +212,17 @@ const tookMark = '!'
 var scriptAppend = prelude + sendFn + `
 local tookLen, tookMark = ` + strconv.Itoa(store.TookQoS2Len) + `, ` + strconv.Itoa(tookMark) + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local maxLen, dropOldest, ttl = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local maxLen, dropOldest = tonumber(ARGV[3]), ARGV[4] == '1'
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local seq0 = seq
 local card = 0
 if maxLen > 0 then card = redis.call('ZCARD', KEYS[2]) end
 local ids = {}
-local i = 6
+local i = 5
 while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
-  for k = 0, n - 1 do ids[#ids + 1] = ARGV[i + 1 + 3 * k] end
-  i = i + 1 + 3 * n
+  for k = 0, n - 1 do ids[#ids + 1] = ARGV[i + 1 + 4 * k] end
+  i = i + 1 + 4 * n
 end
 local sendAt = nil
 local sending = {}
@@ -249,14 +253,14 @@ local function remember(id, dup)
 end
 local results = {}
 local r = 0
-i = 6
+i = 5
 while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
   i = i + 1
   local added, dups, dropped, refused = 0, 0, 0, 0
   for _ = 1, n do
-    local id, entry, msg = ARGV[i], ARGV[i+1], ARGV[i+2]
-    i = i + 3
+    local id, entry, msg, at = ARGV[i], ARGV[i+1], ARGV[i+2], tonumber(ARGV[i+3])
+    i = i + 4
     r = r + 1
     -- The entry's fields start after its '{' (and the mark).
     local marked, fields = string.byte(entry) == tookMark, 2
@@ -266,7 +270,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       if marked then remember(id, true) end
     elseif sending[id] then
       seq = seq + 1
-      ref(id, msg, ttl)
+      ref(id, msg, at)
       added_now[id], direct[id] = true, true
       added = added + 1
       if marked then remember(id, false) end
@@ -293,7 +297,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         zadd[#zadd + 1] = id
         hset[#hset + 1] = id
         hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, fields)
-        ref(id, msg, ttl)
+        ref(id, msg, at)
         added_now[id] = true
         added = added + 1
         card = card + 1
