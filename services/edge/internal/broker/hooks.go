@@ -424,7 +424,27 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 
 // OnPacketRead validates and rewrites every topic and filter a client sends
 // into the internal, tenant-scoped form, before mochi looks at it.
+// OnPacketRead vets and rewrites a packet before mochi processes it. A
+// packet it refuses ends the connection, unprocessed: mochi ignores any
+// error from this hook but ErrRejectPacket (and then processes the packet
+// as it was read), so every refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	out, err := h.vetPacket(cl, pk)
+	if err != nil {
+		return pk, rejection{err}
+	}
+	return out, nil
+}
+
+// rejection is a refusal from OnPacketRead in the form mochi acts on: it is
+// packets.ErrRejectPacket to errors.Is, and wraps why.
+type rejection struct{ err error }
+
+func (r rejection) Error() string        { return r.err.Error() }
+func (r rejection) Unwrap() error        { return r.err }
+func (r rejection) Is(target error) bool { return target == packets.ErrRejectPacket }
+
+func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	b := h.b
 	c := b.conn(cl)
 	if c == nil {
@@ -492,6 +512,21 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 			cancel()
 			if err != nil {
 				b.logger.Error("pubrel state not stored; closing", "client_id", cl.ID, "error", err)
+				return pk, err
+			}
+		}
+	case packets.Pubrel:
+		// An inbound QoS 2 flow completes: its PUBREC state goes durably
+		// before the PUBCOMP that mochi sends right after this hook. The
+		// client may then reuse the packet ID at once; a record that
+		// survived a crash or a store failover would make that new PUBLISH
+		// look like a resend of this one, answered and never delivered.
+		if s := b.session(cl.ID); s != nil && s.wasDurable() && b.store != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			err := b.store.DeleteIncoming(ctx, cl.ID, pk.PacketID)
+			cancel()
+			if err != nil {
+				b.logger.Error("PUBREC state not removed; closing without PUBCOMP", "client_id", cl.ID, "packet_id", pk.PacketID, "error", err)
 				return pk, err
 			}
 		}
@@ -860,13 +895,7 @@ func (b *Broker) forgetIncoming(cl *mqtt.Client, qos byte, packetID uint16) {
 func (h *hook) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Pubrel:
-		// An inbound QoS 2 flow completed.
-		if h.b.store != nil {
-			if s := h.b.session(cl.ID); s != nil && s.wasDurable() {
-				_ = h.b.store.DeleteIncoming(context.Background(), cl.ID, pk.PacketID)
-			}
-		}
-		return
+		return // an inbound QoS 2 flow completed; its state went at the PUBREL (OnPacketRead)
 	case packets.Puback:
 		if pk.Created != 0 {
 			// The edge's own PUBACK to an inbound QoS 1 publish: mochi stamps
