@@ -178,9 +178,12 @@ func (s *Store) PutIncoming(ctx context.Context, id string, in Incoming) error {
 	})
 }
 
-// DeleteIncoming forgets an inbound QoS 2 message once PUBREL arrived.
+// DeleteIncoming forgets an inbound QoS 2 message once PUBREL arrived, and
+// waits: the PUBCOMP leaves after it, and the client may then reuse the
+// packet ID for a new message, which a record left behind by a crash would
+// make look like a resend of the completed one.
 func (s *Store) DeleteIncoming(ctx context.Context, id string, packetID uint16) error {
-	return s.do(ctx, false, func(tx *bolt.Tx) error {
+	return s.do(ctx, true, func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketIncoming).Delete(pktKey(id, packetID))
 	})
 }

@@ -212,7 +212,8 @@ func (s *Store) DeleteIncoming(ctx context.Context, id string, packetID uint16) 
 	if packetID == 0 {
 		return fmt.Errorf("delete incoming: %w: packet ID 0", ErrInvalid)
 	}
-	return s.do(ctx, false, "delete incoming", id,
+	// Waits, as the durable store's: the PUBCOMP leaves after it.
+	return s.do(ctx, true, "delete incoming", id,
 		t.with(&persistencev1.WriteOp{Op: &persistencev1.WriteOp_DeleteIncoming{DeleteIncoming: &persistencev1.DeleteIncomingOp{PacketId: uint32(packetID)}}}))
 }
 

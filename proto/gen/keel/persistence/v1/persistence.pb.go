@@ -950,7 +950,7 @@ type WriteOp_PutIncoming struct {
 }
 
 type WriteOp_DeleteIncoming struct {
-	// delete_incoming forgets it after PUBREL (does not wait).
+	// delete_incoming forgets it after PUBREL, before the PUBCOMP (waits).
 	DeleteIncoming *DeleteIncomingOp `protobuf:"bytes,21,opt,name=delete_incoming,json=deleteIncoming,proto3,oneof"`
 }
 

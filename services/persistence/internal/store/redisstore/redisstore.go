@@ -675,7 +675,10 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 	case store.OpPutIncoming:
 		o.script, o.keys, o.args = scriptPutIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.Incoming.PacketID)), so.Incoming.MsgID)
 	case store.OpDeleteIncoming:
-		o.script, o.keys, o.args, o.wait = scriptDelIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.PacketID))), false
+		// Behind the PUBCOMP: a record that came back after a failover
+		// would make the client's next QoS 2 PUBLISH under this packet ID
+		// look like a resend of the completed one, answered and dropped.
+		o.script, o.keys, o.args = scriptDelIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.PacketID)))
 	case store.OpPutRetained:
 		m := so.Retained
 		if so.Tenant == "" || m == nil || m.Topic == "" {
