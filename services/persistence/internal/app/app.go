@@ -281,7 +281,7 @@ func (a *App) openStore(ctx context.Context) error {
 	}
 	a.follower, a.store = f, f
 	p := &failover.Promoter{Records: a.records, Logger: a.logger.With("component", "promoter"), DialTimeout: a.cfg.Failover.CheckInterval * 4,
-		Dialer: a.cfg.RedisDialer}
+		MinReplicas: a.cfg.MinReplicas, Dialer: a.cfg.RedisDialer}
 	if a.cfg.Failover.FenceWriters {
 		p.WaitWriters = a.waitWriters
 	}

@@ -27,6 +27,11 @@ import (
 // not: its lease lapses and it stops acknowledging, and the promotion on
 // the other side waits until the coordinator has seen that lease expire.
 // Every batch p1 acknowledged is on the new primary.
+//
+// Writes wait for two of the three replicas (WAIT 2): the promoter, which
+// cannot reach the replica on p1's side, promotes only because every
+// acknowledged write is on two replicas, one of which it reaches. With
+// WAIT 1 it waits for that replica (TestFailover_WaitsForEveryReplica).
 func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster: skipped under -short")
@@ -41,11 +46,12 @@ func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 	replicas := []string{cutReplica, g.Replicas[1].Addr, g.Replicas[2].Addr}
 
 	link := startCutProxy(t, strings.TrimPrefix(apis[0], "http://"))
-	p1 := startInstance(t, "p1", "http://"+link.addr(), primary, replicas)
+	wait2 := func(c *Config) { c.MinReplicas = 2 }
+	p1 := startInstanceWith(t, "p1", "http://"+link.addr(), primary, replicas, wait2)
 	far := &cutDialer{}
 	var others []*instance
 	for i, id := range []string{"p2", "p3"} {
-		others = append(others, startInstanceWith(t, id, apis[i+1], primary, replicas, func(c *Config) { c.RedisDialer = far.dial }))
+		others = append(others, startInstanceWith(t, id, apis[i+1], primary, replicas, func(c *Config) { wait2(c); c.RedisDialer = far.dial }))
 	}
 	p2 := others[0]
 	oldEpoch := p2.status(t).GetGroupRecordEpoch()

@@ -46,6 +46,10 @@ var (
 	ErrRecordChanged = errors.New("group record changed")
 	// ErrNoRecord means the group has no record yet.
 	ErrNoRecord = errors.New("group has no record")
+	// ErrReplicaUnreachable means a failover found a replica it could not
+	// read: an acknowledged write (WAIT 1) may be on that replica alone, so
+	// promoting another would lose it. The failover waits for it instead.
+	ErrReplicaUnreachable = errors.New("a replica did not answer")
 )
 
 // GroupEpochKey is where each node keeps the record epoch it serves under;
@@ -62,6 +66,11 @@ type Promoter struct {
 	// the old record have expired (the coordinator knows them).
 	WaitWriters func(ctx context.Context) error
 	Logger      *slog.Logger
+	// MinReplicas is how many replicas confirm each acknowledged write (the
+	// writers' WAIT n; 0 counts as 1). Every acknowledged write is on that
+	// many replicas at least, so a failover may promote while fewer than
+	// that many replicas are unreachable, and waits otherwise.
+	MinReplicas int
 	// DialTimeout bounds each call to a node.
 	DialTimeout time.Duration
 	// Dialer, if set, opens the connections to the nodes (tests cut them).
@@ -142,7 +151,9 @@ func (p *Promoter) nodes(rec Record) []string {
 }
 
 // Failover promotes the replica with the highest replication offset and
-// publishes it as the new primary. It is safe to run from two places: the
+// publishes it as the new primary. Fewer than MinReplicas replicas may be
+// unreachable: as many may hold acknowledged writes no other has
+// (ErrReplicaUnreachable). It is safe to run from two places: the
 // record's compare-and-set lets only one promotion win.
 //
 // Order matters. The other replicas are first re-pointed to the chosen one
@@ -164,6 +175,7 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	}
 	nodes := p.nodes(old)
 	var best *replState
+	var unreachable []string
 	for _, addr := range nodes {
 		if addr == old.Primary {
 			continue
@@ -171,12 +183,22 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 		st := p.state(ctx, addr)
 		if st.err != nil {
 			p.log().Warn("replica unreachable during failover", "node", addr, "error", st.err)
+			unreachable = append(unreachable, addr)
 			continue
 		}
 		if best == nil || st.offset > best.offset {
 			s := st
 			best = &s
 		}
+	}
+	if len(unreachable) >= max(p.MinReplicas, 1) {
+		// Every acknowledged write is on MinReplicas replicas at least,
+		// which may be exactly those that do not answer: the highest
+		// offset among the others is not enough. A group of a primary and
+		// two replicas (WAIT 1) loses no availability by this, as a
+		// promoted node without a replica refuses writes anyway.
+		return Record{}, fmt.Errorf("%w: %s, with every acknowledged write on %d replica(s) at least; not promoting until more answer",
+			ErrReplicaUnreachable, strings.Join(unreachable, ", "), max(p.MinReplicas, 1))
 	}
 	if best == nil {
 		return Record{}, ErrNoCandidate

@@ -140,3 +140,52 @@ func TestFailover_KillPrimaryLosesNoAcknowledgedWrite(t *testing.T) {
 		return nil
 	})
 }
+
+// A failover waits for every replica: an acknowledged write (WAIT 1) is on
+// one replica at least, not on each, so the replica that does not answer
+// may hold writes the others lack. With the primary and a replica down it
+// promotes nothing and leaves the record as it is; once that replica is
+// back it promotes the one with the highest offset.
+func TestFailover_WaitsForEveryReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	f := store.Fence{Epoch: 1, GroupEpoch: 1}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, w.Activate(ctx, k, f))
+	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/1", QoS: 1}}, []*store.Message{{ID: "e/1/1", Topic: "t", QoS: 1}})
+	require.NoError(t, err)
+	_ = w.Close()
+
+	g.Primary.Kill()
+	g.Replicas[0].Kill()
+	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
+		WaitWriters: func(context.Context) error { return nil }}
+	_, err = p.Failover(ctx)
+	require.ErrorIs(t, err, ErrReplicaUnreachable)
+	require.ErrorContains(t, err, g.Replicas[0].Addr)
+	rec, _ := records.Get(ctx)
+	require.Equal(t, uint64(1), rec.Epoch, "no record published")
+	require.Equal(t, g.Primary.Addr, rec.Primary)
+	role, err := g.Replicas[1].Client().Do(ctx, "ROLE").Slice()
+	require.NoError(t, err)
+	require.Equal(t, "slave", role[0], "nothing promoted")
+
+	g.Replicas[0].Restart()
+	rec, err = p.Failover(ctx)
+	require.NoError(t, err)
+	require.Contains(t, nodes[1:], rec.Primary)
+	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w2.Close() })
+	st, err := w2.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 1)
+}
