@@ -51,9 +51,7 @@ func TestConformance_TopicAlias(t *testing.T) {
 	expectRefused := func(t *testing.T, rc *rawClient, codes ...byte) {
 		t.Helper()
 		d, _ := rc.expectClosed(t, waitMsg)
-		if d != nil {
-			require.Contains(t, codes, d.ReasonCode, "DISCONNECT reason code 0x%02x", d.ReasonCode)
-		}
+		requireReason(t, e, d, codes...)
 	}
 
 	t.Run("maximum_announced", func(t *testing.T) {

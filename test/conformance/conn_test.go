@@ -28,9 +28,7 @@ func TestConformance_KeepAlive(t *testing.T) {
 		// half is the allowance for it to arrive).
 		require.GreaterOrEqual(t, took, 1400*time.Millisecond, "closed before 1.5 × Keep Alive")
 		require.LessOrEqual(t, took, 2500*time.Millisecond, "not closed after 1.5 × Keep Alive")
-		if d != nil {
-			require.Equal(t, byte(0x8d), d.ReasonCode, "DISCONNECT reason: Keep Alive timeout")
-		}
+		requireReason(t, e, d, 0x8d) // Keep Alive timeout
 	})
 	t.Run("pinging_client_kept", func(t *testing.T) {
 		t.Parallel()

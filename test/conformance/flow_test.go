@@ -89,6 +89,32 @@ func TestConformance_MaximumPacketSize(t *testing.T) {
 		require.NotNil(t, ca.Properties.MaximumPacketSize, "CONNACK Maximum Packet Size")
 		require.Equal(t, uint32(1024), *ca.Properties.MaximumPacketSize)
 	})
+	t.Run("server_limit_is_the_whole_packet", func(t *testing.T) {
+		t.Parallel()
+		// §3.2.2.3.6: the Maximum Packet Size is the total number of bytes
+		// in the packet, fixed header and length bytes included. A PUBLISH
+		// of exactly the limit is accepted, one byte more is not.
+		e := startEdge(t, "--mqtt.max-packet-size", "1024")
+		topic := topicFor(t)
+		sized := func(total int, id uint16) []byte {
+			// fixed header (1) + remaining length (2 bytes for 128..16383)
+			// + topic length (2) + topic + packet ID (2) + properties (1).
+			n := total - 3 - 2 - len(topic) - 2 - 1
+			body := append([]byte{byte(len(topic) >> 8), byte(len(topic))}, topic...)
+			body = append(body, byte(id>>8), byte(id), 0x00)
+			body = append(body, strings.Repeat("p", n)...)
+			rl := len(body)
+			pkt := append([]byte{0x32, byte(rl&0x7f | 0x80), byte(rl >> 7)}, body...)
+			require.Len(t, pkt, total)
+			return pkt
+		}
+		rc, _ := connectRaw(t, e.TCP, rawConnect("edge-"+uniq()))
+		rc.sendBytes(t, sized(1024, 1))
+		require.Less(t, rc.expect(t, packets.PUBACK).Content.(*packets.Puback).ReasonCode, byte(0x80), "a packet of exactly the limit is accepted")
+		rc.sendBytes(t, sized(1025, 2))
+		d, _ := rc.expectClosed(t, waitMsg)
+		requireReason(t, e, d, 0x95)
+	})
 	t.Run("server_limit_enforced", func(t *testing.T) {
 		t.Parallel()
 		e := startEdge(t, "--mqtt.max-packet-size", "1024")
@@ -106,9 +132,7 @@ func TestConformance_MaximumPacketSize(t *testing.T) {
 		// Protocol Error; the server closes the connection, with DISCONNECT
 		// 0x95 (Packet too large) if it sends one.
 		d, _ := rc.expectClosed(t, waitMsg)
-		if d != nil {
-			require.Equal(t, byte(0x95), d.ReasonCode, "DISCONNECT reason code")
-		}
+		requireReason(t, e, d, 0x95)
 		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
 		pub.pub(t, topic, 1, "marker")
 		sub.expectPayloads(t, "marker") // the oversize message was not routed

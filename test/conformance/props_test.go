@@ -160,9 +160,7 @@ func TestConformance_NoLocal(t *testing.T) {
 		// [MQTT-3.8.3-4] No Local on a shared subscription is a Protocol
 		// Error: [MQTT-4.13.1-1] the server closes the connection.
 		d, _ := rc.expectClosed(t, waitMsg)
-		if d != nil {
-			require.Equal(t, byte(0x82), d.ReasonCode, "DISCONNECT reason code")
-		}
+		requireReason(t, e, d, 0x82)
 	})
 }
 

@@ -171,6 +171,21 @@ func (c *rawClient) expectClosed(t *testing.T, d time.Duration) (*packets.Discon
 	}
 }
 
+// requireReason checks the DISCONNECT a server sent before it closed the
+// connection (d, from expectClosed): it carries one of codes. The spec
+// lets a server close without one ([MQTT-4.13.1-1]: it MAY send a
+// DISCONNECT), so only keel-edge, which always says why, must send it.
+func requireReason(t *testing.T, e *edge, d *packets.Disconnect, codes ...byte) {
+	t.Helper()
+	if d == nil {
+		if !e.external {
+			t.Fatalf("connection closed without a DISCONNECT; keel-edge sends one with reason %x", codes)
+		}
+		return
+	}
+	require.Contains(t, codes, d.ReasonCode, "DISCONNECT reason code 0x%02x", d.ReasonCode)
+}
+
 // expectOpen requires the connection to answer a PINGREQ.
 func (c *rawClient) expectOpen(t *testing.T) {
 	t.Helper()

@@ -86,9 +86,7 @@ func TestConformance_SlowConsumer(t *testing.T) {
 				// keel-edge disconnects a non-persistent consumer that stays
 				// full past the grace, with 0x97 (--mqtt.slow-consumer-grace).
 				d, _ := slow.expectClosed(t, waitMsg)
-				if d != nil {
-					require.Equal(t, byte(0x97), d.ReasonCode, "DISCONNECT reason for a slow consumer")
-				}
+				requireReason(t, e, d, 0x97) // quota exceeded
 			}
 			if !tc.persistent {
 				return

@@ -324,3 +324,82 @@ func TestConformance_Takeover(t *testing.T) {
 		second.expectOpen(t)
 	})
 }
+
+// TestConformance_MalformedPacket sends packets the server cannot decode and
+// checks that it ends an MQTT 5 connection with DISCONNECT 0x81 (Malformed
+// Packet) and an MQTT 3.1.1 one by closing it ([MQTT-4.13.1-1], 3.1.1
+// [MQTT-4.8.0-1]), that nothing of them is routed, and that the other
+// clients carry on.
+func TestConformance_MalformedPacket(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	for _, tc := range []struct {
+		name string
+		pkt  []byte
+	}{
+		// PUBLISH QoS 1 whose topic length (0x0010) runs past the packet.
+		{"topic_length_past_the_end", []byte{0x32, 0x06, 0x00, 0x10, 'a', '/', 'b', 0x01}},
+		// PUBLISH whose topic is not UTF-8 (0xC3 0x28) [MQTT-1.5.4-1].
+		{"topic_not_utf8", []byte{0x30, 0x05, 0x00, 0x02, 0xc3, 0x28, 'x'}},
+		// SUBSCRIBE with reserved flags 0000 instead of 0010 [MQTT-3.8.1-1].
+		{"subscribe_reserved_flags", []byte{0x80, 0x07, 0x00, 0x01, 0x00, 0x01, 'a', 0x00, 0x00}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Not in parallel: the watcher sees every topic ("#"), so that
+			// nothing of a malformed packet can go unseen.
+			watch := connectV5(t, e.TCP, v5Connect("w-"+uniq()))
+			watch.sub(t, "#", 1)
+
+			rc, _ := connectRaw(t, e.TCP, rawConnect("mal-"+uniq()))
+			pkt := append([]byte(nil), tc.pkt...)
+			if pkt[0]>>4 == packets.PUBLISH || pkt[0]>>4 == packets.SUBSCRIBE {
+				// MQTT 5 adds a property length after the variable header's
+				// fixed part; a zero-length one keeps the fault the same.
+				pkt = v5Malformed(pkt)
+			}
+			rc.sendBytes(t, pkt)
+			d, _ := rc.expectClosed(t, waitMsg)
+			if e.external {
+				requireReason(t, e, d, 0x81, 0x82)
+			} else {
+				requireReason(t, e, d, 0x81)
+			}
+
+			old, code := connectV311Raw(t, e.TCP, v311Conn{clientID: "mal3-" + uniq(), keepAlive: 30})
+			require.Equal(t, byte(0), code)
+			old.sendBytes(t, tc.pkt)
+			old.expectClosed(t, waitMsg)
+
+			watch.expectNothing(t, quiet)
+			pub := connectV5(t, e.TCP, v5Connect("p-"+uniq()))
+			pub.pub(t, "after/"+tc.name, 1, "still served")
+			watch.expectPayloads(t, "still served")
+		})
+	}
+}
+
+// v5Malformed inserts a zero property length where MQTT 5 has one in a
+// PUBLISH (after the topic and, at QoS > 0, the packet identifier) or a
+// SUBSCRIBE (after the packet identifier), so that the packet keeps the
+// 3.1.1 fault it was written with. A PUBLISH whose topic length runs past
+// the end has no place for it and is left as it is.
+func v5Malformed(pkt []byte) []byte {
+	body := pkt[2:]
+	var at int
+	switch pkt[0] >> 4 {
+	case packets.PUBLISH:
+		n := int(body[0])<<8 | int(body[1])
+		at = 2 + n
+		if pkt[0]&0x06 != 0 {
+			at += 2
+		}
+		if at > len(body) {
+			return pkt
+		}
+	case packets.SUBSCRIBE:
+		at = 2
+	}
+	out := append([]byte{pkt[0], pkt[1] + 1}, body[:at]...)
+	out = append(out, 0x00)
+	return append(out, body[at:]...)
+}

@@ -514,6 +514,22 @@ func (s *Server) serveClient(cl *Client, listener string) error {
 
 	err := cl.Read(s.receivePacket)
 	if err != nil {
+		// keel patch: a packet that could not be read (malformed, too
+		// large) gets its reason code in a DISCONNECT, as one that could
+		// not be processed does (receivePacket) [MQTT-4.13.1-1], and so does
+		// a client silent past its keep-alive (the read deadline).
+		var code packets.Code
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			code = packets.ErrKeepAliveTimeout
+		} else if !errors.As(err, &code) {
+			code = packets.Code{}
+		}
+		if cl.Properties.ProtocolVersion == 5 && code.Code >= packets.ErrUnspecifiedError.Code && !cl.Closed() {
+			// The read deadline may have passed for writes too: a second,
+			// and a client that reads nothing costs no more.
+			_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_ = s.DisconnectClient(cl, code)
+		}
 		s.sendLWT(cl)
 		cl.Stop(err)
 	} else {

@@ -357,6 +357,13 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		reason = "shutdown"
 	case err != nil:
 		reason = "error"
+		if why, ok := unreadable(err); ok {
+			// mochi could not read the packet (the edge's own refusals are
+			// counted where they are made); an MQTT 5 client was told why.
+			reason = "protocol_error"
+			b.m.packetErrors.WithLabelValues(why).Inc()
+			b.logger.Info("unreadable packet; connection closed", "client_id", cl.ID, "remote", cl.Net.Remote, "reason", err)
+		}
 	}
 	b.m.disconnects.WithLabelValues(reason).Inc()
 	if c.superseded.Load() {
@@ -389,6 +396,27 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)
 	}
+}
+
+// unreadable reports whether err ended a connection because mochi could not
+// read a packet (malformed, too large, a protocol error in its encoding),
+// and names the cause for the packet error metric. The edge's own refusals
+// (rejection) are not: they are counted where they are made.
+func unreadable(err error) (string, bool) {
+	var r rejection
+	var code packets.Code
+	if errors.As(err, &r) || !errors.As(err, &code) || code.Code < packets.ErrUnspecifiedError.Code {
+		return "", false
+	}
+	switch code.Code {
+	case packets.ErrPacketTooLarge.Code:
+		return "packet_too_large", true
+	case packets.ErrMalformedPacket.Code:
+		return "malformed_packet", true
+	case packets.ErrProtocolViolation.Code:
+		return "protocol_error", true
+	}
+	return "unreadable_packet", true
 }
 
 // storeDisconnectExpiry writes the session expiry interval an MQTT 5

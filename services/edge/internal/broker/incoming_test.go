@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -167,4 +168,34 @@ func TestBroker_RefusedPacketIsNotProcessed(t *testing.T) {
 	require.Equal(t, "marker", string(got.Payload), "the refused publishes reached nobody")
 	_, err := watch.Read(200 * time.Millisecond)
 	require.Error(t, err, "and the refused share took nothing")
+}
+
+// A packet mochi cannot read ends its connection with the reason in a
+// DISCONNECT (MQTT 5) and is counted by cause; the edge's own refusals are
+// counted where they are made, not again here.
+func TestBroker_UnreadablePacketCounted(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, func(c *Config) { c.MaxPacketSize = 256 })
+	malformed := []byte{0x32, 0x07, 0x00, 0x10, 'a', '/', 'b', 0x00, 0x01} // topic length past the end
+	for _, tc := range []struct {
+		name, reason string
+		send         []byte
+		code         byte
+	}{
+		{"malformed", "malformed_packet", malformed, packets.ErrMalformedPacket.Code},
+		{"too_large", "packet_too_large", append([]byte{0x30, 0x80, 0x02}, make([]byte, 256)...), packets.ErrPacketTooLarge.Code},
+	} {
+		c := mqtttest.Dial(t, addr, 5)
+		c.Connect("unreadable-"+tc.name, true, packets.Properties{})
+		_, err := c.Conn.Write(tc.send)
+		require.NoError(t, err)
+		pk := c.Expect(packets.Disconnect)
+		require.Equal(t, tc.code, pk.ReasonCode, tc.name)
+		_, err = c.Read(5 * time.Second)
+		require.ErrorIs(t, err, io.EOF, "%s: the connection ends", tc.name)
+		require.Eventually(t, func() bool {
+			return promtest.ToFloat64(b.m.packetErrors.WithLabelValues(tc.reason)) == 1
+		}, 5*time.Second, 10*time.Millisecond, tc.name)
+	}
+	require.Equal(t, 2.0, promtest.ToFloat64(b.m.disconnects.WithLabelValues("protocol_error")))
 }
