@@ -9,6 +9,13 @@ import (
 // CommandType is the first byte of every Raft log entry: it names the protobuf
 // message that follows. Numbers are append-only: never renumber or reuse one,
 // even after its command is retired (nomad MessageType).
+//
+// A command's apply rule never changes meaning once released: a new rule
+// gets a new type, and the old type keeps its old rule. Entries written
+// under the old rule then replay as every node first applied them (from a
+// log or a snapshot restore), and a node too old for the new type stops at
+// it (no IgnoreUnknownFlag) instead of applying it by the old rule and
+// disagreeing with the others.
 type CommandType uint8
 
 // IgnoreUnknownFlag, set on a [CommandType], lets a node that does not know the
@@ -25,9 +32,16 @@ const (
 	CmdUpsertMember          CommandType = 4
 	CmdSetConfig             CommandType = 5
 	CmdBumpAclVersion        CommandType = 6
+	// CmdAcquirePromotionLease is the first rule of the promotion lease: a
+	// holder taking it again keeps its lease epoch, and renew_epoch is not
+	// read. Replayed only; CmdAcquirePromotionLeaseV2 is proposed.
 	CmdAcquirePromotionLease CommandType = 7
 	CmdCompareAndSetRedis    CommandType = 8
 	CmdSetSlotTable          CommandType = 9
+	// CmdAcquirePromotionLeaseV2 is the same command under the rule that
+	// fences writers: a failover's lease is a new epoch even for a holder,
+	// and a renewal names the epoch it renews (renew_epoch).
+	CmdAcquirePromotionLeaseV2 CommandType = 10
 )
 
 // Base returns t without [IgnoreUnknownFlag].

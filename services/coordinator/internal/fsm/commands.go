@@ -27,7 +27,8 @@ func registerBuiltins(f *FSM) {
 	RegisterCommand(f, CmdUpsertMember, applyUpsertMember)
 	RegisterCommand(f, CmdSetConfig, applySetConfig)
 	RegisterCommand(f, CmdBumpAclVersion, applyBumpACLVersion)
-	RegisterCommand(f, CmdAcquirePromotionLease, applyAcquirePromotionLease)
+	RegisterCommand(f, CmdAcquirePromotionLease, applyAcquirePromotionLeaseV1)
+	RegisterCommand(f, CmdAcquirePromotionLeaseV2, applyAcquirePromotionLease)
 	RegisterCommand(f, CmdCompareAndSetRedis, applyCompareAndSetRedis)
 	RegisterCommand(f, CmdSetSlotTable, applySetSlotTable)
 }
@@ -363,7 +364,31 @@ func applyBumpACLVersion(tx *Tx, cmd *raftpb.BumpAclVersionCommand) (*raftpb.Bum
 // applyAcquirePromotionLease is a compare-and-set on a group's promotion lease:
 // it succeeds only if the lease is free, expired at the command's time, or held
 // by the same member incarnation (a renewal, which keeps the lease epoch).
+// applyAcquirePromotionLeaseV1 is the rule CmdAcquirePromotionLease entries
+// were first applied by: the holder of a live lease keeps its epoch, and
+// renew_epoch (a later field) is not read. Kept for their replay.
+func applyAcquirePromotionLeaseV1(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand) (*raftpb.AcquirePromotionLeaseResult, error) {
+	v1 := proto.CloneOf(cmd)
+	v1.RenewEpoch = 0
+	return acquirePromotionLease(tx, v1, func(mine bool) bool { return mine })
+}
+
+// applyAcquirePromotionLease is CmdAcquirePromotionLeaseV2's rule.
 func applyAcquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand) (*raftpb.AcquirePromotionLeaseResult, error) {
+	// A failover's lease taken by a member that holds one already, from a
+	// reconcile or the group's bootstrap, is a new lease: its epoch must be
+	// newer than the record for the group's writers to be fenced
+	// (FencesWriter). Renewals keep the epoch.
+	return acquirePromotionLease(tx, cmd, func(mine bool) bool {
+		return mine && (cmd.GetRenewEpoch() != 0 || !cmd.GetFenceWriters())
+	})
+}
+
+// acquirePromotionLease grants the group's promotion lease when nobody else
+// holds it live (and, when the command renews, to the holder of that
+// epoch); keepEpoch says, given whether the caller held it, whether the
+// lease keeps its epoch or takes this entry's index.
+func acquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand, keepEpoch func(mine bool) bool) (*raftpb.AcquirePromotionLeaseResult, error) {
 	if err := CheckMemberID(cmd.GetMemberId()); err != nil {
 		return nil, err
 	}
@@ -381,12 +406,8 @@ func applyAcquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand
 	if live && !mine || cmd.GetRenewEpoch() != 0 && (!mine || l.GetLeaseEpoch() != cmd.GetRenewEpoch()) {
 		return &raftpb.AcquirePromotionLeaseResult{Acquired: false, Lease: l}, nil
 	}
-	// A failover's lease taken by a member that holds one already, from a
-	// reconcile or the group's bootstrap, is a new lease: its epoch must be
-	// newer than the record for the group's writers to be fenced
-	// (FencesWriter). Renewals keep the epoch.
 	epoch := tx.index
-	if mine && (cmd.GetRenewEpoch() != 0 || !cmd.GetFenceWriters()) {
+	if keepEpoch(mine) {
 		epoch = l.GetLeaseEpoch()
 	}
 	next := proto.CloneOf(g)

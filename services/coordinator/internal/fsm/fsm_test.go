@@ -325,7 +325,7 @@ func TestFSM_UpsertMember_PrunesDeadMembers(t *testing.T) {
 	h.join("promoter", 1)
 	h.join("alive", 1)
 	h.claim(claim("owner", 1, "acme", "dev", "r1"))
-	r := h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
+	r := h.apply(CmdAcquirePromotionLeaseV2, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
 		MemberId: "promoter", Incarnation: 1, TtlNanos: 5e9})
 	require.NoError(t, r.Err)
 	for _, id := range []string{"gone", "owner", "promoter"} {
@@ -361,7 +361,7 @@ func TestFSM_RedisPrimary(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	acquire := func(member string, inc uint64) *raftpb.AcquirePromotionLeaseResult {
-		r := h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
+		r := h.apply(CmdAcquirePromotionLeaseV2, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, GroupId: 0,
 			MemberId: member, Incarnation: inc, TtlNanos: 5e9})
 		require.NoError(t, r.Err)
 		return r.Msg.(*raftpb.AcquirePromotionLeaseResult)
@@ -451,7 +451,7 @@ func goldenState(t *testing.T) *harness {
 	h.claim(claim("edge-b", 3, "globex", "sensor/1", ""), claim("edge-b", 3, "acme", "client-0", ""))
 	h.apply(CmdSetConfig, &raftpb.SetConfigCommand{NowUnixNano: h.now, Set: []*raftpb.ConfigEntry{{Key: "lease_ttl", Value: "10s"}}})
 	h.apply(CmdBumpAclVersion, &raftpb.BumpAclVersionCommand{Tenant: "acme"})
-	h.apply(CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, MemberId: "p1", Incarnation: 1, TtlNanos: 5e9})
+	h.apply(CmdAcquirePromotionLeaseV2, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, MemberId: "p1", Incarnation: 1, TtlNanos: 5e9})
 	h.apply(CmdCompareAndSetRedis, &raftpb.CompareAndSetRedisPrimaryCommand{NowUnixNano: h.now, RequestId: "cas-1", MemberId: "p1",
 		Incarnation: 1, PrimaryAddress: "redis-0:6379", ReplicaAddresses: []string{"redis-1:6379", "redis-2:6379"}})
 	h.apply(CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0, 0, 0, 0}})
@@ -560,3 +560,43 @@ func (s *memSink) rc() *readCloser {
 type readCloser struct{ *bytes.Reader }
 
 func (readCloser) Close() error { return nil }
+
+// The promotion lease's two rules, each under its own command type: an
+// entry of the first type replays by the rule it was written under (a
+// holder taking the lease again keeps its epoch, renew_epoch unread), and
+// the second fences writers (a failover's lease is a new epoch even for
+// its holder; a renewal names its epoch). A node that knew only the first
+// type stops at the second rather than apply it by the old rule.
+func TestFSM_PromotionLeaseRulesByType(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		typ CommandType
+		// after a bootstrap lease of p1: a failover's lease by p1, and a
+		// renewal naming a wrong epoch.
+		failoverKeepsEpoch, wrongRenewalTaken bool
+	}{
+		{CmdAcquirePromotionLease, true, true},
+		{CmdAcquirePromotionLeaseV2, false, false},
+	} {
+		h := newHarness(t)
+		acquire := func(fence bool, renew uint64) *raftpb.AcquirePromotionLeaseResult {
+			r := h.apply(tc.typ, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: h.now, MemberId: "p1", Incarnation: 1,
+				TtlNanos: 5e9, FenceWriters: fence, RenewEpoch: renew})
+			require.NoError(t, r.Err)
+			return r.Msg.(*raftpb.AcquirePromotionLeaseResult)
+		}
+		boot := acquire(false, 0)
+		require.True(t, boot.GetAcquired())
+		failover := acquire(true, 0)
+		require.True(t, failover.GetAcquired())
+		require.Equal(t, tc.failoverKeepsEpoch, failover.GetLease().GetLeaseEpoch() == boot.GetLease().GetLeaseEpoch(), "type %d", tc.typ)
+		wrong := acquire(true, failover.GetLease().GetLeaseEpoch()+100)
+		require.Equal(t, tc.wrongRenewalTaken, wrong.GetAcquired(), "type %d", tc.typ)
+	}
+	// A node of the first rule only, asked to apply the second type.
+	old := newHarness(t)
+	old.f.handlers[CmdAcquirePromotionLeaseV2] = nil
+	entry, err := Encode(CmdAcquirePromotionLeaseV2, &raftpb.AcquirePromotionLeaseCommand{MemberId: "p1", TtlNanos: 5e9})
+	require.NoError(t, err)
+	require.Panics(t, func() { old.f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: entry}) })
+}

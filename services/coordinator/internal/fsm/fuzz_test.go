@@ -24,6 +24,7 @@ func commandFixtures() map[CommandType]proto.Message {
 		CmdAcquirePromotionLease: &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9},
 		CmdCompareAndSetRedis:    &raftpb.CompareAndSetRedisPrimaryCommand{MemberId: "p", PrimaryAddress: "r:1"},
 		CmdSetSlotTable:          &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0}},
+		CmdAcquirePromotionLeaseV2: &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9, FenceWriters: true},
 	}
 }
 

@@ -470,7 +470,7 @@ func (s *Server) AcquirePromotionLease(ctx context.Context, req *connect.Request
 		return forward(ctx, s, req, client.AcquirePromotionLease)
 	}
 	now := s.now()
-	msg, _, err := s.apply(ctx, fsm.CmdAcquirePromotionLease, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: now.UnixNano(),
+	msg, _, err := s.apply(ctx, fsm.CmdAcquirePromotionLeaseV2, &raftpb.AcquirePromotionLeaseCommand{NowUnixNano: now.UnixNano(),
 		GroupId: m.GetGroupId(), MemberId: m.GetMemberId(), Incarnation: m.GetIncarnation(), TtlNanos: ttl.Nanoseconds(),
 		FenceWriters: m.GetFenceWriters(), RenewEpoch: m.GetRenewEpoch()})
 	if err != nil {

@@ -87,7 +87,7 @@ func commandName(ct fsm.CommandType) string {
 		return "reassign_sessions"
 	case fsm.CmdUpsertMember:
 		return "upsert_member"
-	case fsm.CmdAcquirePromotionLease:
+	case fsm.CmdAcquirePromotionLease, fsm.CmdAcquirePromotionLeaseV2:
 		return "acquire_promotion_lease"
 	case fsm.CmdCompareAndSetRedis:
 		return "cas_redis_primary"
@@ -389,9 +389,9 @@ func (s *Server) installSlotTable(ctx context.Context, st *fsm.State) {
 		}
 		return
 	}
-	if k == 1 {
-		return
-	}
+	// One group gets its table too: a member reading the cluster's
+	// config can then tell "one group" from "not installed yet", and waits
+	// for the table rather than taking a K=1 it may be wrong about.
 	for {
 		res, _, err := s.apply(ctx, fsm.CmdSetSlotTable, &raftpb.SetSlotTableCommand{SlotGroups: slots.Even(k)})
 		if err == nil {

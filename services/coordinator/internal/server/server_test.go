@@ -621,8 +621,15 @@ func TestServer_SlotTableInstalledOnce(t *testing.T) {
 	require.Equal(t, version, ts.s.fsm.State().SlotTable().GetVersion())
 	require.Equal(t, uint32(3), ts.s.clusterConfig(ts.s.fsm.State()).GetRedisGroupCount())
 
-	// One group needs no table.
+	// One group gets a table too, every slot in group 0, so that members
+	// can tell one group from a table not installed yet.
 	one := newTestServer(t, true, nil)
-	require.Nil(t, one.s.fsm.State().SlotTable())
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if one.s.fsm.State().SlotTable() == nil {
+			return errors.New("no slot table yet")
+		}
+		return nil
+	})
+	require.NoError(t, slots.Table(one.s.fsm.State().SlotTable().GetSlotGroups()).Validate(1))
 	require.Equal(t, uint32(1), one.s.clusterConfig(one.s.fsm.State()).GetRedisGroupCount())
 }
