@@ -26,12 +26,12 @@ const IgnoreUnknownFlag CommandType = 0x80
 
 // Command types. Append only.
 const (
-	CmdClaimSessions         CommandType = 1
-	CmdReleaseSession        CommandType = 2
-	CmdReassignSessions      CommandType = 3
-	CmdUpsertMember          CommandType = 4
-	CmdSetConfig             CommandType = 5
-	CmdBumpAclVersion        CommandType = 6
+	CmdClaimSessions    CommandType = 1
+	CmdReleaseSession   CommandType = 2
+	CmdReassignSessions CommandType = 3
+	CmdUpsertMember     CommandType = 4
+	CmdSetConfig        CommandType = 5
+	CmdBumpAclVersion   CommandType = 6
 	// CmdAcquirePromotionLease is the first rule of the promotion lease: a
 	// holder taking it again keeps its lease epoch, and renew_epoch is not
 	// read. Replayed only; CmdAcquirePromotionLeaseV2 is proposed.

@@ -19,11 +19,11 @@ func commandFixtures() map[CommandType]proto.Message {
 		CmdReassignSessions: &raftpb.ReassignSessionsCommand{FromEdgeId: "e1", Assignments: []*raftpb.Reassignment{{Tenant: "acme", ClientId: "c1", ToEdgeId: "e2"}}},
 		CmdUpsertMember: &raftpb.UpsertMemberCommand{Member: &raftpb.MemberRecord{MemberId: "e1", Role: raftpb.MemberRole_MEMBER_ROLE_EDGE,
 			Incarnation: 1, State: raftpb.MemberState_MEMBER_STATE_ALIVE}},
-		CmdSetConfig:             &raftpb.SetConfigCommand{Set: []*raftpb.ConfigEntry{{Key: "k", Value: "v"}}},
-		CmdBumpAclVersion:        &raftpb.BumpAclVersionCommand{Tenant: "acme"},
-		CmdAcquirePromotionLease: &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9},
-		CmdCompareAndSetRedis:    &raftpb.CompareAndSetRedisPrimaryCommand{MemberId: "p", PrimaryAddress: "r:1"},
-		CmdSetSlotTable:          &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0}},
+		CmdSetConfig:               &raftpb.SetConfigCommand{Set: []*raftpb.ConfigEntry{{Key: "k", Value: "v"}}},
+		CmdBumpAclVersion:          &raftpb.BumpAclVersionCommand{Tenant: "acme"},
+		CmdAcquirePromotionLease:   &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9},
+		CmdCompareAndSetRedis:      &raftpb.CompareAndSetRedisPrimaryCommand{MemberId: "p", PrimaryAddress: "r:1"},
+		CmdSetSlotTable:            &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0}},
 		CmdAcquirePromotionLeaseV2: &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9, FenceWriters: true},
 	}
 }
