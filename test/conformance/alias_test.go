@@ -112,6 +112,49 @@ func TestConformance_TopicAlias(t *testing.T) {
 		publish(t, rc, "", 7, 1, "x") // never mapped: a Protocol Error (§3.3.2.3.4)
 		expectRefused(t, rc, expectAnyError...)
 	})
+	t.Run("server_to_client", func(t *testing.T) {
+		t.Parallel()
+		if e.external {
+			t.Skip("a server need not send aliases; keel-edge does")
+		}
+		// §3.3.2.3.4: a client that announces a Topic Alias Maximum may get
+		// aliases from the server, never above that maximum
+		// ([MQTT-3.3.2-10]); keel-edge maps a topic on its first delivery
+		// and then sends the alias alone.
+		base := topicFor(t)
+		cp := rawConnect("alias-in-" + uniq())
+		cp.Properties.TopicAliasMaximum = u16(2)
+		rc, _ := connectRaw(t, e.TCP, cp)
+		rc.send(t, &packets.Subscribe{PacketID: 1, Properties: &packets.Properties{},
+			Subscriptions: []packets.SubOptions{{Topic: base + "/#", QoS: 0}}})
+		rc.expect(t, packets.SUBACK)
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		topics := []string{base + "/a", base + "/a", base + "/b", base + "/c", base + "/a", base + "/c"}
+		for i, tp := range topics {
+			pub.pub(t, tp, 0, fmt.Sprint(i))
+		}
+		names := map[uint16]string{} // the mapping as the client keeps it
+		for i, want := range topics {
+			p, _ := rc.expectPublish(t)
+			require.Equal(t, fmt.Sprint(i), string(p.Payload))
+			var alias uint16
+			if p.Properties != nil && p.Properties.TopicAlias != nil {
+				alias = *p.Properties.TopicAlias
+				require.NotZero(t, alias, "[MQTT-3.3.2-8]")
+				require.LessOrEqual(t, alias, uint16(2), "[MQTT-3.3.2-10]: not above the client's maximum")
+			}
+			got := p.Topic
+			switch {
+			case got != "" && alias > 0:
+				names[alias] = got // (re)mapped
+			case got == "":
+				require.NotZero(t, alias, "a PUBLISH without a topic carries an alias")
+				got = names[alias]
+			}
+			require.Equal(t, want, got, "message %d", i)
+		}
+		require.NotEmpty(t, names, "keel-edge used aliases")
+	})
 	t.Run("not_carried_across_connections", func(t *testing.T) {
 		t.Parallel()
 		cp := rawConnect("alias-" + uniq())

@@ -2,8 +2,10 @@ package conformance
 
 import (
 	"fmt"
+	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -486,4 +488,45 @@ func TestConformance_AuthenticationBan(t *testing.T) {
 	}
 	require.Equal(t, byte(0x8A), attempt("alice-pw"), "banned")
 	require.Eventually(t, func() bool { return attempt("alice-pw") == 0 }, 5*time.Second, 200*time.Millisecond, "ban ends")
+}
+
+// TestConformance_PasswordFileReloadOnSIGHUP changes the password file so
+// that its size and modification time stay what they were (the edge's
+// poll of the file sees no change), sends the edge SIGHUP, and checks that
+// the new password works and the old one no longer does, while a client
+// connected before the reload stays connected.
+func TestConformance_PasswordFileReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	skipIfExternal(t, "signals to the edge process")
+	file := authFile(t, map[string]tenant{"acme": {users: map[string]user{"alice": {password: "first-pw"}}}})
+	e := startEdge(t, "--auth.file", file, "--mqtt.auth-max-failures", "0")
+	before := connectAs(t, e, "before-"+uniq(), "alice@acme", "first-pw")
+	st, err := os.Stat(file)
+	require.NoError(t, err)
+
+	// Same length, new password: the hash of "other-pw" has the length of
+	// the first one's (bcrypt hashes are 60 bytes).
+	next := authFile(t, map[string]tenant{"acme": {users: map[string]user{"alice": {password: "other-pw"}}}})
+	data, err := os.ReadFile(next)
+	require.NoError(t, err)
+	require.Len(t, data, int(st.Size()))
+	require.NoError(t, os.WriteFile(file, data, 0o600))
+	require.NoError(t, os.Chtimes(file, st.ModTime(), st.ModTime()))
+	time.Sleep(2500 * time.Millisecond) // past a poll of the file, which must see nothing
+	code, _ := refusedV5(t, e, rawConnectAs("probe-"+uniq(), "alice@acme", "other-pw"))
+	require.Equal(t, byte(0x86), code, "not reloaded yet: the poll saw no change")
+
+	require.NoError(t, e.cmd.Process.Signal(syscall.SIGHUP))
+	eventually(t, 5*time.Second, func() error {
+		if code, _ := refusedV5(t, e, rawConnectAs("probe-"+uniq(), "alice@acme", "other-pw")); code != 0 {
+			return fmt.Errorf("new password refused with 0x%02x", code)
+		}
+		return nil
+	})
+	code, _ = refusedV5(t, e, rawConnectAs("probe-"+uniq(), "alice@acme", "first-pw"))
+	require.Equal(t, byte(0x86), code, "the old password no longer works")
+	topic := topicFor(t)
+	before.sub(t, topic, 1)
+	before.pub(t, topic, 1, "still connected")
+	before.expectPayloads(t, "still connected")
 }

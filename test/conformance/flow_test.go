@@ -1,11 +1,13 @@
 package conformance
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/packets"
+
 	"github.com/stretchr/testify/require"
 )
 
@@ -137,4 +139,102 @@ func TestConformance_MaximumPacketSize(t *testing.T) {
 		pub.pub(t, topic, 1, "marker")
 		sub.expectPayloads(t, "marker") // the oversize message was not routed
 	})
+}
+
+// TestConformance_MaxInflight checks the edge's own bound on QoS 1
+// messages in flight to one client (--mqtt.max-inflight): a client that
+// allows 100 (Receive Maximum) and a 3.1.1 client, which announces none,
+// get no more than the edge's 3 unacknowledged at once, in order, and the
+// next one once an acknowledgement frees a place.
+func TestConformance_MaxInflight(t *testing.T) {
+	t.Parallel()
+	skipIfExternal(t, "keel-edge's --mqtt.max-inflight")
+	const window, total = 3, 8
+	e := startEdge(t, "--mqtt.max-inflight", fmt.Sprint(window))
+	for _, v5 := range []bool{true, false} {
+		topic := topicFor(t)
+		var rc *rawClient
+		if v5 {
+			cp := rawConnect("mi-" + uniq())
+			cp.Properties.ReceiveMaximum = u16(100)
+			rc, _ = connectRaw(t, e.TCP, cp)
+			rc.send(t, &packets.Subscribe{PacketID: 1, Properties: &packets.Properties{},
+				Subscriptions: []packets.SubOptions{{Topic: topic, QoS: 1}}})
+			rc.expect(t, packets.SUBACK)
+		} else {
+			var code byte
+			rc, code = connectV311Raw(t, e.TCP, v311Conn{clientID: "mi3-" + uniq(), keepAlive: 30})
+			require.Equal(t, byte(0), code)
+			rc.sendBytes(t, v311Subscribe(1, 1, topic))
+			rc.v311Suback(t)
+		}
+		pub := connectV5(t, e.TCP, v5Connect("pub-"+uniq()))
+		want := payloads("m", total)
+		for _, p := range want {
+			pub.pub(t, topic, 1, p)
+		}
+		var unacked []uint16
+		received := 0
+		receive := func() {
+			t.Helper()
+			var payload string
+			var id uint16
+			if v5 {
+				p, _ := rc.expectPublish(t)
+				payload, id = string(p.Payload), p.PacketID
+			} else {
+				payload, id = rc.v311ExpectPublish(t)
+			}
+			require.Equal(t, want[received], payload, "v5 %v: in order", v5)
+			unacked = append(unacked, id)
+			received++
+		}
+		for range window {
+			receive()
+		}
+		rc.expectSilence(t, 300*time.Millisecond)
+		for received < total {
+			if v5 {
+				rc.send(t, &packets.Puback{PacketID: unacked[0], Properties: &packets.Properties{}})
+			} else {
+				rc.sendBytes(t, []byte{0x40, 0x02, byte(unacked[0] >> 8), byte(unacked[0])})
+			}
+			unacked = unacked[1:]
+			receive()
+			rc.expectSilence(t, 50*time.Millisecond)
+		}
+	}
+}
+
+// TestConformance_PublishRate checks the per-client publish rate
+// (--mqtt.publish-rate, --mqtt.publish-burst): past its burst a client's
+// publishes are read no faster than the rate, so the edge pushes back
+// through TCP rather than refuse or drop; every message is delivered, in
+// order.
+func TestConformance_PublishRate(t *testing.T) {
+	t.Parallel()
+	skipIfExternal(t, "keel-edge's --mqtt.publish-rate")
+	const rate, burst, n = 50, 10, 60
+	e := startEdge(t, "--mqtt.publish-rate", fmt.Sprint(rate), "--mqtt.publish-burst", fmt.Sprint(burst))
+	topic := topicFor(t)
+	sub := connectV5(t, e.TCP, v5Connect("sub-"+uniq()))
+	sub.sub(t, topic+"/#", 1)
+	slow := connectV5(t, e.TCP, v5Connect("rated-"+uniq()))
+
+	start := time.Now()
+	for i := range n {
+		slow.pub(t, topic+"/rated", 1, fmt.Sprint(i)) // every PUBACK < 0x80
+	}
+	took := time.Since(start)
+	// (n - burst) publishes at the rate take at least (n-burst)/rate.
+	min := time.Duration(n-burst) * time.Second / rate
+	require.GreaterOrEqual(t, took, min*9/10, "publishes past the burst are held to the rate")
+	got := 0
+	for range n {
+		m := sub.next(t)
+		require.Equal(t, fmt.Sprint(got), string(m.Payload), "in order")
+		got++
+	}
+	require.Equal(t, n, got, "nothing dropped")
+
 }

@@ -29,8 +29,8 @@ const pahoModule = "github.com/eclipse/paho.mqtt.golang"
 // (at the version this module requires, from the Go module cache) against a
 // keel-edge. The suite dials port 1883 of the host named by TEST_FVT_ADDR,
 // so the edge listens on 1883 of a loopback address of its own (127.0.0.N).
-// Its results are the suite's own: a failing Paho test fails this test, and
-// its output is logged.
+// Its results are the suite's own: a Paho test that fails three runs in a
+// row fails this test, and the suite's output is logged.
 //
 // The edge runs with the topic limits of the specification (65,535 bytes,
 // no level cap): Test_OverLengthTopic publishes a topic of exactly 65,535
@@ -52,21 +52,45 @@ func TestPahoFVT(t *testing.T) {
 		"--mqtt.max-topic-length", "65535", "--mqtt.max-topic-levels", "0", "--log.level", "info")
 	require.Equal(t, net.JoinHostPort(host, "1883"), e.TCP)
 
+	// A failed test runs again, twice at most: a few of the suite's tests
+	// race one client's SUBSCRIBE against another client's PUBLISH sent
+	// right after it on another connection, which MQTT does not order
+	// (Test_ResumeSubs). One that fails every time fails this test.
+	passed, failed, out, err := runPaho(t, goBin, host, tests)
+	for attempt := 2; attempt <= 3 && len(failed) > 0; attempt++ {
+		t.Logf("Paho FVT: %v failed; running them again (attempt %d)", failed, attempt)
+		var again []string
+		again, failed, out, err = runPaho(t, goBin, host, failed)
+		passed = append(passed, again...)
+	}
+	t.Logf("Paho FVT against keel-edge: %d of %d passed", len(passed), len(tests))
+	if len(failed) > 0 || len(passed) != len(tests) {
+		t.Logf("go test %s output:\n%s", pahoModule, out)
+		t.Fatalf("Paho FVT: %v; failed: %v; passed %d of %d", err, failed, len(passed), len(tests))
+	}
+}
+
+// runPaho runs the named tests of the Paho suite against the broker on
+// port 1883 of host and returns the ones that passed and failed, and the
+// suite's output.
+func runPaho(t *testing.T, goBin, host string, tests []string) (passed, failed []string, out string, err error) {
+	t.Helper()
 	run := regexp.QuoteMeta(strings.Join(tests, "|"))
 	run = "^(" + strings.ReplaceAll(run, `\|`, "|") + ")$"
 	cmd := exec.Command(goBin, "test", "-count=1", "-timeout", "10m", "-v", "-run", run, pahoModule)
 	cmd.Dir = "." // this module: its go.sum pins the Paho version
 	cmd.Env = append(os.Environ(), "TEST_FVT_ADDR="+host)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
 	start := time.Now()
 	err = cmd.Run()
-	passed, failed := pahoResults(out.String())
-	t.Logf("Paho FVT against keel-edge: %d passed, %d failed of %d, in %s", len(passed), len(failed), len(tests), time.Since(start).Round(time.Millisecond))
-	if err != nil || len(failed) > 0 || len(passed) != len(tests) {
-		t.Logf("go test %s output:\n%s", pahoModule, out.String())
-		t.Fatalf("Paho FVT: %v; failed: %v; passed %d of %d", err, failed, len(passed), len(tests))
+	passed, failed = pahoResults(buf.String())
+	t.Logf("ran %d Paho tests in %s: %d passed, %d failed", len(tests), time.Since(start).Round(time.Millisecond), len(passed), len(failed))
+	if err != nil && len(failed) == 0 {
+		// The suite did not run (a build failure, a timeout): everything failed.
+		failed = tests
 	}
+	return passed, failed, buf.String(), err
 }
 
 // pahoModuleDir returns the directory of the Paho module's source, downloaded

@@ -385,3 +385,18 @@ func v5WillConnect(clientID, willTopic, willPayload string, willQoS byte, willPr
 	body = appendStr(body, willPayload)
 	return frame(0x10, body)
 }
+
+// v311ExpectPublish reads the next packet of a 3.1.1 connection, which must
+// be a QoS 1 or 2 PUBLISH, and returns its payload and packet identifier.
+func (c *rawClient) v311ExpectPublish(t *testing.T) (string, uint16) {
+	t.Helper()
+	raw, err := c.readFrame(waitMsg)
+	require.NoError(t, err, "waiting for PUBLISH")
+	require.Equal(t, byte(packets.PUBLISH), raw[0]>>4, "packet type")
+	require.NotZero(t, raw[0]&0x06, "QoS 1 or 2")
+	_, n := decodeVBI(raw[1:])
+	body := raw[1+n:]
+	tl := int(body[0])<<8 | int(body[1])
+	id := uint16(body[2+tl])<<8 | uint16(body[3+tl])
+	return string(body[4+tl:]), id
+}

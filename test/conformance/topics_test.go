@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -402,4 +403,57 @@ func v5Malformed(pkt []byte) []byte {
 	out := append([]byte{pkt[0], pkt[1] + 1}, body[:at]...)
 	out = append(out, 0x00)
 	return append(out, body[at:]...)
+}
+
+// TestConformance_TopicLimits checks the edge's limits on topic names and
+// filters (--mqtt.max-topic-length, --mqtt.max-topic-levels): a PUBLISH to
+// a longer or deeper topic ends an MQTT 5 connection with DISCONNECT 0x90
+// and a 3.1.1 one by closing it, a SUBSCRIBE to such a filter gets 0x8F
+// (3.1.1: 0x80) for that filter alone, and topics at the limits work.
+func TestConformance_TopicLimits(t *testing.T) {
+	t.Parallel()
+	skipIfExternal(t, "keel-edge's topic limits")
+	e := startEdge(t, "--mqtt.max-topic-length", "24", "--mqtt.max-topic-levels", "4")
+	base := "lim/" + uniq() // 13 bytes, two levels
+	atLength := base + "/" + strings.Repeat("x", 24-len(base)-1)
+	atLevels := base + "/c/d"
+	for _, tc := range []struct{ name, topic string }{
+		{"too_long", atLength + "y"},
+		{"too_deep", atLevels + "/e"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			watch := connectV5(t, e.TCP, v5Connect("w-"+uniq()))
+			watch.sub(t, base+"/#", 1)
+
+			rc, _ := connectRaw(t, e.TCP, rawConnect("lim-"+uniq()))
+			rc.send(t, &packets.Publish{Topic: tc.topic, QoS: 1, PacketID: 1, Payload: []byte("x"), Properties: &packets.Properties{}})
+			d, _ := rc.expectClosed(t, waitMsg)
+			requireReason(t, e, d, 0x90)
+
+			old, code := connectV311Raw(t, e.TCP, v311Conn{clientID: "lim3-" + uniq(), keepAlive: 30})
+			require.Equal(t, byte(0), code)
+			old.sendBytes(t, v311Publish(tc.topic, 1, 1, "y"))
+			old.expectClosed(t, waitMsg)
+
+			sub, _ := connectRaw(t, e.TCP, rawConnect("lims-"+uniq()))
+			sub.send(t, &packets.Subscribe{PacketID: 1, Properties: &packets.Properties{},
+				Subscriptions: []packets.SubOptions{{Topic: tc.topic, QoS: 1}, {Topic: base + "/ok", QoS: 1}}})
+			ack := sub.expect(t, packets.SUBACK).Content.(*packets.Suback)
+			require.Equal(t, []byte{0x8f, 0x01}, ack.Reasons, "the filter over the limit alone is refused")
+
+			old, _ = connectV311Raw(t, e.TCP, v311Conn{clientID: "lims3-" + uniq(), keepAlive: 30})
+			old.sendBytes(t, v311Subscribe(1, 1, tc.topic, base+"/ok"))
+			require.Equal(t, []byte{0x80, 0x01}, old.v311Suback(t))
+
+			watch.expectNothing(t, quiet)
+		})
+	}
+	t.Run("at_the_limits", func(t *testing.T) {
+		c := connectV5(t, e.TCP, v5Connect("at-"+uniq()))
+		c.sub(t, atLength, 1)
+		c.sub(t, atLevels, 1)
+		c.pub(t, atLength, 1, "at length")
+		c.pub(t, atLevels, 1, "at levels")
+		c.expectPayloads(t, "at length", "at levels")
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/gorilla/websocket"
 	"github.com/stretchr/testify/require"
 )
@@ -215,4 +217,82 @@ func TestConformance_MosquittoClients(t *testing.T) {
 			sub.expectPayloads(t, "marker")
 		})
 	}
+}
+
+// TestConformance_MQTT31 runs clients of MQTT 3.1 (protocol name "MQIsdp",
+// level 3) against the edge beside 3.1.1 and 5 clients: QoS 0, 1 and 2 in
+// both directions, a retained message, and a session kept across a
+// reconnect with clean session off.
+func TestConformance_MQTT31(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	topic := topicFor(t)
+	v31 := func(id string) *mqtt.ClientOptions { return v3Options("tcp://"+e.TCP, id).SetProtocolVersion(3) }
+
+	old := connectV3(t, v31("v31-"+uniq()))
+	old.sub(t, topic+"/to-31/#", 2)
+	v5 := connectV5(t, e.TCP, v5Connect("v5-"+uniq()))
+	v5.sub(t, topic+"/to-5/#", 2)
+	v311 := connectV3(t, v3Options("tcp://"+e.TCP, "v311-"+uniq()))
+	for qos := byte(0); qos <= 2; qos++ {
+		v5.pub(t, fmt.Sprintf("%s/to-31/q%d", topic, qos), qos, fmt.Sprintf("5 to 3.1 at %d", qos))
+		m := old.next(t)
+		require.Equal(t, fmt.Sprintf("5 to 3.1 at %d", qos), string(m.Payload()))
+		require.Equal(t, qos, m.Qos())
+		old.pub(t, fmt.Sprintf("%s/to-5/q%d", topic, qos), qos, false, fmt.Sprintf("3.1 to 5 at %d", qos))
+		v5.expectPayloads(t, fmt.Sprintf("3.1 to 5 at %d", qos))
+		v311.pub(t, fmt.Sprintf("%s/to-31/from-311-q%d", topic, qos), qos, false, "from 3.1.1")
+		require.Equal(t, "from 3.1.1", string(old.next(t).Payload()))
+	}
+
+	old.pub(t, topic+"/kept", 1, true, "retained by 3.1")
+	late := connectV3(t, v31("late-"+uniq()))
+	late.sub(t, topic+"/kept", 1)
+	m := late.next(t)
+	require.Equal(t, "retained by 3.1", string(m.Payload()))
+	require.True(t, m.Retained(), "[MQTT-3.3.1-8]")
+
+	// Clean session off: the subscription and what arrived meanwhile wait.
+	id := "v31-persist-" + uniq()
+	p := connectV3(t, v31(id).SetCleanSession(false))
+	p.sub(t, topic+"/away", 1)
+	p.Disconnect(50)
+	v5.pub(t, topic+"/away", 1, "while away")
+	back := connectV3(t, v31(id).SetCleanSession(false))
+	require.Equal(t, "while away", string(back.next(t).Payload()))
+}
+
+// TestConformance_WSS runs MQTT 3.1.1 and 5 over secure WebSocket (TLS,
+// path /mqtt, subprotocol "mqtt") against the TCP listener.
+func TestConformance_WSS(t *testing.T) {
+	t.Parallel()
+	skipIfExternal(t, "a WSS listener with a test certificate")
+	certPath, keyPath, cert := selfSignedCert(t)
+	wss := freeAddr(t)
+	e := startEdge(t, "--tls.cert", certPath, "--tls.key", keyPath, "--mqtt.wss-addr", wss)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	tlsCfg := &tls.Config{RootCAs: pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	topic := topicFor(t)
+
+	old := connectV3(t, v3Options("wss://"+wss+"/mqtt", "wss3-"+uniq()).SetTLSConfig(tlsCfg))
+	old.sub(t, topic, 1)
+	conn, resp, err := (&websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: 5 * time.Second, TLSClientConfig: tlsCfg}).
+		Dial("wss://"+wss+"/mqtt", nil)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, "mqtt", conn.Subprotocol()) // [MQTT-6.0.0-4]
+	v5, err := startV5(t, &wsConn{ws: conn}, v5Connect("wss5-"+uniq()))
+	require.NoError(t, err)
+	v5.sub(t, topic, 1)
+	tcp := connectV5(t, e.TCP, v5Connect("tcp-"+uniq()))
+	tcp.pub(t, topic, 1, "over wss")
+	old.expectPayloads(t, "over wss")
+	v5.expectPayloads(t, "over wss")
+	v5.pub(t, topic, 2, "from wss")
+	old.expectPayloads(t, "from wss")
+
+	_, _, err = (&websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: 5 * time.Second,
+		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}).Dial("wss://"+wss+"/mqtt", nil)
+	require.Error(t, err, "an untrusted certificate must fail verification")
 }
