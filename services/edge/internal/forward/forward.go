@@ -19,6 +19,8 @@ import (
 	"connectrpc.com/connect"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/tracing"
@@ -509,7 +511,11 @@ type Link struct {
 }
 
 type pending struct {
-	msg  *edgev1.ForwardMessage
+	msg *edgev1.ForwardMessage
+	// raw, when set instead of msg, is the message already encoded
+	// (appendForwardMessage), and size its payload's length.
+	raw  []byte
+	size int
 	done chan error
 	span trace.Span // forward span of a traced message: ends when the peer took it
 	held []heldKey  // group targets kept until their outcome is reported
@@ -749,14 +755,39 @@ func (l *Link) nextFrame() *frame {
 	return f
 }
 
+// request is the ForwardRequest of frame f. Its messages go as they are
+// encoded: each is field 5 (messages) of the request, written after the
+// other fields as the request's unknown fields, which the runtime's marshal
+// copies verbatim. On the wire that is the repeated field, in frame order;
+// a message not encoded yet (shared targets, a trace) is marshalled here.
 func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	l.mu.Lock()
 	l.confirmSent = l.confirm
 	req := &edgev1.ForwardRequest{EdgeId: l.edgeID, Incarnation: l.incarnation, TargetIncarnation: l.target, Seq: f.seq, OutcomesConfirmed: l.confirm}
 	l.mu.Unlock()
-	for _, p := range f.msgs {
-		req.Messages = append(req.Messages, p.msg)
+	if len(f.msgs) == 0 {
+		return req
 	}
+	n := 0
+	for _, p := range f.msgs {
+		n += len(p.raw) + 4
+	}
+	msgs := make([]byte, 0, n)
+	for _, p := range f.msgs {
+		raw := p.raw
+		if raw == nil {
+			var err error
+			if raw, err = proto.Marshal(p.msg); err != nil {
+				// As the runtime would have failed the whole frame: the
+				// message cannot go (a string not UTF-8).
+				l.logger.Error("forwarded message not encodable; dropped", "peer", l.peer, "error", err)
+				continue
+			}
+		}
+		msgs = protowire.AppendTag(msgs, fReqMessages, protowire.BytesType)
+		msgs = protowire.AppendBytes(msgs, raw)
+	}
+	req.ProtoReflect().SetUnknown(msgs)
 	return req
 }
 
@@ -842,7 +873,11 @@ func (l *Link) Status() LinkStatus {
 	st.Closed = l.closed.Load()
 	for _, f := range l.unacked {
 		for _, p := range f.msgs {
-			st.InflightBytes += uint64(len(p.msg.GetMessage().GetPayload()))
+			if p.raw != nil {
+				st.InflightBytes += uint64(p.size)
+			} else {
+				st.InflightBytes += uint64(len(p.msg.GetMessage().GetPayload()))
+			}
 		}
 	}
 	return st

@@ -246,7 +246,16 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if len(dests) == 0 {
 		return nil, local, nil
 	}
-	pm := m.Proto()
+	// A plain message is encoded once for every peer; one with shared
+	// targets, routed again or traced gets a struct per peer.
+	var pm *commonv1.Message
+	var raw []byte
+	if again == nil && m.Span() == nil {
+		var ok bool
+		if raw, ok = appendForwardMessage(nil, m); !ok {
+			raw = nil
+		}
+	}
 	// QoS 0 is best effort across edges too: nobody waits for it.
 	wait := m.QoS > 0
 	var sent []*pending
@@ -257,6 +266,17 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		l, err := f.link(d.peer)
 		if err != nil {
 			return nil, broker.SharedChoice{}, err
+		}
+		if raw != nil && len(d.shared) == 0 {
+			p := &pending{raw: raw, size: len(m.Payload)}
+			l.send(p, wait)
+			if wait {
+				sent = append(sent, p)
+			}
+			continue
+		}
+		if pm == nil {
+			pm = m.Proto()
 		}
 		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
 		if again != nil {
