@@ -23,7 +23,7 @@ import (
 // Field numbers of keel.common.v1.Message, MsgID and UserProperty, and of
 // keel.edge.v1.ForwardMessage and ForwardRequest.
 const (
-	fMsgID, fTenant, fTopic, fPayload, fQoS, fRetain, fIngress, fClientID = 1, 2, 3, 4, 5, 6, 7, 8
+	fMsgID, fTenant, fTopic, fPayload, fQoS, fRetain, fIngress, fClientID    = 1, 2, 3, 4, 5, 6, 7, 8
 	fContentType, fResponseTopic, fCorrelation, fUserProps, fFormat, fExpiry = 9, 10, 11, 12, 13, 14
 	fIDEdge, fIDIncarnation, fIDSeq                                          = 1, 2, 3
 	fPropKey, fPropValue                                                     = 1, 2
