@@ -33,6 +33,7 @@ type Config struct {
 	QueueLen          int           `yaml:"queue_len"`
 	QueueBytes        int           `yaml:"queue_bytes"`
 	OfflineQueueLen   int           `yaml:"offline_queue_len"`
+	OfflineQueueBytes int           `yaml:"offline_queue_bytes"`
 	OfflineDropOldest bool          `yaml:"offline_drop_oldest"`
 	QueueQoS0Offline  bool          `yaml:"queue_qos0_offline"`
 	SlowConsumerGrace time.Duration `yaml:"slow_consumer_grace"`
@@ -79,6 +80,7 @@ const (
 	DefaultQueueLen          = 4096
 	DefaultQueueBytes        = 32 << 20
 	DefaultOfflineQueueLen   = 10000
+	DefaultOfflineQueueBytes = 64 << 20
 	DefaultSlowConsumerGrace = 10 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
 	DefaultMaxMessageExpiry  = 7 * 24 * 3600
@@ -107,6 +109,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.QueueLen, prefix+"queue-len", DefaultQueueLen, "messages queued for a connected client before publishers are held back")
 	fs.IntVar(&c.QueueBytes, prefix+"queue-bytes", DefaultQueueBytes, "bytes queued for a connected client before publishers are held back")
 	fs.IntVar(&c.OfflineQueueLen, prefix+"offline-queue-len", DefaultOfflineQueueLen, "messages queued for a persistent session")
+	fs.IntVar(&c.OfflineQueueBytes, prefix+"offline-queue-bytes", DefaultOfflineQueueBytes, "bytes of messages (payload, topic and 64 of overhead each) queued for a persistent session (0: no byte bound)")
 	fs.BoolVar(&c.OfflineDropOldest, prefix+"offline-drop-oldest", false, "when a session queue is full drop the oldest message (default: refuse the newest)")
 	fs.BoolVar(&c.QueueQoS0Offline, prefix+"queue-qos0-offline", false, "queue QoS 0 messages for offline persistent sessions")
 	fs.DurationVar(&c.SlowConsumerGrace, prefix+"slow-consumer-grace", DefaultSlowConsumerGrace, "how long a full client queue holds publishers back before a non-persistent client is disconnected (0x97)")

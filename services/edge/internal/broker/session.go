@@ -177,6 +177,13 @@ func (s *session) enqueue(d delivery) enqueueResult {
 func tracksQoS2(d *delivery) bool { return d.qos == 2 && !d.onSubscribe }
 
 // enqueueNow is enqueue without waiting for a takeover to complete.
+// offlineFullLocked reports whether a message of size bytes would take the
+// session's queue past its offline bounds (count and bytes).
+func (s *session) offlineFullLocked(size int) bool {
+	cfg := &s.b.cfg
+	return s.queue.len() >= cfg.OfflineQueueLen || cfg.OfflineQueueBytes > 0 && s.queueBytes+size > cfg.OfflineQueueBytes
+}
+
 func (s *session) enqueueNow(d delivery) enqueueResult {
 	s.mu.Lock()
 	if s.moving != nil && s.moving.done {
@@ -214,15 +221,27 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				return droppedQoS0
 			}
 			result := enqueued
-			if s.queue.len() >= cfg.OfflineQueueLen {
-				if !cfg.OfflineDropOldest {
+			if s.offlineFullLocked(size) {
+				if !cfg.OfflineDropOldest || size > cfg.OfflineQueueBytes && cfg.OfflineQueueBytes > 0 {
 					s.mu.Unlock()
 					return droppedOverflow
 				}
-				old := s.queue.pop()
-				s.queueBytes -= old.msg.size()
-				if old.seq > 0 && s.b.store != nil {
-					_ = s.b.store.Dequeue(context.Background(), s.id, []durable.Entry{{Seq: old.seq, MsgID: msgIDString(old.msg.ID)}})
+				var gone []durable.Entry
+				popped := 0
+				for s.queue.len() > 0 && s.offlineFullLocked(size) {
+					old := s.queue.pop()
+					s.queueBytes -= old.msg.size()
+					popped++
+					if old.seq > 0 {
+						gone = append(gone, durable.Entry{Seq: old.seq, MsgID: msgIDString(old.msg.ID)})
+					}
+				}
+				if len(gone) > 0 && s.b.store != nil {
+					_ = s.b.store.Dequeue(context.Background(), s.id, gone)
+				}
+				if popped > 1 {
+					// The result counts one; a larger message may take more.
+					s.b.m.dropped.WithLabelValues("offline_queue_full").Add(float64(popped - 1))
 				}
 				result = droppedOverflow
 			}
@@ -244,7 +263,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 		if !full || (s.persistent && s.spilling) {
 			// A persistent session past the grace keeps the message beyond the
 			// live bound, up to the offline bound, rather than lose it.
-			if full && s.queue.len() >= cfg.OfflineQueueLen {
+			if full && s.offlineFullLocked(size) {
 				s.mu.Unlock()
 				return droppedOverflow
 			}

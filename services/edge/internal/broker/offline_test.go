@@ -1,0 +1,88 @@
+package broker
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// An offline persistent session's queue is bounded by count
+// (--mqtt.offline-queue-len) and by bytes (--mqtt.offline-queue-bytes).
+// Past a bound, the newest message is refused, or with drop-oldest the
+// oldest ones make room for it; a message larger than the byte bound is
+// refused either way. Every drop is counted, and what is kept comes back
+// in order when the client does, from the store as from memory.
+func TestBroker_OfflineQueueBounds(t *testing.T) {
+	t.Parallel()
+	const payload = 100
+	for _, tc := range []struct {
+		name       string
+		count      int
+		bytes      func(topicLen int) int
+		dropOldest bool
+		publish    []int // payload sizes (payload: the default)
+		want       []int // the indexes delivered
+	}{
+		{name: "count_refuse_newest", count: 3, publish: []int{payload, payload, payload, payload, payload}, want: []int{0, 1, 2}},
+		{name: "count_drop_oldest", count: 3, dropOldest: true, publish: []int{payload, payload, payload, payload, payload}, want: []int{2, 3, 4}},
+		{name: "bytes_refuse_newest", count: 100, bytes: func(n int) int { return 3*(n+payload+64) + 10 },
+			publish: []int{payload, payload, payload, payload}, want: []int{0, 1, 2}},
+		{name: "bytes_drop_oldest_makes_room", count: 100, dropOldest: true, bytes: func(n int) int { return 3*(n+payload+64) + 10 },
+			publish: []int{payload, payload, payload, 2*payload + 64}, want: []int{2, 3}},
+		{name: "bytes_larger_than_the_bound", count: 100, dropOldest: true, bytes: func(n int) int { return 3*(n+payload+64) + 10 },
+			publish: []int{payload, 4 * payload * 3}, want: []int{0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			topic := "q/" + tc.name
+			b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return st })
+			b.cfg.OfflineQueueLen, b.cfg.OfflineDropOldest = tc.count, tc.dropOldest
+			b.cfg.OfflineQueueBytes = 0
+			if tc.bytes != nil {
+				b.cfg.OfflineQueueBytes = tc.bytes(len(b.mustScope(t, "default").Topic(topic)))
+			}
+			l := newTCP("127.0.0.1:0")
+			require.NoError(t, b.AddListener(l))
+			require.NoError(t, b.Serve())
+			addr := l.Address()
+
+			sub := mqtttest.Dial(t, addr, 5)
+			sub.Connect("offline", false, persistentSession)
+			sub.Subscribe(1, topic, 1)
+			require.NoError(t, sub.Conn.Close())
+			require.Eventually(t, func() bool {
+				s := b.session(b.mustScope(t, "default").ClientID("offline"))
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.client == nil
+			}, 5*time.Second, 10*time.Millisecond, "the session goes offline")
+
+			pub := mqtttest.Dial(t, addr, 5)
+			pub.Connect("pub", true, packets.Properties{})
+			for i, n := range tc.publish {
+				pub.Publish(uint16(i+1), topic, 1, []byte(fmt.Sprintf("%03d", i)+strings.Repeat("x", n-3)))
+				pub.Expect(packets.Puback)
+			}
+			dropped := promtest.ToFloat64(b.m.dropped.WithLabelValues("offline_queue_full"))
+			require.Equal(t, float64(len(tc.publish)-len(tc.want)), dropped, "every drop counted")
+
+			back := mqtttest.Dial(t, addr, 5)
+			require.Equal(t, byte(0), back.Connect("offline", false, persistentSession).ReasonCode)
+			for _, want := range tc.want {
+				got := back.Expect(packets.Publish)
+				require.Equal(t, fmt.Sprintf("%03d", want), string(got.Payload[:3]))
+				back.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+			}
+			_, err := back.Read(200 * time.Millisecond)
+			require.Error(t, err, "nothing more")
+		})
+	}
+}
