@@ -67,6 +67,7 @@ type Config struct {
 	RedisReplicas config.StringList   `yaml:"redis_replicas"`
 	RedisGroupID  uint                `yaml:"redis_group_id"`
 	MinReplicas   int                 `yaml:"min_replicas"`
+	HighWater     float64             `yaml:"high_water"`
 	Unreplicated  bool                `yaml:"unreplicated"`
 	WaitTimeout   time.Duration       `yaml:"wait_timeout"`
 	MaxPipeline   int                 `yaml:"max_pipeline"`
@@ -103,6 +104,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Unreplicated, "unreplicated", false, "acknowledge writes without any replica: an acknowledged message is lost with the primary. Logged and exported as an alert")
 	fs.DurationVar(&c.WaitTimeout, "redis.wait-timeout", DefaultWaitTimeout, "WAIT timeout; a write not confirmed in time is answered NOT_REPLICATED")
 	fs.IntVar(&c.MaxPipeline, "redis.max-pipeline", 64, "script calls per Redis pipeline (group commit)")
+	fs.Float64Var(&c.HighWater, "redis.high-water", redisstore.DefaultHighWater, "share of the primary's maxmemory above which appends and retained writes are refused (not acknowledged) until memory drains")
 	fs.StringVar(&c.DataDir, "data-dir", "data/persistence", "directory of the embedded bbolt store, used when --redis.addr is empty")
 	fs.StringVar(&c.Coordinator, "coordinator.addr", "", "coordinator API base URL (http://host:7401); empty: no lease, no failover")
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", DefaultLeaseMargin, "stop acknowledging writes this long before the coordinator lease would expire")
@@ -132,6 +134,9 @@ func (c *Config) Validate() error {
 	if c.RedisAddr != "" {
 		if c.MinReplicas < 0 {
 			errs = append(errs, errors.New("redis.min-replicas must not be negative"))
+		}
+		if c.HighWater <= 0 || c.HighWater > 1 {
+			errs = append(errs, fmt.Errorf("redis.high-water %v: want a share of maxmemory in (0, 1]", c.HighWater))
 		}
 		if c.MinReplicas == 0 && !c.Unreplicated {
 			errs = append(errs, errors.New("redis.min-replicas=0 acknowledges unreplicated writes: set --unreplicated to mean it"))
@@ -215,7 +220,8 @@ func (a *App) Ops() *service.Ops { return a.ops }
 
 func (a *App) openRedis(addr string) (*redisstore.Store, error) {
 	s, err := redisstore.New(redisstore.Config{Addr: addr, MinReplicas: a.cfg.MinReplicas, WaitTimeout: a.cfg.WaitTimeout,
-		MaxBatch: a.cfg.MaxPipeline, Dialer: a.cfg.RedisDialer}, a.logger.With("component", "redis", "primary", addr))
+		MaxBatch: a.cfg.MaxPipeline, Dialer: a.cfg.RedisDialer, HighWater: a.cfg.HighWater, MemoryObserver: a.metrics.Memory},
+		a.logger.With("component", "redis", "primary", addr))
 	if err != nil {
 		return nil, err
 	}

@@ -42,6 +42,10 @@ type Metrics struct {
 	// result; SwitchoverPause is how long each paused the old primary.
 	Switchovers     *prometheus.CounterVec
 	SwitchoverPause prometheus.Histogram
+	// RedisMemory is the primary's used_memory and maxmemory (kind "used",
+	// "max"); AboveHighWater is 1 while appends are refused for memory.
+	RedisMemory    *prometheus.GaugeVec
+	AboveHighWater prometheus.Gauge
 }
 
 // New registers the metrics with reg.
@@ -75,6 +79,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Record epoch of the Redis group this instance follows."}),
 		PrimaryUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_primary_up",
 			Help: "1 while the recorded Redis primary answers."}),
+		RedisMemory: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "keel_persistence_redis_memory_bytes",
+			Help: "Redis primary memory: used_memory (kind=used) and maxmemory (kind=max, 0: none)"}, []string{"kind"}),
+		AboveHighWater: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_persistence_redis_above_high_water",
+			Help: "1 while the primary's memory is above --redis.high-water of maxmemory and appends are refused"}),
 		Switchovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_switchovers_total",
 			Help: "Operator Redis switchovers run by this instance, by result: ok, not_in_sync, busy, refused, bad_request, failed (undone), unknown."},
 			[]string{"result"}),
@@ -83,7 +91,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.Ops, m.Records, m.BatchOps, m.BatchRecords, m.WriteLatency, m.CommitCalls, m.CommitLatency,
 		m.WaitTimeouts, m.QueueDrops, m.Failovers, m.RecordChanges, m.Unreplicated, m.GroupEpoch, m.PrimaryUp,
-		m.Switchovers, m.SwitchoverPause)
+		m.Switchovers, m.SwitchoverPause, m.RedisMemory, m.AboveHighWater)
 	for _, r := range []string{"ok", "not_in_sync", "busy", "refused", "bad_request", "failed", "unknown"} {
 		m.Switchovers.WithLabelValues(r)
 	}
@@ -91,6 +99,20 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.Records.WithLabelValues(k.String())
 	}
 	return m
+}
+
+// Memory is a redisstore.MemoryObserver.
+func (m *Metrics) Memory(used, limit int64, full bool) {
+	if m == nil {
+		return
+	}
+	m.RedisMemory.WithLabelValues("used").Set(float64(used))
+	m.RedisMemory.WithLabelValues("max").Set(float64(limit))
+	v := 0.0
+	if full {
+		v = 1
+	}
+	m.AboveHighWater.Set(v)
 }
 
 // Committed implements redisstore.Observer.

@@ -37,6 +37,13 @@ type Config struct {
 	MaxBatch int
 	// Dialer, if set, opens the connections to Redis (tests cut them).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// HighWater is the share of the primary's maxmemory above which
+	// appends and retained writes are refused (ErrFull); default
+	// DefaultHighWater. MemoryCheck is how often it is read (default 500
+	// ms); MemoryObserver, if set, hears each reading.
+	HighWater      float64
+	MemoryCheck    time.Duration
+	MemoryObserver MemoryObserver
 }
 
 // Store is a [store.Store] on Redis.
@@ -51,6 +58,7 @@ type Store struct {
 	once sync.Once
 
 	groupEpoch atomic.Uint64
+	full       atomic.Bool // memory above the high-water mark (watchMemory)
 	// Observer, if set, hears about every commit (metrics); set before use.
 	Observer Observer
 }
@@ -89,13 +97,20 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = 64
 	}
+	if cfg.HighWater <= 0 || cfg.HighWater > 1 {
+		cfg.HighWater = DefaultHighWater
+	}
+	if cfg.MemoryCheck <= 0 {
+		cfg.MemoryCheck = 500 * time.Millisecond
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{cfg: cfg, logger: logger, ops: make(chan *op, 4096), done: make(chan struct{}),
 		rdb: redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: 8, Dialer: cfg.Dialer})}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.commitLoop()
+	go s.watchMemory(cfg.MemoryCheck)
 	return s, nil
 }
 
@@ -629,6 +644,9 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 	case store.OpDeleteSubscription:
 		o.script, o.keys, o.args = scriptDelSub, []string{ks.s, ks.sub}, append(fa, so.Filter)
 	case store.OpAppend:
+		if s.full.Load() {
+			return nil, ErrFull
+		}
 		if len(so.Entries) != len(so.Messages) {
 			return nil, fmt.Errorf("%w: %d entries, %d messages", store.ErrInvalid, len(so.Entries), len(so.Messages))
 		}
@@ -683,6 +701,9 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		m := so.Retained
 		if so.Tenant == "" || m == nil || m.Topic == "" {
 			return nil, fmt.Errorf("%w: tenant and topic are required", store.ErrInvalid)
+		}
+		if len(m.Payload) > 0 && s.full.Load() {
+			return nil, ErrFull // clearing one frees memory, and is taken
 		}
 		b, _ := json.Marshal(m)
 		empty := "0"

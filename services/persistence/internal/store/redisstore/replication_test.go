@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,4 +192,70 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 	at, err = g.Replicas[0].Client().ExpireTime(ctx, "m:"+expiring.ID).Result()
 	require.NoError(t, err)
 	require.Equal(t, expiry+int64(bodyExpiry/time.Second), int64(at/time.Second))
+}
+
+// Above the high-water mark of maxmemory, appends and retained writes are
+// refused (ErrFull: not acknowledged) while every other write goes on, so
+// that sessions drain what they hold; below it again, appends are taken.
+// Nothing refused was stored, and everything taken before is there.
+func TestRedisStore_HighWaterMark(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	ctx := context.Background()
+	c := g.Primary.Client()
+	used, _ := parseMemory(c.Info(ctx, "memory").Val())
+	limit := used + 4<<20
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", fmt.Sprint(limit)).Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	var seen struct {
+		mu   sync.Mutex
+		full bool
+	}
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1, HighWater: 0.8, MemoryCheck: 20 * time.Millisecond,
+		MemoryObserver: func(_, _ int64, full bool) { seen.mu.Lock(); seen.full = full; seen.mu.Unlock() }}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, k, f))
+
+	payload := make([]byte, 64<<10)
+	var taken []string
+	for i := 0; ; i++ {
+		require.Less(t, i, 200, "never above the mark")
+		id := fmt.Sprintf("e/1/%d", i)
+		_, err := s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}},
+			[]*store.Message{{ID: id, Topic: "t", Payload: payload, QoS: 1}})
+		if errors.Is(err, ErrFull) {
+			break
+		}
+		require.NoError(t, err)
+		taken = append(taken, id)
+		time.Sleep(25 * time.Millisecond) // a memory check between appends
+	}
+	require.True(t, s.Full())
+	seen.mu.Lock()
+	require.True(t, seen.full, "the observer heard it")
+	seen.mu.Unlock()
+	_, err = s.PutRetained(ctx, "acme", &store.Message{ID: "r/1", Topic: "kept", Payload: payload, QoS: 1, Created: 1})
+	require.ErrorIs(t, err, ErrFull)
+	_, err = s.PutRetained(ctx, "acme", &store.Message{ID: "r/2", Topic: "kept", QoS: 1, Created: 2})
+	require.NoError(t, err, "clearing a retained message is taken")
+
+	st, err := s.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, len(taken), "everything taken is stored, nothing refused is")
+	// Draining goes on above the mark: dequeue half of the queue.
+	require.NoError(t, s.Dequeue(ctx, k, f, taken[:len(taken)/2+1]))
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if s.Full() {
+			return errors.New("still above the mark")
+		}
+		return nil
+	})
+	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/after", QoS: 1}},
+		[]*store.Message{{ID: "e/1/after", Topic: "t", Payload: []byte("x"), QoS: 1}})
+	require.NoError(t, err)
 }
