@@ -45,6 +45,8 @@ type Broker struct {
 	ids      *msgIDs
 	m        *metrics
 	mIn      [3]prometheus.Counter
+	bIn      [3]prometheus.Counter // payload bytes in, by QoS
+	bOut     [3]prometheus.Counter // PUBLISH bytes out, by QoS
 	mOut     [3]prometheus.Counter
 	limits   topic.Limits
 	guard    *guard
@@ -198,6 +200,8 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 	for q := range 3 {
 		b.mIn[q] = b.m.messagesIn.WithLabelValues(qosLabel[q])
 		b.mOut[q] = b.m.messagesOut.WithLabelValues(qosLabel[q])
+		b.bIn[q] = b.m.bytesIn.WithLabelValues(qosLabel[q])
+		b.bOut[q] = b.m.bytesOut.WithLabelValues(qosLabel[q])
 	}
 	if err := b.server.AddHook(&hook{b: b}, nil); err != nil {
 		return nil, err
@@ -788,7 +792,7 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 	start := len(buf)
 	buf = appendPublish(buf, &p, version)
 	b.mOut[d.qos].Inc()
-	b.m.bytesOut.Add(float64(len(buf) - start))
+	b.bOut[d.qos].Add(float64(len(buf) - start))
 	return buf, p.packetID, true
 }
 

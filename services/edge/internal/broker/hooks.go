@@ -844,7 +844,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
 	}
 	b.mIn[m.QoS].Inc()
-	b.m.bytesIn.Add(float64(len(m.Payload)))
+	b.bIn[m.QoS].Add(float64(len(m.Payload)))
 	if tracing.Enabled() {
 		m.span = startPublish(c.scope, m)
 	}

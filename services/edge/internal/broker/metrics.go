@@ -14,9 +14,9 @@ type metrics struct {
 	disconnects       *prometheus.CounterVec // reason
 	authFailures      *prometheus.CounterVec // reason
 	messagesIn        *prometheus.CounterVec // qos
-	bytesIn           prometheus.Counter
+	bytesIn           *prometheus.CounterVec
 	messagesOut       *prometheus.CounterVec // qos
-	bytesOut          prometheus.Counter
+	bytesOut          *prometheus.CounterVec
 	dropped           *prometheus.CounterVec // cause
 	packetErrors      *prometheus.CounterVec // reason
 	inflight          prometheus.GaugeFunc
@@ -65,15 +65,15 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		messagesIn: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_messages_in_total", Help: "PUBLISH packets accepted from clients, by QoS.",
 		}, []string{"qos"}),
-		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "keel_edge_message_bytes_in_total", Help: "Payload bytes accepted from clients.",
-		}),
+		bytesIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_message_bytes_in_total", Help: "Payload bytes accepted from clients, by QoS.",
+		}, []string{"qos"}),
 		messagesOut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_messages_out_total", Help: "PUBLISH packets sent to clients, by QoS.",
 		}, []string{"qos"}),
-		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "keel_edge_message_bytes_out_total", Help: "PUBLISH bytes written to clients.",
-		}),
+		bytesOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_message_bytes_out_total", Help: "PUBLISH bytes written to clients, by QoS.",
+		}, []string{"qos"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_messages_dropped_total", Help: "Messages not delivered to a recipient, by cause.",
 		}, []string{"cause"}),
