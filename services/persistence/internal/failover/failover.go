@@ -9,7 +9,6 @@
 package failover
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +19,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/keelmq/keel/services/persistence/internal/store/redisstore"
 )
 
 // Record is a group's primary as the coordinator holds it.
@@ -117,12 +118,7 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 
 func parseReplication(addr, info string) replState {
 	st := replState{addr: addr}
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
+	redisstore.EachInfoField(info, func(k, v string) {
 		switch k {
 		case "role":
 			st.role = v
@@ -139,7 +135,7 @@ func parseReplication(addr, info string) replState {
 		case "master_link_status":
 			st.linkUp = v == "up"
 		}
-	}
+	})
 	return st
 }
 

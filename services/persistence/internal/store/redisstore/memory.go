@@ -66,20 +66,26 @@ func (s *Store) watchMemory(every time.Duration) {
 
 // parseMemory reads used_memory and maxmemory from INFO memory.
 func parseMemory(info string) (used, limit int64) {
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
-		if !ok {
-			continue
-		}
+	EachInfoField(info, func(k, v string) {
 		switch k {
 		case "used_memory":
 			used, _ = strconv.ParseInt(v, 10, 64)
 		case "maxmemory":
 			limit, _ = strconv.ParseInt(v, 10, 64)
 		}
-	}
+	})
 	return used, limit
+}
+
+// EachInfoField calls fn with each "key:value" line of an INFO answer, in
+// order (section headers and blank lines skipped).
+func EachInfoField(info string, fn func(key, value string)) {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok {
+			fn(k, v)
+		}
+	}
 }
 
 // Full reports whether appends are refused for memory now.
