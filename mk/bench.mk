@@ -37,7 +37,7 @@ bench-go: ## Run Go benchmarks with -benchmem over the workspace modules (BENCH_
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime=$(BENCH_TIME) -count=$(BENCH_COUNT) $(BENCH_PKGS) \
 		| tee $(BENCH_OUT)/go-$$(date +%Y%m%d-%H%M%S).txt
 
-bench-load: ## Run keel-bench scenarios against Mosquitto, bare mochi and the Keel edge
+bench-load: deps ## Run keel-bench scenarios against Mosquitto, bare mochi and the Keel edge (installs Mosquitto when missing)
 	GO=$(GO) BIN=$(BIN) scripts/bench.sh
 
 bench-cluster: ## Run keel-bench pairs on one edge and across two edges of a local cluster
