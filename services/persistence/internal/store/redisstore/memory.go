@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // ErrFull refuses a write that would grow the group's data (an append, a
@@ -28,14 +30,20 @@ const DefaultHighWater = 0.9
 // watchMemory reads the primary's INFO memory every interval and sets
 // s.full while used_memory is at or above the mark. A primary without
 // maxmemory has no mark (logged once).
+//
+// It has a client of its own: go-redis v9.23 races when two goroutines
+// open the first connections of one client at once (initConn, seen under
+// -race beside the committer's first connection).
 func (s *Store) watchMemory(every time.Duration) {
 	defer s.wg.Done()
+	rdb := redis.NewClient(&redis.Options{Addr: s.cfg.Addr, PoolSize: 1, Dialer: s.cfg.Dialer})
+	defer rdb.Close()
 	t := time.NewTicker(every)
 	defer t.Stop()
 	warned := false
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), every)
-		info, err := s.rdb.Info(ctx, "memory").Result()
+		info, err := rdb.Info(ctx, "memory").Result()
 		cancel()
 		if err == nil {
 			used, limit := parseMemory(info)
