@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/keelmq/keel/libs/testutil"
+	commonv1 "github.com/keelmq/keel/proto/gen/keel/common/v1"
 	edgev1 "github.com/keelmq/keel/proto/gen/keel/edge/v1"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
@@ -72,23 +74,24 @@ func TestAppendForwardMessage(t *testing.T) {
 // messages mixed.
 func TestLinkRequest_PreEncodedMessagesInOrder(t *testing.T) {
 	acme := scopeOf(t, "acme")
-	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", nil, nil)
-	want := &edgev1.ForwardRequest{EdgeId: "edge-a", Incarnation: 3, Seq: 9}
-	f := &frame{seq: 9}
+	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", testutil.Logger(t), nil)
+	want := &edgev1.ForwardRequest{EdgeId: "edge-a", Incarnation: 3}
 	for i := range 5 {
 		m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 3, Seq: uint64(i)},
 			Topic: acme.Topic("t"), Payload: []byte{byte(i)}, QoS: 1}
 		fm := &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true}
 		if i%2 == 1 {
 			fm.Shared = []*edgev1.SharedTarget{{Group: "g", Filter: "t"}}
-			f.msgs = append(f.msgs, &pending{msg: fm})
+			l.Send(proto.CloneOf(fm), false)
 		} else {
 			raw, ok := appendForwardMessage(nil, m)
 			require.True(t, ok)
-			f.msgs = append(f.msgs, &pending{raw: raw, size: 1})
+			l.send(&pending{raw: raw, size: 1}, false)
 		}
 		want.Messages = append(want.Messages, fm)
 	}
+	f := l.nextFrame() // encodes the messages with shared targets
+	want.Seq = f.seq
 	wire, err := proto.Marshal(l.request(f))
 	require.NoError(t, err)
 	var byRuntime, byHand edgev1.ForwardRequest
@@ -165,4 +168,28 @@ func BenchmarkForward_Encode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A message the runtime cannot encode (a string not UTF-8) fails alone and
+// unacknowledged as its frame is made, and the frame carries the others:
+// left in the frame, the frame's acknowledgement would count it as taken.
+func TestLink_UnencodableMessageFailsAlone(t *testing.T) {
+	acme := scopeOf(t, "acme")
+	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", testutil.Logger(t), nil)
+	good := &broker.Message{Topic: acme.Topic("t"), Payload: []byte("ok"), QoS: 1}
+	raw, ok := appendForwardMessage(nil, good)
+	require.True(t, ok)
+	okDone := l.send(&pending{raw: raw, size: 2}, true)
+	badDone := l.Send(&edgev1.ForwardMessage{Message: &commonv1.Message{Tenant: "acme", Topic: "\xff"}, SharedChosen: true}, true)
+	f := l.nextFrame()
+	require.Len(t, f.msgs, 1)
+	require.Equal(t, raw, f.msgs[0].raw)
+	select {
+	case err := <-badDone:
+		require.ErrorContains(t, err, "not encodable")
+	default:
+		t.Fatal("the unencodable message is not failed")
+	}
+	l.acked(f.seq)
+	require.NoError(t, <-okDone)
 }

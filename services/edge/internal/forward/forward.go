@@ -511,9 +511,9 @@ type Link struct {
 }
 
 type pending struct {
-	msg *edgev1.ForwardMessage
-	// raw, when set instead of msg, is the message already encoded
-	// (appendForwardMessage), and size its payload's length.
+	msg *edgev1.ForwardMessage // nil for a plain message, encoded by hand
+	// raw is the message encoded (appendForwardMessage, or msg by the
+	// runtime once it joins a frame), and size its payload's length.
 	raw  []byte
 	size int
 	done chan error
@@ -740,26 +740,50 @@ func (l *Link) unconfirmed() bool {
 
 const maxFrameMessages = 256
 
-// nextFrame moves queued messages into a new frame.
+// nextFrame moves queued messages into a new frame, encoding those not
+// encoded yet (shared targets, a trace: after keepLocked decided what the
+// peer reports). One the runtime cannot encode fails alone, unacknowledged,
+// before it joins a frame whose acknowledgement would count it as taken.
 func (l *Link) nextFrame() *frame {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if len(l.queue) == 0 {
+		l.mu.Unlock()
 		return nil
 	}
 	n := min(len(l.queue), maxFrameMessages)
 	l.seq++
-	f := &frame{seq: l.seq, msgs: l.queue[:n:n]}
+	f := &frame{seq: l.seq, msgs: make([]*pending, 0, n)}
+	var failed []*pending
+	var errs []error
+	for _, p := range l.queue[:n] {
+		if p.raw == nil {
+			raw, err := proto.Marshal(p.msg)
+			if err != nil {
+				for _, k := range p.held {
+					delete(l.held, k)
+				}
+				failed, errs = append(failed, p), append(errs, err)
+				continue
+			}
+			p.raw, p.size = raw, len(p.msg.GetMessage().GetPayload())
+		}
+		f.msgs = append(f.msgs, p)
+	}
 	l.queue = l.queue[n:]
 	l.unacked = append(l.unacked, f)
+	l.mu.Unlock()
+	for i, p := range failed {
+		l.logger.Error("forwarded message not encodable; not taken", "peer", l.peer, "error", errs[i])
+		p.finish(fmt.Errorf("forwarded message not encodable: %w", errs[i]))
+	}
 	return f
 }
 
 // request is the ForwardRequest of frame f. Its messages go as they are
-// encoded: each is field 5 (messages) of the request, written after the
-// other fields as the request's unknown fields, which the runtime's marshal
-// copies verbatim. On the wire that is the repeated field, in frame order;
-// a message not encoded yet (shared targets, a trace) is marshalled here.
+// encoded (nextFrame): each is field 5 (messages) of the request, written
+// after the other fields as the request's unknown fields, which the
+// runtime's marshal copies verbatim. On the wire that is the repeated
+// field, in frame order.
 func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	l.mu.Lock()
 	l.confirmSent = l.confirm
@@ -774,18 +798,8 @@ func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	}
 	msgs := make([]byte, 0, n)
 	for _, p := range f.msgs {
-		raw := p.raw
-		if raw == nil {
-			var err error
-			if raw, err = proto.Marshal(p.msg); err != nil {
-				// As the runtime would have failed the whole frame: the
-				// message cannot go (a string not UTF-8).
-				l.logger.Error("forwarded message not encodable; dropped", "peer", l.peer, "error", err)
-				continue
-			}
-		}
 		msgs = protowire.AppendTag(msgs, fReqMessages, protowire.BytesType)
-		msgs = protowire.AppendBytes(msgs, raw)
+		msgs = protowire.AppendBytes(msgs, p.raw)
 	}
 	req.ProtoReflect().SetUnknown(msgs)
 	return req
@@ -873,11 +887,7 @@ func (l *Link) Status() LinkStatus {
 	st.Closed = l.closed.Load()
 	for _, f := range l.unacked {
 		for _, p := range f.msgs {
-			if p.raw != nil {
-				st.InflightBytes += uint64(p.size)
-			} else {
-				st.InflightBytes += uint64(len(p.msg.GetMessage().GetPayload()))
-			}
+			st.InflightBytes += uint64(p.size)
 		}
 	}
 	return st
