@@ -450,8 +450,6 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 	h.b.endSession(cl.ID, nil)
 }
 
-// OnPacketRead validates and rewrites every topic and filter a client sends
-// into the internal, tenant-scoped form, before mochi looks at it.
 // OnPacketRead vets and rewrites a packet before mochi processes it. A
 // packet it refuses ends the connection, unprocessed: mochi ignores any
 // error from this hook but ErrRejectPacket (and then processes the packet
@@ -472,6 +470,8 @@ func (r rejection) Error() string        { return r.err.Error() }
 func (r rejection) Unwrap() error        { return r.err }
 func (r rejection) Is(target error) bool { return target == packets.ErrRejectPacket }
 
+// vetPacket validates and rewrites every topic and filter a client sends
+// into the internal, tenant-scoped form, before mochi looks at it.
 func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	b := h.b
 	c := b.conn(cl)
@@ -746,9 +746,16 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			sub.filter = inner
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
-		if err := s.addSub(sub, b.cfg.MaxSubscriptions); err != nil {
-			cl.State.Subscriptions.Delete(f.Filter)
-			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+		if kept, err := s.addSub(sub, b.cfg.MaxSubscriptions); err != nil {
+			if kept != nil {
+				// The subscription it would have replaced stays, in mochi too.
+				pk := kept.packet()
+				cl.State.Subscriptions.Add(f.Filter, pk)
+				b.server.Topics.Subscribe(cl.ID, pk)
+			} else {
+				cl.State.Subscriptions.Delete(f.Filter)
+				b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+			}
 			if errors.Is(err, errSubQuota) {
 				b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
 				refuse(i, packets.ErrQuotaExceeded.Code)

@@ -279,6 +279,13 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	return nil
 }
 
+// packet is sub as mochi keeps a subscription.
+func (sub *subscription) packet() packets.Subscription {
+	r := subRecord(sub)
+	return packets.Subscription{Filter: r.Filter, Qos: r.QoS, NoLocal: r.NoLocal, RetainAsPublished: r.RetainAsPublished,
+		RetainHandling: r.RetainHandling, Identifier: r.Identifier}
+}
+
 func subRecord(sub *subscription) durable.Subscription {
 	r := durable.Subscription{Filter: sub.full, QoS: sub.qos, NoLocal: sub.noLocal, RetainAsPublished: sub.rap, RetainHandling: sub.rh}
 	if len(sub.ids) > 0 {

@@ -176,7 +176,6 @@ func (s *session) enqueue(d delivery) enqueueResult {
 // out whatever was delivered before.
 func tracksQoS2(d *delivery) bool { return d.qos == 2 && !d.onSubscribe }
 
-// enqueueNow is enqueue without waiting for a takeover to complete.
 // offlineFullLocked reports whether a message of size bytes would take the
 // session's queue past its offline bounds (count and bytes).
 func (s *session) offlineFullLocked(size int) bool {
@@ -184,6 +183,7 @@ func (s *session) offlineFullLocked(size int) bool {
 	return s.queue.len() >= cfg.OfflineQueueLen || cfg.OfflineQueueBytes > 0 && s.queueBytes+size > cfg.OfflineQueueBytes
 }
 
+// enqueueNow is enqueue without waiting for a takeover to complete.
 func (s *session) enqueueNow(d delivery) enqueueResult {
 	s.mu.Lock()
 	if s.moving != nil && s.moving.done {
@@ -985,7 +985,9 @@ var (
 
 // addSub adds or replaces a subscription of the session. It refuses a new
 // filter beyond max subscriptions, one whose route the cluster did not
-// take, and for a durable session one the store did not keep.
+// take, and for a durable session one the store did not keep; a refused
+// replacement leaves the subscription it would have replaced in force, and
+// returns it (kept).
 //
 // The subscription matches this edge's publishes from the moment it is read,
 // before its route and its durable record are in place: the server may send
@@ -994,12 +996,12 @@ var (
 // waiting for the SUBACK, gets what it expects from a single broker. Only
 // the SUBACK waits (DESIGN: SUBSCRIBE); a refused subscription leaves the
 // index again.
-func (s *session) addSub(sub *subscription, maxSubs int) error {
+func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, err error) {
 	s.mu.Lock()
 	old := s.subs[sub.full]
 	if old == nil && maxSubs > 0 && len(s.subs) >= maxSubs {
 		s.mu.Unlock()
-		return errSubQuota
+		return nil, errSubQuota
 	}
 	s.subs[sub.full] = sub
 	s.nsubs.Store(int32(len(s.subs)))
@@ -1011,13 +1013,19 @@ func (s *session) addSub(sub *subscription, maxSubs int) error {
 	s.b.index.add(sub)
 	undo := func() {
 		s.mu.Lock()
-		current := s.subs[sub.full] == sub
-		if current {
-			delete(s.subs, sub.full)
+		if s.subs[sub.full] == sub {
+			if old != nil {
+				s.subs[sub.full] = old
+			} else {
+				delete(s.subs, sub.full)
+			}
 			s.nsubs.Store(int32(len(s.subs)))
 		}
 		s.mu.Unlock()
 		s.b.index.remove(sub)
+		if old != nil {
+			s.b.index.add(old)
+		}
 	}
 	if old == nil {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
@@ -1027,7 +1035,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) error {
 		if err != nil {
 			undo()
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
-			return fmt.Errorf("%w: %w", errSubNotRouted, err)
+			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
 	}
 	if isDurable {
@@ -1044,10 +1052,10 @@ func (s *session) addSub(sub *subscription, maxSubs int) error {
 				}
 			}
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
-			return fmt.Errorf("%w: %w", errSubNotStored, err)
+			return old, fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 func (s *session) removeSub(filter string) {

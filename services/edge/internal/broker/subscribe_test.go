@@ -123,4 +123,19 @@ func TestBroker_SubscriptionNotStoredIsRefused(t *testing.T) {
 	stored, _, err = st.LoadSession(t.Context(), id)
 	require.NoError(t, err)
 	require.Len(t, stored.Subs, 1)
+
+	// A replacement the store did not keep is refused, and the
+	// subscription it would have replaced stays in force (QoS 1).
+	gate.fail.Store(true)
+	ack = sub.Subscribe(3, "unstored/#", 2)
+	require.Equal(t, []byte{packets.ErrUnspecifiedError.Code}, ack.ReasonCodes)
+	pub.Publish(3, "unstored/x", 2, []byte("old subscription"))
+	pub.Expect(packets.Pubrec)
+	got = sub.Expect(packets.Publish)
+	require.Equal(t, "old subscription", string(got.Payload))
+	require.Equal(t, byte(1), got.FixedHeader.Qos, "delivered under the subscription that stayed")
+	stored, _, err = st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.Len(t, stored.Subs, 1)
+	require.Equal(t, byte(1), stored.Subs[0].QoS)
 }
