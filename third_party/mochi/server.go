@@ -521,8 +521,8 @@ func (s *Server) serveClient(cl *Client, listener string) error {
 		var code packets.Code
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			code = packets.ErrKeepAliveTimeout
-		} else if !errors.As(err, &code) {
-			code = packets.Code{}
+		} else {
+			errors.As(err, &code) // stays zero for an error of the connection
 		}
 		if cl.Properties.ProtocolVersion == 5 && code.Code >= packets.ErrUnspecifiedError.Code && !cl.Closed() {
 			// The read deadline may have passed for writes too: a second,

@@ -361,9 +361,6 @@ func applyBumpACLVersion(tx *Tx, cmd *raftpb.BumpAclVersionCommand) (*raftpb.Bum
 	return &raftpb.BumpAclVersionResult{AclVersion: v}, nil
 }
 
-// applyAcquirePromotionLease is a compare-and-set on a group's promotion lease:
-// it succeeds only if the lease is free, expired at the command's time, or held
-// by the same member incarnation (a renewal, which keeps the lease epoch).
 // applyAcquirePromotionLeaseV1 is the rule CmdAcquirePromotionLease entries
 // were first applied by: the holder of a live lease keeps its epoch, and
 // renew_epoch (a later field) is not read. Kept for their replay.
@@ -384,9 +381,10 @@ func applyAcquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand
 	})
 }
 
-// acquirePromotionLease grants the group's promotion lease when nobody else
-// holds it live (and, when the command renews, to the holder of that
-// epoch); keepEpoch says, given whether the caller held it, whether the
+// acquirePromotionLease is a compare-and-set on a group's promotion lease:
+// it succeeds only if the lease is free, expired at the command's time, or
+// held by the same member incarnation (and, when the command renews, under
+// that epoch); keepEpoch says, given whether the caller held it, whether the
 // lease keeps its epoch or takes this entry's index.
 func acquirePromotionLease(tx *Tx, cmd *raftpb.AcquirePromotionLeaseCommand, keepEpoch func(mine bool) bool) (*raftpb.AcquirePromotionLeaseResult, error) {
 	if err := CheckMemberID(cmd.GetMemberId()); err != nil {
