@@ -197,5 +197,6 @@ func TestBroker_UnreadablePacketCounted(t *testing.T) {
 			return promtest.ToFloat64(b.m.packetErrors.WithLabelValues(tc.reason)) == 1
 		}, 5*time.Second, 10*time.Millisecond, tc.name)
 	}
-	require.Equal(t, 2.0, promtest.ToFloat64(b.m.disconnects.WithLabelValues("protocol_error")))
+	require.Eventually(t, func() bool { return promtest.ToFloat64(b.m.disconnects.WithLabelValues("protocol_error")) == 2 },
+		5*time.Second, 10*time.Millisecond, "both disconnects counted")
 }
