@@ -81,6 +81,10 @@ type Result struct {
 	Groups []Group
 	// Looked is true when the answer needed a Lookup RPC.
 	Looked bool
+	// All: the router is settling a membership change and its answers may
+	// miss a route, so the message must go to every edge (each delivers to
+	// its own matching subscribers). Edges and Groups hold what it knows.
+	All bool
 }
 
 // Group is a shared group route.
@@ -138,6 +142,8 @@ type Client struct {
 	ready     bool
 	lastHB    time.Time
 	lease     time.Duration
+	// unsettled: the router said its answers may miss routes (RouteSettle).
+	unsettled bool
 	gen       uint64 // bumped on every invalidation; guarded by mu
 	cache     map[[2]string]*cacheEntry
 	wild      map[string]*topic.Trie[wildVal] // by tenant
@@ -157,6 +163,8 @@ type Stats struct {
 	// CacheHits, BloomNegatives and Misses count anchor probes answered by
 	// the cache, by the Bloom filter, and by neither (which needs a Lookup).
 	CacheHits, BloomNegatives, Misses uint64
+	// Unsettled counts answers with Result.All set.
+	Unsettled uint64
 }
 
 // New builds a client; Run connects it.
@@ -425,6 +433,8 @@ func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	}
 	dig, seq := c.digestLocked()
 	c.ready = false
+	// A node that is settling says so before its ready.
+	c.unsettled = false
 	c.stream = st
 	c.sent = seq
 	// Cache entries are invalidated only by the router node that served
@@ -545,6 +555,13 @@ func (c *Client) handle(st *syncStream, resp *routerv1.RouteSyncResponse) error 
 		c.applyWildcard(m.Wildcard)
 	case *routerv1.RouteSyncResponse_Bloom:
 		c.applyBloom(m.Bloom)
+	case *routerv1.RouteSyncResponse_Settle:
+		c.mu.Lock()
+		if c.unsettled == m.Settle.GetSettled() {
+			c.logger.Info("router route answers", "settled", m.Settle.GetSettled(), "reason", m.Settle.GetReason())
+		}
+		c.unsettled = !m.Settle.GetSettled()
+		c.mu.Unlock()
 	}
 	if !ack {
 		return nil
@@ -747,8 +764,12 @@ func (c *Client) held(tenant, name string, lookupFollows bool) (res Result, need
 		c.stats.BloomNegatives += st.BloomNegatives
 		c.stats.Misses += st.Misses
 	}
+	all := c.unsettled
 	if !need {
 		c.stats.Local++
+		if all {
+			c.stats.Unsettled++
+		}
 	}
 	gen = c.gen
 	api = c.apis[c.cur]
@@ -757,7 +778,7 @@ func (c *Client) held(tenant, name string, lookupFollows bool) (res Result, need
 		return Result{}, true, gen, api
 	}
 	slices.Sort(edges)
-	return Result{Edges: edges, Groups: groups}, false, gen, api
+	return Result{Edges: edges, Groups: groups, All: all}, false, gen, api
 }
 
 // lookup asks the router, retrying until it answers or ctx ends, and
@@ -776,9 +797,14 @@ func (c *Client) lookup(ctx context.Context, tenant, name string, gen uint64, ap
 		if err == nil {
 			c.mu.Lock()
 			c.stats.Lookups++
+			all := resp.Msg.GetUnsettled() || c.unsettled
+			if all {
+				c.stats.Unsettled++
+			}
 			// Cache only if no invalidation arrived meanwhile (the answer may
-			// predate it) and the stream still heartbeats.
-			if c.gen == gen && c.validLocked(time.Now()) {
+			// predate it), the stream still heartbeats, and the answer is
+			// complete.
+			if c.gen == gen && c.validLocked(time.Now()) && !resp.Msg.GetUnsettled() {
 				until := start.Add(min(resp.Msg.GetCacheLease().AsDuration(), c.lease))
 				for _, ar := range resp.Msg.GetAnchors() {
 					if len(c.cache) >= c.cfg.CacheSize {
@@ -791,7 +817,7 @@ func (c *Client) lookup(ctx context.Context, tenant, name string, gen uint64, ap
 				}
 			}
 			c.mu.Unlock()
-			res := Result{Edges: resp.Msg.GetEdgeIds(), Looked: true}
+			res := Result{Edges: resp.Msg.GetEdgeIds(), Looked: true, All: all}
 			for _, g := range resp.Msg.GetSharedGroups() {
 				res.Groups = append(res.Groups, Group{Name: g.GetGroup(), Filter: g.GetFilter(), Edges: g.GetEdgeIds()})
 			}

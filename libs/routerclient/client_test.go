@@ -428,3 +428,63 @@ func TestClient_SetIncarnationReopensStream(t *testing.T) {
 	_, err := c.Route(t.Context(), "t1", "x/y")
 	require.NoError(t, err)
 }
+
+// TestClient_UnsettledRoutesToEveryEdge: while the router says its answers
+// may miss routes, every answer asks for every edge and Lookup answers are
+// not cached; a new stream starts settled, and the router's word ends it.
+func TestClient_UnsettledRoutesToEveryEdge(t *testing.T) {
+	t.Parallel()
+	f := startFake(t, time.Second)
+	reg := prometheus.NewRegistry()
+	c := startClient(t, func(cfg *Config) { cfg.Registerer = reg }, f.url)
+	f.waitReady(t, c)
+	ctx := t.Context()
+	bl := routes.NewBloom(1024, 0.01)
+	bl.Add("dev/1")
+	bits, m, k := bl.Bits()
+	bloom := &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Bloom{Bloom: &routerv1.BloomChunk{Tenant: "t1", Version: 1, BitCount: m, HashCount: k, Bits: bits, Last: true}}}
+	wild := &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Deltas: []*routerv1.WildcardDelta{
+		{Route: &routerv1.Route{Tenant: "t1", Filter: "+/status"}, EdgeId: "e2", Op: routerv1.RouteOp_ROUTE_OP_ADD, Incarnation: 1}}}}}
+	f.push(bloom)
+	f.push(wild)
+	eventually(t, func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.wild["t1"] != nil && c.blooms["t1"] != nil })
+	r, err := c.Route(ctx, "t1", "x/status")
+	require.NoError(t, err)
+	require.False(t, r.All)
+
+	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Settle{Settle: &routerv1.RouteSettle{Reason: "test"}}})
+	eventually(t, func() bool { r, _, _ := c.RouteAtOnce("t1", "x/status"); return r.All })
+	require.Equal(t, []string{"e2"}, r.Edges, "what the edge knows is kept beside All")
+
+	// A Lookup answer marked unsettled is used once, not cached.
+	f.mu.Lock()
+	f.lookup = func(*routerv1.LookupRequest) (*routerv1.LookupResponse, error) {
+		return &routerv1.LookupResponse{EdgeIds: []string{"e9"}, CacheLease: durationpb.New(time.Hour), Unsettled: true,
+			Anchors: []*routerv1.AnchorRoutes{{Anchor: "dev"}, {Anchor: "dev/1"}}}, nil
+	}
+	f.mu.Unlock()
+	lookups := f.lookupCount()
+	for range 2 {
+		r, err = c.Route(ctx, "t1", "dev/1")
+		require.NoError(t, err)
+		require.True(t, r.All)
+		require.True(t, r.Looked)
+		require.Equal(t, []string{"e9"}, r.Edges)
+	}
+	require.Equal(t, lookups+2, f.lookupCount(), "unsettled answers are not cached")
+
+	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Settle{Settle: &routerv1.RouteSettle{Settled: true}}})
+	eventually(t, func() bool { r, _, _ := c.RouteAtOnce("t1", "x/status"); return !r.All })
+	require.Positive(t, c.Stats().Unsettled)
+
+	// A new stream forgets the old node's word: it starts settled.
+	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Settle{Settle: &routerv1.RouteSettle{Reason: "test"}}})
+	eventually(t, func() bool { r, _, _ := c.RouteAtOnce("t1", "x/status"); return r.All })
+	f.mu.Lock()
+	opened := f.opened
+	f.mu.Unlock()
+	f.breakStream()
+	<-opened
+	f.push(wild) // the new stream's reset emptied the table
+	eventually(t, func() bool { r, ok, _ := c.RouteAtOnce("t1", "x/status"); return ok && !r.All && len(r.Edges) == 1 })
+}

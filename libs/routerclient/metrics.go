@@ -41,6 +41,18 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keel_edge_route_local_answers_total",
 			Help: "Route calls answered from the edge's trie, cache and Bloom filters with no RPC; divided by keel_edge_route_requests_total it is the edge cache hit ratio."},
 			stat(func(s Stats) uint64 { return s.Local })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keel_edge_route_unsettled_answers_total",
+			Help: "Route answers given while the router settled a membership change: the publish went to every edge."},
+			stat(func(s Stats) uint64 { return s.Unsettled })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_edge_route_unsettled",
+			Help: "1 while the router says its answers may miss routes (publishes go to every edge)."}, func() float64 {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.unsettled {
+				return 1
+			}
+			return 0
+		}),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keel_edge_route_lookups_total",
 			Help: "Successful Lookup RPCs."}, stat(func(s Stats) uint64 { return s.Lookups })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "keel_edge_route_lookup_errors_total",

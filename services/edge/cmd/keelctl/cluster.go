@@ -350,9 +350,13 @@ func clusterStatus(ctx context.Context, w io.Writer, f clusterFlags) error {
 	if rs != nil {
 		fmt.Fprintln(w)
 		tw = newTable(w)
-		fmt.Fprintln(tw, "ROUTER NODE\tROUTER MEMBERS\tROUTE KEYS\tWILDCARD ROUTES\tCONNECTED EDGES")
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\n", rs.GetNodeId(), joinOrDash(rs.GetRouterMembers()), rs.GetRouteCount(),
-			rs.GetWildcardRouteCount(), rs.GetConnectedEdges())
+		fmt.Fprintln(tw, "ROUTER NODE\tROUTER MEMBERS\tROUTE KEYS\tWILDCARD ROUTES\tCONNECTED EDGES\tANSWERS")
+		answers := "settled"
+		if !rs.GetSettled() {
+			answers = "settling (publishes go to every edge)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", rs.GetNodeId(), joinOrDash(rs.GetRouterMembers()), rs.GetRouteCount(),
+			rs.GetWildcardRouteCount(), rs.GetConnectedEdges(), answers)
 		return tw.Flush()
 	}
 	return nil

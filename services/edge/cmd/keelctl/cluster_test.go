@@ -206,7 +206,8 @@ func TestKeelctl_ClusterCommands(t *testing.T) {
 	require.Regexp(t, `(?m)^c1\s+leader\s+c1\s`, table)
 	require.Regexp(t, `(?m)^edge-a\s+edge\s+alive\s+7\s+http://127.0.0.1:1$`, table)
 	require.Regexp(t, `(?m)^REDIS GROUP\s+PRIMARY`, table)
-	require.Regexp(t, `(?m)^ROUTER NODE\s+ROUTER MEMBERS\s+ROUTE KEYS`, table)
+	require.Regexp(t, `(?m)^ROUTER NODE\s+ROUTER MEMBERS\s+ROUTE KEYS\s+WILDCARD ROUTES\s+CONNECTED EDGES\s+ANSWERS$`, table)
+	require.Regexp(t, `(?m)^\S+\s+\S+\s+\d+\s+\d+\s+\d+\s+settled$`, table, "a single fresh router node has nothing to settle")
 	var st struct {
 		Coordinator struct {
 			NodeID    string `json:"node_id"`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -199,7 +200,19 @@ func (r Resolver) peers(ctx context.Context, res routerclient.Result, mayRefresh
 		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerLeft, id)
 	}
 	var out forward.Route
-	for _, id := range res.Edges {
+	ids := res.Edges
+	if res.All {
+		// The router is settling a membership change: its answer may miss
+		// an edge, so every live edge gets the message (each delivers to its
+		// own matching subscribers only).
+		ids = r.Peers.IDs()
+		for _, id := range res.Edges {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	for _, id := range ids {
 		p, err := peer(id)
 		if err != nil {
 			return forward.Route{}, err

@@ -33,8 +33,11 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 	type batch struct{ deltas []*routerv1.EdgeDelta }
 	byOwner := map[string]*batch{}
 	var order []string
+	n.mu.Lock()
+	members, gen, view := n.members, n.memberGen, n.view
+	n.mu.Unlock()
 	for _, d := range deltas {
-		o, err := n.owner(routeKey(keyOf(d.GetDelta().GetRoute())))
+		o, err := rendezvous(routeKey(keyOf(d.GetDelta().GetRoute())), members)
 		if err != nil {
 			return nil, err
 		}
@@ -58,7 +61,7 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 			var rej []*routerv1.RouteReject
 			var err error
 			if o == n.ID() {
-				rej, err = n.applyOwned(ctx, b.deltas)
+				rej, err = n.applyOwned(ctx, gen, b.deltas)
 			} else {
 				n.m.forwards.Add(float64(len(b.deltas)))
 				var c interface {
@@ -67,7 +70,7 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 				c, err = n.peer(ctx, o)
 				if err == nil {
 					var resp *connect.Response[routerv1.ApplyRoutesResponse]
-					resp, err = c.ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{Deltas: b.deltas, SenderNodeId: n.ID()}))
+					resp, err = c.ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{Deltas: b.deltas, SenderNodeId: n.ID(), View: view}))
 					if err == nil {
 						rej = resp.Msg.GetRejected()
 					}
@@ -91,8 +94,8 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 // applyOwned applies deltas to keys this node owns, as their single writer:
 // per key, under the key's lock, read, apply, write with the write quorum.
 // Then it notifies every router node of what edges must learn, and returns
-// once they answered.
-func (n *Node) applyOwned(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
+// once they answered. gen is the memberGen the owners were chosen under.
+func (n *Node) applyOwned(ctx context.Context, gen uint64, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
 	var keys []string
 	byKey := map[string][]*routerv1.EdgeDelta{}
 	for _, d := range deltas {
@@ -105,9 +108,11 @@ func (n *Node) applyOwned(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]
 	invs := map[string]*routerv1.RouteInvalidation{}
 	var wild []*routerv1.WildcardDelta
 	var rejected []*routerv1.RouteReject
+	done := n.startWrites(gen)
 	for _, key := range keys {
 		rej, inv, wd, err := n.applyKey(ctx, key, byKey[key])
 		if err != nil {
+			done()
 			return nil, err
 		}
 		rejected = append(rejected, rej...)
@@ -121,6 +126,7 @@ func (n *Node) applyOwned(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]
 			}
 		}
 	}
+	done()
 	var reqs []*routerv1.NotifyRequest
 	for _, inv := range invs {
 		reqs = append(reqs, &routerv1.NotifyRequest{Invalidation: inv, SenderNodeId: n.ID()})
@@ -343,7 +349,10 @@ func (n *Node) sendNotify(ctx context.Context, m string, req *routerv1.NotifyReq
 	}
 	cctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	_, err = c.Notify(cctx, connect.NewRequest(req))
+	// Under the view of now: a node that refused the notification for
+	// another view takes it once the two agree.
+	_, err = c.Notify(cctx, connect.NewRequest(&routerv1.NotifyRequest{Invalidation: req.GetInvalidation(), Wildcard: req.GetWildcard(),
+		SenderNodeId: req.GetSenderNodeId(), View: n.View()}))
 	return err
 }
 

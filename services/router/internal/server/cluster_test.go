@@ -195,6 +195,9 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 			if len(st.Msg.GetRouterMembers()) != n {
 				return fmt.Errorf("node %s sees %d members", tn.url, len(st.Msg.GetRouterMembers()))
 			}
+			if !st.Msg.GetSettled() {
+				return fmt.Errorf("node %s is settling the membership", tn.url)
+			}
 		}
 		return nil
 	})

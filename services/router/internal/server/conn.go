@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -24,6 +25,9 @@ type edgeConn struct {
 	seq   uint64        // last router message seq assigned; guarded by mu
 	acked uint64        // highest seq the edge acknowledged; guarded by mu
 	ackCh chan struct{} // closed and replaced on every ack; guarded by mu
+
+	// snapshots counts the full route sets applied (settle waits for one).
+	snapshots atomic.Uint64
 
 	// Owned by the stream's apply worker.
 	applied uint64 // highest delta seq durably applied

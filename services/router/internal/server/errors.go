@@ -28,6 +28,10 @@ var ErrNoOwner = errors.New("router: no owner for route key")
 // ErrSlowEdge reports an edge whose stream did not keep up.
 var ErrSlowEdge = errors.New("router: edge stream too slow")
 
+// ErrOtherView refuses a notification made under another router
+// membership view than the receiver's (the sender retries).
+var ErrOtherView = errors.New("router: notification under another membership view")
+
 // ErrRebuilding refuses a lookup while a new table waits for the edges to
 // register their routes again (Config.RebuildWait); callers retry.
 var ErrRebuilding = errors.New("router: routing table being rebuilt")

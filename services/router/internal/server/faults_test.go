@@ -236,7 +236,40 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 	}
 	model := newRouteModel()
 	var stop atomic.Bool
-	var ops atomic.Int64
+	var ops, unsettled, sharedGaps atomic.Int64
+	// checkAcked: a publish on the next edge that starts after edge e's
+	// SUBACK for filters[i] must reach e (invariant 4), kill or no kill;
+	// e is the only one to change its routes, so they hold meanwhile.
+	checkAcked := func(e int, f string) {
+		i := slices.Index(filters, f)
+		other := (e + 1) % len(edges)
+		want := ids[e]
+		if strings.HasPrefix(f, "$share/") {
+			want = f + "@" + ids[e]
+		}
+		rctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		r, err := edges[other].Route(rctx, "t1", topics[i])
+		if err != nil {
+			t.Errorf("route %q on %s: %v", topics[i], ids[other], err)
+			return
+		}
+		if r.All {
+			unsettled.Add(1)
+		}
+		switch got := render(r); {
+		case slices.Contains(got, want):
+		case r.All && !strings.HasPrefix(f, "$share/"):
+			// Sent to every edge: e gets it.
+		case r.All:
+			// A shared group's member edge is chosen from what the
+			// router knows, settled or not (router README, known gaps).
+			sharedGaps.Add(1)
+			t.Logf("unsettled answer for %q on %s lacks %s", topics[i], ids[other], want)
+		default:
+			t.Errorf("after %s's SUBACK for %s, a publish of %q on %s is not routed to it: got %v", ids[e], f, topics[i], ids[other], got)
+		}
+	}
 	var wg sync.WaitGroup
 	for e := range edges {
 		wg.Go(func() {
@@ -259,6 +292,7 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 				held[f] = !held[f]
 				if held[f] {
 					model.add(ids[e], "t1", f, 1)
+					checkAcked(e, f)
 				} else {
 					model.add(ids[e], "t1", f, -1)
 				}
@@ -282,42 +316,12 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 	})
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d route changes, %d after the kill", ops.Load(), ops.Load()-before)
+	t.Logf("%d route changes, %d after the kill; %d checks answered unsettled, %d of them without the shared route", ops.Load(), ops.Load()-before, unsettled.Load(), sharedGaps.Load())
 
 	ctx := t.Context()
-	route := func(e int, topic string) []string {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		r, err := edges[e].Route(rctx, "t1", topic)
-		require.NoError(t, err)
-		return render(r)
-	}
-	// Every change was acknowledged, so nothing should be missing now.
-	// KNOWN ISSUE (router README, "Open"): right after a node dies, while
-	// Olric reports a lost cluster quorum and rebalances, an acknowledged
-	// route can be missing until the edges re-send their route sets (seen in
-	// about one CI run in ten). Until that is fixed the misses are logged
-	// here; the converged check below still fails on any route that stays
-	// lost.
-	missing := 0
-	for _, topic := range topics {
-		want := model.expect("t1", topic)
-		for e := range edges {
-			got := route(e, topic)
-			for _, w := range want {
-				if !slices.Contains(got, w) {
-					missing++
-					t.Logf("KNOWN ISSUE: route %s briefly missing for %q on %s after the kill", w, topic, ids[e])
-				}
-			}
-		}
-	}
-	if missing > 0 {
-		t.Logf("KNOWN ISSUE: %d acknowledged route answers missing right after the node kill", missing)
-	}
-	// Converged: the table (Lookup on every surviving node) and every edge's
-	// answer are exact.
-	testutil.Eventually(t, 15*time.Second, func() error {
+	// Converged: every node settled, the table (Lookup on every surviving
+	// node) and every edge's answer are exact.
+	testutil.Eventually(t, 20*time.Second, func() error {
 		for _, topic := range topics {
 			want := model.expect("t1", topic)
 			for _, n := range nodes[:2] {
@@ -330,8 +334,14 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 				}
 			}
 			for e := range edges {
-				if got := route(e, topic); !slices.Equal(want, got) {
-					return fmt.Errorf("%q on %s: got %v, want %v", topic, ids[e], got, want)
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				r, err := edges[e].Route(rctx, "t1", topic)
+				cancel()
+				if err != nil {
+					return err
+				}
+				if got := render(r); !slices.Equal(want, got) || r.All {
+					return fmt.Errorf("%q on %s: got %v (to every edge: %v), want %v", topic, ids[e], got, r.All, want)
 				}
 			}
 		}

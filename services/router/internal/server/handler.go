@@ -220,6 +220,7 @@ func (n *Node) sendInitialLocked(c *edgeConn) {
 	for tenant, bs := range n.blooms {
 		n.sendBloomLocked(c, tenant, bs)
 	}
+	n.settleNewConnLocked(c)
 	c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ready{Ready: &routerv1.RouteReady{}}})
 }
 
@@ -349,6 +350,7 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 		if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: dig.Count, Sum: dig.Sum}); err != nil {
 			return err
 		}
+		c.snapshots.Add(1)
 		c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: s.GetSeq(), Rejected: rejected}}})
 	default:
 		return fmt.Errorf("%w: unexpected message %T", ErrInvalid, req.GetMsg())
@@ -403,7 +405,7 @@ func (n *Node) lookup(ctx context.Context, req *routerv1.LookupRequest) (*router
 		}
 	}
 	dead := map[string]uint64{}
-	resp := &routerv1.LookupResponse{CacheLease: durationpb.New(n.cfg.CacheLease)}
+	resp := &routerv1.LookupResponse{CacheLease: durationpb.New(n.cfg.CacheLease), Unsettled: n.settle.phase != phaseSettled}
 	edges := map[string]bool{}
 	groups := map[[2]string]map[string]bool{}
 	add := func(r table.Route, e string) {
@@ -493,7 +495,8 @@ func (n *Node) Status(ctx context.Context, _ *connect.Request[routerv1.StatusReq
 		wr += uint64(w.trie.Len())
 	}
 	return connect.NewResponse(&routerv1.StatusResponse{NodeId: n.ID(), RouterMembers: slices.Clone(n.members),
-		ConnectedEdges: uint32(len(n.conns)), WildcardRouteCount: wr}), nil
+		ConnectedEdges: uint32(len(n.conns)), WildcardRouteCount: wr, View: n.view, StaleWrites: n.staleWritesLocked(),
+		Resynced: n.settle.phase == phaseResynced || n.settle.phase == phaseSettled, Settled: n.settle.phase == phaseSettled}), nil
 }
 
 // ApplyRoutes applies deltas forwarded by another router node.
@@ -508,9 +511,10 @@ func (n *Node) ApplyRoutes(ctx context.Context, req *connect.Request[routerv1.Ap
 	}
 	// NOTE(router): during a membership change the sender's view of the
 	// owner may differ from ours; we apply anyway rather than bounce the
-	// deltas around. Edges re-send their sets after every membership change,
-	// which repairs a lost update from that window.
-	rej, err := n.applyOwned(ctx, req.Msg.GetDeltas())
+	// deltas around, and stay unsettled: the edges re-send their sets once
+	// the membership settles, which repairs a lost update from that window.
+	n.checkView(req.Msg.GetSenderNodeId(), req.Msg.GetView())
+	rej, err := n.applyOwned(ctx, n.applyGen(), req.Msg.GetDeltas())
 	if err != nil {
 		return nil, connectError(err)
 	}
@@ -522,6 +526,21 @@ func (n *Node) Notify(ctx context.Context, req *connect.Request[routerv1.NotifyR
 	for _, d := range req.Msg.GetWildcard().GetDeltas() {
 		if err := n.validRoute(d.GetRoute()); err != nil {
 			return nil, connectError(err)
+		}
+	}
+	// A change is acknowledged only once every node took its notification
+	// under the writer's membership view: a route acked while the nodes
+	// disagree could be written over by another owner, so the sender
+	// retries until both views agree, and by then both are unsettled.
+	if v := req.Msg.GetView(); v != 0 {
+		n.mu.Lock()
+		mine := n.view
+		if v != mine {
+			n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
+		}
+		n.mu.Unlock()
+		if v != mine {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
 		}
 	}
 	return connect.NewResponse(&routerv1.NotifyResponse{Edges: uint32(n.handleNotify(ctx, req.Msg))}), nil

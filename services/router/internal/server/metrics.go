@@ -16,6 +16,8 @@ type metrics struct {
 	cachers         prometheus.Gauge
 	lookupsRefused  prometheus.Counter
 	notifyOutboxes  prometheus.Gauge
+	settled         prometheus.Gauge
+	unsettled       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,9 +39,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lookupsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_refused_total", Help: "Lookups refused while a new table waits for the edges to register their routes."}),
 		notifyOutboxes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_notify_backlog_nodes",
 			Help: "Router nodes this node holds undelivered notifications for (they did not answer within a cache lease)."}),
+		settled: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_settled",
+			Help: "1 while this node's route answers are complete; 0 while a router membership change is being settled (its edges send every publish to every edge)."}),
+		unsettled: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_unsettles_total",
+			Help: "Times this node's route answers became unsettled by a router membership change."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers, m.lookupsRefused, m.notifyOutboxes)
+		reg.MustRegister(m.routes, m.lookups, m.lookupSeconds, m.applySeconds, m.resyncs, m.wildcardRoutes, m.wildcardRejects, m.edges, m.forwards, m.bloomRebuilds, m.cachers, m.lookupsRefused, m.notifyOutboxes, m.settled, m.unsettled)
 	}
 	return m
 }

@@ -64,6 +64,9 @@ type Config struct {
 	// an answer from a table still being rebuilt would leave out edges whose
 	// subscribers then miss acknowledged messages.
 	RebuildWait time.Duration `yaml:"rebuild_wait"`
+	// SettleDelay is how long the router membership must hold still before
+	// the edges are asked to re-send their route sets (see settle.go).
+	SettleDelay time.Duration `yaml:"settle_delay"`
 }
 
 // RegisterFlags registers c's flags under prefix.
@@ -75,6 +78,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.WildcardCap, prefix+"wildcard-cap", DefaultWildcardCap, "wildcard-first filters per tenant (replicated to every edge)")
 	fs.IntVar(&c.SendQueue, prefix+"send-queue", DefaultSendQueue, "messages queued per edge stream before the stream is closed as too slow")
 	fs.DurationVar(&c.RebuildWait, prefix+"rebuild-wait", DefaultRebuildWait, "after every router started afresh, how long lookups wait for the edges to register their routes again")
+	fs.DurationVar(&c.SettleDelay, prefix+"settle-delay", DefaultSettleDelay, "after a router membership change, how long it must hold still before the edges re-send their route sets (edges send every publish to every edge until then)")
 	c.Limits = routes.DefaultLimits
 	fs.IntVar(&c.Limits.MaxLength, prefix+"max-filter-length", routes.DefaultLimits.MaxLength, "longest accepted filter or topic, bytes")
 	fs.IntVar(&c.Limits.MaxLevels, prefix+"max-filter-levels", routes.DefaultLimits.MaxLevels, "most levels in an accepted filter or topic")
@@ -110,6 +114,9 @@ func (c *Config) defaults() {
 	}
 	if c.RebuildWait == 0 {
 		c.RebuildWait = DefaultRebuildWait
+	}
+	if c.SettleDelay == 0 {
+		c.SettleDelay = DefaultSettleDelay
 	}
 	if c.Limits == (topic.Limits{}) {
 		c.Limits = routes.DefaultLimits
@@ -184,17 +191,24 @@ type Node struct {
 	members []string // live router nodes, sorted; guarded by mu
 	// rebuildUntil (unix ns): lookups are refused until then (markTable).
 	rebuildUntil atomic.Int64
-	memberGen    uint64                                         // bumped on every membership change; guarded by mu
-	peerURL      map[string]string                              // node → API URL; guarded by mu
-	peers        map[string]routerv1connect.RouterServiceClient // guarded by mu
-	conns        map[string]*edgeConn                           // by edge ID; guarded by mu
-	cachers      map[cacheKey]map[string]time.Time              // (tenant, anchor) → edge → lease end; guarded by mu
-	wild         map[string]*wildReplica                        // by tenant; guarded by mu
-	blooms       map[string]*bloomState                         // by tenant; guarded by mu
-	dead         map[string]uint64                              // edge → highest dead incarnation; guarded by mu
-	reloading    bool                                           // a reload scan is running; guarded by mu
-	reloadLog    []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
-	outbox       map[string]*peerOutbox                         // node → notifications it did not answer yet; guarded by mu
+	memberGen    uint64      // bumped on every membership change; guarded by mu
+	view         uint64      // viewOf(members); guarded by mu
+	settle       settleState // guarded by mu
+	// applying counts route writes in flight by the memberGen they started
+	// under; guarded by mu. One from an earlier membership may write over
+	// routes the new owner wrote, so the edges re-send their sets only
+	// after it is done.
+	applying  map[uint64]int
+	peerURL   map[string]string                              // node → API URL; guarded by mu
+	peers     map[string]routerv1connect.RouterServiceClient // guarded by mu
+	conns     map[string]*edgeConn                           // by edge ID; guarded by mu
+	cachers   map[cacheKey]map[string]time.Time              // (tenant, anchor) → edge → lease end; guarded by mu
+	wild      map[string]*wildReplica                        // by tenant; guarded by mu
+	blooms    map[string]*bloomState                         // by tenant; guarded by mu
+	dead      map[string]uint64                              // edge → highest dead incarnation; guarded by mu
+	reloading bool                                           // a reload scan is running; guarded by mu
+	reloadLog []*routerv1.NotifyRequest                      // wildcard and dead-edge notifications since it started; guarded by mu
+	outbox    map[string]*peerOutbox                         // node → notifications it did not answer yet; guarded by mu
 
 	// life ends when Run returns; it bounds background deliveries.
 	life     context.Context
@@ -226,6 +240,7 @@ func New(cfg Config, st Store, reg prometheus.Registerer, logger *slog.Logger) (
 		peerURL: map[string]string{}, peers: map[string]routerv1connect.RouterServiceClient{},
 		conns: map[string]*edgeConn{}, cachers: map[cacheKey]map[string]time.Time{},
 		wild: map[string]*wildReplica{}, blooms: map[string]*bloomState{}, dead: map[string]uint64{},
+		applying: map[uint64]int{},
 	}, nil
 }
 
@@ -252,11 +267,20 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	if err := n.markTable(ctx); err != nil {
+	fresh, err := n.markTable(ctx)
+	if err != nil {
 		return err
 	}
 	n.mu.Lock()
 	n.members = n.st.Members(ctx)
+	n.view = viewOf(n.members)
+	if !fresh {
+		// Joining a table others serve: they take this node for an owner
+		// as they see it join, not all at once.
+		n.unsettleLocked("router node joined")
+	} else {
+		n.m.settled.Set(1)
+	}
 	n.mu.Unlock()
 	for {
 		err := n.reload(ctx)
@@ -300,9 +324,10 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			n.logger.Info("router membership changed", "members", ms)
 			n.members = ms
 			n.memberGen++
-			for _, c := range n.conns {
-				c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Resync{Resync: &routerv1.RouteResync{Reason: "router membership changed"}}})
-			}
+			n.view = viewOf(ms)
+			// The edges re-send their route sets once the change is over
+			// (advanceSettle); until then they send to every edge.
+			n.unsettleLocked("router membership changed")
 		}
 		n.mu.Unlock()
 		if changed {
@@ -328,6 +353,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			}
 			n.mu.Unlock()
 		}
+		n.advanceSettle(ctx)
 	}
 }
 
@@ -451,27 +477,28 @@ func (n *Node) reload(ctx context.Context) error {
 	return nil
 }
 
-// markTable finds out whether the table is new: then lookups wait
+// markTable finds out whether the table is new (fresh): then lookups wait
 // RebuildWait for the edges to register their routes again.
-func (n *Node) markTable(ctx context.Context) error {
+func (n *Node) markTable(ctx context.Context) (fresh bool, err error) {
 	for attempt := 1; ; attempt++ {
 		gctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := n.st.Get(gctx, keyTable)
+		_, err = n.st.Get(gctx, keyTable)
 		if errors.Is(err, store.ErrNotFound) {
 			err = n.st.Put(gctx, keyTable, []byte(n.ID()))
 			if err == nil {
+				fresh = true
 				n.rebuildUntil.Store(time.Now().Add(n.cfg.RebuildWait).UnixNano())
 				n.logger.Info("new routing table; lookups wait for the edges to register their routes", "wait", n.cfg.RebuildWait)
 			}
 		}
 		cancel()
 		if err == nil {
-			return nil
+			return fresh, nil
 		}
 		n.logger.Debug("reading the table marker failed; retrying", "attempt", attempt, logging.Err(err))
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("table marker: %w", err)
+			return false, fmt.Errorf("table marker: %w", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -488,17 +515,8 @@ func (n *Node) loadSet(ctx context.Context, key string) (*table.Set, error) {
 	return table.Unmarshal(b)
 }
 
-// owner returns the node owning key: the highest rendezvous score over the
-// live members.
-//
-// Lock must not be held.
-func (n *Node) owner(key string) (string, error) {
-	n.mu.Lock()
-	ms := n.members
-	n.mu.Unlock()
-	return rendezvous(key, ms)
-}
-
+// rendezvous returns the node owning key among members: the highest
+// rendezvous score.
 func rendezvous(key string, members []string) (string, error) {
 	if len(members) == 0 {
 		return "", ErrNoOwner

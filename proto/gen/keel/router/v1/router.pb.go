@@ -666,6 +666,7 @@ type RouteSyncResponse struct {
 	//	*RouteSyncResponse_Heartbeat
 	//	*RouteSyncResponse_Resync
 	//	*RouteSyncResponse_Ready
+	//	*RouteSyncResponse_Settle
 	Msg           isRouteSyncResponse_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -787,6 +788,15 @@ func (x *RouteSyncResponse) GetReady() *RouteReady {
 	return nil
 }
 
+func (x *RouteSyncResponse) GetSettle() *RouteSettle {
+	if x != nil {
+		if x, ok := x.Msg.(*RouteSyncResponse_Settle); ok {
+			return x.Settle
+		}
+	}
+	return nil
+}
+
 type isRouteSyncResponse_Msg interface {
 	isRouteSyncResponse_Msg()
 }
@@ -834,6 +844,16 @@ type RouteSyncResponse_Ready struct {
 	Ready *RouteReady `protobuf:"bytes,9,opt,name=ready,proto3,oneof"`
 }
 
+type RouteSyncResponse_Settle struct {
+	// settle says whether the router's answers are complete. While router
+	// membership changes, two nodes may each take themselves for a route key's
+	// owner and one may write over a route the other acknowledged; until every
+	// edge has re-sent its route set under one agreed membership, the edge
+	// sends every publish to every edge (which deliver to their own matching
+	// subscribers only).
+	Settle *RouteSettle `protobuf:"bytes,10,opt,name=settle,proto3,oneof"`
+}
+
 func (*RouteSyncResponse_Ack) isRouteSyncResponse_Msg() {}
 
 func (*RouteSyncResponse_DigestResult) isRouteSyncResponse_Msg() {}
@@ -850,6 +870,64 @@ func (*RouteSyncResponse_Resync) isRouteSyncResponse_Msg() {}
 
 func (*RouteSyncResponse_Ready) isRouteSyncResponse_Msg() {}
 
+func (*RouteSyncResponse_Settle) isRouteSyncResponse_Msg() {}
+
+// RouteSettle is the router node's settle state. A new stream starts settled
+// unless the router says otherwise before its ready.
+type RouteSettle struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// settled is false while the node's route answers may miss routes.
+	Settled bool `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	// reason is a short operator-facing explanation.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteSettle) Reset() {
+	*x = RouteSettle{}
+	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteSettle) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteSettle) ProtoMessage() {}
+
+func (x *RouteSettle) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteSettle.ProtoReflect.Descriptor instead.
+func (*RouteSettle) Descriptor() ([]byte, []int) {
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RouteSettle) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *RouteSettle) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RouteResync asks the edge to send a RouteSetSnapshot of its whole route set.
 type RouteResync struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -861,7 +939,7 @@ type RouteResync struct {
 
 func (x *RouteResync) Reset() {
 	*x = RouteResync{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	mi := &file_keel_router_v1_router_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -873,7 +951,7 @@ func (x *RouteResync) String() string {
 func (*RouteResync) ProtoMessage() {}
 
 func (x *RouteResync) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[9]
+	mi := &file_keel_router_v1_router_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -886,7 +964,7 @@ func (x *RouteResync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteResync.ProtoReflect.Descriptor instead.
 func (*RouteResync) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{9}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RouteResync) GetReason() string {
@@ -905,7 +983,7 @@ type RouteReady struct {
 
 func (x *RouteReady) Reset() {
 	*x = RouteReady{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	mi := &file_keel_router_v1_router_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +995,7 @@ func (x *RouteReady) String() string {
 func (*RouteReady) ProtoMessage() {}
 
 func (x *RouteReady) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[10]
+	mi := &file_keel_router_v1_router_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1008,7 @@ func (x *RouteReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteReady.ProtoReflect.Descriptor instead.
 func (*RouteReady) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{10}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{11}
 }
 
 // RouteAck acknowledges deltas. A route add is acknowledged only once every edge that
@@ -950,7 +1028,7 @@ type RouteAck struct {
 
 func (x *RouteAck) Reset() {
 	*x = RouteAck{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[11]
+	mi := &file_keel_router_v1_router_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1040,7 @@ func (x *RouteAck) String() string {
 func (*RouteAck) ProtoMessage() {}
 
 func (x *RouteAck) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[11]
+	mi := &file_keel_router_v1_router_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1053,7 @@ func (x *RouteAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteAck.ProtoReflect.Descriptor instead.
 func (*RouteAck) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{11}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RouteAck) GetSeq() uint64 {
@@ -1005,7 +1083,7 @@ type RouteReject struct {
 
 func (x *RouteReject) Reset() {
 	*x = RouteReject{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	mi := &file_keel_router_v1_router_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1017,7 +1095,7 @@ func (x *RouteReject) String() string {
 func (*RouteReject) ProtoMessage() {}
 
 func (x *RouteReject) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[12]
+	mi := &file_keel_router_v1_router_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1030,7 +1108,7 @@ func (x *RouteReject) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteReject.ProtoReflect.Descriptor instead.
 func (*RouteReject) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{12}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RouteReject) GetSeq() uint64 {
@@ -1061,7 +1139,7 @@ type RouteDigestResult struct {
 
 func (x *RouteDigestResult) Reset() {
 	*x = RouteDigestResult{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[13]
+	mi := &file_keel_router_v1_router_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1151,7 @@ func (x *RouteDigestResult) String() string {
 func (*RouteDigestResult) ProtoMessage() {}
 
 func (x *RouteDigestResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[13]
+	mi := &file_keel_router_v1_router_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1164,7 @@ func (x *RouteDigestResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteDigestResult.ProtoReflect.Descriptor instead.
 func (*RouteDigestResult) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{13}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RouteDigestResult) GetSeq() uint64 {
@@ -1121,7 +1199,7 @@ type RouteInvalidation struct {
 
 func (x *RouteInvalidation) Reset() {
 	*x = RouteInvalidation{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[14]
+	mi := &file_keel_router_v1_router_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1211,7 @@ func (x *RouteInvalidation) String() string {
 func (*RouteInvalidation) ProtoMessage() {}
 
 func (x *RouteInvalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[14]
+	mi := &file_keel_router_v1_router_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1224,7 @@ func (x *RouteInvalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteInvalidation.ProtoReflect.Descriptor instead.
 func (*RouteInvalidation) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{14}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RouteInvalidation) GetTenant() string {
@@ -1190,7 +1268,7 @@ type DeadEdge struct {
 
 func (x *DeadEdge) Reset() {
 	*x = DeadEdge{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	mi := &file_keel_router_v1_router_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1202,7 +1280,7 @@ func (x *DeadEdge) String() string {
 func (*DeadEdge) ProtoMessage() {}
 
 func (x *DeadEdge) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[15]
+	mi := &file_keel_router_v1_router_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1215,7 +1293,7 @@ func (x *DeadEdge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadEdge.ProtoReflect.Descriptor instead.
 func (*DeadEdge) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{15}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeadEdge) GetEdgeId() string {
@@ -1246,7 +1324,7 @@ type WildcardDeltas struct {
 
 func (x *WildcardDeltas) Reset() {
 	*x = WildcardDeltas{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[16]
+	mi := &file_keel_router_v1_router_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1336,7 @@ func (x *WildcardDeltas) String() string {
 func (*WildcardDeltas) ProtoMessage() {}
 
 func (x *WildcardDeltas) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[16]
+	mi := &file_keel_router_v1_router_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1349,7 @@ func (x *WildcardDeltas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WildcardDeltas.ProtoReflect.Descriptor instead.
 func (*WildcardDeltas) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{16}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WildcardDeltas) GetReset_() bool {
@@ -1305,7 +1383,7 @@ type WildcardDelta struct {
 
 func (x *WildcardDelta) Reset() {
 	*x = WildcardDelta{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[17]
+	mi := &file_keel_router_v1_router_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1395,7 @@ func (x *WildcardDelta) String() string {
 func (*WildcardDelta) ProtoMessage() {}
 
 func (x *WildcardDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[17]
+	mi := &file_keel_router_v1_router_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1408,7 @@ func (x *WildcardDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WildcardDelta.ProtoReflect.Descriptor instead.
 func (*WildcardDelta) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{17}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WildcardDelta) GetRoute() *Route {
@@ -1385,7 +1463,7 @@ type BloomChunk struct {
 
 func (x *BloomChunk) Reset() {
 	*x = BloomChunk{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[18]
+	mi := &file_keel_router_v1_router_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1475,7 @@ func (x *BloomChunk) String() string {
 func (*BloomChunk) ProtoMessage() {}
 
 func (x *BloomChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[18]
+	mi := &file_keel_router_v1_router_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1488,7 @@ func (x *BloomChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BloomChunk.ProtoReflect.Descriptor instead.
 func (*BloomChunk) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{18}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BloomChunk) GetTenant() string {
@@ -1473,7 +1551,7 @@ type RouteHeartbeat struct {
 
 func (x *RouteHeartbeat) Reset() {
 	*x = RouteHeartbeat{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[19]
+	mi := &file_keel_router_v1_router_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1563,7 @@ func (x *RouteHeartbeat) String() string {
 func (*RouteHeartbeat) ProtoMessage() {}
 
 func (x *RouteHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[19]
+	mi := &file_keel_router_v1_router_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1576,7 @@ func (x *RouteHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteHeartbeat.ProtoReflect.Descriptor instead.
 func (*RouteHeartbeat) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{19}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RouteHeartbeat) GetCacheLease() *durationpb.Duration {
@@ -1525,7 +1603,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[20]
+	mi := &file_keel_router_v1_router_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1537,7 +1615,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[20]
+	mi := &file_keel_router_v1_router_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1550,7 +1628,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{20}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LookupRequest) GetTenant() string {
@@ -1592,14 +1670,17 @@ type LookupResponse struct {
 	// to cache under a lease.
 	Anchors []*AnchorRoutes `protobuf:"bytes,3,rep,name=anchors,proto3" json:"anchors,omitempty"`
 	// cache_lease is how long the anchors may be cached.
-	CacheLease    *durationpb.Duration `protobuf:"bytes,4,opt,name=cache_lease,json=cacheLease,proto3" json:"cache_lease,omitempty"`
+	CacheLease *durationpb.Duration `protobuf:"bytes,4,opt,name=cache_lease,json=cacheLease,proto3" json:"cache_lease,omitempty"`
+	// unsettled: the answer may miss routes (see RouteSettle); the edge sends
+	// the message to every edge and caches nothing.
+	Unsettled     bool `protobuf:"varint,5,opt,name=unsettled,proto3" json:"unsettled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[21]
+	mi := &file_keel_router_v1_router_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1692,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[21]
+	mi := &file_keel_router_v1_router_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1705,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{21}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LookupResponse) GetEdgeIds() []string {
@@ -1655,6 +1736,13 @@ func (x *LookupResponse) GetCacheLease() *durationpb.Duration {
 	return nil
 }
 
+func (x *LookupResponse) GetUnsettled() bool {
+	if x != nil {
+		return x.Unsettled
+	}
+	return false
+}
+
 // SharedGroupRoute is a shared-subscription group and the edges with members in it.
 type SharedGroupRoute struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1670,7 +1758,7 @@ type SharedGroupRoute struct {
 
 func (x *SharedGroupRoute) Reset() {
 	*x = SharedGroupRoute{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[22]
+	mi := &file_keel_router_v1_router_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1770,7 @@ func (x *SharedGroupRoute) String() string {
 func (*SharedGroupRoute) ProtoMessage() {}
 
 func (x *SharedGroupRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[22]
+	mi := &file_keel_router_v1_router_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1783,7 @@ func (x *SharedGroupRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedGroupRoute.ProtoReflect.Descriptor instead.
 func (*SharedGroupRoute) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{22}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SharedGroupRoute) GetGroup() string {
@@ -1733,7 +1821,7 @@ type AnchorRoutes struct {
 
 func (x *AnchorRoutes) Reset() {
 	*x = AnchorRoutes{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[23]
+	mi := &file_keel_router_v1_router_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1745,7 +1833,7 @@ func (x *AnchorRoutes) String() string {
 func (*AnchorRoutes) ProtoMessage() {}
 
 func (x *AnchorRoutes) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[23]
+	mi := &file_keel_router_v1_router_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1758,7 +1846,7 @@ func (x *AnchorRoutes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnchorRoutes.ProtoReflect.Descriptor instead.
 func (*AnchorRoutes) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{23}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AnchorRoutes) GetAnchor() string {
@@ -1790,7 +1878,7 @@ type AnchorRoute struct {
 
 func (x *AnchorRoute) Reset() {
 	*x = AnchorRoute{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[24]
+	mi := &file_keel_router_v1_router_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1890,7 @@ func (x *AnchorRoute) String() string {
 func (*AnchorRoute) ProtoMessage() {}
 
 func (x *AnchorRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[24]
+	mi := &file_keel_router_v1_router_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1903,7 @@ func (x *AnchorRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnchorRoute.ProtoReflect.Descriptor instead.
 func (*AnchorRoute) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{24}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AnchorRoute) GetFilter() string {
@@ -1852,7 +1940,7 @@ type RemoveEdgeRequest struct {
 
 func (x *RemoveEdgeRequest) Reset() {
 	*x = RemoveEdgeRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[25]
+	mi := &file_keel_router_v1_router_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1864,7 +1952,7 @@ func (x *RemoveEdgeRequest) String() string {
 func (*RemoveEdgeRequest) ProtoMessage() {}
 
 func (x *RemoveEdgeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[25]
+	mi := &file_keel_router_v1_router_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1877,7 +1965,7 @@ func (x *RemoveEdgeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveEdgeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveEdgeRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{25}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveEdgeRequest) GetEdgeId() string {
@@ -1905,7 +1993,7 @@ type RemoveEdgeResponse struct {
 
 func (x *RemoveEdgeResponse) Reset() {
 	*x = RemoveEdgeResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[26]
+	mi := &file_keel_router_v1_router_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2005,7 @@ func (x *RemoveEdgeResponse) String() string {
 func (*RemoveEdgeResponse) ProtoMessage() {}
 
 func (x *RemoveEdgeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[26]
+	mi := &file_keel_router_v1_router_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2018,7 @@ func (x *RemoveEdgeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveEdgeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveEdgeResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{26}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveEdgeResponse) GetRoutesRemoved() uint64 {
@@ -1955,7 +2043,7 @@ type EdgeDelta struct {
 
 func (x *EdgeDelta) Reset() {
 	*x = EdgeDelta{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[27]
+	mi := &file_keel_router_v1_router_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2055,7 @@ func (x *EdgeDelta) String() string {
 func (*EdgeDelta) ProtoMessage() {}
 
 func (x *EdgeDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[27]
+	mi := &file_keel_router_v1_router_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2068,7 @@ func (x *EdgeDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EdgeDelta.ProtoReflect.Descriptor instead.
 func (*EdgeDelta) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{27}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EdgeDelta) GetEdgeId() string {
@@ -2010,14 +2098,18 @@ type ApplyRoutesRequest struct {
 	// deltas in the order to apply them.
 	Deltas []*EdgeDelta `protobuf:"bytes,1,rep,name=deltas,proto3" json:"deltas,omitempty"`
 	// sender_node_id is the forwarding router node.
-	SenderNodeId  string `protobuf:"bytes,2,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	SenderNodeId string `protobuf:"bytes,2,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	// view identifies the sender's router membership (a hash of the sorted
+	// member IDs). A receiver with another view applies nothing: the two would
+	// not agree on the keys' owners.
+	View          uint64 `protobuf:"fixed64,3,opt,name=view,proto3" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ApplyRoutesRequest) Reset() {
 	*x = ApplyRoutesRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[28]
+	mi := &file_keel_router_v1_router_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2121,7 @@ func (x *ApplyRoutesRequest) String() string {
 func (*ApplyRoutesRequest) ProtoMessage() {}
 
 func (x *ApplyRoutesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[28]
+	mi := &file_keel_router_v1_router_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2134,7 @@ func (x *ApplyRoutesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRoutesRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRoutesRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{28}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ApplyRoutesRequest) GetDeltas() []*EdgeDelta {
@@ -2059,6 +2151,13 @@ func (x *ApplyRoutesRequest) GetSenderNodeId() string {
 	return ""
 }
 
+func (x *ApplyRoutesRequest) GetView() uint64 {
+	if x != nil {
+		return x.View
+	}
+	return 0
+}
+
 // ApplyRoutesResponse answers once the deltas are durable and notified.
 type ApplyRoutesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2072,7 +2171,7 @@ type ApplyRoutesResponse struct {
 
 func (x *ApplyRoutesResponse) Reset() {
 	*x = ApplyRoutesResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[29]
+	mi := &file_keel_router_v1_router_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2183,7 @@ func (x *ApplyRoutesResponse) String() string {
 func (*ApplyRoutesResponse) ProtoMessage() {}
 
 func (x *ApplyRoutesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[29]
+	mi := &file_keel_router_v1_router_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2196,7 @@ func (x *ApplyRoutesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRoutesResponse.ProtoReflect.Descriptor instead.
 func (*ApplyRoutesResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{29}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ApplyRoutesResponse) GetApplied() uint32 {
@@ -2123,14 +2222,17 @@ type NotifyRequest struct {
 	// wildcard deltas to pass to every edge.
 	Wildcard *WildcardDeltas `protobuf:"bytes,2,opt,name=wildcard,proto3" json:"wildcard,omitempty"`
 	// sender_node_id is the notifying router node.
-	SenderNodeId  string `protobuf:"bytes,3,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	SenderNodeId string `protobuf:"bytes,3,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
+	// view identifies the sender's router membership when it wrote the change;
+	// a receiver with another view stops trusting its answers until settled.
+	View          uint64 `protobuf:"fixed64,4,opt,name=view,proto3" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[30]
+	mi := &file_keel_router_v1_router_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2244,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[30]
+	mi := &file_keel_router_v1_router_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2257,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{30}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NotifyRequest) GetInvalidation() *RouteInvalidation {
@@ -2179,6 +2281,13 @@ func (x *NotifyRequest) GetSenderNodeId() string {
 	return ""
 }
 
+func (x *NotifyRequest) GetView() uint64 {
+	if x != nil {
+		return x.View
+	}
+	return 0
+}
+
 // NotifyResponse answers once every concerned edge acknowledged or expired.
 type NotifyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2190,7 +2299,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[31]
+	mi := &file_keel_router_v1_router_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2311,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[31]
+	mi := &file_keel_router_v1_router_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2324,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{31}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NotifyResponse) GetEdges() uint32 {
@@ -2234,7 +2343,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[32]
+	mi := &file_keel_router_v1_router_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2355,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[32]
+	mi := &file_keel_router_v1_router_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2368,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{32}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{33}
 }
 
 // StatusResponse is one router node's view.
@@ -2275,13 +2384,22 @@ type StatusResponse struct {
 	ConnectedEdges uint32 `protobuf:"varint,4,opt,name=connected_edges,json=connectedEdges,proto3" json:"connected_edges,omitempty"`
 	// wildcard_route_count is the number of wildcard-first routes, all tenants.
 	WildcardRouteCount uint64 `protobuf:"varint,5,opt,name=wildcard_route_count,json=wildcardRouteCount,proto3" json:"wildcard_route_count,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// view identifies router_members (a hash of the sorted member IDs).
+	View uint64 `protobuf:"fixed64,6,opt,name=view,proto3" json:"view,omitempty"`
+	// resynced: this node's edges re-sent their route sets under view.
+	Resynced bool `protobuf:"varint,7,opt,name=resynced,proto3" json:"resynced,omitempty"`
+	// settled: the node's answers are complete (see RouteSettle).
+	Settled bool `protobuf:"varint,8,opt,name=settled,proto3" json:"settled,omitempty"`
+	// stale_writes: route writes this node started under an earlier view are
+	// still in flight (edges re-send their route sets only after them).
+	StaleWrites   bool `protobuf:"varint,9,opt,name=stale_writes,json=staleWrites,proto3" json:"stale_writes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_router_v1_router_proto_msgTypes[33]
+	mi := &file_keel_router_v1_router_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2411,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_router_v1_router_proto_msgTypes[33]
+	mi := &file_keel_router_v1_router_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2424,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{33}
+	return file_keel_router_v1_router_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -2342,6 +2460,34 @@ func (x *StatusResponse) GetWildcardRouteCount() uint64 {
 		return x.WildcardRouteCount
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetView() uint64 {
+	if x != nil {
+		return x.View
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetResynced() bool {
+	if x != nil {
+		return x.Resynced
+	}
+	return false
+}
+
+func (x *StatusResponse) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *StatusResponse) GetStaleWrites() bool {
+	if x != nil {
+		return x.StaleWrites
+	}
+	return false
 }
 
 var File_keel_router_v1_router_proto protoreflect.FileDescriptor
@@ -2384,7 +2530,7 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x04last\x18\x03 \x01(\bR\x04last\"-\n" +
 	"\fRouteSyncAck\x12\x1d\n" +
 	"\n" +
-	"router_seq\x18\x01 \x01(\x04R\trouterSeq\"\x8a\x04\n" +
+	"router_seq\x18\x01 \x01(\x04R\trouterSeq\"\xc1\x04\n" +
 	"\x11RouteSyncResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x03ack\x18\x02 \x01(\v2\x18.keel.router.v1.RouteAckH\x00R\x03ack\x12H\n" +
@@ -2394,8 +2540,13 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x05bloom\x18\x06 \x01(\v2\x1a.keel.router.v1.BloomChunkH\x00R\x05bloom\x12>\n" +
 	"\theartbeat\x18\a \x01(\v2\x1e.keel.router.v1.RouteHeartbeatH\x00R\theartbeat\x125\n" +
 	"\x06resync\x18\b \x01(\v2\x1b.keel.router.v1.RouteResyncH\x00R\x06resync\x122\n" +
-	"\x05ready\x18\t \x01(\v2\x1a.keel.router.v1.RouteReadyH\x00R\x05readyB\x05\n" +
-	"\x03msg\"%\n" +
+	"\x05ready\x18\t \x01(\v2\x1a.keel.router.v1.RouteReadyH\x00R\x05ready\x125\n" +
+	"\x06settle\x18\n" +
+	" \x01(\v2\x1b.keel.router.v1.RouteSettleH\x00R\x06settleB\x05\n" +
+	"\x03msg\"?\n" +
+	"\vRouteSettle\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\bR\asettled\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"%\n" +
 	"\vRouteResync\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\f\n" +
 	"\n" +
@@ -2444,13 +2595,14 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x17\n" +
 	"\aedge_id\x18\x03 \x01(\tR\x06edgeId\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"\xe6\x01\n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"\x84\x02\n" +
 	"\x0eLookupResponse\x12\x19\n" +
 	"\bedge_ids\x18\x01 \x03(\tR\aedgeIds\x12E\n" +
 	"\rshared_groups\x18\x02 \x03(\v2 .keel.router.v1.SharedGroupRouteR\fsharedGroups\x126\n" +
 	"\aanchors\x18\x03 \x03(\v2\x1c.keel.router.v1.AnchorRoutesR\aanchors\x12:\n" +
 	"\vcache_lease\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"cacheLease\"[\n" +
+	"cacheLease\x12\x1c\n" +
+	"\tunsettled\x18\x05 \x01(\bR\tunsettled\"[\n" +
 	"\x10SharedGroupRoute\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06filter\x18\x02 \x01(\tR\x06filter\x12\x19\n" +
@@ -2471,27 +2623,33 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\tEdgeDelta\x12\x17\n" +
 	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x120\n" +
-	"\x05delta\x18\x03 \x01(\v2\x1a.keel.router.v1.RouteDeltaR\x05delta\"m\n" +
+	"\x05delta\x18\x03 \x01(\v2\x1a.keel.router.v1.RouteDeltaR\x05delta\"\x81\x01\n" +
 	"\x12ApplyRoutesRequest\x121\n" +
 	"\x06deltas\x18\x01 \x03(\v2\x19.keel.router.v1.EdgeDeltaR\x06deltas\x12$\n" +
-	"\x0esender_node_id\x18\x02 \x01(\tR\fsenderNodeId\"h\n" +
+	"\x0esender_node_id\x18\x02 \x01(\tR\fsenderNodeId\x12\x12\n" +
+	"\x04view\x18\x03 \x01(\x06R\x04view\"h\n" +
 	"\x13ApplyRoutesResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\rR\aapplied\x127\n" +
-	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xb8\x01\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xcc\x01\n" +
 	"\rNotifyRequest\x12E\n" +
 	"\finvalidation\x18\x01 \x01(\v2!.keel.router.v1.RouteInvalidationR\finvalidation\x12:\n" +
 	"\bwildcard\x18\x02 \x01(\v2\x1e.keel.router.v1.WildcardDeltasR\bwildcard\x12$\n" +
-	"\x0esender_node_id\x18\x03 \x01(\tR\fsenderNodeId\"&\n" +
+	"\x0esender_node_id\x18\x03 \x01(\tR\fsenderNodeId\x12\x12\n" +
+	"\x04view\x18\x04 \x01(\x06R\x04view\"&\n" +
 	"\x0eNotifyResponse\x12\x14\n" +
 	"\x05edges\x18\x01 \x01(\rR\x05edges\"\x0f\n" +
-	"\rStatusRequest\"\xcc\x01\n" +
+	"\rStatusRequest\"\xb9\x02\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
 	"\x0erouter_members\x18\x02 \x03(\tR\rrouterMembers\x12\x1f\n" +
 	"\vroute_count\x18\x03 \x01(\x04R\n" +
 	"routeCount\x12'\n" +
 	"\x0fconnected_edges\x18\x04 \x01(\rR\x0econnectedEdges\x120\n" +
-	"\x14wildcard_route_count\x18\x05 \x01(\x04R\x12wildcardRouteCount*J\n" +
+	"\x14wildcard_route_count\x18\x05 \x01(\x04R\x12wildcardRouteCount\x12\x12\n" +
+	"\x04view\x18\x06 \x01(\x06R\x04view\x12\x1a\n" +
+	"\bresynced\x18\a \x01(\bR\bresynced\x12\x18\n" +
+	"\asettled\x18\b \x01(\bR\asettled\x12!\n" +
+	"\fstale_writes\x18\t \x01(\bR\vstaleWrites*J\n" +
 	"\aRouteOp\x12\x18\n" +
 	"\x14ROUTE_OP_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fROUTE_OP_ADD\x10\x01\x12\x13\n" +
@@ -2519,7 +2677,7 @@ func file_keel_router_v1_router_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_router_v1_router_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keel_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_keel_router_v1_router_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_keel_router_v1_router_proto_goTypes = []any{
 	(RouteOp)(0),                // 0: keel.router.v1.RouteOp
 	(*Route)(nil),               // 1: keel.router.v1.Route
@@ -2531,32 +2689,33 @@ var file_keel_router_v1_router_proto_goTypes = []any{
 	(*RouteSetSnapshot)(nil),    // 7: keel.router.v1.RouteSetSnapshot
 	(*RouteSyncAck)(nil),        // 8: keel.router.v1.RouteSyncAck
 	(*RouteSyncResponse)(nil),   // 9: keel.router.v1.RouteSyncResponse
-	(*RouteResync)(nil),         // 10: keel.router.v1.RouteResync
-	(*RouteReady)(nil),          // 11: keel.router.v1.RouteReady
-	(*RouteAck)(nil),            // 12: keel.router.v1.RouteAck
-	(*RouteReject)(nil),         // 13: keel.router.v1.RouteReject
-	(*RouteDigestResult)(nil),   // 14: keel.router.v1.RouteDigestResult
-	(*RouteInvalidation)(nil),   // 15: keel.router.v1.RouteInvalidation
-	(*DeadEdge)(nil),            // 16: keel.router.v1.DeadEdge
-	(*WildcardDeltas)(nil),      // 17: keel.router.v1.WildcardDeltas
-	(*WildcardDelta)(nil),       // 18: keel.router.v1.WildcardDelta
-	(*BloomChunk)(nil),          // 19: keel.router.v1.BloomChunk
-	(*RouteHeartbeat)(nil),      // 20: keel.router.v1.RouteHeartbeat
-	(*LookupRequest)(nil),       // 21: keel.router.v1.LookupRequest
-	(*LookupResponse)(nil),      // 22: keel.router.v1.LookupResponse
-	(*SharedGroupRoute)(nil),    // 23: keel.router.v1.SharedGroupRoute
-	(*AnchorRoutes)(nil),        // 24: keel.router.v1.AnchorRoutes
-	(*AnchorRoute)(nil),         // 25: keel.router.v1.AnchorRoute
-	(*RemoveEdgeRequest)(nil),   // 26: keel.router.v1.RemoveEdgeRequest
-	(*RemoveEdgeResponse)(nil),  // 27: keel.router.v1.RemoveEdgeResponse
-	(*EdgeDelta)(nil),           // 28: keel.router.v1.EdgeDelta
-	(*ApplyRoutesRequest)(nil),  // 29: keel.router.v1.ApplyRoutesRequest
-	(*ApplyRoutesResponse)(nil), // 30: keel.router.v1.ApplyRoutesResponse
-	(*NotifyRequest)(nil),       // 31: keel.router.v1.NotifyRequest
-	(*NotifyResponse)(nil),      // 32: keel.router.v1.NotifyResponse
-	(*StatusRequest)(nil),       // 33: keel.router.v1.StatusRequest
-	(*StatusResponse)(nil),      // 34: keel.router.v1.StatusResponse
-	(*durationpb.Duration)(nil), // 35: google.protobuf.Duration
+	(*RouteSettle)(nil),         // 10: keel.router.v1.RouteSettle
+	(*RouteResync)(nil),         // 11: keel.router.v1.RouteResync
+	(*RouteReady)(nil),          // 12: keel.router.v1.RouteReady
+	(*RouteAck)(nil),            // 13: keel.router.v1.RouteAck
+	(*RouteReject)(nil),         // 14: keel.router.v1.RouteReject
+	(*RouteDigestResult)(nil),   // 15: keel.router.v1.RouteDigestResult
+	(*RouteInvalidation)(nil),   // 16: keel.router.v1.RouteInvalidation
+	(*DeadEdge)(nil),            // 17: keel.router.v1.DeadEdge
+	(*WildcardDeltas)(nil),      // 18: keel.router.v1.WildcardDeltas
+	(*WildcardDelta)(nil),       // 19: keel.router.v1.WildcardDelta
+	(*BloomChunk)(nil),          // 20: keel.router.v1.BloomChunk
+	(*RouteHeartbeat)(nil),      // 21: keel.router.v1.RouteHeartbeat
+	(*LookupRequest)(nil),       // 22: keel.router.v1.LookupRequest
+	(*LookupResponse)(nil),      // 23: keel.router.v1.LookupResponse
+	(*SharedGroupRoute)(nil),    // 24: keel.router.v1.SharedGroupRoute
+	(*AnchorRoutes)(nil),        // 25: keel.router.v1.AnchorRoutes
+	(*AnchorRoute)(nil),         // 26: keel.router.v1.AnchorRoute
+	(*RemoveEdgeRequest)(nil),   // 27: keel.router.v1.RemoveEdgeRequest
+	(*RemoveEdgeResponse)(nil),  // 28: keel.router.v1.RemoveEdgeResponse
+	(*EdgeDelta)(nil),           // 29: keel.router.v1.EdgeDelta
+	(*ApplyRoutesRequest)(nil),  // 30: keel.router.v1.ApplyRoutesRequest
+	(*ApplyRoutesResponse)(nil), // 31: keel.router.v1.ApplyRoutesResponse
+	(*NotifyRequest)(nil),       // 32: keel.router.v1.NotifyRequest
+	(*NotifyResponse)(nil),      // 33: keel.router.v1.NotifyResponse
+	(*StatusRequest)(nil),       // 34: keel.router.v1.StatusRequest
+	(*StatusResponse)(nil),      // 35: keel.router.v1.StatusResponse
+	(*durationpb.Duration)(nil), // 36: google.protobuf.Duration
 }
 var file_keel_router_v1_router_proto_depIdxs = []int32{
 	1,  // 0: keel.router.v1.RouteDelta.route:type_name -> keel.router.v1.Route
@@ -2568,46 +2727,47 @@ var file_keel_router_v1_router_proto_depIdxs = []int32{
 	8,  // 6: keel.router.v1.RouteSyncRequest.ack:type_name -> keel.router.v1.RouteSyncAck
 	2,  // 7: keel.router.v1.RouteDeltas.deltas:type_name -> keel.router.v1.RouteDelta
 	1,  // 8: keel.router.v1.RouteSetSnapshot.routes:type_name -> keel.router.v1.Route
-	12, // 9: keel.router.v1.RouteSyncResponse.ack:type_name -> keel.router.v1.RouteAck
-	14, // 10: keel.router.v1.RouteSyncResponse.digest_result:type_name -> keel.router.v1.RouteDigestResult
-	15, // 11: keel.router.v1.RouteSyncResponse.invalidation:type_name -> keel.router.v1.RouteInvalidation
-	17, // 12: keel.router.v1.RouteSyncResponse.wildcard:type_name -> keel.router.v1.WildcardDeltas
-	19, // 13: keel.router.v1.RouteSyncResponse.bloom:type_name -> keel.router.v1.BloomChunk
-	20, // 14: keel.router.v1.RouteSyncResponse.heartbeat:type_name -> keel.router.v1.RouteHeartbeat
-	10, // 15: keel.router.v1.RouteSyncResponse.resync:type_name -> keel.router.v1.RouteResync
-	11, // 16: keel.router.v1.RouteSyncResponse.ready:type_name -> keel.router.v1.RouteReady
-	13, // 17: keel.router.v1.RouteAck.rejected:type_name -> keel.router.v1.RouteReject
-	16, // 18: keel.router.v1.RouteInvalidation.dead_edges:type_name -> keel.router.v1.DeadEdge
-	18, // 19: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
-	1,  // 20: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
-	0,  // 21: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
-	35, // 22: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
-	23, // 23: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
-	24, // 24: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
-	35, // 25: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
-	25, // 26: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
-	2,  // 27: keel.router.v1.EdgeDelta.delta:type_name -> keel.router.v1.RouteDelta
-	28, // 28: keel.router.v1.ApplyRoutesRequest.deltas:type_name -> keel.router.v1.EdgeDelta
-	13, // 29: keel.router.v1.ApplyRoutesResponse.rejected:type_name -> keel.router.v1.RouteReject
-	15, // 30: keel.router.v1.NotifyRequest.invalidation:type_name -> keel.router.v1.RouteInvalidation
-	17, // 31: keel.router.v1.NotifyRequest.wildcard:type_name -> keel.router.v1.WildcardDeltas
-	3,  // 32: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
-	21, // 33: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
-	33, // 34: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
-	26, // 35: keel.router.v1.RouterService.RemoveEdge:input_type -> keel.router.v1.RemoveEdgeRequest
-	29, // 36: keel.router.v1.RouterService.ApplyRoutes:input_type -> keel.router.v1.ApplyRoutesRequest
-	31, // 37: keel.router.v1.RouterService.Notify:input_type -> keel.router.v1.NotifyRequest
-	9,  // 38: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
-	22, // 39: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
-	34, // 40: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
-	27, // 41: keel.router.v1.RouterService.RemoveEdge:output_type -> keel.router.v1.RemoveEdgeResponse
-	30, // 42: keel.router.v1.RouterService.ApplyRoutes:output_type -> keel.router.v1.ApplyRoutesResponse
-	32, // 43: keel.router.v1.RouterService.Notify:output_type -> keel.router.v1.NotifyResponse
-	38, // [38:44] is the sub-list for method output_type
-	32, // [32:38] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	13, // 9: keel.router.v1.RouteSyncResponse.ack:type_name -> keel.router.v1.RouteAck
+	15, // 10: keel.router.v1.RouteSyncResponse.digest_result:type_name -> keel.router.v1.RouteDigestResult
+	16, // 11: keel.router.v1.RouteSyncResponse.invalidation:type_name -> keel.router.v1.RouteInvalidation
+	18, // 12: keel.router.v1.RouteSyncResponse.wildcard:type_name -> keel.router.v1.WildcardDeltas
+	20, // 13: keel.router.v1.RouteSyncResponse.bloom:type_name -> keel.router.v1.BloomChunk
+	21, // 14: keel.router.v1.RouteSyncResponse.heartbeat:type_name -> keel.router.v1.RouteHeartbeat
+	11, // 15: keel.router.v1.RouteSyncResponse.resync:type_name -> keel.router.v1.RouteResync
+	12, // 16: keel.router.v1.RouteSyncResponse.ready:type_name -> keel.router.v1.RouteReady
+	10, // 17: keel.router.v1.RouteSyncResponse.settle:type_name -> keel.router.v1.RouteSettle
+	14, // 18: keel.router.v1.RouteAck.rejected:type_name -> keel.router.v1.RouteReject
+	17, // 19: keel.router.v1.RouteInvalidation.dead_edges:type_name -> keel.router.v1.DeadEdge
+	19, // 20: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
+	1,  // 21: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
+	0,  // 22: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
+	36, // 23: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
+	24, // 24: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
+	25, // 25: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
+	36, // 26: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
+	26, // 27: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
+	2,  // 28: keel.router.v1.EdgeDelta.delta:type_name -> keel.router.v1.RouteDelta
+	29, // 29: keel.router.v1.ApplyRoutesRequest.deltas:type_name -> keel.router.v1.EdgeDelta
+	14, // 30: keel.router.v1.ApplyRoutesResponse.rejected:type_name -> keel.router.v1.RouteReject
+	16, // 31: keel.router.v1.NotifyRequest.invalidation:type_name -> keel.router.v1.RouteInvalidation
+	18, // 32: keel.router.v1.NotifyRequest.wildcard:type_name -> keel.router.v1.WildcardDeltas
+	3,  // 33: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
+	22, // 34: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
+	34, // 35: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
+	27, // 36: keel.router.v1.RouterService.RemoveEdge:input_type -> keel.router.v1.RemoveEdgeRequest
+	30, // 37: keel.router.v1.RouterService.ApplyRoutes:input_type -> keel.router.v1.ApplyRoutesRequest
+	32, // 38: keel.router.v1.RouterService.Notify:input_type -> keel.router.v1.NotifyRequest
+	9,  // 39: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
+	23, // 40: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
+	35, // 41: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
+	28, // 42: keel.router.v1.RouterService.RemoveEdge:output_type -> keel.router.v1.RemoveEdgeResponse
+	31, // 43: keel.router.v1.RouterService.ApplyRoutes:output_type -> keel.router.v1.ApplyRoutesResponse
+	33, // 44: keel.router.v1.RouterService.Notify:output_type -> keel.router.v1.NotifyResponse
+	39, // [39:45] is the sub-list for method output_type
+	33, // [33:39] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_keel_router_v1_router_proto_init() }
@@ -2631,6 +2791,7 @@ func file_keel_router_v1_router_proto_init() {
 		(*RouteSyncResponse_Heartbeat)(nil),
 		(*RouteSyncResponse_Resync)(nil),
 		(*RouteSyncResponse_Ready)(nil),
+		(*RouteSyncResponse_Settle)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2638,7 +2799,7 @@ func file_keel_router_v1_router_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_router_v1_router_proto_rawDesc), len(file_keel_router_v1_router_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

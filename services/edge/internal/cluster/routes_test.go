@@ -1,0 +1,40 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/routerclient"
+	"github.com/keelmq/keel/services/edge/internal/forward"
+)
+
+// TestResolver_UnsettledGoesToEveryEdge: an answer the router gave while
+// settling a membership change names every live edge (it may have missed
+// one), and keeps the shared groups it knows.
+func TestResolver_UnsettledGoesToEveryEdge(t *testing.T) {
+	p := &Peers{urls: map[string]string{"e1": "http://e1", "e2": "http://e2", "e3": "http://e3"},
+		incs: map[string]uint64{"e1": 1, "e2": 2, "e3": 3}}
+	r := Resolver{Self: "e1", Peers: p}
+	ids := func(ps []forward.Peer) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.ID)
+		}
+		slices.Sort(out)
+		return out
+	}
+	got, err := r.peers(context.Background(), routerclient.Result{Edges: []string{"e2"}}, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"e2"}, ids(got.Edges))
+
+	got, err = r.peers(context.Background(), routerclient.Result{Edges: []string{"e2"}, All: true,
+		Groups: []routerclient.Group{{Name: "g", Filter: "a/#", Edges: []string{"e3"}}}}, false)
+	require.NoError(t, err)
+	require.Equal(t, []string{"e1", "e2", "e3"}, ids(got.Edges))
+	require.Len(t, got.Groups, 1)
+	require.Equal(t, []string{"e3"}, ids(got.Groups[0].Edges))
+	require.EqualValues(t, 3, got.Edges[slices.IndexFunc(got.Edges, func(p forward.Peer) bool { return p.ID == "e3" })].Incarnation)
+}
