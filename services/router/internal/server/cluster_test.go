@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +34,54 @@ type testNode struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	srv    *http.Server
+
+	// What start needs to run the node (again).
+	cfg         store.Config
+	logger      *slog.Logger
+	rebuildWait time.Duration
+	handler     func(h http.Handler) http.Handler
+}
+
+// start runs the node's Olric member, router node and API on tn.url and
+// returns once the node is ready; after a stop it starts it again under the
+// same names and ports, as a restarted process would.
+func (tn *testNode) start(t testing.TB, ln net.Listener) error {
+	var err error
+	if ln == nil {
+		if ln, err = net.Listen("tcp", strings.TrimPrefix(tn.url, "http://")); err != nil {
+			return err
+		}
+	}
+	if tn.st, err = store.New(tn.cfg, tn.logger); err != nil {
+		return err
+	}
+	tn.done = make(chan struct{})
+	if err := tn.st.Start(t.Context()); err != nil {
+		return err
+	}
+	node, err := server.New(server.Config{AdvertiseURL: tn.url, RebuildWait: tn.rebuildWait}, tn.st, nil, tn.logger)
+	if err != nil {
+		return err
+	}
+	tn.node = node
+	mux := http.NewServeMux()
+	mux.Handle(routerv1connect.NewRouterServiceHandler(node, rpc.HandlerOptions()...))
+	var h http.Handler = mux
+	if tn.handler != nil {
+		h = tn.handler(h)
+	}
+	tn.srv = &http.Server{Handler: h, Protocols: rpc.ServerProtocols()}
+	go func() { _ = tn.srv.Serve(ln) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	tn.cancel = cancel
+	ready := make(chan struct{})
+	go func() { defer close(tn.done); _ = node.Run(ctx, func() { close(ready) }) }()
+	select {
+	case <-ready:
+		return nil
+	case <-time.After(20 * time.Second):
+		return errors.New("node not ready")
+	}
 }
 
 // kill stops tn the hard way for an in-process node: the API server first,
@@ -128,48 +178,21 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 				cfgs[i].Peers = append(cfgs[i].Peers, p)
 			}
 		}
-		logger := testutil.Logger(t).With("node", i)
-		st, err := store.New(cfgs[i], logger)
-		require.NoError(t, err)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
-		tn := &testNode{st: st, url: "http://" + ln.Addr().String(), done: make(chan struct{})}
+		tn := &testNode{url: "http://" + ln.Addr().String(), cfg: cfgs[i], logger: testutil.Logger(t).With("node", i), rebuildWait: rebuildWait}
+		if wrap != nil {
+			tn.handler = func(h http.Handler) http.Handler { return wrap(i, h) }
+		}
 		nodes[i] = tn
-		wg.Go(func() {
-			if errs[i] = st.Start(t.Context()); errs[i] != nil {
-				return
-			}
-			node, err := server.New(server.Config{AdvertiseURL: tn.url, RebuildWait: rebuildWait}, st, nil, logger)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			tn.node = node
-			mux := http.NewServeMux()
-			mux.Handle(routerv1connect.NewRouterServiceHandler(node, rpc.HandlerOptions()...))
-			var h http.Handler = mux
-			if wrap != nil {
-				h = wrap(i, h)
-			}
-			tn.srv = &http.Server{Handler: h, Protocols: rpc.ServerProtocols()}
-			go func() { _ = tn.srv.Serve(ln) }()
-			ctx, cancel := context.WithCancel(context.Background())
-			tn.cancel = cancel
-			ready := make(chan struct{})
-			go func() { defer close(tn.done); _ = node.Run(ctx, func() { close(ready) }) }()
-			select {
-			case <-ready:
-			case <-time.After(20 * time.Second):
-				errs[i] = errors.New("node not ready")
-			}
-		})
+		wg.Go(func() { errs[i] = tn.start(t, ln) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		for _, tn := range nodes {
 			if tn.cancel != nil {
 				tn.stop()
-			} else {
+			} else if tn.st != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				_ = tn.st.Stop(ctx)
 				cancel()

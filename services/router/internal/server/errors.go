@@ -32,6 +32,11 @@ var ErrSlowEdge = errors.New("router: edge stream too slow")
 // membership view than the receiver's (the sender retries).
 var ErrOtherView = errors.New("router: notification under another membership view")
 
+// ErrLoading refuses edge streams and lookups until the node has loaded its
+// replicas (wildcard-first routes, Bloom filters, dead edges) from the
+// store: what it would send or answer before then lacks them. Callers retry.
+var ErrLoading = errors.New("router: node still loading its replicas")
+
 // ErrRebuilding refuses a lookup while a new table waits for the edges to
 // register their routes again (Config.RebuildWait); callers retry.
 var ErrRebuilding = errors.New("router: routing table being rebuilt")

@@ -215,11 +215,38 @@ func TestCluster_RandomOpsMatchModel(t *testing.T) {
 // TestCluster_KillNodeUnderRouteChanges: three edges keep toggling
 // overlapping routes (anchored, wildcard-first, shared) while one of the
 // three router nodes is killed; the edge that was on it fails over to the
-// others. Right after the changes stop, no acknowledged route is missing
-// from any edge's answer; after convergence every answer, on every edge and
-// every surviving node, is exactly the model: nothing lost, nothing stale.
+// others. See routeChangesUnder for what must hold.
 func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 	nodes := startCluster(t, 3)
+	routeChangesUnder(t, nodes, "the kill", func() { nodes[2].kill() }, nodes[:2])
+}
+
+// TestCluster_RestartNodeUnderRouteChanges is the kill, and then the node
+// starting again under the same name and ports once the others saw it go
+// (a restarted pod): it joins a table the others serve.
+func TestCluster_RestartNodeUnderRouteChanges(t *testing.T) {
+	nodes := startCluster(t, 3)
+	routeChangesUnder(t, nodes, "the restart", func() {
+		nodes[2].kill()
+		testutil.Eventually(t, 15*time.Second, func() error {
+			for _, n := range nodes[:2] {
+				if ms, _ := n.st.Members(t.Context()); len(ms) != 2 {
+					return fmt.Errorf("%s sees %v", n.url, ms)
+				}
+			}
+			return nil
+		})
+		require.NoError(t, nodes[2].start(t, nil))
+	}, nodes)
+}
+
+// routeChangesUnder runs three edges, one per node of nodes, toggling
+// overlapping routes while fault runs. For every subscribe, a publish on
+// another edge that starts after the SUBACK must be routed to it (to every
+// edge will do while the router settles); after convergence every node
+// settled, and every answer, on every edge and every node of survivors, is
+// exactly the model: nothing lost, nothing stale.
+func routeChangesUnder(t *testing.T, nodes []*testNode, what string, fault func(), survivors []*testNode) {
 	ids := []string{"edge-0", "edge-1", "edge-2"}
 	edges := make([]*client.Client, 3)
 	for i := range edges {
@@ -306,17 +333,19 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 		}
 		return nil
 	})
-	nodes[2].kill()
 	before := ops.Load()
+	fault()
+	// The changes go on well past the fault, through the settling.
+	after := ops.Load()
 	testutil.Eventually(t, 30*time.Second, func() error {
-		if ops.Load() < before+60 {
-			return fmt.Errorf("%d ops since the kill", ops.Load()-before)
+		if ops.Load() < after+60 {
+			return fmt.Errorf("%d ops since %s", ops.Load()-after, what)
 		}
 		return nil
 	})
 	stop.Store(true)
 	wg.Wait()
-	t.Logf("%d route changes, %d after the kill; %d checks answered unsettled, %d of them without the shared route", ops.Load(), ops.Load()-before, unsettled.Load(), sharedGaps.Load())
+	t.Logf("%d route changes, %d after %s began; %d checks answered unsettled, %d of them without the shared route", ops.Load(), ops.Load()-before, what, unsettled.Load(), sharedGaps.Load())
 
 	ctx := t.Context()
 	// Converged: every node settled, the table (Lookup on every surviving
@@ -324,7 +353,7 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 	testutil.Eventually(t, 20*time.Second, func() error {
 		for _, topic := range topics {
 			want := model.expect("t1", topic)
-			for _, n := range nodes[:2] {
+			for _, n := range survivors {
 				l, err := apiClient(n.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: topic}))
 				if err != nil {
 					return err

@@ -60,6 +60,9 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 	if err != nil {
 		return err
 	}
+	if !n.loaded.Load() {
+		return ErrLoading
+	}
 	id, inc := hello.GetEdgeId(), hello.GetIncarnation()
 	rec, err := n.loadEdge(ctx, id)
 	if err != nil {
@@ -375,6 +378,10 @@ func (n *Node) lookup(ctx context.Context, req *routerv1.LookupRequest) (*router
 	}
 	if len(req.GetEdgeId()) > maxEdgeID {
 		return nil, fmt.Errorf("%w: edge_id too long", ErrInvalid)
+	}
+	if !n.loaded.Load() {
+		n.m.lookupsRefused.Inc()
+		return nil, ErrLoading
 	}
 	if start.UnixNano() < n.rebuildUntil.Load() {
 		n.m.lookupsRefused.Inc()

@@ -21,7 +21,7 @@ type memStore struct {
 func newMemStore() *memStore { return &memStore{m: map[string][]byte{}} }
 
 func (s *memStore) Name() string                     { return "mem-0" }
-func (s *memStore) Members(context.Context) []string { return []string{"mem-0"} }
+func (s *memStore) Members(context.Context) ([]string, uint64) { return []string{"mem-0"}, 1 }
 
 func (s *memStore) Get(_ context.Context, key string) ([]byte, error) {
 	s.mu.Lock()
@@ -79,9 +79,10 @@ func newMemNode(t testing.TB) (*Node, *memStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.members = st.Members(context.Background())
+	n.members, n.view = st.Members(context.Background())
 	if err := n.reload(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	n.loaded.Store(true)
 	return n, st
 }

@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forwards:        prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_forwarded_deltas_total", Help: "Deltas forwarded to the owning router node."}),
 		bloomRebuilds:   prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_bloom_rebuilds_total", Help: "Tenant anchor Bloom filters created or rebuilt larger (each is sent whole to every edge)."}),
 		cachers:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_cacher_records", Help: "(tenant, anchor, edge) cache records kept for invalidation, after the last sweep."}),
-		lookupsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_refused_total", Help: "Lookups refused while a new table waits for the edges to register their routes."}),
+		lookupsRefused:  prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_router_lookups_refused_total", Help: "Lookups refused while the node loads its replicas, or while a new table waits for the edges to register their routes."}),
 		notifyOutboxes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_notify_backlog_nodes",
 			Help: "Router nodes this node holds undelivered notifications for (they did not answer within a cache lease)."}),
 		settled: prometheus.NewGauge(prometheus.GaugeOpts{Name: "keel_router_settled",

@@ -130,7 +130,9 @@ type Store interface {
 	Put(ctx context.Context, key string, value []byte) error
 	Delete(ctx context.Context, key string) error
 	Scan(ctx context.Context, prefix string, fn func(key string) bool) error
-	Members(ctx context.Context) []string
+	// Members lists the live members' names, sorted, and identifies the
+	// membership, member restarts included (0 when unknown).
+	Members(ctx context.Context) (names []string, view uint64)
 }
 
 // Key prefixes in the Olric map.
@@ -191,6 +193,9 @@ type Node struct {
 	members []string // live router nodes, sorted; guarded by mu
 	// rebuildUntil (unix ns): lookups are refused until then (markTable).
 	rebuildUntil atomic.Int64
+	// loaded: the replicas were loaded once (Run); edge streams and lookups
+	// are refused before.
+	loaded atomic.Bool
 	memberGen    uint64      // bumped on every membership change; guarded by mu
 	view         uint64      // viewOf(members); guarded by mu
 	settle       settleState // guarded by mu
@@ -272,8 +277,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 		return err
 	}
 	n.mu.Lock()
-	n.members = n.st.Members(ctx)
-	n.view = viewOf(n.members)
+	n.members, n.view = n.st.Members(ctx)
 	if !fresh {
 		// Joining a table others serve: they take this node for an owner
 		// as they see it join, not all at once.
@@ -294,6 +298,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	n.loaded.Store(true)
 	if ready != nil {
 		ready()
 	}
@@ -317,14 +322,14 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			lastSweep = time.Now()
 			n.sweepCachers(lastSweep)
 		}
-		ms := n.st.Members(ctx)
+		ms, view := n.st.Members(ctx)
 		n.mu.Lock()
-		changed := len(ms) > 0 && !slices.Equal(ms, n.members)
+		changed := len(ms) > 0 && view != n.view
 		if changed {
 			n.logger.Info("router membership changed", "members", ms)
 			n.members = ms
 			n.memberGen++
-			n.view = viewOf(ms)
+			n.view = view
 			// The edges re-send their route sets once the change is over
 			// (advanceSettle); until then they send to every edge.
 			n.unsettleLocked("router membership changed")

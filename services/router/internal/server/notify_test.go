@@ -178,3 +178,20 @@ func TestNotify_BacklogDroppedWhenPeerLeaves(t *testing.T) {
 		t.Fatalf("refused notification queued: backlog %d", q)
 	}
 }
+
+// TestNode_RefusesBeforeLoaded: until the node loaded its replicas, an edge
+// stream would be sent an empty wildcard table and no Bloom filters, marked
+// ready, and a Lookup would leave out wildcard-first routes: both are
+// refused with Unavailable, and the callers retry.
+func TestNode_RefusesBeforeLoaded(t *testing.T) {
+	n, _ := newMemNode(t)
+	n.loaded.Store(false)
+	_, err := n.lookup(t.Context(), &routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"})
+	if !errors.Is(err, ErrLoading) || connect.CodeOf(connectError(err)) != connect.CodeUnavailable {
+		t.Fatalf("lookup before loaded: %v, want Unavailable (%v)", err, ErrLoading)
+	}
+	n.loaded.Store(true)
+	if _, err = n.lookup(t.Context(), &routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}); err != nil {
+		t.Fatal(err)
+	}
+}

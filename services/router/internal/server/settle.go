@@ -60,20 +60,6 @@ type settleState struct {
 	waiting map[*edgeConn]uint64
 }
 
-// viewOf identifies a membership: FNV-1a over the sorted member IDs.
-func viewOf(members []string) uint64 {
-	h := uint64(14695981039346656037)
-	for _, m := range members {
-		for i := 0; i < len(m); i++ {
-			h ^= uint64(m[i])
-			h *= 1099511628211
-		}
-		h ^= 0xff // separator: no two member lists hash alike by shifting a byte
-		h *= 1099511628211
-	}
-	return h
-}
-
 // applyGen returns the memberGen route writes start under now.
 func (n *Node) applyGen() uint64 {
 	n.mu.Lock()

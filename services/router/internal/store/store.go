@@ -11,9 +11,11 @@ package store
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log"
 	"log/slog"
@@ -402,18 +404,26 @@ func (s *Store) Scan(ctx context.Context, prefix string, fn func(key string) boo
 	return nil
 }
 
-// Members returns the names of the live members, sorted.
-func (s *Store) Members(ctx context.Context) []string {
+// Members returns the names of the live members, sorted, and an identifier
+// of that membership which changes when a member restarts under the same
+// name too (each member's Olric ID covers its start time): a restart the
+// caller's polls missed still reads as a change.
+func (s *Store) Members(ctx context.Context) (names []string, view uint64) {
 	ms, err := s.ec.Members(ctx)
 	if err != nil {
-		return nil
+		return nil, 0
 	}
-	names := make([]string, 0, len(ms))
+	slices.SortFunc(ms, func(a, b olric.Member) int { return strings.Compare(a.Name, b.Name) })
+	names = make([]string, 0, len(ms))
+	h := fnv.New64a()
+	var id [8]byte
 	for _, m := range ms {
 		names = append(names, m.Name)
+		h.Write([]byte(m.Name))
+		binary.BigEndian.PutUint64(id[:], m.ID)
+		h.Write(id[:])
 	}
-	slices.Sort(names)
-	return names
+	return names, h.Sum64()
 }
 
 // logWriter turns Olric's and memberlist's log lines into slog records.

@@ -65,8 +65,8 @@ func TestStore_PutGetAcrossMembers(t *testing.T) {
 	s := startCluster(t, 3, nil)
 	ctx := t.Context()
 	testutil.Eventually(t, 10*time.Second, func() error {
-		if got := len(s[2].Members(ctx)); got != 3 {
-			return fmt.Errorf("members %d", got)
+		if ms, _ := s[2].Members(ctx); len(ms) != 3 {
+			return fmt.Errorf("members %d", len(ms))
 		}
 		return nil
 	})
@@ -170,8 +170,8 @@ func TestStore_WritesDuringJoinStayReadable(t *testing.T) {
 	require.NoError(t, stores[2].Start(ctx))
 	testutil.Eventually(t, 10*time.Second, func() error {
 		for i, s := range stores {
-			if got := len(s.Members(ctx)); got != 3 {
-				return fmt.Errorf("member %d sees %d members", i, got)
+			if ms, _ := s.Members(ctx); len(ms) != 3 {
+				return fmt.Errorf("member %d sees %d members", i, len(ms))
 			}
 		}
 		return nil
