@@ -115,6 +115,8 @@ type syncStream = connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv
 // stream, so a stream blocked by flow control never stalls Route.
 type Client struct {
 	cfg Config
+	// clockOrigin is the origin of the edge clock sent in acks.
+	clockOrigin time.Time
 	// inc is the edge's current incarnation: cfg.Incarnation until the edge
 	// rejoins the cluster under a newer one (SetIncarnation).
 	inc    atomic.Uint64
@@ -144,13 +146,16 @@ type Client struct {
 	lease     time.Duration
 	// unsettled: the router said its answers may miss routes (RouteSettle).
 	unsettled bool
-	gen       uint64 // bumped on every invalidation; guarded by mu
-	cache     map[[2]string]*cacheEntry
-	wild      map[string]*topic.Trie[wildVal] // by tenant
-	wildInc   map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
-	blooms    map[string]*routes.Bloom        // by tenant
-	bloomBuf  map[string]*bloomAsm            // assembling, by tenant
-	stats     Stats
+	// echoed: the stream's heartbeats echo the edge clock; the lease then
+	// runs from the echo only.
+	echoed   bool
+	gen      uint64 // bumped on every invalidation; guarded by mu
+	cache    map[[2]string]*cacheEntry
+	wild     map[string]*topic.Trie[wildVal] // by tenant
+	wildInc  map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
+	blooms   map[string]*routes.Bloom        // by tenant
+	bloomBuf map[string]*bloomAsm            // assembling, by tenant
+	stats    Stats
 }
 
 // Stats counts how answers were found.
@@ -184,7 +189,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = logging.Discard()
 	}
-	c := &Client{cfg: cfg, logger: cfg.Logger,
+	c := &Client{cfg: cfg, logger: cfg.Logger, clockOrigin: time.Now(),
 		local: map[routes.Key]int{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
 		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
 		bloomBuf: map[string]*bloomAsm{}}
@@ -407,6 +412,8 @@ func (c *Client) runStream(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var processed atomic.Uint64 // highest router seq handled on this stream
+	go c.clockAcks(ctx, st, &processed)
 	for {
 		resp, err := st.Receive()
 		if err != nil {
@@ -415,8 +422,36 @@ func (c *Client) runStream(ctx context.Context) error {
 		if err := c.handle(st, resp); err != nil {
 			return err
 		}
+		processed.Store(resp.GetSeq())
 	}
 }
+
+// clockAckInterval is how often an ack carries the edge clock when no
+// message needs acking: the cache lease runs from the reading the router
+// echoes, so the interval (plus a round trip) is what the lease loses.
+const clockAckInterval = 100 * time.Millisecond
+
+// clockAcks acknowledges what the stream handled, with the edge clock, on a
+// timer until ctx ends.
+func (c *Client) clockAcks(ctx context.Context, st *syncStream, processed *atomic.Uint64) {
+	t := time.NewTicker(clockAckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Ack{Ack: &routerv1.RouteSyncAck{
+			RouterSeq: processed.Load(), EdgeClock: c.clock()}}}) != nil {
+			return
+		}
+	}
+}
+
+// clock reads the edge's monotonic clock for RouteSyncAck.edge_clock
+// (always > 0: 0 means none).
+func (c *Client) clock() int64 { return int64(time.Since(c.clockOrigin)) + 1 }
 
 // open starts a stream and sends the hello, every unacked delta and the
 // digest, holding sendMu so no other delta goes out in between. The stream
@@ -435,6 +470,7 @@ func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	c.ready = false
 	// A node that is settling says so before its ready.
 	c.unsettled = false
+	c.echoed = false
 	c.stream = st
 	c.sent = seq
 	// Cache entries are invalidated only by the router node that served
@@ -506,7 +542,17 @@ func (c *Client) handle(st *syncStream, resp *routerv1.RouteSyncResponse) error 
 	switch m := resp.GetMsg().(type) {
 	case *routerv1.RouteSyncResponse_Heartbeat:
 		c.mu.Lock()
-		c.lastHB = now
+		if echo := m.Heartbeat.GetEcho(); echo > 0 {
+			// The lease runs from when the edge sent the ack echoed, so a
+			// heartbeat read late (the edge stalled) cannot stretch it past
+			// the router's wait for the acks queued behind it.
+			if at := c.clockOrigin.Add(time.Duration(echo - 1)); at.After(c.lastHB) {
+				c.lastHB = at
+			}
+			c.echoed = true
+		} else if !c.echoed {
+			c.lastHB = now // a router that does not echo
+		}
 		if l := m.Heartbeat.GetCacheLease().AsDuration(); l > 0 {
 			c.lease = l
 		}
@@ -566,7 +612,7 @@ func (c *Client) handle(st *syncStream, resp *routerv1.RouteSyncResponse) error 
 	if !ack {
 		return nil
 	}
-	return c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Ack{Ack: &routerv1.RouteSyncAck{RouterSeq: resp.GetSeq()}}})
+	return c.send(st, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Ack{Ack: &routerv1.RouteSyncAck{RouterSeq: resp.GetSeq(), EdgeClock: c.clock()}}})
 }
 
 func (c *Client) invalidate(inv *routerv1.RouteInvalidation) {

@@ -488,3 +488,37 @@ func TestClient_UnsettledRoutesToEveryEdge(t *testing.T) {
 	f.push(wild) // the new stream's reset emptied the table
 	eventually(t, func() bool { r, ok, _ := c.RouteAtOnce("t1", "x/status"); return ok && !r.All && len(r.Edges) == 1 })
 }
+
+// TestClient_LeaseRunsFromEchoedClock: a heartbeat extends the cache lease
+// from the edge clock it echoes (when the edge sent the ack), not from when
+// it was read: one that waited in a buffer while the edge stalled leaves
+// the lease expired, so the invalidations queued behind it cannot be
+// overtaken by an answer from a stale cache entry. A router that does not
+// echo keeps the lease running from receipt.
+func TestClient_LeaseRunsFromEchoedClock(t *testing.T) {
+	c, err := New(Config{URL: "http://127.0.0.1:1", EdgeID: "e", Incarnation: 1})
+	require.NoError(t, err)
+	lease := 400 * time.Millisecond
+	hb := func(echo int64) *routerv1.RouteSyncResponse {
+		return &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Heartbeat{Heartbeat: &routerv1.RouteHeartbeat{
+			CacheLease: durationpb.New(lease), Echo: echo}}}
+	}
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
+
+	require.NoError(t, c.handle(nil, hb(0)))
+	require.True(t, c.Ready(), "no echo: the lease runs from receipt")
+
+	stalledAt := c.clock() // the last ack the router got before the stall
+	time.Sleep(lease + 50*time.Millisecond)
+	require.NoError(t, c.handle(nil, hb(stalledAt)))
+	require.False(t, c.Ready(), "a heartbeat read after the stall echoes a clock older than the lease")
+	require.NoError(t, c.handle(nil, hb(0)))
+	require.False(t, c.Ready(), "once the stream echoes, a heartbeat without an echo extends nothing")
+
+	require.NoError(t, c.handle(nil, hb(c.clock())))
+	require.True(t, c.Ready(), "a fresh echo renews the lease")
+	require.NoError(t, c.handle(nil, hb(stalledAt)))
+	require.True(t, c.Ready(), "an older echo never shortens it")
+}

@@ -159,6 +159,7 @@ func (f *fakeRouter) RouteSync(ctx context.Context, st *connect.BidiStream[route
 	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Reset_: true}}}
 	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ready{Ready: &routerv1.RouteReady{}}}
 
+	var echo atomic.Int64 // edge clock of the latest ack, echoed as the router does
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() {
@@ -175,7 +176,7 @@ func (f *fakeRouter) RouteSync(ctx context.Context, st *connect.BidiStream[route
 				if !f.hbOn.Load() {
 					continue
 				}
-				msg = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Heartbeat{Heartbeat: &routerv1.RouteHeartbeat{CacheLease: durationpb.New(f.lease)}}}
+				msg = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Heartbeat{Heartbeat: &routerv1.RouteHeartbeat{CacheLease: durationpb.New(f.lease), Echo: echo.Load()}}}
 			}
 			seq++
 			msg.Seq = seq
@@ -207,7 +208,10 @@ func (f *fakeRouter) RouteSync(ctx context.Context, st *connect.BidiStream[route
 			return nil
 		case req = <-recv:
 		}
-		if req.GetAck() != nil {
+		if a := req.GetAck(); a != nil {
+			if a.GetEdgeClock() > 0 {
+				echo.Store(a.GetEdgeClock())
+			}
 			continue
 		}
 		f.mu.Lock()

@@ -28,6 +28,8 @@ type edgeConn struct {
 
 	// snapshots counts the full route sets applied (settle waits for one).
 	snapshots atomic.Uint64
+	// edgeClock is the edge clock of the latest ack, echoed by heartbeats.
+	edgeClock atomic.Int64
 
 	// Owned by the stream's apply worker.
 	applied uint64 // highest delta seq durably applied
@@ -107,7 +109,7 @@ func (c *edgeConn) sender(sendFn func(*routerv1.RouteSyncResponse) error, hb, le
 				return err
 			}
 		case <-t.C:
-			c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Heartbeat{Heartbeat: &routerv1.RouteHeartbeat{CacheLease: leasePB}}})
+			c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Heartbeat{Heartbeat: &routerv1.RouteHeartbeat{CacheLease: leasePB, Echo: c.edgeClock.Load()}}})
 		}
 	}
 }

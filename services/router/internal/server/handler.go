@@ -144,6 +144,9 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 			}
 			if a := req.GetAck(); a != nil {
 				c.onAck(a.GetRouterSeq())
+				if ec := a.GetEdgeClock(); ec > 0 {
+					c.edgeClock.Store(ec)
+				}
 				continue
 			}
 			select {

@@ -20,7 +20,7 @@ type memStore struct {
 
 func newMemStore() *memStore { return &memStore{m: map[string][]byte{}} }
 
-func (s *memStore) Name() string                     { return "mem-0" }
+func (s *memStore) Name() string                               { return "mem-0" }
 func (s *memStore) Members(context.Context) ([]string, uint64) { return []string{"mem-0"}, 1 }
 
 func (s *memStore) Get(_ context.Context, key string) ([]byte, error) {

@@ -195,10 +195,10 @@ type Node struct {
 	rebuildUntil atomic.Int64
 	// loaded: the replicas were loaded once (Run); edge streams and lookups
 	// are refused before.
-	loaded atomic.Bool
-	memberGen    uint64      // bumped on every membership change; guarded by mu
-	view         uint64      // viewOf(members); guarded by mu
-	settle       settleState // guarded by mu
+	loaded    atomic.Bool
+	memberGen uint64      // bumped on every membership change; guarded by mu
+	view      uint64      // viewOf(members); guarded by mu
+	settle    settleState // guarded by mu
 	// applying counts route writes in flight by the memberGen they started
 	// under; guarded by mu. One from an earlier membership may write over
 	// routes the new owner wrote, so the edges re-send their sets only

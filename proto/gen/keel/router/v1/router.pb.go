@@ -607,7 +607,15 @@ type RouteSyncAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// router_seq is the highest router message seq the edge has processed; for an
 	// invalidation this means its cache entries are dropped.
-	RouterSeq     uint64 `protobuf:"varint,1,opt,name=router_seq,json=routerSeq,proto3" json:"router_seq,omitempty"`
+	RouterSeq uint64 `protobuf:"varint,1,opt,name=router_seq,json=routerSeq,proto3" json:"router_seq,omitempty"`
+	// edge_clock is a reading of the edge's monotonic clock (nanoseconds from
+	// an origin of its choosing; opaque to the router) when it sent the ack.
+	// The edge also sends acks on a timer to carry it. The router echoes the
+	// latest in each heartbeat, and the edge's cache lease runs from that
+	// reading, not from when the heartbeat was read: a heartbeat that sat in a
+	// buffer while the edge was stalled cannot extend the lease past the
+	// moment the router stops waiting for the edge's acknowledgements.
+	EdgeClock     int64 `protobuf:"varint,2,opt,name=edge_clock,json=edgeClock,proto3" json:"edge_clock,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -645,6 +653,13 @@ func (*RouteSyncAck) Descriptor() ([]byte, []int) {
 func (x *RouteSyncAck) GetRouterSeq() uint64 {
 	if x != nil {
 		return x.RouterSeq
+	}
+	return 0
+}
+
+func (x *RouteSyncAck) GetEdgeClock() int64 {
+	if x != nil {
+		return x.EdgeClock
 	}
 	return 0
 }
@@ -1543,8 +1558,12 @@ func (x *BloomChunk) GetLast() bool {
 // RouteHeartbeat is sent every heartbeat interval (default 250 ms).
 type RouteHeartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// cache_lease is how long from receipt the edge may trust cached entries.
-	CacheLease    *durationpb.Duration `protobuf:"bytes,1,opt,name=cache_lease,json=cacheLease,proto3" json:"cache_lease,omitempty"`
+	// cache_lease is how long the edge may trust cached entries: from the
+	// edge clock echoed, or from receipt when there is none.
+	CacheLease *durationpb.Duration `protobuf:"bytes,1,opt,name=cache_lease,json=cacheLease,proto3" json:"cache_lease,omitempty"`
+	// echo is the edge_clock of the latest RouteSyncAck the router received on
+	// this stream (0: none yet).
+	Echo          int64 `protobuf:"varint,2,opt,name=echo,proto3" json:"echo,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1584,6 +1603,13 @@ func (x *RouteHeartbeat) GetCacheLease() *durationpb.Duration {
 		return x.CacheLease
 	}
 	return nil
+}
+
+func (x *RouteHeartbeat) GetEcho() int64 {
+	if x != nil {
+		return x.Echo
+	}
+	return 0
 }
 
 // LookupRequest resolves a topic.
@@ -2527,10 +2553,12 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x10RouteSetSnapshot\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12-\n" +
 	"\x06routes\x18\x02 \x03(\v2\x15.keel.router.v1.RouteR\x06routes\x12\x12\n" +
-	"\x04last\x18\x03 \x01(\bR\x04last\"-\n" +
+	"\x04last\x18\x03 \x01(\bR\x04last\"L\n" +
 	"\fRouteSyncAck\x12\x1d\n" +
 	"\n" +
-	"router_seq\x18\x01 \x01(\x04R\trouterSeq\"\xc1\x04\n" +
+	"router_seq\x18\x01 \x01(\x04R\trouterSeq\x12\x1d\n" +
+	"\n" +
+	"edge_clock\x18\x02 \x01(\x03R\tedgeClock\"\xc1\x04\n" +
 	"\x11RouteSyncResponse\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12,\n" +
 	"\x03ack\x18\x02 \x01(\v2\x18.keel.router.v1.RouteAckH\x00R\x03ack\x12H\n" +
@@ -2587,10 +2615,11 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"hash_count\x18\x04 \x01(\rR\thashCount\x12\x16\n" +
 	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12\x12\n" +
 	"\x04bits\x18\x06 \x01(\fR\x04bits\x12\x12\n" +
-	"\x04last\x18\a \x01(\bR\x04last\"L\n" +
+	"\x04last\x18\a \x01(\bR\x04last\"`\n" +
 	"\x0eRouteHeartbeat\x12:\n" +
 	"\vcache_lease\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"cacheLease\"x\n" +
+	"cacheLease\x12\x12\n" +
+	"\x04echo\x18\x02 \x01(\x03R\x04echo\"x\n" +
 	"\rLookupRequest\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x17\n" +
