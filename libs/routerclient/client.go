@@ -850,7 +850,7 @@ func (c *Client) lookup(ctx context.Context, tenant, name string, gen uint64, ap
 			// Cache only if no invalidation arrived meanwhile (the answer may
 			// predate it), the stream still heartbeats, and the answer is
 			// complete.
-			if c.gen == gen && c.validLocked(time.Now()) && !resp.Msg.GetUnsettled() {
+			if c.gen == gen && c.validLocked(time.Now()) && !all {
 				until := start.Add(min(resp.Msg.GetCacheLease().AsDuration(), c.lease))
 				for _, ar := range resp.Msg.GetAnchors() {
 					if len(c.cache) >= c.cfg.CacheSize {

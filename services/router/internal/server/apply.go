@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,8 +29,35 @@ func keyOf(r *routerv1.Route) routes.Key {
 
 // routeDeltas sends one edge's deltas to the owners of their keys (itself
 // included) and returns once all are durable and notified. Deltas for one key
-// keep their order; different owners are called concurrently.
+// keep their order; different owners are called concurrently. An owner that
+// sees another membership refuses them; they are sent again, to the owners
+// of the moment, until the views agree (within viewAgreeTimeout). Applying
+// a delta twice changes nothing.
 func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
+	deadline := time.Now().Add(viewAgreeTimeout)
+	backoff := notifyBackoffMin
+	for {
+		rej, err := n.routeDeltasOnce(ctx, deltas)
+		if !otherView(err) {
+			return rej, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("no agreement on the router membership within %v: %w", viewAgreeTimeout, err)
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// viewAgreeTimeout bounds how long deltas wait for two router nodes to agree
+// on the membership; past it the edge's stream fails and the edge re-sends.
+const viewAgreeTimeout = 10 * time.Second
+
+func (n *Node) routeDeltasOnce(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
 	type batch struct{ deltas []*routerv1.EdgeDelta }
 	byOwner := map[string]*batch{}
 	var order []string
@@ -61,7 +89,7 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 			var rej []*routerv1.RouteReject
 			var err error
 			if o == n.ID() {
-				rej, err = n.applyOwned(ctx, gen, b.deltas)
+				rej, err = n.applyOwned(ctx, gen, view, b.deltas)
 			} else {
 				n.m.forwards.Add(float64(len(b.deltas)))
 				var c interface {
@@ -74,6 +102,9 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 					if err == nil {
 						rej = resp.Msg.GetRejected()
 					}
+				}
+				if otherView(err) {
+					n.unsettle(fmt.Sprintf("router node %s has another membership view", o))
 				}
 				if err != nil {
 					err = fmt.Errorf("forward to %s: %w", o, err)
@@ -91,11 +122,17 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 	return rejected, errors.Join(errs...)
 }
 
+// otherView reports a peer's refusal of a request made under another view.
+func otherView(err error) bool {
+	return connect.CodeOf(err) == connect.CodeFailedPrecondition && err != nil && strings.Contains(err.Error(), ErrOtherView.Error())
+}
+
 // applyOwned applies deltas to keys this node owns, as their single writer:
 // per key, under the key's lock, read, apply, write with the write quorum.
 // Then it notifies every router node of what edges must learn, and returns
-// once they answered. gen is the memberGen the owners were chosen under.
-func (n *Node) applyOwned(ctx context.Context, gen uint64, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
+// once they answered. gen and view are the memberGen and view the owners
+// were chosen under.
+func (n *Node) applyOwned(ctx context.Context, gen, writeView uint64, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
 	var keys []string
 	byKey := map[string][]*routerv1.EdgeDelta{}
 	for _, d := range deltas {
@@ -129,10 +166,10 @@ func (n *Node) applyOwned(ctx context.Context, gen uint64, deltas []*routerv1.Ed
 	done()
 	var reqs []*routerv1.NotifyRequest
 	for _, inv := range invs {
-		reqs = append(reqs, &routerv1.NotifyRequest{Invalidation: inv, SenderNodeId: n.ID()})
+		reqs = append(reqs, &routerv1.NotifyRequest{Invalidation: inv, SenderNodeId: n.ID(), WriteView: writeView})
 	}
 	if len(wild) > 0 {
-		reqs = append(reqs, &routerv1.NotifyRequest{Wildcard: &routerv1.WildcardDeltas{Deltas: wild}, SenderNodeId: n.ID()})
+		reqs = append(reqs, &routerv1.NotifyRequest{Wildcard: &routerv1.WildcardDeltas{Deltas: wild}, SenderNodeId: n.ID(), WriteView: writeView})
 	}
 	var wg sync.WaitGroup
 	for _, r := range reqs {
@@ -248,21 +285,34 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 // edges', wildcard-first routes, dead edges). A node that missed a new
 // anchor skipped it in every later Lookup, and so did its edges.
 func (n *Node) notifyAll(ctx context.Context, req *routerv1.NotifyRequest) {
-	n.mu.Lock()
-	ms := n.members
-	n.mu.Unlock()
 	expired := time.Now().Add(n.cfg.CacheLease + n.cfg.LeaseGrace)
-	var wg sync.WaitGroup
-	for _, m := range ms {
-		wg.Go(func() {
-			if m == n.ID() {
-				n.handleNotify(ctx, req)
-				return
+	notified := map[string]bool{}
+	// A node that joined while the others were being notified (they refuse
+	// the notification until this node sees it too) loaded its replicas
+	// before the change: it is notified once it is seen.
+	for {
+		n.mu.Lock()
+		ms, view := n.members, n.view
+		n.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, m := range ms {
+			if notified[m] {
+				continue
 			}
-			n.notifyPeer(ctx, m, req, expired)
-		})
+			notified[m] = true
+			wg.Go(func() {
+				if m == n.ID() {
+					n.handleNotify(ctx, req)
+					return
+				}
+				n.notifyPeer(ctx, m, req, expired)
+			})
+		}
+		wg.Wait()
+		if n.View() == view || ctx.Err() != nil {
+			return
+		}
 	}
-	wg.Wait()
 }
 
 // Notify retry backoff.
@@ -301,6 +351,13 @@ func (n *Node) notifyPeer(ctx context.Context, m string, req *routerv1.NotifyReq
 			return
 		}
 		wait := min(backoff, time.Until(expired))
+		if otherView(err) {
+			// m is alive and sees another membership: an ack now could be
+			// written over by an owner m's view chooses, so the change
+			// waits until the two views agree (or m leaves).
+			n.unsettle(fmt.Sprintf("router node %s has another membership view", m))
+			wait = backoff
+		}
 		if wait <= 0 || ctx.Err() != nil || !n.isMember(m) {
 			break
 		}
@@ -352,7 +409,7 @@ func (n *Node) sendNotify(ctx context.Context, m string, req *routerv1.NotifyReq
 	// Under the view of now: a node that refused the notification for
 	// another view takes it once the two agree.
 	_, err = c.Notify(cctx, connect.NewRequest(&routerv1.NotifyRequest{Invalidation: req.GetInvalidation(), Wildcard: req.GetWildcard(),
-		SenderNodeId: req.GetSenderNodeId(), View: n.View()}))
+		SenderNodeId: req.GetSenderNodeId(), View: n.View(), WriteView: req.GetWriteView()}))
 	return err
 }
 

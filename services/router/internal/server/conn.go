@@ -26,8 +26,14 @@ type edgeConn struct {
 	acked uint64        // highest seq the edge acknowledged; guarded by mu
 	ackCh chan struct{} // closed and replaced on every ack; guarded by mu
 
-	// snapshots counts the full route sets applied (settle waits for one).
-	snapshots atomic.Uint64
+	// snapshotsBegun and snapshots count the full route sets begun and
+	// applied (settle waits for one begun after its request).
+	snapshotsBegun, snapshots atomic.Uint64
+	// snapView is the view of the last snapshot applied under one view
+	// (edgeRecord.SnapView). Owned by the stream's apply worker.
+	snapView  uint64
+	snapStart uint64 // view when the snapshot being received began
+	deadInc   uint64 // edgeRecord.DeadInc, kept in every record written
 	// edgeClock is the edge clock of the latest ack, echoed by heartbeats.
 	edgeClock atomic.Int64
 

@@ -73,7 +73,9 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 	}
 	if rec.Inc < inc {
 		old := rec.Inc
-		rec = edgeRecord{Inc: inc, DeadInc: max(rec.DeadInc, old)}
+		// A new incarnation starts with no routes: the router's copy of its
+		// set is complete under the present view.
+		rec = edgeRecord{Inc: inc, DeadInc: max(rec.DeadInc, old), SnapView: n.View()}
 		if err := n.storeEdge(ctx, id, rec); err != nil {
 			return err
 		}
@@ -85,10 +87,22 @@ func (n *Node) routeSync(ctx context.Context, stream *connect.BidiStream[routerv
 	c := newEdgeConn(ctx, id, inc, n.cfg.SendQueue)
 	c.applied = rec.Seq
 	c.digest = routes.Digest{Count: rec.Count, Sum: rec.Sum}
+	c.snapView, c.deadInc = rec.SnapView, rec.DeadInc
 	n.mu.Lock()
 	old := n.conns[id]
 	n.conns[id] = c
+	// Routes the router holds for this edge were last re-sent under another
+	// membership (its stream ended during a settle round, or before the
+	// change): another owner may have written over them since, and a
+	// matching digest would not say so.
+	predates := rec.Count > 0 && rec.SnapView != n.view
+	if predates {
+		n.unsettleLocked(fmt.Sprintf("edge %s last sent its route set under another router membership", id))
+	}
 	n.sendInitialLocked(c)
+	if predates {
+		n.requestResyncLocked(c)
+	}
 	n.m.edges.Set(float64(len(n.conns)))
 	n.mu.Unlock()
 	if old != nil {
@@ -301,7 +315,7 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 		}
 		if len(fresh) > 0 {
 			c.applied = last
-			if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: c.digest.Count, Sum: c.digest.Sum}); err != nil {
+			if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: c.digest.Count, Sum: c.digest.Sum, DeadInc: c.deadInc, SnapView: c.snapView}); err != nil {
 				return err
 			}
 			n.m.applySeconds.Observe(time.Since(start).Seconds())
@@ -317,6 +331,10 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 			if err := n.validRoute(r); err != nil {
 				return err
 			}
+		}
+		if len(c.snap) == 0 {
+			c.snapshotsBegun.Add(1)
+			c.snapStart = n.View()
 		}
 		c.snap = append(c.snap, s.GetRoutes()...)
 		if len(c.snap) > 10_000_000 {
@@ -353,7 +371,10 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 		}
 		c.routes, c.digest = set, dig
 		c.applied = max(c.applied, s.GetSeq())
-		if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: dig.Count, Sum: dig.Sum}); err != nil {
+		if v := n.View(); v == c.snapStart {
+			c.snapView = v
+		}
+		if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: dig.Count, Sum: dig.Sum, DeadInc: c.deadInc, SnapView: c.snapView}); err != nil {
 			return err
 		}
 		c.snapshots.Add(1)
@@ -519,12 +540,16 @@ func (n *Node) ApplyRoutes(ctx context.Context, req *connect.Request[routerv1.Ap
 			return nil, connectError(err)
 		}
 	}
-	// NOTE(router): during a membership change the sender's view of the
-	// owner may differ from ours; we apply anyway rather than bounce the
-	// deltas around, and stay unsettled: the edges re-send their sets once
-	// the membership settles, which repairs a lost update from that window.
-	n.checkView(req.Msg.GetSenderNodeId(), req.Msg.GetView())
-	rej, err := n.applyOwned(ctx, n.applyGen(), req.Msg.GetDeltas())
+	// The sender chose this node as the owner under its view: under another
+	// one this node may not be the owner, and its write could drop a route
+	// the owner it does not know of wrote. The sender chooses again once the
+	// views agree.
+	gen, view := n.applyGen()
+	if v := req.Msg.GetView(); v != 0 && v != view {
+		n.unsettle(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
+	}
+	rej, err := n.applyOwned(ctx, gen, view, req.Msg.GetDeltas())
 	if err != nil {
 		return nil, connectError(err)
 	}
@@ -542,16 +567,18 @@ func (n *Node) Notify(ctx context.Context, req *connect.Request[routerv1.NotifyR
 	// under the writer's membership view: a route acked while the nodes
 	// disagree could be written over by another owner, so the sender
 	// retries until both views agree, and by then both are unsettled.
-	if v := req.Msg.GetView(); v != 0 {
-		n.mu.Lock()
-		mine := n.view
-		if v != mine {
-			n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
-		}
-		n.mu.Unlock()
-		if v != mine {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
-		}
+	n.mu.Lock()
+	mine := n.view
+	v, wv := req.Msg.GetView(), req.Msg.GetWriteView()
+	switch {
+	case v != 0 && v != mine:
+		n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
+	case wv != 0 && wv != mine:
+		n.unsettleLocked(fmt.Sprintf("router node %s wrote a change under another membership view", req.Msg.GetSenderNodeId()))
+	}
+	n.mu.Unlock()
+	if v != 0 && v != mine {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
 	}
 	return connect.NewResponse(&routerv1.NotifyResponse{Edges: uint32(n.handleNotify(ctx, req.Msg))}), nil
 }

@@ -165,6 +165,11 @@ type edgeRecord struct {
 	Count   uint64 `json:"n"`
 	Sum     uint64 `json:"d"`
 	DeadInc uint64 `json:"x,omitempty"` // routes of this and older incarnations are dead
+	// SnapView is the router membership view under which the router's copy
+	// of the edge's routes was last known whole (a full route set applied,
+	// or a new incarnation begun): a stream under another view asks for the
+	// set again, since another owner may have written over routes since.
+	SnapView uint64 `json:"v,omitempty"`
 }
 
 // wildReplica is one tenant's wildcard-first routes, held by every node.
@@ -302,6 +307,33 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 	if ready != nil {
 		ready()
 	}
+	// Settling asks the peers for their status (a second per call at most):
+	// on its own goroutine, so membership polls go on meanwhile.
+	n.wg.Go(func() {
+		t := time.NewTicker(memberPoll)
+		defer t.Stop()
+		started, registered := time.Now(), time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// Peers need this node's address to forward deltas, notify and
+			// settle, and Olric can answer "not found" for a key written
+			// while members joined until it is written again (a node that
+			// started the table sees no membership change to do it on).
+			every := 5 * time.Second
+			if !n.Settled() || time.Since(started) < 30*time.Second {
+				every = time.Second
+			}
+			if time.Since(registered) >= every {
+				registered = time.Now()
+				n.register(ctx)
+			}
+			n.advanceSettle(ctx)
+		}
+	})
 	t := time.NewTicker(memberPoll)
 	defer t.Stop()
 	lastSweep := time.Now()
@@ -340,11 +372,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			// members were still joining can read as "not found" from its
 			// new owner until written again, and peers that cannot find it
 			// refuse the routes they should forward here.
-			pctx, cancel := context.WithTimeout(ctx, time.Second)
-			if err := n.st.Put(pctx, prefixNode+n.ID(), []byte(n.cfg.AdvertiseURL)); err != nil {
-				n.logger.Warn("registering the node again failed", logging.Err(err))
-			}
-			cancel()
+			n.register(ctx)
 			if err := n.reload(ctx); err != nil {
 				n.logger.Warn("reload replicas failed", logging.Err(err))
 			}
@@ -358,7 +386,15 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 			}
 			n.mu.Unlock()
 		}
-		n.advanceSettle(ctx)
+	}
+}
+
+// register writes this node's API address again (see Run).
+func (n *Node) register(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := n.st.Put(pctx, prefixNode+n.ID(), []byte(n.cfg.AdvertiseURL)); err != nil {
+		n.logger.Warn("registering the node again failed", logging.Err(err))
 	}
 }
 

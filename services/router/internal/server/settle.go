@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -56,15 +55,22 @@ type settleState struct {
 	since  time.Time // last unsettle
 	reason string
 	// waiting: the edges asked for their route set in this round, with the
-	// number of snapshots each had applied when asked.
+	// number of snapshots each had begun when asked.
 	waiting map[*edgeConn]uint64
 }
 
-// applyGen returns the memberGen route writes start under now.
-func (n *Node) applyGen() uint64 {
+// applyGen returns the memberGen and view route writes start under now.
+func (n *Node) applyGen() (gen, view uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.memberGen
+	return n.memberGen, n.view
+}
+
+// unsettle is unsettleLocked for callers without n.mu.
+func (n *Node) unsettle(reason string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.unsettleLocked(reason)
 }
 
 // startWrites counts route writes under gen in flight until done is called.
@@ -124,19 +130,6 @@ func (n *Node) unsettleLocked(reason string) {
 	s.phase, s.gen, s.since, s.reason, s.waiting = phaseWaiting, s.gen+1, time.Now(), reason, nil
 }
 
-// checkView unsettles the node when a peer's request was made under another
-// membership view (0: the peer did not say).
-func (n *Node) checkView(sender string, view uint64) {
-	if view == 0 {
-		return
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if view != n.view {
-		n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", sender))
-	}
-}
-
 // settleNewConnLocked brings a new stream into the settle round: it hears
 // the node is unsettled (before its ready), and once route sets are being
 // collected its own is asked for too: its digest may match an edge record
@@ -159,7 +152,9 @@ func (n *Node) requestResyncLocked(c *edgeConn) {
 	if n.settle.waiting == nil {
 		n.settle.waiting = map[*edgeConn]uint64{}
 	}
-	n.settle.waiting[c] = c.snapshots.Load()
+	// A snapshot already under way may predate what it must repair: only one
+	// begun after this request counts.
+	n.settle.waiting[c] = c.snapshotsBegun.Load()
 	c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Resync{Resync: &routerv1.RouteResync{Reason: "router membership settled"}}})
 }
 
@@ -173,6 +168,9 @@ func (n *Node) advanceSettle(ctx context.Context) {
 	if phase == phaseResyncing {
 		for c, at := range s.waiting {
 			if c.ctx.Err() != nil || c.snapshots.Load() > at {
+				// Done, or the stream ended: the edge's next stream, on
+				// any node, sees its last snapshot predates this view
+				// (edgeRecord.SnapView) and re-sends then.
 				delete(s.waiting, c)
 			}
 		}
@@ -240,6 +238,9 @@ func (n *Node) peersAt(ctx context.Context, members []string, view uint64, resyn
 				if err != nil {
 					n.logger.Debug("settle: router node status failed", "node", m, logging.Err(err))
 					return false
+				}
+				if st.Msg.GetView() == 0 {
+					return true // a router from before settling: it takes no part
 				}
 				return st.Msg.GetView() == view && !st.Msg.GetStaleWrites() && (!resynced || st.Msg.GetResynced())
 			}()

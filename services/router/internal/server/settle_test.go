@@ -51,13 +51,28 @@ func TestCluster_OtherViewUnsettles(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.All, "node 1 has no reason to doubt its answers")
 
-	// The same view is taken.
+	// A change forwarded under another view is refused, and nothing of it
+	// stored: the sender chooses the owner again once the views agree.
+	_, err = apiClient(nodes[0].url).ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{SenderNodeId: "elsewhere", View: view + 1,
+		Deltas: []*routerv1.EdgeDelta{{EdgeId: "edge-x", Incarnation: 1, Delta: &routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD,
+			Route: &routerv1.Route{Tenant: "t1", Filter: "a/b"}}}}}))
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "another view is refused: %v", err)
+	l, err = apiClient(nodes[0].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"edge-a"}, l.Msg.GetEdgeIds(), "nothing of a refused change is stored")
+
+	// The same view is taken; a change written under another one is taken
+	// too, and unsettles the receiver (the write may have dropped a route).
 	_, err = apiClient(nodes[1].url).Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "test", View: nodes[1].node.View()}))
 	require.NoError(t, err)
+	require.True(t, nodes[1].node.Settled())
+	_, err = apiClient(nodes[1].url).Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "test", View: nodes[1].node.View(), WriteView: view + 1}))
+	require.NoError(t, err)
+	require.False(t, nodes[1].node.Settled())
 
 	testutil.Eventually(t, 15*time.Second, func() error {
-		if !nodes[0].node.Settled() {
-			return errors.New("node 0 still settling")
+		if !nodes[0].node.Settled() || !nodes[1].node.Settled() {
+			return errors.New("nodes still settling")
 		}
 		if r, _, _ := ea.RouteAtOnce("t1", "x/y"); r.All {
 			return errors.New("edge-a still routes to every edge")

@@ -2125,9 +2125,10 @@ type ApplyRoutesRequest struct {
 	Deltas []*EdgeDelta `protobuf:"bytes,1,rep,name=deltas,proto3" json:"deltas,omitempty"`
 	// sender_node_id is the forwarding router node.
 	SenderNodeId string `protobuf:"bytes,2,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
-	// view identifies the sender's router membership (a hash of the sorted
-	// member IDs). A receiver with another view applies nothing: the two would
-	// not agree on the keys' owners.
+	// view identifies the sender's router membership (its members' names and
+	// Olric IDs). A receiver with another view applies nothing and answers
+	// FailedPrecondition: the two would not agree on the keys' owners; the
+	// sender chooses the owners again and retries.
 	View          uint64 `protobuf:"fixed64,3,opt,name=view,proto3" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2249,9 +2250,15 @@ type NotifyRequest struct {
 	Wildcard *WildcardDeltas `protobuf:"bytes,2,opt,name=wildcard,proto3" json:"wildcard,omitempty"`
 	// sender_node_id is the notifying router node.
 	SenderNodeId string `protobuf:"bytes,3,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
-	// view identifies the sender's router membership when it wrote the change;
-	// a receiver with another view stops trusting its answers until settled.
-	View          uint64 `protobuf:"fixed64,4,opt,name=view,proto3" json:"view,omitempty"`
+	// view identifies the sender's router membership as it sends; a receiver
+	// with another view refuses the notification (the sender retries) and
+	// stops trusting its answers until settled.
+	View uint64 `protobuf:"fixed64,4,opt,name=view,proto3" json:"view,omitempty"`
+	// write_view identifies the sender's membership when the change was
+	// written. A receiver whose view differs takes the notification but stops
+	// trusting its answers until settled: the write may have dropped a route
+	// another owner had just written.
+	WriteView     uint64 `protobuf:"fixed64,5,opt,name=write_view,json=writeView,proto3" json:"write_view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2310,6 +2317,13 @@ func (x *NotifyRequest) GetSenderNodeId() string {
 func (x *NotifyRequest) GetView() uint64 {
 	if x != nil {
 		return x.View
+	}
+	return 0
+}
+
+func (x *NotifyRequest) GetWriteView() uint64 {
+	if x != nil {
+		return x.WriteView
 	}
 	return 0
 }
@@ -2410,7 +2424,7 @@ type StatusResponse struct {
 	ConnectedEdges uint32 `protobuf:"varint,4,opt,name=connected_edges,json=connectedEdges,proto3" json:"connected_edges,omitempty"`
 	// wildcard_route_count is the number of wildcard-first routes, all tenants.
 	WildcardRouteCount uint64 `protobuf:"varint,5,opt,name=wildcard_route_count,json=wildcardRouteCount,proto3" json:"wildcard_route_count,omitempty"`
-	// view identifies router_members (a hash of the sorted member IDs).
+	// view identifies router_members (their names and Olric IDs).
 	View uint64 `protobuf:"fixed64,6,opt,name=view,proto3" json:"view,omitempty"`
 	// resynced: this node's edges re-sent their route sets under view.
 	Resynced bool `protobuf:"varint,7,opt,name=resynced,proto3" json:"resynced,omitempty"`
@@ -2659,12 +2673,14 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x04view\x18\x03 \x01(\x06R\x04view\"h\n" +
 	"\x13ApplyRoutesResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\rR\aapplied\x127\n" +
-	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xcc\x01\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xeb\x01\n" +
 	"\rNotifyRequest\x12E\n" +
 	"\finvalidation\x18\x01 \x01(\v2!.keel.router.v1.RouteInvalidationR\finvalidation\x12:\n" +
 	"\bwildcard\x18\x02 \x01(\v2\x1e.keel.router.v1.WildcardDeltasR\bwildcard\x12$\n" +
 	"\x0esender_node_id\x18\x03 \x01(\tR\fsenderNodeId\x12\x12\n" +
-	"\x04view\x18\x04 \x01(\x06R\x04view\"&\n" +
+	"\x04view\x18\x04 \x01(\x06R\x04view\x12\x1d\n" +
+	"\n" +
+	"write_view\x18\x05 \x01(\x06R\twriteView\"&\n" +
 	"\x0eNotifyResponse\x12\x14\n" +
 	"\x05edges\x18\x01 \x01(\rR\x05edges\"\x0f\n" +
 	"\rStatusRequest\"\xb9\x02\n" +
