@@ -29,35 +29,8 @@ func keyOf(r *routerv1.Route) routes.Key {
 
 // routeDeltas sends one edge's deltas to the owners of their keys (itself
 // included) and returns once all are durable and notified. Deltas for one key
-// keep their order; different owners are called concurrently. An owner that
-// sees another membership refuses them; they are sent again, to the owners
-// of the moment, until the views agree (within viewAgreeTimeout). Applying
-// a delta twice changes nothing.
+// keep their order; different owners are called concurrently.
 func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
-	deadline := time.Now().Add(viewAgreeTimeout)
-	backoff := notifyBackoffMin
-	for {
-		rej, err := n.routeDeltasOnce(ctx, deltas)
-		if !otherView(err) {
-			return rej, err
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("no agreement on the router membership within %v: %w", viewAgreeTimeout, err)
-		}
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		backoff = min(2*backoff, 200*time.Millisecond)
-	}
-}
-
-// viewAgreeTimeout bounds how long deltas wait for two router nodes to agree
-// on the membership; past it the edge's stream fails and the edge re-sends.
-const viewAgreeTimeout = 10 * time.Second
-
-func (n *Node) routeDeltasOnce(ctx context.Context, deltas []*routerv1.EdgeDelta) ([]*routerv1.RouteReject, error) {
 	type batch struct{ deltas []*routerv1.EdgeDelta }
 	byOwner := map[string]*batch{}
 	var order []string
@@ -102,9 +75,6 @@ func (n *Node) routeDeltasOnce(ctx context.Context, deltas []*routerv1.EdgeDelta
 					if err == nil {
 						rej = resp.Msg.GetRejected()
 					}
-				}
-				if otherView(err) {
-					n.unsettle(fmt.Sprintf("router node %s has another membership view", o))
 				}
 				if err != nil {
 					err = fmt.Errorf("forward to %s: %w", o, err)
@@ -350,14 +320,15 @@ func (n *Node) notifyPeer(ctx context.Context, m string, req *routerv1.NotifyReq
 			n.logger.Warn("router node refused a notification", "node", m, logging.Err(err))
 			return
 		}
-		wait := min(backoff, time.Until(expired))
 		if otherView(err) {
-			// m is alive and sees another membership: an ack now could be
-			// written over by an owner m's view chooses, so the change
-			// waits until the two views agree (or m leaves).
-			n.unsettle(fmt.Sprintf("router node %s has another membership view", m))
-			wait = backoff
+			// m sees another membership: an owner its view chooses may
+			// write over this change. Every node stops trusting its
+			// answers before the change is acknowledged (below, at the
+			// latest when the lease has passed), and none settles before
+			// the views agree and the edges re-sent their route sets.
+			n.unsettleEverywhere(ctx, fmt.Sprintf("router node %s has another membership view", m))
 		}
+		wait := min(backoff, time.Until(expired))
 		if wait <= 0 || ctx.Err() != nil || !n.isMember(m) {
 			break
 		}

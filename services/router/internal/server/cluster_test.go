@@ -45,22 +45,33 @@ type testNode struct {
 // start runs the node's Olric member, router node and API on tn.url and
 // returns once the node is ready; after a stop it starts it again under the
 // same names and ports, as a restarted process would.
-func (tn *testNode) start(t testing.TB, ln net.Listener) error {
-	var err error
+//
+// On an error, what it started is stopped again.
+func (tn *testNode) start(t testing.TB, ln net.Listener) (err error) {
+	tn.cancel, tn.srv, tn.st = nil, nil, nil
+	defer func() {
+		if err != nil {
+			tn.stop()
+		}
+	}()
 	if ln == nil {
 		if ln, err = net.Listen("tcp", strings.TrimPrefix(tn.url, "http://")); err != nil {
 			return err
 		}
 	}
-	if tn.st, err = store.New(tn.cfg, tn.logger); err != nil {
+	st, err := store.New(tn.cfg, tn.logger)
+	if err != nil {
+		_ = ln.Close()
 		return err
 	}
-	tn.done = make(chan struct{})
-	if err := tn.st.Start(t.Context()); err != nil {
+	if err := st.Start(t.Context()); err != nil {
+		_ = ln.Close()
 		return err
 	}
+	tn.st = st
 	node, err := server.New(server.Config{AdvertiseURL: tn.url, RebuildWait: tn.rebuildWait}, tn.st, nil, tn.logger)
 	if err != nil {
+		_ = ln.Close()
 		return err
 	}
 	tn.node = node
@@ -73,9 +84,9 @@ func (tn *testNode) start(t testing.TB, ln net.Listener) error {
 	tn.srv = &http.Server{Handler: h, Protocols: rpc.ServerProtocols()}
 	go func() { _ = tn.srv.Serve(ln) }()
 	ctx, cancel := context.WithCancel(context.Background())
-	tn.cancel = cancel
-	ready := make(chan struct{})
-	go func() { defer close(tn.done); _ = node.Run(ctx, func() { close(ready) }) }()
+	tn.cancel, tn.done = cancel, make(chan struct{})
+	ready, done := make(chan struct{}), tn.done
+	go func() { defer close(done); _ = node.Run(ctx, func() { close(ready) }) }()
 	select {
 	case <-ready:
 		return nil
@@ -92,13 +103,21 @@ func (tn *testNode) kill() {
 	tn.stop()
 }
 
+// stop ends whatever of the node runs; it may be called again.
 func (tn *testNode) stop() {
-	tn.cancel()
-	<-tn.done
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = tn.srv.Close()
-	_ = tn.st.Stop(ctx)
+	if tn.cancel != nil {
+		tn.cancel()
+		<-tn.done
+		tn.cancel = nil
+	}
+	if tn.srv != nil {
+		_ = tn.srv.Close()
+	}
+	if tn.st != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tn.st.Stop(ctx)
+	}
 }
 
 // startCluster starts n router nodes over loopback, each with an embedded
@@ -190,13 +209,7 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		for _, tn := range nodes {
-			if tn.cancel != nil {
-				tn.stop()
-			} else if tn.st != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_ = tn.st.Stop(ctx)
-				cancel()
-			}
+			tn.stop()
 		}
 		return nil, err
 	}
@@ -229,8 +242,12 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 
 func httpClient() *http.Client { return rpc.H2CClient() }
 
+// apiHTTP is shared by every apiClient: a transport per call kept its
+// connection open, and a test polling Lookups ran out of file descriptors.
+var apiHTTP = sync.OnceValue(httpClient)
+
 func apiClient(url string) routerv1connect.RouterServiceClient {
-	return routerv1connect.NewRouterServiceClient(httpClient(), url, connect.WithGRPC())
+	return routerv1connect.NewRouterServiceClient(apiHTTP(), url, connect.WithGRPC())
 }
 
 // startEdge runs a routing client for edge id against url and waits until

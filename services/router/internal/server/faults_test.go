@@ -222,8 +222,11 @@ func TestCluster_KillNodeUnderRouteChanges(t *testing.T) {
 }
 
 // TestCluster_RestartNodeUnderRouteChanges is the kill, and then the node
-// starting again under the same name and ports once the others saw it go
-// (a restarted pod): it joins a table the others serve.
+// starting again once the others saw it go, as a restarted pod does: under
+// a new Olric member name (a pod's new IP), behind the same API URL (its
+// Service), joining a table the others serve. (Olric members restarted
+// under the same name at once were often refused by memberlist, which
+// still held the old one dead, and never joined.)
 func TestCluster_RestartNodeUnderRouteChanges(t *testing.T) {
 	nodes := startCluster(t, 3)
 	routeChangesUnder(t, nodes, "the restart", func() {
@@ -236,7 +239,17 @@ func TestCluster_RestartNodeUnderRouteChanges(t *testing.T) {
 			}
 			return nil
 		})
-		require.NoError(t, nodes[2].start(t, nil))
+		// Olric members joining sometimes never agree on a coordinator
+		// (see startClusterOn): start afresh then.
+		for attempt := 1; ; attempt++ {
+			nodes[2].cfg.Port, nodes[2].cfg.MemberlistPort = testutil.FreePort(t), testutil.FreePort(t)
+			err := nodes[2].start(t, nil)
+			if err == nil {
+				break
+			}
+			require.Less(t, attempt, 3, "restart: %v", err)
+			t.Logf("restart attempt %d failed: %v", attempt, err)
+		}
 	}, nodes)
 }
 

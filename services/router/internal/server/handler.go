@@ -540,14 +540,17 @@ func (n *Node) ApplyRoutes(ctx context.Context, req *connect.Request[routerv1.Ap
 			return nil, connectError(err)
 		}
 	}
-	// The sender chose this node as the owner under its view: under another
+	// The sender chose this node as the owner under its view. Under another
 	// one this node may not be the owner, and its write could drop a route
-	// the owner it does not know of wrote. The sender chooses again once the
-	// views agree.
+	// an owner it does not know of wrote: it applies anyway (bouncing the
+	// deltas around would stall SUBACKs for as long as the views differ,
+	// which a restart under the same name stretched past 20 s), but every
+	// node stops trusting its answers, and the write counts as stale, so
+	// the edges re-send their route sets only after it.
 	gen, view := n.applyGen()
 	if v := req.Msg.GetView(); v != 0 && v != view {
-		n.unsettle(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
+		n.unsettleEverywhere(ctx, fmt.Sprintf("router node %s forwarded a change under another membership view", req.Msg.GetSenderNodeId()))
+		gen = foreignGen
 	}
 	rej, err := n.applyOwned(ctx, gen, view, req.Msg.GetDeltas())
 	if err != nil {
@@ -567,6 +570,10 @@ func (n *Node) Notify(ctx context.Context, req *connect.Request[routerv1.NotifyR
 	// under the writer's membership view: a route acked while the nodes
 	// disagree could be written over by another owner, so the sender
 	// retries until both views agree, and by then both are unsettled.
+	if req.Msg.GetUnsettle() {
+		n.unsettle(fmt.Sprintf("router node %s saw the membership views differ", req.Msg.GetSenderNodeId()))
+		return connect.NewResponse(&routerv1.NotifyResponse{}), nil
+	}
 	n.mu.Lock()
 	mine := n.view
 	v, wv := req.Msg.GetView(), req.Msg.GetWriteView()

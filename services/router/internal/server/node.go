@@ -204,6 +204,7 @@ type Node struct {
 	memberGen uint64      // bumped on every membership change; guarded by mu
 	view      uint64      // viewOf(members); guarded by mu
 	settle    settleState // guarded by mu
+	hinted    time.Time   // last unsettleEverywhere round; guarded by mu
 	// applying counts route writes in flight by the memberGen they started
 	// under; guarded by mu. One from an earlier membership may write over
 	// routes the new owner wrote, so the edges re-send their sets only

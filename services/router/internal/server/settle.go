@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -73,6 +74,46 @@ func (n *Node) unsettle(reason string) {
 	n.unsettleLocked(reason)
 }
 
+// foreignGen marks route writes forwarded under another view: stale until
+// done, whatever the membership generation.
+const foreignGen = math.MaxUint64
+
+// unsettleEverywhere unsettles this node and tells every other member to,
+// at most every hintInterval: a node whose view agrees with a writer's
+// would otherwise stay settled while another owner writes over its routes.
+// It returns once each answered or a second passed.
+func (n *Node) unsettleEverywhere(ctx context.Context, reason string) {
+	n.mu.Lock()
+	n.unsettleLocked(reason)
+	members := n.members
+	if time.Since(n.hinted) < hintInterval {
+		n.mu.Unlock()
+		return
+	}
+	n.hinted = time.Now()
+	n.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, m := range members {
+		if m == n.ID() {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			c, err := n.peer(cctx, m)
+			if err == nil {
+				_, err = c.Notify(cctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: n.ID(), Unsettle: true}))
+			}
+			if err != nil {
+				n.logger.Debug("telling a router node to unsettle failed", "node", m, logging.Err(err))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+const hintInterval = 500 * time.Millisecond
+
 // startWrites counts route writes under gen in flight until done is called.
 func (n *Node) startWrites(gen uint64) (done func()) {
 	n.mu.Lock()
@@ -91,7 +132,7 @@ func (n *Node) startWrites(gen uint64) (done func()) {
 // earlier membership. n.mu must be held.
 func (n *Node) staleWritesLocked() bool {
 	for g := range n.applying {
-		if g < n.memberGen {
+		if g < n.memberGen || g == foreignGen {
 			return true
 		}
 	}

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -51,16 +52,6 @@ func TestCluster_OtherViewUnsettles(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.All, "node 1 has no reason to doubt its answers")
 
-	// A change forwarded under another view is refused, and nothing of it
-	// stored: the sender chooses the owner again once the views agree.
-	_, err = apiClient(nodes[0].url).ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{SenderNodeId: "elsewhere", View: view + 1,
-		Deltas: []*routerv1.EdgeDelta{{EdgeId: "edge-x", Incarnation: 1, Delta: &routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD,
-			Route: &routerv1.Route{Tenant: "t1", Filter: "a/b"}}}}}))
-	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "another view is refused: %v", err)
-	l, err = apiClient(nodes[0].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "a/b"}))
-	require.NoError(t, err)
-	require.Equal(t, []string{"edge-a"}, l.Msg.GetEdgeIds(), "nothing of a refused change is stored")
-
 	// The same view is taken; a change written under another one is taken
 	// too, and unsettles the receiver (the write may have dropped a route).
 	_, err = apiClient(nodes[1].url).Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "test", View: nodes[1].node.View()}))
@@ -84,6 +75,28 @@ func TestCluster_OtherViewUnsettles(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, l.Msg.GetUnsettled())
 	require.Equal(t, []string{"edge-a"}, l.Msg.GetEdgeIds())
+
+	// A change forwarded under another view is applied (refusing it stalls
+	// SUBACKs while the views differ), and every node stops trusting its
+	// answers until the edges re-sent their route sets.
+	_, err = apiClient(nodes[0].url).ApplyRoutes(ctx, connect.NewRequest(&routerv1.ApplyRoutesRequest{SenderNodeId: "elsewhere", View: view + 1,
+		Deltas: []*routerv1.EdgeDelta{{EdgeId: "edge-a", Incarnation: 1, Delta: &routerv1.RouteDelta{Seq: 1 << 40, Op: routerv1.RouteOp_ROUTE_OP_ADD,
+			Route: &routerv1.Route{Tenant: "t1", Filter: "x/y"}}}}}))
+	require.NoError(t, err)
+	for i, n := range nodes {
+		require.False(t, n.node.Settled(), "node %d told to unsettle", i)
+	}
+	testutil.Eventually(t, 15*time.Second, func() error {
+		for i, n := range nodes {
+			if !n.node.Settled() {
+				return fmt.Errorf("node %d still settling", i)
+			}
+		}
+		return nil
+	})
+	l, err = apiClient(nodes[2].url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "x/y"}))
+	require.NoError(t, err)
+	require.Equal(t, []string{"edge-a"}, l.Msg.GetEdgeIds(), "the forwarded add was applied")
 }
 
 func gathered(t *testing.T, g prometheus.Gatherer, name string) float64 {

@@ -2126,9 +2126,8 @@ type ApplyRoutesRequest struct {
 	// sender_node_id is the forwarding router node.
 	SenderNodeId string `protobuf:"bytes,2,opt,name=sender_node_id,json=senderNodeId,proto3" json:"sender_node_id,omitempty"`
 	// view identifies the sender's router membership (its members' names and
-	// Olric IDs). A receiver with another view applies nothing and answers
-	// FailedPrecondition: the two would not agree on the keys' owners; the
-	// sender chooses the owners again and retries.
+	// Olric IDs). A receiver with another view applies the deltas but makes
+	// every node unsettled: the two may not agree on the keys' owners.
 	View          uint64 `protobuf:"fixed64,3,opt,name=view,proto3" json:"view,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2258,7 +2257,10 @@ type NotifyRequest struct {
 	// written. A receiver whose view differs takes the notification but stops
 	// trusting its answers until settled: the write may have dropped a route
 	// another owner had just written.
-	WriteView     uint64 `protobuf:"fixed64,5,opt,name=write_view,json=writeView,proto3" json:"write_view,omitempty"`
+	WriteView uint64 `protobuf:"fixed64,5,opt,name=write_view,json=writeView,proto3" json:"write_view,omitempty"`
+	// unsettle alone (no change): the sender saw router nodes' views differ;
+	// the receiver stops trusting its answers until settled.
+	Unsettle      bool `protobuf:"varint,6,opt,name=unsettle,proto3" json:"unsettle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2326,6 +2328,13 @@ func (x *NotifyRequest) GetWriteView() uint64 {
 		return x.WriteView
 	}
 	return 0
+}
+
+func (x *NotifyRequest) GetUnsettle() bool {
+	if x != nil {
+		return x.Unsettle
+	}
+	return false
 }
 
 // NotifyResponse answers once every concerned edge acknowledged or expired.
@@ -2673,14 +2682,15 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\x04view\x18\x03 \x01(\x06R\x04view\"h\n" +
 	"\x13ApplyRoutesResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\rR\aapplied\x127\n" +
-	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\xeb\x01\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"\x87\x02\n" +
 	"\rNotifyRequest\x12E\n" +
 	"\finvalidation\x18\x01 \x01(\v2!.keel.router.v1.RouteInvalidationR\finvalidation\x12:\n" +
 	"\bwildcard\x18\x02 \x01(\v2\x1e.keel.router.v1.WildcardDeltasR\bwildcard\x12$\n" +
 	"\x0esender_node_id\x18\x03 \x01(\tR\fsenderNodeId\x12\x12\n" +
 	"\x04view\x18\x04 \x01(\x06R\x04view\x12\x1d\n" +
 	"\n" +
-	"write_view\x18\x05 \x01(\x06R\twriteView\"&\n" +
+	"write_view\x18\x05 \x01(\x06R\twriteView\x12\x1a\n" +
+	"\bunsettle\x18\x06 \x01(\bR\bunsettle\"&\n" +
 	"\x0eNotifyResponse\x12\x14\n" +
 	"\x05edges\x18\x01 \x01(\rR\x05edges\"\x0f\n" +
 	"\rStatusRequest\"\xb9\x02\n" +
