@@ -200,6 +200,7 @@ func (r Resolver) peers(ctx context.Context, res routerclient.Result, mayRefresh
 		return forward.Peer{}, fmt.Errorf("%w: route to unknown edge %q", forward.ErrPeerLeft, id)
 	}
 	var out forward.Route
+	out.Unsettled = res.All
 	ids := res.Edges
 	if res.All {
 		// The router is settling a membership change: its answer may miss
@@ -236,7 +237,8 @@ func (r Resolver) peers(ctx context.Context, res routerclient.Result, mayRefresh
 			}
 			gr.Edges = append(gr.Edges, p)
 		}
-		if len(gr.Edges) == 0 && gone != nil {
+		if len(gr.Edges) == 0 && gone != nil && !res.All {
+			// (Unsettled, every edge serves its own members instead.)
 			return forward.Route{}, gone
 		}
 		if len(gr.Edges) > 0 {

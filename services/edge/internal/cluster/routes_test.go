@@ -13,7 +13,8 @@ import (
 
 // TestResolver_UnsettledGoesToEveryEdge: an answer the router gave while
 // settling a membership change names every live edge (it may have missed
-// one), and keeps the shared groups it knows.
+// one), says so (each edge then serves its own group members), and keeps
+// the shared groups it knows for a message routed again.
 func TestResolver_UnsettledGoesToEveryEdge(t *testing.T) {
 	p := &Peers{urls: map[string]string{"e1": "http://e1", "e2": "http://e2", "e3": "http://e3"},
 		incs: map[string]uint64{"e1": 1, "e2": 2, "e3": 3}}
@@ -34,6 +35,7 @@ func TestResolver_UnsettledGoesToEveryEdge(t *testing.T) {
 		Groups: []routerclient.Group{{Name: "g", Filter: "a/#", Edges: []string{"e3"}}}}, false)
 	require.NoError(t, err)
 	require.Equal(t, []string{"e1", "e2", "e3"}, ids(got.Edges))
+	require.True(t, got.Unsettled)
 	require.Len(t, got.Groups, 1)
 	require.Equal(t, []string{"e3"}, ids(got.Groups[0].Edges))
 	require.EqualValues(t, 3, got.Edges[slices.IndexFunc(got.Edges, func(p forward.Peer) bool { return p.ID == "e3" })].Incarnation)

@@ -45,6 +45,12 @@ type LocalResolver interface {
 type Route struct {
 	Edges  []Peer
 	Groups []GroupRoute
+	// Unsettled: the router is settling a membership change and may have
+	// missed routes. Edges is then every live edge, and the groups are not
+	// chosen from Groups: every edge serves each matching group it has
+	// members of (a group with members on several edges gets one copy on
+	// each for the while, none missed).
+	Unsettled bool
 }
 
 // GroupRoute is one shared group and the edges with members of it.
@@ -218,7 +224,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if err != nil {
 		return nil, broker.SharedChoice{}, err
 	}
-	local := broker.SharedChoice{Chosen: true}
+	// Routed again, a message goes to the groups the first routing chose.
+	everyGroup := route.Unsettled && again == nil
+	local := broker.SharedChoice{Chosen: !everyGroup}
 	if again != nil {
 		local.Since = again.Since
 	}
@@ -231,6 +239,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		}
 	}
 	for _, g := range route.Groups {
+		if everyGroup {
+			break
+		}
 		if again != nil && !slices.Contains(again.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter}) {
 			continue // served the first time
 		}
@@ -250,7 +261,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	// targets, routed again or traced gets a struct per peer.
 	var pm *commonv1.Message
 	var raw []byte
-	if again == nil && m.Span() == nil {
+	if again == nil && m.Span() == nil && !everyGroup {
 		var ok bool
 		if raw, ok = appendForwardMessage(nil, m); !ok {
 			raw = nil
@@ -278,7 +289,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		if pm == nil {
 			pm = m.Proto()
 		}
-		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: true}}
+		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}}
 		if again != nil {
 			p.msg.SessionsSinceUnixNano = again.Since
 		}

@@ -266,3 +266,27 @@ func TestServer_OutcomesGoOnTheNewestStream(t *testing.T) {
 		}
 	}
 }
+
+// unsettledRoutes answers as the router does while settling a membership
+// change: every edge, and a group that names edge-a alone, which the
+// router may have written over.
+type unsettledRoutes struct{ b Peer }
+
+func (u unsettledRoutes) Route(context.Context, string, string) (Route, error) {
+	return Route{Unsettled: true, Edges: []Peer{{ID: "edge-a"}, u.b},
+		Groups: []GroupRoute{{Name: "g", Filter: "t/+", Edges: []Peer{{ID: "edge-a"}}}}}, nil
+}
+
+// TestForward_UnsettledRoutesServeEveryGroupMember: while the router is
+// settling, a group's member on another edge gets the message although the
+// answer names only this edge for the group: every edge serves its own
+// members of every matching group (one copy per edge for the while).
+func TestForward_UnsettledRoutesServeEveryGroupMember(t *testing.T) {
+	p := startSharedPair(t)
+	p.fwd.Resolver = unsettledRoutes{b: Peer{ID: "edge-b", URL: p.b.api.URL}}
+	mb := member(t, p.b.mqtt, "member-b")
+	ma := member(t, p.a.mqtt, "member-a")
+	sent := p.publishN(t, "u", 3)
+	require.Equal(t, sent, readN(t, mb, 3, true), "the member on the other edge is served")
+	require.Equal(t, sent, readN(t, ma, 3, true), "and the one here")
+}
