@@ -510,8 +510,14 @@ func TestClient_LeaseRunsFromEchoedClock(t *testing.T) {
 	require.NoError(t, c.handle(nil, hb(0)))
 	require.True(t, c.Ready(), "no echo: the lease runs from receipt")
 
-	stalledAt := c.clock() // the last ack the router got before the stall
-	time.Sleep(lease + 50*time.Millisecond)
+	// A stall longer than the lease: the last heartbeat read, and the last
+	// ack the router got, are that old.
+	stall := lease + 50*time.Millisecond
+	c.mu.Lock()
+	c.clockOrigin = c.clockOrigin.Add(-time.Hour)
+	c.lastHB = c.lastHB.Add(-stall)
+	c.mu.Unlock()
+	stalledAt := c.clock() - int64(stall)
 	require.NoError(t, c.handle(nil, hb(stalledAt)))
 	require.False(t, c.Ready(), "a heartbeat read after the stall echoes a clock older than the lease")
 	require.NoError(t, c.handle(nil, hb(0)))

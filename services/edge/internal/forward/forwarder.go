@@ -238,10 +238,11 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 			dests, _ = destFor(dests, p)
 		}
 	}
-	for _, g := range route.Groups {
-		if everyGroup {
-			break
-		}
+	groups := route.Groups
+	if everyGroup {
+		groups = nil // each edge serves its own members
+	}
+	for _, g := range groups {
 		if again != nil && !slices.Contains(again.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter}) {
 			continue // served the first time
 		}

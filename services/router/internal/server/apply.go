@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -92,9 +91,10 @@ func (n *Node) routeDeltas(ctx context.Context, deltas []*routerv1.EdgeDelta) ([
 	return rejected, errors.Join(errs...)
 }
 
-// otherView reports a peer's refusal of a request made under another view.
+// otherView reports a peer's refusal of a notification made under another
+// view (ErrOtherView), the one refusal Notify answers FailedPrecondition.
 func otherView(err error) bool {
-	return connect.CodeOf(err) == connect.CodeFailedPrecondition && err != nil && strings.Contains(err.Error(), ErrOtherView.Error())
+	return connect.CodeOf(err) == connect.CodeFailedPrecondition
 }
 
 // applyOwned applies deltas to keys this node owns, as their single writer:

@@ -28,8 +28,8 @@ var ErrNoOwner = errors.New("router: no owner for route key")
 // ErrSlowEdge reports an edge whose stream did not keep up.
 var ErrSlowEdge = errors.New("router: edge stream too slow")
 
-// ErrOtherView refuses a notification or forwarded change made under another router
-// membership view than the receiver's (the sender retries).
+// ErrOtherView refuses a notification made under another router membership
+// view than the receiver's (the sender retries).
 var ErrOtherView = errors.New("router: request under another membership view")
 
 // ErrLoading refuses edge streams and lookups until the node has loaded its

@@ -566,26 +566,28 @@ func (n *Node) Notify(ctx context.Context, req *connect.Request[routerv1.NotifyR
 			return nil, connectError(err)
 		}
 	}
-	// A change is acknowledged only once every node took its notification
-	// under the writer's membership view: a route acked while the nodes
-	// disagree could be written over by another owner, so the sender
-	// retries until both views agree, and by then both are unsettled.
+	// A notification made under another membership view is refused: the
+	// sender then tells every node to unsettle before it retries, so that
+	// no node trusts its answers when the change is acknowledged (another
+	// owner may write over it). One written under another view is taken,
+	// but this node stops trusting its answers.
+	sender := req.Msg.GetSenderNodeId()
 	if req.Msg.GetUnsettle() {
-		n.unsettle(fmt.Sprintf("router node %s saw the membership views differ", req.Msg.GetSenderNodeId()))
+		n.unsettle(fmt.Sprintf("router node %s saw the membership views differ", sender))
 		return connect.NewResponse(&routerv1.NotifyResponse{}), nil
 	}
 	n.mu.Lock()
-	mine := n.view
 	v, wv := req.Msg.GetView(), req.Msg.GetWriteView()
+	refuse := v != 0 && v != n.view
 	switch {
-	case v != 0 && v != mine:
-		n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", req.Msg.GetSenderNodeId()))
-	case wv != 0 && wv != mine:
-		n.unsettleLocked(fmt.Sprintf("router node %s wrote a change under another membership view", req.Msg.GetSenderNodeId()))
+	case refuse:
+		n.unsettleLocked(fmt.Sprintf("router node %s has another membership view", sender))
+	case wv != 0 && wv != n.view:
+		n.unsettleLocked(fmt.Sprintf("router node %s wrote a change under another membership view", sender))
 	}
 	n.mu.Unlock()
-	if v != 0 && v != mine {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, req.Msg.GetSenderNodeId()))
+	if refuse {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%w: sender %s", ErrOtherView, sender))
 	}
 	return connect.NewResponse(&routerv1.NotifyResponse{Edges: uint32(n.handleNotify(ctx, req.Msg))}), nil
 }

@@ -202,7 +202,7 @@ type Node struct {
 	// are refused before.
 	loaded    atomic.Bool
 	memberGen uint64      // bumped on every membership change; guarded by mu
-	view      uint64      // viewOf(members); guarded by mu
+	view      uint64      // identifies members, restarts included (Store.Members); guarded by mu
 	settle    settleState // guarded by mu
 	hinted    time.Time   // last unsettleEverywhere round; guarded by mu
 	// applying counts route writes in flight by the memberGen they started

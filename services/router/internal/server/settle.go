@@ -4,12 +4,14 @@ import (
 	"context"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
 	"github.com/keelmq/keel/libs/logging"
 	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+	"github.com/keelmq/keel/proto/gen/keel/router/v1/routerv1connect"
 )
 
 // A route key has one writer only while every router node agrees on the
@@ -40,10 +42,6 @@ const (
 	phaseResyncing
 	phaseResynced
 )
-
-func (p settlePhase) String() string {
-	return [...]string{"settled", "waiting", "resyncing", "resynced"}[p]
-}
 
 // DefaultSettleDelay is how long the membership must hold still before the
 // edges are asked for their route sets: a departure or arrival is seen by
@@ -92,24 +90,12 @@ func (n *Node) unsettleEverywhere(ctx context.Context, reason string) {
 	}
 	n.hinted = time.Now()
 	n.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, m := range members {
-		if m == n.ID() {
-			continue
+	n.eachPeer(ctx, members, func(ctx context.Context, m string, c routerv1connect.RouterServiceClient) bool {
+		if _, err := c.Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: n.ID(), Unsettle: true})); err != nil {
+			n.logger.Debug("telling a router node to unsettle failed", "node", m, logging.Err(err))
 		}
-		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			defer cancel()
-			c, err := n.peer(cctx, m)
-			if err == nil {
-				_, err = c.Notify(cctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: n.ID(), Unsettle: true}))
-			}
-			if err != nil {
-				n.logger.Debug("telling a router node to unsettle failed", "node", m, logging.Err(err))
-			}
-		})
-	}
-	wg.Wait()
+		return true
+	})
 }
 
 const hintInterval = 500 * time.Millisecond
@@ -199,8 +185,8 @@ func (n *Node) requestResyncLocked(c *edgeConn) {
 	c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Resync{Resync: &routerv1.RouteResync{Reason: "router membership settled"}}})
 }
 
-// advanceSettle moves the settle phases on by at most one step; Run calls
-// it on every membership poll.
+// advanceSettle moves the settle phases on by at most one step; Run's
+// settle goroutine calls it every membership poll interval.
 func (n *Node) advanceSettle(ctx context.Context) {
 	n.mu.Lock()
 	s := &n.settle
@@ -257,39 +243,43 @@ func (n *Node) advanceSettle(ctx context.Context) {
 // that does not answer holds the node unsettled: its edges may hold routes
 // nobody has re-sent.
 func (n *Node) peersAt(ctx context.Context, members []string, view uint64, resynced bool) bool {
-	var (
-		mu sync.Mutex
-		ok = true
-		wg sync.WaitGroup
-	)
+	return n.eachPeer(ctx, members, func(ctx context.Context, m string, c routerv1connect.RouterServiceClient) bool {
+		st, err := c.Status(ctx, connect.NewRequest(&routerv1.StatusRequest{}))
+		if err != nil {
+			n.logger.Debug("settle: router node status failed", "node", m, logging.Err(err))
+			return false
+		}
+		if st.Msg.GetView() == 0 {
+			return true // a router from before settling: it takes no part
+		}
+		return st.Msg.GetView() == view && !st.Msg.GetStaleWrites() && (!resynced || st.Msg.GetResynced())
+	})
+}
+
+// eachPeer calls fn for every member but this node at once, each with its
+// API client and a second to answer, and reports whether every call
+// returned true (a member whose address is unknown counts as false).
+func (n *Node) eachPeer(ctx context.Context, members []string, fn func(ctx context.Context, m string, c routerv1connect.RouterServiceClient) bool) bool {
+	var failed atomic.Bool
+	var wg sync.WaitGroup
 	for _, m := range members {
 		if m == n.ID() {
 			continue
 		}
 		wg.Go(func() {
-			agrees := func() bool {
-				cctx, cancel := context.WithTimeout(ctx, time.Second)
-				defer cancel()
-				c, err := n.peer(cctx, m)
-				if err != nil {
-					n.logger.Debug("settle: router node address unknown", "node", m, logging.Err(err))
-					return false
-				}
-				st, err := c.Status(cctx, connect.NewRequest(&routerv1.StatusRequest{}))
-				if err != nil {
-					n.logger.Debug("settle: router node status failed", "node", m, logging.Err(err))
-					return false
-				}
-				if st.Msg.GetView() == 0 {
-					return true // a router from before settling: it takes no part
-				}
-				return st.Msg.GetView() == view && !st.Msg.GetStaleWrites() && (!resynced || st.Msg.GetResynced())
-			}()
-			mu.Lock()
-			ok = ok && agrees
-			mu.Unlock()
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			c, err := n.peer(cctx, m)
+			if err != nil {
+				n.logger.Debug("router node address unknown", "node", m, logging.Err(err))
+				failed.Store(true)
+				return
+			}
+			if !fn(cctx, m, c) {
+				failed.Store(true)
+			}
 		})
 	}
 	wg.Wait()
-	return ok
+	return !failed.Load()
 }
