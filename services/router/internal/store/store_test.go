@@ -223,3 +223,57 @@ func TestStore_NameIsResolvedBindAddr(t *testing.T) {
 		})
 	}
 }
+
+// TestStore_MemberLeavingSoonAfterFormingLeavesTheOthersServing: a member
+// that stops within a few seconds of the cluster forming (while the first
+// routing tables are still being pushed) must not leave the other two
+// routing reads and writes to it: every key put on a survivor is readable
+// on both within a few seconds.
+func TestStore_MemberLeavingSoonAfterFormingLeavesTheOthersServing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-node olric")
+	}
+	t.Parallel()
+	s := startCluster(t, 3, nil)
+	ctx := t.Context()
+	delay := time.Duration(time.Now().UnixNano()%2000) * time.Millisecond
+	time.Sleep(delay)
+	victim := int(time.Now().UnixNano() % 3)
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	require.NoError(t, s[victim].Stop(sctx))
+	cancel()
+	left := time.Now()
+	var survivors []*Store
+	for i := range s {
+		if i != victim {
+			survivors = append(survivors, s[i])
+		}
+	}
+	for i := 0; ; i++ {
+		k := fmt.Sprintf("after/%d", i)
+		err := func() error {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			if err := survivors[i%2].Put(pctx, k, []byte(k)); err != nil {
+				return err
+			}
+			for _, o := range survivors {
+				if v, err := o.Get(pctx, k); err != nil || string(v) != k {
+					return fmt.Errorf("get %s: %q %v", k, v, err)
+				}
+			}
+			return nil
+		}()
+		if err == nil && i > 20 {
+			break
+		}
+		if err != nil {
+			i = 0
+			if time.Since(left) > 15*time.Second {
+				t.Fatalf("member %d stopped %v after forming; %v later the others still fail: %v", victim, delay, time.Since(left), err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Logf("member %d stopped %v after forming; the others served again %v later", victim, delay, time.Since(left))
+}

@@ -72,6 +72,9 @@ type RoutingTable struct {
 	callbackMtx      sync.Mutex
 	shutdownMtx      sync.Mutex // keel patch: orders wg.Add in handlers before Shutdown's cancel
 	pushPeriod       time.Duration
+	// keel patch: a failed push asks pushPeriodically for another one soon.
+	retryPush    chan struct{}
+	pushFailures int32 // failed pushes in a row (atomic)
 	// The command handlers of the routing table service should wait for the cluster join event.
 	joined chan struct{}
 	ctx    context.Context
@@ -111,6 +114,7 @@ func New(e *environment.Environment) *RoutingTable {
 		client:     e.Get("client").(*server.Client),
 		server:     e.Get("server").(*server.Server),
 		pushPeriod: c.RoutingTablePushInterval,
+		retryPush:  make(chan struct{}, 1),
 		joined:     make(chan struct{}),
 		ctx:        ctx,
 		cancel:     cancel,
@@ -255,8 +259,10 @@ func (r *RoutingTable) updateRouting() {
 	reports, err := r.updateRoutingTableOnCluster()
 	if err != nil {
 		r.log.V(2).Printf("[ERROR] Failed to update routing table on cluster: %v", err)
+		r.askForRetry()
 		return
 	}
+	atomic.StoreInt32(&r.pushFailures, 0)
 	// keel patch: fillRoutingTable drops a previous owner whose partition
 	// was empty when it looked, but a write routed by the previous table can
 	// land there before the new one arrives. The members' reports reveal
@@ -269,8 +275,34 @@ func (r *RoutingTable) updateRouting() {
 		reports, err = r.updateRoutingTableOnCluster()
 		if err != nil {
 			r.log.V(2).Printf("[ERROR] Failed to update routing table on cluster: %v", err)
+			r.askForRetry()
 			return
 		}
+	}
+}
+
+// pushRetryDelay is how soon a failed routing table push is tried again,
+// doubled after each further failure up to maxPushRetryDelay (keel patch).
+const (
+	pushRetryDelay    = 250 * time.Millisecond
+	maxPushRetryDelay = 8 * time.Second
+)
+
+// askForRetry has pushPeriodically push the table again after a delay
+// (keel patch).
+//
+// A push fails as a whole when one member refuses it, as a member does
+// that has not yet seen the previous coordinator leave ("unrecognized
+// cluster coordinator"): the new coordinator hears of a leave first and
+// pushes at once. Upstream then waited for the next periodic push
+// (RoutingTablePushInterval, 1 min), and the member that refused kept
+// routing every read and write of the partitions the leaver owned to it:
+// connection refused, for up to a minute.
+func (r *RoutingTable) askForRetry() {
+	atomic.AddInt32(&r.pushFailures, 1)
+	select {
+	case r.retryPush <- struct{}{}:
+	default:
 	}
 }
 
@@ -360,6 +392,17 @@ func (r *RoutingTable) pushPeriodically() {
 		case <-r.ctx.Done():
 			return
 		case <-ticker.C:
+			r.updateRouting()
+		case <-r.retryPush: // keel patch: see askForRetry
+			delay := pushRetryDelay
+			for n := atomic.LoadInt32(&r.pushFailures); n > 1 && delay < maxPushRetryDelay; n-- {
+				delay *= 2
+			}
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(delay):
+			}
 			r.updateRouting()
 		}
 	}
