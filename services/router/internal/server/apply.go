@@ -190,7 +190,7 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 		if !res.Changed {
 			if isWild {
-				wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation()})
+				wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation(), Seq: d.GetSeq()})
 				continue
 			}
 			if inv == nil {
@@ -215,7 +215,7 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 		n.m.routes.WithLabelValues(kind, opName).Inc()
 		if isWild {
-			wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation()})
+			wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation(), Seq: d.GetSeq()})
 			continue
 		}
 		if inv == nil {
@@ -511,7 +511,6 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 	var waitUntil time.Time
 	n.mu.Lock()
 	inv, wd := req.GetInvalidation(), req.GetWildcard()
-	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || len(wd.GetDeltas()) > 0
 	if inv != nil {
 		if len(inv.GetNewAnchors()) > 0 {
 			// A new or rebuilt filter goes to every edge ahead of the
@@ -525,10 +524,12 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		for _, de := range inv.GetDeadEdges() {
 			n.dead[de.GetEdgeId()] = max(n.dead[de.GetEdgeId()], de.GetIncarnation())
 		}
-		applyDead(n.wild, inv.GetDeadEdges())
+		applyDead(n.wild, inv.GetDeadEdges(), time.Now())
 	}
-	applyWild(n.wild, wd)
-	if n.reloading && (len(inv.GetDeadEdges()) > 0 || len(wd.GetDeltas()) > 0) {
+	// Only the wildcard deltas that changed the replica go on to the edges.
+	wd = applyWild(n.wild, wd, time.Now())
+	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || wd != nil
+	if n.reloading && (len(inv.GetDeadEdges()) > 0 || len(req.GetWildcard().GetDeltas()) > 0) {
 		n.reloadLog = append(n.reloadLog, req)
 	}
 	if len(wd.GetDeltas()) > 0 {
@@ -538,7 +539,6 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		}
 		n.m.wildcardRoutes.Set(float64(wr))
 	}
-	var msg *routerv1.RouteSyncResponse
 	send := func(c *edgeConn) {
 		var m *routerv1.RouteSyncResponse
 		if inv != nil {
@@ -550,9 +550,10 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 			}
 			m = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: wd}}
 		}
-		targets = append(targets, target{c, c.send(m)})
+		if m != nil {
+			targets = append(targets, target{c, c.send(m)})
+		}
 	}
-	_ = msg
 	if all {
 		for _, c := range n.conns {
 			send(c)
@@ -591,7 +592,7 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 
 // applyDead drops the wildcard-first routes of dead edge incarnations from
 // the replicas in wild.
-func applyDead(wild map[string]*wildReplica, dead []*routerv1.DeadEdge) {
+func applyDead(wild map[string]*wildReplica, dead []*routerv1.DeadEdge, now time.Time) {
 	for _, de := range dead {
 		for _, w := range wild {
 			var gone []table.Route
@@ -601,14 +602,18 @@ func applyDead(wild map[string]*wildReplica, dead []*routerv1.DeadEdge) {
 				}
 			})
 			for _, r := range gone {
-				w.remove(r, de.GetEdgeId(), de.GetIncarnation())
+				w.remove(r, de.GetEdgeId(), de.GetIncarnation(), math.MaxUint64, now)
 			}
 		}
 	}
 }
 
-// applyWild applies wildcard deltas from a key owner to the replicas in wild.
-func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas) {
+// applyWild applies wildcard deltas from a key owner to the replicas in wild
+// and returns those that changed a replica, or nil if none did: a delta
+// older than what a replica holds for its (route, edge) is not passed on
+// either, so the edges' tries stay as the node's.
+func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas, now time.Time) *routerv1.WildcardDeltas {
+	var applied []*routerv1.WildcardDelta
 	for _, d := range wd.GetDeltas() {
 		r := d.GetRoute()
 		w := wild[r.GetTenant()]
@@ -617,24 +622,73 @@ func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas) {
 			wild[r.GetTenant()] = w
 		}
 		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
+		var ok bool
 		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
-			w.add(route, d.GetEdgeId(), d.GetIncarnation())
+			ok = w.add(route, d.GetEdgeId(), d.GetIncarnation(), d.GetSeq())
 		} else {
-			w.remove(route, d.GetEdgeId(), d.GetIncarnation())
+			ok = w.remove(route, d.GetEdgeId(), d.GetIncarnation(), d.GetSeq(), now)
+		}
+		if ok {
+			applied = append(applied, d)
 		}
 	}
+	if len(applied) == 0 {
+		return nil
+	}
+	if len(applied) == len(wd.GetDeltas()) {
+		return wd
+	}
+	return &routerv1.WildcardDeltas{Deltas: applied}
 }
 
-// add records that edge incarnation inc holds route, unless a newer
-// incarnation already does.
+// tombstoneTTL is how long a replica remembers a removed wildcard-first
+// route, so that an add notified before the remove but arriving after it
+// is ignored. A notification is late only when its key's owner changed
+// with the membership (one owner's notifications arrive in order), so a
+// few seconds would do; a later add past this would leave a stale route,
+// which costs traffic to an edge without subscribers, never a message.
+const tombstoneTTL = 2 * time.Minute
+
+// tombstone is a removed (route, edge) of a wildcard replica.
+type tombstone struct {
+	inc, seq uint64
+	at       time.Time
+}
+
+// before reports whether change (inc, seq) of an edge's route comes
+// before (curInc, curSeq): an older incarnation, or a lower seq within one.
+// Seq 0 is a sender that carries none (older routers): within one
+// incarnation its change is taken as the latest, the rule before seqs.
+func before(inc, seq, curInc, curSeq uint64) bool {
+	if inc != curInc {
+		return inc < curInc
+	}
+	return seq != 0 && seq < curSeq
+}
+
+// add records that edge incarnation inc holds route as of its change seq,
+// unless the replica holds a later change for it: a later add, or a
+// remove (tombstone) with a higher seq or of a later incarnation.
+// Re-applying the add it holds (a retried notification) is a change.
+// (A re-sent route set removes what it lacks at its seq + 1, so the edge's
+// next change, an add at that very seq, is not older than the remove.)
 //
 // NOTE(router): replicas are not the key's table: they are changed directly,
 // not through table.Set.Apply, whose seq rule would ignore every later
 // remove of an entry recorded without the edge's seq, so the set (which
 // full resends are built from) kept routes the trie had dropped.
-func (w *wildReplica) add(r table.Route, edge string, inc uint64) {
-	if cur, ok := w.set.Routes[r][edge]; ok && cur.Inc > inc {
-		return
+func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
+	if cur, ok := w.set.Routes[r][edge]; ok && before(inc, seq, cur.Inc, cur.Seq) {
+		return false
+	}
+	if t, ok := w.gone[r][edge]; ok {
+		if before(inc, seq, t.inc, t.seq) || inc == t.inc && t.seq == math.MaxUint64 {
+			return false
+		}
+		delete(w.gone[r], edge)
+		if len(w.gone[r]) == 0 {
+			delete(w.gone, r)
+		}
 	}
 	if w.set.Routes == nil {
 		w.set.Routes = map[table.Route]map[string]table.Entry{}
@@ -644,19 +698,52 @@ func (w *wildReplica) add(r table.Route, edge string, inc uint64) {
 		es = map[string]table.Entry{}
 		w.set.Routes[r] = es
 	}
-	es[edge] = table.Entry{Inc: inc}
+	es[edge] = table.Entry{Inc: inc, Seq: seq}
 	w.trie.Add(r.Filter, wildVal{route: r, edge: edge})
+	return true
 }
 
-// remove drops route for edge incarnation inc and older ones.
-func (w *wildReplica) remove(r table.Route, edge string, inc uint64) {
+// remove drops route for edge incarnation inc and older ones, unless the
+// add the replica holds is not older than the remove (the same
+// incarnation at the remove's seq or above: the remove was notified late),
+// and leaves a tombstone against late adds. Seq max uint64 removes a dead
+// incarnation's route for good. It reports whether the route was dropped.
+func (w *wildReplica) remove(r table.Route, edge string, inc, seq uint64, now time.Time) bool {
 	es := w.set.Routes[r]
-	if cur, ok := es[edge]; !ok || cur.Inc > inc {
-		return
+	cur, held := es[edge]
+	if held && (cur.Inc > inc || cur.Inc == inc && seq != 0 && cur.Seq >= seq) {
+		return false
+	}
+	if t, ok := w.gone[r][edge]; !ok || before(t.inc, t.seq, inc, seq) {
+		if w.gone == nil {
+			w.gone = map[table.Route]map[string]tombstone{}
+		}
+		if w.gone[r] == nil {
+			w.gone[r] = map[string]tombstone{}
+		}
+		w.gone[r][edge] = tombstone{inc: inc, seq: seq, at: now}
+	}
+	if !held {
+		return false
 	}
 	delete(es, edge)
 	if len(es) == 0 {
 		delete(w.set.Routes, r)
 	}
 	w.trie.Remove(r.Filter, wildVal{route: r, edge: edge})
+	return true
+}
+
+// sweep forgets tombstones older than tombstoneTTL.
+func (w *wildReplica) sweep(now time.Time) {
+	for r, es := range w.gone {
+		for e, t := range es {
+			if now.Sub(t.at) > tombstoneTTL {
+				delete(es, e)
+			}
+		}
+		if len(es) == 0 {
+			delete(w.gone, r)
+		}
+	}
 }

@@ -233,7 +233,7 @@ func (n *Node) sendInitialLocked(c *edgeConn) {
 				return
 			}
 			deltas = append(deltas, &routerv1.WildcardDelta{Route: &routerv1.Route{Tenant: tenant, Filter: r.Filter, ShareGroup: r.Group},
-				EdgeId: e, Op: routerv1.RouteOp_ROUTE_OP_ADD, Incarnation: en.Inc})
+				EdgeId: e, Op: routerv1.RouteOp_ROUTE_OP_ADD, Incarnation: en.Inc, Seq: en.Seq})
 		})
 	}
 	c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Reset_: true, Deltas: deltas}}})
@@ -361,7 +361,7 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 		for k := range c.routes {
 			if _, ok := set[k]; !ok {
 				ds = append(ds, &routerv1.EdgeDelta{EdgeId: c.id, Incarnation: c.inc,
-					Delta: &routerv1.RouteDelta{Seq: math.MaxUint64, Route: &routerv1.Route{Tenant: k.Tenant, Filter: k.Filter, ShareGroup: k.Group}, Op: routerv1.RouteOp_ROUTE_OP_REMOVE}})
+					Delta: &routerv1.RouteDelta{Seq: s.GetSeq() + 1, Route: &routerv1.Route{Tenant: k.Tenant, Filter: k.Filter, ShareGroup: k.Group}, Op: routerv1.RouteOp_ROUTE_OP_REMOVE}})
 			}
 		}
 		c.snap = nil

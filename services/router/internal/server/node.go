@@ -176,6 +176,8 @@ type edgeRecord struct {
 type wildReplica struct {
 	set  table.Set
 	trie topic.Trie[wildVal]
+	// gone remembers removed routes for a while (see tombstoneTTL).
+	gone map[table.Route]map[string]tombstone
 }
 
 type wildVal struct {
@@ -353,7 +355,7 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 		}
 		if time.Since(lastSweep) >= n.cfg.CacheLease {
 			lastSweep = time.Now()
-			n.sweepCachers(lastSweep)
+			n.sweep(lastSweep)
 		}
 		ms, view := n.st.Members(ctx)
 		n.mu.Lock()
@@ -399,12 +401,15 @@ func (n *Node) register(ctx context.Context) {
 	}
 }
 
-// sweepCachers forgets cache records whose lease ended: an anchor no edge
-// caches any more needs no invalidation, and without the sweep every topic
-// ever looked up would stay recorded.
-func (n *Node) sweepCachers(now time.Time) {
+// sweep forgets cache records whose lease ended (an anchor no edge caches
+// any more needs no invalidation, and without the sweep every topic ever
+// looked up would stay recorded) and old wildcard tombstones.
+func (n *Node) sweep(now time.Time) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for _, w := range n.wild {
+		w.sweep(now)
+	}
 	var records int
 	for ck, m := range n.cachers {
 		for e, until := range m {
@@ -488,14 +493,27 @@ func (n *Node) reload(ctx context.Context) error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := time.Now()
+	// The tombstones stay: a late add can follow the reload as well.
+	for tenant, old := range n.wild {
+		if len(old.gone) == 0 {
+			continue
+		}
+		w := wild[tenant]
+		if w == nil {
+			w = &wildReplica{}
+			wild[tenant] = w
+		}
+		w.gone = old.gone
+	}
 	// Replace the wildcard replicas with what the store holds, then replay
 	// the wildcard and dead-edge notifications that arrived during the scan
 	// (in order; each is idempotent): a change whose notification was lost
 	// with a dying key owner is in the store, and a removal the scan saw
 	// must not be undone by merging in older replicas.
 	for _, req := range n.reloadLog {
-		applyDead(wild, req.GetInvalidation().GetDeadEdges())
-		applyWild(wild, req.GetWildcard())
+		applyDead(wild, req.GetInvalidation().GetDeadEdges(), now)
+		applyWild(wild, req.GetWildcard(), now)
 	}
 	n.wild = wild
 	n.reloading, n.reloadLog = false, nil

@@ -195,3 +195,75 @@ func TestNode_RefusesBeforeLoaded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNotify_LateWildcardChangesAreIgnored: a wildcard-first route key's
+// owner changes with the membership, so the old owner's notification can
+// reach a node after the new owner's. A replica keeps, per (route, edge),
+// the latest change by the edge's (incarnation, seq): a late remove must
+// not drop an acknowledged add (a loss), and a late add must not bring
+// back a removed route. Lookups read the replica.
+func TestNotify_LateWildcardChangesAreIgnored(t *testing.T) {
+	n, _ := newMemNode(t)
+	ctx := t.Context()
+	wild := func(op routerv1.RouteOp, inc, seq uint64) {
+		t.Helper()
+		_, err := n.Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "mem-0", Wildcard: &routerv1.WildcardDeltas{
+			Deltas: []*routerv1.WildcardDelta{{Route: &routerv1.Route{Tenant: "t1", Filter: "+/kw"}, EdgeId: "edge-a", Op: op, Incarnation: inc, Seq: seq}}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	dead := func(inc uint64) {
+		t.Helper()
+		_, err := n.Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "mem-0", Invalidation: &routerv1.RouteInvalidation{
+			Tenant: "t1", DeadEdges: []*routerv1.DeadEdge{{EdgeId: "edge-a", Incarnation: inc}}}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	routed := func(step string, want bool) {
+		t.Helper()
+		l, err := n.lookup(ctx, &routerv1.LookupRequest{Tenant: "t1", Topic: "x/kw"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(l.GetEdgeIds(), "edge-a"); got != want {
+			t.Fatalf("%s: routed to edge-a %v, want %v", step, got, want)
+		}
+	}
+	add, remove := routerv1.RouteOp_ROUTE_OP_ADD, routerv1.RouteOp_ROUTE_OP_REMOVE
+	wild(add, 1, 5)
+	routed("add 5", true)
+	wild(remove, 1, 4)
+	routed("late remove 4 after add 5", true)
+	wild(add, 1, 5)
+	routed("add 5 again (a retried notification)", true)
+	wild(remove, 1, 6)
+	routed("remove 6", false)
+	wild(add, 1, 5)
+	routed("late add 5 after remove 6", false)
+	wild(add, 1, 7)
+	routed("add 7", true)
+	// A re-sent route set (seq 7) that lacks the route removes it at 8; the
+	// edge's next change is an add at seq 8, which is not older.
+	wild(remove, 1, 8)
+	routed("route set at 7 without it", false)
+	wild(add, 1, 8)
+	routed("add 8", true)
+	wild(remove, 1, 8)
+	routed("the route set's remove, late", true)
+	dead(1)
+	routed("incarnation 1 dead", false)
+	wild(add, 1, 9)
+	routed("late add of the dead incarnation", false)
+	wild(add, 2, 1)
+	routed("incarnation 2 adds", true)
+	wild(remove, 1, 10)
+	routed("a remove of incarnation 1", true)
+	// A sender without seqs (seq 0): the latest notification wins, as
+	// before.
+	wild(remove, 2, 0)
+	routed("remove without seq", false)
+	wild(add, 2, 0)
+	routed("add without seq", true)
+}

@@ -1391,7 +1391,14 @@ type WildcardDelta struct {
 	// op to apply.
 	Op RouteOp `protobuf:"varint,3,opt,name=op,proto3,enum=keel.router.v1.RouteOp" json:"op,omitempty"`
 	// incarnation of the edge that registered the route.
-	Incarnation   uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// seq of the edge's change within its incarnation (RouteDelta.seq; for a
+	// route a re-sent route set no longer holds, the set's seq + 1; max uint64
+	// for a dead incarnation's). Owners of a route key change with the router
+	// membership, so notifications from two of them can arrive out of order: a
+	// replica ignores an add older than the route's last remove, and a remove
+	// not newer than the route's add. 0 (an older sender) applies as before.
+	Seq           uint64 `protobuf:"varint,5,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1450,6 +1457,13 @@ func (x *WildcardDelta) GetOp() RouteOp {
 func (x *WildcardDelta) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *WildcardDelta) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
 	}
 	return 0
 }
@@ -2623,12 +2637,13 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"]\n" +
 	"\x0eWildcardDeltas\x12\x14\n" +
 	"\x05reset\x18\x01 \x01(\bR\x05reset\x125\n" +
-	"\x06deltas\x18\x02 \x03(\v2\x1d.keel.router.v1.WildcardDeltaR\x06deltas\"\xa0\x01\n" +
+	"\x06deltas\x18\x02 \x03(\v2\x1d.keel.router.v1.WildcardDeltaR\x06deltas\"\xb2\x01\n" +
 	"\rWildcardDelta\x12+\n" +
 	"\x05route\x18\x01 \x01(\v2\x15.keel.router.v1.RouteR\x05route\x12\x17\n" +
 	"\aedge_id\x18\x02 \x01(\tR\x06edgeId\x12'\n" +
 	"\x02op\x18\x03 \x01(\x0e2\x17.keel.router.v1.RouteOpR\x02op\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"\xba\x01\n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\x12\x10\n" +
+	"\x03seq\x18\x05 \x01(\x04R\x03seq\"\xba\x01\n" +
 	"\n" +
 	"BloomChunk\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x18\n" +
