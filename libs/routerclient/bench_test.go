@@ -3,7 +3,9 @@ package routerclient
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -71,8 +73,12 @@ func BenchmarkClient_TrieMatch(b *testing.B) {
 // the devices scenario: its local route (devices/<id>/cmd/#), its anchor in
 // the tenant's Bloom filter (sized as the router sizes it), and after
 // warm-up nothing in the cache (Bloom negatives need no entry).
+// KEEL_ROUTER_BENCH_DEVICES sets the count (default 100,000).
 func BenchmarkClient_MemoryPerDevice(b *testing.B) {
-	const devices = 100_000
+	devices := 100_000
+	if v, err := strconv.Atoi(os.Getenv("KEEL_ROUTER_BENCH_DEVICES")); err == nil && v > 0 {
+		devices = v
+	}
 	for b.Loop() {
 		runtime.GC()
 		var before, after runtime.MemStats
@@ -90,7 +96,8 @@ func BenchmarkClient_MemoryPerDevice(b *testing.B) {
 		c.blooms["t1"] = bl
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/devices, "B/device")
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(devices), "B/device")
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB")
 		runtime.KeepAlive(c)
 	}
 }
