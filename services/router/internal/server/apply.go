@@ -173,14 +173,15 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 		if isWild && op == table.OpAdd && set.Routes[route] == nil && set.Len() >= n.cfg.WildcardCap {
 			n.m.wildcardRejects.Inc()
-			rejected = append(rejected, &routerv1.RouteReject{Seq: d.GetSeq(), Reason: ErrWildcardCap.Error()})
+			rejected = append(rejected, &routerv1.RouteReject{Seq: d.GetSeq(), Reason: ErrWildcardCap.Error(), Route: r})
 			continue
 		}
 		// A retry: the edge re-sent a delta this key already reflects, after
 		// its stream broke. The owner that applied it may have died before
 		// notifying the router nodes, so notify again (cheap, idempotent).
-		// Snapshot and dead-edge removes carry seq MaxUint64 and are no
-		// retries.
+		// A re-sent route set's remove of a route the key lacks counts too
+		// (its owner may have died the same way); dead-edge removes carry
+		// seq MaxUint64 and are no retries.
 		cur, has := set.Routes[route][ed.GetEdgeId()]
 		retry := d.GetSeq() != math.MaxUint64 && (op == table.OpAdd && has && cur.Inc == ed.GetIncarnation() && cur.Seq == d.GetSeq() ||
 			op == table.OpRemove && !has)
@@ -527,7 +528,7 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		applyDead(n.wild, inv.GetDeadEdges(), time.Now())
 	}
 	// Only the wildcard deltas that changed the replica go on to the edges.
-	wd = applyWild(n.wild, wd, time.Now())
+	wd = applyWild(n.wild, wd, n.dead, time.Now())
 	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || wd != nil
 	if n.reloading && (len(inv.GetDeadEdges()) > 0 || len(req.GetWildcard().GetDeltas()) > 0) {
 		n.reloadLog = append(n.reloadLog, req)
@@ -612,7 +613,9 @@ func applyDead(wild map[string]*wildReplica, dead []*routerv1.DeadEdge, now time
 // and returns those that changed a replica, or nil if none did: a delta
 // older than what a replica holds for its (route, edge) is not passed on
 // either, so the edges' tries stay as the node's.
-func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas, now time.Time) *routerv1.WildcardDeltas {
+//
+// dead holds the dead incarnation of each edge: their adds are ignored.
+func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas, dead map[string]uint64, now time.Time) *routerv1.WildcardDeltas {
 	var applied []*routerv1.WildcardDelta
 	for _, d := range wd.GetDeltas() {
 		r := d.GetRoute()
@@ -624,7 +627,7 @@ func applyWild(wild map[string]*wildReplica, wd *routerv1.WildcardDeltas, now ti
 		route := table.Route{Filter: r.GetFilter(), Group: r.GetShareGroup()}
 		var ok bool
 		if d.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
-			ok = w.add(route, d.GetEdgeId(), d.GetIncarnation(), d.GetSeq())
+			ok = dead[d.GetEdgeId()] < d.GetIncarnation() && w.add(route, d.GetEdgeId(), d.GetIncarnation(), d.GetSeq())
 		} else {
 			ok = w.remove(route, d.GetEdgeId(), d.GetIncarnation(), d.GetSeq(), now)
 		}
@@ -682,7 +685,7 @@ func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
 		return false
 	}
 	if t, ok := w.gone[r][edge]; ok {
-		if before(inc, seq, t.inc, t.seq) || inc == t.inc && t.seq == math.MaxUint64 {
+		if before(inc, seq, t.inc, t.seq) {
 			return false
 		}
 		delete(w.gone[r], edge)
@@ -698,6 +701,9 @@ func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
 		es = map[string]table.Entry{}
 		w.set.Routes[r] = es
 	}
+	if cur, ok := es[edge]; ok && cur.Inc == inc && seq == 0 {
+		seq = cur.Seq // a sender without seqs: keep the one known
+	}
 	es[edge] = table.Entry{Inc: inc, Seq: seq}
 	w.trie.Add(r.Filter, wildVal{route: r, edge: edge})
 	return true
@@ -706,15 +712,22 @@ func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
 // remove drops route for edge incarnation inc and older ones, unless the
 // add the replica holds is not older than the remove (the same
 // incarnation at the remove's seq or above: the remove was notified late),
-// and leaves a tombstone against late adds. Seq max uint64 removes a dead
-// incarnation's route for good. It reports whether the route was dropped.
+// and leaves a tombstone against late adds. Seq max uint64 (a dead
+// incarnation's remove, or a re-sent route set's from an older router)
+// removes whatever seq the add had, and its tombstone holds no seq: a dead
+// incarnation's adds are refused by the dead map instead, and an older
+// router's route set may be followed by adds at any seq. It reports
+// whether the route was dropped.
 func (w *wildReplica) remove(r table.Route, edge string, inc, seq uint64, now time.Time) bool {
 	es := w.set.Routes[r]
 	cur, held := es[edge]
 	if held && (cur.Inc > inc || cur.Inc == inc && seq != 0 && cur.Seq >= seq) {
 		return false
 	}
-	if t, ok := w.gone[r][edge]; !ok || before(t.inc, t.seq, inc, seq) {
+	if seq == math.MaxUint64 {
+		seq = 0
+	}
+	if t, ok := w.gone[r][edge]; !ok || t.inc < inc || t.inc == inc && t.seq < seq {
 		if w.gone == nil {
 			w.gone = map[table.Route]map[string]tombstone{}
 		}

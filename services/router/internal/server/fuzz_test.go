@@ -192,3 +192,81 @@ func FuzzNode_PeerRequests(f *testing.F) {
 		}
 	})
 }
+
+// TestNode_WildcardCap: a wildcard-first add past the tenant's cap is
+// refused with its own seq and stored nowhere, and the deltas beside it
+// are taken. A re-sent route set whose wildcard-first route is refused
+// (the cap reached since the edge's add was taken) answers no refusal
+// under the set's seq, which the edge would take for its own delta at
+// that seq; the node leaves the route out of what it holds for the edge,
+// so the edge's next digest differs and re-sends the set.
+func TestNode_WildcardCap(t *testing.T) {
+	n, st := newMemNode(t)
+	n.cfg.WildcardCap = 2
+	ack := func(c *edgeConn) *routerv1.RouteAck {
+		t.Helper()
+		for {
+			select {
+			case m := <-c.out:
+				if a := m.GetAck(); a != nil {
+					return a
+				}
+			default:
+				t.Fatal("no ack queued")
+			}
+		}
+	}
+	add := func(seq uint64, filter string) *routerv1.RouteDelta {
+		return &routerv1.RouteDelta{Seq: seq, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: filter}}
+	}
+	routedTo := func(topic string) []string {
+		t.Helper()
+		l, err := n.lookup(t.Context(), &routerv1.LookupRequest{Tenant: "t1", Topic: topic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.GetEdgeIds()
+	}
+	c1 := newEdgeConn(t.Context(), "e1", 1, 64)
+	defer c1.close(context.Canceled)
+	if err := n.handleEdgeRequest(c1, deltaFrame(add(1, "+/a"), add(2, "+/b"), add(3, "+/c"), add(4, "x/y"))); err != nil {
+		t.Fatal(err)
+	}
+	a := ack(c1)
+	if a.GetSeq() != 4 || len(a.GetRejected()) != 1 || a.GetRejected()[0].GetSeq() != 3 {
+		t.Fatalf("ack %v: want seq 4 with seq 3 refused", a)
+	}
+	if got := routedTo("q/c"); len(got) != 0 {
+		t.Fatalf("refused +/c routed to %v", got)
+	}
+	if got := routedTo("x/y"); len(got) != 1 || got[0] != "e1" {
+		t.Fatalf("x/y routed to %v, want [e1]", got)
+	}
+	checkStored(t, st)
+
+	c2 := newEdgeConn(t.Context(), "e2", 1, 64)
+	defer c2.close(context.Canceled)
+	snap := []*routerv1.Route{{Tenant: "t1", Filter: "+/d"}, {Tenant: "t1", Filter: "k/1"}}
+	if err := n.handleEdgeRequest(c2, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Snapshot{Snapshot: &routerv1.RouteSetSnapshot{Seq: 5, Last: true, Routes: snap}}}); err != nil {
+		t.Fatal(err)
+	}
+	if a := ack(c2); a.GetSeq() != 5 || len(a.GetRejected()) != 0 {
+		t.Fatalf("route set ack %v: want seq 5 and no refusal under it", a)
+	}
+	if got := routedTo("k/1"); len(got) != 1 || got[0] != "e2" {
+		t.Fatalf("k/1 routed to %v, want [e2]", got)
+	}
+	if got := routedTo("q/d"); len(got) != 0 {
+		t.Fatalf("refused +/d routed to %v", got)
+	}
+	var dig routes.Digest
+	for _, r := range snap {
+		dig.Add(keyOf(r))
+	}
+	if err := n.handleEdgeRequest(c2, &routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Digest{Digest: &routerv1.RouteSetDigest{Seq: 5, RouteCount: dig.Count, Digest: dig.Sum}}}); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-c2.out; m.GetDigestResult() == nil || m.GetDigestResult().GetMatch() {
+		t.Fatalf("digest of the set with the refused route answered %v, want a mismatch", m)
+	}
+}

@@ -369,6 +369,21 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 		if err != nil {
 			return err
 		}
+		// The routes of a re-sent set share its seq, so a refusal (the
+		// wildcard cap, reached since the edge's own add was taken) cannot
+		// go back under that seq: the edge would take it for its delta at
+		// that seq. The routes refused are left out of what this node holds
+		// for the edge, so its digest differs and the next one re-sends
+		// the set.
+		for _, rj := range rejected {
+			k := keyOf(rj.GetRoute())
+			if _, ok := set[k]; ok {
+				delete(set, k)
+				dig.Remove(k)
+			}
+			n.logger.Warn("route of a re-sent route set refused", logging.KeyEdgeID, c.id, "tenant", k.Tenant, "filter", k.Filter, "reason", rj.GetReason())
+		}
+		rejected = nil
 		c.routes, c.digest = set, dig
 		c.applied = max(c.applied, s.GetSeq())
 		if v := n.View(); v == c.snapStart {

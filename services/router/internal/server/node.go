@@ -513,7 +513,7 @@ func (n *Node) reload(ctx context.Context) error {
 	// must not be undone by merging in older replicas.
 	for _, req := range n.reloadLog {
 		applyDead(wild, req.GetInvalidation().GetDeadEdges(), now)
-		applyWild(wild, req.GetWildcard(), now)
+		applyWild(wild, req.GetWildcard(), n.dead, now)
 	}
 	n.wild = wild
 	n.reloading, n.reloadLog = false, nil

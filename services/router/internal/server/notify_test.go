@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -261,9 +262,19 @@ func TestNotify_LateWildcardChangesAreIgnored(t *testing.T) {
 	wild(remove, 1, 10)
 	routed("a remove of incarnation 1", true)
 	// A sender without seqs (seq 0): the latest notification wins, as
-	// before.
+	// before, and the seq known stays.
 	wild(remove, 2, 0)
 	routed("remove without seq", false)
 	wild(add, 2, 0)
 	routed("add without seq", true)
+	wild(add, 2, 5)
+	wild(add, 2, 0)
+	wild(remove, 2, 3)
+	routed("late remove 3 after add 5 and a re-notified add without seq", true)
+	// An older router removes what a re-sent route set lacks at max uint64:
+	// the incarnation is not dead, and its next add holds.
+	wild(remove, 2, math.MaxUint64)
+	routed("route set from an older router without it", false)
+	wild(add, 2, 6)
+	routed("add 6 after it", true)
 }

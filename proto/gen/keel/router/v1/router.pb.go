@@ -1091,7 +1091,10 @@ type RouteReject struct {
 	// seq of the refused delta.
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// reason is a short explanation.
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// route refused. Between router nodes only: the routes of a re-sent route
+	// set share its seq, so a node tells them apart by route.
+	Route         *Route `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1138,6 +1141,13 @@ func (x *RouteReject) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RouteReject) GetRoute() *Route {
+	if x != nil {
+		return x.Route
+	}
+	return nil
 }
 
 // RouteDigestResult answers a RouteSetDigest.
@@ -2618,10 +2628,11 @@ const file_keel_router_v1_router_proto_rawDesc = "" +
 	"RouteReady\"U\n" +
 	"\bRouteAck\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x127\n" +
-	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"7\n" +
+	"\brejected\x18\x02 \x03(\v2\x1b.keel.router.v1.RouteRejectR\brejected\"d\n" +
 	"\vRouteReject\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\";\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12+\n" +
+	"\x05route\x18\x03 \x01(\v2\x15.keel.router.v1.RouteR\x05route\";\n" +
 	"\x11RouteDigestResult\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05match\x18\x02 \x01(\bR\x05match\"\x9f\x01\n" +
@@ -2807,37 +2818,38 @@ var file_keel_router_v1_router_proto_depIdxs = []int32{
 	12, // 16: keel.router.v1.RouteSyncResponse.ready:type_name -> keel.router.v1.RouteReady
 	10, // 17: keel.router.v1.RouteSyncResponse.settle:type_name -> keel.router.v1.RouteSettle
 	14, // 18: keel.router.v1.RouteAck.rejected:type_name -> keel.router.v1.RouteReject
-	17, // 19: keel.router.v1.RouteInvalidation.dead_edges:type_name -> keel.router.v1.DeadEdge
-	19, // 20: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
-	1,  // 21: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
-	0,  // 22: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
-	36, // 23: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
-	24, // 24: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
-	25, // 25: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
-	36, // 26: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
-	26, // 27: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
-	2,  // 28: keel.router.v1.EdgeDelta.delta:type_name -> keel.router.v1.RouteDelta
-	29, // 29: keel.router.v1.ApplyRoutesRequest.deltas:type_name -> keel.router.v1.EdgeDelta
-	14, // 30: keel.router.v1.ApplyRoutesResponse.rejected:type_name -> keel.router.v1.RouteReject
-	16, // 31: keel.router.v1.NotifyRequest.invalidation:type_name -> keel.router.v1.RouteInvalidation
-	18, // 32: keel.router.v1.NotifyRequest.wildcard:type_name -> keel.router.v1.WildcardDeltas
-	3,  // 33: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
-	22, // 34: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
-	34, // 35: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
-	27, // 36: keel.router.v1.RouterService.RemoveEdge:input_type -> keel.router.v1.RemoveEdgeRequest
-	30, // 37: keel.router.v1.RouterService.ApplyRoutes:input_type -> keel.router.v1.ApplyRoutesRequest
-	32, // 38: keel.router.v1.RouterService.Notify:input_type -> keel.router.v1.NotifyRequest
-	9,  // 39: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
-	23, // 40: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
-	35, // 41: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
-	28, // 42: keel.router.v1.RouterService.RemoveEdge:output_type -> keel.router.v1.RemoveEdgeResponse
-	31, // 43: keel.router.v1.RouterService.ApplyRoutes:output_type -> keel.router.v1.ApplyRoutesResponse
-	33, // 44: keel.router.v1.RouterService.Notify:output_type -> keel.router.v1.NotifyResponse
-	39, // [39:45] is the sub-list for method output_type
-	33, // [33:39] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	1,  // 19: keel.router.v1.RouteReject.route:type_name -> keel.router.v1.Route
+	17, // 20: keel.router.v1.RouteInvalidation.dead_edges:type_name -> keel.router.v1.DeadEdge
+	19, // 21: keel.router.v1.WildcardDeltas.deltas:type_name -> keel.router.v1.WildcardDelta
+	1,  // 22: keel.router.v1.WildcardDelta.route:type_name -> keel.router.v1.Route
+	0,  // 23: keel.router.v1.WildcardDelta.op:type_name -> keel.router.v1.RouteOp
+	36, // 24: keel.router.v1.RouteHeartbeat.cache_lease:type_name -> google.protobuf.Duration
+	24, // 25: keel.router.v1.LookupResponse.shared_groups:type_name -> keel.router.v1.SharedGroupRoute
+	25, // 26: keel.router.v1.LookupResponse.anchors:type_name -> keel.router.v1.AnchorRoutes
+	36, // 27: keel.router.v1.LookupResponse.cache_lease:type_name -> google.protobuf.Duration
+	26, // 28: keel.router.v1.AnchorRoutes.routes:type_name -> keel.router.v1.AnchorRoute
+	2,  // 29: keel.router.v1.EdgeDelta.delta:type_name -> keel.router.v1.RouteDelta
+	29, // 30: keel.router.v1.ApplyRoutesRequest.deltas:type_name -> keel.router.v1.EdgeDelta
+	14, // 31: keel.router.v1.ApplyRoutesResponse.rejected:type_name -> keel.router.v1.RouteReject
+	16, // 32: keel.router.v1.NotifyRequest.invalidation:type_name -> keel.router.v1.RouteInvalidation
+	18, // 33: keel.router.v1.NotifyRequest.wildcard:type_name -> keel.router.v1.WildcardDeltas
+	3,  // 34: keel.router.v1.RouterService.RouteSync:input_type -> keel.router.v1.RouteSyncRequest
+	22, // 35: keel.router.v1.RouterService.Lookup:input_type -> keel.router.v1.LookupRequest
+	34, // 36: keel.router.v1.RouterService.Status:input_type -> keel.router.v1.StatusRequest
+	27, // 37: keel.router.v1.RouterService.RemoveEdge:input_type -> keel.router.v1.RemoveEdgeRequest
+	30, // 38: keel.router.v1.RouterService.ApplyRoutes:input_type -> keel.router.v1.ApplyRoutesRequest
+	32, // 39: keel.router.v1.RouterService.Notify:input_type -> keel.router.v1.NotifyRequest
+	9,  // 40: keel.router.v1.RouterService.RouteSync:output_type -> keel.router.v1.RouteSyncResponse
+	23, // 41: keel.router.v1.RouterService.Lookup:output_type -> keel.router.v1.LookupResponse
+	35, // 42: keel.router.v1.RouterService.Status:output_type -> keel.router.v1.StatusResponse
+	28, // 43: keel.router.v1.RouterService.RemoveEdge:output_type -> keel.router.v1.RemoveEdgeResponse
+	31, // 44: keel.router.v1.RouterService.ApplyRoutes:output_type -> keel.router.v1.ApplyRoutesResponse
+	33, // 45: keel.router.v1.RouterService.Notify:output_type -> keel.router.v1.NotifyResponse
+	40, // [40:46] is the sub-list for method output_type
+	34, // [34:40] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_keel_router_v1_router_proto_init() }

@@ -245,6 +245,7 @@ func (r *RoutingTable) updateRouting() {
 
 	// This function is only run by the cluster coordinator.
 	if !r.discovery.IsCoordinator() {
+		atomic.StoreInt32(&r.pushFailures, 0) // keel patch: no push to retry
 		return
 	}
 
@@ -252,6 +253,7 @@ func (r *RoutingTable) updateRouting() {
 	// as observed by the local member’s cluster membership manager
 	if err := r.CheckMemberCountQuorum(); err != nil {
 		r.log.V(2).Printf("[ERROR] Impossible to calculate and update routing table: %v", err)
+		atomic.StoreInt32(&r.pushFailures, 0) // keel patch: a join brings the next push
 		return
 	}
 
@@ -285,7 +287,7 @@ func (r *RoutingTable) updateRouting() {
 // doubled after each further failure up to maxPushRetryDelay (keel patch).
 const (
 	pushRetryDelay    = 250 * time.Millisecond
-	maxPushRetryDelay = 8 * time.Second
+	maxPushRetryDelay = 2 * time.Second
 )
 
 // askForRetry has pushPeriodically push the table again after a delay
