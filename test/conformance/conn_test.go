@@ -2,7 +2,9 @@ package conformance
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -116,6 +118,13 @@ func TestConformance_ConnectTimeout(t *testing.T) {
 	})
 }
 
+// v311Connect is an MQTT 3.1.1 CONNECT for clientID with clean session and
+// a 30 s keep alive.
+func v311Connect(clientID string) []byte {
+	body := append([]byte{0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 30, byte(len(clientID) >> 8), byte(len(clientID))}, clientID...)
+	return append([]byte{0x10, byte(len(body))}, body...)
+}
+
 func rawConnectBytes(t *testing.T) []byte {
 	t.Helper()
 	var b bytes.Buffer
@@ -186,14 +195,20 @@ func TestConformance_MaxSubscriptions(t *testing.T) {
 }
 
 // TestConformance_ServerShutdown stops the edge with SIGTERM and checks that
-// MQTT 5 clients get DISCONNECT 0x8B (Server shutting down) and the process
-// exits 0.
+// MQTT 5 clients get DISCONNECT 0x8B (Server shutting down), that MQTT
+// 3.1.1 clients see their connection closed with no DISCONNECT (3.1.1
+// defines none from the server, §3.14), and that the process exits 0.
 func TestConformance_ServerShutdown(t *testing.T) {
 	t.Parallel()
 	skipIfExternal(t, "the test stops the broker")
 	e := startEdge(t)
 	c := connectV5(t, e.TCP, v5Connect("sd-"+uniq()))
 	old := connectV3(t, v3Options("tcp://"+e.TCP, "sd3-"+uniq()))
+	raw3 := dialRaw(t, e.TCP)
+	raw3.sendBytes(t, v311Connect("sd3raw-"+uniq()))
+	ca, err := raw3.readFrame(waitMsg)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0x20, 0x02, 0x00, 0x00}, ca, "3.1.1 CONNACK, accepted")
 	e.stop(t)
 	require.Equal(t, byte(0x8b), c.expectDisconnect(t).ReasonCode, "§3.14.2.1 Server shutting down")
 	select {
@@ -201,6 +216,11 @@ func TestConformance_ServerShutdown(t *testing.T) {
 	case <-time.After(waitMsg):
 		t.Fatal("the MQTT 3.1.1 connection stayed open")
 	}
-	_, err := dialV5(t, e.TCP, v5Connect("late-"+uniq()))
+	if f, err := raw3.readFrame(waitMsg); err == nil {
+		t.Fatalf("the MQTT 3.1.1 client was sent % x at shutdown; want the connection closed, no packet", f)
+	} else if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the MQTT 3.1.1 connection stayed open")
+	}
+	_, err = dialV5(t, e.TCP, v5Connect("late-"+uniq()))
 	require.Error(t, err, "the listener is closed")
 }

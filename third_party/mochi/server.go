@@ -1482,7 +1482,15 @@ func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {
 
 	// We already have a code we are using to disconnect the client, so we are not
 	// interested if the write packet fails due to a closed connection (as we are closing it).
-	err := cl.WritePacket(out)
+	//
+	// keel patch: only MQTT 5 defines a DISCONNECT from the server; a 3.1.1
+	// or 3.1 client is disconnected by closing the connection (§3.14:
+	// "sent from the Client to the Server"), which it may otherwise take
+	// for a protocol violation.
+	var err error
+	if cl.Properties.ProtocolVersion == 5 {
+		err = cl.WritePacket(out)
+	}
 	if !s.Options.Capabilities.Compatibilities.PassiveClientDisconnect {
 		cl.Stop(code)
 		if code.Code >= packets.ErrUnspecifiedError.Code {
