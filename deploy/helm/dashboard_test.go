@@ -310,14 +310,7 @@ func TestDashboardShape(t *testing.T) {
 // binary where possible and otherwise declared in the code.
 func TestDashboardMetricsExported(t *testing.T) {
 	d := loadDashboard(t)
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	known := declaredMetrics(t, root)
-	if len(known) < 20 {
-		t.Fatalf("found only %d declared metrics under services/ and libs/; the scan is broken", len(known))
-	}
+	root, known := repoDeclaredMetrics(t)
 	if testing.Short() {
 		t.Log("-short: not building and scraping the services; checking against declared metrics only")
 	} else {
@@ -384,6 +377,21 @@ func TestDashboardCheckerCatchesTypos(t *testing.T) {
 	if variableExpr(`label_values({__name__=~"keel_.+", job=~"$job"}, instance)`) != `{__name__=~"keel_.+", job=~"$job"}` {
 		t.Error("variableExpr does not unwrap label_values")
 	}
+}
+
+// repoDeclaredMetrics returns the repository root and the metrics its code
+// declares (declaredMetrics), failing if the scan found too few to be right.
+func repoDeclaredMetrics(t *testing.T) (string, map[string]metricInfo) {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := declaredMetrics(t, root)
+	if len(known) < 20 {
+		t.Fatalf("found only %d declared metrics under services/ and libs/; the scan is broken", len(known))
+	}
+	return root, known
 }
 
 // ---------------------------------------------------------------- checking
