@@ -273,3 +273,60 @@ func TestAppend_UnmarkedCostsNoCommand(t *testing.T) {
 	}
 	require.Zero(t, rdb.Exists(ctx, keysOf(k).took).Val())
 }
+
+// TestCommit_CoalescesRetainedPerTopic commits one batch of retained
+// writes, several to one topic: only the write the script would leave
+// (the newest; of equal ones the last) reaches Redis, the others ride on
+// its call and are answered "not changed", and what is stored is what the
+// same writes leave one call at a time.
+func TestCommit_CoalescesRetainedPerTopic(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	put := func(topic string, created int64, payload string) store.Op {
+		return store.Op{Kind: store.OpPutRetained, Tenant: "acme", Retained: &store.Message{ID: fmt.Sprintf("e/1/%s/%d/%s", topic, created, payload),
+			Topic: topic, Payload: []byte(payload), QoS: 1, Created: created}}
+	}
+	ops := func() []store.Op {
+		return []store.Op{
+			put("s/t", 1, "a"),
+			put("s/u", 1, "u"),
+			put("s/t", 3, "c"),
+			put("s/t", 2, "b"), // older than the one before: the script refuses it
+			put("s/v", 1, ""),  // clears what is not there
+			put("s/t", 3, "d"), // as new as c, and later: it stays
+			put("s/w", 2, "w"),
+			put("s/w", 1, ""), // an older clear: refused
+		}
+	}
+	stored := func(s *Store) map[string]string {
+		t.Helper()
+		ms, err := s.LookupRetained(t.Context(), "acme", "#", 100)
+		require.NoError(t, err)
+		out := map[string]string{}
+		for _, m := range ms {
+			out[m.Topic] = string(m.Payload)
+		}
+		return out
+	}
+	var states []map[string]string
+	for _, merged := range []bool{true, false} {
+		node := redistest.StartNode(t)
+		s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		shape, results := committed(t, s, ops(), merged)
+		if merged {
+			require.Equal(t, [][]int{{1}, {4}, {5, 0, 3, 2}, {6, 7}}, shape)
+			var changed []bool
+			for i, r := range results {
+				require.NoError(t, r.Err, "op %d", i)
+				changed = append(changed, r.Changed)
+			}
+			require.Equal(t, []bool{false, true, false, false, false, true, true, false}, changed)
+		}
+		states = append(states, stored(s))
+	}
+	require.Equal(t, map[string]string{"s/t": "d", "s/u": "u", "s/w": "w"}, states[0])
+	require.Equal(t, states[1], states[0], "coalesced and one call at a time differ")
+}

@@ -81,7 +81,11 @@ type op struct {
 	keys   []string
 	args   []any
 	wait   bool // needs replication before it counts
-	result chan opResult
+	// superseded: a retained write a newer one of its topic replaced in
+	// the same commit (see merge); it is answered "not changed" once that
+	// one is written.
+	superseded bool
+	result     chan opResult
 }
 
 type opResult struct {
@@ -252,13 +256,25 @@ const (
 // whichever runs first. A send and a complete do not (a packet ID is
 // reused): a send never joins an append call that a complete of its session
 // followed. Every other write of the session ends the merging.
+//
+// Retained writes are coalesced per topic: of a topic's writes in one
+// batch only the newest (the last of those with the highest creation time,
+// the one the script would leave) is written, at its place in the batch;
+// the others ride on its call, answered "not changed" with its error and
+// its replication. A retained topic's writes touch only its tenant's hash
+// field and index nodes, which other topics' writes leave consistent in
+// either order, so moving one past them is safe.
 func merge(batch []*op) []*scriptCall {
 	calls := make([]*scriptCall, 0, len(batch))
 	sessions := make(map[string]*openCalls, len(batch))
+	riders := coalesceRetained(batch)
 	var sends uint64
 	for i, o := range batch {
 		if o.script == scriptSend {
 			sends++
+		}
+		if o.superseded {
+			continue
 		}
 		k := o.keys[0]
 		st := sessions[k]
@@ -298,6 +314,10 @@ func merge(batch []*op) []*scriptCall {
 			}
 		}
 		c := &scriptCall{script: o.script, keys: o.keys, args: o.args, wait: o.wait, ops: []int{i}, sends: sends}
+		for _, j := range riders[i] {
+			c.ops = append(c.ops, j)
+			c.wait = c.wait || batch[j].wait
+		}
 		if into != nil {
 			c.args = slices.Clip(o.args) // appended to if merged into: never into the op's own array
 			*into = c
@@ -309,6 +329,41 @@ func merge(batch []*op) []*scriptCall {
 		calls = append(calls, c)
 	}
 	return calls
+}
+
+// coalesceRetained marks every retained write of batch that a later or
+// newer write of its (tenant, topic) in the batch replaces as superseded,
+// and returns the superseded ops' indexes by the index of the write that
+// replaces them.
+func coalesceRetained(batch []*op) map[int][]int {
+	type topicKey struct{ hash, topic string }
+	var newest map[topicKey]int
+	var riders map[int][]int
+	for i, o := range batch {
+		if o.script != scriptPutRetained {
+			continue
+		}
+		if newest == nil {
+			newest, riders = map[topicKey]int{}, map[int][]int{}
+		}
+		k := topicKey{o.keys[0], o.args[1].(string)}
+		w, seen := newest[k]
+		if !seen {
+			newest[k] = i
+			continue
+		}
+		// The script refuses a write older than the stored one; of equal
+		// ones the later stays.
+		loser, winner := w, i
+		if batch[i].args[3].(int64) < batch[w].args[3].(int64) {
+			loser, winner = i, w
+		}
+		batch[loser].superseded = true
+		riders[winner] = append(riders[winner], append(riders[loser], loser)...)
+		delete(riders, loser)
+		newest[k] = winner
+	}
+	return riders
 }
 
 // bodyExpiry is how long a message's body outlives its MQTT expiry: the
@@ -455,6 +510,9 @@ func (s *Store) finish(ctx context.Context, conn *redis.Conn, w *written, prev <
 						oerr = scriptError(text)
 					}
 				}
+			}
+			if o.superseded && oerr == nil {
+				v = int64(0)
 			}
 			if oerr == nil && o.wait && !replicated {
 				oerr = store.ErrNotReplicated
