@@ -16,7 +16,9 @@
 //	KEEL_CONFORMANCE_WS_ADDR  host:port of that broker's WebSocket listener
 //	                          (path /mqtt); WebSocket tests skip without it
 //	KEEL_CONFORMANCE_EDGE_BIN a prebuilt keel-edge to use instead of building
-//	KEEL_CONFORMANCE_RACE     non-empty: build keel-edge with -race
+//	KEEL_CONFORMANCE_RACE     1: build keel-edge with -race, 0: without;
+//	                          unset: with -race when the tests run with it
+//	                          (make test, CI)
 //
 // Under -short every test skips.
 package conformance

@@ -69,7 +69,7 @@ func buildEdge(dir string) (string, error) {
 	}
 	bin := filepath.Join(dir, "keel-edge")
 	args := []string{"build", "-o", bin}
-	if os.Getenv(envRace) != "" {
+	if race := os.Getenv(envRace); race != "" && race != "0" || race == "" && raceEnabled {
 		args = append(args, "-race")
 	}
 	args = append(args, "./services/edge/cmd/keel-edge")
