@@ -443,16 +443,28 @@ local function join(prefix, l, n)
   if n == 0 then return l end
   return prefix .. '/' .. l
 end
+-- each calls f with the members of set key, a few hundred at a time, until
+-- f returns false or out is full: a wildcard level with many children costs
+-- what the answer needs, not the whole set.
+local function each(key, f)
+  local cursor = '0'
+  repeat
+    local r = redis.call('SSCAN', key, cursor, 'COUNT', 256)
+    cursor = r[1]
+    for _, c in ipairs(r[2]) do
+      if #out >= limit or f(c) == false then return end
+    end
+  until cursor == '0' or #out >= limit
+end
 -- all emits every topic below prefix (n levels).
 local function all(prefix, n)
-  for _, c in ipairs(redis.call('SMEMBERS', node(prefix, n))) do
-    if #out >= limit then return end
+  each(node(prefix, n), function(c)
     if not (n == 0 and string.sub(c, 1, 1) == '$') then
       local p = join(prefix, c, n)
       emit(p)
       all(p, n + 1)
     end
-  end
+  end)
 end
 -- walk matches levels[n+1..] below prefix (n levels).
 local function walk(prefix, n)
@@ -463,14 +475,17 @@ local function walk(prefix, n)
     all(prefix, n)
     return
   end
-  local cands
-  if l == '+' then cands = redis.call('SMEMBERS', node(prefix, n)) else cands = {l} end
-  for _, c in ipairs(cands) do
-    if not (l == '+' and n == 0 and string.sub(c, 1, 1) == '$') then
-      local p = join(prefix, c, n)
-      if n + 1 == #levels then emit(p) else walk(p, n + 1) end
-    end
+  local function step(c)
+    local p = join(prefix, c, n)
+    if n + 1 == #levels then emit(p) else walk(p, n + 1) end
   end
+  if l ~= '+' then
+    step(l)
+    return
+  end
+  each(node(prefix, n), function(c)
+    if not (n == 0 and string.sub(c, 1, 1) == '$') then step(c) end
+  end)
 end
 walk('', 0)
 return out`

@@ -308,6 +308,26 @@ func testRetained(t *testing.T, s store.Store) {
 	require.Equal(t, []string{"a", "a//c", "a/b", "a/x/c"}, topics(got))
 	got, _ = s.LookupRetained(ctx, "other", "#", 100)
 	require.Equal(t, []string{"a"}, topics(got), "tenants are apart")
+
+	// A wildcard level with many children (the index is read a page at a
+	// time): every match up to the limit, and the limit.
+	var wantWide []string
+	for i := range 1500 {
+		tp := fmt.Sprintf("wide/%d/t", i)
+		_, err := s.PutRetained(ctx, "wide", rmsg(tp, 1, "v"))
+		require.NoError(t, err)
+		_, err = s.PutRetained(ctx, "wide", rmsg(fmt.Sprintf("wide/%d/u", i), 1, "v"))
+		require.NoError(t, err)
+		wantWide = append(wantWide, tp)
+	}
+	sort.Strings(wantWide)
+	got, err = s.LookupRetained(ctx, "wide", "wide/+/t", 2000)
+	require.NoError(t, err)
+	require.Equal(t, wantWide, topics(got), "wide/+/t")
+	got, _ = s.LookupRetained(ctx, "wide", "wide/+/t", 10)
+	require.Len(t, got, 10, "limit on a wide level")
+	got, _ = s.LookupRetained(ctx, "wide", "#", 5000)
+	require.Len(t, got, 3000, "# on a wide level")
 }
 
 func testBadInput(t *testing.T, s store.Store) {
