@@ -275,10 +275,11 @@ func TestAppend_UnmarkedCostsNoCommand(t *testing.T) {
 }
 
 // TestCommit_CoalescesRetainedPerTopic commits one batch of retained
-// writes, several to one topic: only the write the script would leave
-// (the newest; of equal ones the last) reaches Redis, the others ride on
-// its call and are answered "not changed", and what is stored is what the
-// same writes leave one call at a time.
+// writes, several to one topic: of a topic's sets with no clear between,
+// only the one the script would leave (the newest; of equal ones the last)
+// reaches Redis, the others ride on its call and are answered "not
+// changed", and what is stored is what the same writes leave one call at a
+// time. Creation times compare exactly, not as doubles.
 func TestCommit_CoalescesRetainedPerTopic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("redis: skipped under -short")
@@ -296,7 +297,12 @@ func TestCommit_CoalescesRetainedPerTopic(t *testing.T) {
 			put("s/v", 1, ""),  // clears what is not there
 			put("s/t", 3, "d"), // as new as c, and later: it stays
 			put("s/w", 2, "w"),
-			put("s/w", 1, ""), // an older clear: refused
+			put("s/w", 1, ""),  // an older clear: refused
+			put("s/x", 5, ""),  // clears what is not there...
+			put("s/x", 1, "x"), // ...so this older set is stored
+			put("s/x", 2, "y"), // and replaced
+			put("s/y", 1_700_000_000_000_000_100, "y1"),
+			put("s/y", 1_700_000_000_000_000_000, "y0"), // 100 ns older: refused, though equal as doubles
 		}
 	}
 	stored := func(s *Store) map[string]string {
@@ -317,16 +323,16 @@ func TestCommit_CoalescesRetainedPerTopic(t *testing.T) {
 		t.Cleanup(func() { _ = s.Close() })
 		shape, results := committed(t, s, ops(), merged)
 		if merged {
-			require.Equal(t, [][]int{{1}, {4}, {5, 0, 3, 2}, {6, 7}}, shape)
+			require.Equal(t, [][]int{{1}, {4}, {5, 0, 3, 2}, {6}, {7}, {8}, {10, 9}, {11, 12}}, shape)
 			var changed []bool
 			for i, r := range results {
 				require.NoError(t, r.Err, "op %d", i)
 				changed = append(changed, r.Changed)
 			}
-			require.Equal(t, []bool{false, true, false, false, false, true, true, false}, changed)
+			require.Equal(t, []bool{false, true, false, false, false, true, true, false, false, false, true, true, false}, changed)
 		}
 		states = append(states, stored(s))
 	}
-	require.Equal(t, map[string]string{"s/t": "d", "s/u": "u", "s/w": "w"}, states[0])
+	require.Equal(t, map[string]string{"s/t": "d", "s/u": "u", "s/w": "w", "s/x": "y", "s/y": "y1"}, states[0])
 	require.Equal(t, states[1], states[0], "coalesced and one call at a time differ")
 }

@@ -220,7 +220,7 @@ type scriptCall struct {
 	keys   []string
 	args   []any
 	wait   bool
-	ops    []int  // indexes in the batch, in order
+	ops    []int  // indexes in the batch, in order (a coalesced retained write's riders after it)
 	sends  uint64 // sends seen in the batch when the call was made
 }
 
@@ -257,11 +257,12 @@ const (
 // reused): a send never joins an append call that a complete of its session
 // followed. Every other write of the session ends the merging.
 //
-// Retained writes are coalesced per topic: of a topic's writes in one
-// batch only the newest (the last of those with the highest creation time,
-// the one the script would leave) is written, at its place in the batch;
-// the others ride on its call, answered "not changed" with its error and
-// its replication. A retained topic's writes touch only its tenant's hash
+// Retained sets are coalesced per topic: of a topic's sets in one batch
+// with no clear of it between, only the newest (the last of those with the
+// highest creation time, the one the script would leave) is written, at
+// its place in the batch; the others ride on its call, answered "not
+// changed" with its error and its replication. (Riders are attached where
+// a call is made: retained writes never merge into an open call.) A retained topic's writes touch only its tenant's hash
 // field and index nodes, which other topics' writes leave consistent in
 // either order, so moving one past them is safe.
 func merge(batch []*op) []*scriptCall {
@@ -331,10 +332,12 @@ func merge(batch []*op) []*scriptCall {
 	return calls
 }
 
-// coalesceRetained marks every retained write of batch that a later or
-// newer write of its (tenant, topic) in the batch replaces as superseded,
-// and returns the superseded ops' indexes by the index of the write that
-// replaces them.
+// coalesceRetained marks every retained set of batch that a later or
+// newer set of its (tenant, topic) replaces, with no clear of the topic
+// between them, as superseded, and returns the superseded ops' indexes by
+// the index of the set that replaces them. Of sets alone the script keeps
+// the newest (of equal ones the last), whatever is stored; a clear between
+// would make the order matter.
 func coalesceRetained(batch []*op) map[int][]int {
 	type topicKey struct{ hash, topic string }
 	var newest map[topicKey]int
@@ -347,6 +350,12 @@ func coalesceRetained(batch []*op) map[int][]int {
 			newest, riders = map[topicKey]int{}, map[int][]int{}
 		}
 		k := topicKey{o.keys[0], o.args[1].(string)}
+		if o.args[4] == "1" {
+			// A clear stands alone and ends the topic's group: it leaves
+			// nothing stored, and a set after it is stored however old.
+			delete(newest, k)
+			continue
+		}
 		w, seen := newest[k]
 		if !seen {
 			newest[k] = i

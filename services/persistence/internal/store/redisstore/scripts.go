@@ -404,10 +404,19 @@ return {epoch, rec, subs, q, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1
 // empty first level). A message is replaced only by a newer one; an empty
 // payload deletes it and prunes the index.
 const scriptPutRetained = `
-local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'
+local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
+-- older compares creation times (unix ns) as decimal text: as Lua numbers
+-- (doubles) times 256 ns apart compare equal.
+local function older(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
 local old = redis.call('HGET', KEYS[1], topic)
-if old and cjson.decode(old).c > created then return 0 end
+if old then
+  local c = string.match(old, ',"c":(%d+)') or string.format('%d', cjson.decode(old).c)
+  if older(created, c) then return 0 end
+end
 local levels = {}
 for l in string.gmatch(topic .. '/', '([^/]*)/') do table.insert(levels, l) end
 if empty then
@@ -433,9 +442,10 @@ local tenant, filter, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
 local levels = {}
 for l in string.gmatch(filter .. '/', '([^/]*)/') do table.insert(levels, l) end
-local out = {}
+local out, seen = {}, {}
 local function emit(topic)
-  if #out >= limit then return end
+  if #out >= limit or seen[topic] then return end
+  seen[topic] = true
   local v = redis.call('HGET', KEYS[1], topic)
   if v then table.insert(out, v) end
 end
@@ -444,15 +454,18 @@ local function join(prefix, l, n)
   return prefix .. '/' .. l
 end
 -- each calls f with the members of set key, a few hundred at a time, until
--- f returns false or out is full: a wildcard level with many children costs
--- what the answer needs, not the whole set.
+-- out is full: a wildcard level with many children costs what the answer
+-- needs, not the whole set. (SSCAN may return a member twice if the set is
+-- resized between pages, which no write in this script can do; emit
+-- answers a topic once all the same.)
 local function each(key, f)
   local cursor = '0'
   repeat
     local r = redis.call('SSCAN', key, cursor, 'COUNT', 256)
     cursor = r[1]
     for _, c in ipairs(r[2]) do
-      if #out >= limit or f(c) == false then return end
+      if #out >= limit then return end
+      f(c)
     end
   until cursor == '0' or #out >= limit
 end
