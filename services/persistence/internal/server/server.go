@@ -49,9 +49,6 @@ type Config struct {
 	// sessions or tenants are refused as invalid.
 	Slots slots.Table `yaml:"-"`
 	Group uint32      `yaml:"-"`
-	// TenantQueues bound the entries queued for each tenant's sessions
-	// (store.QueueLimits.TenantMax of every append).
-	TenantQueues store.TenantQuotas `yaml:"-"`
 	// Gate, if set, is asked before each batch; an error answers the batch
 	// UNAVAILABLE (the instance lost its coordinator lease: it must not
 	// acknowledge anything).
@@ -96,7 +93,7 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group, quotas: cfg.TenantQueues}, store: st, metrics: m, status: status, logger: logger,
+	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group}, store: st, metrics: m, status: status, logger: logger,
 		stopped: make(chan struct{})}
 }
 

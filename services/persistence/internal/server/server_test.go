@@ -461,17 +461,3 @@ func TestServer_OtherGroupRefused(t *testing.T) {
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, newWriter(t, byGroup[1-tenantGroup].client).write(put).GetStatus())
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, newWriter(t, byGroup[tenantGroup].client).write(put).GetStatus())
 }
-
-// TestServer_TenantQueueQuota: the service bounds each tenant's queued
-// entries from its own configuration (a tenant of its own over the
-// default); nothing in a request sets the bound.
-func TestServer_TenantQueueQuota(t *testing.T) {
-	t.Parallel()
-	ts := startServerWith(t, boltStore(t), Config{TenantQueues: store.TenantQuotas{Default: 100, For: map[string]int{"acme": 2}}})
-	w := newWriter(t, ts.client)
-	resp := w.write(activate(1), appendOp(1, 1, 2, 3))
-	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
-	require.Equal(t, uint32(2), resp.GetResults()[1].GetAdded())
-	require.Equal(t, uint32(1), resp.GetResults()[1].GetRefused(), "acme's bound is 2")
-	require.Len(t, load(t, ts.client).GetQueue(), 2)
-}

@@ -137,25 +137,6 @@ func u64(b []byte) uint64 {
 
 func be(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
-// tenantQueued returns tenant's count of queued entries.
-func tenantQueued(tx *bolt.Tx, tenant string) int {
-	return int(u64(tx.Bucket(bTenantQueued).Get([]byte(tenant))))
-}
-
-// countQueued adds n to tenant's count of queued entries; the count never
-// goes below 0 (one from before it was kept) and is deleted at 0.
-func countQueued(tx *bolt.Tx, tenant string, n int) error {
-	if n == 0 {
-		return nil
-	}
-	b := tx.Bucket(bTenantQueued)
-	v := tenantQueued(tx, tenant) + n
-	if v <= 0 {
-		return b.Delete([]byte(tenant))
-	}
-	return b.Put([]byte(tenant), be(uint64(v)))
-}
-
 func pk(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
 func ref(tx *bolt.Tx, m *store.Message) error {
@@ -247,9 +228,6 @@ func deleteSession(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	if ss == nil {
 		return store.OpResult{Err: fail}, err
 	}
-	if err := countQueued(tx, o.Key.Tenant, -queueLen(ss.q)); err != nil {
-		return store.OpResult{}, err
-	}
 	if err := ss.qe.ForEach(func(id, _ []byte) error { return unref(tx, string(id)) }); err != nil {
 		return store.OpResult{}, err
 	}
@@ -321,10 +299,6 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	var res store.AppendResult
 	var took tookList
 	qlen := -1 // counted on first need, then kept up to date
-	tcount, tdelta := 0, 0
-	if lim.TenantMax > 0 {
-		tcount = tenantQueued(tx, o.Key.Tenant)
-	}
 	for i, e := range entries {
 		if ss.qe.Get([]byte(e.MsgID)) != nil {
 			res.Duplicates++
@@ -335,14 +309,12 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			}
 			continue
 		}
-		if lim.MaxLen > 0 || lim.TenantMax > 0 {
+		if lim.MaxLen > 0 {
 			if qlen < 0 {
 				qlen = queueLen(ss.q)
 			}
-			// At the session's bound there is an oldest to drop; at the
-			// tenant's only when the session has one queued.
-			if lim.MaxLen > 0 && qlen >= lim.MaxLen || lim.TenantMax > 0 && tcount+tdelta >= lim.TenantMax {
-				if !lim.DropOldest || qlen == 0 {
+			if qlen >= lim.MaxLen {
+				if !lim.DropOldest {
 					res.Refused++
 					continue
 				}
@@ -359,7 +331,6 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 						return store.OpResult{}, err
 					}
 					qlen--
-					tdelta--
 					res.DroppedOldest++
 				}
 			}
@@ -382,7 +353,6 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		if qlen >= 0 {
 			qlen++
 		}
-		tdelta++
 		res.Added++
 		if e.TookQoS2 {
 			if err := took.remember(ss.b, e.MsgID, false); err != nil {
@@ -390,7 +360,7 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			}
 		}
 	}
-	return store.OpResult{Append: res}, countQueued(tx, o.Key.Tenant, tdelta)
+	return store.OpResult{Append: res}, nil
 }
 
 // tookList records an append's entries marked [store.Entry.TookQoS2] in
@@ -460,7 +430,6 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		return store.OpResult{}, err
 	}
 	var release []string
-	dequeued := 0
 	for _, e := range o.Entries {
 		queued := false
 		if v := ss.qe.Get([]byte(e.MsgID)); v != nil {
@@ -475,7 +444,6 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 				return store.OpResult{}, err
 			}
 			queued = true
-			dequeued++
 		}
 		if e.QoS == 0 {
 			if queued {
@@ -508,7 +476,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			return store.OpResult{}, err
 		}
 	}
-	return store.OpResult{}, countQueued(tx, o.Key.Tenant, -dequeued)
+	return store.OpResult{}, nil
 }
 
 func pubrel(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
@@ -558,7 +526,6 @@ func dequeue(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	if ss == nil {
 		return store.OpResult{Err: fail}, err
 	}
-	n := 0
 	for _, id := range o.MsgIDs {
 		v := ss.qe.Get([]byte(id))
 		if v == nil {
@@ -577,9 +544,8 @@ func dequeue(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		if err := unref(tx, id); err != nil {
 			return store.OpResult{}, err
 		}
-		n++
 	}
-	return store.OpResult{}, countQueued(tx, o.Key.Tenant, -n)
+	return store.OpResult{}, nil
 }
 
 func putIncoming(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {

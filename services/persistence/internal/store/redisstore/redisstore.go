@@ -226,7 +226,7 @@ type scriptCall struct {
 
 // Where the per-op arguments start, after the fence (and queue limits).
 const (
-	appendBody = 5 // epoch gepoch maxLen dropOldest tenantMax
+	appendBody = 4 // epoch gepoch maxLen dropOldest
 	fenceBody  = 2 // epoch gepoch
 )
 
@@ -666,13 +666,11 @@ func parse(kind store.OpKind, v any, err error) store.OpResult {
 	return r
 }
 
-// keys are a session's keys, and tq its tenant's count of queued entries
-// (outside the hash tag: Redis Cluster is not used).
-type keys struct{ s, sub, q, qe, inf, in, took, tq string }
+type keys struct{ s, sub, q, qe, inf, in, took string }
 
 func keysOf(k store.SessionKey) keys {
 	t := k.Tag()
-	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took", tq: tenantQueuedKey(k.Tenant)}
+	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took"}
 }
 
 func (s *Store) fenceArgs(f store.Fence) []any {
@@ -703,7 +701,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		}
 		o.script, o.keys, o.args = scriptPutSession, []string{ks.s}, append(fa, b)
 	case store.OpDeleteSession:
-		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took, ks.tq}, fa, false
+		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took}, fa, false
 	case store.OpPutSubscription:
 		if so.Sub.Filter == "" {
 			return nil, fmt.Errorf("%w: empty filter", store.ErrInvalid)
@@ -723,7 +721,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if so.Limits.DropOldest {
 			drop = "1"
 		}
-		args := append(fa, so.Limits.MaxLen, drop, so.Limits.TenantMax, len(so.Entries))
+		args := append(fa, so.Limits.MaxLen, drop, len(so.Entries))
 		for i, e := range so.Entries {
 			m := so.Messages[i]
 			if m == nil || m.ID == "" || m.ID != e.MsgID {
@@ -737,14 +735,14 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			mb, _ := json.Marshal(m)
 			args = append(args, e.MsgID, eb, mb, bodyExpireAt(m))
 		}
-		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took, ks.tq}, args
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took}, args
 	case store.OpSend:
 		args := fa
 		for _, e := range so.Entries {
 			eb, _ := json.Marshal(&e)
 			args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), eb, strconv.Itoa(int(e.QoS)))
 		}
-		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.tq}, args
+		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf}, args
 	case store.OpPubrel:
 		o.script, o.keys, o.args = scriptPubrel, []string{ks.s, ks.inf}, append(fa, strconv.Itoa(int(so.PacketID)))
 	case store.OpComplete:
@@ -758,7 +756,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		for _, id := range so.MsgIDs {
 			args = append(args, id)
 		}
-		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe, ks.tq}, args, false
+		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe}, args, false
 	case store.OpPutIncoming:
 		o.script, o.keys, o.args = scriptPutIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.Incoming.PacketID)), so.Incoming.MsgID)
 	case store.OpDeleteIncoming:
@@ -924,9 +922,6 @@ func strs(v any) []string {
 }
 
 func retainedKey(tenant string) string { return "r:" + tenant }
-
-// tenantQueuedKey counts the entries queued for the tenant's sessions.
-func tenantQueuedKey(tenant string) string { return "tq:" + tenant }
 
 // PutRetained implements [store.Store]. Only QoS 1/2 retained writes wait
 // for replication.
