@@ -334,7 +334,54 @@ func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persisten
 	for _, e := range st.Inflight {
 		add(e.MsgID)
 	}
+	s.dropGone(ctx, k, st)
 	return connect.NewResponse(out), nil
+}
+
+// dropGone removes the entries of a loaded session whose message is gone.
+// The Redis store lets a body go a minute after its MQTT expiry while the
+// entries that refer to it stay: no one can deliver them and the edge skips
+// them, so without this a long-lived session kept them until it was
+// deleted. They go under the epoch just read (a new owner's writes fence
+// the removal off), after the answer, and only while this instance may
+// write.
+func (s *Server) dropGone(ctx context.Context, k store.SessionKey, st *store.State) {
+	var queued []string
+	var inflight []uint16
+	for _, e := range st.Queue {
+		if st.Messages[e.MsgID] == nil {
+			queued = append(queued, e.MsgID)
+		}
+	}
+	for _, e := range st.Inflight {
+		if st.Messages[e.MsgID] == nil {
+			inflight = append(inflight, e.PacketID)
+		}
+	}
+	if len(queued)+len(inflight) == 0 || st.Epoch == 0 || s.cfg.Gate != nil && s.cfg.Gate() != nil {
+		return
+	}
+	f := store.Fence{Epoch: st.Epoch}
+	var ops []store.Op
+	if len(queued) > 0 {
+		ops = append(ops, store.Op{Kind: store.OpDequeue, Key: k, Fence: f, MsgIDs: queued})
+	}
+	if len(inflight) > 0 {
+		ops = append(ops, store.Op{Kind: store.OpComplete, Key: k, Fence: f, PacketIDs: inflight})
+	}
+	wait := store.Submit(context.WithoutCancel(ctx), s.store, ops)
+	go func() {
+		for _, r := range wait() {
+			if r.Err != nil {
+				s.logger.Debug("dropping entries whose message is gone", "session", k.Tag(), "error", r.Err)
+				return
+			}
+		}
+		if s.metrics != nil {
+			s.metrics.QueueDrops.WithLabelValues("message_gone").Add(float64(len(queued) + len(inflight)))
+		}
+		s.logger.Debug("dropped entries whose message is gone", "session", k.Tag(), "queued", len(queued), "in_flight", len(inflight))
+	}()
 }
 
 // LookupRetained implements the RPC.

@@ -461,3 +461,48 @@ func TestServer_OtherGroupRefused(t *testing.T) {
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, newWriter(t, byGroup[1-tenantGroup].client).write(put).GetStatus())
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, newWriter(t, byGroup[tenantGroup].client).write(put).GetStatus())
 }
+
+// TestServer_LoadDropsEntriesWhoseMessageIsGone: Redis lets a message body
+// go a minute after its MQTT expiry, while the queue and in-flight entries
+// that refer to it stay; a load answers without them and removes them
+// (counted), so a long-lived session does not keep them until deleted.
+func TestServer_LoadDropsEntriesWhoseMessageIsGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 0, 0)
+	rs, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = rs.Close() })
+	ts := startServer(t, rs)
+	w := newWriter(t, ts.client)
+	resp := w.write(activate(1), appendOp(1, 1, 2, 3), &persistencev1.WriteOp{Session: sess, Fence: fence(1), Op: &persistencev1.WriteOp_Send{Send: &persistencev1.SendOp{
+		Entries: []*persistencev1.Entry{{MsgId: mid(3), Qos: 1, PacketId: 7}}}}})
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	// The bodies of 1 (queued) and 3 (in flight) expire.
+	rdb := g.Primary.Client()
+	for _, s := range []uint64{1, 3} {
+		require.NoError(t, rdb.Del(t.Context(), "m:"+MsgIDString(mid(s))).Err())
+	}
+	st := load(t, ts.client)
+	require.Len(t, st.GetMessages(), 1)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		ids, err := rdb.ZRange(t.Context(), store.SessionKey{Tenant: "acme", ClientID: "dev-1"}.Tag()+":q", 0, -1).Result()
+		if err != nil {
+			return err
+		}
+		inf, err := rdb.HLen(t.Context(), store.SessionKey{Tenant: "acme", ClientID: "dev-1"}.Tag()+":inf").Result()
+		if err != nil {
+			return err
+		}
+		if len(ids) != 1 || ids[0] != MsgIDString(mid(2)) || inf != 0 {
+			return fmt.Errorf("queue %v, %d in flight: want only message 2 queued", ids, inf)
+		}
+		return nil
+	})
+	st = load(t, ts.client)
+	require.Len(t, st.GetQueue(), 1)
+	require.Empty(t, st.GetInflight())
+	require.Len(t, st.GetMessages(), 1)
+}
