@@ -658,6 +658,12 @@ type tombstone struct {
 	at       time.Time
 }
 
+// routeEdge is one edge's hold on a route.
+type routeEdge struct {
+	route table.Route
+	edge  string
+}
+
 // before reports whether change (inc, seq) of an edge's route comes
 // before (curInc, curSeq): an older incarnation, or a lower seq within one.
 // Seq 0 is a sender that carries none (older routers): within one
@@ -684,14 +690,11 @@ func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
 	if cur, ok := w.set.Routes[r][edge]; ok && before(inc, seq, cur.Inc, cur.Seq) {
 		return false
 	}
-	if t, ok := w.gone[r][edge]; ok {
+	if t, ok := w.gone[routeEdge{r, edge}]; ok {
 		if before(inc, seq, t.inc, t.seq) {
 			return false
 		}
-		delete(w.gone[r], edge)
-		if len(w.gone[r]) == 0 {
-			delete(w.gone, r)
-		}
+		delete(w.gone, routeEdge{r, edge})
 	}
 	if w.set.Routes == nil {
 		w.set.Routes = map[table.Route]map[string]table.Entry{}
@@ -727,14 +730,11 @@ func (w *wildReplica) remove(r table.Route, edge string, inc, seq uint64, now ti
 	if seq == math.MaxUint64 {
 		seq = 0
 	}
-	if t, ok := w.gone[r][edge]; !ok || t.inc < inc || t.inc == inc && t.seq < seq {
+	if t, ok := w.gone[routeEdge{r, edge}]; !ok || t.inc < inc || t.inc == inc && t.seq < seq {
 		if w.gone == nil {
-			w.gone = map[table.Route]map[string]tombstone{}
+			w.gone = map[routeEdge]tombstone{}
 		}
-		if w.gone[r] == nil {
-			w.gone[r] = map[string]tombstone{}
-		}
-		w.gone[r][edge] = tombstone{inc: inc, seq: seq, at: now}
+		w.gone[routeEdge{r, edge}] = tombstone{inc: inc, seq: seq, at: now}
 	}
 	if !held {
 		return false
@@ -749,14 +749,9 @@ func (w *wildReplica) remove(r table.Route, edge string, inc, seq uint64, now ti
 
 // sweep forgets tombstones older than tombstoneTTL.
 func (w *wildReplica) sweep(now time.Time) {
-	for r, es := range w.gone {
-		for e, t := range es {
-			if now.Sub(t.at) > tombstoneTTL {
-				delete(es, e)
-			}
-		}
-		if len(es) == 0 {
-			delete(w.gone, r)
+	for k, t := range w.gone {
+		if now.Sub(t.at) > tombstoneTTL {
+			delete(w.gone, k)
 		}
 	}
 }

@@ -383,7 +383,6 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 			}
 			n.logger.Warn("route of a re-sent route set refused", logging.KeyEdgeID, c.id, "tenant", k.Tenant, "filter", k.Filter, "reason", rj.GetReason())
 		}
-		rejected = nil
 		c.routes, c.digest = set, dig
 		c.applied = max(c.applied, s.GetSeq())
 		if v := n.View(); v == c.snapStart {
@@ -393,7 +392,7 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 			return err
 		}
 		c.snapshots.Add(1)
-		c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: s.GetSeq(), Rejected: rejected}}})
+		c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: s.GetSeq()}}})
 	default:
 		return fmt.Errorf("%w: unexpected message %T", ErrInvalid, req.GetMsg())
 	}

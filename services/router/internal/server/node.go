@@ -177,7 +177,7 @@ type wildReplica struct {
 	set  table.Set
 	trie topic.Trie[wildVal]
 	// gone remembers removed routes for a while (see tombstoneTTL).
-	gone map[table.Route]map[string]tombstone
+	gone map[routeEdge]tombstone
 }
 
 type wildVal struct {

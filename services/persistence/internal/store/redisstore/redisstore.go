@@ -262,9 +262,10 @@ const (
 // highest creation time, the one the script would leave) is written, at
 // its place in the batch; the others ride on its call, answered "not
 // changed" with its error and its replication. (Riders are attached where
-// a call is made: retained writes never merge into an open call.) A retained topic's writes touch only its tenant's hash
-// field and index nodes, which other topics' writes leave consistent in
-// either order, so moving one past them is safe.
+// a call is made: retained writes never merge into an open call.) A
+// retained topic's writes touch only its tenant's hash field and index
+// nodes, which other topics' writes leave consistent in either order, so
+// moving one past them is safe.
 func merge(batch []*op) []*scriptCall {
 	calls := make([]*scriptCall, 0, len(batch))
 	sessions := make(map[string]*openCalls, len(batch))
