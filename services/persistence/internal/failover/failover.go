@@ -83,9 +83,14 @@ type Promoter struct {
 }
 
 type replState struct {
-	addr   string
-	role   string
+	addr string
+	role string
+	// offset is the replication offset, comparable only between nodes
+	// linked to one primary: a restarted node reports 1 under a new
+	// replication ID whatever data it loaded.
 	offset int64
+	// held is what the node's data holds, which a failover compares.
+	held held
 	// masterHost, masterPort and linkUp describe a replica's link.
 	masterHost, masterPort string
 	linkUp                 bool
@@ -106,6 +111,19 @@ func (p *Promoter) client(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1, Dialer: p.Dialer})
 }
 
+// held places a node's data in the group's history: the group epoch it
+// was written under (stamped on each promoted primary before its writers
+// start) and the count of replicated batches ([redisstore.WriteSeqKey]).
+// Within one epoch every node holds a prefix of the same stream, so the
+// higher count holds more; a node left on an older epoch holds a history
+// the promoted primary has replaced, and anything acknowledged in it is on
+// that primary too (it held every acknowledged write when promoted).
+type held struct{ epoch, seq uint64 }
+
+func (h held) after(o held) bool {
+	return h.epoch > o.epoch || h.epoch == o.epoch && h.seq > o.seq
+}
+
 func (p *Promoter) state(ctx context.Context, addr string) replState {
 	c := p.client(addr)
 	defer c.Close()
@@ -113,7 +131,20 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 	if err != nil {
 		return replState{addr: addr, err: err}
 	}
-	return parseReplication(addr, info)
+	st := parseReplication(addr, info)
+	// A node loading its data answers LOADING: unreachable, as it is.
+	v, err := c.MGet(ctx, GroupEpochKey, redisstore.WriteSeqKey).Result()
+	if err != nil {
+		return replState{addr: addr, err: fmt.Errorf("read data position: %w", err)}
+	}
+	for i, dst := range []*uint64{&st.held.epoch, &st.held.seq} {
+		if s, ok := v[i].(string); ok {
+			if *dst, err = strconv.ParseUint(s, 10, 64); err != nil {
+				return replState{addr: addr, err: fmt.Errorf("read data position: %q: %w", s, err)}
+			}
+		}
+	}
+	return st
 }
 
 func parseReplication(addr, info string) replState {
@@ -146,8 +177,8 @@ func (p *Promoter) nodes(rec Record) []string {
 	return append([]string{rec.Primary}, rec.Replicas...)
 }
 
-// Failover promotes the replica with the highest replication offset and
-// publishes it as the new primary. Fewer than MinReplicas replicas may be
+// Failover promotes the replica whose data is furthest along the group's
+// history ([held]) and publishes it as the new primary. Fewer than MinReplicas replicas may be
 // unreachable: as many may hold acknowledged writes no other has
 // (ErrReplicaUnreachable). It is safe to run from two places: the
 // record's compare-and-set lets only one promotion win.
@@ -182,7 +213,7 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 			unreachable = append(unreachable, addr)
 			continue
 		}
-		if best == nil || st.offset > best.offset {
+		if best == nil || st.held.after(best.held) {
 			s := st
 			best = &s
 		}
@@ -207,7 +238,8 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("publish record: %w", err)
 	}
-	p.log().Info("redis primary promoted", "primary", rec.Primary, "record_epoch", rec.Epoch, "offset", best.offset)
+	p.log().Info("redis primary promoted", "primary", rec.Primary, "record_epoch", rec.Epoch,
+		"data_epoch", best.held.epoch, "write_seq", best.held.seq, "offset", best.offset)
 	return rec, nil
 }
 

@@ -189,3 +189,49 @@ func TestFailover_WaitsForEveryReplica(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, st.Queue, 1)
 }
+
+// TestFailover_RestartedReplicaKeepsItsClaim covers a replica that holds
+// the only acknowledged copy of a write and restarts while the primary is
+// down. Redis then reports it at replication offset 1 under a fresh
+// replication ID (its position is not kept across a restart with AOF),
+// however much data it loaded; the other replica, cut off from the primary
+// before the write, reports its old, higher offset. The promotion must go
+// by what each node holds, not by those offsets.
+func TestFailover_RestartedReplicaKeepsItsClaim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	f := store.Fence{Epoch: 1, GroupEpoch: 1}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, w.Activate(ctx, k, f))
+	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/1", QoS: 1}}, []*store.Message{{ID: "e/1/1", Topic: "t", QoS: 1}})
+	require.NoError(t, err)
+
+	// Replica 1 stops following (pointed at a port nobody serves): the
+	// next write reaches replica 0 alone, which confirms it (WAIT 1).
+	require.NoError(t, g.Replicas[1].Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/2", QoS: 1}}, []*store.Message{{ID: "e/1/2", Topic: "t", QoS: 1}})
+	require.NoError(t, err)
+	_ = w.Close()
+
+	g.Primary.Kill()
+	g.Replicas[0].Restart()
+	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
+		WaitWriters: func(context.Context) error { return nil }}
+	rec, err := p.Failover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, g.Replicas[0].Addr, rec.Primary, "the replica holding every acknowledged write")
+	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w2.Close() })
+	st, err := w2.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 2)
+}

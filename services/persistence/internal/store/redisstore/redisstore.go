@@ -25,6 +25,14 @@ import (
 	"github.com/keelmq/keel/services/persistence/internal/store"
 )
 
+// WriteSeqKey counts the replicated batches a node holds. Each batch that
+// must reach replicas ends with an INCR of it, before its WAIT, so a node
+// at count n holds every write acknowledged under marks up to n. Unlike a
+// replication offset it survives a restart (it is data, in the AOF) and
+// compares across nodes of one history, which is what a failover needs to
+// find the replica holding every acknowledged write.
+const WriteSeqKey = "keel:write-seq"
+
 // Config configures a Redis store.
 type Config struct {
 	Addr string
@@ -446,7 +454,8 @@ type written struct {
 	batch    []*op
 	calls    []*scriptCall
 	cmds     []*redis.Cmd
-	wait     bool // some call needs replication
+	mark     *redis.IntCmd // the INCR of WriteSeqKey after a batch that needs replication
+	wait     bool          // some call needs replication
 	start    time.Time
 	noscript bool  // the server did not know the scripts: nothing ran
 	broken   error // the connection failed
@@ -461,6 +470,9 @@ func (s *Store) write(ctx context.Context, conn *redis.Conn, batch []*op) *writt
 		for i, c := range w.calls {
 			w.cmds[i] = p.EvalSha(ctx, shaOf(c.script), c.keys, c.args...)
 			w.wait = w.wait || c.wait
+		}
+		if w.wait && s.cfg.MinReplicas > 0 {
+			w.mark = p.Incr(ctx, WriteSeqKey)
 		}
 		return nil
 	})
@@ -486,9 +498,11 @@ func (s *Store) finish(ctx context.Context, conn *redis.Conn, w *written, prev <
 	waited := w.wait && s.cfg.MinReplicas > 0 && w.broken == nil
 	if waited {
 		n, err := conn.Do(ctx, "wait", s.cfg.MinReplicas, s.cfg.WaitTimeout.Milliseconds()).Int64()
-		replicated = err == nil && n >= int64(s.cfg.MinReplicas)
+		// Without its mark a batch is not acknowledged: a failover could
+		// not tell which replica holds it.
+		replicated = err == nil && n >= int64(s.cfg.MinReplicas) && w.mark.Err() == nil
 		if !replicated {
-			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err)
+			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err, "mark_error", w.mark.Err())
 		}
 		if err != nil && !isScriptErr(err) {
 			w.broken = err
