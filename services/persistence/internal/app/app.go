@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +77,10 @@ type Config struct {
 	LeaseMargin   time.Duration       `yaml:"lease_margin"`
 	Failover      failover.LoopConfig `yaml:"failover"`
 	MaxPayload    int                 `yaml:"max_payload"`
+	// TenantQueueMax and TenantQueueMaxFor bound the entries queued for
+	// all of a tenant's sessions in one Redis group.
+	TenantQueueMax    int               `yaml:"tenant_queue_max"`
+	TenantQueueMaxFor config.StringList `yaml:"tenant_queue_max_for"`
 
 	// APIListener, if set, is served instead of binding APIAddr (tests).
 	APIListener net.Listener `yaml:"-"`
@@ -109,13 +114,38 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Coordinator, "coordinator.addr", "", "coordinator API base URL (http://host:7401); empty: no lease, no failover")
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", DefaultLeaseMargin, "stop acknowledging writes this long before the coordinator lease would expire")
 	fs.IntVar(&c.MaxPayload, "max-payload", server.DefaultLimits.MaxPayload, "largest message payload accepted, bytes")
+	fs.IntVar(&c.TenantQueueMax, "queue.tenant-max", 0, "entries queued for all of a tenant's sessions in this Redis group, beyond which queueing for an offline session is refused (counted; the edge drops that delivery); 0: no bound")
+	fs.Var(&c.TenantQueueMaxFor, "queue.tenant-max-for", "tenants with a bound of their own, tenant=entries (comma-separated; 0: no bound), over --queue.tenant-max")
 	c.Failover.RegisterFlags(fs, "failover.")
 	c.Tracing.RegisterFlags(fs, "tracing.")
+}
+
+// TenantQuotas returns the tenants' queue bounds of the configuration.
+func (c *Config) TenantQuotas() (store.TenantQuotas, error) {
+	q := store.TenantQuotas{Default: c.TenantQueueMax}
+	if c.TenantQueueMax < 0 {
+		return q, errors.New("queue.tenant-max must be ≥ 0")
+	}
+	for _, kv := range c.TenantQueueMaxFor {
+		tenant, n, ok := strings.Cut(kv, "=")
+		v, err := strconv.Atoi(n)
+		if !ok || err != nil || v < 0 || !server.ValidTenant(tenant) {
+			return q, fmt.Errorf("queue.tenant-max-for %q: want tenant=entries (entries ≥ 0)", kv)
+		}
+		if q.For == nil {
+			q.For = map[string]int{}
+		}
+		q.For[tenant] = v
+	}
+	return q, nil
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
+	if _, err := c.TenantQuotas(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.Tracing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -518,8 +548,9 @@ func (a *App) Run(ctx context.Context) error {
 		}
 	}
 	g.Add("api", func(context.Context) error {
+		quotas, _ := a.cfg.TenantQuotas() // checked by Validate
 		scfg := server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate,
-			Slots: a.slots, Group: uint32(a.cfg.RedisGroupID)}
+			Slots: a.slots, Group: uint32(a.cfg.RedisGroupID), TenantQueues: quotas}
 		if a.loop != nil {
 			scfg.Switchover = a.loop.Switchover
 		}

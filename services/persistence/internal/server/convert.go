@@ -44,6 +44,9 @@ func (l Limits) withDefaults() Limits {
 
 var tenantRE = regexp.MustCompile(`^[a-z0-9-]{1,63}$`)
 
+// ValidTenant reports whether t is a tenant name requests may carry.
+func ValidTenant(t string) bool { return tenantRE.MatchString(t) }
+
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{store.ErrInvalid}, args...)...)
 }
@@ -55,6 +58,8 @@ type decoder struct {
 	// refused: its state kept here would be where no resume looks.
 	slots slots.Table
 	group uint32
+	// quotas bound each tenant's queued entries; a request cannot set them.
+	quotas store.TenantQuotas
 }
 
 // sessionInGroup refuses a session of another group.
@@ -403,6 +408,9 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 			return invalid("%d entries but %d messages", len(a.GetEntries()), len(a.GetMessages()))
 		}
 		o.Limits = store.QueueLimits{MaxLen: int(a.GetLimits().GetMaxLen()), DropOldest: a.GetLimits().GetDropOldest()}
+		if a.GetLimits().GetTenantQuota() {
+			o.Limits.TenantMax = d.quotas.Max(o.Key.Tenant)
+		}
 		o.Entries = make([]store.Entry, len(a.GetEntries()))
 		o.Messages = make([]*store.Message, len(a.GetEntries()))
 		for i := range a.GetEntries() {

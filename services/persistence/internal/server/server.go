@@ -49,6 +49,9 @@ type Config struct {
 	// sessions or tenants are refused as invalid.
 	Slots slots.Table `yaml:"-"`
 	Group uint32      `yaml:"-"`
+	// TenantQueues bound the entries queued for each tenant's sessions
+	// (store.QueueLimits.TenantMax of every append).
+	TenantQueues store.TenantQuotas `yaml:"-"`
 	// Gate, if set, is asked before each batch; an error answers the batch
 	// UNAVAILABLE (the instance lost its coordinator lease: it must not
 	// acknowledge anything).
@@ -93,7 +96,7 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group}, store: st, metrics: m, status: status, logger: logger,
+	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group, quotas: cfg.TenantQueues}, store: st, metrics: m, status: status, logger: logger,
 		stopped: make(chan struct{})}
 }
 
@@ -286,7 +289,11 @@ func (s *Server) count(o *store.Op, r *store.OpResult, st persistencev1.WriteSta
 		m.QueueDrops.WithLabelValues("dropped_oldest").Add(float64(r.Append.DroppedOldest))
 	}
 	if r.Append.Refused > 0 {
-		m.QueueDrops.WithLabelValues("refused_newest").Add(float64(r.Append.Refused))
+		reason := "refused_newest"
+		if o.Limits.TenantMax > 0 && o.Limits.MaxLen == 0 {
+			reason = "tenant_quota" // the only bound the append had
+		}
+		m.QueueDrops.WithLabelValues(reason).Add(float64(r.Append.Refused))
 	}
 }
 

@@ -506,3 +506,27 @@ func TestServer_LoadDropsEntriesWhoseMessageIsGone(t *testing.T) {
 	require.Empty(t, st.GetInflight())
 	require.Len(t, st.GetMessages(), 1)
 }
+
+// TestServer_TenantQueueQuota: the service bounds each tenant's queued
+// entries from its own configuration (a tenant of its own over the
+// default) for the appends marked as offline queueing; an unmarked append
+// (written ahead of a send to a connected client, or an import) is never
+// refused by it, and nothing in a request sets the bound.
+func TestServer_TenantQueueQuota(t *testing.T) {
+	t.Parallel()
+	ts := startServerWith(t, boltStore(t), Config{TenantQueues: store.TenantQuotas{Default: 100, For: map[string]int{"acme": 2}}})
+	w := newWriter(t, ts.client)
+	offline := appendOp(1, 1, 2, 3)
+	offline.GetAppend().Limits = &persistencev1.QueueLimits{TenantQuota: true}
+	resp := w.write(activate(1), offline)
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	require.Equal(t, uint32(2), resp.GetResults()[1].GetAdded())
+	require.Equal(t, uint32(1), resp.GetResults()[1].GetRefused(), "acme's bound is 2")
+	resp = w.write(appendOp(1, 4, 5))
+	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, resp.GetStatus(), resp.GetError())
+	require.Equal(t, uint32(2), resp.GetResults()[0].GetAdded(), "unmarked: not bounded, but counted")
+	offline = appendOp(1, 6)
+	offline.GetAppend().Limits = &persistencev1.QueueLimits{TenantQuota: true}
+	require.Equal(t, uint32(1), w.write(offline).GetResults()[0].GetRefused(), "4 queued against a bound of 2")
+	require.Len(t, load(t, ts.client).GetQueue(), 4)
+}

@@ -131,6 +131,27 @@ type State struct {
 type QueueLimits struct {
 	MaxLen     int  // entries; 0 unlimited
 	DropOldest bool // when full: drop the oldest (true) or refuse the newest (false)
+	// TenantMax bounds the entries queued for all the tenant's sessions
+	// (in this store, one Redis group); 0 unlimited. At the bound an
+	// append's entries are refused (the session's own bound, checked
+	// first, may make room by its own policy). Set by the persistence
+	// service from its configuration for the appends an edge marks as
+	// offline queueing, never taken from a request.
+	TenantMax int
+}
+
+// TenantQuotas are the tenants' queue bounds ([QueueLimits.TenantMax]).
+type TenantQuotas struct {
+	Default int            // entries per tenant; 0 unlimited
+	For     map[string]int // tenants with a bound of their own (0: unlimited)
+}
+
+// Max returns tenant's bound.
+func (q TenantQuotas) Max(tenant string) int {
+	if n, ok := q.For[tenant]; ok {
+		return n
+	}
+	return q.Default
 }
 
 // AppendResult counts what an append did.

@@ -589,7 +589,13 @@ type QueueLimits struct {
 	// max_len is the maximum number of entries; 0 is unlimited.
 	MaxLen uint32 `protobuf:"varint,1,opt,name=max_len,json=maxLen,proto3" json:"max_len,omitempty"`
 	// drop_oldest drops the oldest entry when full; otherwise the newest is refused.
-	DropOldest    bool `protobuf:"varint,2,opt,name=drop_oldest,json=dropOldest,proto3" json:"drop_oldest,omitempty"`
+	DropOldest bool `protobuf:"varint,2,opt,name=drop_oldest,json=dropOldest,proto3" json:"drop_oldest,omitempty"`
+	// tenant_quota marks queueing for a session that is offline: the service's
+	// bound on the entries queued for all of the tenant's sessions applies (a
+	// refused entry is counted in OpResult.refused, and the edge drops that
+	// delivery). Appends that write ahead of a send to a connected client, and
+	// imports of existing state, leave it unset and are never refused by it.
+	TenantQuota   bool `protobuf:"varint,3,opt,name=tenant_quota,json=tenantQuota,proto3" json:"tenant_quota,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +640,13 @@ func (x *QueueLimits) GetMaxLen() uint32 {
 func (x *QueueLimits) GetDropOldest() bool {
 	if x != nil {
 		return x.DropOldest
+	}
+	return false
+}
+
+func (x *QueueLimits) GetTenantQuota() bool {
+	if x != nil {
+		return x.TenantQuota
 	}
 	return false
 }
@@ -2366,11 +2379,12 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12,\n" +
 	"\x06msg_id\x18\x02 \x01(\v2\x15.keel.common.v1.MsgIDR\x05msgId\x12 \n" +
 	"\vunconfirmed\x18\x03 \x01(\bR\vunconfirmed\x12 \n" +
-	"\vfingerprint\x18\x04 \x01(\x06R\vfingerprint\"G\n" +
+	"\vfingerprint\x18\x04 \x01(\x06R\vfingerprint\"j\n" +
 	"\vQueueLimits\x12\x17\n" +
 	"\amax_len\x18\x01 \x01(\rR\x06maxLen\x12\x1f\n" +
 	"\vdrop_oldest\x18\x02 \x01(\bR\n" +
-	"dropOldest\"Y\n" +
+	"dropOldest\x12!\n" +
+	"\ftenant_quota\x18\x03 \x01(\bR\vtenantQuota\"Y\n" +
 	"\fWriteRequest\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x12.\n" +
 	"\x03ops\x18\x02 \x03(\v2\x1c.keel.persistence.v1.WriteOpR\x03ops\"\x82\b\n" +

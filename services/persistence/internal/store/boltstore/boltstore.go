@@ -101,6 +101,9 @@ var (
 	// them oldest first. It is created by the first append that records one,
 	// so sessions that never take a QoS 2 message do not carry it.
 	bTook = []byte("took")
+	// bTenantQueued holds each tenant's count of queued entries (8 bytes,
+	// big-endian), which [store.QueueLimits.TenantMax] is checked against.
+	bTenantQueued = []byte("tenant-queued")
 )
 
 // Open opens (creating) the store file in dir and starts the committer.
@@ -110,7 +113,7 @@ func Open(dir string) (*Store, error) {
 		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bMsgs, bRetained, bSessions} {
+		for _, b := range [][]byte{bMsgs, bRetained, bSessions, bTenantQueued} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

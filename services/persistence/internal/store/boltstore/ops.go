@@ -137,6 +137,25 @@ func u64(b []byte) uint64 {
 
 func be(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
+// tenantQueued returns tenant's count of queued entries.
+func tenantQueued(tx *bolt.Tx, tenant string) int {
+	return int(u64(tx.Bucket(bTenantQueued).Get([]byte(tenant))))
+}
+
+// countQueued adds n to tenant's count of queued entries; the count never
+// goes below 0 (one from before it was kept) and is deleted at 0.
+func countQueued(tx *bolt.Tx, tenant string, n int) error {
+	if n == 0 {
+		return nil
+	}
+	b := tx.Bucket(bTenantQueued)
+	v := tenantQueued(tx, tenant) + n
+	if v <= 0 {
+		return b.Delete([]byte(tenant))
+	}
+	return b.Put([]byte(tenant), be(uint64(v)))
+}
+
 func pk(p uint16) []byte { return binary.BigEndian.AppendUint16(nil, p) }
 
 func ref(tx *bolt.Tx, m *store.Message) error {
@@ -228,6 +247,9 @@ func deleteSession(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	if ss == nil {
 		return store.OpResult{Err: fail}, err
 	}
+	if err := countQueued(tx, o.Key.Tenant, -queueLen(ss.q)); err != nil {
+		return store.OpResult{}, err
+	}
 	if err := ss.qe.ForEach(func(id, _ []byte) error { return unref(tx, string(id)) }); err != nil {
 		return store.OpResult{}, err
 	}
@@ -299,6 +321,10 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	var res store.AppendResult
 	var took tookList
 	qlen := -1 // counted on first need, then kept up to date
+	tcount, tdelta := 0, 0
+	if lim.TenantMax > 0 {
+		tcount = tenantQueued(tx, o.Key.Tenant)
+	}
 	for i, e := range entries {
 		if ss.qe.Get([]byte(e.MsgID)) != nil {
 			res.Duplicates++
@@ -309,11 +335,11 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			}
 			continue
 		}
-		if lim.MaxLen > 0 {
+		if lim.MaxLen > 0 || lim.TenantMax > 0 {
 			if qlen < 0 {
 				qlen = queueLen(ss.q)
 			}
-			if qlen >= lim.MaxLen {
+			if lim.MaxLen > 0 && qlen >= lim.MaxLen {
 				if !lim.DropOldest {
 					res.Refused++
 					continue
@@ -331,8 +357,15 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 						return store.OpResult{}, err
 					}
 					qlen--
+					tdelta--
 					res.DroppedOldest++
 				}
+			}
+			// The tenant's bound refuses the newest: which of its sessions
+			// should lose an entry instead is not this call's to choose.
+			if lim.TenantMax > 0 && tcount+tdelta >= lim.TenantMax {
+				res.Refused++
+				continue
 			}
 		}
 		seq := u64(ss.b.Get(kSeq)) + 1
@@ -353,6 +386,7 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		if qlen >= 0 {
 			qlen++
 		}
+		tdelta++
 		res.Added++
 		if e.TookQoS2 {
 			if err := took.remember(ss.b, e.MsgID, false); err != nil {
@@ -360,7 +394,7 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			}
 		}
 	}
-	return store.OpResult{Append: res}, nil
+	return store.OpResult{Append: res}, countQueued(tx, o.Key.Tenant, tdelta)
 }
 
 // tookList records an append's entries marked [store.Entry.TookQoS2] in
@@ -430,6 +464,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		return store.OpResult{}, err
 	}
 	var release []string
+	dequeued := 0
 	for _, e := range o.Entries {
 		queued := false
 		if v := ss.qe.Get([]byte(e.MsgID)); v != nil {
@@ -444,6 +479,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 				return store.OpResult{}, err
 			}
 			queued = true
+			dequeued++
 		}
 		if e.QoS == 0 {
 			if queued {
@@ -476,7 +512,7 @@ func send(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			return store.OpResult{}, err
 		}
 	}
-	return store.OpResult{}, nil
+	return store.OpResult{}, countQueued(tx, o.Key.Tenant, -dequeued)
 }
 
 func pubrel(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
@@ -526,6 +562,7 @@ func dequeue(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 	if ss == nil {
 		return store.OpResult{Err: fail}, err
 	}
+	n := 0
 	for _, id := range o.MsgIDs {
 		v := ss.qe.Get([]byte(id))
 		if v == nil {
@@ -544,8 +581,9 @@ func dequeue(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 		if err := unref(tx, id); err != nil {
 			return store.OpResult{}, err
 		}
+		n++
 	}
-	return store.OpResult{}, nil
+	return store.OpResult{}, countQueued(tx, o.Key.Tenant, -n)
 }
 
 func putIncoming(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {

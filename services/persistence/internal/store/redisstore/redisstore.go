@@ -234,7 +234,7 @@ type scriptCall struct {
 
 // Where the per-op arguments start, after the fence (and queue limits).
 const (
-	appendBody = 4 // epoch gepoch maxLen dropOldest
+	appendBody = 5 // epoch gepoch maxLen dropOldest tenantMax
 	fenceBody  = 2 // epoch gepoch
 )
 
@@ -681,11 +681,13 @@ func parse(kind store.OpKind, v any, err error) store.OpResult {
 	return r
 }
 
-type keys struct{ s, sub, q, qe, inf, in, took string }
+// keys are a session's keys, and tq its tenant's count of queued entries
+// (outside the hash tag: Redis Cluster is not used).
+type keys struct{ s, sub, q, qe, inf, in, took, tq string }
 
 func keysOf(k store.SessionKey) keys {
 	t := k.Tag()
-	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took"}
+	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took", tq: tenantQueuedKey(k.Tenant)}
 }
 
 func (s *Store) fenceArgs(f store.Fence) []any {
@@ -716,7 +718,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		}
 		o.script, o.keys, o.args = scriptPutSession, []string{ks.s}, append(fa, b)
 	case store.OpDeleteSession:
-		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took}, fa, false
+		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took, ks.tq}, fa, false
 	case store.OpPutSubscription:
 		if so.Sub.Filter == "" {
 			return nil, fmt.Errorf("%w: empty filter", store.ErrInvalid)
@@ -736,7 +738,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if so.Limits.DropOldest {
 			drop = "1"
 		}
-		args := append(fa, so.Limits.MaxLen, drop, len(so.Entries))
+		args := append(fa, so.Limits.MaxLen, drop, so.Limits.TenantMax, len(so.Entries))
 		for i, e := range so.Entries {
 			m := so.Messages[i]
 			if m == nil || m.ID == "" || m.ID != e.MsgID {
@@ -750,14 +752,14 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			mb, _ := json.Marshal(m)
 			args = append(args, e.MsgID, eb, mb, bodyExpireAt(m))
 		}
-		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took}, args
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took, ks.tq}, args
 	case store.OpSend:
 		args := fa
 		for _, e := range so.Entries {
 			eb, _ := json.Marshal(&e)
 			args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), eb, strconv.Itoa(int(e.QoS)))
 		}
-		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf}, args
+		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.tq}, args
 	case store.OpPubrel:
 		o.script, o.keys, o.args = scriptPubrel, []string{ks.s, ks.inf}, append(fa, strconv.Itoa(int(so.PacketID)))
 	case store.OpComplete:
@@ -771,7 +773,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		for _, id := range so.MsgIDs {
 			args = append(args, id)
 		}
-		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe}, args, false
+		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe, ks.tq}, args, false
 	case store.OpPutIncoming:
 		o.script, o.keys, o.args = scriptPutIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.Incoming.PacketID)), so.Incoming.MsgID)
 	case store.OpDeleteIncoming:
@@ -937,6 +939,9 @@ func strs(v any) []string {
 }
 
 func retainedKey(tenant string) string { return "r:" + tenant }
+
+// tenantQueuedKey counts the entries queued for the tenant's sessions.
+func tenantQueuedKey(tenant string) string { return "tq:" + tenant }
 
 // PutRetained implements [store.Store]. Only QoS 1/2 retained writes wait
 // for replication.

@@ -39,6 +39,13 @@ local function ref(id, data, at)
   if at > 0 then redis.call('EXPIREAT', k, at) end
   return true
 end
+-- countQueued adds n to a tenant's count of queued entries (key tq:<tenant>),
+-- which the tenant's queue bound is checked against; the key goes at 0
+-- (and a count from before it was kept never goes below).
+local function countQueued(k, n)
+  if n == 0 then return end
+  if redis.call('INCRBY', k, n) <= 0 then redis.call('DEL', k) end
+end
 -- unref drops a reference to message id, and the message with its last.
 -- Replicas then apply one write: the DEL, or the decrement.
 local function unref(id)
@@ -83,10 +90,11 @@ local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 redis.call('HSET', KEYS[1], 'rec', ARGV[3])
 return 1`
 
-// deleteSession: KEYS s sub q qe inf in took; ARGV epoch gepoch. Keeps the
-// epoch.
+// deleteSession: KEYS s sub q qe inf in took tq; ARGV epoch gepoch. Keeps
+// the epoch.
 const scriptDeleteSession = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
+countQueued(KEYS[8], -redis.call('ZCARD', KEYS[3]))
 for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do unref(id) end
 local inf = redis.call('HVALS', KEYS[5])
 for _, e in ipairs(inf) do unref(cjson.decode(e).m) end
@@ -112,6 +120,7 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // queued must refer to a stored message. A msgID twice takes the queue's
 // (or direct) reference once: the other copy is a new reference. Returns
 // an error text, having written nothing, when a message is stored nowhere.
+// The script defines tq, its tenant's count key, before it.
 const sendFn = `
 local function send(at, direct)
   local n = (#ARGV - at + 1) / 4
@@ -159,6 +168,7 @@ local function send(at, direct)
   end
   each('HDEL', KEYS[3], dequeue)
   each('ZREM', KEYS[2], dequeue)
+  countQueued(tq, -#dequeue)
   -- An entry replaced at its packet ID lets its reference go, after the new
   -- references were taken (the same message may be sent again); so does one
   -- this call wrote and then replaced.
@@ -181,8 +191,8 @@ end
 // tookMark precedes the entry JSON of an append's entry marked TookQoS2.
 const tookMark = '!'
 
-// append: KEYS s q qe inf took; ARGV epoch gepoch maxLen dropOldest,
-// then segments, each a count n and n (msgID, entryJSON, msgJSON, expireAt)
+// append: KEYS s q qe inf took tq; ARGV epoch gepoch maxLen dropOldest
+// tenantMax, then segments, each a count n and n (msgID, entryJSON, msgJSON, expireAt)
 // quads (expireAt: unix seconds when the message's body may go, 0 never):
 // the appends of one session that a commit merged into one call; then,
 // optionally, "S" and the quads of a send of the session that came right
@@ -209,16 +219,20 @@ const tookMark = '!'
 // which entries are queued already is one HMGET, and the new entries go in
 // with one ZADD and one HSET (written before a ZPOPMIN, which must see
 // them): per record, Lua's calls cost as much as the record's own writes.
-var scriptAppend = prelude + sendFn + `
+var scriptAppend = prelude + "local tq = KEYS[6]\n" + sendFn + `
 local tookLen, tookMark = ` + strconv.Itoa(store.TookQoS2Len) + `, ` + strconv.Itoa(tookMark) + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local maxLen, dropOldest = tonumber(ARGV[3]), ARGV[4] == '1'
+local maxLen, dropOldest, tenantMax = tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local seq0 = seq
 local card = 0
-if maxLen > 0 then card = redis.call('ZCARD', KEYS[2]) end
+if maxLen > 0 or tenantMax > 0 then card = redis.call('ZCARD', KEYS[2]) end
+-- tcount: the tenant's queued entries, kept whether or not it has a bound
+-- (so that one set later finds them counted); tdelta: this call's change.
+local tcount, tdelta = 0, 0
+if tenantMax > 0 then tcount = tonumber(redis.call('GET', tq) or '0') end
 local ids = {}
-local i = 5
+local i = 6
 while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
   for k = 0, n - 1 do ids[#ids + 1] = ARGV[i + 1 + 4 * k] end
@@ -253,7 +267,7 @@ local function remember(id, dup)
 end
 local results = {}
 local r = 0
-i = 5
+i = 6
 while i <= #ARGV and ARGV[i] ~= 'S' do
   local n = tonumber(ARGV[i])
   i = i + 1
@@ -285,11 +299,18 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
             added_now[old[1]], popped[old[1]] = nil, true
             dropped = dropped + 1
             card = card - 1
+            tdelta = tdelta - 1
           end
         else
           refused = refused + 1
           ok = false
         end
+      end
+      -- The tenant's bound refuses the newest: which of its sessions
+      -- should lose an entry instead is not this call's to choose.
+      if ok and tenantMax > 0 and tcount + tdelta >= tenantMax then
+        refused = refused + 1
+        ok = false
       end
       if ok then
         seq = seq + 1
@@ -301,6 +322,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         added_now[id] = true
         added = added + 1
         card = card + 1
+        tdelta = tdelta + 1
         if marked then remember(id, false) end
       end
     end
@@ -308,6 +330,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
   table.insert(results, {added, dups, dropped, refused})
 end
 flush()
+countQueued(tq, tdelta)
 if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
 local listLen = 0
 for j = 1, #took, chunk do listLen = redis.call('RPUSH', KEYS[5], unpack(took, j, math.min(j + chunk - 1, #took))) end
@@ -315,9 +338,9 @@ if listLen > tookLen then redis.call('LTRIM', KEYS[5], -tookLen, -1) end
 if sendAt then table.insert(results, send(sendAt, direct) or 1) end
 return results`
 
-// send: KEYS s q qe inf; ARGV epoch gepoch, then (msgID, packetID, entryJSON,
-// qos) quads.
-const scriptSend = prelude + sendFn + `
+// send: KEYS s q qe inf tq; ARGV epoch gepoch, then (msgID, packetID,
+// entryJSON, qos) quads.
+const scriptSend = prelude + "local tq = KEYS[5]\n" + sendFn + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local e = send(3, {})
 if e then return redis.error_reply(e) end
@@ -351,7 +374,7 @@ end
 each('HDEL', KEYS[2], done)
 return #done`
 
-// dequeue: KEYS s q qe; ARGV epoch gepoch msgIDs...
+// dequeue: KEYS s q qe tq; ARGV epoch gepoch msgIDs...
 const scriptDequeue = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local n = 0
@@ -362,6 +385,7 @@ for i = 3, #ARGV do
     n = n + 1
   end
 end
+countQueued(KEYS[4], -n)
 return n`
 
 // putIncoming / delIncoming: KEYS s in; ARGV epoch gepoch packetID [msgID].

@@ -25,6 +25,58 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("bad_input", func(t *testing.T) { testBadInput(t, newStore(t)) })
 	t.Run("batch", func(t *testing.T) { testBatch(t, newStore(t)) })
 	t.Run("took_qos2", func(t *testing.T) { testTookQoS2(t, newStore(t)) })
+	t.Run("tenant_quota", func(t *testing.T) { testTenantQuota(t, newStore(t)) })
+}
+
+// testTenantQuota: the entries queued for all of a tenant's sessions are
+// bounded (QueueLimits.TenantMax), apart from other tenants'; every way an
+// entry leaves a queue (sent, dequeued, dropped as the oldest, its session
+// deleted) makes room again.
+func testTenantQuota(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	a, b, c := store.SessionKey{Tenant: "acme", ClientID: "a"}, store.SessionKey{Tenant: "acme", ClientID: "b"}, store.SessionKey{Tenant: "acme", ClientID: "c"}
+	other := store.SessionKey{Tenant: "other", ClientID: "a"}
+	for _, k := range []store.SessionKey{a, b, c, other} {
+		require.NoError(t, s.Activate(ctx, k, f))
+	}
+	refuse, drop := store.QueueLimits{TenantMax: 3}, store.QueueLimits{TenantMax: 3, DropOldest: true}
+	app := func(k store.SessionKey, lim store.QueueLimits, ids ...int) store.AppendResult {
+		t.Helper()
+		var es []store.Entry
+		var ms []*store.Message
+		for _, i := range ids {
+			es = append(es, entry(i))
+			ms = append(ms, msg(i))
+		}
+		res, err := s.Append(ctx, k, f, lim, es, ms)
+		require.NoError(t, err)
+		return res
+	}
+	require.Equal(t, store.AppendResult{Added: 2}, app(a, refuse, 1, 2))
+	require.Equal(t, store.AppendResult{Added: 1, Refused: 1}, app(b, refuse, 3, 4), "the tenant's third entry fits, its fourth not")
+	require.Equal(t, store.AppendResult{Added: 2}, app(other, refuse, 1, 2), "another tenant counts apart")
+	require.Equal(t, store.AppendResult{Refused: 1}, app(b, drop, 5), "the tenant's bound refuses, whatever the session's policy")
+	require.Equal(t, store.AppendResult{Refused: 1}, app(c, drop, 6))
+	require.Equal(t, store.AppendResult{Added: 1}, app(c, store.QueueLimits{}, 7), "without a bound the tenant's entries are still counted")
+	require.Equal(t, store.AppendResult{Refused: 1}, app(c, refuse, 8), "counted: now 4 queued")
+
+	// Sent (queue → in flight), dequeued, the session deleted: each frees.
+	require.NoError(t, s.Send(ctx, a, f, []store.Entry{{MsgID: msg(1).ID, QoS: 1, PacketID: 1}}))
+	require.NoError(t, s.Dequeue(ctx, c, f, []string{msg(7).ID}))
+	require.Equal(t, store.AppendResult{Added: 1}, app(c, refuse, 9), "2 left the queues: 3 queued now")
+	require.Equal(t, store.AppendResult{Refused: 1}, app(a, refuse, 10))
+	require.NoError(t, s.DeleteSession(ctx, b, f))
+	require.Equal(t, store.AppendResult{Added: 1}, app(a, refuse, 11), "b's one queued entry went with it")
+	require.Equal(t, store.AppendResult{Duplicates: 1}, app(a, refuse, 11), "a duplicate takes no room")
+	st, err := s.Load(ctx, a)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 2)
+	require.Len(t, st.Inflight, 1)
+	own := store.QueueLimits{MaxLen: 2, DropOldest: true, TenantMax: 3}
+	require.Equal(t, store.AppendResult{Added: 1, DroppedOldest: 1}, app(a, own, 12), "at both bounds the session's own drop makes the room")
+	st, err = s.Load(ctx, a)
+	require.NoError(t, err)
+	require.Equal(t, []string{msg(11).ID, msg(12).ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
 }
 
 var (
