@@ -9,6 +9,7 @@
 package failover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,11 +86,13 @@ type Promoter struct {
 type replState struct {
 	addr string
 	role string
-	// offset is the replication offset, comparable only between nodes
-	// linked to one primary: a restarted node reports 1 under a new
-	// replication ID whatever data it loaded.
+	// offset is the replication offset, comparable only between nodes of
+	// one replication ID (replid): a restarted node reports 1 under a new
+	// one, whatever data it loaded.
 	offset int64
-	// held is what the node's data holds, which a failover compares.
+	replid string
+	// held is what the node's data holds, which a failover compares (read
+	// by position, not by state).
 	held held
 	// masterHost, masterPort and linkUp describe a replica's link.
 	masterHost, masterPort string
@@ -111,17 +114,27 @@ func (p *Promoter) client(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: t, ReadTimeout: t, WriteTimeout: t, MaxRetries: -1, Dialer: p.Dialer})
 }
 
-// held places a node's data in the group's history: the group epoch it
-// was written under (stamped on each promoted primary before its writers
-// start) and the count of replicated batches ([redisstore.WriteSeqKey]).
-// Within one epoch every node holds a prefix of the same stream, so the
-// higher count holds more; a node left on an older epoch holds a history
-// the promoted primary has replaced, and anything acknowledged in it is on
-// that primary too (it held every acknowledged write when promoted).
+// held places a node's data in the group's history by the marks every
+// write leaves in it ([redisstore.WriteSeqKey]): the highest group record
+// epoch its writes were admitted under, then how many writing calls it
+// holds.
 type held struct{ epoch, seq uint64 }
 
-func (h held) after(o held) bool {
-	return h.epoch > o.epoch || h.epoch == o.epoch && h.seq > o.seq
+func (h held) cmp(o held) int {
+	if c := cmp.Compare(h.epoch, o.epoch); c != 0 {
+		return c
+	}
+	return cmp.Compare(h.seq, o.seq)
+}
+
+// ahead reports whether st holds more of the group's history than o. Equal
+// marks hold the same writing calls; then, within one replication ID, the
+// higher offset has applied more (deletes outside the marks, say).
+func (st replState) ahead(o replState) bool {
+	if c := st.held.cmp(o.held); c != 0 {
+		return c > 0
+	}
+	return st.replid != "" && st.replid == o.replid && st.offset > o.offset
 }
 
 func (p *Promoter) state(ctx context.Context, addr string) replState {
@@ -131,16 +144,26 @@ func (p *Promoter) state(ctx context.Context, addr string) replState {
 	if err != nil {
 		return replState{addr: addr, err: err}
 	}
-	st := parseReplication(addr, info)
-	// A node loading its data answers LOADING: unreachable, as it is.
-	v, err := c.MGet(ctx, GroupEpochKey, redisstore.WriteSeqKey).Result()
+	return parseReplication(addr, info)
+}
+
+// position is state and the node's marks. A node loading its data answers
+// LOADING: unreachable, as it is for a failover.
+func (p *Promoter) position(ctx context.Context, addr string) replState {
+	st := p.state(ctx, addr)
+	if st.err != nil {
+		return st
+	}
+	c := p.client(addr)
+	defer c.Close()
+	v, err := c.MGet(ctx, redisstore.WriteEpochKey, redisstore.WriteSeqKey).Result()
 	if err != nil {
-		return replState{addr: addr, err: fmt.Errorf("read data position: %w", err)}
+		return replState{addr: addr, err: fmt.Errorf("read write marks: %w", err)}
 	}
 	for i, dst := range []*uint64{&st.held.epoch, &st.held.seq} {
 		if s, ok := v[i].(string); ok {
 			if *dst, err = strconv.ParseUint(s, 10, 64); err != nil {
-				return replState{addr: addr, err: fmt.Errorf("read data position: %q: %w", s, err)}
+				return replState{addr: addr, err: fmt.Errorf("read write marks: %q: %w", s, err)}
 			}
 		}
 	}
@@ -163,6 +186,8 @@ func parseReplication(addr, info string) replState {
 			st.masterHost = v
 		case "master_port":
 			st.masterPort = v
+		case "master_replid":
+			st.replid = v
 		case "master_link_status":
 			st.linkUp = v == "up"
 		}
@@ -207,13 +232,13 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 		if addr == old.Primary {
 			continue
 		}
-		st := p.state(ctx, addr)
+		st := p.position(ctx, addr)
 		if st.err != nil {
 			p.log().Warn("replica unreachable during failover", "node", addr, "error", st.err)
 			unreachable = append(unreachable, addr)
 			continue
 		}
-		if best == nil || st.held.after(best.held) {
+		if best == nil || st.ahead(*best) {
 			s := st
 			best = &s
 		}
@@ -239,7 +264,7 @@ func (p *Promoter) Failover(ctx context.Context) (Record, error) {
 		return Record{}, fmt.Errorf("publish record: %w", err)
 	}
 	p.log().Info("redis primary promoted", "primary", rec.Primary, "record_epoch", rec.Epoch,
-		"data_epoch", best.held.epoch, "write_seq", best.held.seq, "offset", best.offset)
+		"write_epoch", best.held.epoch, "write_seq", best.held.seq, "offset", best.offset)
 	return rec, nil
 }
 

@@ -216,6 +216,10 @@ func TestFailover_RestartedReplicaKeepsItsClaim(t *testing.T) {
 
 	// Replica 1 stops following (pointed at a port nobody serves): the
 	// next write reaches replica 0 alone, which confirms it (WAIT 1).
+	// Replica 0 writes its AOF before it confirms (with everysec, Redis
+	// may put the write off while an fsync runs), as its restart must
+	// find it.
+	require.NoError(t, g.Replicas[0].Client().ConfigSet(ctx, "appendfsync", "always").Err())
 	require.NoError(t, g.Replicas[1].Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
 	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/2", QoS: 1}}, []*store.Message{{ID: "e/1/2", Topic: "t", QoS: 1}})
 	require.NoError(t, err)
@@ -234,4 +238,56 @@ func TestFailover_RestartedReplicaKeepsItsClaim(t *testing.T) {
 	st, err := w2.Load(ctx, k)
 	require.NoError(t, err)
 	require.Len(t, st.Queue, 2)
+}
+
+// TestFailover_UnpublishedPromotionHoldsNoClaim covers a replica promoted
+// and stamped with the next group epoch by a promotion that was never
+// published (its compare-and-set lost, or a switchover rolled back before
+// the replica's resync), then cut off. The record's writers go on under
+// the old record through the other replica; when the primary dies, the
+// stamp must not win over the writes that were acknowledged since.
+func TestFailover_UnpublishedPromotionHoldsNoClaim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	f := store.Fence{Epoch: 1, GroupEpoch: 1}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, w.Activate(ctx, k, f))
+	appendOne := func(n int) {
+		t.Helper()
+		id := fmt.Sprintf("e/1/%d", n)
+		_, err := w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", QoS: 1}})
+		require.NoError(t, err)
+	}
+	appendOne(1)
+
+	stale := g.Replicas[1].Client()
+	require.NoError(t, stale.Do(ctx, "REPLICAOF", "NO", "ONE").Err())
+	require.NoError(t, stale.ConfigSet(ctx, "min-replicas-to-write", "0").Err()) // as if a replica had attached
+	require.NoError(t, stale.Set(ctx, GroupEpochKey, 2, 0).Err())
+	require.NoError(t, stale.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+	for n := 2; n <= 4; n++ {
+		appendOne(n) // confirmed by replica 0 alone
+	}
+	_ = w.Close()
+
+	g.Primary.Kill()
+	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
+		WaitWriters: func(context.Context) error { return nil }}
+	rec, err := p.Failover(ctx)
+	require.NoError(t, err)
+	require.Equal(t, g.Replicas[0].Addr, rec.Primary, "the replica holding every acknowledged write")
+	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w2.Close() })
+	st, err := w2.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 4)
 }

@@ -181,14 +181,18 @@ func (g *Group) WaitSynced(timeout time.Duration) {
 	}
 }
 
-// aofRewritten reports whether no replica is rewriting its AOF or has a
-// rewrite scheduled.
+// aofRewritten reports whether every replica has its link up, has loaded
+// the sync, and is neither rewriting its AOF nor has a rewrite scheduled.
+// The primary may report a replica online before the replica has read the
+// end of a diskless sync; the rewrite starts in the same step that brings
+// the replica's link up, so one INFO of both sections sees it.
 func (g *Group) aofRewritten() bool {
 	for _, r := range g.Replicas {
 		c := redis.NewClient(&redis.Options{Addr: r.Addr})
-		info, err := c.Info(context.Background(), "persistence").Result()
+		info, err := c.Info(context.Background(), "replication", "persistence").Result()
 		_ = c.Close()
-		if err != nil || strings.Contains(info, "aof_rewrite_in_progress:1") || strings.Contains(info, "aof_rewrite_scheduled:1") {
+		if err != nil || !strings.Contains(info, "master_link_status:up") || !strings.Contains(info, "loading:0") ||
+			strings.Contains(info, "aof_rewrite_in_progress:1") || strings.Contains(info, "aof_rewrite_scheduled:1") {
 			return false
 		}
 	}

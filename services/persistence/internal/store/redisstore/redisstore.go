@@ -25,13 +25,24 @@ import (
 	"github.com/keelmq/keel/services/persistence/internal/store"
 )
 
-// WriteSeqKey counts the replicated batches a node holds. Each batch that
-// must reach replicas ends with an INCR of it, before its WAIT, so a node
-// at count n holds every write acknowledged under marks up to n. Unlike a
-// replication offset it survives a restart (it is data, in the AOF) and
-// compares across nodes of one history, which is what a failover needs to
-// find the replica holding every acknowledged write.
-const WriteSeqKey = "keel:write-seq"
+// WriteSeqKey and WriteEpochKey say where a node's data stands in its
+// group's history. Every write script call that writes (past its fences)
+// increments WriteSeqKey and raises WriteEpochKey to the group epoch it
+// was admitted under, in the same call, so the marks are exactly as old as
+// the data around them: on every node, through replication, the AOF and a
+// restart. Writers of one group record write to its primary only, so
+// nodes with the same write epoch hold prefixes of one stream, the higher
+// count the longer one; a node with a higher write epoch holds writes of a
+// later record, whose primary held every acknowledged write when it was
+// promoted. Unlike a replication offset (a restarted replica reports 1
+// under a new replication ID, whatever it loaded) the pair compares across
+// restarts, which is what a failover needs to find the replica holding
+// every acknowledged write. A promotion that is never published admits no
+// writer (its stamp fences the old record's) and raises neither.
+const (
+	WriteSeqKey   = "keel:write-seq"
+	WriteEpochKey = "keel:write-epoch"
+)
 
 // Config configures a Redis store.
 type Config struct {
@@ -454,8 +465,7 @@ type written struct {
 	batch    []*op
 	calls    []*scriptCall
 	cmds     []*redis.Cmd
-	mark     *redis.IntCmd // the INCR of WriteSeqKey after a batch that needs replication
-	wait     bool          // some call needs replication
+	wait     bool // some call needs replication
 	start    time.Time
 	noscript bool  // the server did not know the scripts: nothing ran
 	broken   error // the connection failed
@@ -470,9 +480,6 @@ func (s *Store) write(ctx context.Context, conn *redis.Conn, batch []*op) *writt
 		for i, c := range w.calls {
 			w.cmds[i] = p.EvalSha(ctx, shaOf(c.script), c.keys, c.args...)
 			w.wait = w.wait || c.wait
-		}
-		if w.wait && s.cfg.MinReplicas > 0 {
-			w.mark = p.Incr(ctx, WriteSeqKey)
 		}
 		return nil
 	})
@@ -498,11 +505,9 @@ func (s *Store) finish(ctx context.Context, conn *redis.Conn, w *written, prev <
 	waited := w.wait && s.cfg.MinReplicas > 0 && w.broken == nil
 	if waited {
 		n, err := conn.Do(ctx, "wait", s.cfg.MinReplicas, s.cfg.WaitTimeout.Milliseconds()).Int64()
-		// Without its mark a batch is not acknowledged: a failover could
-		// not tell which replica holds it.
-		replicated = err == nil && n >= int64(s.cfg.MinReplicas) && w.mark.Err() == nil
+		replicated = err == nil && n >= int64(s.cfg.MinReplicas)
 		if !replicated {
-			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err, "mark_error", w.mark.Err())
+			s.logger.Warn("writes not replicated in time", "replicas", n, "want", s.cfg.MinReplicas, "error", err)
 		}
 		if err != nil && !isScriptErr(err) {
 			w.broken = err

@@ -11,15 +11,30 @@ import (
 	"github.com/keelmq/keel/services/persistence/internal/store"
 )
 
+// markFn marks a write script's call in the node's data, in the call
+// (see [WriteSeqKey]): the count of writing calls goes up by one, and the
+// highest group epoch a call was admitted under is kept, given gepoch.
+const markFn = `
+local function mark(gepoch)
+  if gepoch then
+    local w = tonumber(redis.call('GET', '` + WriteEpochKey + `') or '0')
+    if tonumber(gepoch) > w then redis.call('SET', '` + WriteEpochKey + `', gepoch) end
+  end
+  redis.call('INCR', '` + WriteSeqKey + `')
+end
+`
+
 // Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
-// session epoch and group epoch, and checks both before touching anything.
-// Messages live at "m:<msgID>" as a hash {d = JSON, n = references}.
-const prelude = `
+// session epoch and group epoch, and checks both before touching anything;
+// a call that passes is marked. Messages live at "m:<msgID>" as a hash
+// {d = JSON, n = references}.
+const prelude = markFn + `
 local function fence(skey, epoch, gepoch)
   local g = tonumber(redis.call('GET', 'keel:group-epoch') or '0')
   if tonumber(gepoch) < g then return redis.error_reply('GROUPFENCED group epoch ' .. gepoch .. ' < ' .. g) end
   local cur = tonumber(redis.call('HGET', skey, 'epoch') or '0')
   if tonumber(epoch) < cur then return redis.error_reply('FENCED epoch ' .. epoch .. ' < ' .. cur) end
+  mark(gepoch)
   return false
 end
 -- ref takes a reference to message id. A message not stored yet is stored
@@ -427,7 +442,8 @@ return {epoch, rec, subs, q, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1
 // child levels of a prefix of n levels (n keeps "" at the root apart from an
 // empty first level). A message is replaced only by a newer one; an empty
 // payload deletes it and prunes the index.
-const scriptPutRetained = `
+const scriptPutRetained = markFn + `
+mark(false)
 local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
 -- older compares creation times (unix ns) as decimal text: as Lua numbers
