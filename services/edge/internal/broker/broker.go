@@ -696,6 +696,8 @@ func (b *Broker) counted(r enqueueResult) error {
 		b.m.dropped.WithLabelValues("session_gone").Inc()
 	case droppedOverflow:
 		b.m.dropped.WithLabelValues("offline_queue_full").Inc()
+	case droppedQuota:
+		b.m.dropped.WithLabelValues("tenant_queue_quota").Inc()
 	case slowConsumer:
 		b.m.dropped.WithLabelValues("slow_consumer").Inc()
 		b.m.slowConsumers.Inc()

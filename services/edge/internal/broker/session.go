@@ -139,11 +139,15 @@ const (
 	slowConsumer    // non-persistent consumer stayed full past the grace
 	storeFailed     // the durable store refused or timed out
 	revoked         // stored, but taken back behind a failed write (settleQueued)
+	droppedQuota    // offline, and the tenant's queue bound refused it (policy drop)
 )
 
 func notTaken(err error) enqueueResult {
-	if errors.Is(err, errRevoked) {
+	switch {
+	case errors.Is(err, errRevoked):
 		return revoked
+	case errors.Is(err, durable.ErrQueueQuota):
+		return droppedQuota
 	}
 	return storeFailed
 }
@@ -245,7 +249,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				}
 				result = droppedOverflow
 			}
-			p, seq := s.pushLocked(d, size)
+			p, seq := s.pushLocked(d, size, true)
 			s.mu.Unlock()
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
 				return notTaken(err)
@@ -267,7 +271,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				s.mu.Unlock()
 				return droppedOverflow
 			}
-			p, seq := s.pushLocked(d, size)
+			p, seq := s.pushLocked(d, size, false)
 			start := !s.writing
 			s.writing = true
 			s.mu.Unlock()
@@ -311,11 +315,16 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 
 // pushLocked appends d to the queue and, for a durable session, submits its
 // stored copy in queue order, at position seq. s.mu must be held.
-func (s *session) pushLocked(d delivery, size int) (p *durable.Pending, seq uint64) {
+// pushLocked queues d, and for a durable session starts storing it; offline
+// marks queueing for a session with no client, which the tenant's queue
+// bound may refuse.
+func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pending, seq uint64) {
 	if s.durable && s.b.store != nil {
 		s.seq++
 		d.seq = s.seq
-		p = s.b.store.Enqueue(s.id, entryOf(&d, 0, 0))
+		e := entryOf(&d, 0, 0)
+		e.Offline = offline
+		p = s.b.store.Enqueue(s.id, e)
 		if s.unsettled == nil {
 			s.unsettled = map[uint64]unsettledWrite{}
 		}
@@ -356,6 +365,15 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 	if err == nil && !w.revoked {
 		s.mu.Unlock()
 		return nil
+	}
+	if errors.Is(err, durable.ErrQueueQuota) && !w.revoked {
+		// Dropped for this session by the tenant's bound, as its own full
+		// queue would drop it: nothing was stored, the publisher's later
+		// messages keep their place, and m is not sent again.
+		s.forgetLocked(m.ID)
+		s.unqueueLocked(seq, m.ID)
+		s.mu.Unlock()
+		return err
 	}
 	s.forgetLocked(m.ID)
 	if !w.revoked {
@@ -529,7 +547,12 @@ func (s *session) settle(p *durable.Pending, m *Message) error {
 	span := childSpan(m, "persist", attrStore.String("queue"))
 	err := p.Wait(ctx)
 	finishSpan(span, err)
-	if err != nil {
+	switch {
+	case errors.Is(err, durable.ErrQueueQuota):
+		// Counted (keel_edge_dropped_total): a tenant at its bound would
+		// log once per message.
+		s.b.logger.Debug("message dropped for an offline session: tenant's queue quota reached", "client_id", s.id)
+	case err != nil:
 		s.b.logger.Error("message not stored for a persistent session", "client_id", s.id, "error", err)
 		s.b.yieldIfFenced(s, err)
 	}

@@ -38,6 +38,13 @@ type sharedEdge struct {
 // short so that a killed edge's sessions go to custodians within seconds.
 func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 	t.Helper()
+	return startSharedClusterWith(t, nil, ids...)
+}
+
+// startSharedClusterWith is startSharedCluster with extra flags for the
+// persistence service.
+func startSharedClusterWith(t *testing.T, persistArgs []string, ids ...string) *sharedCluster {
+	t.Helper()
 	dir := t.TempDir()
 	routerBin := testutil.Build(t, dir, "./services/router/cmd/keel-router")
 	persistBin := testutil.Build(t, dir, "./services/persistence/cmd/keel-persistence")
@@ -51,8 +58,8 @@ func startSharedCluster(t *testing.T, ids ...string) *sharedCluster {
 	persistAPI, persistOps, persistData := testutil.FreeAddr(t), testutil.FreeAddr(t), t.TempDir()
 	c := &sharedCluster{edges: map[string]*sharedEdge{}, persist: "http://" + persistAPI}
 	c.startPersistence = func() {
-		_, c.killPersistence = startKillable(t, "persistence", persistBin, persistOps, "--api.addr", persistAPI, "--ops.addr", persistOps,
-			"--data-dir", persistData, "--log.level", "warn")
+		_, c.killPersistence = startKillable(t, "persistence", persistBin, persistOps, append([]string{"--api.addr", persistAPI, "--ops.addr", persistOps,
+			"--data-dir", persistData, "--log.level", "warn"}, persistArgs...)...)
 	}
 	c.startPersistence()
 

@@ -30,6 +30,10 @@ var (
 	// activation, under an epoch older than the session's current one:
 	// another edge owns the session now.
 	ErrFenced = errors.New("session owned under a newer epoch")
+	// ErrQueueQuota is returned (wrapped) by a shared store for an
+	// [Entry.Offline] enqueue refused by the tenant's queue bound: nothing
+	// was stored, and the delivery is dropped for that session.
+	ErrQueueQuota = errors.New("tenant's queue quota reached")
 )
 
 var (
@@ -129,8 +133,13 @@ type Entry struct {
 	Order    int64  `json:"o,omitempty"`   // send order among the session's in-flight messages
 	// TookQoS2 marks, on Enqueue, a QoS 2 delivery the session takes only
 	// once: the store remembers its msgID (SessionState.TookQoS2).
-	TookQoS2 bool     `json:"t,omitempty"`
-	Msg      *Message `json:"-"`
+	TookQoS2 bool `json:"t,omitempty"`
+	// Offline marks, on Enqueue, queueing for a session with no client
+	// connected: a shared store may refuse it by the tenant's queue bound
+	// ([ErrQueueQuota]). Deliveries written ahead of a send are never
+	// refused so.
+	Offline bool     `json:"-"`
+	Msg     *Message `json:"-"`
 }
 
 // Incoming is a QoS 2 message received from a session's client and not yet

@@ -54,3 +54,22 @@ func TestMergeOps(t *testing.T) {
 	require.Len(t, ops[0].w.GetAppend().GetEntries(), 1, "the op given is not changed")
 	require.Same(t, ops[1].w, ws[1], "an op merged with nothing goes as it is")
 }
+
+// An append held to the tenant's queue bound goes alone, so that a refusal
+// (a count in its result) names its one entry, and a later append of the
+// session does not join one made before it.
+func TestMergeOps_TenantQuotaAppendsAlone(t *testing.T) {
+	app := func(seq uint64, quota bool) *op {
+		a := &persistencev1.AppendOp{
+			Entries:  []*persistencev1.Entry{{MsgId: &commonv1.MsgID{EdgeId: "e", Incarnation: 1, Seq: seq}}},
+			Messages: []*commonv1.Message{{Id: &commonv1.MsgID{EdgeId: "e", Incarnation: 1, Seq: seq}}}}
+		if quota {
+			a.Limits = &persistencev1.QueueLimits{TenantQuota: true}
+		}
+		return &op{w: &persistencev1.WriteOp{Session: &commonv1.SessionKey{Tenant: "acme", ClientId: "a"}, Fence: &persistencev1.Fence{Epoch: 1},
+			Op: &persistencev1.WriteOp_Append{Append: a}}}
+	}
+	ws, at := mergeOps([]*op{app(1, false), app(2, true), app(3, true), app(4, false), app(5, false)})
+	require.Equal(t, []int{0, 1, 2, 3, 3}, at)
+	require.Len(t, ws, 4)
+}

@@ -13,11 +13,12 @@ const (
 	statusBroken  // the stream ended before the answer
 	statusExpired // waited too long for a stream
 	statusClosed
+	statusQuota // an offline enqueue refused by the tenant's queue bound
 	numStatus
 )
 
 var statusNames = [numStatus]string{"ok", "fenced", "not_replicated", "group_fenced", "invalid", "unavailable",
-	"broken", "expired", "closed"}
+	"broken", "expired", "closed", "tenant_quota"}
 
 type metrics struct {
 	batches    prometheus.Counter

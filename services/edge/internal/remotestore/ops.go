@@ -83,9 +83,11 @@ func (s *Store) DeleteSubscription(ctx context.Context, id, filter string) error
 }
 
 // Enqueue appends a message to the session's queue, set-if-absent by
-// msgID (a retry is harmless). The queue is unbounded here: the edge
-// enforces its own bounds. Wait on the result before acknowledging the
-// message to its publisher.
+// msgID (a retry is harmless). The edge enforces the session's own bounds;
+// an [durable.Entry.Offline] entry is also held to the tenant's queue
+// bound, which the service keeps across edges, and fails with
+// [durable.ErrQueueQuota] when refused by it. Wait on the result before
+// acknowledging the message to its publisher.
 func (s *Store) Enqueue(id string, e durable.Entry) *durable.Pending {
 	t, err := s.fenced(id)
 	if err != nil {
@@ -95,7 +97,15 @@ func (s *Store) Enqueue(id string, e durable.Entry) *durable.Pending {
 	if err := b.append(&e); err != nil {
 		return durable.DonePending(fmt.Errorf("enqueue: %w", err))
 	}
-	return s.start(true, "enqueue", id, b.done()...)
+	ws := b.done()
+	if e.Offline {
+		for _, w := range ws {
+			if a := w.GetAppend(); a != nil {
+				a.Limits = &persistencev1.QueueLimits{TenantQuota: true}
+			}
+		}
+	}
+	return s.start(true, "enqueue", id, ws...)
 }
 
 // Dequeue removes queue entries, named by MsgID, without sending them.

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	persistencev1 "github.com/keelmq/keel/proto/gen/keel/persistence/v1"
+	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
 // The write path: callers append ops to one FIFO queue (in call order, so
@@ -512,10 +513,15 @@ func (s *Store) receive(l *link) error {
 		results := resp.GetResults()
 		for i, o := range b.ops {
 			st, msg := resp.GetStatus(), resp.GetError()
+			var refused uint32
 			if j := b.at[i]; j < len(results) {
-				st, msg = results[j].GetStatus(), results[j].GetError()
+				st, msg, refused = results[j].GetStatus(), results[j].GetError(), results[j].GetRefused()
 			}
 			status, err := statusError(st, msg)
+			if err == nil && refused > 0 && o.w.GetAppend().GetLimits().GetTenantQuota() {
+				// Such an append is never merged: it is one entry.
+				status, err = statusQuota, durable.ErrQueueQuota
+			}
 			if status == statusInvalid {
 				// The store checks every op before it is sent: this is a
 				// disagreement about limits, worth seeing.
@@ -605,6 +611,9 @@ func mergeOps(ops []*op) (ws []*persistencev1.WriteOp, at []int) {
 			sessions[key] = st
 		}
 		switch {
+		case w.GetAppend() != nil && w.GetAppend().GetLimits().GetTenantQuota():
+			// Its own op, so that a refusal (a count) names its entry.
+			st.append = -1
 		case w.GetAppend() != nil:
 			if j := st.append; j >= 0 && sameFence(ws[j], w) && proto.Equal(ws[j].GetAppend().GetLimits(), w.GetAppend().GetLimits()) &&
 				len(ws[j].GetAppend().GetEntries())+len(w.GetAppend().GetEntries()) <= maxOpEntries {
