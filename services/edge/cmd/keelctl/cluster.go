@@ -41,7 +41,7 @@ func clusterCommand(args []string) bool {
 		return false
 	}
 	switch args[0] {
-	case "cluster", "routes", "session", "edge", "raft", "redis":
+	case "cluster", "routes", "session", "edge", "raft", "redis", "tenant":
 		return true
 	}
 	return false
@@ -179,6 +179,22 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			f.edge = "" // KEEL_EDGE is an edge's API URL, not an owner to list
 		}
 		return listSessions(ctx, stdout, f)
+	case "redis status":
+		if err := need("persistence", f.persistence); err != nil {
+			return err
+		}
+		if len(pos) != 0 || strings.Contains(f.persistence, ",") {
+			return fmt.Errorf("redis status: give one --persistence URL (an instance of the group) and no arguments\n%w", errUsage)
+		}
+		return redisStatus(ctx, stdout, f)
+	case "tenant usage":
+		if err := need("persistence", f.persistence); err != nil {
+			return err
+		}
+		if len(pos) != 0 || f.tenant == "" {
+			return fmt.Errorf("tenant usage: give --tenant T and no arguments\n%w", errUsage)
+		}
+		return tenantUsage(ctx, stdout, f)
 	case "session kick":
 		if err := need("coordinator", f.coordinator); err != nil {
 			return err

@@ -70,6 +70,8 @@ const usage = `usage:
   keelctl edge drain   --edge URL [--deadline D] [--server-reference R] [--wait] [-o json]
   keelctl raft remove-peer --coordinator URL NODE_ID
   keelctl redis failover --persistence URL [--to HOST:PORT] [--timeout D] [-o json]
+  keelctl redis status --persistence URL [-o json]
+  keelctl tenant usage --tenant T --persistence URL[,URL…] [-o json]
 
 --coordinator (env KEEL_COORDINATOR) is a coordinator's API URL, e.g. http://keel-coordinator:9200:
 after a change the tenant's ACL version is bumped there, and every edge reloads the tenant's users and ACLs.
@@ -83,6 +85,10 @@ the will published; --discard ends the session too (subscriptions, queue, stored
 redis failover moves the primary of the persistence instance's Redis group to a replica (--to, default the one
 with the highest offset) while it is alive, losing no acknowledged write: writes pause on the primary until the
 replica caught up (--timeout, default 10s), then it is promoted and the old primary becomes its replica.
+redis status reads every node of the instance's Redis group: role, link, replication lag, the write marks a
+failover compares (the replica with the highest epoch/seq is promoted), memory against maxmemory, AOF rewrites.
+tenant usage sums, over the given persistence instances (one per Redis group), the entries queued for the tenant's
+sessions against its offline-queue bound (--queue.tenant-max of the persistence service) and its retained topics.
 -o json prints the responses as protojson, for scripts.`
 
 var errUsage = errors.New(usage)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -91,4 +92,92 @@ func redisFailover(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fmt.Fprintf(tw, "REPLICAS\t%s\n", joinOrDash(sw.GetReplicaAddresses()))
 	fmt.Fprintf(tw, "OFFSET\t%d\n", sw.GetOffset())
 	return tw.Flush()
+}
+
+// redisStatus is "keelctl redis status": every node of the Redis group of
+// the persistence instance at --persistence, as it answered.
+func redisStatus(ctx context.Context, stdout io.Writer, f clusterFlags) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	c := persistenceClient(f.persistence)
+	g, err := call(ctx, "describe group", f.persistence, c.DescribeGroup, &persistencev1.DescribeGroupRequest{})
+	if err != nil {
+		return err
+	}
+	if f.output == "json" {
+		return writeJSON(stdout, map[string]proto.Message{"group": g})
+	}
+	fmt.Fprintf(stdout, "primary %s, record epoch %d\n", g.GetPrimary(), g.GetRecordEpoch())
+	tw := newTable(stdout)
+	fmt.Fprintln(tw, "NODE\tROLE\tFOLLOWS\tLINK\tLAG\tWRITE EPOCH/SEQ\tMEMORY\tAOF")
+	for _, n := range g.GetNodes() {
+		if n.GetError() != "" {
+			fmt.Fprintf(tw, "%s\tunreachable: %s\t\t\t\t\t\t\n", n.GetAddress(), n.GetError())
+			continue
+		}
+		follows, link, lag := "-", "-", "-"
+		if n.GetRole() == "slave" {
+			follows, link = n.GetFollowing(), "down"
+			if n.GetLinkUp() {
+				link = "up"
+			}
+		}
+		if l := n.GetLagBytes(); l >= 0 && n.GetAddress() != g.GetPrimary() {
+			lag = fmt.Sprintf("%d B", l)
+		}
+		memory := formatBytes(n.GetUsedMemory())
+		if m := n.GetMaxMemory(); m > 0 {
+			memory += fmt.Sprintf(" / %s (%.0f%%)", formatBytes(m), 100*float64(n.GetUsedMemory())/float64(m))
+		}
+		aof := "-"
+		if n.GetAofRewriting() {
+			aof = "rewriting"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", n.GetAddress(), n.GetRole(), follows, link, lag,
+			n.GetWriteEpoch(), n.GetWriteSeq(), memory, aof)
+	}
+	return tw.Flush()
+}
+
+// tenantUsage is "keelctl tenant usage": what the tenant holds, summed over
+// the persistence instances given (one per Redis group).
+func tenantUsage(ctx context.Context, stdout io.Writer, f clusterFlags) error {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	var sum persistencev1.TenantUsageResponse
+	per := map[string]proto.Message{}
+	urls := strings.Split(f.persistence, ",")
+	for i, u := range urls {
+		r, err := call(ctx, "tenant usage", u, persistenceClient(u).TenantUsage, &persistencev1.TenantUsageRequest{Tenant: f.tenant})
+		if err != nil {
+			return err
+		}
+		sum.Queued += r.GetQueued()
+		sum.Retained += r.GetRetained()
+		sum.QueueMax += r.GetQueueMax() // the bound holds in each group
+		per[fmt.Sprintf("group_%d", i)] = r
+	}
+	if f.output == "json" {
+		per["total"] = &sum
+		return writeJSON(stdout, per)
+	}
+	bound := "none"
+	if sum.GetQueueMax() > 0 {
+		bound = fmt.Sprintf("%d (%.0f%% used)", sum.GetQueueMax(), 100*float64(sum.GetQueued())/float64(sum.GetQueueMax()))
+	}
+	fmt.Fprintf(stdout, "tenant %s over %d Redis group(s)\nqueued   %d\nbound    %s\nretained %d\n", f.tenant, len(urls), sum.GetQueued(), bound, sum.GetRetained())
+	return nil
+}
+
+// formatBytes prints n in binary units.
+func formatBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

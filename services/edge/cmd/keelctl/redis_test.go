@@ -182,6 +182,35 @@ func TestKeelctl_RedisFailover(t *testing.T) {
 	require.Greater(t, epoch, oldEpoch)
 	replicaOf(t, newPrimary, primary)
 
+	// The group as it stands: the primary, its two replicas with their
+	// links up, the write marks of each.
+	table, err = run1("redis", "status", "--persistence", persistURL)
+	require.NoError(t, err, table)
+	t.Logf("redis status:\n%s", table)
+	require.Regexp(t, `^primary `+primary+`, record epoch \d+\n`, table)
+	require.Regexp(t, `(?m)^`+primary+`\s+master\s+-\s+-\s+-\s+\d+/\d+\s+`, table)
+	for _, r := range replicas {
+		require.Regexp(t, `(?m)^`+r+`\s+slave\s+`+primary+`\s+up\s+\d+ B\s+\d+/\d+\s+`, table)
+	}
+	js, err = run1("redis", "status", "--persistence", persistURL, "-o", "json")
+	require.NoError(t, err, js)
+	var gs struct {
+		Group struct {
+			Primary string `json:"primary"`
+			Nodes   []struct {
+				Address string `json:"address"`
+				Role    string `json:"role"`
+			} `json:"nodes"`
+		} `json:"group"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(js), &gs))
+	require.Equal(t, primary, gs.Group.Primary)
+	require.Len(t, gs.Group.Nodes, 3)
+	require.Equal(t, "master", gs.Group.Nodes[0].Role)
+	table, err = run1("tenant", "usage", "--persistence", persistURL, "--tenant", "acme")
+	require.NoError(t, err, table)
+	require.Equal(t, "tenant acme over 1 Redis group(s)\nqueued   0\nbound    none\nretained 0\n", table)
+
 	// Errors.
 	for _, tc := range []struct {
 		args []string
@@ -195,6 +224,10 @@ func TestKeelctl_RedisFailover(t *testing.T) {
 		{[]string{"redis", "failover", "--persistence", persistURL, "--to", primary}, "is already the primary"},
 		{[]string{"redis", "failover", "--persistence", persistURL, "--to", "nohost"}, "invalid_argument"},
 		{[]string{"redis", "bogus", "--persistence", persistURL}, "usage:"},
+		{[]string{"redis", "status"}, "give --persistence URL"},
+		{[]string{"redis", "status", "--persistence", persistURL + "," + persistURL}, "give one --persistence URL"},
+		{[]string{"tenant", "usage", "--persistence", persistURL}, "give --tenant T"},
+		{[]string{"tenant", "usage", "--persistence", persistURL, "--tenant", "Bad!"}, "invalid_argument"},
 	} {
 		msg, err := run1(tc.args...)
 		require.Error(t, err, "%v: %s", tc.args, msg)

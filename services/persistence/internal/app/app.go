@@ -552,7 +552,14 @@ func (a *App) Run(ctx context.Context) error {
 		scfg := server.Config{Limits: server.Limits{MaxPayload: a.cfg.MaxPayload}, Gate: a.gate,
 			Slots: a.slots, Group: uint32(a.cfg.RedisGroupID), TenantQueues: quotas}
 		if a.loop != nil {
-			scfg.Switchover = a.loop.Switchover
+			scfg.Switchover, scfg.DescribeGroup = a.loop.Switchover, a.loop.Describe
+		} else if rs, ok := a.store.(*redisstore.Store); ok {
+			// One Redis without a coordinator: the group is that node.
+			p := &failover.Promoter{DialTimeout: time.Second, Dialer: a.cfg.RedisDialer}
+			scfg.DescribeGroup = func(ctx context.Context) (failover.Record, []failover.NodeStatus) {
+				rec := failover.Record{Primary: rs.Addr()}
+				return rec, p.Describe(ctx, rec)
+			}
 		}
 		a.srv = server.New(scfg, a.store, a.metrics, a.status, a.logger.With("component", "server"))
 		mux := http.NewServeMux()

@@ -291,3 +291,42 @@ func TestFailover_UnpublishedPromotionHoldsNoClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, st.Queue, 4)
 }
+
+// TestPromoter_Describe reads a live group: roles, links, the write marks
+// (equal on every node once replicated), memory; a killed replica is
+// reported with its error.
+func TestPromoter_Describe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	rec := Record{Primary: g.Primary.Addr, Replicas: []string{g.Replicas[0].Addr, g.Replicas[1].Addr}, Epoch: 7}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 2}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	require.NoError(t, w.Activate(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 7}))
+
+	p := &Promoter{Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond}
+	nodes := p.Describe(ctx, rec)
+	require.Len(t, nodes, 3)
+	require.Equal(t, "master", nodes[0].Role)
+	for _, n := range nodes {
+		require.NoError(t, n.Err)
+		require.Equal(t, uint64(7), n.WriteEpoch, n.Addr)
+		require.Equal(t, uint64(1), n.WriteSeq, n.Addr)
+		require.Positive(t, n.UsedMemory)
+	}
+	for _, n := range nodes[1:] {
+		require.Equal(t, "slave", n.Role)
+		require.Equal(t, g.Primary.Addr, n.Following)
+		require.True(t, n.LinkUp)
+		require.GreaterOrEqual(t, n.Lag, int64(0))
+	}
+	g.Replicas[1].Kill()
+	nodes = p.Describe(ctx, rec)
+	require.Error(t, nodes[2].Err)
+	require.NoError(t, nodes[1].Err)
+}

@@ -162,3 +162,7 @@ func (f *Follower) PutRetained(ctx context.Context, tenant string, m *store.Mess
 func (f *Follower) LookupRetained(ctx context.Context, tenant, filter string, limit int) ([]*store.Message, error) {
 	return f.get().LookupRetained(ctx, tenant, filter, limit)
 }
+
+func (f *Follower) TenantUsage(ctx context.Context, tenant string) (store.TenantUsage, error) {
+	return f.get().TenantUsage(ctx, tenant)
+}

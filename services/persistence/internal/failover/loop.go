@@ -278,6 +278,12 @@ func (l *Loop) reconcile(ctx context.Context) {
 	}
 }
 
+// Describe reads every node of the record this instance follows.
+func (l *Loop) Describe(ctx context.Context) (Record, []NodeStatus) {
+	rec := l.follower.Record()
+	return rec, l.promoter.Describe(ctx, rec)
+}
+
 // Switchover runs a [Promoter.Switchover] under the group's promotion
 // lease, renewed while it runs, and follows the new record. It waits a
 // moment for a failover, reconcile or switchover of this instance to end

@@ -59,6 +59,10 @@ type Config struct {
 	// Switchover, if set, runs the Switchover RPC (a Redis group followed
 	// through the coordinator); unset, the RPC answers FailedPrecondition.
 	Switchover func(ctx context.Context, opts failover.SwitchoverOptions) (failover.SwitchoverResult, error) `yaml:"-"`
+	// DescribeGroup, if set, reads the nodes of the Redis group (the
+	// DescribeGroup RPC); unset (embedded store), the RPC answers
+	// FailedPrecondition.
+	DescribeGroup func(ctx context.Context) (failover.Record, []failover.NodeStatus) `yaml:"-"`
 }
 
 // Server implements persistencev1connect.PersistenceServiceHandler.
@@ -421,6 +425,40 @@ func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persis
 // Status implements the RPC.
 func (s *Server) Status(context.Context, *connect.Request[persistencev1.StatusRequest]) (*connect.Response[persistencev1.StatusResponse], error) {
 	return connect.NewResponse(s.status()), nil
+}
+
+// DescribeGroup implements the RPC.
+func (s *Server) DescribeGroup(ctx context.Context, _ *connect.Request[persistencev1.DescribeGroupRequest]) (*connect.Response[persistencev1.DescribeGroupResponse], error) {
+	if s.cfg.DescribeGroup == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("this instance keeps its data in the embedded store: it has no Redis group"))
+	}
+	rec, nodes := s.cfg.DescribeGroup(ctx)
+	out := &persistencev1.DescribeGroupResponse{RecordEpoch: rec.Epoch, Primary: rec.Primary}
+	for _, n := range nodes {
+		pn := &persistencev1.RedisNode{Address: n.Addr}
+		if n.Err != nil {
+			pn.Error = n.Err.Error()
+		} else {
+			pn.Role, pn.Following, pn.LinkUp, pn.ReplicationOffset, pn.ReplicationId, pn.LagBytes = n.Role, n.Following, n.LinkUp, n.Offset, n.ReplID, n.Lag
+			pn.WriteEpoch, pn.WriteSeq, pn.UsedMemory, pn.MaxMemory, pn.AofRewriting = n.WriteEpoch, n.WriteSeq, n.UsedMemory, n.MaxMemory, n.AOFRewriting
+		}
+		out.Nodes = append(out.Nodes, pn)
+	}
+	return connect.NewResponse(out), nil
+}
+
+// TenantUsage implements the RPC.
+func (s *Server) TenantUsage(ctx context.Context, req *connect.Request[persistencev1.TenantUsageRequest]) (*connect.Response[persistencev1.TenantUsageResponse], error) {
+	tenant := req.Msg.GetTenant()
+	if !ValidTenant(tenant) {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("tenant %q: want 1-63 of a-z, 0-9 and -", tenant))
+	}
+	u, err := s.store.TenantUsage(ctx, tenant)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&persistencev1.TenantUsageResponse{Queued: uint64(u.Queued), QueueMax: uint64(s.cfg.TenantQueues.Max(tenant)),
+		Retained: uint64(u.Retained)}), nil
 }
 
 // Switchover implements the RPC: an operator's planned move of the Redis

@@ -529,4 +529,17 @@ func TestServer_TenantQueueQuota(t *testing.T) {
 	offline.GetAppend().Limits = &persistencev1.QueueLimits{TenantQuota: true}
 	require.Equal(t, uint32(1), w.write(offline).GetResults()[0].GetRefused(), "4 queued against a bound of 2")
 	require.Len(t, load(t, ts.client).GetQueue(), 4)
+
+	ctx := context.Background()
+	u, err := ts.client.TenantUsage(ctx, connect.NewRequest(&persistencev1.TenantUsageRequest{Tenant: "acme"}))
+	require.NoError(t, err)
+	require.Equal(t, uint64(4), u.Msg.GetQueued())
+	require.Equal(t, uint64(2), u.Msg.GetQueueMax())
+	u, err = ts.client.TenantUsage(ctx, connect.NewRequest(&persistencev1.TenantUsageRequest{Tenant: "other"}))
+	require.NoError(t, err)
+	require.True(t, proto.Equal(&persistencev1.TenantUsageResponse{QueueMax: 100}, u.Msg), "nothing held, the default bound: %v", u.Msg)
+	_, err = ts.client.TenantUsage(ctx, connect.NewRequest(&persistencev1.TenantUsageRequest{Tenant: "Bad Tenant"}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	_, err = ts.client.DescribeGroup(ctx, connect.NewRequest(&persistencev1.DescribeGroupRequest{}))
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(err), "the embedded store has no Redis group")
 }

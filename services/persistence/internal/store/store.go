@@ -140,6 +140,12 @@ type QueueLimits struct {
 	TenantMax int
 }
 
+// TenantUsage is what a tenant holds in a store.
+type TenantUsage struct {
+	Queued   int // entries queued for its sessions (as counted for TenantMax)
+	Retained int // retained topics
+}
+
 // TenantQuotas are the tenants' queue bounds ([QueueLimits.TenantMax]).
 type TenantQuotas struct {
 	Default int            // entries per tenant; 0 unlimited
@@ -194,5 +200,7 @@ type Store interface {
 	// LookupRetained returns the retained messages of tenant matching filter
 	// (at most limit), through the topic index.
 	LookupRetained(ctx context.Context, tenant, filter string, limit int) ([]*Message, error)
+	// TenantUsage counts what tenant holds here.
+	TenantUsage(ctx context.Context, tenant string) (TenantUsage, error)
 	Close() error
 }

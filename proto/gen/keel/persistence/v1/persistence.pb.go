@@ -2339,6 +2339,376 @@ func (x *SwitchoverResponse) GetOldPrimaryDemoted() bool {
 	return false
 }
 
+// DescribeGroupRequest asks for the state of the instance's Redis group.
+type DescribeGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeGroupRequest) Reset() {
+	*x = DescribeGroupRequest{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeGroupRequest) ProtoMessage() {}
+
+func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
+func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{32}
+}
+
+// DescribeGroupResponse is every node of the group, primary first.
+type DescribeGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record_epoch is the epoch of the group record followed; 0 without a coordinator.
+	RecordEpoch uint64 `protobuf:"varint,1,opt,name=record_epoch,json=recordEpoch,proto3" json:"record_epoch,omitempty"`
+	// primary is the primary writes go to, host:port.
+	Primary string `protobuf:"bytes,2,opt,name=primary,proto3" json:"primary,omitempty"`
+	// nodes of the group, the primary first, then the replicas in record order.
+	Nodes         []*RedisNode `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeGroupResponse) Reset() {
+	*x = DescribeGroupResponse{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeGroupResponse) ProtoMessage() {}
+
+func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
+func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DescribeGroupResponse) GetRecordEpoch() uint64 {
+	if x != nil {
+		return x.RecordEpoch
+	}
+	return 0
+}
+
+func (x *DescribeGroupResponse) GetPrimary() string {
+	if x != nil {
+		return x.Primary
+	}
+	return ""
+}
+
+func (x *DescribeGroupResponse) GetNodes() []*RedisNode {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+// RedisNode is one Redis node as it answered.
+type RedisNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address is host:port.
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// error says why the node could not be read; the other fields are then unset.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// role is "master" or "slave", as Redis reports it.
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// following is, for a replica, the primary it replicates from (host:port).
+	Following string `protobuf:"bytes,4,opt,name=following,proto3" json:"following,omitempty"`
+	// link_up is, for a replica, whether its link to that primary is up.
+	LinkUp bool `protobuf:"varint,5,opt,name=link_up,json=linkUp,proto3" json:"link_up,omitempty"`
+	// replication_offset and replication_id are Redis's (master_repl_offset and
+	// master_replid); offsets compare only under one ID.
+	ReplicationOffset int64 `protobuf:"varint,6,opt,name=replication_offset,json=replicationOffset,proto3" json:"replication_offset,omitempty"`
+	// replication_id is master_replid.
+	ReplicationId string `protobuf:"bytes,7,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
+	// lag_bytes is how far a replica is behind the primary's replication offset, when
+	// both have the same replication ID; -1 when that is not known.
+	LagBytes int64 `protobuf:"varint,8,opt,name=lag_bytes,json=lagBytes,proto3" json:"lag_bytes,omitempty"`
+	// write_epoch and write_seq are the write marks in the node's data: the highest
+	// group record epoch a write was admitted under and the count of writing calls.
+	// A failover promotes the replica with the highest pair.
+	WriteEpoch uint64 `protobuf:"varint,9,opt,name=write_epoch,json=writeEpoch,proto3" json:"write_epoch,omitempty"`
+	// write_seq is the count of writing calls the node holds.
+	WriteSeq uint64 `protobuf:"varint,10,opt,name=write_seq,json=writeSeq,proto3" json:"write_seq,omitempty"`
+	// used_memory and max_memory are Redis's, bytes (max 0: no limit).
+	UsedMemory uint64 `protobuf:"varint,11,opt,name=used_memory,json=usedMemory,proto3" json:"used_memory,omitempty"`
+	// max_memory is maxmemory, bytes.
+	MaxMemory uint64 `protobuf:"varint,12,opt,name=max_memory,json=maxMemory,proto3" json:"max_memory,omitempty"`
+	// aof_rewriting is true while the node rewrites its AOF: a replica restarted
+	// then loads what it had before its last full sync.
+	AofRewriting  bool `protobuf:"varint,13,opt,name=aof_rewriting,json=aofRewriting,proto3" json:"aof_rewriting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedisNode) Reset() {
+	*x = RedisNode{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedisNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedisNode) ProtoMessage() {}
+
+func (x *RedisNode) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedisNode.ProtoReflect.Descriptor instead.
+func (*RedisNode) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *RedisNode) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *RedisNode) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RedisNode) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *RedisNode) GetFollowing() string {
+	if x != nil {
+		return x.Following
+	}
+	return ""
+}
+
+func (x *RedisNode) GetLinkUp() bool {
+	if x != nil {
+		return x.LinkUp
+	}
+	return false
+}
+
+func (x *RedisNode) GetReplicationOffset() int64 {
+	if x != nil {
+		return x.ReplicationOffset
+	}
+	return 0
+}
+
+func (x *RedisNode) GetReplicationId() string {
+	if x != nil {
+		return x.ReplicationId
+	}
+	return ""
+}
+
+func (x *RedisNode) GetLagBytes() int64 {
+	if x != nil {
+		return x.LagBytes
+	}
+	return 0
+}
+
+func (x *RedisNode) GetWriteEpoch() uint64 {
+	if x != nil {
+		return x.WriteEpoch
+	}
+	return 0
+}
+
+func (x *RedisNode) GetWriteSeq() uint64 {
+	if x != nil {
+		return x.WriteSeq
+	}
+	return 0
+}
+
+func (x *RedisNode) GetUsedMemory() uint64 {
+	if x != nil {
+		return x.UsedMemory
+	}
+	return 0
+}
+
+func (x *RedisNode) GetMaxMemory() uint64 {
+	if x != nil {
+		return x.MaxMemory
+	}
+	return 0
+}
+
+func (x *RedisNode) GetAofRewriting() bool {
+	if x != nil {
+		return x.AofRewriting
+	}
+	return false
+}
+
+// TenantUsageRequest names the tenant.
+type TenantUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tenant to read.
+	Tenant        string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantUsageRequest) Reset() {
+	*x = TenantUsageRequest{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsageRequest) ProtoMessage() {}
+
+func (x *TenantUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsageRequest.ProtoReflect.Descriptor instead.
+func (*TenantUsageRequest) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *TenantUsageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// TenantUsageResponse is what the tenant holds in this store.
+type TenantUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// queued counts the entries queued for the tenant's sessions.
+	Queued uint64 `protobuf:"varint,1,opt,name=queued,proto3" json:"queued,omitempty"`
+	// queue_max is the bound on queueing for its offline sessions; 0: none.
+	QueueMax uint64 `protobuf:"varint,2,opt,name=queue_max,json=queueMax,proto3" json:"queue_max,omitempty"`
+	// retained counts its retained topics.
+	Retained      uint64 `protobuf:"varint,3,opt,name=retained,proto3" json:"retained,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantUsageResponse) Reset() {
+	*x = TenantUsageResponse{}
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantUsageResponse) ProtoMessage() {}
+
+func (x *TenantUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_persistence_v1_persistence_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantUsageResponse.ProtoReflect.Descriptor instead.
+func (*TenantUsageResponse) Descriptor() ([]byte, []int) {
+	return file_keel_persistence_v1_persistence_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TenantUsageResponse) GetQueued() uint64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *TenantUsageResponse) GetQueueMax() uint64 {
+	if x != nil {
+		return x.QueueMax
+	}
+	return 0
+}
+
+func (x *TenantUsageResponse) GetRetained() uint64 {
+	if x != nil {
+		return x.Retained
+	}
+	return 0
+}
+
 var File_keel_persistence_v1_persistence_proto protoreflect.FileDescriptor
 
 const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
@@ -2490,7 +2860,36 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x10old_record_epoch\x18\x05 \x01(\x04R\x0eoldRecordEpoch\x12+\n" +
 	"\x11replica_addresses\x18\x06 \x03(\tR\x10replicaAddresses\x12\x16\n" +
 	"\x06offset\x18\a \x01(\x03R\x06offset\x12.\n" +
-	"\x13old_primary_demoted\x18\b \x01(\bR\x11oldPrimaryDemoted*\xda\x01\n" +
+	"\x13old_primary_demoted\x18\b \x01(\bR\x11oldPrimaryDemoted\"\x16\n" +
+	"\x14DescribeGroupRequest\"\x8a\x01\n" +
+	"\x15DescribeGroupResponse\x12!\n" +
+	"\frecord_epoch\x18\x01 \x01(\x04R\vrecordEpoch\x12\x18\n" +
+	"\aprimary\x18\x02 \x01(\tR\aprimary\x124\n" +
+	"\x05nodes\x18\x03 \x03(\v2\x1e.keel.persistence.v1.RedisNodeR\x05nodes\"\x9c\x03\n" +
+	"\tRedisNode\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x1c\n" +
+	"\tfollowing\x18\x04 \x01(\tR\tfollowing\x12\x17\n" +
+	"\alink_up\x18\x05 \x01(\bR\x06linkUp\x12-\n" +
+	"\x12replication_offset\x18\x06 \x01(\x03R\x11replicationOffset\x12%\n" +
+	"\x0ereplication_id\x18\a \x01(\tR\rreplicationId\x12\x1b\n" +
+	"\tlag_bytes\x18\b \x01(\x03R\blagBytes\x12\x1f\n" +
+	"\vwrite_epoch\x18\t \x01(\x04R\n" +
+	"writeEpoch\x12\x1b\n" +
+	"\twrite_seq\x18\n" +
+	" \x01(\x04R\bwriteSeq\x12\x1f\n" +
+	"\vused_memory\x18\v \x01(\x04R\n" +
+	"usedMemory\x12\x1d\n" +
+	"\n" +
+	"max_memory\x18\f \x01(\x04R\tmaxMemory\x12#\n" +
+	"\raof_rewriting\x18\r \x01(\bR\faofRewriting\",\n" +
+	"\x12TenantUsageRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\"f\n" +
+	"\x13TenantUsageResponse\x12\x16\n" +
+	"\x06queued\x18\x01 \x01(\x04R\x06queued\x12\x1b\n" +
+	"\tqueue_max\x18\x02 \x01(\x04R\bqueueMax\x12\x1a\n" +
+	"\bretained\x18\x03 \x01(\x04R\bretained*\xda\x01\n" +
 	"\vWriteStatus\x12\x1c\n" +
 	"\x18WRITE_STATUS_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fWRITE_STATUS_OK\x10\x01\x12\x1f\n" +
@@ -2498,14 +2897,16 @@ const file_keel_persistence_v1_persistence_proto_rawDesc = "" +
 	"\x13WRITE_STATUS_FENCED\x10\x03\x12\x1d\n" +
 	"\x19WRITE_STATUS_GROUP_FENCED\x10\x04\x12!\n" +
 	"\x1dWRITE_STATUS_INVALID_ARGUMENT\x10\x05\x12\x1c\n" +
-	"\x18WRITE_STATUS_UNAVAILABLE\x10\x062\xe7\x03\n" +
+	"\x18WRITE_STATUS_UNAVAILABLE\x10\x062\xbb\x05\n" +
 	"\x12PersistenceService\x12R\n" +
 	"\x05Write\x12!.keel.persistence.v1.WriteRequest\x1a\".keel.persistence.v1.WriteResponse(\x010\x01\x12`\n" +
 	"\vLoadSession\x12'.keel.persistence.v1.LoadSessionRequest\x1a(.keel.persistence.v1.LoadSessionResponse\x12i\n" +
 	"\x0eLookupRetained\x12*.keel.persistence.v1.LookupRetainedRequest\x1a+.keel.persistence.v1.LookupRetainedResponse\x12Q\n" +
 	"\x06Status\x12\".keel.persistence.v1.StatusRequest\x1a#.keel.persistence.v1.StatusResponse\x12]\n" +
 	"\n" +
-	"Switchover\x12&.keel.persistence.v1.SwitchoverRequest\x1a'.keel.persistence.v1.SwitchoverResponseB\xdd\x01\n" +
+	"Switchover\x12&.keel.persistence.v1.SwitchoverRequest\x1a'.keel.persistence.v1.SwitchoverResponse\x12k\n" +
+	"\rDescribeGroup\x12).keel.persistence.v1.DescribeGroupRequest\x1a*.keel.persistence.v1.DescribeGroupResponse\"\x03\x90\x02\x01\x12e\n" +
+	"\vTenantUsage\x12'.keel.persistence.v1.TenantUsageRequest\x1a(.keel.persistence.v1.TenantUsageResponse\"\x03\x90\x02\x01B\xdd\x01\n" +
 	"\x17com.keel.persistence.v1B\x10PersistenceProtoP\x01ZBgithub.com/keelmq/keel/proto/gen/keel/persistence/v1;persistencev1\xa2\x02\x03KPX\xaa\x02\x13Keel.Persistence.V1\xca\x02\x13Keel\\Persistence\\V1\xe2\x02\x1fKeel\\Persistence\\V1\\GPBMetadata\xea\x02\x15Keel::Persistence::V1b\x06proto3"
 
 var (
@@ -2521,7 +2922,7 @@ func file_keel_persistence_v1_persistence_proto_rawDescGZIP() []byte {
 }
 
 var file_keel_persistence_v1_persistence_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_keel_persistence_v1_persistence_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_keel_persistence_v1_persistence_proto_goTypes = []any{
 	(WriteStatus)(0),               // 0: keel.persistence.v1.WriteStatus
 	(*Fence)(nil),                  // 1: keel.persistence.v1.Fence
@@ -2556,18 +2957,23 @@ var file_keel_persistence_v1_persistence_proto_goTypes = []any{
 	(*StatusResponse)(nil),         // 30: keel.persistence.v1.StatusResponse
 	(*SwitchoverRequest)(nil),      // 31: keel.persistence.v1.SwitchoverRequest
 	(*SwitchoverResponse)(nil),     // 32: keel.persistence.v1.SwitchoverResponse
-	(*v1.Message)(nil),             // 33: keel.common.v1.Message
-	(*v1.MsgID)(nil),               // 34: keel.common.v1.MsgID
-	(*v1.SessionKey)(nil),          // 35: keel.common.v1.SessionKey
-	(*durationpb.Duration)(nil),    // 36: google.protobuf.Duration
+	(*DescribeGroupRequest)(nil),   // 33: keel.persistence.v1.DescribeGroupRequest
+	(*DescribeGroupResponse)(nil),  // 34: keel.persistence.v1.DescribeGroupResponse
+	(*RedisNode)(nil),              // 35: keel.persistence.v1.RedisNode
+	(*TenantUsageRequest)(nil),     // 36: keel.persistence.v1.TenantUsageRequest
+	(*TenantUsageResponse)(nil),    // 37: keel.persistence.v1.TenantUsageResponse
+	(*v1.Message)(nil),             // 38: keel.common.v1.Message
+	(*v1.MsgID)(nil),               // 39: keel.common.v1.MsgID
+	(*v1.SessionKey)(nil),          // 40: keel.common.v1.SessionKey
+	(*durationpb.Duration)(nil),    // 41: google.protobuf.Duration
 }
 var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
-	33, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
+	38, // 0: keel.persistence.v1.Will.message:type_name -> keel.common.v1.Message
 	3,  // 1: keel.persistence.v1.Session.will:type_name -> keel.persistence.v1.Will
-	34, // 2: keel.persistence.v1.Entry.msg_id:type_name -> keel.common.v1.MsgID
-	34, // 3: keel.persistence.v1.Incoming.msg_id:type_name -> keel.common.v1.MsgID
+	39, // 2: keel.persistence.v1.Entry.msg_id:type_name -> keel.common.v1.MsgID
+	39, // 3: keel.persistence.v1.Incoming.msg_id:type_name -> keel.common.v1.MsgID
 	9,  // 4: keel.persistence.v1.WriteRequest.ops:type_name -> keel.persistence.v1.WriteOp
-	35, // 5: keel.persistence.v1.WriteOp.session:type_name -> keel.common.v1.SessionKey
+	40, // 5: keel.persistence.v1.WriteOp.session:type_name -> keel.common.v1.SessionKey
 	1,  // 6: keel.persistence.v1.WriteOp.fence:type_name -> keel.persistence.v1.Fence
 	10, // 7: keel.persistence.v1.WriteOp.activate:type_name -> keel.persistence.v1.ActivateOp
 	11, // 8: keel.persistence.v1.WriteOp.put_session:type_name -> keel.persistence.v1.PutSessionOp
@@ -2586,40 +2992,45 @@ var file_keel_persistence_v1_persistence_proto_depIdxs = []int32{
 	2,  // 21: keel.persistence.v1.PutSubscriptionOp.subscription:type_name -> keel.persistence.v1.Subscription
 	7,  // 22: keel.persistence.v1.AppendOp.limits:type_name -> keel.persistence.v1.QueueLimits
 	5,  // 23: keel.persistence.v1.AppendOp.entries:type_name -> keel.persistence.v1.Entry
-	33, // 24: keel.persistence.v1.AppendOp.messages:type_name -> keel.common.v1.Message
+	38, // 24: keel.persistence.v1.AppendOp.messages:type_name -> keel.common.v1.Message
 	5,  // 25: keel.persistence.v1.SendOp.entries:type_name -> keel.persistence.v1.Entry
-	34, // 26: keel.persistence.v1.DequeueOp.msg_ids:type_name -> keel.common.v1.MsgID
+	39, // 26: keel.persistence.v1.DequeueOp.msg_ids:type_name -> keel.common.v1.MsgID
 	6,  // 27: keel.persistence.v1.PutIncomingOp.incoming:type_name -> keel.persistence.v1.Incoming
-	33, // 28: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
+	38, // 28: keel.persistence.v1.PutRetainedOp.message:type_name -> keel.common.v1.Message
 	0,  // 29: keel.persistence.v1.WriteResponse.status:type_name -> keel.persistence.v1.WriteStatus
 	24, // 30: keel.persistence.v1.WriteResponse.results:type_name -> keel.persistence.v1.OpResult
 	0,  // 31: keel.persistence.v1.OpResult.status:type_name -> keel.persistence.v1.WriteStatus
-	35, // 32: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	40, // 32: keel.persistence.v1.LoadSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 33: keel.persistence.v1.LoadSessionResponse.session:type_name -> keel.persistence.v1.Session
 	2,  // 34: keel.persistence.v1.LoadSessionResponse.subscriptions:type_name -> keel.persistence.v1.Subscription
 	5,  // 35: keel.persistence.v1.LoadSessionResponse.queue:type_name -> keel.persistence.v1.Entry
 	5,  // 36: keel.persistence.v1.LoadSessionResponse.inflight:type_name -> keel.persistence.v1.Entry
 	6,  // 37: keel.persistence.v1.LoadSessionResponse.incoming:type_name -> keel.persistence.v1.Incoming
-	33, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
-	34, // 39: keel.persistence.v1.LoadSessionResponse.took_qos2:type_name -> keel.common.v1.MsgID
-	33, // 40: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
-	36, // 41: keel.persistence.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
-	36, // 42: keel.persistence.v1.SwitchoverResponse.paused_for:type_name -> google.protobuf.Duration
-	8,  // 43: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
-	25, // 44: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
-	27, // 45: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
-	29, // 46: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
-	31, // 47: keel.persistence.v1.PersistenceService.Switchover:input_type -> keel.persistence.v1.SwitchoverRequest
-	23, // 48: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
-	26, // 49: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
-	28, // 50: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
-	30, // 51: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
-	32, // 52: keel.persistence.v1.PersistenceService.Switchover:output_type -> keel.persistence.v1.SwitchoverResponse
-	48, // [48:53] is the sub-list for method output_type
-	43, // [43:48] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	38, // 38: keel.persistence.v1.LoadSessionResponse.messages:type_name -> keel.common.v1.Message
+	39, // 39: keel.persistence.v1.LoadSessionResponse.took_qos2:type_name -> keel.common.v1.MsgID
+	38, // 40: keel.persistence.v1.LookupRetainedResponse.messages:type_name -> keel.common.v1.Message
+	41, // 41: keel.persistence.v1.SwitchoverRequest.timeout:type_name -> google.protobuf.Duration
+	41, // 42: keel.persistence.v1.SwitchoverResponse.paused_for:type_name -> google.protobuf.Duration
+	35, // 43: keel.persistence.v1.DescribeGroupResponse.nodes:type_name -> keel.persistence.v1.RedisNode
+	8,  // 44: keel.persistence.v1.PersistenceService.Write:input_type -> keel.persistence.v1.WriteRequest
+	25, // 45: keel.persistence.v1.PersistenceService.LoadSession:input_type -> keel.persistence.v1.LoadSessionRequest
+	27, // 46: keel.persistence.v1.PersistenceService.LookupRetained:input_type -> keel.persistence.v1.LookupRetainedRequest
+	29, // 47: keel.persistence.v1.PersistenceService.Status:input_type -> keel.persistence.v1.StatusRequest
+	31, // 48: keel.persistence.v1.PersistenceService.Switchover:input_type -> keel.persistence.v1.SwitchoverRequest
+	33, // 49: keel.persistence.v1.PersistenceService.DescribeGroup:input_type -> keel.persistence.v1.DescribeGroupRequest
+	36, // 50: keel.persistence.v1.PersistenceService.TenantUsage:input_type -> keel.persistence.v1.TenantUsageRequest
+	23, // 51: keel.persistence.v1.PersistenceService.Write:output_type -> keel.persistence.v1.WriteResponse
+	26, // 52: keel.persistence.v1.PersistenceService.LoadSession:output_type -> keel.persistence.v1.LoadSessionResponse
+	28, // 53: keel.persistence.v1.PersistenceService.LookupRetained:output_type -> keel.persistence.v1.LookupRetainedResponse
+	30, // 54: keel.persistence.v1.PersistenceService.Status:output_type -> keel.persistence.v1.StatusResponse
+	32, // 55: keel.persistence.v1.PersistenceService.Switchover:output_type -> keel.persistence.v1.SwitchoverResponse
+	34, // 56: keel.persistence.v1.PersistenceService.DescribeGroup:output_type -> keel.persistence.v1.DescribeGroupResponse
+	37, // 57: keel.persistence.v1.PersistenceService.TenantUsage:output_type -> keel.persistence.v1.TenantUsageResponse
+	51, // [51:58] is the sub-list for method output_type
+	44, // [44:51] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_keel_persistence_v1_persistence_proto_init() }
@@ -2648,7 +3059,7 @@ func file_keel_persistence_v1_persistence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_persistence_v1_persistence_proto_rawDesc), len(file_keel_persistence_v1_persistence_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -482,6 +482,22 @@ func (s *Store) Load(_ context.Context, k store.SessionKey) (*store.State, error
 
 // LookupRetained implements [store.Store]. Topics are kept sorted, so the
 // scan starts at the filter's literal prefix rather than the whole tenant.
+// TenantUsage implements [store.Store].
+func (s *Store) TenantUsage(_ context.Context, tenant string) (store.TenantUsage, error) {
+	if tenant == "" {
+		return store.TenantUsage{}, fmt.Errorf("%w: tenant is required", store.ErrInvalid)
+	}
+	var u store.TenantUsage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		u.Queued = tenantQueued(tx, tenant)
+		if b := tx.Bucket(bRetained).Bucket([]byte(tenant)); b != nil {
+			u.Retained = b.Stats().KeyN
+		}
+		return nil
+	})
+	return u, err
+}
+
 func (s *Store) LookupRetained(_ context.Context, tenant, filter string, limit int) ([]*store.Message, error) {
 	if tenant == "" || filter == "" {
 		return nil, fmt.Errorf("%w: tenant and filter are required", store.ErrInvalid)

@@ -948,6 +948,26 @@ func retainedKey(tenant string) string { return "r:" + tenant }
 // tenantQueuedKey counts the entries queued for the tenant's sessions.
 func tenantQueuedKey(tenant string) string { return "tq:" + tenant }
 
+// TenantUsage implements [store.Store]: the tenant's queued count and the
+// size of its retained hash, read together.
+func (s *Store) TenantUsage(ctx context.Context, tenant string) (store.TenantUsage, error) {
+	if tenant == "" {
+		return store.TenantUsage{}, fmt.Errorf("%w: tenant is required", store.ErrInvalid)
+	}
+	var queued *redis.StringCmd
+	var retained *redis.IntCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		queued = p.Get(ctx, tenantQueuedKey(tenant))
+		retained = p.HLen(ctx, retainedKey(tenant))
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return store.TenantUsage{}, fmt.Errorf("%w: tenant usage: %v", ErrUnavailable, err)
+	}
+	q, _ := queued.Int()
+	return store.TenantUsage{Queued: max(q, 0), Retained: int(retained.Val())}, nil
+}
+
 // PutRetained implements [store.Store]. Only QoS 1/2 retained writes wait
 // for replication.
 func (s *Store) PutRetained(ctx context.Context, tenant string, m *store.Message) (bool, error) {

@@ -58,6 +58,12 @@ const (
 	// PersistenceServiceSwitchoverProcedure is the fully-qualified name of the PersistenceService's
 	// Switchover RPC.
 	PersistenceServiceSwitchoverProcedure = "/keel.persistence.v1.PersistenceService/Switchover"
+	// PersistenceServiceDescribeGroupProcedure is the fully-qualified name of the PersistenceService's
+	// DescribeGroup RPC.
+	PersistenceServiceDescribeGroupProcedure = "/keel.persistence.v1.PersistenceService/DescribeGroup"
+	// PersistenceServiceTenantUsageProcedure is the fully-qualified name of the PersistenceService's
+	// TenantUsage RPC.
+	PersistenceServiceTenantUsageProcedure = "/keel.persistence.v1.PersistenceService/TenantUsage"
 )
 
 // PersistenceServiceClient is a client for the keel.persistence.v1.PersistenceService service.
@@ -92,6 +98,15 @@ type PersistenceServiceClient interface {
 	// published every failure is undone: the record and the replicas keep the old
 	// primary, and it is unpaused.
 	Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error)
+	// DescribeGroup reads every node of this instance's Redis group, for operators
+	// (keelctl redis status): role, replication link and lag, the write marks a
+	// failover compares, memory against maxmemory. An unreachable node is reported
+	// with its error, not failed. FailedPrecondition on the embedded store.
+	DescribeGroup(context.Context, *connect.Request[v1.DescribeGroupRequest]) (*connect.Response[v1.DescribeGroupResponse], error)
+	// TenantUsage reads what a tenant holds in this instance's store (one Redis
+	// group): entries queued for its sessions against its bound, retained topics.
+	// InvalidArgument for a malformed tenant.
+	TenantUsage(context.Context, *connect.Request[v1.TenantUsageRequest]) (*connect.Response[v1.TenantUsageResponse], error)
 }
 
 // NewPersistenceServiceClient constructs a client for the keel.persistence.v1.PersistenceService
@@ -135,6 +150,20 @@ func NewPersistenceServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(persistenceServiceMethods.ByName("Switchover")),
 			connect.WithClientOptions(opts...),
 		),
+		describeGroup: connect.NewClient[v1.DescribeGroupRequest, v1.DescribeGroupResponse](
+			httpClient,
+			baseURL+PersistenceServiceDescribeGroupProcedure,
+			connect.WithSchema(persistenceServiceMethods.ByName("DescribeGroup")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		tenantUsage: connect.NewClient[v1.TenantUsageRequest, v1.TenantUsageResponse](
+			httpClient,
+			baseURL+PersistenceServiceTenantUsageProcedure,
+			connect.WithSchema(persistenceServiceMethods.ByName("TenantUsage")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -145,6 +174,8 @@ type persistenceServiceClient struct {
 	lookupRetained *connect.Client[v1.LookupRetainedRequest, v1.LookupRetainedResponse]
 	status         *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	switchover     *connect.Client[v1.SwitchoverRequest, v1.SwitchoverResponse]
+	describeGroup  *connect.Client[v1.DescribeGroupRequest, v1.DescribeGroupResponse]
+	tenantUsage    *connect.Client[v1.TenantUsageRequest, v1.TenantUsageResponse]
 }
 
 // Write calls keel.persistence.v1.PersistenceService.Write.
@@ -170,6 +201,16 @@ func (c *persistenceServiceClient) Status(ctx context.Context, req *connect.Requ
 // Switchover calls keel.persistence.v1.PersistenceService.Switchover.
 func (c *persistenceServiceClient) Switchover(ctx context.Context, req *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error) {
 	return c.switchover.CallUnary(ctx, req)
+}
+
+// DescribeGroup calls keel.persistence.v1.PersistenceService.DescribeGroup.
+func (c *persistenceServiceClient) DescribeGroup(ctx context.Context, req *connect.Request[v1.DescribeGroupRequest]) (*connect.Response[v1.DescribeGroupResponse], error) {
+	return c.describeGroup.CallUnary(ctx, req)
+}
+
+// TenantUsage calls keel.persistence.v1.PersistenceService.TenantUsage.
+func (c *persistenceServiceClient) TenantUsage(ctx context.Context, req *connect.Request[v1.TenantUsageRequest]) (*connect.Response[v1.TenantUsageResponse], error) {
+	return c.tenantUsage.CallUnary(ctx, req)
 }
 
 // PersistenceServiceHandler is an implementation of the keel.persistence.v1.PersistenceService
@@ -205,6 +246,15 @@ type PersistenceServiceHandler interface {
 	// published every failure is undone: the record and the replicas keep the old
 	// primary, and it is unpaused.
 	Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error)
+	// DescribeGroup reads every node of this instance's Redis group, for operators
+	// (keelctl redis status): role, replication link and lag, the write marks a
+	// failover compares, memory against maxmemory. An unreachable node is reported
+	// with its error, not failed. FailedPrecondition on the embedded store.
+	DescribeGroup(context.Context, *connect.Request[v1.DescribeGroupRequest]) (*connect.Response[v1.DescribeGroupResponse], error)
+	// TenantUsage reads what a tenant holds in this instance's store (one Redis
+	// group): entries queued for its sessions against its bound, retained topics.
+	// InvalidArgument for a malformed tenant.
+	TenantUsage(context.Context, *connect.Request[v1.TenantUsageRequest]) (*connect.Response[v1.TenantUsageResponse], error)
 }
 
 // NewPersistenceServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -244,6 +294,20 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 		connect.WithSchema(persistenceServiceMethods.ByName("Switchover")),
 		connect.WithHandlerOptions(opts...),
 	)
+	persistenceServiceDescribeGroupHandler := connect.NewUnaryHandler(
+		PersistenceServiceDescribeGroupProcedure,
+		svc.DescribeGroup,
+		connect.WithSchema(persistenceServiceMethods.ByName("DescribeGroup")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	persistenceServiceTenantUsageHandler := connect.NewUnaryHandler(
+		PersistenceServiceTenantUsageProcedure,
+		svc.TenantUsage,
+		connect.WithSchema(persistenceServiceMethods.ByName("TenantUsage")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/keel.persistence.v1.PersistenceService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case PersistenceServiceWriteProcedure:
@@ -256,6 +320,10 @@ func NewPersistenceServiceHandler(svc PersistenceServiceHandler, opts ...connect
 			persistenceServiceStatusHandler.ServeHTTP(w, r)
 		case PersistenceServiceSwitchoverProcedure:
 			persistenceServiceSwitchoverHandler.ServeHTTP(w, r)
+		case PersistenceServiceDescribeGroupProcedure:
+			persistenceServiceDescribeGroupHandler.ServeHTTP(w, r)
+		case PersistenceServiceTenantUsageProcedure:
+			persistenceServiceTenantUsageHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -283,4 +351,12 @@ func (UnimplementedPersistenceServiceHandler) Status(context.Context, *connect.R
 
 func (UnimplementedPersistenceServiceHandler) Switchover(context.Context, *connect.Request[v1.SwitchoverRequest]) (*connect.Response[v1.SwitchoverResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.Switchover is not implemented"))
+}
+
+func (UnimplementedPersistenceServiceHandler) DescribeGroup(context.Context, *connect.Request[v1.DescribeGroupRequest]) (*connect.Response[v1.DescribeGroupResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.DescribeGroup is not implemented"))
+}
+
+func (UnimplementedPersistenceServiceHandler) TenantUsage(context.Context, *connect.Request[v1.TenantUsageRequest]) (*connect.Response[v1.TenantUsageResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.persistence.v1.PersistenceService.TenantUsage is not implemented"))
 }
