@@ -330,3 +330,67 @@ func TestPromoter_Describe(t *testing.T) {
 	require.Error(t, nodes[2].Err)
 	require.NoError(t, nodes[1].Err)
 }
+
+// TestFailover_RetainedWritesCarryTheirEpoch: a new primary that takes only
+// retained writes ranks above the old primary's own lineage, which holds
+// more writing calls (unacknowledged: its replicas had gone) under the old
+// record. When the new primary dies, its replica is promoted, not the old
+// primary, and the acknowledged retained message is there.
+func TestFailover_RetainedWritesCarryTheirEpoch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
+	ctx := context.Background()
+	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	f := store.Fence{Epoch: 1, GroupEpoch: 1}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	require.NoError(t, w.Activate(ctx, k, f))
+	_ = w.Close()
+
+	// The replicas go; the old primary takes three more calls nobody
+	// confirms (as in its min-replicas-max-lag window).
+	for _, r := range g.Replicas {
+		require.NoError(t, r.Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+	}
+	require.NoError(t, g.Primary.Client().ConfigSet(ctx, "min-replicas-to-write", "0").Err())
+	lone, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	for n := 1; n <= 3; n++ {
+		id := fmt.Sprintf("e/1/%d", n)
+		_, err := lone.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", QoS: 1}})
+		require.NoError(t, err)
+	}
+	_ = lone.Close()
+
+	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
+		WaitWriters: func(context.Context) error { return nil }}
+	rec, err := p.Failover(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, g.Primary.Addr, rec.Primary)
+	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	w2.SetGroupEpoch(rec.Epoch)
+	_, err = w2.PutRetained(ctx, "acme", &store.Message{ID: "e/2/1", Topic: "r", QoS: 1, Payload: []byte("kept"), Created: 1})
+	require.NoError(t, err, "acknowledged: on the other replica too")
+	_ = w2.Close()
+
+	for _, r := range g.Replicas {
+		if r.Addr == rec.Primary {
+			r.Kill()
+		}
+	}
+	rec2, err := p.Failover(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, g.Primary.Addr, rec2.Primary, "the old primary's longer lineage is of the older record")
+	w3, err := redisstore.New(redisstore.Config{Addr: rec2.Primary, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w3.Close() })
+	got, err := w3.LookupRetained(ctx, "acme", "r", 10)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+}

@@ -710,6 +710,12 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			return nil, err
 		}
 	}
+	if g := s.groupEpoch.Load(); g > 0 && so.Fence.GroupEpoch > g {
+		// The caller has seen a newer group record than this store
+		// follows: its primary may be a deposed one, whose writes must
+		// not carry (and mark) the newer epoch.
+		return nil, fmt.Errorf("%w: write under group epoch %d, this instance follows %d", ErrUnavailable, so.Fence.GroupEpoch, g)
+	}
 	ks := keysOf(k)
 	fa := s.fenceArgs(so.Fence)
 	o := &op{wait: true}
@@ -799,7 +805,11 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if len(m.Payload) == 0 {
 			empty = "1"
 		}
-		o.script, o.keys, o.args, o.wait = scriptPutRetained, []string{retainedKey(so.Tenant)}, []any{so.Tenant, m.Topic, b, m.Created, empty}, m.QoS > 0
+		// The last argument marks the write under the store's group
+		// epoch: a new primary that takes only retained writes must still
+		// rank above the old record's lineage in a failover.
+		o.script, o.keys, o.args, o.wait = scriptPutRetained, []string{retainedKey(so.Tenant)},
+			[]any{so.Tenant, m.Topic, b, m.Created, empty, strconv.FormatUint(s.groupEpoch.Load(), 10)}, m.QoS > 0
 	default:
 		return nil, fmt.Errorf("%w: unknown op kind %d", store.ErrInvalid, so.Kind)
 	}

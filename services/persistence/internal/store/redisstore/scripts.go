@@ -438,12 +438,12 @@ for _, e in ipairs(inf) do add(cjson.decode(e).m) end
 return {epoch, rec, subs, q, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1)}`
 
 // putRetained: KEYS r (hash topic -> JSON); ARGV tenant topic json created
-// empty. The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
+// empty gepoch (the writer's group epoch, for the call's mark). The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
 // child levels of a prefix of n levels (n keeps "" at the root apart from an
 // empty first level). A message is replaced only by a newer one; an empty
 // payload deletes it and prunes the index.
 const scriptPutRetained = markFn + `
-mark(false)
+mark(ARGV[6])
 local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
 -- older compares creation times (unix ns) as decimal text: as Lua numbers
