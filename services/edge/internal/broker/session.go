@@ -39,6 +39,10 @@ type delivery struct {
 	// it until told what became of it here (shared.go); nil for a message
 	// this edge owns.
 	origin *ShareOrigin
+	// storeFirst marks a delivery taken for sending while its queueing
+	// for the session offline was not yet answered: the tenant's queue
+	// bound may refuse that, so its send stores the message first.
+	storeFirst bool
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its
@@ -225,6 +229,10 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				return droppedQoS0
 			}
 			result := enqueued
+			// Held to the tenant's queue bound, unless the session's own
+			// drop makes room for it (the tenant's count stays) or it is a
+			// group's message, owed to the group.
+			bounded := d.group == nil
 			if s.offlineFullLocked(size) {
 				if !cfg.OfflineDropOldest || size > cfg.OfflineQueueBytes && cfg.OfflineQueueBytes > 0 {
 					s.mu.Unlock()
@@ -242,6 +250,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				}
 				if len(gone) > 0 && s.b.store != nil {
 					_ = s.b.store.Dequeue(context.Background(), s.id, gone)
+					bounded = false
 				}
 				if popped > 1 {
 					// The result counts one; a larger message may take more.
@@ -249,7 +258,7 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 				}
 				result = droppedOverflow
 			}
-			p, seq := s.pushLocked(d, size, true)
+			p, seq := s.pushLocked(d, size, bounded)
 			s.mu.Unlock()
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
 				return notTaken(err)
@@ -328,7 +337,7 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 		if s.unsettled == nil {
 			s.unsettled = map[uint64]unsettledWrite{}
 		}
-		s.unsettled[d.seq] = unsettledWrite{origin: d.msg.Origin}
+		s.unsettled[d.seq] = unsettledWrite{origin: d.msg.Origin, offline: offline}
 	}
 	if d.relayed {
 		s.queueRelayedLocked(d)
@@ -344,6 +353,9 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 type unsettledWrite struct {
 	origin  string // the publisher of its message
 	revoked bool   // taken back from the queue: an earlier write of its publisher failed
+	// offline marks queueing the tenant's bound may refuse, and taken that
+	// the writer took the delivery meanwhile (and its send stores it).
+	offline, taken bool
 }
 
 // settleQueued waits until the store has p, the stored copy of m queued at
@@ -367,6 +379,13 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 		return nil
 	}
 	if errors.Is(err, durable.ErrQueueQuota) && !w.revoked {
+		if w.taken {
+			// The client came back and the writer took it: its send
+			// stored the message first (storeFirst), not held to the
+			// bound, and the session has it.
+			s.mu.Unlock()
+			return nil
+		}
 		// Dropped for this session by the tenant's bound, as its own full
 		// queue would drop it: nothing was stored, the publisher's later
 		// messages keep their place, and m is not sent again.
@@ -760,6 +779,11 @@ func (s *session) writeLoop() {
 			if d.qos > 0 {
 				s.inflight++
 			}
+			if w, ok := s.unsettled[d.seq]; ok && w.offline && d.seq > 0 {
+				w.taken = true
+				s.unsettled[d.seq] = w
+				d.storeFirst = true
+			}
 			batch = append(batch, d)
 		}
 		if len(batch) == 0 {
@@ -796,7 +820,9 @@ func (s *session) writeLoop() {
 			switch {
 			case d.seq == 0 && (d.qos == 0 || !s.durable):
 			case sent:
-				entries = append(entries, entryOf(d, id, s.sent))
+				e := entryOf(d, id, s.sent)
+				e.StoreFirst = d.storeFirst
+				entries = append(entries, e)
 			case d.seq > 0:
 				dropped = append(dropped, durable.Entry{Seq: d.seq, MsgID: msgIDString(d.msg.ID)})
 			}

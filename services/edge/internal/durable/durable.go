@@ -138,8 +138,12 @@ type Entry struct {
 	// connected: a shared store may refuse it by the tenant's queue bound
 	// ([ErrQueueQuota]). Deliveries written ahead of a send are never
 	// refused so.
-	Offline bool     `json:"-"`
-	Msg     *Message `json:"-"`
+	Offline bool `json:"-"`
+	// StoreFirst marks, on Send, an entry whose queueing may have been
+	// refused by the tenant's queue bound: a shared store stores the
+	// message first, as for a live delivery, not held to the bound.
+	StoreFirst bool     `json:"-"`
+	Msg        *Message `json:"-"`
 }
 
 // Incoming is a QoS 2 message received from a session's client and not yet

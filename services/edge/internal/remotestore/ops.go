@@ -134,8 +134,10 @@ func (s *Store) Dequeue(ctx context.Context, id string, gone []durable.Entry) er
 // Send moves entries to the in-flight set under their packet IDs; wait on
 // the result before the first send, so the packet IDs are durable. QoS 0
 // entries just leave the queue. An entry the edge never queued durably
-// (Seq 0: live delivery) has its message appended first, in the same call,
-// because the service moves only messages it stores.
+// (Seq 0: live delivery), or whose queueing the tenant's bound may have
+// refused ([durable.Entry.StoreFirst]), has its message appended first, in
+// the same call and not held to the bound, because the service moves only
+// messages it stores.
 func (s *Store) Send(id string, entries []durable.Entry) *durable.Pending {
 	t, err := s.fenced(id)
 	if err != nil {
@@ -143,7 +145,7 @@ func (s *Store) Send(id string, entries []durable.Entry) *durable.Pending {
 	}
 	b := opBuilder{t: t, c: &s.codec}
 	for i := range entries {
-		if e := &entries[i]; e.Seq == 0 && e.QoS > 0 {
+		if e := &entries[i]; (e.Seq == 0 || e.StoreFirst) && e.QoS > 0 {
 			if err := b.append(e); err != nil {
 				return durable.DonePending(fmt.Errorf("send: %w", err))
 			}

@@ -27,8 +27,9 @@ type Metrics struct {
 	CommitLatency prometheus.Histogram
 	// WaitTimeouts counts pipelines whose WAIT did not see enough replicas.
 	WaitTimeouts prometheus.Counter
-	// QueueDrops counts queue entries dropped (oldest) or refused (newest),
-	// and entries removed because their message is gone (expired).
+	// QueueDrops counts queue entries dropped (oldest) or refused (newest,
+	// by the session's bound or, tenant_quota, the tenant's), and entries
+	// removed because their message is gone (expired).
 	QueueDrops *prometheus.CounterVec
 	// Failovers counts promotions this instance ran, and RecordChanges the
 	// group records it followed.
@@ -69,7 +70,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		WaitTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_wait_timeouts_total",
 			Help: "Pipelines whose WAIT returned fewer replicas than required."}),
 		QueueDrops: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "keel_persistence_queue_drops_total",
-			Help: "Queue entries dropped (dropped_oldest) or refused (refused_newest) by queue bounds, and entries removed on load because their message expired (message_gone)."}, []string{"reason"}),
+			Help: "Queue entries dropped (dropped_oldest) or refused (refused_newest) by a session's queue bound, refused by the tenant's (tenant_quota), and entries removed on load because their message expired (message_gone)."}, []string{"reason"}),
 		Failovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_failovers_total",
 			Help: "Redis promotions run by this instance."}),
 		RecordChanges: prometheus.NewCounter(prometheus.CounterOpts{Name: "keel_persistence_record_changes_total",

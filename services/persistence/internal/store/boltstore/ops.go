@@ -339,6 +339,7 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 			if qlen < 0 {
 				qlen = queueLen(ss.q)
 			}
+			made := false
 			if lim.MaxLen > 0 && qlen >= lim.MaxLen {
 				if !lim.DropOldest {
 					res.Refused++
@@ -359,11 +360,14 @@ func appendEntries(tx *bolt.Tx, o *store.Op) (store.OpResult, error) {
 					qlen--
 					tdelta--
 					res.DroppedOldest++
+					made = true
 				}
 			}
 			// The tenant's bound refuses the newest: which of its sessions
-			// should lose an entry instead is not this call's to choose.
-			if lim.TenantMax > 0 && tcount+tdelta >= lim.TenantMax {
+			// should lose an entry instead is not this call's to choose. An
+			// entry the session's own drop made room for leaves the count
+			// as it was, and is not refused after the drop.
+			if !made && lim.TenantMax > 0 && tcount+tdelta >= lim.TenantMax {
 				res.Refused++
 				continue
 			}

@@ -304,7 +304,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       added = added + 1
       if marked then remember(id, false) end
     else
-      local ok = true
+      local ok, made = true, false
       if maxLen > 0 and card >= maxLen then
         if dropOldest then
           flush()
@@ -315,6 +315,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
             dropped = dropped + 1
             card = card - 1
             tdelta = tdelta - 1
+            made = true
           end
         else
           refused = refused + 1
@@ -322,8 +323,10 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         end
       end
       -- The tenant's bound refuses the newest: which of its sessions
-      -- should lose an entry instead is not this call's to choose.
-      if ok and tenantMax > 0 and tcount + tdelta >= tenantMax then
+      -- should lose an entry instead is not this call's to choose. An
+      -- entry the session's own drop made room for leaves the count as
+      -- it was, and is not refused after the drop.
+      if ok and not made and tenantMax > 0 and tcount + tdelta >= tenantMax then
         refused = refused + 1
         ok = false
       end

@@ -55,6 +55,25 @@ func testTenantQuota(t *testing.T, s store.Store) {
 	require.Equal(t, store.AppendResult{Added: 2}, app(a, refuse, 1, 2))
 	require.Equal(t, store.AppendResult{Added: 1, Refused: 1}, app(b, refuse, 3, 4), "the tenant's third entry fits, its fourth not")
 	require.Equal(t, store.AppendResult{Added: 2}, app(other, refuse, 1, 2), "another tenant counts apart")
+	// Appends of one session in one batch (merged into one call by a
+	// store that merges), the last past the bound, and a send joined to
+	// them: the count follows each.
+	lim4 := store.QueueLimits{TenantMax: 4}
+	one := func(i int) store.Op {
+		return store.Op{Kind: store.OpAppend, Key: other, Fence: f, Limits: lim4, Entries: []store.Entry{entry(i)}, Messages: []*store.Message{msg(i)}}
+	}
+	sent := entry(1) // queued before: a send joined to the appends (not one of theirs, which it would take direct)
+	sent.PacketID = 1
+	res := store.Submit(ctx, s, []store.Op{one(20), one(21), one(22), {Kind: store.OpSend, Key: other, Fence: f, Entries: []store.Entry{sent}}})()
+	require.Len(t, res, 4)
+	for i, want := range []store.AppendResult{{Added: 1}, {Added: 1}, {Refused: 1}, {}} {
+		require.NoError(t, res[i].Err, "op %d", i)
+		require.Equal(t, want, res[i].Append, "op %d", i)
+	}
+	u, err := s.TenantUsage(ctx, "other")
+	require.NoError(t, err)
+	require.Equal(t, 3, u.Queued, "2, 20 and 21 queued; 1 in flight")
+	require.NoError(t, s.Dequeue(ctx, other, f, []string{msg(20).ID, msg(21).ID}))
 	require.Equal(t, store.AppendResult{Refused: 1}, app(b, drop, 5), "the tenant's bound refuses, whatever the session's policy")
 	require.Equal(t, store.AppendResult{Refused: 1}, app(c, drop, 6))
 	require.Equal(t, store.AppendResult{Added: 1}, app(c, store.QueueLimits{}, 7), "without a bound the tenant's entries are still counted")
@@ -74,9 +93,14 @@ func testTenantQuota(t *testing.T, s store.Store) {
 	require.Len(t, st.Inflight, 1)
 	own := store.QueueLimits{MaxLen: 2, DropOldest: true, TenantMax: 3}
 	require.Equal(t, store.AppendResult{Added: 1, DroppedOldest: 1}, app(a, own, 12), "at both bounds the session's own drop makes the room")
-	u, err := s.TenantUsage(ctx, "acme")
+	u, err = s.TenantUsage(ctx, "acme")
 	require.NoError(t, err)
 	require.Equal(t, store.TenantUsage{Queued: 3}, u, "a's 11 and 12, c's 9")
+	require.Equal(t, store.AppendResult{Added: 1}, app(c, store.QueueLimits{}, 13), "unbounded: the tenant now over its bound")
+	require.Equal(t, store.AppendResult{Added: 1, DroppedOldest: 1}, app(a, own, 14), "over the tenant's bound, the session's own drop still makes room")
+	u, err = s.TenantUsage(ctx, "acme")
+	require.NoError(t, err)
+	require.Equal(t, store.TenantUsage{Queued: 4}, u)
 	_, err = s.PutRetained(ctx, "acme", &store.Message{ID: "r/1/1", Topic: "r/1", Payload: []byte("x"), Created: 1})
 	require.NoError(t, err)
 	u, err = s.TenantUsage(ctx, "acme")
@@ -84,10 +108,10 @@ func testTenantQuota(t *testing.T, s store.Store) {
 	require.Equal(t, 1, u.Retained)
 	u, err = s.TenantUsage(ctx, "other")
 	require.NoError(t, err)
-	require.Equal(t, store.TenantUsage{Queued: 2}, u)
+	require.Equal(t, store.TenantUsage{Queued: 1}, u)
 	st, err = s.Load(ctx, a)
 	require.NoError(t, err)
-	require.Equal(t, []string{msg(11).ID, msg(12).ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
+	require.Equal(t, []string{msg(12).ID, msg(14).ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
 }
 
 var (
