@@ -47,7 +47,7 @@ func (p *Promoter) Describe(ctx context.Context, rec Record) []NodeStatus {
 }
 
 func (p *Promoter) describe(ctx context.Context, addr string) NodeStatus {
-	st := p.position(ctx, addr)
+	st, info := p.read(ctx, addr, true, "memory", "persistence")
 	if st.err != nil {
 		return NodeStatus{Addr: addr, Err: st.err}
 	}
@@ -55,12 +55,6 @@ func (p *Promoter) describe(ctx context.Context, addr string) NodeStatus {
 		WriteEpoch: st.held.epoch, WriteSeq: st.held.seq}
 	if st.role == "slave" {
 		ns.Following = st.masterHost + ":" + st.masterPort
-	}
-	c := p.client(addr)
-	defer c.Close()
-	info, err := c.Info(ctx, "memory", "persistence").Result()
-	if err != nil {
-		return NodeStatus{Addr: addr, Err: err}
 	}
 	redisstore.EachInfoField(info, func(k, v string) {
 		switch k {

@@ -138,36 +138,43 @@ func (st replState) ahead(o replState) bool {
 }
 
 func (p *Promoter) state(ctx context.Context, addr string) replState {
-	c := p.client(addr)
-	defer c.Close()
-	info, err := c.Info(ctx, "replication").Result()
-	if err != nil {
-		return replState{addr: addr, err: err}
-	}
-	return parseReplication(addr, info)
+	st, _ := p.read(ctx, addr, false)
+	return st
 }
 
 // position is state and the node's marks. A node loading its data answers
 // LOADING: unreachable, as it is for a failover.
 func (p *Promoter) position(ctx context.Context, addr string) replState {
-	st := p.state(ctx, addr)
-	if st.err != nil {
-		return st
-	}
+	st, _ := p.read(ctx, addr, true)
+	return st
+}
+
+// read reads a node's replication state, with marks its write marks, on
+// one connection; it also returns the INFO text, which holds the extra
+// sections asked for.
+func (p *Promoter) read(ctx context.Context, addr string, marks bool, sections ...string) (replState, string) {
 	c := p.client(addr)
 	defer c.Close()
+	info, err := c.Info(ctx, append([]string{"replication"}, sections...)...).Result()
+	if err != nil {
+		return replState{addr: addr, err: err}, ""
+	}
+	st := parseReplication(addr, info)
+	if !marks {
+		return st, info
+	}
 	v, err := c.MGet(ctx, redisstore.WriteEpochKey, redisstore.WriteSeqKey).Result()
 	if err != nil {
-		return replState{addr: addr, err: fmt.Errorf("read write marks: %w", err)}
+		return replState{addr: addr, err: fmt.Errorf("read write marks: %w", err)}, ""
 	}
 	for i, dst := range []*uint64{&st.held.epoch, &st.held.seq} {
 		if s, ok := v[i].(string); ok {
 			if *dst, err = strconv.ParseUint(s, 10, 64); err != nil {
-				return replState{addr: addr, err: fmt.Errorf("read write marks: %q: %w", s, err)}
+				return replState{addr: addr, err: fmt.Errorf("read write marks: %q: %w", s, err)}, ""
 			}
 		}
 	}
-	return st
+	return st, info
 }
 
 func parseReplication(addr, info string) replState {
