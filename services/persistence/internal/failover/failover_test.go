@@ -141,6 +141,56 @@ func TestFailover_KillPrimaryLosesNoAcknowledgedWrite(t *testing.T) {
 	})
 }
 
+// failoverCase is a group of a primary and two replicas (WAIT 1), its
+// record at epoch 1, a session activated on the primary through w, and a
+// promoter for the group that takes writers as paused.
+type failoverCase struct {
+	g       *redistest.Group
+	nodes   []string
+	records *memRecords
+	w       *redisstore.Store
+	p       *Promoter
+}
+
+var (
+	caseKey   = store.SessionKey{Tenant: "acme", ClientID: "dev"}
+	caseFence = store.Fence{Epoch: 1, GroupEpoch: 1}
+)
+
+func newFailoverCase(t *testing.T) *failoverCase {
+	t.Helper()
+	g := redistest.StartGroup(t, 2, 1)
+	c := &failoverCase{g: g, nodes: []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}}
+	c.records = &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: c.nodes[1:], Epoch: 1}}
+	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = w.Close() })
+	require.NoError(t, w.Activate(context.Background(), caseKey, caseFence))
+	c.w = w
+	c.p = &Promoter{Nodes: c.nodes, Records: c.records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
+		WaitWriters: func(context.Context) error { return nil }}
+	return c
+}
+
+// appendMsg queues message e/1/n for the session through w, acknowledged.
+func appendMsg(t *testing.T, w *redisstore.Store, n int) {
+	t.Helper()
+	id := fmt.Sprintf("e/1/%d", n)
+	_, err := w.Append(context.Background(), caseKey, caseFence, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", QoS: 1}})
+	require.NoError(t, err)
+}
+
+// queued returns how many entries the session has queued on the node at addr.
+func queued(t *testing.T, addr string) int {
+	t.Helper()
+	r, err := redisstore.New(redisstore.Config{Addr: addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	defer r.Close()
+	st, err := r.Load(context.Background(), caseKey)
+	require.NoError(t, err)
+	return len(st.Queue)
+}
+
 // A failover waits for every replica: an acknowledged write (WAIT 1) is on
 // one replica at least, not on each, so the replica that does not answer
 // may hold writes the others lack. With the primary and a replica down it
@@ -151,27 +201,17 @@ func TestFailover_WaitsForEveryReplica(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 2, 1)
-	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
-	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
-	ctx := context.Background()
-	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
-	f := store.Fence{Epoch: 1, GroupEpoch: 1}
-	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	require.NoError(t, w.Activate(ctx, k, f))
-	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/1", QoS: 1}}, []*store.Message{{ID: "e/1/1", Topic: "t", QoS: 1}})
-	require.NoError(t, err)
-	_ = w.Close()
+	c := newFailoverCase(t)
+	g, ctx := c.g, context.Background()
+	appendMsg(t, c.w, 1)
+	_ = c.w.Close()
 
 	g.Primary.Kill()
 	g.Replicas[0].Kill()
-	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
-		WaitWriters: func(context.Context) error { return nil }}
-	_, err = p.Failover(ctx)
+	_, err := c.p.Failover(ctx)
 	require.ErrorIs(t, err, ErrReplicaUnreachable)
 	require.ErrorContains(t, err, g.Replicas[0].Addr)
-	rec, _ := records.Get(ctx)
+	rec, _ := c.records.Get(ctx)
 	require.Equal(t, uint64(1), rec.Epoch, "no record published")
 	require.Equal(t, g.Primary.Addr, rec.Primary)
 	role, err := g.Replicas[1].Client().Do(ctx, "ROLE").Slice()
@@ -179,15 +219,10 @@ func TestFailover_WaitsForEveryReplica(t *testing.T) {
 	require.Equal(t, "slave", role[0], "nothing promoted")
 
 	g.Replicas[0].Restart()
-	rec, err = p.Failover(ctx)
+	rec, err = c.p.Failover(ctx)
 	require.NoError(t, err)
-	require.Contains(t, nodes[1:], rec.Primary)
-	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = w2.Close() })
-	st, err := w2.Load(ctx, k)
-	require.NoError(t, err)
-	require.Len(t, st.Queue, 1)
+	require.Contains(t, c.nodes[1:], rec.Primary)
+	require.Equal(t, 1, queued(t, rec.Primary))
 }
 
 // TestFailover_RestartedReplicaKeepsItsClaim covers a replica that holds
@@ -202,17 +237,9 @@ func TestFailover_RestartedReplicaKeepsItsClaim(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 2, 1)
-	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
-	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
-	ctx := context.Background()
-	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
-	f := store.Fence{Epoch: 1, GroupEpoch: 1}
-	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	require.NoError(t, w.Activate(ctx, k, f))
-	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/1", QoS: 1}}, []*store.Message{{ID: "e/1/1", Topic: "t", QoS: 1}})
-	require.NoError(t, err)
+	c := newFailoverCase(t)
+	g, ctx := c.g, context.Background()
+	appendMsg(t, c.w, 1)
 
 	// Replica 1 stops following (pointed at a port nobody serves): the
 	// next write reaches replica 0 alone, which confirms it (WAIT 1).
@@ -221,23 +248,15 @@ func TestFailover_RestartedReplicaKeepsItsClaim(t *testing.T) {
 	// find it.
 	require.NoError(t, g.Replicas[0].Client().ConfigSet(ctx, "appendfsync", "always").Err())
 	require.NoError(t, g.Replicas[1].Client().Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
-	_, err = w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: "e/1/2", QoS: 1}}, []*store.Message{{ID: "e/1/2", Topic: "t", QoS: 1}})
-	require.NoError(t, err)
-	_ = w.Close()
+	appendMsg(t, c.w, 2)
+	_ = c.w.Close()
 
 	g.Primary.Kill()
 	g.Replicas[0].Restart()
-	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
-		WaitWriters: func(context.Context) error { return nil }}
-	rec, err := p.Failover(ctx)
+	rec, err := c.p.Failover(ctx)
 	require.NoError(t, err)
 	require.Equal(t, g.Replicas[0].Addr, rec.Primary, "the replica holding every acknowledged write")
-	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = w2.Close() })
-	st, err := w2.Load(ctx, k)
-	require.NoError(t, err)
-	require.Len(t, st.Queue, 2)
+	require.Equal(t, 2, queued(t, rec.Primary))
 }
 
 // TestFailover_UnpublishedPromotionHoldsNoClaim covers a replica promoted
@@ -251,22 +270,9 @@ func TestFailover_UnpublishedPromotionHoldsNoClaim(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 2, 1)
-	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
-	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
-	ctx := context.Background()
-	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
-	f := store.Fence{Epoch: 1, GroupEpoch: 1}
-	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	require.NoError(t, w.Activate(ctx, k, f))
-	appendOne := func(n int) {
-		t.Helper()
-		id := fmt.Sprintf("e/1/%d", n)
-		_, err := w.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", QoS: 1}})
-		require.NoError(t, err)
-	}
-	appendOne(1)
+	c := newFailoverCase(t)
+	g, ctx := c.g, context.Background()
+	appendMsg(t, c.w, 1)
 
 	stale := g.Replicas[1].Client()
 	require.NoError(t, stale.Do(ctx, "REPLICAOF", "NO", "ONE").Err())
@@ -274,22 +280,15 @@ func TestFailover_UnpublishedPromotionHoldsNoClaim(t *testing.T) {
 	require.NoError(t, stale.Set(ctx, GroupEpochKey, 2, 0).Err())
 	require.NoError(t, stale.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
 	for n := 2; n <= 4; n++ {
-		appendOne(n) // confirmed by replica 0 alone
+		appendMsg(t, c.w, n) // confirmed by replica 0 alone
 	}
-	_ = w.Close()
+	_ = c.w.Close()
 
 	g.Primary.Kill()
-	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
-		WaitWriters: func(context.Context) error { return nil }}
-	rec, err := p.Failover(ctx)
+	rec, err := c.p.Failover(ctx)
 	require.NoError(t, err)
 	require.Equal(t, g.Replicas[0].Addr, rec.Primary, "the replica holding every acknowledged write")
-	w2, err := redisstore.New(redisstore.Config{Addr: rec.Primary, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = w2.Close() })
-	st, err := w2.Load(ctx, k)
-	require.NoError(t, err)
-	require.Len(t, st.Queue, 4)
+	require.Equal(t, 4, queued(t, rec.Primary))
 }
 
 // TestPromoter_Describe reads a live group: roles, links, the write marks
@@ -341,16 +340,9 @@ func TestFailover_RetainedWritesCarryTheirEpoch(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 2, 1)
-	nodes := []string{g.Primary.Addr, g.Replicas[0].Addr, g.Replicas[1].Addr}
-	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: nodes[1:], Epoch: 1}}
-	ctx := context.Background()
-	k := store.SessionKey{Tenant: "acme", ClientID: "dev"}
-	f := store.Fence{Epoch: 1, GroupEpoch: 1}
-	w, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	require.NoError(t, w.Activate(ctx, k, f))
-	_ = w.Close()
+	c := newFailoverCase(t)
+	g, p, ctx := c.g, c.p, context.Background()
+	_ = c.w.Close()
 
 	// The replicas go; the old primary takes three more calls nobody
 	// confirms (as in its min-replicas-max-lag window).
@@ -361,14 +353,10 @@ func TestFailover_RetainedWritesCarryTheirEpoch(t *testing.T) {
 	lone, err := redisstore.New(redisstore.Config{Addr: g.Primary.Addr}, testutil.Logger(t))
 	require.NoError(t, err)
 	for n := 1; n <= 3; n++ {
-		id := fmt.Sprintf("e/1/%d", n)
-		_, err := lone.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}}, []*store.Message{{ID: id, Topic: "t", QoS: 1}})
-		require.NoError(t, err)
+		appendMsg(t, lone, n)
 	}
 	_ = lone.Close()
 
-	p := &Promoter{Nodes: nodes, Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond,
-		WaitWriters: func(context.Context) error { return nil }}
 	rec, err := p.Failover(ctx)
 	require.NoError(t, err)
 	require.NotEqual(t, g.Primary.Addr, rec.Primary)
