@@ -322,11 +322,10 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 	}
 }
 
-// pushLocked appends d to the queue and, for a durable session, submits its
-// stored copy in queue order, at position seq. s.mu must be held.
-// pushLocked queues d, and for a durable session starts storing it; offline
-// marks queueing for a session with no client, which the tenant's queue
-// bound may refuse.
+// pushLocked queues d and, for a durable session, submits its stored copy
+// in queue order, at position seq; offline marks queueing for a session
+// with no client, which the tenant's queue bound may refuse. s.mu must be
+// held.
 func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pending, seq uint64) {
 	if s.durable && s.b.store != nil {
 		s.seq++
@@ -353,9 +352,18 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 type unsettledWrite struct {
 	origin  string // the publisher of its message
 	revoked bool   // taken back from the queue: an earlier write of its publisher failed
-	// offline marks queueing the tenant's bound may refuse, and taken that
-	// the writer took the delivery meanwhile (and its send stores it).
-	offline, taken bool
+	// offline marks queueing the tenant's bound may refuse.
+	offline bool
+	// sent is set when the writer took the delivery meanwhile: its send
+	// stores the message first (storeFirst), and what the session has
+	// is then decided by that send, not by the queueing alone.
+	sent *sendOutcome
+}
+
+// sendOutcome is the store's answer to the Send of a writer's batch.
+type sendOutcome struct {
+	done chan struct{} // closed once err is set
+	err  error
 }
 
 // settleQueued waits until the store has p, the stored copy of m queued at
@@ -374,18 +382,25 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 	if len(s.unsettled) == 0 {
 		s.unsettled = nil // an idle session keeps no map
 	}
+	if w.sent != nil && err != nil {
+		// The client came back and the writer took m meanwhile: its send
+		// stores m first, not held to the tenant's bound. Once that is
+		// stored the session has m, whatever became of the queueing;
+		// failed, the queueing's own answer decides (the client got
+		// nothing: its writer stops on a failed send). Taken from the
+		// queue, m can no longer be revoked or unqueued meanwhile.
+		s.mu.Unlock()
+		<-w.sent.done // bounded by the send's own store timeout
+		if w.sent.err == nil {
+			return nil
+		}
+		s.mu.Lock()
+	}
 	if err == nil && !w.revoked {
 		s.mu.Unlock()
 		return nil
 	}
 	if errors.Is(err, durable.ErrQueueQuota) && !w.revoked {
-		if w.taken {
-			// The client came back and the writer took it: its send
-			// stored the message first (storeFirst), not held to the
-			// bound, and the session has it.
-			s.mu.Unlock()
-			return nil
-		}
 		// Dropped for this session by the tenant's bound, as its own full
 		// queue would drop it: nothing was stored, the publisher's later
 		// messages keep their place, and m is not sent again.
@@ -750,6 +765,7 @@ func (s *session) writeLoop() {
 			return
 		}
 		batch = batch[:0]
+		var firstSend *sendOutcome // the batch's send, for the deliveries it stores first
 		now := time.Now()
 		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring {
 			d := s.queue.peek()
@@ -780,7 +796,10 @@ func (s *session) writeLoop() {
 				s.inflight++
 			}
 			if w, ok := s.unsettled[d.seq]; ok && w.offline && d.seq > 0 {
-				w.taken = true
+				if firstSend == nil {
+					firstSend = &sendOutcome{done: make(chan struct{})}
+				}
+				w.sent = firstSend
 				s.unsettled[d.seq] = w
 				d.storeFirst = true
 			}
@@ -812,6 +831,7 @@ func (s *session) writeLoop() {
 		// Fresh slices: a store may keep them until the write commits,
 		// and the next batch is taken before that.
 		var entries, dropped []durable.Entry
+		var unsent []uint64 // taken to be stored first, but not sent
 		for i := range batch {
 			d := &batch[i]
 			var id uint16
@@ -825,15 +845,33 @@ func (s *session) writeLoop() {
 				entries = append(entries, e)
 			case d.seq > 0:
 				dropped = append(dropped, durable.Entry{Seq: d.seq, MsgID: msgIDString(d.msg.ID)})
+				if d.storeFirst {
+					unsent = append(unsent, d.seq)
+				}
 			}
 			batch[i] = delivery{}
+		}
+		if len(unsent) > 0 {
+			// Expired or too large for the client: its queueing alone
+			// decides what became of it.
+			s.mu.Lock()
+			for _, q := range unsent {
+				if w, ok := s.unsettled[q]; ok {
+					w.sent = nil
+					s.unsettled[q] = w
+				}
+			}
+			s.mu.Unlock()
 		}
 		if len(dropped) > 0 {
 			_ = s.b.store.Dequeue(context.Background(), s.id, dropped)
 		}
 		if len(entries) > 0 {
 			// The packet IDs must be durable before the first send.
-			w.store(s, s.b.store.Send(s.id, entries))
+			w.store(s, s.b.store.Send(s.id, entries), firstSend)
+		} else if firstSend != nil {
+			firstSend.err = errNotSent // every one of them was unsent
+			close(firstSend.done)
 		}
 		storing = append(storing, w)
 	}
@@ -854,11 +892,15 @@ func newStoringBatch(cl *mqtt.Client) *storingBatch {
 	return &storingBatch{cl: cl, bufp: bufp, buf: (*bufp)[:0]}
 }
 
-// store waits for p in the background.
-func (w *storingBatch) store(s *session, p *durable.Pending) {
+// store waits for p in the background, and tells sent (if any) its answer.
+func (w *storingBatch) store(s *session, p *durable.Pending, sent *sendOutcome) {
 	w.stored = make(chan struct{})
 	go func() {
 		w.err = s.wait(p, nil)
+		if sent != nil {
+			sent.err = w.err
+			close(sent.done)
+		}
 		close(w.stored)
 	}()
 }

@@ -1,0 +1,150 @@
+package broker
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// heldOfflineQueueing is a real durable store whose queueing for offline
+// sessions is answered when the test says (as the persistence service
+// answers it, late, under a tenant's bound), and whose next Send can be
+// made to fail.
+type heldOfflineQueueing struct {
+	*durable.Store
+	mu       sync.Mutex
+	held     []chan error
+	failSend error
+	sends    int
+}
+
+func (s *heldOfflineQueueing) Enqueue(id string, e durable.Entry) *durable.Pending {
+	if !e.Offline {
+		return s.Store.Enqueue(id, e)
+	}
+	done := make(chan error, 1)
+	s.mu.Lock()
+	s.held = append(s.held, done)
+	s.mu.Unlock()
+	return durable.NewPending(done)
+}
+
+func (s *heldOfflineQueueing) Send(id string, entries []durable.Entry) *durable.Pending {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sends++
+	if err := s.failSend; err != nil {
+		s.failSend = nil
+		return durable.DonePending(err)
+	}
+	return s.Store.Send(id, entries)
+}
+
+func (s *heldOfflineQueueing) heldCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.held)
+}
+
+func (s *heldOfflineQueueing) sendCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sends
+}
+
+// answer answers the held queueing (refused, for example) as the store
+// would have. A refused one stored nothing; an accepted one is stored here.
+func (s *heldOfflineQueueing) answer(err error) {
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.mu.Unlock()
+	for _, c := range held {
+		c <- err
+	}
+}
+
+// A delivery the writer takes while its queueing for the offline session
+// is still unanswered is sent with its message stored first; what the
+// publisher is told then follows what that send stored, not the queueing
+// alone:
+//   - refused by the tenant's bound, and the send failed too: nothing is
+//     stored, so the message is a counted drop (acknowledged to its
+//     publisher, as every drop by a bound), not an acknowledged message
+//     silently lost;
+//   - the queueing failed (the store unavailable), but the send stored the
+//     message and the client got it: the session has it, and the publisher
+//     is acknowledged rather than told to send again (which would deliver
+//     a QoS 2 message twice).
+func TestSession_StoreFirstSendDecides(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		queueing   error
+		send       error
+		delivered  bool
+		quotaDrops float64
+	}{
+		{name: "refused and send failed", queueing: durable.ErrQueueQuota, send: errors.New("injected send failure"), quotaDrops: 1},
+		{name: "queueing failed and send stored", queueing: errors.New("injected store failure"), delivered: true},
+		{name: "refused and send stored", queueing: durable.ErrQueueQuota, delivered: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var st *heldOfflineQueueing
+			b, _ := brokerOnStore(t, func(s *durable.Store) DurableState {
+				st = &heldOfflineQueueing{Store: s}
+				return st
+			})
+			l := newTCP("127.0.0.1:0")
+			require.NoError(t, b.AddListener(l))
+			require.NoError(t, b.Serve())
+			addr := l.Address()
+			props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+
+			sub := mqtttest.Dial(t, addr, 5)
+			require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, props).ReasonCode)
+			sub.Subscribe(1, "q/x", 2)
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+			require.Eventually(t, func() bool {
+				s := b.session(b.mustScope(t, "default").ClientID("sub"))
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.client == nil
+			}, 5*time.Second, 5*time.Millisecond, "the session goes offline")
+
+			pub := mqtttest.Dial(t, addr, 5)
+			pub.Connect("pub", true, packets.Properties{})
+			pub.Publish(1, "q/x", 2, []byte("m1"))
+			require.Eventually(t, func() bool { return st.heldCount() == 1 }, 5*time.Second, time.Millisecond)
+
+			// The client comes back before the store answers the queueing:
+			// the writer takes the message and sends it, stored first.
+			st.mu.Lock()
+			st.failSend = tc.send
+			st.mu.Unlock()
+			back := mqtttest.Dial(t, addr, 5)
+			require.Equal(t, packets.CodeSuccess.Code, back.Connect("sub", false, props).ReasonCode)
+			require.Eventually(t, func() bool { return st.sendCount() == 1 }, 5*time.Second, time.Millisecond)
+			st.answer(tc.queueing)
+
+			ack := pub.Expect(packets.Pubrec)
+			require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode, "the publisher is acknowledged: the message was taken or dropped by the bound")
+			require.Equal(t, tc.quotaDrops, promtest.ToFloat64(b.m.dropped.WithLabelValues("tenant_queue_quota")))
+			if tc.delivered {
+				pk := back.Expect(packets.Publish)
+				require.Equal(t, "m1", string(pk.Payload))
+			} else {
+				expectNothing(t, back, 300*time.Millisecond)
+			}
+		})
+	}
+}
