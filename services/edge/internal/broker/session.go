@@ -239,18 +239,28 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 					return droppedOverflow
 				}
 				var gone []durable.Entry
-				popped := 0
+				popped, freed := 0, false
 				for s.queue.len() > 0 && s.offlineFullLocked(size) {
 					old := s.queue.pop()
 					s.queueBytes -= old.msg.size()
 					popped++
 					if old.seq > 0 {
 						gone = append(gone, durable.Entry{Seq: old.seq, MsgID: msgIDString(old.msg.ID)})
+						if w, ok := s.unsettled[old.seq]; ok {
+							// Its queueing may yet be refused by the
+							// tenant's bound: then it frees nothing there,
+							// and its refusal is not a second drop.
+							w.dropped = true
+							s.unsettled[old.seq] = w
+							freed = freed || !w.offline
+						} else {
+							freed = true
+						}
 					}
 				}
 				if len(gone) > 0 && s.b.store != nil {
 					_ = s.b.store.Dequeue(context.Background(), s.id, gone)
-					bounded = false
+					bounded = bounded && !freed
 				}
 				if popped > 1 {
 					// The result counts one; a larger message may take more.
@@ -261,6 +271,11 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			p, seq := s.pushLocked(d, size, bounded)
 			s.mu.Unlock()
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
+				if result == droppedOverflow && errors.Is(err, durable.ErrQueueQuota) {
+					// What the session's drop made room for was refused
+					// after all: the drop is counted here, not by the result.
+					s.b.m.dropped.WithLabelValues("offline_queue_full").Inc()
+				}
 				return notTaken(err)
 			}
 			return result
@@ -352,8 +367,9 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 type unsettledWrite struct {
 	origin  string // the publisher of its message
 	revoked bool   // taken back from the queue: an earlier write of its publisher failed
-	// offline marks queueing the tenant's bound may refuse.
-	offline bool
+	// offline marks queueing the tenant's bound may refuse; dropped, that
+	// the session's own bound dropped the delivery meanwhile (counted).
+	offline, dropped bool
 	// sent is set when the writer took the delivery meanwhile: its send
 	// stores the message first (storeFirst), and what the session has
 	// is then decided by that send, not by the queueing alone.
@@ -397,6 +413,12 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 		s.mu.Lock()
 	}
 	if err == nil && !w.revoked {
+		s.mu.Unlock()
+		return nil
+	}
+	if errors.Is(err, durable.ErrQueueQuota) && w.dropped {
+		// Refused, and dropped already by the session's own bound (as
+		// one refused would be): counted there.
 		s.mu.Unlock()
 		return nil
 	}

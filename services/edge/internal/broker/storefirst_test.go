@@ -148,3 +148,49 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 		})
 	}
 }
+
+// A session's own drop-oldest that pops a delivery whose queueing is still
+// unanswered frees nothing the tenant's bound can count on: the newer
+// delivery stays held to the bound, and the popped one's refusal is not
+// counted a second time (the session's own bound dropped it already).
+func TestSession_DropOldestOfUnansweredQueueing(t *testing.T) {
+	t.Parallel()
+	var st *heldOfflineQueueing
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState {
+		st = &heldOfflineQueueing{Store: s}
+		return st
+	})
+	b.cfg.OfflineQueueLen, b.cfg.OfflineDropOldest, b.cfg.QueueLen = 1, true, 1
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	addr := l.Address()
+	props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+
+	sub := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, props).ReasonCode)
+	sub.Subscribe(1, "q/x", 1)
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	require.Eventually(t, func() bool {
+		s := b.session(b.mustScope(t, "default").ClientID("sub"))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == nil
+	}, 5*time.Second, 5*time.Millisecond, "the session goes offline")
+
+	var pubs []*mqtttest.Client
+	for i, payload := range []string{"m1", "m2"} {
+		pub := mqtttest.Dial(t, addr, 5)
+		pub.Connect("pub-"+payload, true, packets.Properties{})
+		pub.Publish(1, "q/x", 1, []byte(payload))
+		require.Eventually(t, func() bool { return st.heldCount() == i+1 }, 5*time.Second, time.Millisecond,
+			"%s is queued held to the tenant's bound", payload)
+		pubs = append(pubs, pub)
+	}
+	st.answer(durable.ErrQueueQuota)
+	for _, pub := range pubs {
+		require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Puback).ReasonCode)
+	}
+	require.Equal(t, 1.0, promtest.ToFloat64(b.m.dropped.WithLabelValues("offline_queue_full")), "m1, popped for m2")
+	require.Equal(t, 1.0, promtest.ToFloat64(b.m.dropped.WithLabelValues("tenant_queue_quota")), "m2 only")
+}
