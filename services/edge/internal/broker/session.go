@@ -271,8 +271,8 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 			p, seq := s.pushLocked(d, size, bounded)
 			s.mu.Unlock()
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
-				if result == droppedOverflow && errors.Is(err, durable.ErrQueueQuota) {
-					// What the session's drop made room for was refused
+				if result == droppedOverflow {
+					// What the session's drop made room for was not taken
 					// after all: the drop is counted here, not by the result.
 					s.b.m.dropped.WithLabelValues("offline_queue_full").Inc()
 				}
@@ -380,6 +380,29 @@ type unsettledWrite struct {
 type sendOutcome struct {
 	done chan struct{} // closed once err is set
 	err  error
+	// cl and ids (queue position → packet ID) are set before the Send:
+	// where a delivery the send failed to store is held in flight.
+	cl  *mqtt.Client
+	ids map[uint64]uint16
+}
+
+// unsendLocked forgets the delivery at seq that sent failed to store:
+// it leaves the in-flight messages of the client it was sent to, or the
+// session's resend list if that client has gone since (detach). One the
+// session's next client got already (a resend raced this) stays with it.
+// s.mu must be held.
+func (s *session) unsendLocked(sent *sendOutcome, seq uint64) {
+	id, ok := sent.ids[seq]
+	if !ok || sent.cl == nil {
+		return
+	}
+	if pk, ok := sent.cl.State.Inflight.Get(id); ok && pk.FixedHeader.Type == packets.Publish {
+		sent.cl.State.Inflight.Delete(id)
+		return
+	}
+	s.resend = slices.DeleteFunc(s.resend, func(pk packets.Packet) bool {
+		return pk.PacketID == id && pk.FixedHeader.Type == packets.Publish
+	})
 }
 
 // settleQueued waits until the store has p, the stored copy of m queued at
@@ -402,8 +425,7 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 		// The client came back and the writer took m meanwhile: its send
 		// stores m first, not held to the tenant's bound. Once that is
 		// stored the session has m, whatever became of the queueing;
-		// failed, the queueing's own answer decides (the client got
-		// nothing: its writer stops on a failed send). Taken from the
+		// failed, the queueing's own answer decides. Taken from the
 		// queue, m can no longer be revoked or unqueued meanwhile.
 		s.mu.Unlock()
 		<-w.sent.done // bounded by the send's own store timeout
@@ -411,14 +433,19 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 			return nil
 		}
 		s.mu.Lock()
+		// The client got nothing (its writer stops on a failed send), but
+		// the edge keeps what it sent in flight and sends it again when
+		// the client is back: m must not go with it, stored nowhere.
+		s.unsendLocked(w.sent, seq)
 	}
 	if err == nil && !w.revoked {
 		s.mu.Unlock()
 		return nil
 	}
-	if errors.Is(err, durable.ErrQueueQuota) && w.dropped {
-		// Refused, and dropped already by the session's own bound (as
-		// one refused would be): counted there.
+	if err != nil && w.dropped {
+		// Dropped already by the session's own rules (counted there):
+		// whatever the store did, the session does not have m, and its
+		// publisher has nothing to send again.
 		s.mu.Unlock()
 		return nil
 	}
@@ -871,16 +898,22 @@ func (s *session) writeLoop() {
 					unsent = append(unsent, d.seq)
 				}
 			}
+			if sent && d.storeFirst {
+				if firstSend.ids == nil {
+					firstSend.cl, firstSend.ids = cl, map[uint64]uint16{}
+				}
+				firstSend.ids[d.seq] = id
+			}
 			batch[i] = delivery{}
 		}
 		if len(unsent) > 0 {
-			// Expired or too large for the client: its queueing alone
-			// decides what became of it.
+			// Expired or too large for the client: dropped (counted),
+			// whatever its queueing's answer.
 			s.mu.Lock()
 			for _, q := range unsent {
-				if w, ok := s.unsettled[q]; ok {
-					w.sent = nil
-					s.unsettled[q] = w
+				if u, ok := s.unsettled[q]; ok {
+					u.sent, u.dropped = nil, true
+					s.unsettled[q] = u
 				}
 			}
 			s.mu.Unlock()

@@ -91,11 +91,13 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 		queueing   error
 		send       error
 		delivered  bool
+		notAcked   bool // the publisher is told to send again
 		quotaDrops float64
 	}{
 		{name: "refused and send failed", queueing: durable.ErrQueueQuota, send: errors.New("injected send failure"), quotaDrops: 1},
 		{name: "queueing failed and send stored", queueing: errors.New("injected store failure"), delivered: true},
 		{name: "refused and send stored", queueing: durable.ErrQueueQuota, delivered: true},
+		{name: "queueing failed and send failed", queueing: errors.New("injected store failure"), send: errors.New("injected send failure"), notAcked: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -136,15 +138,29 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 			require.Eventually(t, func() bool { return st.sendCount() == 1 }, 5*time.Second, time.Millisecond)
 			st.answer(tc.queueing)
 
-			ack := pub.Expect(packets.Pubrec)
-			require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode, "the publisher is acknowledged: the message was taken or dropped by the bound")
+			if tc.notAcked {
+				// Stored nowhere: the publisher is closed unacknowledged
+				// and sends it again.
+				pk, err := pub.Read(5 * time.Second)
+				if err == nil {
+					require.Equal(t, packets.Disconnect, pk.FixedHeader.Type, "got packet type %d reason 0x%x", pk.FixedHeader.Type, pk.ReasonCode)
+				}
+			} else {
+				ack := pub.Expect(packets.Pubrec)
+				require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode, "the publisher is acknowledged: the message was taken or dropped by the bound")
+			}
 			require.Equal(t, tc.quotaDrops, promtest.ToFloat64(b.m.dropped.WithLabelValues("tenant_queue_quota")))
 			if tc.delivered {
 				pk := back.Expect(packets.Publish)
 				require.Equal(t, "m1", string(pk.Payload))
-			} else {
-				expectNothing(t, back, 300*time.Millisecond)
+				return
 			}
+			expectNothing(t, back, 300*time.Millisecond)
+			// A failed send stops the client; back again on this edge, it
+			// is not sent from memory what was stored nowhere.
+			again := mqtttest.Dial(t, addr, 5)
+			require.Equal(t, packets.CodeSuccess.Code, again.Connect("sub", false, props).ReasonCode)
+			expectNothing(t, again, 300*time.Millisecond)
 		})
 	}
 }
