@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/topic"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -37,6 +38,10 @@ import (
 // Broker is a single-node MQTT broker with tenancy.
 type Broker struct {
 	cfg      Config
+	// takeoverFails counts refusals for a failed takeover, and
+	// takeoverFailsLogged those up to the last line logged.
+	takeoverFails, takeoverFailsLogged atomic.Uint64
+	takeoverFailLog                    logging.Every
 	logger   *slog.Logger
 	server   *mqtt.Server
 	auth     auth.Authenticator

@@ -209,7 +209,13 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	} else if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
 		if moved, previous, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
 			cancel()
-			b.logger.Error("session takeover failed", "tenant", id.Tenant, "previous", previous, "error", err)
+			// While a dead edge's lease runs, every client that was on it
+			// is refused here, each retrying: one line a second, with how
+			// many it stands for (keel_edge_connects_total counts them all).
+			if n := b.takeoverFails.Add(1); b.takeoverFailLog.Allow(time.Second) {
+				b.logger.Error("session takeover failed; connection refused", "tenant", id.Tenant, "previous", previous, "error", err,
+					"refused_since_last_line", n-b.takeoverFailsLogged.Swap(n))
+			}
 			if !errors.Is(err, errTakeoverIncomplete) || pk.Connect.Clean || !b.resumeOwned(sc, external, epoch, previous) {
 				b.setUnfinished(internal, unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			}
