@@ -38,10 +38,6 @@ import (
 // Broker is a single-node MQTT broker with tenancy.
 type Broker struct {
 	cfg      Config
-	// takeoverFails counts refusals for a failed takeover, and
-	// takeoverFailsLogged those up to the last line logged.
-	takeoverFails, takeoverFailsLogged atomic.Uint64
-	takeoverFailLog                    logging.Every
 	logger   *slog.Logger
 	server   *mqtt.Server
 	auth     auth.Authenticator
@@ -102,6 +98,11 @@ type Broker struct {
 	releases sync.WaitGroup
 	load     loadScore
 	aclw     aclWatch
+
+	// takeoverFails counts refusals for a failed takeover, and
+	// takeoverFailsLogged those up to the last line logged.
+	takeoverFails, takeoverFailsLogged atomic.Uint64
+	takeoverFailLog                    logging.Every
 }
 
 // conn is the per-connection state the hooks share.
