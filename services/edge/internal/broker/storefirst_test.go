@@ -72,6 +72,36 @@ func (s *heldOfflineQueueing) answer(err error) {
 	}
 }
 
+// offlineSubscriberOnHeldStore serves a broker (configured by mutate) on a
+// heldOfflineQueueing store, with the persistent session "sub" subscribed
+// to q/x at qos and offline.
+func offlineSubscriberOnHeldStore(t *testing.T, mutate func(*Config), qos byte) (*Broker, *heldOfflineQueueing, string) {
+	t.Helper()
+	var st *heldOfflineQueueing
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState {
+		st = &heldOfflineQueueing{Store: s}
+		return st
+	})
+	if mutate != nil {
+		mutate(&b.cfg)
+	}
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	addr := l.Address()
+	sub := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, persistentProps).ReasonCode)
+	sub.Subscribe(1, "q/x", qos)
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	require.Eventually(t, func() bool {
+		s := b.session(b.mustScope(t, "default").ClientID("sub"))
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == nil
+	}, 5*time.Second, 5*time.Millisecond, "the session goes offline")
+	return b, st, addr
+}
+
 // A delivery the writer takes while its queueing for the offline session
 // is still unanswered is sent with its message stored first; what the
 // publisher is told then follows what that send stored, not the queueing
@@ -101,27 +131,7 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var st *heldOfflineQueueing
-			b, _ := brokerOnStore(t, func(s *durable.Store) DurableState {
-				st = &heldOfflineQueueing{Store: s}
-				return st
-			})
-			l := newTCP("127.0.0.1:0")
-			require.NoError(t, b.AddListener(l))
-			require.NoError(t, b.Serve())
-			addr := l.Address()
-			props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
-
-			sub := mqtttest.Dial(t, addr, 5)
-			require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, props).ReasonCode)
-			sub.Subscribe(1, "q/x", 2)
-			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
-			require.Eventually(t, func() bool {
-				s := b.session(b.mustScope(t, "default").ClientID("sub"))
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.client == nil
-			}, 5*time.Second, 5*time.Millisecond, "the session goes offline")
+			b, st, addr := offlineSubscriberOnHeldStore(t, nil, 2)
 
 			pub := mqtttest.Dial(t, addr, 5)
 			pub.Connect("pub", true, packets.Properties{})
@@ -134,7 +144,7 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 			st.failSend = tc.send
 			st.mu.Unlock()
 			back := mqtttest.Dial(t, addr, 5)
-			require.Equal(t, packets.CodeSuccess.Code, back.Connect("sub", false, props).ReasonCode)
+			require.Equal(t, packets.CodeSuccess.Code, back.Connect("sub", false, persistentProps).ReasonCode)
 			require.Eventually(t, func() bool { return st.sendCount() == 1 }, 5*time.Second, time.Millisecond)
 			st.answer(tc.queueing)
 
@@ -159,7 +169,7 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 			// A failed send stops the client; back again on this edge, it
 			// is not sent from memory what was stored nowhere.
 			again := mqtttest.Dial(t, addr, 5)
-			require.Equal(t, packets.CodeSuccess.Code, again.Connect("sub", false, props).ReasonCode)
+			require.Equal(t, packets.CodeSuccess.Code, again.Connect("sub", false, persistentProps).ReasonCode)
 			expectNothing(t, again, 300*time.Millisecond)
 		})
 	}
@@ -171,28 +181,9 @@ func TestSession_StoreFirstSendDecides(t *testing.T) {
 // counted a second time (the session's own bound dropped it already).
 func TestSession_DropOldestOfUnansweredQueueing(t *testing.T) {
 	t.Parallel()
-	var st *heldOfflineQueueing
-	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState {
-		st = &heldOfflineQueueing{Store: s}
-		return st
-	})
-	b.cfg.OfflineQueueLen, b.cfg.OfflineDropOldest, b.cfg.QueueLen = 1, true, 1
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	addr := l.Address()
-	props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
-
-	sub := mqtttest.Dial(t, addr, 5)
-	require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, props).ReasonCode)
-	sub.Subscribe(1, "q/x", 1)
-	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
-	require.Eventually(t, func() bool {
-		s := b.session(b.mustScope(t, "default").ClientID("sub"))
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.client == nil
-	}, 5*time.Second, 5*time.Millisecond, "the session goes offline")
+	b, st, addr := offlineSubscriberOnHeldStore(t, func(c *Config) {
+		c.OfflineQueueLen, c.OfflineDropOldest, c.QueueLen = 1, true, 1
+	}, 1)
 
 	var pubs []*mqtttest.Client
 	for i, payload := range []string{"m1", "m2"} {
