@@ -716,9 +716,6 @@ var (
 	// errRevoked: stored, but taken back because the write of an earlier
 	// message of the same publisher failed (settleQueued).
 	errRevoked = errors.New("queued behind a message whose write failed; not taken")
-	// errNotSent: taken by the writer to be stored by its send, but not
-	// sent (expired, or too large for the client).
-	errNotSent = errors.New("taken for sending, but not sent")
 	errFenced  = errors.New("edge lease lapsed; acknowledging nothing")
 )
 

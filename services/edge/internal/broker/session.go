@@ -380,24 +380,21 @@ type unsettledWrite struct {
 type sendOutcome struct {
 	done chan struct{} // closed once err is set
 	err  error
-	// cl and ids (queue position → packet ID) are set before the Send:
-	// where a delivery the send failed to store is held in flight.
+	// cl and ids (queue position → packet ID of each delivery the batch
+	// sent) are set before the Send: where a delivery the send failed to
+	// store is held in flight. One taken and not in ids was not sent.
 	cl  *mqtt.Client
 	ids map[uint64]uint16
 }
 
-// unsendLocked forgets the delivery at seq that sent failed to store:
-// it leaves the in-flight messages of the client it was sent to, or the
-// session's resend list if that client has gone since (detach). One the
-// session's next client got already (a resend raced this) stays with it.
-// s.mu must be held.
-func (s *session) unsendLocked(sent *sendOutcome, seq uint64) {
-	id, ok := sent.ids[seq]
-	if !ok || sent.cl == nil {
-		return
-	}
-	if pk, ok := sent.cl.State.Inflight.Get(id); ok && pk.FixedHeader.Type == packets.Publish {
-		sent.cl.State.Inflight.Delete(id)
+// unsendLocked forgets the PUBLISH with packet ID id that a failed send
+// did not store: it leaves the in-flight messages of cl, the client it was
+// sent to, or the session's resend list if cl has gone since (detach). One
+// the session's next client got already (a resend raced this) stays with
+// it. s.mu must be held.
+func (s *session) unsendLocked(cl *mqtt.Client, id uint16) {
+	if pk, ok := cl.State.Inflight.Get(id); ok && pk.FixedHeader.Type == packets.Publish {
+		cl.State.Inflight.Delete(id)
 		return
 	}
 	s.resend = slices.DeleteFunc(s.resend, func(pk packets.Packet) bool {
@@ -429,14 +426,17 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 		// queue, m can no longer be revoked or unqueued meanwhile.
 		s.mu.Unlock()
 		<-w.sent.done // bounded by the send's own store timeout
-		if w.sent.err == nil {
+		id, sent := w.sent.ids[seq]
+		if !sent || w.sent.err == nil {
+			// Not sent: expired or too large for the client, dropped by
+			// the writer (counted there).
 			return nil
 		}
 		s.mu.Lock()
 		// The client got nothing (its writer stops on a failed send), but
 		// the edge keeps what it sent in flight and sends it again when
 		// the client is back: m must not go with it, stored nowhere.
-		s.unsendLocked(w.sent, seq)
+		s.unsendLocked(w.sent.cl, id)
 	}
 	if err == nil && !w.revoked {
 		s.mu.Unlock()
@@ -880,7 +880,6 @@ func (s *session) writeLoop() {
 		// Fresh slices: a store may keep them until the write commits,
 		// and the next batch is taken before that.
 		var entries, dropped []durable.Entry
-		var unsent []uint64 // taken to be stored first, but not sent
 		for i := range batch {
 			d := &batch[i]
 			var id uint16
@@ -894,9 +893,6 @@ func (s *session) writeLoop() {
 				entries = append(entries, e)
 			case d.seq > 0:
 				dropped = append(dropped, durable.Entry{Seq: d.seq, MsgID: msgIDString(d.msg.ID)})
-				if d.storeFirst {
-					unsent = append(unsent, d.seq)
-				}
 			}
 			if sent && d.storeFirst {
 				if firstSend.ids == nil {
@@ -906,18 +902,6 @@ func (s *session) writeLoop() {
 			}
 			batch[i] = delivery{}
 		}
-		if len(unsent) > 0 {
-			// Expired or too large for the client: dropped (counted),
-			// whatever its queueing's answer.
-			s.mu.Lock()
-			for _, q := range unsent {
-				if u, ok := s.unsettled[q]; ok {
-					u.sent, u.dropped = nil, true
-					s.unsettled[q] = u
-				}
-			}
-			s.mu.Unlock()
-		}
 		if len(dropped) > 0 {
 			_ = s.b.store.Dequeue(context.Background(), s.id, dropped)
 		}
@@ -925,8 +909,7 @@ func (s *session) writeLoop() {
 			// The packet IDs must be durable before the first send.
 			w.store(s, s.b.store.Send(s.id, entries), firstSend)
 		} else if firstSend != nil {
-			firstSend.err = errNotSent // every one of them was unsent
-			close(firstSend.done)
+			close(firstSend.done) // none of them was sent
 		}
 		storing = append(storing, w)
 	}
