@@ -324,7 +324,7 @@ func (p *Promoter) stampEpoch(ctx context.Context, c *redis.Client, epoch uint64
 	for {
 		err := c.Set(ctx, GroupEpochKey, epoch, 0).Err()
 		if err == nil {
-			return c.Do(ctx, "WAIT", 1, 5000).Err()
+			return p.waitReplicated(ctx, c, 5*time.Second)
 		}
 		if !strings.HasPrefix(err.Error(), "NOREPLICAS") || time.Now().After(deadline) {
 			return err
@@ -333,6 +333,24 @@ func (p *Promoter) stampEpoch(ctx context.Context, c *redis.Client, epoch uint64
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// waitReplicated waits up to bound for a replica to have the node's
+// writes, as a best effort: WAIT in steps shorter than the client's read
+// timeout, which a single WAIT for the whole bound outlasted whenever the
+// replica took longer than that to sync (the promotion then failed with
+// an i/o timeout).
+func (p *Promoter) waitReplicated(ctx context.Context, c *redis.Client, bound time.Duration) error {
+	step := c.Options().ReadTimeout / 2
+	if step < 100*time.Millisecond {
+		step = 100 * time.Millisecond
+	}
+	for deadline := time.Now().Add(bound); ; {
+		n, err := c.Do(ctx, "WAIT", 1, step.Milliseconds()).Int()
+		if err != nil || n >= 1 || !time.Now().Before(deadline) {
+			return err
 		}
 	}
 }
