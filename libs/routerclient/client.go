@@ -102,9 +102,27 @@ type wildVal struct {
 	edge, group, filter string
 }
 
+// pending is a delta the router has not acked yet. Every subscriber the
+// delta stands for waits on it: done closes, with err set, when the router
+// acks or refuses it or the client stops.
 type pending struct {
 	delta *routerv1.RouteDelta
-	done  chan error
+	done  chan struct{}
+	err   error
+}
+
+func (p *pending) finish(err error) {
+	p.err = err
+	close(p.done)
+}
+
+func (p *pending) wait(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 type syncStream = connect.BidiStreamForClient[routerv1.RouteSyncRequest, routerv1.RouteSyncResponse]
@@ -138,7 +156,11 @@ type Client struct {
 	sent    uint64             // last delta seq sent on stream; guarded by mu
 	acked   uint64             // guarded by mu
 	unacked []*pending         // in seq order; guarded by mu
-	stream  *syncStream        // guarded by mu
+	// adds holds, by key, the unacked ADD the key's local subscribers wait
+	// on: a subscriber joining a filter whose ADD is still on its way is
+	// not routed before it is; guarded by mu.
+	adds   map[routes.Key]*pending
+	stream *syncStream // guarded by mu
 	// endStream cancels the current stream's context; guarded by mu.
 	endStream context.CancelFunc
 	ready     bool
@@ -190,7 +212,7 @@ func New(cfg Config) (*Client, error) {
 		cfg.Logger = logging.Discard()
 	}
 	c := &Client{cfg: cfg, logger: cfg.Logger, clockOrigin: time.Now(),
-		local: map[routes.Key]int{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
+		local: map[routes.Key]int{}, adds: map[routes.Key]*pending{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
 		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
 		bloomBuf: map[string]*bloomAsm{}}
 	c.inc.Store(cfg.Incarnation)
@@ -262,38 +284,91 @@ func (c *Client) change(ctx context.Context, tenant, filter string, by int) erro
 	}
 	c.mu.Lock()
 	n := c.local[k] + by
-	var op routerv1.RouteOp
-	switch {
-	case by > 0 && n == 1:
-		op = routerv1.RouteOp_ROUTE_OP_ADD
-	case by < 0 && n == 0:
-		op = routerv1.RouteOp_ROUTE_OP_REMOVE
-	}
 	if n <= 0 {
 		delete(c.local, k)
 	} else {
 		c.local[k] = n
 	}
-	if op == routerv1.RouteOp_ROUTE_OP_UNSPECIFIED {
-		c.mu.Unlock()
+	var p *pending
+	switch {
+	case by > 0 && n == 1:
+		p = c.queueLocked(k, routerv1.RouteOp_ROUTE_OP_ADD)
+	case by < 0 && n == 0:
+		p = c.queueLocked(k, routerv1.RouteOp_ROUTE_OP_REMOVE)
+	case by > 0:
+		// Not the filter's first subscriber, but its route may not be at
+		// the router yet: this subscriber is routed when the ADD is acked
+		// (a SUBACK sent before then would promise messages published
+		// meanwhile, which reach no edge).
+		if add := c.adds[k]; add != nil {
+			c.mu.Unlock()
+			return c.settle(ctx, k, by, add)
+		}
+	}
+	c.mu.Unlock()
+	if p == nil {
 		return nil
 	}
-	c.seq++
-	p := &pending{delta: &routerv1.RouteDelta{Seq: c.seq, Op: op, Count: 1,
-		Route: &routerv1.Route{Tenant: k.Tenant, Filter: k.Filter, ShareGroup: k.Group}}, done: make(chan error, 1)}
-	c.unacked = append(c.unacked, p)
-	st := c.stream
-	c.mu.Unlock()
-	if st != nil {
+	if st := c.streamNow(); st != nil {
 		// A failed send is retried by the next stream from unacked.
 		_ = c.flush(st)
 	}
-	select {
-	case err := <-p.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
+	return c.settle(ctx, k, by, p)
+}
+
+// queueLocked assigns the next seq to a delta of k and queues it for the
+// stream.
+//
+// c.mu must be held.
+func (c *Client) queueLocked(k routes.Key, op routerv1.RouteOp) *pending {
+	c.seq++
+	p := &pending{delta: &routerv1.RouteDelta{Seq: c.seq, Op: op, Count: 1,
+		Route: &routerv1.Route{Tenant: k.Tenant, Filter: k.Filter, ShareGroup: k.Group}}, done: make(chan struct{})}
+	c.unacked = append(c.unacked, p)
+	if op == routerv1.RouteOp_ROUTE_OP_ADD {
+		c.adds[k] = p
+	} else {
+		delete(c.adds, k)
 	}
+	return p
+}
+
+func (c *Client) streamNow() *syncStream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stream
+}
+
+// settle waits for the delta a change of k by one subscriber stands on. A
+// subscriber whose caller gave up is not counted: the caller treats the
+// subscription as refused and will not unsubscribe it. (A refused ADD has
+// already uncounted every subscriber waiting on it.)
+func (c *Client) settle(ctx context.Context, k routes.Key, by int, p *pending) error {
+	err := p.wait(ctx)
+	if err == nil || by < 0 || errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) {
+		return err
+	}
+	c.mu.Lock()
+	select {
+	case <-p.done:
+		if errors.Is(p.err, ErrRejected) {
+			// Refused as the caller gave up: already uncounted.
+			c.mu.Unlock()
+			return p.err
+		}
+	default:
+	}
+	if n := c.local[k] - 1; n > 0 {
+		c.local[k] = n
+	} else if n == 0 {
+		delete(c.local, k)
+		c.queueLocked(k, routerv1.RouteOp_ROUTE_OP_REMOVE)
+	}
+	c.mu.Unlock()
+	if st := c.streamNow(); st != nil {
+		_ = c.flush(st)
+	}
+	return err
 }
 
 // flush sends, in seq order and as one batch, every unacked delta not yet
@@ -380,9 +455,10 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	for _, p := range c.unacked {
-		p.done <- ErrClosed
+		p.finish(ErrClosed)
 	}
 	c.unacked = nil
+	clear(c.adds)
 	c.mu.Unlock()
 	return nil
 }
@@ -569,14 +645,19 @@ func (c *Client) handle(st *syncStream, resp *routerv1.RouteSyncResponse) error 
 		i := 0
 		for ; i < len(c.unacked) && c.unacked[i].delta.GetSeq() <= seq; i++ {
 			p := c.unacked[i]
+			k := routes.Key{Tenant: p.delta.GetRoute().GetTenant(), Filter: p.delta.GetRoute().GetFilter(), Group: p.delta.GetRoute().GetShareGroup()}
+			if c.adds[k] == p {
+				delete(c.adds, k)
+			}
 			if r, ok := rej[p.delta.GetSeq()]; ok {
-				k := routes.Key{Tenant: p.delta.GetRoute().GetTenant(), Filter: p.delta.GetRoute().GetFilter(), Group: p.delta.GetRoute().GetShareGroup()}
-				if p.delta.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD {
+				if p.delta.GetOp() == routerv1.RouteOp_ROUTE_OP_ADD && c.adds[k] == nil {
+					// Every subscriber counted since waits on this ADD
+					// and is refused with it.
 					delete(c.local, k)
 				}
-				p.done <- fmt.Errorf("%w: %s", ErrRejected, r)
+				p.finish(fmt.Errorf("%w: %s", ErrRejected, r))
 			} else {
-				p.done <- nil
+				p.finish(nil)
 			}
 		}
 		c.unacked = c.unacked[i:]

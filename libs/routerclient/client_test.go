@@ -530,3 +530,89 @@ func TestClient_LeaseRunsFromEchoedClock(t *testing.T) {
 	require.NoError(t, c.handle(nil, hb(stalledAt)))
 	require.True(t, c.Ready(), "an older echo never shortens it")
 }
+
+// TestClient_LaterSubscriberWaitsForTheADD: a second local subscriber of a
+// filter whose ADD the router has not acked is not told it is routed before
+// the first is. Its SUBACK would otherwise promise messages published while
+// the route is still on its way, which no edge would receive.
+func TestClient_LaterSubscriberWaitsForTheADD(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		reject bool
+	}{{"acked", false}, {"refused", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := startFake(t, time.Second)
+			f.ackOn.Store(false)
+			c := startClient(t, nil, f.url)
+			f.waitReady(t, c)
+			errs := make(chan error, 2)
+			go func() { errs <- c.Subscribe(t.Context(), "t1", "a/+") }()
+			eventually(t, func() bool { _, ds, _ := f.received(); return len(ds) == 1 })
+			go func() { errs <- c.Subscribe(t.Context(), "t1", "a/+") }()
+			select {
+			case err := <-errs:
+				t.Fatalf("a subscriber returned (%v) before the router acked its route", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			ack := &routerv1.RouteAck{Seq: 1}
+			if tc.reject {
+				ack.Rejected = []*routerv1.RouteReject{{Seq: 1, Reason: "cap"}}
+			}
+			f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: ack}})
+			for range 2 {
+				err := <-errs
+				if tc.reject {
+					require.ErrorIs(t, err, ErrRejected)
+				} else {
+					require.NoError(t, err)
+				}
+			}
+			_, ds, _ := f.received()
+			require.Len(t, ds, 1, "one ADD stands for both subscribers")
+			// Refused: neither is counted, so the next subscriber asks again.
+			// Acked: both are, so two unsubscribes make one REMOVE.
+			f.ackOn.Store(true)
+			if tc.reject {
+				require.NoError(t, c.Subscribe(t.Context(), "t1", "a/+"))
+				_, ds, _ = f.received()
+				require.Len(t, ds, 2)
+				require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[1].GetOp())
+				return
+			}
+			require.NoError(t, c.Unsubscribe(t.Context(), "t1", "a/+"))
+			_, ds, _ = f.received()
+			require.Len(t, ds, 1)
+			require.NoError(t, c.Unsubscribe(t.Context(), "t1", "a/+"))
+			_, ds, _ = f.received()
+			require.Len(t, ds, 2)
+			require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[1].GetOp())
+		})
+	}
+}
+
+// TestClient_SubscriberGivenUpIsNotCounted: a Subscribe whose caller stops
+// waiting is refused to that caller, which will never unsubscribe it; the
+// client takes its count back, so the route goes when nobody else holds it.
+func TestClient_SubscriberGivenUpIsNotCounted(t *testing.T) {
+	t.Parallel()
+	f := startFake(t, time.Second)
+	f.ackOn.Store(false)
+	c := startClient(t, nil, f.url)
+	f.waitReady(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Subscribe(ctx, "t1", "a/+"), context.DeadlineExceeded)
+	eventually(t, func() bool { _, ds, _ := f.received(); return len(ds) == 2 })
+	_, ds, _ := f.received()
+	require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[0].GetOp())
+	require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[1].GetOp())
+	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: 2}}})
+	f.ackOn.Store(true)
+	// The next subscriber is the filter's first again.
+	require.NoError(t, c.Subscribe(t.Context(), "t1", "a/+"))
+	_, ds, _ = f.received()
+	require.Len(t, ds, 3)
+	require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[2].GetOp())
+}
