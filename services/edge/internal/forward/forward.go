@@ -517,8 +517,9 @@ type pending struct {
 	raw  []byte
 	size int
 	done chan error
-	span trace.Span // forward span of a traced message: ends when the peer took it
-	held []heldKey  // group targets kept until their outcome is reported
+	span trace.Span        // forward span of a traced message: ends when the peer took it
+	held []heldKey         // group targets kept until their outcome is reported
+	owes []broker.GroupKey // see dest.owes
 }
 
 type frame struct {

@@ -241,6 +241,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	groups := route.Groups
 	if everyGroup {
 		groups = nil // each edge serves its own members
+		owedBy(dests, route.Groups, f.Self)
 	}
 	for _, g := range groups {
 		if again != nil && !slices.Contains(again.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter}) {
@@ -290,7 +291,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		if pm == nil {
 			pm = m.Proto()
 		}
-		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}}
+		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}, owes: d.owes}
 		if again != nil {
 			p.msg.SessionsSinceUnixNano = again.Since
 		}
@@ -344,10 +345,12 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	var left *broker.NotTaken
+	var owed, served []broker.GroupKey // by their own members (unsettled routes)
 	for _, p := range sent {
 		select {
 		case err := <-p.done:
 			if err == nil {
+				served = append(served, p.owes...)
 				continue
 			}
 			if !errors.Is(err, broker.ErrEdgeLeft) {
@@ -359,6 +362,7 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 			for _, g := range p.msg.GetShared() {
 				left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
 			}
+			owed = append(owed, p.owes...)
 		case <-t.C:
 			return fmt.Errorf("%w within %v", ErrPeerGone, bound)
 		case <-ctx.Done():
@@ -366,6 +370,11 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 		}
 	}
 	if left != nil {
+		for _, g := range owed {
+			if !slices.Contains(served, g) && !slices.Contains(left.Groups, g) {
+				left.Groups = append(left.Groups, g)
+			}
+		}
 		return left
 	}
 	return nil
@@ -443,6 +452,30 @@ func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, t
 type dest struct {
 	peer   Peer
 	shared []*edgev1.SharedTarget
+	// owes are the groups the peer serves by its own members when no edge
+	// was chosen per group (unsettled routes).
+	owes []broker.GroupKey
+}
+
+// owedBy notes, on the dests of routes that name no edge per group, the
+// groups each serves by its own members as far as the routes tell: a
+// group of an edge that left before taking the message is owed a member
+// again unless another edge that had members took it. A group with
+// members here is served here.
+func owedBy(dests []dest, groups []GroupRoute, self string) {
+	for _, g := range groups {
+		if slices.ContainsFunc(g.Edges, func(p Peer) bool { return p.ID == self }) {
+			continue
+		}
+		k := broker.GroupKey{Name: g.Name, Filter: g.Filter}
+		for _, p := range g.Edges {
+			for i := range dests {
+				if dests[i].peer.ID == p.ID {
+					dests[i].owes = append(dests[i].owes, k)
+				}
+			}
+		}
+	}
 }
 
 // destFor returns dests with p in it, and p's index.

@@ -39,7 +39,7 @@ func (s *switchRoutes) Route(context.Context, string, string) (Route, error) {
 	if s.stale != "" {
 		return Route{}, fmt.Errorf("%w: route to unknown edge %q", ErrPeerLeft, s.stale)
 	}
-	return Route{Edges: slices.Clone(s.route.Edges), Groups: slices.Clone(s.route.Groups)}, nil
+	return Route{Edges: slices.Clone(s.route.Edges), Groups: slices.Clone(s.route.Groups), Unsettled: s.route.Unsettled}, nil
 }
 
 // retries reads keel_edge_forward_retries_total{outcome}.
@@ -177,6 +177,35 @@ func TestForward_GroupOfAnEdgeThatLeftGetsAMemberAgain(t *testing.T) {
 	require.Equal(t, "x", string(got.Payload))
 	_, err = plain.Read(300 * time.Millisecond)
 	require.Error(t, err, "the plain subscriber had it")
+}
+
+// A QoS 1 group message routed while the router was settling goes to every
+// edge, each to serve its own members; when the only edge with members
+// left before taking it, the group is owed a member when the message is
+// routed again, although no edge was chosen for it the first time.
+func TestForward_GroupOfAnEdgeThatLeftWhileUnsettledGetsAMemberAgain(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 20*time.Second)
+	rc.fwd.Redispatch = rc.a.b.RedispatchShared
+	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
+	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
+	rc.routes.set(Route{Unsettled: true, Edges: []Peer{rc.peerB(), rc.peerC()}, Groups: []GroupRoute{group}}, "")
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	_, err := pub.Read(300 * time.Millisecond)
+	require.Error(t, err, "nothing while edge-b may still take it")
+
+	// The member's session turns up on edge-c, and edge-b leaves.
+	member := mqtttest.Dial(t, rc.c.mqtt, 5)
+	member.Connect("member", true, packets.Properties{})
+	member.Subscribe(1, "$share/g/t/+", 1)
+	group.Edges = []Peer{rc.peerC()}
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
+	rc.fwd.PeerGone("edge-b")
+	require.Equal(t, packets.Puback, pub.Expect(packets.Puback).FixedHeader.Type)
+	got := member.Expect(packets.Publish)
+	require.Equal(t, "x", string(got.Payload))
 }
 
 // When the routes go on naming the edge that left past the forward bound,
