@@ -160,6 +160,7 @@ type Client struct {
 	// on: a subscriber joining a filter whose ADD is still on its way is
 	// not routed before it is; guarded by mu.
 	adds   map[routes.Key]*pending
+	closed bool        // Run returned; guarded by mu
 	stream *syncStream // guarded by mu
 	// endStream cancels the current stream's context; guarded by mu.
 	endStream context.CancelFunc
@@ -268,6 +269,13 @@ func parseFilter(tenant, filter string) (routes.Key, error) {
 // Subscribe registers one local subscriber of filter (which may carry a
 // share prefix) and returns once the route is durable at the router and every
 // contrary cache is gone: the caller may send SUBACK then.
+//
+// An error wrapping ErrRejected (the router refused the route, or the
+// filter is invalid) counts no subscriber. Any other (the caller's context
+// ended first) leaves the subscriber counted and its route on its way: the
+// caller unsubscribes it. Only the caller knows whether it still holds the
+// subscription (its session may have ended meanwhile and unsubscribed
+// it), so the client does not take the count back itself.
 func (c *Client) Subscribe(ctx context.Context, tenant, filter string) error {
 	return c.change(ctx, tenant, filter, +1)
 }
@@ -280,9 +288,13 @@ func (c *Client) Unsubscribe(ctx context.Context, tenant, filter string) error {
 func (c *Client) change(ctx context.Context, tenant, filter string, by int) error {
 	k, err := parseFilter(tenant, filter)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %w", ErrRejected, err)
 	}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
 	n := c.local[k] + by
 	if n <= 0 {
 		delete(c.local, k)
@@ -302,7 +314,7 @@ func (c *Client) change(ctx context.Context, tenant, filter string, by int) erro
 		// meanwhile, which reach no edge).
 		if add := c.adds[k]; add != nil {
 			c.mu.Unlock()
-			return c.settle(ctx, k, by, add)
+			return add.wait(ctx)
 		}
 	}
 	c.mu.Unlock()
@@ -313,7 +325,7 @@ func (c *Client) change(ctx context.Context, tenant, filter string, by int) erro
 		// A failed send is retried by the next stream from unacked.
 		_ = c.flush(st)
 	}
-	return c.settle(ctx, k, by, p)
+	return p.wait(ctx)
 }
 
 // queueLocked assigns the next seq to a delta of k and queues it for the
@@ -337,38 +349,6 @@ func (c *Client) streamNow() *syncStream {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.stream
-}
-
-// settle waits for the delta a change of k by one subscriber stands on. A
-// subscriber whose caller gave up is not counted: the caller treats the
-// subscription as refused and will not unsubscribe it. (A refused ADD has
-// already uncounted every subscriber waiting on it.)
-func (c *Client) settle(ctx context.Context, k routes.Key, by int, p *pending) error {
-	err := p.wait(ctx)
-	if err == nil || by < 0 || errors.Is(err, ErrRejected) || errors.Is(err, ErrClosed) {
-		return err
-	}
-	c.mu.Lock()
-	select {
-	case <-p.done:
-		if errors.Is(p.err, ErrRejected) {
-			// Refused as the caller gave up: already uncounted.
-			c.mu.Unlock()
-			return p.err
-		}
-	default:
-	}
-	if n := c.local[k] - 1; n > 0 {
-		c.local[k] = n
-	} else if n == 0 {
-		delete(c.local, k)
-		c.queueLocked(k, routerv1.RouteOp_ROUTE_OP_REMOVE)
-	}
-	c.mu.Unlock()
-	if st := c.streamNow(); st != nil {
-		_ = c.flush(st)
-	}
-	return err
 }
 
 // flush sends, in seq order and as one batch, every unacked delta not yet
@@ -459,6 +439,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	c.unacked = nil
 	clear(c.adds)
+	c.closed = true
 	c.mu.Unlock()
 	return nil
 }

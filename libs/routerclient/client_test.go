@@ -592,27 +592,41 @@ func TestClient_LaterSubscriberWaitsForTheADD(t *testing.T) {
 	}
 }
 
-// TestClient_SubscriberGivenUpIsNotCounted: a Subscribe whose caller stops
-// waiting is refused to that caller, which will never unsubscribe it; the
-// client takes its count back, so the route goes when nobody else holds it.
-func TestClient_SubscriberGivenUpIsNotCounted(t *testing.T) {
+// TestClient_SubscriberGivenUpStaysCounted: a Subscribe whose caller stops
+// waiting leaves its subscriber counted, for the caller to unsubscribe (it
+// alone knows whether its session still holds the subscription): the
+// route then goes only when nobody else holds it.
+func TestClient_SubscriberGivenUpStaysCounted(t *testing.T) {
 	t.Parallel()
 	f := startFake(t, time.Second)
 	f.ackOn.Store(false)
 	c := startClient(t, nil, f.url)
 	f.waitReady(t, c)
+	first := make(chan error, 1)
+	go func() { first <- c.Subscribe(t.Context(), "t1", "a/+") }()
+	eventually(t, func() bool { _, ds, _ := f.received(); return len(ds) == 1 })
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, c.Subscribe(ctx, "t1", "a/+"), context.DeadlineExceeded)
-	eventually(t, func() bool { _, ds, _ := f.received(); return len(ds) == 2 })
+	require.NoError(t, c.Unsubscribe(t.Context(), "t1", "a/+"))
+	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: 1}}})
+	require.NoError(t, <-first)
 	_, ds, _ := f.received()
-	require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[0].GetOp())
-	require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[1].GetOp())
-	f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ack{Ack: &routerv1.RouteAck{Seq: 2}}})
+	require.Len(t, ds, 1, "the first subscriber's route stays")
+
+	// The last subscriber given up and unsubscribed: the route goes.
 	f.ackOn.Store(true)
-	// The next subscriber is the filter's first again.
-	require.NoError(t, c.Subscribe(t.Context(), "t1", "a/+"))
+	require.NoError(t, c.Unsubscribe(t.Context(), "t1", "a/+"))
+	f.ackOn.Store(false)
+	ctx, cancel = context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Subscribe(ctx, "t1", "b"), context.DeadlineExceeded)
+	f.ackOn.Store(true)
+	require.NoError(t, c.Unsubscribe(t.Context(), "t1", "b"))
+	eventually(t, func() bool { _, ds, _ := f.received(); return len(ds) == 4 })
 	_, ds, _ = f.received()
-	require.Len(t, ds, 3)
+	require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[1].GetOp())
 	require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[2].GetOp())
+	require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[3].GetOp())
+	require.Equal(t, "b", ds[3].GetRoute().GetFilter())
 }

@@ -122,10 +122,17 @@ var ErrClaimSuperseded = errors.New("session claim superseded")
 // Routes tells the rest of the cluster which filters this edge has
 // subscribers for, in the tenant's own (outside) form. Add returns once
 // other edges will route matching publishes here (before the SUBACK).
+// Routes count subscribers: each Add that returned nil, or an error other
+// than ErrRouteRefused (the caller's context ended first, the route still
+// on its way), is matched by one Remove.
 type Routes interface {
 	Add(ctx context.Context, tenant, filter, shareGroup string) error
 	Remove(ctx context.Context, tenant, filter, shareGroup string) error
 }
+
+// ErrRouteRefused is Routes.Add's error for a route refused outright (by
+// the router, or as invalid): it counts no subscriber, and is not removed.
+var ErrRouteRefused = errors.New("route refused")
 
 // Output receives messages for the output pipelines. Offer must never
 // block: a full queue drops and counts.

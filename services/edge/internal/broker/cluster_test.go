@@ -50,8 +50,11 @@ func TestBroker_ClusterInterfaces(t *testing.T) {
 	b, addr := startBroker(t, nil)
 	var claims []string
 	routes := &fakeRoutes{add: func(_, filter, _ string) error {
-		if filter == "refused" {
-			return errors.New("router unavailable")
+		switch filter {
+		case "refused":
+			return fmt.Errorf("%w: wildcard cap", ErrRouteRefused)
+		case "unconfirmed":
+			return context.DeadlineExceeded
 		}
 		return nil
 	}}
@@ -76,12 +79,17 @@ func TestBroker_ClusterInterfaces(t *testing.T) {
 
 	require.Equal(t, []byte{1}, c.Subscribe(1, "ok", 1).ReasonCodes)
 	require.GreaterOrEqual(t, c.Subscribe(2, "refused", 1).ReasonCodes[0], byte(0x80))
+	require.Zero(t, routes.removed.Load(), "a refused route counts nothing to remove")
+	// Not confirmed in time: refused to the client, and the route, which
+	// may still land, goes again.
+	require.GreaterOrEqual(t, c.Subscribe(5, "unconfirmed", 1).ReasonCodes[0], byte(0x80))
+	require.Equal(t, int32(1), routes.removed.Load())
 	c.Publish(3, "ok", 1, []byte("x"))
 	c.Expect(packets.Puback)
 	require.Equal(t, int32(1), out.n.Load())
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 4, Filters: packets.Subscriptions{{Filter: "ok"}}})
 	c.Expect(packets.Unsuback)
-	require.Equal(t, int32(1), routes.removed.Load())
+	require.Equal(t, int32(2), routes.removed.Load())
 }
 
 // A fenced edge disconnects everyone with 0x8B, admits nobody (0x88) and

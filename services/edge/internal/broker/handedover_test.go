@@ -807,3 +807,70 @@ func TestBroker_StoredQoS2MemoryOutlivesItsEdge(t *testing.T) {
 	}
 	require.Equal(t, []uint64{8}, queued, "the resend of 7 is not delivered again")
 }
+
+// recordingRoutes fails the Add of number failAt (1-based) with err and
+// records which filters were added and removed.
+type recordingRoutes struct {
+	failAt int
+	err    error
+
+	mu             sync.Mutex
+	added, removed []string
+}
+
+func (r *recordingRoutes) Add(_ context.Context, _, filter, _ string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.added = append(r.added, filter)
+	if len(r.added) == r.failAt {
+		return r.err
+	}
+	return nil
+}
+
+func (r *recordingRoutes) Remove(_ context.Context, _, filter, _ string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.removed = append(r.removed, filter)
+	return nil
+}
+
+// An import whose routes fail part way removes the routes it counted and
+// no others: a route it never added may be counted by another session of
+// this edge on the same filter, which a Remove would take from it. One not
+// confirmed in time is counted (it may still land); one refused is not.
+func TestBroker_FailedImportRemovesOnlyItsRoutes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name        string
+		err         error
+		failedGoes  bool
+		wantRemoved int
+	}{
+		{"unconfirmed", context.DeadlineExceeded, true, 2},
+		{"refused", fmt.Errorf("%w: wildcard cap", ErrRouteRefused), false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, sc, id, st := storedSession(t, "partial")
+			for _, f := range []string{"a/#", "b/#", "c/#"} {
+				filter, _ := sc.Filter(f)
+				st.Subs = append(st.Subs, durable.Subscription{Filter: filter, QoS: 1})
+			}
+			routes := &recordingRoutes{failAt: 2, err: tc.err}
+			b.SetCluster(Cluster{Routes: routes})
+			_, err := b.importSession(t.Context(), sc, id, 7, st)
+			require.ErrorIs(t, err, tc.err)
+			routes.mu.Lock()
+			defer routes.mu.Unlock()
+			require.Len(t, routes.added, 2)
+			want := routes.added[:1]
+			if tc.failedGoes {
+				want = routes.added
+			}
+			require.ElementsMatch(t, want, routes.removed)
+			require.Len(t, routes.removed, tc.wantRemoved)
+			require.Nil(t, b.session(id), "nothing half-imported stays")
+		})
+	}
+}

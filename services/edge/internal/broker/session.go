@@ -1140,9 +1140,11 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
 	}
 	s.b.index.add(sub)
-	undo := func() {
+	// undo takes sub back, and reports whether the session still held it:
+	// one that ended meanwhile removed its routes already.
+	undo := func() (held bool) {
 		s.mu.Lock()
-		if s.subs[sub.full] == sub {
+		if held = s.subs[sub.full] == sub; held {
 			if old != nil {
 				s.subs[sub.full] = old
 			} else {
@@ -1155,6 +1157,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		if old != nil {
 			s.b.index.add(old)
 		}
+		return held
 	}
 	if old == nil {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
@@ -1162,7 +1165,12 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			undo()
+			if undo() && !errors.Is(err, ErrRouteRefused) {
+				// Counted though not confirmed: it goes as it came.
+				if rerr := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); rerr != nil {
+					s.b.logger.Warn("route not removed", "client_id", s.id, "error", rerr)
+				}
+			}
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
@@ -1174,8 +1182,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
 		cancel()
 		if err != nil {
-			undo()
-			if old == nil {
+			if undo() && old == nil {
 				if rerr := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); rerr != nil {
 					s.b.logger.Warn("route not removed", "client_id", s.id, "error", rerr)
 				}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -302,9 +304,19 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	b.server.Clients.Add(cl)
 
 	// The session's routes, before the client hears it is back.
-	for _, x := range s.subs {
+	s.mu.Lock()
+	toRoute := slices.Collect(maps.Values(s.subs))
+	s.mu.Unlock()
+	for i, x := range toRoute {
 		if err := b.cluster.Routes.Add(ctx, sc.Tenant(), s.outsideFilter(x), groupName(x)); err != nil {
-			// Nothing half-imported stays (the import lock is held).
+			// Nothing half-imported stays (the import lock is held). The
+			// session's end removes its routes: only those it counted go,
+			// or another session's count of the same filter would.
+			unrouted := toRoute[i+1:]
+			if errors.Is(err, ErrRouteRefused) {
+				unrouted = toRoute[i:]
+			}
+			b.dropUnrouted(s, unrouted)
 			s.releaseHold()
 			b.forgetSession(id)
 			return nil, fmt.Errorf("route of the taken-over session: %w", err)
@@ -313,6 +325,22 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	s.routable.Store(time.Now().UnixNano())
 	b.logger.Debug("session copy imported", "client_id", id, "epoch", epoch, "queued", len(st.Queue), "inflight", len(st.Inflight))
 	return s, nil
+}
+
+// dropUnrouted takes subs, whose routes were never counted, out of s
+// before its end removes the routes of the rest.
+func (b *Broker) dropUnrouted(s *session, subs []*subscription) {
+	s.mu.Lock()
+	for _, x := range subs {
+		if s.subs[x.full] == x {
+			delete(s.subs, x.full)
+		}
+	}
+	s.nsubs.Store(int32(len(s.subs)))
+	s.mu.Unlock()
+	for _, x := range subs {
+		b.index.remove(x)
+	}
 }
 
 // forgetCopy ends s, the copy of a session an import under epoch made

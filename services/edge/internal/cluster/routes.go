@@ -13,6 +13,7 @@ import (
 	"github.com/keelmq/keel/libs/routerclient"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
+	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/forward"
 )
 
@@ -22,7 +23,11 @@ type Routes struct{ Client *routerclient.Client }
 // Add implements the broker's Routes: it returns once the route is durable
 // and every contrary cache entry is gone (the SUBACK may leave then).
 func (r Routes) Add(ctx context.Context, tenant, filter, group string) error {
-	return r.Client.Subscribe(ctx, tenant, shareForm(filter, group))
+	err := r.Client.Subscribe(ctx, tenant, shareForm(filter, group))
+	if errors.Is(err, routerclient.ErrRejected) {
+		return fmt.Errorf("%w: %w", broker.ErrRouteRefused, err)
+	}
+	return err
 }
 
 // Remove implements the broker's Routes.
