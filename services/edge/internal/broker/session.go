@@ -219,7 +219,15 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 	for {
 		s.mu.Lock()
 		if s.closed {
+			// Ended while this waited: gone, or moved (handed over, or
+			// forgotten for another copy). A moved session goes on
+			// elsewhere, so the message is not taken here: the sender
+			// sends it again and finds the session's new edge.
+			moved := s.moving != nil
 			s.mu.Unlock()
+			if moved {
+				return storeFailed
+			}
 			return droppedOffline
 		}
 		if s.client == nil {
@@ -331,6 +339,9 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 		case <-t.C:
 		case <-s.b.done:
 			t.Stop()
+			if s.persistent {
+				return storeFailed // the session outlives this edge
+			}
 			return droppedOffline
 		}
 		t.Stop()
