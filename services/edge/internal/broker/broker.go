@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,17 +260,50 @@ func (b *Broker) DropLapsedSessions() int {
 	// The route stream of the lapsed incarnation is refused and the new one
 	// opens only after this: route removals are not waited for. The routes
 	// leave the set the edge registers under its new incarnation at once.
-	noWait, cancel := context.WithCancel(context.Background())
-	cancel()
 	for _, id := range ids {
 		b.cancelWill(id, false)
-		b.forgetSessionRoutes(noWait, id, endWhich{})
+		b.forgetSessionRoutes(cancelled, id, endWhich{})
 	}
 	if len(ids) > 0 {
 		b.m.lapsedDropped.Add(float64(len(ids)))
 		b.logger.Info("sessions of the lapsed incarnation dropped; their new holders serve them", "sessions", len(ids))
 	}
 	return len(ids)
+}
+
+// cancelled is a context that has ended: a route removal (or addition)
+// given it is counted at once and not waited for.
+var cancelled = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// routeRestored registers the routes of the sessions restored from this
+// edge's own store before it joined a cluster: without them, what other
+// edges publish to their subscriptions would never come here. They are
+// counted at once and land when the route stream is up.
+func (b *Broker) routeRestored() {
+	b.sessMu.Lock()
+	sessions := slices.Collect(maps.Values(b.sessions))
+	b.sessMu.Unlock()
+	n := 0
+	for _, s := range sessions {
+		s.mu.Lock()
+		subs := slices.Collect(maps.Values(s.subs))
+		s.mu.Unlock()
+		for _, x := range subs {
+			err := b.cluster.Routes.Add(cancelled, s.scope.Tenant(), s.outsideFilter(x), groupName(x))
+			if errors.Is(err, ErrRouteRefused) {
+				b.logger.Warn("route of a restored session refused", "client_id", s.id, "error", err)
+				continue
+			}
+			n++
+		}
+	}
+	if n > 0 {
+		b.logger.Info("routes of restored sessions registered", "sessions", len(sessions), "routes", n)
+	}
 }
 
 // Unfence lets the edge serve again after it rejoined the cluster.
@@ -292,6 +327,7 @@ func (b *Broker) SetCluster(c Cluster) {
 	}
 	if c.Routes != nil {
 		b.cluster.Routes = c.Routes
+		b.routeRestored()
 	}
 	if c.Output != nil {
 		b.cluster.Output = c.Output

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -181,4 +182,28 @@ func TestBroker_DisconnectExpiryIsStored(t *testing.T) {
 		st, ok, err := b.store.LoadSession(t.Context(), id)
 		return err == nil && ok && st.Session.ExpiryInterval == 7
 	}, 5*time.Second, 10*time.Millisecond, "the stored session keeps the interval of the DISCONNECT")
+}
+
+// An edge that keeps its sessions in its own store and joins a cluster
+// registers the routes of the sessions it restored: otherwise what other
+// edges publish to them would never come here. A refused route is left
+// out of the count; one not yet confirmed is counted.
+func TestBroker_RestoredSessionsAreRouted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, stop := startDurable(t, dir)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("dev", false, persistentProps)
+	sub.Subscribe(1, "q/#", 1)
+	sub.Subscribe(2, "$share/g/s/+", 1)
+	_ = sub.Conn.Close()
+	stop()
+
+	b, _, stop2 := openDurable(t, dir)
+	t.Cleanup(stop2)
+	routes := &recordingRoutes{failAt: 1, err: context.DeadlineExceeded}
+	b.SetCluster(Cluster{Routes: routes})
+	routes.mu.Lock()
+	defer routes.mu.Unlock()
+	require.ElementsMatch(t, []string{"q/#", "s/+"}, routes.added)
 }

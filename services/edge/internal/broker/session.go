@@ -1177,10 +1177,9 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		cancel()
 		if err != nil {
 			if undo() && !errors.Is(err, ErrRouteRefused) {
-				// Counted though not confirmed: it goes as it came.
-				if rerr := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); rerr != nil {
-					s.b.logger.Warn("route not removed", "client_id", s.id, "error", rerr)
-				}
+				// Counted though not confirmed: it goes as it came, without
+				// waiting for a router that did not answer in time.
+				_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 			}
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)

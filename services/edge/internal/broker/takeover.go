@@ -318,7 +318,9 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 			}
 			b.dropUnrouted(s, unrouted)
 			s.releaseHold()
-			b.forgetSession(id)
+			// The removals are not waited for, under the import lock, from
+			// a router that did not answer the additions in time.
+			b.forgetSessionRoutes(cancelled, id, endWhich{})
 			return nil, fmt.Errorf("route of the taken-over session: %w", err)
 		}
 	}
