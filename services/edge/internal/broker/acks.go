@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,9 +194,17 @@ func (b *Broker) waitAcks(cl *mqtt.Client, q *ackQueue, ready chan<- pendingAck)
 			q.mu.Lock()
 			q.failed = true
 			q.pending[q.handed].span = nil
+			rest := slices.Clone(q.pending[q.handed:])
 			q.mu.Unlock()
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
+			// Recorded before the client can come back: a QoS 2 resend
+			// that finds no record is routed under a new msgID, and the
+			// edges that took the first copy deliver it again. (sendAcks
+			// records them again with any queued since, to no harm.)
+			for _, r := range rest {
+				b.unconfirm(cl, r.qos, r.packetID, r.msg)
+			}
 			_ = b.disconnect(cl, packets.ErrServerBusy)
 			return
 		}
