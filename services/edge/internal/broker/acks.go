@@ -33,6 +33,9 @@ type ackQueue struct {
 	// failed: an earlier publish was not taken and the client is being
 	// disconnected; nothing after it may be acknowledged.
 	failed bool
+	// recorded is how many entries at the head of pending the failure
+	// recorded as unconfirmed already (waitAcks).
+	recorded int
 	// room is signalled when an entry leaves the queue (see reserve).
 	room *sync.Cond
 }
@@ -151,11 +154,12 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			q.mu.Unlock()
 			continue // more came while the last were written
 		}
-		unacked := q.pending
+		unacked := q.pending[min(q.recorded, len(q.pending)):]
 		for _, p := range q.pending {
 			finishSpan(p.span, errFailedEarlier)
 		}
 		q.pending = nil
+		q.recorded = 0
 		q.running = false
 		q.room.Broadcast()
 		q.mu.Unlock()
@@ -193,15 +197,17 @@ func (b *Broker) waitAcks(cl *mqtt.Client, q *ackQueue, ready chan<- pendingAck)
 			finishSpan(p.span, err)
 			q.mu.Lock()
 			q.failed = true
+			q.room.Broadcast()
 			q.pending[q.handed].span = nil
 			rest := slices.Clone(q.pending[q.handed:])
+			q.recorded = len(rest)
 			q.mu.Unlock()
 			b.m.dropped.WithLabelValues("forward_failed").Inc()
 			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
 			// Recorded before the client can come back: a QoS 2 resend
 			// that finds no record is routed under a new msgID, and the
 			// edges that took the first copy deliver it again. (sendAcks
-			// records them again with any queued since, to no harm.)
+			// records those queued since.)
 			for _, r := range rest {
 				b.unconfirm(cl, r.qos, r.packetID, r.msg)
 			}
