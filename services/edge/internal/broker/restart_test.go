@@ -186,8 +186,9 @@ func TestBroker_DisconnectExpiryIsStored(t *testing.T) {
 
 // An edge that keeps its sessions in its own store and joins a cluster
 // registers the routes of the sessions it restored: otherwise what other
-// edges publish to them would never come here. A refused route is left
-// out of the count; one not yet confirmed is counted.
+// edges publish to them would never come here. One the router does not
+// confirm at once (it is not connected yet) lands later: the rest are
+// registered all the same.
 func TestBroker_RestoredSessionsAreRouted(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
