@@ -78,6 +78,23 @@ func (b *Broker) supersede(id string, epoch uint64) {
 	}
 }
 
+// connecting reports whether a CONNECT of id is in flight here whose
+// claim may be epoch: granted at epoch or later, or not answered yet (the
+// coordinator may have granted it).
+func (b *Broker) connecting(id string, epoch uint64) bool {
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	for _, g := range b.claims.byID[id] {
+		g.mu.Lock()
+		mine := g.epoch == 0 || g.epoch >= epoch
+		g.mu.Unlock()
+		if mine {
+			return true
+		}
+	}
+	return false
+}
+
 // granted records the connection's claim and reports whether a newer one
 // already took the session.
 func (g *claimGuard) granted(epoch uint64) (superseded bool) {

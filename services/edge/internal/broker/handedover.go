@@ -272,6 +272,13 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 			failed = fmt.Errorf("relayed message for session %s, owned here but still held by another edge", t.ClientID)
 			continue
 		}
+		if s == nil && b.connecting(id, t.Epoch) {
+			// Claimed here for a connection, its copy not made yet: taken
+			// as moved on, the message would reach no copy. The sender
+			// tries again.
+			failed = fmt.Errorf("relayed message for session %s, whose connection here is still taking it", t.ClientID)
+			continue
+		}
 		if s == nil {
 			if movedOn == nil {
 				movedOn = map[string]bool{}

@@ -874,3 +874,52 @@ func TestBroker_FailedImportRemovesOnlyItsRoutes(t *testing.T) {
 		})
 	}
 }
+
+// A takeover whose session a newer claim took while the copy was being
+// made (Activate is fenced after the previous owner ended its side) leaves
+// the copy's messages to the newer owner: the copy's routes drew messages
+// published before that owner was routed to, the copy refused them, and
+// sent again they must not find no session here.
+func TestBroker_FencedTakeoverRelaysToTheOwner(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("contested")
+	filter, _ := sc.Filter("c/#")
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
+	require.NoError(t, err)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
+		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
+	before := time.Now().UnixNano()
+	_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "contested", 20, false)
+	require.ErrorIs(t, err, durable.ErrFenced)
+	require.Nil(t, b.session(id), "no copy stays")
+	rs := b.handed.relays(&Message{Topic: sc.Topic("c/x"), QoS: 1, Created: before}, time.Now(), nil)
+	require.Len(t, rs, 1, "what was published meanwhile goes to the newer owner")
+	require.Equal(t, "edge-new", rs[0].to)
+	require.Equal(t, uint64(21), rs[0].targets[0].Epoch)
+}
+
+// A relay for a session whose connection here holds its claim but has not
+// made its copy yet is refused, for the sender to send again: taken as
+// for a session that moved on, it would reach no copy.
+func TestBroker_RelayWaitsForAConnectingSession(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("arriving")
+	to := []RelayTarget{{Tenant: "default", ClientID: "arriving", Epoch: 21, QoS: 1}}
+	m := forwardedMsg(1, "a/x", 1, time.Now())
+	require.NoError(t, b.DeliverRelayed(t.Context(), m, to), "no connection: the session moved on")
+	g := b.guardClaim(id)
+	require.Error(t, b.DeliverRelayed(t.Context(), m, to), "its claim may be the one meant")
+	require.False(t, g.granted(21))
+	require.Error(t, b.DeliverRelayed(t.Context(), m, to))
+	b.dropGuard(id, g)
+	older := b.guardClaim(id)
+	defer b.dropGuard(id, older)
+	require.False(t, older.granted(20))
+	require.NoError(t, b.DeliverRelayed(t.Context(), m, to), "a connection under an older claim is not the one meant")
+}

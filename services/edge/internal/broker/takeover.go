@@ -572,6 +572,15 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	moved = true
 	defer func() {
 		if err != nil {
+			if errors.Is(err, durable.ErrFenced) {
+				// A newer claim took the session while this copy was made.
+				// Its routes drew messages meanwhile, and the copy's
+				// refusal of them is all the senders hear: sent again,
+				// they find no session here, and the newer owner, not yet
+				// routed to when they were published, may not have them.
+				// So they go to it, as if the copy had been handed over.
+				b.relayFenced(s)
+			}
 			b.forgetCopy(s, epoch)
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
