@@ -298,6 +298,7 @@ func (b *Broker) routeRestored() {
 				b.logger.Warn("route of a restored session refused", "client_id", s.id, "error", err)
 				continue
 			}
+			s.routeCounted(x)
 			n++
 		}
 	}
@@ -964,8 +965,9 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	for _, sub := range subs {
 		b.index.remove(sub)
 		// The session's routes go with it, or other edges keep forwarding
-		// to this one for subscribers that are gone.
-		if err := b.cluster.Routes.Remove(routes, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil && routes.Err() == nil {
+		// to this one for subscribers that are gone. One whose Add is
+		// still out goes when it returns.
+		if err := s.dropRoute(routes, sub); err != nil && routes.Err() == nil {
 			b.logger.Warn("route not removed", "client_id", id, "error", err)
 		}
 	}

@@ -21,6 +21,10 @@ type subscription struct {
 	rh      byte // retain handling
 	ids     []int
 	group   *shareGroup
+	// counted: the cluster's route client counts this subscription in its
+	// route's count. It turns true once an Add returned counted, and the
+	// count is removed by whoever turns it back to false, exactly once.
+	counted atomic.Bool
 }
 
 // shareGroup is one shared subscription group on one filter.
@@ -49,11 +53,13 @@ func newIndex() *index {
 func (x *index) add(s *subscription) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.count.Add(1)
 	if s.group == nil {
-		x.subs.Add(s.filter, s)
+		if x.subs.Add(s.filter, s) {
+			x.count.Add(1)
+		}
 		return
 	}
+	x.count.Add(1)
 	key := s.group.name + "\x00" + s.filter
 	g := x.byKey[key]
 	if g == nil {
@@ -68,15 +74,19 @@ func (x *index) add(s *subscription) {
 func (x *index) remove(s *subscription) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.count.Add(-1)
 	if s.group == nil {
-		x.subs.Remove(s.filter, s)
+		if x.subs.Remove(s.filter, s) {
+			x.count.Add(-1)
+		}
 		return
 	}
 	g := s.group
-	if i := slices.Index(g.members, s); i >= 0 {
-		g.members = slices.Delete(g.members, i, i+1)
+	i := slices.Index(g.members, s)
+	if i < 0 {
+		return // removed already: its group may be gone, and another in its place
 	}
+	g.members = slices.Delete(g.members, i, i+1)
+	x.count.Add(-1)
 	if len(g.members) == 0 {
 		delete(x.byKey, g.name+"\x00"+g.filter)
 		x.groups.Remove(g.filter, g)

@@ -1118,9 +1118,10 @@ func inflightPacket(d *delivery, packetID uint16, retain bool, order int64) pack
 
 // Why addSub refused a subscription.
 var (
-	errSubQuota     = errors.New("subscription quota reached")
-	errSubNotRouted = errors.New("route not registered")
-	errSubNotStored = errors.New("subscription not stored")
+	errSubQuota        = errors.New("subscription quota reached")
+	errSubNotRouted    = errors.New("route not registered")
+	errSubNotStored    = errors.New("subscription not stored")
+	errSubSessionEnded = errors.New("session ended")
 )
 
 // addSub adds or replaces a subscription of the session. It refuses a new
@@ -1138,6 +1139,10 @@ var (
 // index again.
 func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, err error) {
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errSubSessionEnded
+	}
 	old := s.subs[sub.full]
 	if old == nil && maxSubs > 0 && len(s.subs) >= maxSubs {
 		s.mu.Unlock()
@@ -1145,19 +1150,27 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 	}
 	s.subs[sub.full] = sub
 	s.nsubs.Store(int32(len(s.subs)))
+	// A replacement takes over its route's count. One whose Add is still
+	// out does its own: the count the earlier Add takes, its adder gives
+	// back once it finds its subscription replaced.
+	inherited := old != nil && old.counted.Swap(false)
+	sub.counted.Store(inherited)
 	isDurable := s.durable && s.b.store != nil
 	s.mu.Unlock()
 	if old != nil {
 		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
 	}
 	s.b.index.add(sub)
-	// undo takes sub back, and reports whether the session still held it:
-	// one that ended meanwhile removed its routes already.
-	undo := func() (held bool) {
+	// undo takes sub back, and gives back the count it holds, if any (a
+	// session that ended meanwhile removed the others).
+	undo := func(ctx context.Context) {
 		s.mu.Lock()
-		if held = s.subs[sub.full] == sub; held {
+		if s.subs[sub.full] == sub {
 			if old != nil {
 				s.subs[sub.full] = old
+				if inherited {
+					old.counted.Store(sub.counted.Swap(false))
+				}
 			} else {
 				delete(s.subs, sub.full)
 			}
@@ -1165,24 +1178,36 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		}
 		s.mu.Unlock()
 		s.b.index.remove(sub)
-		if old != nil {
+		if old != nil && s.holds(old) {
 			s.b.index.add(old)
 		}
-		return held
+		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
+			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
+		}
 	}
-	if old == nil {
+	if !inherited {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			if undo() && !errors.Is(err, ErrRouteRefused) {
+			if !errors.Is(err, ErrRouteRefused) {
 				// Counted though not confirmed: it goes as it came, without
 				// waiting for a router that did not answer in time.
-				_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+				sub.counted.Store(true)
 			}
+			undo(cancelled)
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
+		}
+		sub.counted.Store(true)
+		if !s.holds(sub) {
+			// Granted, and meanwhile replaced or ended (by a newer
+			// connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end):
+			// nothing else gives this count back.
+			s.b.index.remove(sub)
+			_ = s.dropRoute(cancelled, sub)
+			return nil, nil
 		}
 	}
 	if isDurable {
@@ -1192,16 +1217,38 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
 		cancel()
 		if err != nil {
-			if undo() && old == nil {
-				if rerr := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); rerr != nil {
-					s.b.logger.Warn("route not removed", "client_id", s.id, "error", rerr)
-				}
-			}
+			undo(context.Background())
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
 			return old, fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
 	return nil, nil
+}
+
+// holds reports whether sub is the session's subscription of its filter.
+func (s *session) holds(sub *subscription) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.subs[sub.full] == sub
+}
+
+// routeCounted records that an Add counted sub's route (it returned, or
+// failed other than refused). A subscription the session let go meanwhile
+// gives the count back at once.
+func (s *session) routeCounted(sub *subscription) {
+	sub.counted.Store(true)
+	if !s.holds(sub) {
+		_ = s.dropRoute(cancelled, sub)
+	}
+}
+
+// dropRoute removes sub's route count, if sub still holds it: every place
+// a subscription leaves calls it, and only one removes the count.
+func (s *session) dropRoute(ctx context.Context, sub *subscription) error {
+	if !sub.counted.Swap(false) {
+		return nil
+	}
+	return s.b.cluster.Routes.Remove(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 }
 
 func (s *session) removeSub(filter string) {
@@ -1212,7 +1259,8 @@ func (s *session) removeSub(filter string) {
 	s.mu.Unlock()
 	if sub != nil {
 		s.b.index.remove(sub)
-		if err := s.b.cluster.Routes.Remove(context.Background(), s.scope.Tenant(), s.outsideFilter(sub), groupName(sub)); err != nil {
+		// A subscription whose Add is still out is removed by its adder.
+		if err := s.dropRoute(context.Background(), sub); err != nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
 		if s.durable && s.b.store != nil {

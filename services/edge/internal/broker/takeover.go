@@ -307,16 +307,15 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	s.mu.Lock()
 	toRoute := slices.Collect(maps.Values(s.subs))
 	s.mu.Unlock()
-	for i, x := range toRoute {
-		if err := b.cluster.Routes.Add(ctx, sc.Tenant(), s.outsideFilter(x), groupName(x)); err != nil {
+	for _, x := range toRoute {
+		err := b.cluster.Routes.Add(ctx, sc.Tenant(), s.outsideFilter(x), groupName(x))
+		if err == nil || !errors.Is(err, ErrRouteRefused) {
+			s.routeCounted(x)
+		}
+		if err != nil {
 			// Nothing half-imported stays (the import lock is held). The
-			// session's end removes its routes: only those it counted go,
-			// or another session's count of the same filter would.
-			unrouted := toRoute[i+1:]
-			if errors.Is(err, ErrRouteRefused) {
-				unrouted = toRoute[i:]
-			}
-			b.dropUnrouted(s, unrouted)
+			// session's end removes the routes it counted: only those, or
+			// another session's count of the same filter would go.
 			s.releaseHold()
 			// The removals are not waited for, under the import lock, from
 			// a router that did not answer the additions in time.
@@ -327,22 +326,6 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 	s.routable.Store(time.Now().UnixNano())
 	b.logger.Debug("session copy imported", "client_id", id, "epoch", epoch, "queued", len(st.Queue), "inflight", len(st.Inflight))
 	return s, nil
-}
-
-// dropUnrouted takes subs, whose routes were never counted, out of s
-// before its end removes the routes of the rest.
-func (b *Broker) dropUnrouted(s *session, subs []*subscription) {
-	s.mu.Lock()
-	for _, x := range subs {
-		if s.subs[x.full] == x {
-			delete(s.subs, x.full)
-		}
-	}
-	s.nsubs.Store(int32(len(s.subs)))
-	s.mu.Unlock()
-	for _, x := range subs {
-		b.index.remove(x)
-	}
 }
 
 // forgetCopy ends s, the copy of a session an import under epoch made

@@ -1,0 +1,174 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// countingRoutes keeps the Routes contract's counts: an Add counts when it
+// returns nil or an error other than ErrRouteRefused, and each counted Add
+// is matched by one Remove. A Remove of a count nobody holds would, at the
+// real route client, take another session's count of the same filter.
+type countingRoutes struct {
+	mu      sync.Mutex
+	counts  map[string]int
+	calls   map[string]int
+	unheld  int // Removes of a count not held
+	entered chan string
+	// answer, given a filter and which Add of it this is (from 1), says
+	// what to wait for before answering (nil: nothing) and the answer.
+	answer func(filter string, call int) (wait <-chan struct{}, err error)
+}
+
+func newCountingRoutes(answer func(string, int) (<-chan struct{}, error)) *countingRoutes {
+	return &countingRoutes{counts: map[string]int{}, calls: map[string]int{}, entered: make(chan string, 64), answer: answer}
+}
+
+func (r *countingRoutes) Add(_ context.Context, _, filter, _ string) error {
+	r.mu.Lock()
+	r.calls[filter]++
+	n := r.calls[filter]
+	r.mu.Unlock()
+	wait, err := r.answer(filter, n)
+	r.entered <- filter
+	if wait != nil {
+		<-wait
+	}
+	if errors.Is(err, ErrRouteRefused) {
+		return err
+	}
+	r.mu.Lock()
+	r.counts[filter]++
+	r.mu.Unlock()
+	return err
+}
+
+func (r *countingRoutes) Remove(_ context.Context, _, filter, _ string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.counts[filter] <= 0 {
+		r.unheld++
+	}
+	r.counts[filter]--
+	return nil
+}
+
+func (r *countingRoutes) state(filter string) (count, unheld int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.counts[filter], r.unheld
+}
+
+func (r *countingRoutes) waitEntered(t *testing.T, filter string) {
+	t.Helper()
+	select {
+	case f := <-r.entered:
+		require.Equal(t, filter, f)
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no Add of %s", filter)
+	}
+}
+
+func sendSubscribe(c *mqtttest.Client, id uint16, filter string) {
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: id,
+		Filters: packets.Subscriptions{{Filter: filter, Qos: 1}}})
+}
+
+// A session that ends while one of its routes is being added does not
+// remove that route before the Add returned (at the router, that takes
+// another session's count of the filter): the adder gives the count back
+// once it returns, and nothing stays counted.
+func TestBroker_SessionEndDuringRouteAddRemovesItOnce(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open) // before the broker closes: a failed test does not hang
+	routes := newCountingRoutes(func(string, int) (<-chan struct{}, error) { return release, nil })
+	b.SetCluster(Cluster{Routes: routes})
+
+	first := mqtttest.Dial(t, addr, 5)
+	first.Connect("ending", false, persistentSession)
+	sendSubscribe(first, 1, "ending/x")
+	routes.waitEntered(t, "ending/x")
+
+	// A new connection with a clean start ends the session the first one
+	// is subscribing for.
+	second := mqtttest.Dial(t, addr, 5)
+	second.Connect("ending", true, packets.Properties{})
+	require.Eventually(t, func() bool {
+		s := b.session(b.mustScope(t, "default").ClientID("ending"))
+		return s != nil && s.nsubs.Load() == 0
+	}, 5*time.Second, 10*time.Millisecond)
+
+	open()
+	require.Eventually(t, func() bool { n, _ := routes.state("ending/x"); return n == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the ended session's route is given back")
+	n, unheld := routes.state("ending/x")
+	require.Zero(t, unheld, "no Remove came before its Add returned")
+	require.Zero(t, n)
+	require.Zero(t, b.index.count.Load(), "nothing of the ended session stays in the index")
+}
+
+// A SUBSCRIBE from a newer connection of the same session, while an
+// earlier SUBSCRIBE of the same filter is still adding its route, adds the
+// route itself and waits for it: the earlier one may be refused, and its
+// SUBACK then promised a route that nobody holds.
+func TestBroker_ResubscribeDuringRouteAddAddsItsOwn(t *testing.T) {
+	for _, first := range []error{fmt.Errorf("%w: injected", ErrRouteRefused), nil} {
+		t.Run(fmt.Sprintf("first=%v", first), func(t *testing.T) {
+			t.Parallel()
+			b, addr := startBroker(t, nil)
+			release := make(chan struct{})
+			open := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(open)
+			routes := newCountingRoutes(func(_ string, call int) (<-chan struct{}, error) {
+				if call == 1 {
+					return release, first
+				}
+				return nil, nil
+			})
+			b.SetCluster(Cluster{Routes: routes})
+
+			old := mqtttest.Dial(t, addr, 5)
+			old.Connect("again", false, persistentSession)
+			sendSubscribe(old, 1, "again/x")
+			routes.waitEntered(t, "again/x")
+
+			// The same session, resumed by a newer connection.
+			newer := mqtttest.Dial(t, addr, 5)
+			newer.Connect("again", false, persistentSession)
+			ack := newer.Subscribe(1, "again/x", 1)
+			require.Equal(t, []byte{1}, ack.ReasonCodes)
+			routes.waitEntered(t, "again/x")
+
+			open()
+			require.Eventually(t, func() bool {
+				n, _ := routes.state("again/x")
+				return n == 1
+			}, 5*time.Second, 10*time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // a wrong removal has its time to come
+			n, unheld := routes.state("again/x")
+			require.Equal(t, 1, n, "the granted subscription's route is counted once")
+			require.Zero(t, unheld)
+			require.EqualValues(t, 1, b.index.count.Load())
+
+			newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 2,
+				Filters: packets.Subscriptions{{Filter: "again/x"}}})
+			newer.Expect(packets.Unsuback)
+			n, unheld = routes.state("again/x")
+			require.Zero(t, n)
+			require.Zero(t, unheld)
+		})
+	}
+}
+
