@@ -141,8 +141,9 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
-			b.relayFenced(s)
+			owner := b.relayFenced(s)
 			b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s})
+			b.relayedUntilNow(s.id, owner)
 		}
 	}()
 	return true
@@ -155,11 +156,13 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 // went to an edge that did not know the session was here), so it may not
 // have been routed to when they were published, and this copy cannot
 // store them. Without an owner to name, they find no session here once
-// the copy is gone.
-func (b *Broker) relayFenced(s *session) {
+// the copy is gone. It returns the owner, "" when the session is still
+// this edge's or no owner was found; once the copy's routes are gone, the
+// caller calls relayedUntilNow with it.
+func (b *Broker) relayFenced(s *session) (owner string) {
 	lookup, ok := b.cluster.Ownership.(OwnerLookup)
 	if !ok {
-		return
+		return ""
 	}
 	clientID, _ := s.scope.ExternalClientID(s.id)
 	ctx, cancel := context.WithTimeout(b.stopped, 5*time.Second)
@@ -168,11 +171,25 @@ func (b *Broker) relayFenced(s *session) {
 	s.mu.Lock()
 	mine := s.epoch
 	s.mu.Unlock()
-	if err != nil || owner == "" || owner == b.cfg.EdgeID || epoch <= mine {
-		b.logger.Warn("fenced session's owner not found; messages routed to its copy here are not relayed", "client_id", s.id,
-			"owner", owner, "epoch", epoch, "error", err)
-		return
+	if err != nil {
+		b.logger.Warn("fenced session's owner not found; messages routed to its copy here are not relayed", "client_id", s.id, "error", err)
+		return ""
+	}
+	if owner == "" || owner == b.cfg.EdgeID || epoch <= mine {
+		b.logger.Debug("session not claimed by another edge; nothing relayed", "client_id", s.id, "owner", owner, "epoch", epoch)
+		return ""
 	}
 	b.handed.add(s, time.Now(), owner, epoch)
 	b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
+	return owner
+}
+
+// relayedUntilNow relays to owner what entered the cluster until now for
+// the fenced copy of id that relayFenced named it for: the copy's routes,
+// gone only now, drew messages here until then, later than the newer
+// owner's claim.
+func (b *Broker) relayedUntilNow(id, owner string) {
+	if owner != "" {
+		b.handed.extend(id, owner, time.Now())
+	}
 }

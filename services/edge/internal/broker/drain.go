@@ -252,8 +252,12 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		// Its client came back here meanwhile, under a newer claim.
 		return true, nil
 	}
-	if errors.Is(err, errTakeoverIncomplete) && b.resumeOwned(sc, clientID, epoch, previous) {
-		return true, nil
+	if errors.Is(err, errTakeoverIncomplete) {
+		if here, settled := b.resumeOwned(sc, clientID, epoch, previous); here {
+			return true, nil
+		} else if settled {
+			return false, err // claimed elsewhere meanwhile, or ended: nothing is left unfinished here
+		}
 	}
 	if err != nil {
 		// The session is owned here and still held there: it is adopted

@@ -63,6 +63,9 @@ type handedOver struct {
 	mu      sync.Mutex
 	subs    topic.Trie[*handedSub] // guarded by mu
 	entries []*handedSub           // in the order added, so by expiry; guarded by mu
+	// bySession holds the entries of entries by session and new owner
+	// (session + "\x00" + to); guarded by mu.
+	bySession map[string][]*handedSub
 	// latest is the latest cutoff of a remembered entry (unix nano), 0
 	// when none is: a message that entered after it is not looked up.
 	latest atomic.Int64
@@ -123,13 +126,44 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.pruneLocked(at)
+	if h.extendLocked(s.id, to, epoch, cutoff) {
+		return // remembered already (a fenced copy is named twice)
+	}
+	if h.bySession == nil {
+		h.bySession = map[string][]*handedSub{}
+	}
 	for _, e := range subs {
 		h.subs.Add(e.filter, e)
 		h.entries = append(h.entries, e)
+		h.bySession[e.session+"\x00"+e.to] = append(h.bySession[e.session+"\x00"+e.to], e)
 	}
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
 	}
+}
+
+// extend moves the cutoff of the remembered entries of session, handed to
+// edge to, to at (plus the skew) if that is later.
+func (h *handedOver) extend(session, to string, at time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.extendLocked(session, to, 0, at.Add(handoverSkew).UnixNano())
+}
+
+// extendLocked is extend for the entries under epoch (any, given 0), and
+// reports whether there were any. h.mu must be held.
+func (h *handedOver) extendLocked(session, to string, epoch uint64, cutoff int64) bool {
+	found := false
+	for _, e := range h.bySession[session+"\x00"+to] {
+		if epoch == 0 || e.target.Epoch == epoch {
+			found = true
+			e.cutoff = max(e.cutoff, cutoff)
+		}
+	}
+	if found && cutoff > h.latest.Load() {
+		h.latest.Store(cutoff)
+	}
+	return found
 }
 
 // mayRelay is the lock-free first check of relays: false in the common
@@ -189,7 +223,14 @@ func (h *handedOver) relays(m *Message, now time.Time, only func(session string)
 func (h *handedOver) pruneLocked(now time.Time) {
 	n := 0
 	for n < len(h.entries) && !now.Before(h.entries[n].expires) {
-		h.subs.Remove(h.entries[n].filter, h.entries[n])
+		e := h.entries[n]
+		h.subs.Remove(e.filter, e)
+		key := e.session + "\x00" + e.to
+		if rest := slices.DeleteFunc(h.bySession[key], func(x *handedSub) bool { return x == e }); len(rest) > 0 {
+			h.bySession[key] = rest
+		} else {
+			delete(h.bySession, key)
+		}
 		h.entries[n] = nil
 		n++
 	}

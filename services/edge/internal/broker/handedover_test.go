@@ -542,7 +542,9 @@ func TestBroker_SupersededUnfinishedTakeoverIsSettled(t *testing.T) {
 	b.setUnfinished(id, unfinishedTakeover{previous: "edge-dead", epoch: 30, scope: sc, clientID: "moved-on"})
 	_, from := b.ClaimsSettled()
 	require.Equal(t, []string{"edge-dead"}, from)
-	require.False(t, b.resumeOwned(sc, "moved-on", 30, "edge-dead"))
+	here, settled := b.resumeOwned(sc, "moved-on", 30, "edge-dead")
+	require.False(t, here)
+	require.True(t, settled, "the caller does not list it unfinished again")
 	_, from = b.ClaimsSettled()
 	require.Empty(t, from, "the newer claim settled it")
 }
@@ -900,6 +902,38 @@ func TestBroker_FencedTakeoverRelaysToTheOwner(t *testing.T) {
 	require.Len(t, rs, 1, "what was published meanwhile goes to the newer owner")
 	require.Equal(t, "edge-new", rs[0].to)
 	require.Equal(t, uint64(21), rs[0].targets[0].Epoch)
+}
+
+// slowRemoval is a route table whose removals take a while.
+type slowRemoval struct{ fakeRoutes }
+
+func (r *slowRemoval) Remove(ctx context.Context, tenant, filter, group string) error {
+	time.Sleep(300 * time.Millisecond)
+	return r.fakeRoutes.Remove(ctx, tenant, filter, group)
+}
+
+// The fenced copy's routes draw messages until they are gone, which can be
+// well after the fence was seen: what entered the cluster until then is
+// relayed too.
+func TestBroker_FencedTakeoverRelaysUntilItsRoutesAreGone(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("slow-gone")
+	filter, _ := sc.Filter("s/#")
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
+	require.NoError(t, err)
+	b.SetCluster(Cluster{Routes: &slowRemoval{fakeRoutes{add: func(string, string, string) error { return nil }}},
+		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
+		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
+	_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "slow-gone", 20, false)
+	require.ErrorIs(t, err, durable.ErrFenced)
+	late := time.Now().Add(-time.Millisecond).UnixNano() // after the fence, before the routes went
+	rs := b.handed.relays(&Message{Topic: sc.Topic("s/x"), QoS: 1, Created: late}, time.Now(), nil)
+	require.Len(t, rs, 1, "published while the copy's routes were still up")
+	require.Len(t, rs[0].targets, 1)
+	require.Empty(t, b.handed.relays(&Message{Topic: sc.Topic("s/x"), QoS: 1, Created: time.Now().Add(time.Second).UnixNano()}, time.Now(), nil))
 }
 
 // A relay for a session whose connection here holds its claim but has not

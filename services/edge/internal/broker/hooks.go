@@ -216,7 +216,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 				b.logger.Error("session takeover failed; connection refused", "tenant", id.Tenant, "previous", previous, "error", err,
 					"refused_since_last_line", n-b.takeoverFailsLogged.Swap(n))
 			}
-			if !errors.Is(err, errTakeoverIncomplete) || pk.Connect.Clean || !b.resumeOwned(sc, external, epoch, previous) {
+			settled := false
+			if errors.Is(err, errTakeoverIncomplete) && !pk.Connect.Clean {
+				_, settled = b.resumeOwned(sc, external, epoch, previous)
+			}
+			if !settled {
 				b.setUnfinished(internal, unfinishedTakeover{previous: previous, epoch: epoch, scope: sc, clientID: external})
 			}
 			return refuse(packets.ErrServerUnavailable, "takeover_failed")

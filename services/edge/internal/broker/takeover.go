@@ -555,16 +555,17 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	moved = true
 	defer func() {
 		if err != nil {
-			if errors.Is(err, durable.ErrFenced) {
-				// A newer claim took the session while this copy was made.
-				// Its routes drew messages meanwhile, and the copy's
-				// refusal of them is all the senders hear: sent again,
-				// they find no session here, and the newer owner, not yet
-				// routed to when they were published, may not have them.
-				// So they go to it, as if the copy had been handed over.
-				b.relayFenced(s)
-			}
+			// A newer claim may have taken the session while this copy was
+			// made (a fenced write, here or in mergeLate's queueing). Its
+			// routes drew messages meanwhile, and the copy's refusal of
+			// them is all the senders hear: sent again, they find no
+			// session here, and the newer owner, not yet routed to when
+			// they were published, may not have them. So they go to it, as
+			// if the copy had been handed over. The coordinator says
+			// whether there is such an owner.
+			owner := b.relayFenced(s)
 			b.forgetCopy(s, epoch)
+			b.relayedUntilNow(s.id, owner)
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
@@ -615,11 +616,12 @@ var errTakeoverIncomplete = errors.New("takeover incomplete")
 // meanwhile would be acknowledged to nobody. Resumed (its epoch made
 // current, so the previous owner stores nothing more), the session waits
 // here, offline, for its client. It reports whether the session is here now
-// (or a newer copy of it, its client having come back first); no takeover
-// of it is left unfinished then.
-func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, previous string) bool {
+// (or a newer copy of it, its client having come back first), and whether
+// no takeover of it is left unfinished here: it is here, a newer claim took
+// it elsewhere, or it ended. Unless settled, the caller lists it unfinished.
+func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, previous string) (here, settled bool) {
 	if b.store == nil || !b.store.Shared() {
-		return false
+		return false, false
 	}
 	ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
 	defer cancel()
@@ -635,17 +637,17 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 		b.logger.Info("session of a failed takeover claimed again elsewhere; not resumed here", "client_id", id,
 			"previous", previous, "error", err)
 		b.setUnfinished(id, unfinishedTakeover{})
-		return false
+		return false, true
 	case err != nil:
 		b.logger.Warn("session of a failed takeover not resumed; it waits in the store for its client", "client_id", id,
 			"previous", previous, "error", err)
-		return false
+		return false, false
 	case b.session(id) == nil:
 		b.setUnfinished(id, unfinishedTakeover{})
-		return false // nothing stored: the session ended
+		return false, true // nothing stored: the session ended
 	}
 	b.setUnfinished(id, unfinishedTakeover{})
-	return true
+	return true, true
 }
 
 // unfinishedTakeover is a takeover that failed after this edge's claim
