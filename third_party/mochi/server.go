@@ -488,6 +488,7 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
+		s.abandonConnect(cl, err)
 		return fmt.Errorf("ack connection packet: %w", err)
 	}
 
@@ -496,6 +497,7 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 	if sessionPresent {
 		err = cl.ResendInflightMessages(true)
 		if err != nil {
+			s.abandonConnect(cl, err)
 			return fmt.Errorf("resend inflight: %w", err)
 		}
 	}
@@ -503,6 +505,25 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 	s.hooks.OnSessionEstablished(cl, pk)
 	connected = true
 	return nil
+}
+
+// abandonConnect ends a connection whose session was established
+// (OnSessionEstablish, inheritClientSession) but whose CONNACK or resent
+// messages could not be written: a client that gave up waiting. keel patch:
+// the hooks hear of its end as of any other (OnDisconnect), and a clean
+// session goes, as it would after its read loop; without this, what the
+// hooks set up for the connection stayed for good.
+func (s *Server) abandonConnect(cl *Client, err error) {
+	cl.Stop(err)
+	expire := (cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryInterval == 0) || (cl.Properties.ProtocolVersion < 5 && cl.Properties.Clean)
+	s.hooks.OnDisconnect(cl, err, expire)
+	if expire && !cl.IsTakenOver() {
+		cl.ClearInflights()
+		s.UnsubscribeClient(cl)
+		if existing, ok := s.Clients.Get(cl.ID); ok && existing == cl {
+			s.Clients.Delete(cl.ID)
+		}
+	}
 }
 
 // serveClient reads a connected client's packets until its connection ends,

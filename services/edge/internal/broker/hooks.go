@@ -356,6 +356,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		return // refused before the session was established
 	}
 	c := v.(*conn)
+	// A connection that ended before it was bound (its CONNACK could not be
+	// written) leaves no claim in flight: relays would wait on it.
+	b.dropGuard(cl.ID, c.guard)
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -172,3 +173,37 @@ func TestBroker_ResubscribeDuringRouteAddAddsItsOwn(t *testing.T) {
 	}
 }
 
+// A client that gives up before its CONNACK could be written leaves
+// nothing of its connection behind: no claim in flight (relays for the
+// session would be refused for good), no connection record, and a clean
+// session ends with its routes.
+func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	claimed, answer := make(chan struct{}), make(chan struct{})
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Ownership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
+			if clientID == "gives-up" {
+				close(claimed)
+				<-answer
+			}
+			return 7, "", nil
+		}}})
+
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, ClientIdentifier: "gives-up", Keepalive: 30}})
+	<-claimed
+	// Reset, so that the CONNACK write fails rather than fill a buffer.
+	require.NoError(t, c.Conn.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, c.Conn.Close())
+	time.Sleep(100 * time.Millisecond)
+	close(answer)
+
+	id := b.mustScope(t, "default").ClientID("gives-up")
+	require.Eventually(t, func() bool {
+		conns := 0
+		b.conns.Range(func(any, any) bool { conns++; return true })
+		return conns == 0 && !b.connecting(id, 7) && b.session(id) == nil
+	}, 5*time.Second, 10*time.Millisecond, "the connection, its claim and its clean session are gone")
+}
