@@ -119,6 +119,8 @@ type conn struct {
 	// goroutine too.
 	will      atomic.Pointer[Message]
 	willDelay uint32
+	// established: OnSessionEstablished ran (the CONNACK was written).
+	established atomic.Bool
 	// record is the session record stored for this connection while it
 	// holds a will, nil if none.
 	record *durable.Session

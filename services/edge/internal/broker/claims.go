@@ -141,9 +141,9 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
-			owner := b.relayFenced(s)
+			owner, epoch := b.relayFenced(s)
 			b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s})
-			b.relayedUntilNow(s.id, owner)
+			b.relayedUntilNow(s.id, owner, epoch)
 		}
 	}()
 	return true
@@ -158,11 +158,11 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 // store them. Without an owner to name, they find no session here once
 // the copy is gone. It returns the owner, "" when the session is still
 // this edge's or no owner was found; once the copy's routes are gone, the
-// caller calls relayedUntilNow with it.
-func (b *Broker) relayFenced(s *session) (owner string) {
+// caller calls relayedUntilNow with it and its epoch.
+func (b *Broker) relayFenced(s *session) (owner string, epoch uint64) {
 	lookup, ok := b.cluster.Ownership.(OwnerLookup)
 	if !ok {
-		return ""
+		return "", 0
 	}
 	clientID, _ := s.scope.ExternalClientID(s.id)
 	ctx, cancel := context.WithTimeout(b.stopped, 5*time.Second)
@@ -173,23 +173,23 @@ func (b *Broker) relayFenced(s *session) (owner string) {
 	s.mu.Unlock()
 	if err != nil {
 		b.logger.Warn("fenced session's owner not found; messages routed to its copy here are not relayed", "client_id", s.id, "error", err)
-		return ""
+		return "", 0
 	}
 	if owner == "" || owner == b.cfg.EdgeID || epoch <= mine {
 		b.logger.Debug("session not claimed by another edge; nothing relayed", "client_id", s.id, "owner", owner, "epoch", epoch)
-		return ""
+		return "", 0
 	}
 	b.handed.add(s, time.Now(), owner, epoch)
 	b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
-	return owner
+	return owner, epoch
 }
 
 // relayedUntilNow relays to owner what entered the cluster until now for
 // the fenced copy of id that relayFenced named it for: the copy's routes,
 // gone only now, drew messages here until then, later than the newer
 // owner's claim.
-func (b *Broker) relayedUntilNow(id, owner string) {
+func (b *Broker) relayedUntilNow(id, owner string, epoch uint64) {
 	if owner != "" {
-		b.handed.extend(id, owner, time.Now())
+		b.handed.extend(id, owner, epoch, time.Now())
 	}
 }

@@ -143,19 +143,19 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 }
 
 // extend moves the cutoff of the remembered entries of session, handed to
-// edge to, to at (plus the skew) if that is later.
-func (h *handedOver) extend(session, to string, at time.Time) {
+// edge to under epoch, to at (plus the skew) if that is later.
+func (h *handedOver) extend(session, to string, epoch uint64, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.extendLocked(session, to, 0, at.Add(handoverSkew).UnixNano())
+	h.extendLocked(session, to, epoch, at.Add(handoverSkew).UnixNano())
 }
 
-// extendLocked is extend for the entries under epoch (any, given 0), and
-// reports whether there were any. h.mu must be held.
+// extendLocked is extend given the cutoff, and reports whether there were
+// any such entries. h.mu must be held.
 func (h *handedOver) extendLocked(session, to string, epoch uint64, cutoff int64) bool {
 	found := false
 	for _, e := range h.bySession[session+"\x00"+to] {
-		if epoch == 0 || e.target.Epoch == epoch {
+		if e.target.Epoch == epoch {
 			found = true
 			e.cutoff = max(e.cutoff, cutoff)
 		}

@@ -297,6 +297,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	if c == nil {
 		return
 	}
+	c.established.Store(true)
 	// Bound under the guard: a takeover from another edge either marked it
 	// before (this connection goes now) or finds the session bound after.
 	g := c.guard
@@ -381,6 +382,13 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	b.m.disconnects.WithLabelValues(reason).Inc()
 	if c.superseded.Load() {
 		return // it never held the session: another edge does
+	}
+	if !c.established.Load() {
+		// Its CONNACK was never written (the client gave up, or the
+		// session was not stored): it never held the session, which a
+		// newer connection may be taking on now. Its will stays with the
+		// stored record, which the session's next claim reads.
+		return
 	}
 	s := b.session(cl.ID)
 	if s != nil {

@@ -20,18 +20,20 @@ import (
 // is matched by one Remove. A Remove of a count nobody holds would, at the
 // real route client, take another session's count of the same filter.
 type countingRoutes struct {
-	mu      sync.Mutex
-	counts  map[string]int
-	calls   map[string]int
-	unheld  int // Removes of a count not held
-	entered chan string
+	mu       sync.Mutex
+	counts   map[string]int
+	calls    map[string]int
+	unheld   int // Removes of a count not held
+	entered  chan string
+	returned chan string
 	// answer, given a filter and which Add of it this is (from 1), says
 	// what to wait for before answering (nil: nothing) and the answer.
 	answer func(filter string, call int) (wait <-chan struct{}, err error)
 }
 
 func newCountingRoutes(answer func(string, int) (<-chan struct{}, error)) *countingRoutes {
-	return &countingRoutes{counts: map[string]int{}, calls: map[string]int{}, entered: make(chan string, 64), answer: answer}
+	return &countingRoutes{counts: map[string]int{}, calls: map[string]int{}, entered: make(chan string, 64),
+		returned: make(chan string, 64), answer: answer}
 }
 
 func (r *countingRoutes) Add(_ context.Context, _, filter, _ string) error {
@@ -44,12 +46,12 @@ func (r *countingRoutes) Add(_ context.Context, _, filter, _ string) error {
 	if wait != nil {
 		<-wait
 	}
-	if errors.Is(err, ErrRouteRefused) {
-		return err
+	if !errors.Is(err, ErrRouteRefused) {
+		r.mu.Lock()
+		r.counts[filter]++
+		r.mu.Unlock()
 	}
-	r.mu.Lock()
-	r.counts[filter]++
-	r.mu.Unlock()
+	r.returned <- filter
 	return err
 }
 
@@ -71,8 +73,18 @@ func (r *countingRoutes) state(filter string) (count, unheld int) {
 
 func (r *countingRoutes) waitEntered(t *testing.T, filter string) {
 	t.Helper()
+	waitFor(t, r.entered, filter)
+}
+
+func (r *countingRoutes) waitReturned(t *testing.T, filter string) {
+	t.Helper()
+	waitFor(t, r.returned, filter)
+}
+
+func waitFor(t *testing.T, ch chan string, filter string) {
+	t.Helper()
 	select {
-	case f := <-r.entered:
+	case f := <-ch:
 		require.Equal(t, filter, f)
 	case <-time.After(5 * time.Second):
 		t.Fatalf("no Add of %s", filter)
@@ -112,6 +124,7 @@ func TestBroker_SessionEndDuringRouteAddRemovesItOnce(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 
 	open()
+	routes.waitReturned(t, "ending/x")
 	require.Eventually(t, func() bool { n, _ := routes.state("ending/x"); return n == 0 }, 5*time.Second, 10*time.Millisecond,
 		"the ended session's route is given back")
 	n, unheld := routes.state("ending/x")
@@ -151,13 +164,15 @@ func TestBroker_ResubscribeDuringRouteAddAddsItsOwn(t *testing.T) {
 			ack := newer.Subscribe(1, "again/x", 1)
 			require.Equal(t, []byte{1}, ack.ReasonCodes)
 			routes.waitEntered(t, "again/x")
+			routes.waitReturned(t, "again/x")
 
 			open()
+			routes.waitReturned(t, "again/x")
+			// The earlier adder gives its count back after its Add returned.
 			require.Eventually(t, func() bool {
 				n, _ := routes.state("again/x")
 				return n == 1
 			}, 5*time.Second, 10*time.Millisecond)
-			time.Sleep(100 * time.Millisecond) // a wrong removal has its time to come
 			n, unheld := routes.state("again/x")
 			require.Equal(t, 1, n, "the granted subscription's route is counted once")
 			require.Zero(t, unheld)
@@ -175,8 +190,7 @@ func TestBroker_ResubscribeDuringRouteAddAddsItsOwn(t *testing.T) {
 
 // A client that gives up before its CONNACK could be written leaves
 // nothing of its connection behind: no claim in flight (relays for the
-// session would be refused for good), no connection record, and a clean
-// session ends with its routes.
+// session would be refused for good) and no connection record.
 func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
@@ -204,6 +218,50 @@ func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
 	require.Eventually(t, func() bool {
 		conns := 0
 		b.conns.Range(func(any, any) bool { conns++; return true })
-		return conns == 0 && !b.connecting(id, 7) && b.session(id) == nil
-	}, 5*time.Second, 10*time.Millisecond, "the connection, its claim and its clean session are gone")
+		return conns == 0 && !b.connecting(id, 7)
+	}, 5*time.Second, 10*time.Millisecond, "the connection and its claim are gone")
+}
+
+// A newer SUBSCRIBE that fails does not put back a subscription it
+// replaced while that one's route was still being added: its adder gave
+// the count back on finding it replaced, and put back it would be in
+// force with no route.
+func TestBroker_FailedResubscribeKeepsNoUnroutedSubscription(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	first, second := make(chan struct{}), make(chan struct{})
+	openFirst, openSecond := sync.OnceFunc(func() { close(first) }), sync.OnceFunc(func() { close(second) })
+	t.Cleanup(openFirst)
+	t.Cleanup(openSecond)
+	routes := newCountingRoutes(func(_ string, call int) (<-chan struct{}, error) {
+		if call == 1 {
+			return first, nil
+		}
+		return second, fmt.Errorf("%w: injected", ErrRouteRefused)
+	})
+	b.SetCluster(Cluster{Routes: routes})
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("undone", false, persistentSession)
+	sendSubscribe(old, 1, "undone/x")
+	routes.waitEntered(t, "undone/x")
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("undone", false, persistentSession)
+	sendSubscribe(newer, 1, "undone/x")
+	routes.waitEntered(t, "undone/x")
+
+	openFirst() // the older Add returns and finds its subscription replaced
+	routes.waitReturned(t, "undone/x")
+	require.Eventually(t, func() bool { n, _ := routes.state("undone/x"); return n == 0 }, 5*time.Second, 10*time.Millisecond)
+	openSecond() // the newer one is refused
+	ack := newer.Expect(packets.Suback)
+	require.Equal(t, []byte{packets.ErrUnspecifiedError.Code}, ack.ReasonCodes)
+
+	s := b.session(b.mustScope(t, "default").ClientID("undone"))
+	require.NotNil(t, s)
+	require.Zero(t, s.nsubs.Load(), "no subscription without a route is left in force")
+	require.Zero(t, b.index.count.Load())
+	n, unheld := routes.state("undone/x")
+	require.Zero(t, n)
+	require.Zero(t, unheld)
 }

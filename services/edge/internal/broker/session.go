@@ -1160,17 +1160,23 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 	if old != nil {
 		s.b.index.remove(old) // [MQTT-3.8.4-3]: a repeated filter replaces the old one
 	}
-	s.b.index.add(sub)
-	// undo takes sub back, and gives back the count it holds, if any (a
-	// session that ended meanwhile removed the others).
-	undo := func(ctx context.Context) {
+	// Into the index, then checked: whatever took sub out of the session
+	// meanwhile (its end, an UNSUBSCRIBE or a SUBSCRIBE of a newer
+	// connection) took it out of the index before sub was in it.
+	if !s.indexHeld(sub) {
+		return nil, nil
+	}
+	// undo takes sub back. Only a subscription whose count sub took over is
+	// put back in its place: one whose own Add was still out when sub
+	// replaced it is given up by its adder, which may have done so already.
+	// It reports whether it put the old subscription back.
+	undo := func(ctx context.Context) (restored bool) {
 		s.mu.Lock()
 		if s.subs[sub.full] == sub {
-			if old != nil {
+			if inherited {
 				s.subs[sub.full] = old
-				if inherited {
-					old.counted.Store(sub.counted.Swap(false))
-				}
+				old.counted.Store(sub.counted.Swap(false))
+				restored = true
 			} else {
 				delete(s.subs, sub.full)
 			}
@@ -1178,12 +1184,13 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		}
 		s.mu.Unlock()
 		s.b.index.remove(sub)
-		if old != nil && s.holds(old) {
-			s.b.index.add(old)
+		if restored {
+			restored = s.indexHeld(old)
 		}
 		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
+		return restored
 	}
 	if !inherited {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
@@ -1191,12 +1198,13 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			if !errors.Is(err, ErrRouteRefused) {
-				// Counted though not confirmed: it goes as it came, without
-				// waiting for a router that did not answer in time.
-				sub.counted.Store(true)
-			}
 			undo(cancelled)
+			if !errors.Is(err, ErrRouteRefused) {
+				// Counted though not confirmed, and held by no one else
+				// (its flag was never set): it goes as it came, without
+				// waiting for a router that did not answer in time.
+				_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+			}
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
@@ -1217,12 +1225,25 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
 		cancel()
 		if err != nil {
-			undo(context.Background())
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
-			return old, fmt.Errorf("%w: %w", errSubNotStored, err)
+			if undo(context.Background()) {
+				return old, fmt.Errorf("%w: %w", errSubNotStored, err)
+			}
+			return nil, fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
 	return nil, nil
+}
+
+// indexHeld puts sub in the index and reports whether the session still
+// holds it; one it no longer holds leaves the index again.
+func (s *session) indexHeld(sub *subscription) bool {
+	s.b.index.add(sub)
+	if s.holds(sub) {
+		return true
+	}
+	s.b.index.remove(sub)
+	return false
 }
 
 // holds reports whether sub is the session's subscription of its filter.
@@ -1278,9 +1299,9 @@ func (s *session) outsideFilter(sub *subscription) string {
 	return ext
 }
 
+// groupName is sub's share group name, "" for a plain subscription. It is
+// read from the filter, not from sub.group, which the index sets.
 func groupName(sub *subscription) string {
-	if sub.group == nil {
-		return ""
-	}
-	return sub.group.name
+	group, _, _, _ := parseShare(sub.full)
+	return group
 }

@@ -563,9 +563,9 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 			// they were published, may not have them. So they go to it, as
 			// if the copy had been handed over. The coordinator says
 			// whether there is such an owner.
-			owner := b.relayFenced(s)
+			owner, ownerEpoch := b.relayFenced(s)
 			b.forgetCopy(s, epoch)
-			b.relayedUntilNow(s.id, owner)
+			b.relayedUntilNow(s.id, owner, ownerEpoch)
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
