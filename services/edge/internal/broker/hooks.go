@@ -385,9 +385,12 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	if !c.established.Load() {
 		// Its CONNACK was never written (the client gave up, or the
-		// session was not stored): it never held the session, which a
-		// newer connection may be taking on now. Its will stays with the
-		// stored record, which the session's next claim reads.
+		// session was not stored). Its will stays with the stored record,
+		// which the session's next claim reads; published here as well,
+		// it would go out twice.
+		if expire && !cl.IsTakenOver() {
+			b.endAbandoned(cl, c)
+		}
 		return
 	}
 	s := b.session(cl.ID)
@@ -416,6 +419,32 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	if expire && !cl.IsTakenOver() {
 		b.endSession(cl.ID, cl)
+	}
+}
+
+// endAbandoned ends the copy of a session that expires with the
+// connection, claimed for it but never bound to it: nothing else would
+// (mochi forgets the client). A copy is bound with its claim's epoch, so
+// one under a later epoch is a newer claim's; a newer claim still on its
+// way to binding (behind the claim lock, or past it with its guard up) is
+// left its copy too.
+func (b *Broker) endAbandoned(cl *mqtt.Client, c *conn) {
+	ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
+	defer cancel()
+	unlock, err := b.claiming.lock(ctx, cl.ID)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	s := b.session(cl.ID)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	mine := s.client == nil && s.epoch <= c.epoch
+	s.mu.Unlock()
+	if mine && !b.connecting(cl.ID, c.epoch) {
+		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, only: s})
 	}
 }
 
@@ -763,11 +792,19 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 		if f.Identifier > 0 {
 			sub.ids = []int{f.Identifier}
 		}
-		if group, inner, shared, _ := topic.ParseShare(f.Filter); shared {
+		group, inner, shared, _ := topic.ParseShare(f.Filter)
+		if shared {
 			sub.filter = inner
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
 		if kept, err := s.addSub(sub, b.cfg.MaxSubscriptions); err != nil {
+			if errors.Is(err, errSubSuperseded) {
+				// A newer connection of the session holds what stands
+				// now: neither its subscription nor mochi's is this
+				// connection's to touch.
+				refuse(i, packets.ErrUnspecifiedError.Code)
+				continue
+			}
 			if kept != nil {
 				// The subscription it would have replaced stays, in mochi too.
 				pk := kept.packet()
@@ -797,7 +834,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			continue
 		}
 		existed := i < len(c.existed) && c.existed[i]
-		if sub.group != nil || f.RetainHandling == 2 || (f.RetainHandling == 1 && existed) {
+		if shared || f.RetainHandling == 2 || (f.RetainHandling == 1 && existed) {
 			continue // [MQTT-3.3.1-10] [MQTT-3.3.1-11]; no retained for shares (§4.8.2)
 		}
 		now := time.Now().Unix()

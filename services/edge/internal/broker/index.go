@@ -53,13 +53,31 @@ func newIndex() *index {
 func (x *index) add(s *subscription) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.addLocked(s)
+}
+
+// addIfHeld adds s if held(), asked under the index's lock, says its
+// session holds it, and reports whether it did. Whatever takes s out of its
+// session removes it from the index afterwards, so s is never left in the
+// index for a session that let it go. held takes the session's lock (index
+// before session).
+func (x *index) addIfHeld(s *subscription, held func() bool) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !held() {
+		return false
+	}
+	x.addLocked(s)
+	return true
+}
+
+func (x *index) addLocked(s *subscription) {
 	if s.group == nil {
 		if x.subs.Add(s.filter, s) {
 			x.count.Add(1)
 		}
 		return
 	}
-	x.count.Add(1)
 	key := s.group.name + "\x00" + s.filter
 	g := x.byKey[key]
 	if g == nil {
@@ -68,6 +86,10 @@ func (x *index) add(s *subscription) {
 		x.groups.Add(s.filter, g)
 	}
 	s.group = g
+	if slices.Contains(g.members, s) {
+		return // added already
+	}
+	x.count.Add(1)
 	g.members = append(g.members, s)
 }
 

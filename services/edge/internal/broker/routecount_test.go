@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,36 +191,54 @@ func TestBroker_ResubscribeDuringRouteAddAddsItsOwn(t *testing.T) {
 
 // A client that gives up before its CONNACK could be written leaves
 // nothing of its connection behind: no claim in flight (relays for the
-// session would be refused for good) and no connection record.
+// session would be refused for good), no connection record, and no copy
+// of a session that ends with the connection, also one it resumed.
 func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
-	t.Parallel()
-	b, addr := startBroker(t, nil)
-	claimed, answer := make(chan struct{}), make(chan struct{})
-	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
-		Ownership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
-			if clientID == "gives-up" {
-				close(claimed)
-				<-answer
+	for _, resumes := range []bool{false, true} {
+		t.Run(fmt.Sprintf("resumes=%v", resumes), func(t *testing.T) {
+			t.Parallel()
+			b, addr := startBroker(t, nil)
+			claimed, answer := make(chan struct{}), make(chan struct{})
+			var epochs atomic.Uint64
+			var gate atomic.Bool
+			b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+				Ownership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
+					if gate.Load() {
+						close(claimed)
+						<-answer
+					}
+					return epochs.Add(1), "", nil
+				}}})
+			id := b.mustScope(t, "default").ClientID("gives-up")
+			if resumes {
+				// A persistent session, offline here.
+				first := mqtttest.Dial(t, addr, 5)
+				first.Connect("gives-up", false, persistentSession)
+				first.Subscribe(1, "gives-up/#", 1)
+				first.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+				require.Eventually(t, func() bool { s := b.session(id); return s != nil && !s.online.Load() }, 5*time.Second, 10*time.Millisecond)
 			}
-			return 7, "", nil
-		}}})
+			gate.Store(true)
 
-	c := mqtttest.Dial(t, addr, 5)
-	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
-		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, ClientIdentifier: "gives-up", Keepalive: 30}})
-	<-claimed
-	// Reset, so that the CONNACK write fails rather than fill a buffer.
-	require.NoError(t, c.Conn.(*net.TCPConn).SetLinger(0))
-	require.NoError(t, c.Conn.Close())
-	time.Sleep(100 * time.Millisecond)
-	close(answer)
+			// Resumed with no expiry, the session ends with this connection.
+			c := mqtttest.Dial(t, addr, 5)
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+				Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: !resumes, ClientIdentifier: "gives-up", Keepalive: 30}})
+			<-claimed
+			// Reset, so that the CONNACK write fails rather than fill a buffer.
+			require.NoError(t, c.Conn.(*net.TCPConn).SetLinger(0))
+			require.NoError(t, c.Conn.Close())
+			time.Sleep(100 * time.Millisecond)
+			close(answer)
 
-	id := b.mustScope(t, "default").ClientID("gives-up")
-	require.Eventually(t, func() bool {
-		conns := 0
-		b.conns.Range(func(any, any) bool { conns++; return true })
-		return conns == 0 && !b.connecting(id, 7)
-	}, 5*time.Second, 10*time.Millisecond, "the connection and its claim are gone")
+			require.Eventually(t, func() bool {
+				conns := 0
+				b.conns.Range(func(any, any) bool { conns++; return true })
+				return conns == 0 && !b.connecting(id, epochs.Load()) && b.session(id) == nil
+			}, 5*time.Second, 10*time.Millisecond, "the connection, its claim and the session are gone")
+			require.Zero(t, b.index.count.Load())
+		})
+	}
 }
 
 // A newer SUBSCRIBE that fails does not put back a subscription it

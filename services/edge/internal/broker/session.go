@@ -1122,13 +1122,19 @@ var (
 	errSubNotRouted    = errors.New("route not registered")
 	errSubNotStored    = errors.New("subscription not stored")
 	errSubSessionEnded = errors.New("session ended")
+	// errSubSuperseded: granted, but replaced or ended meanwhile (by a
+	// newer connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end):
+	// the session holds something else now, which is not this SUBACK's to
+	// touch.
+	errSubSuperseded = errors.New("subscription superseded")
 )
 
 // addSub adds or replaces a subscription of the session. It refuses a new
 // filter beyond max subscriptions, one whose route the cluster did not
-// take, and for a durable session one the store did not keep; a refused
-// replacement leaves the subscription it would have replaced in force, and
-// returns it (kept).
+// take, and for a durable session one the store did not keep. A refused
+// replacement puts back the subscription it replaced when it had taken
+// over that one's route, and returns it (kept); one whose own route was
+// still being added is not put back (its adder gives the route up).
 //
 // The subscription matches this edge's publishes from the moment it is read,
 // before its route and its durable record are in place: the server may send
@@ -1164,7 +1170,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 	// meanwhile (its end, an UNSUBSCRIBE or a SUBSCRIBE of a newer
 	// connection) took it out of the index before sub was in it.
 	if !s.indexHeld(sub) {
-		return nil, nil
+		return nil, errSubSuperseded
 	}
 	// undo takes sub back. Only a subscription whose count sub took over is
 	// put back in its place: one whose own Add was still out when sub
@@ -1208,14 +1214,11 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
-		sub.counted.Store(true)
-		if !s.holds(sub) {
+		if !s.routeCounted(sub) {
 			// Granted, and meanwhile replaced or ended (by a newer
-			// connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end):
-			// nothing else gives this count back.
+			// connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end).
 			s.b.index.remove(sub)
-			_ = s.dropRoute(cancelled, sub)
-			return nil, nil
+			return nil, errSubSuperseded
 		}
 	}
 	if isDurable {
@@ -1235,15 +1238,10 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 	return nil, nil
 }
 
-// indexHeld puts sub in the index and reports whether the session still
-// holds it; one it no longer holds leaves the index again.
+// indexHeld puts sub in the index if the session still holds it, and
+// reports whether it did.
 func (s *session) indexHeld(sub *subscription) bool {
-	s.b.index.add(sub)
-	if s.holds(sub) {
-		return true
-	}
-	s.b.index.remove(sub)
-	return false
+	return s.b.index.addIfHeld(sub, func() bool { return s.holds(sub) })
 }
 
 // holds reports whether sub is the session's subscription of its filter.
@@ -1254,13 +1252,20 @@ func (s *session) holds(sub *subscription) bool {
 }
 
 // routeCounted records that an Add counted sub's route (it returned, or
-// failed other than refused). A subscription the session let go meanwhile
-// gives the count back at once.
-func (s *session) routeCounted(sub *subscription) {
-	sub.counted.Store(true)
-	if !s.holds(sub) {
-		_ = s.dropRoute(cancelled, sub)
+// failed other than refused), and reports whether the session still holds
+// sub. The flag is set only while it does, under the session's lock, so
+// that a replacement inherits only a count its adder saw held; one the
+// session let go meanwhile gives its count back at once, here.
+func (s *session) routeCounted(sub *subscription) (held bool) {
+	s.mu.Lock()
+	if held = s.subs[sub.full] == sub; held {
+		sub.counted.Store(true)
 	}
+	s.mu.Unlock()
+	if !held {
+		_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+	}
+	return held
 }
 
 // dropRoute removes sub's route count, if sub still holds it: every place
