@@ -440,11 +440,22 @@ func (b *Broker) endAbandoned(cl *mqtt.Client, c *conn) {
 	if s == nil {
 		return
 	}
+	if b.connecting(cl.ID, c.epoch) {
+		return
+	}
 	s.mu.Lock()
-	mine := s.client == nil && s.epoch <= c.epoch
+	// A copy being handed to another edge goes on there.
+	mine := s.client == nil && s.epoch <= c.epoch && s.moving == nil
+	if mine {
+		// Ended under this connection's claim, the one the coordinator
+		// holds, which the end gives back.
+		s.epoch = c.epoch
+	}
 	s.mu.Unlock()
-	if mine && !b.connecting(cl.ID, c.epoch) {
-		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, only: s})
+	if mine {
+		// Not waiting on the router under the claim lock: the client that
+		// gave up is likely connecting again.
+		b.endSessionRoutes(cancelled, cl.ID, endWhich{cl: cl, only: s})
 	}
 }
 

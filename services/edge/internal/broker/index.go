@@ -85,10 +85,10 @@ func (x *index) addLocked(s *subscription) {
 		x.byKey[key] = g
 		x.groups.Add(s.filter, g)
 	}
-	s.group = g
 	if slices.Contains(g.members, s) {
 		return // added already
 	}
+	s.group = g
 	x.count.Add(1)
 	g.members = append(g.members, s)
 }
