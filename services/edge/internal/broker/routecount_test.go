@@ -201,14 +201,14 @@ func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
 			claimed, answer := make(chan struct{}), make(chan struct{})
 			var epochs atomic.Uint64
 			var gate atomic.Bool
-			b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
-				Ownership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
-					if gate.Load() {
-						close(claimed)
-						<-answer
-					}
-					return epochs.Add(1), "", nil
-				}}})
+			own := &releaseRecorder{fakeOwnership: fakeOwnership{claim: func(_, clientID string) (uint64, string, error) {
+				if gate.Load() {
+					close(claimed)
+					<-answer
+				}
+				return epochs.Add(1), "", nil
+			}}, released: make(chan uint64, 8)}
+			b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Ownership: own})
 			id := b.mustScope(t, "default").ClientID("gives-up")
 			if resumes {
 				// A persistent session, offline here.
@@ -217,6 +217,7 @@ func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
 				first.Subscribe(1, "gives-up/#", 1)
 				first.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
 				require.Eventually(t, func() bool { s := b.session(id); return s != nil && !s.online.Load() }, 5*time.Second, 10*time.Millisecond)
+				require.Empty(t, own.released, "a persistent session stays claimed")
 			}
 			gate.Store(true)
 
@@ -237,6 +238,14 @@ func TestBroker_ConnackNotWrittenLeavesNoConnection(t *testing.T) {
 				return conns == 0 && !b.connecting(id, epochs.Load()) && b.session(id) == nil
 			}, 5*time.Second, 10*time.Millisecond, "the connection, its claim and the session are gone")
 			require.Zero(t, b.index.count.Load())
+			if resumes {
+				select {
+				case e := <-own.released:
+					require.Equal(t, epochs.Load(), e, "given back under the claim the coordinator holds")
+				case <-time.After(5 * time.Second):
+					t.Fatal("the ended session's claim was not given back")
+				}
+			}
 		})
 	}
 }
@@ -283,4 +292,15 @@ func TestBroker_FailedResubscribeKeepsNoUnroutedSubscription(t *testing.T) {
 	n, unheld := routes.state("undone/x")
 	require.Zero(t, n)
 	require.Zero(t, unheld)
+}
+
+// releaseRecorder is fakeOwnership that reports the epochs released.
+type releaseRecorder struct {
+	fakeOwnership
+	released chan uint64
+}
+
+func (r *releaseRecorder) Release(_ context.Context, _, _ string, epoch uint64) error {
+	r.released <- epoch
+	return nil
 }
