@@ -141,9 +141,7 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
-			owner, epoch := b.relayFenced(s)
-			b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s})
-			b.relayedUntilNow(s.id, owner, epoch)
+			b.relayFenced(s, func() { b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s}) })
 		}
 	}()
 	return true
@@ -156,10 +154,24 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 // went to an edge that did not know the session was here), so it may not
 // have been routed to when they were published, and this copy cannot
 // store them. Without an owner to name, they find no session here once
-// the copy is gone. It returns the owner, "" when the session is still
-// this edge's or no owner was found; once the copy's routes are gone, the
-// caller calls relayedUntilNow with it and its epoch.
-func (b *Broker) relayFenced(s *session) (owner string, epoch uint64) {
+// the copy is gone. forget ends the copy, taking its routes; what entered
+// the cluster until then is relayed too, since those routes drew it here
+// later than the newer owner's claim.
+func (b *Broker) relayFenced(s *session, forget func()) {
+	owner, epoch := b.fencedOwner(s)
+	if owner != "" {
+		b.handed.add(s, time.Now(), owner, epoch)
+		b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
+	}
+	forget()
+	if owner != "" {
+		b.handed.extend(s.id, owner, epoch, time.Now())
+	}
+}
+
+// fencedOwner is the edge that owns fenced copy s's session at the
+// coordinator under a newer claim, "" if none (or none found).
+func (b *Broker) fencedOwner(s *session) (owner string, epoch uint64) {
 	lookup, ok := b.cluster.Ownership.(OwnerLookup)
 	if !ok {
 		return "", 0
@@ -179,17 +191,5 @@ func (b *Broker) relayFenced(s *session) (owner string, epoch uint64) {
 		b.logger.Debug("session not claimed by another edge; nothing relayed", "client_id", s.id, "owner", owner, "epoch", epoch)
 		return "", 0
 	}
-	b.handed.add(s, time.Now(), owner, epoch)
-	b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
 	return owner, epoch
-}
-
-// relayedUntilNow relays to owner what entered the cluster until now for
-// the fenced copy of id that relayFenced named it for: the copy's routes,
-// gone only now, drew messages here until then, later than the newer
-// owner's claim.
-func (b *Broker) relayedUntilNow(id, owner string, epoch uint64) {
-	if owner != "" {
-		b.handed.extend(id, owner, epoch, time.Now())
-	}
 }

@@ -63,13 +63,16 @@ type handedOver struct {
 	mu      sync.Mutex
 	subs    topic.Trie[*handedSub] // guarded by mu
 	entries []*handedSub           // in the order added, so by expiry; guarded by mu
-	// bySession holds the entries of entries by session and new owner
-	// (session + "\x00" + to); guarded by mu.
-	bySession map[string][]*handedSub
+	// bySession holds the entries of entries by session and new owner;
+	// guarded by mu.
+	bySession map[handedKey][]*handedSub
 	// latest is the latest cutoff of a remembered entry (unix nano), 0
 	// when none is: a message that entered after it is not looked up.
 	latest atomic.Int64
 }
+
+// handedKey names the entries of one session handed to one edge.
+type handedKey struct{ session, to string }
 
 // handedSub is one subscription of a handed-over session.
 type handedSub struct {
@@ -130,12 +133,13 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 		return // remembered already (a fenced copy is named twice)
 	}
 	if h.bySession == nil {
-		h.bySession = map[string][]*handedSub{}
+		h.bySession = map[handedKey][]*handedSub{}
 	}
 	for _, e := range subs {
 		h.subs.Add(e.filter, e)
 		h.entries = append(h.entries, e)
-		h.bySession[e.session+"\x00"+e.to] = append(h.bySession[e.session+"\x00"+e.to], e)
+		k := handedKey{e.session, e.to}
+		h.bySession[k] = append(h.bySession[k], e)
 	}
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
@@ -154,7 +158,7 @@ func (h *handedOver) extend(session, to string, epoch uint64, at time.Time) {
 // any such entries. h.mu must be held.
 func (h *handedOver) extendLocked(session, to string, epoch uint64, cutoff int64) bool {
 	found := false
-	for _, e := range h.bySession[session+"\x00"+to] {
+	for _, e := range h.bySession[handedKey{session, to}] {
 		if e.target.Epoch == epoch {
 			found = true
 			e.cutoff = max(e.cutoff, cutoff)
@@ -225,7 +229,7 @@ func (h *handedOver) pruneLocked(now time.Time) {
 	for n < len(h.entries) && !now.Before(h.entries[n].expires) {
 		e := h.entries[n]
 		h.subs.Remove(e.filter, e)
-		key := e.session + "\x00" + e.to
+		key := handedKey{e.session, e.to}
 		if rest := slices.DeleteFunc(h.bySession[key], func(x *handedSub) bool { return x == e }); len(rest) > 0 {
 			h.bySession[key] = rest
 		} else {

@@ -1209,7 +1209,7 @@ func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, er
 				// Counted though not confirmed, and held by no one else
 				// (its flag was never set): it goes as it came, without
 				// waiting for a router that did not answer in time.
-				_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+				_ = s.removeRoute(cancelled, sub)
 			}
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
 			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
@@ -1263,7 +1263,7 @@ func (s *session) routeCounted(sub *subscription) (held bool) {
 	}
 	s.mu.Unlock()
 	if !held {
-		_ = s.b.cluster.Routes.Remove(cancelled, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
+		_ = s.removeRoute(cancelled, sub)
 	}
 	return held
 }
@@ -1274,6 +1274,11 @@ func (s *session) dropRoute(ctx context.Context, sub *subscription) error {
 	if !sub.counted.Swap(false) {
 		return nil
 	}
+	return s.removeRoute(ctx, sub)
+}
+
+// removeRoute removes one count of sub's route; the caller holds it.
+func (s *session) removeRoute(ctx context.Context, sub *subscription) error {
 	return s.b.cluster.Routes.Remove(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 }
 

@@ -563,9 +563,7 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 			// they were published, may not have them. So they go to it, as
 			// if the copy had been handed over. The coordinator says
 			// whether there is such an owner.
-			owner, ownerEpoch := b.relayFenced(s)
-			b.forgetCopy(s, epoch)
-			b.relayedUntilNow(s.id, owner, ownerEpoch)
+			b.relayFenced(s, func() { b.forgetCopy(s, epoch) })
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
