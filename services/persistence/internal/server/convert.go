@@ -165,11 +165,20 @@ func packetID(p uint32) (uint16, error) {
 // The MQTT 5 properties and publisher identity travel in Props as a
 // protobuf of the message without id, topic and payload.
 func (d decoder) message(m *commonv1.Message, tenant string) (*store.Message, error) {
+	return d.messageOf(m, tenant, nil, "")
+}
+
+// messageOf is message for a message whose msgID should be entry's (id in
+// the store's form): an append's entry and its message, where the ID is
+// checked once and its string made once.
+func (d decoder) messageOf(m *commonv1.Message, tenant string, entry *commonv1.MsgID, id string) (*store.Message, error) {
 	if m == nil {
 		return nil, invalid("message is required")
 	}
-	id, err := d.msgID(m.GetId())
-	if err != nil {
+	var err error
+	if mid := m.GetId(); entry != nil && mid.GetEdgeId() == entry.GetEdgeId() && mid.GetIncarnation() == entry.GetIncarnation() && mid.GetSeq() == entry.GetSeq() {
+		// The entry's ID, checked already.
+	} else if id, err = d.msgID(mid); err != nil {
 		return nil, err
 	}
 	if tenant != "" && m.GetTenant() != "" && m.GetTenant() != tenant {
@@ -188,12 +197,9 @@ func (d decoder) message(m *commonv1.Message, tenant string) (*store.Message, er
 	if m.GetPayloadFormat() > 1 {
 		return nil, invalid("payload_format %d", m.GetPayloadFormat())
 	}
-	props := &commonv1.Message{Tenant: m.GetTenant(), ClientId: m.GetClientId(), ContentType: m.GetContentType(),
-		ResponseTopic: m.GetResponseTopic(), CorrelationData: m.GetCorrelationData(), UserProperties: m.GetUserProperties(),
-		PayloadFormat: m.GetPayloadFormat(), MessageExpiryInterval: m.MessageExpiryInterval}
-	pb, err := proto.Marshal(props)
-	if err != nil {
-		return nil, invalid("properties: %v", err)
+	pb, ok := appendProps(nil, m)
+	if !ok {
+		return nil, invalid("properties: a string that is not UTF-8")
 	}
 	if len(pb) > d.lim.MaxProperties {
 		return nil, invalid("properties of %d bytes exceed %d", len(pb), d.lim.MaxProperties)
@@ -417,7 +423,7 @@ func (d decoder) op(w *persistencev1.WriteOp, o *store.Op) error {
 			if o.Entries[i], err = d.entry(a.GetEntries()[i], false); err != nil {
 				return fmt.Errorf("entry %d: %w", i, err)
 			}
-			if o.Messages[i], err = d.message(a.GetMessages()[i], k.Tenant); err != nil {
+			if o.Messages[i], err = d.messageOf(a.GetMessages()[i], k.Tenant, a.GetEntries()[i].GetMsgId(), o.Entries[i].MsgID); err != nil {
 				return fmt.Errorf("message %d: %w", i, err)
 			}
 			if o.Messages[i].ID != o.Entries[i].MsgID {

@@ -483,12 +483,13 @@ func TestServer_LoadDropsEntriesWhoseMessageIsGone(t *testing.T) {
 	// The bodies of 1 (queued) and 3 (in flight) expire.
 	rdb := g.Primary.Client()
 	for _, s := range []uint64{1, 3} {
-		require.NoError(t, rdb.Del(t.Context(), "m:"+MsgIDString(mid(s))).Err())
+		k, f := redisstore.BodyKey(MsgIDString(mid(s)))
+		require.NoError(t, rdb.HDel(t.Context(), k, f).Err())
 	}
 	st := load(t, ts.client)
 	require.Len(t, st.GetMessages(), 1)
 	testutil.Eventually(t, 5*time.Second, func() error {
-		ids, err := rdb.ZRange(t.Context(), store.SessionKey{Tenant: "acme", ClientID: "dev-1"}.Tag()+":q", 0, -1).Result()
+		ids, err := rdb.HKeys(t.Context(), store.SessionKey{Tenant: "acme", ClientID: "dev-1"}.Tag()+":qe").Result()
 		if err != nil {
 			return err
 		}

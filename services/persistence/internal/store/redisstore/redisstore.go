@@ -7,6 +7,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -187,6 +188,7 @@ func (s *Store) commitLoop() {
 	}()
 	answered := make(chan struct{})
 	close(answered)
+	var refusedLogged time.Time
 	for {
 		var first *op
 		select {
@@ -210,6 +212,26 @@ func (s *Store) commitLoop() {
 		}
 		if conn == nil {
 			conn = s.rdb.Conn()
+			if err := checkFormat(ctx, conn); err != nil {
+				// Nothing of the batch is written: a group of another
+				// format is an operator's to resolve, anything else is
+				// retried with a new connection.
+				if time.Since(refusedLogged) > 10*time.Second {
+					refusedLogged = time.Now()
+					level := slog.LevelWarn
+					if errors.Is(err, ErrFormat) {
+						level = slog.LevelError
+					}
+					s.logger.Log(ctx, level, "redis group refused", "error", err)
+				}
+				_ = conn.Close()
+				conns <- nil
+				<-answered // answers leave in commit order
+				for _, o := range batch {
+					o.result <- opResult{err: err}
+				}
+				continue
+			}
 			if err := loadScripts(ctx, conn); err != nil {
 				s.logger.Warn("loading scripts failed", "error", err)
 			}
@@ -245,8 +267,8 @@ type scriptCall struct {
 
 // Where the per-op arguments start, after the fence (and queue limits).
 const (
-	appendBody = 5 // epoch gepoch maxLen dropOldest tenantMax
-	fenceBody  = 2 // epoch gepoch
+	appendHead = 5 // epoch gepoch maxLen dropOldest tenantMax
+	fenceHead  = 2 // epoch gepoch
 )
 
 // merge folds the ops of a batch into script calls: a session's appends
@@ -304,16 +326,16 @@ func merge(batch []*op) []*scriptCall {
 			sessions[k] = st
 		}
 		var into **scriptCall
-		body := fenceBody
+		body := fenceHead
 		switch o.script {
 		case scriptAppend:
-			into, body = &st.append, appendBody
+			into, body = &st.append, appendHead
 		case scriptComplete:
 			into = &st.complete
 			st.completed = st.append != nil
 		case scriptSend:
-			if c := st.append; c != nil && !st.completed && sameArgs(c.args[:fenceBody], o.args[:fenceBody]) && sendsOnly(o.args, st.appended) {
-				c.args = append(append(c.args, sendMark), o.args[fenceBody:]...)
+			if c := st.append; c != nil && !st.completed && sameArgs(c.args[:fenceHead], o.args[:fenceHead]) && sendsOnly(o.args, st.appended) {
+				c.args = append(append(c.args, sendMark), o.args[fenceHead:]...)
 				c.wait = true
 				c.ops = append(c.ops, i)
 				st.append, st.complete = nil, nil
@@ -440,7 +462,7 @@ func (st *openCalls) noteAppended(segs []any) {
 // sendsOnly reports whether every entry of a send's arguments (fence, then
 // (msgID, packetID, entry, qos) quads) is one of appended.
 func sendsOnly(args []any, appended map[string]bool) bool {
-	for j := fenceBody; j < len(args); j += 4 {
+	for j := fenceHead; j < len(args); j += 4 {
 		id, _ := args[j].(string)
 		if !appended[id] {
 			return false
@@ -688,11 +710,11 @@ func parse(kind store.OpKind, v any, err error) store.OpResult {
 
 // keys are a session's keys, and tq its tenant's count of queued entries
 // (outside the hash tag: Redis Cluster is not used).
-type keys struct{ s, sub, q, qe, inf, in, took, tq string }
+type keys struct{ s, sub, ql, qe, inf, in, took, tq string }
 
 func keysOf(k store.SessionKey) keys {
 	t := k.Tag()
-	return keys{s: t + ":s", sub: t + ":sub", q: t + ":q", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took", tq: tenantQueuedKey(k.Tenant)}
+	return keys{s: t + ":s", sub: t + ":sub", ql: t + ":ql", qe: t + ":qe", inf: t + ":inf", in: t + ":in", took: t + ":took", tq: tenantQueuedKey(k.Tenant)}
 }
 
 func (s *Store) fenceArgs(f store.Fence) []any {
@@ -729,7 +751,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		}
 		o.script, o.keys, o.args = scriptPutSession, []string{ks.s}, append(fa, b)
 	case store.OpDeleteSession:
-		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took, ks.tq}, fa, false
+		o.script, o.keys, o.args, o.wait = scriptDeleteSession, []string{ks.s, ks.sub, ks.ql, ks.qe, ks.inf, ks.in, ks.took, ks.tq}, fa, false
 	case store.OpPutSubscription:
 		if so.Sub.Filter == "" {
 			return nil, fmt.Errorf("%w: empty filter", store.ErrInvalid)
@@ -749,28 +771,45 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		if so.Limits.DropOldest {
 			drop = "1"
 		}
-		args := append(fa, so.Limits.MaxLen, drop, so.Limits.TenantMax, len(so.Entries))
-		for i, e := range so.Entries {
+		args := make([]any, 0, appendHead+1+4*len(so.Entries))
+		args = append(args, fa[0], fa[1], so.Limits.MaxLen, drop, so.Limits.TenantMax, len(so.Entries))
+		// The entries and bodies of the op share one buffer.
+		size := 0
+		for i := range so.Entries {
 			m := so.Messages[i]
-			if m == nil || m.ID == "" || m.ID != e.MsgID {
+			if m == nil || m.ID != so.Entries[i].MsgID {
 				return nil, fmt.Errorf("%w: entry %d: message ID mismatch", store.ErrInvalid, i)
 			}
-			e.Seq = 0 // the script assigns it
-			eb, _ := json.Marshal(&e)
-			if e.TookQoS2 {
-				eb = append([]byte{tookMark}, eb...)
+			if err := validMsgID(m.ID); err != nil {
+				return nil, err
 			}
-			mb, _ := json.Marshal(m)
-			args = append(args, e.MsgID, eb, mb, bodyExpireAt(m))
+			size += bodySize(m) + entrySize(&so.Entries[i])
 		}
-		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.took, ks.tq}, args
+		buf := make([]byte, 0, size)
+		for i := range so.Entries {
+			e, m := &so.Entries[i], so.Messages[i]
+			at := len(buf)
+			if e.TookQoS2 {
+				buf = append(buf, tookMark)
+			}
+			buf = appendEntryJSON(buf, e, false)
+			eb := buf[at:len(buf):len(buf)]
+			at = len(buf)
+			buf = appendBody(buf, m)
+			args = append(args, e.MsgID, eb, buf[at:len(buf):len(buf)], bodyExpireAt(m))
+		}
+		o.script, o.keys, o.args = scriptAppend, []string{ks.s, ks.ql, ks.qe, ks.inf, ks.took, ks.tq}, args
 	case store.OpSend:
-		args := fa
-		for _, e := range so.Entries {
-			eb, _ := json.Marshal(&e)
-			args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), eb, strconv.Itoa(int(e.QoS)))
+		args := make([]any, 0, fenceHead+4*len(so.Entries))
+		args = append(args, fa...)
+		for i := range so.Entries {
+			e := &so.Entries[i]
+			if err := validMsgID(e.MsgID); err != nil {
+				return nil, err
+			}
+			args = append(args, e.MsgID, strconv.Itoa(int(e.PacketID)), appendEntryJSON(nil, e, true), strconv.Itoa(int(e.QoS)))
 		}
-		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.q, ks.qe, ks.inf, ks.tq}, args
+		o.script, o.keys, o.args = scriptSend, []string{ks.s, ks.ql, ks.qe, ks.inf, ks.tq}, args
 	case store.OpPubrel:
 		o.script, o.keys, o.args = scriptPubrel, []string{ks.s, ks.inf}, append(fa, strconv.Itoa(int(so.PacketID)))
 	case store.OpComplete:
@@ -784,7 +823,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 		for _, id := range so.MsgIDs {
 			args = append(args, id)
 		}
-		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.q, ks.qe, ks.tq}, args, false
+		o.script, o.keys, o.args, o.wait = scriptDequeue, []string{ks.s, ks.ql, ks.qe, ks.tq}, args, false
 	case store.OpPutIncoming:
 		o.script, o.keys, o.args = scriptPutIncoming, []string{ks.s, ks.in}, append(fa, strconv.Itoa(int(so.Incoming.PacketID)), so.Incoming.MsgID)
 	case store.OpDeleteIncoming:
@@ -888,12 +927,12 @@ func (s *Store) Load(ctx context.Context, k store.SessionKey) (*store.State, err
 		return nil, err
 	}
 	ks := keysOf(k)
-	v, err := s.rdb.Eval(ctx, scriptLoad, []string{ks.s, ks.sub, ks.q, ks.qe, ks.inf, ks.in, ks.took}).Result()
+	v, err := s.rdb.Eval(ctx, scriptLoad, []string{ks.s, ks.sub, ks.ql, ks.qe, ks.inf, ks.in, ks.took}).Result()
 	if err != nil {
 		return nil, mapErr(err)
 	}
 	xs, ok := v.([]any)
-	if !ok || len(xs) != 8 {
+	if !ok || len(xs) != 9 {
 		return nil, fmt.Errorf("load: unexpected reply %T", v)
 	}
 	st := &store.State{Messages: map[string]*store.Message{}}
@@ -911,36 +950,72 @@ func (s *Store) Load(ctx context.Context, k store.SessionKey) (*store.State, err
 		}
 		st.Subs = append(st.Subs, sub)
 	}
-	for _, raw := range strs(xs[3]) {
-		var e store.Entry
-		if err := json.Unmarshal([]byte(raw), &e); err != nil {
-			return nil, err
-		}
-		st.Queue = append(st.Queue, e)
+	if st.Queue, err = queueInOrder(strs(xs[3]), strs(xs[4])); err != nil {
+		return nil, err
 	}
-	for _, raw := range strs(xs[4]) {
+	for _, raw := range strs(xs[5]) {
 		var e store.Entry
 		if err := json.Unmarshal([]byte(raw), &e); err != nil {
 			return nil, err
 		}
 		st.Inflight = append(st.Inflight, e)
 	}
-	inc := strs(xs[5])
+	inc := strs(xs[6])
 	for i := 0; i+1 < len(inc); i += 2 {
 		pk, _ := strconv.Atoi(inc[i])
 		st.Incoming = append(st.Incoming, store.Incoming{PacketID: uint16(pk), MsgID: inc[i+1]})
 	}
-	for _, raw := range strs(xs[6]) {
-		var m store.Message
-		if err := json.Unmarshal([]byte(raw), &m); err != nil {
+	for _, raw := range strs(xs[7]) {
+		m, err := parseBody([]byte(raw))
+		if err != nil {
 			return nil, err
 		}
-		st.Messages[m.ID] = &m
+		st.Messages[m.ID] = m
 	}
-	if took := strs(xs[7]); len(took) > 0 {
+	if took := strs(xs[8]); len(took) > 0 {
 		st.TookQoS2 = took
 	}
 	return st, nil
+}
+
+// queueInOrder puts a session's queue entries (qe's field-value pairs) in
+// the order of its list's items ("<seq>:<msgID>"): an item names the entry
+// of its msgID only while that entry holds its position, for an entry
+// that left the queue leaves its item behind (see the scripts' trimQueue),
+// and an entry appended again later gets another. Entries no item names
+// (none should be) follow, by position.
+func queueInOrder(items, qe []string) ([]store.Entry, error) {
+	byID := make(map[string]*store.Entry, len(qe)/2)
+	entries := make([]store.Entry, len(qe)/2)
+	for i := 0; i+1 < len(qe); i += 2 {
+		e := &entries[i/2]
+		if err := json.Unmarshal([]byte(qe[i+1]), e); err != nil {
+			return nil, err
+		}
+		byID[qe[i]] = e
+	}
+	out := make([]store.Entry, 0, len(entries))
+	for _, item := range items {
+		seq, id, ok := strings.Cut(item, ":")
+		if !ok {
+			continue
+		}
+		e := byID[id]
+		if e == nil || strconv.FormatUint(e.Seq, 10) != seq {
+			continue
+		}
+		out = append(out, *e)
+		delete(byID, id)
+	}
+	if len(byID) > 0 {
+		rest := make([]store.Entry, 0, len(byID))
+		for _, e := range byID {
+			rest = append(rest, *e)
+		}
+		slices.SortFunc(rest, func(a, b store.Entry) int { return cmp.Compare(a.Seq, b.Seq) })
+		out = append(out, rest...)
+	}
+	return out, nil
 }
 
 func strs(v any) []string {

@@ -149,10 +149,11 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 
 // A stored message's body lives as long as a session refers to it when the
 // message has no MQTT expiry (a session may stay offline for as long as
-// its own expiry interval allows: before, every body expired after a fixed
-// seven days, and a session resumed later silently lost those messages),
-// and goes a minute after its expiry when it has one. A body shared by two
-// sessions keeps the expiry it was stored with.
+// its own expiry interval allows), and with one goes a minute after it at
+// the latest. Bodies share a bucket, a hundred messages of an ingress edge
+// to one (BodyKey), which expires with the last of its bodies while all of
+// them expire, and not while one does not. A body shared by two sessions
+// counts its references; the bucket goes with its last body.
 func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("redis: skipped under -short")
@@ -163,36 +164,70 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
+	f := store.Fence{Epoch: 1}
 	other := store.SessionKey{Tenant: "acme", ClientID: "d"}
 	for _, sk := range []store.SessionKey{k, other} {
-		require.NoError(t, s.Activate(ctx, sk, store.Fence{Epoch: 1}))
+		require.NoError(t, s.Activate(ctx, sk, f))
 	}
-	expiry := time.Now().Add(time.Hour).Unix()
-	forever := &store.Message{ID: "edge-a/1/1", Topic: "t", Payload: []byte("kept"), QoS: 1, Created: 1}
-	expiring := &store.Message{ID: "edge-a/1/2", Topic: "t", Payload: []byte("for an hour"), QoS: 1, Created: 2, Expiry: expiry}
-	for _, sk := range []store.SessionKey{k, other} {
-		res, err := s.Append(ctx, sk, store.Fence{Epoch: 1}, store.QueueLimits{},
-			[]store.Entry{{MsgID: forever.ID, QoS: 1}, {MsgID: expiring.ID, QoS: 1}}, []*store.Message{forever, expiring})
+	now := time.Now().Unix()
+	msg := func(seq int, expiry int64) *store.Message {
+		return &store.Message{ID: fmt.Sprintf("edge-a/1/%d", seq), Topic: "t", Payload: []byte("x"), QoS: 1, Created: int64(seq), Expiry: expiry}
+	}
+	add := func(sk store.SessionKey, ms ...*store.Message) {
+		t.Helper()
+		var es []store.Entry
+		for _, m := range ms {
+			es = append(es, store.Entry{MsgID: m.ID, QoS: 1})
+		}
+		res, err := s.Append(ctx, sk, f, store.QueueLimits{}, es, ms)
 		require.NoError(t, err)
-		require.Equal(t, 2, res.Added)
+		require.Equal(t, len(ms), res.Added)
 	}
 	c := g.Primary.Client()
-	ttl, err := c.TTL(ctx, "m:"+forever.ID).Result()
-	require.NoError(t, err)
-	require.Equal(t, time.Duration(-1), ttl, "a message without expiry has no TTL")
-	at, err := c.ExpireTime(ctx, "m:"+expiring.ID).Result()
-	require.NoError(t, err)
-	require.Equal(t, expiry+int64(bodyExpiry/time.Second), int64(at/time.Second))
-	for _, id := range []string{forever.ID, expiring.ID} {
-		n, err := c.HGet(ctx, "m:"+id, "n").Int()
+	expireAt := func(id string) int64 {
+		t.Helper()
+		key, _ := BodyKey(id)
+		at, err := c.ExpireTime(ctx, key).Result()
 		require.NoError(t, err)
-		require.Equal(t, 2, n, "%s: one reference per session", id)
+		if at < 0 {
+			return int64(at) // -1: none, -2: no key
+		}
+		return int64(at / time.Second)
 	}
-	// Replicas hold the same expiry: they apply the script's effects.
-	at, err = g.Replicas[0].Client().ExpireTime(ctx, "m:"+expiring.ID).Result()
+	grace := int64(bodyExpiry / time.Second)
+	a, later, sooner, forever := msg(101, now+100), msg(102, now+200), msg(103, now+50), msg(104, 0)
+	add(k, a)
+	require.Equal(t, now+100+grace, expireAt(a.ID), "a bucket of expiring bodies expires with them")
+	add(k, later, sooner)
+	require.Equal(t, now+200+grace, expireAt(a.ID), "... with the last of them")
+	add(other, a)
+	require.Equal(t, now+200+grace, expireAt(a.ID), "a second reference stores nothing")
+	add(k, forever)
+	require.Equal(t, int64(-1), expireAt(a.ID), "a body that never expires keeps its bucket")
+	neverFirst, thenExpiring := msg(201, 0), msg(202, now+100)
+	add(k, neverFirst, thenExpiring)
+	require.Equal(t, int64(-1), expireAt(neverFirst.ID))
+	// Replicas hold the same: they apply the script's effects.
+	key, field := BodyKey(a.ID)
+	at, err := g.Replicas[0].Client().ExpireTime(ctx, key).Result()
 	require.NoError(t, err)
-	require.Equal(t, expiry+int64(bodyExpiry/time.Second), int64(at/time.Second))
+	require.Equal(t, time.Duration(-1), at)
+	require.Equal(t, "2", c.HGet(ctx, key, "#"+field).Val(), "one reference per session")
+	require.Empty(t, c.HGet(ctx, key, "#"+msgField(later.ID)).Val(), "one reference: no count")
+
+	// Every reference released: the bucket goes.
+	require.NoError(t, s.Dequeue(ctx, k, f, []string{a.ID, later.ID, sooner.ID, forever.ID}))
+	require.Equal(t, int64(1), c.Exists(ctx, key).Val(), "the other session still holds one")
+	require.Empty(t, c.HGet(ctx, key, "#"+field).Val())
+	require.NoError(t, s.DeleteSession(ctx, other, f))
+	require.Zero(t, c.Exists(ctx, key).Val())
+	st, err := s.Load(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, []string{neverFirst.ID, thenExpiring.ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
+	require.Len(t, st.Messages, 2)
 }
+
+func msgField(id string) string { _, f := BodyKey(id); return f }
 
 // Above the high-water mark of maxmemory, appends and retained writes are
 // refused (ErrFull: not acknowledged) while every other write goes on, so

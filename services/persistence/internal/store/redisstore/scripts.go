@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -26,8 +28,10 @@ end
 
 // Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
 // session epoch and group epoch, and checks both before touching anything;
-// a call that passes is marked. Messages live at "m:<msgID>" as a hash
-// {d = JSON, n = references}.
+// a call that passes is marked. A session's queue is the hash qe (msgID →
+// entry JSON, whose "s" is its position) and the list ql of its positions
+// in order ("<seq>:<msgID>", with holes: see trimQueue); message bodies
+// live in buckets shared by every session (body, flushBodies).
 const prelude = markFn + `
 local function fence(skey, epoch, gepoch)
   local g = tonumber(redis.call('GET', 'keel:group-epoch') or '0')
@@ -37,22 +41,63 @@ local function fence(skey, epoch, gepoch)
   mark(gepoch)
   return false
 end
--- ref takes a reference to message id. A message not stored yet is stored
--- with body data, one write, when data is given (expiring at unix second
--- at when at > 0: its MQTT message expiry, past which no session delivers
--- it), and refused (false) when it is not. A message without an expiry
--- lives as long as a reference to it: a session may stay offline for as
--- long as its expiry interval allows.
-local function ref(id, data, at)
-  local k = 'm:' .. id
-  if redis.call('EXISTS', k) == 1 then
-    redis.call('HINCRBY', k, 'n', 1)
-    return true
+-- Message bodies live in buckets (see [bodyKey]): the body of message id
+-- is field string.sub(id, -2) of hash "mb:" .. string.sub(id, 1, -3), so
+-- the messages of one ingress edge numbered alike share a hash, a hundred
+-- to a hash, and a call's bodies cost a command or two per bucket, not
+-- per message. A body's reference count is field "#" .. field when above
+-- one (most messages go to one session), absent at one. A bucket with
+-- only expiring bodies expires with the last of them (see flushBodies).
+--
+-- References are counted in a ledger while a script runs and written at
+-- its end (flushBodies), one read and a write or two per bucket: so a
+-- message released and taken again within one call never goes in
+-- between, whatever the order of the call's parts.
+local bodies, buckets = {}, {}
+local function body(id)
+  local b, f = 'mb:' .. string.sub(id, 1, -3), string.sub(id, -2)
+  local t = bodies[b]
+  if not t then
+    t = {recs = {}, fields = {}}
+    bodies[b] = t
+    buckets[#buckets + 1] = b
   end
-  if not data then return false end
-  redis.call('HSET', k, 'n', 1, 'd', data)
-  if at > 0 then redis.call('EXPIREAT', k, at) end
+  local r = t.recs[f]
+  if not r then
+    r = {delta = 0}
+    t.recs[f] = r
+    t.fields[#t.fields + 1] = f
+  end
+  return r, b, f
+end
+-- stored reports whether message id's body is stored: before this call
+-- (read once), or given to it.
+local function stored(id)
+  local r, b, f = body(id)
+  if r.data then return true end
+  if r.exists == nil then r.exists = redis.call('HEXISTS', b, f) == 1 end
+  return r.exists
+end
+-- ref takes a reference to message id. A body given (data, expiring at
+-- unix second at when at > 0: its MQTT message expiry, past which no
+-- session delivers it) is stored unless one is. Without data the message
+-- must be stored: ref returns false, having taken nothing, when it is not.
+-- A message without an expiry lives as long as a reference to it: a
+-- session may stay offline for as long as its expiry interval allows.
+local function ref(id, data, at)
+  local r = body(id)
+  if data then
+    if not r.data then r.data, r.at = data, at end
+  elseif not stored(id) then
+    return false
+  end
+  r.delta = r.delta + 1
   return true
+end
+-- unref drops a reference to message id; the body goes with its last.
+local function unref(id)
+  local r = body(id)
+  r.delta = r.delta - 1
 end
 -- countQueued adds n to a tenant's count of queued entries (key tq:<tenant>),
 -- which the tenant's queue bound is checked against; the key goes at 0
@@ -61,22 +106,12 @@ local function countQueued(k, n)
   if n == 0 then return end
   if redis.call('INCRBY', k, n) <= 0 then redis.call('DEL', k) end
 end
--- unref drops a reference to message id, and the message with its last.
--- Replicas then apply one write: the DEL, or the decrement.
-local function unref(id)
-  local k = 'm:' .. id
-  if tonumber(redis.call('HGET', k, 'n') or '0') <= 1 then
-    redis.call('DEL', k)
-  else
-    redis.call('HINCRBY', k, 'n', -1)
-  end
-end
 -- Each redis.call costs about as much as the write it makes, so the
 -- scripts read and write a call's entries in few commands. unpack is
 -- bounded by Lua's C stack: chunks of 512 values.
 local chunk = 512
 -- each runs cmd on key with the values of list, a chunk at a time (list
--- holds pairs for HSET and ZADD: chunks are even).
+-- holds pairs for HSET: chunks are even).
 local function each(cmd, key, list)
   for i = 1, #list, chunk do
     redis.call(cmd, key, unpack(list, i, math.min(i + chunk - 1, #list)))
@@ -90,6 +125,100 @@ local function hmget(key, list)
     for j = 1, #r do out[#out + 1] = r[j] end
   end
   return out
+end
+-- flushBodies writes the ledger: per bucket it reads the counts (and,
+-- for bodies given, whether one is stored), then sets and deletes fields
+-- in a command each. A bucket that gains a body keeps an expiry only
+-- while all its bodies expire: the latest of theirs.
+local function flushBodies()
+  for _, b in ipairs(buckets) do
+    local t = bodies[b]
+    local ask, askAt = {}, {}
+    for k, f in ipairs(t.fields) do
+      ask[#ask + 1] = '#' .. f
+      askAt[k] = #ask
+      if t.recs[f].data and t.recs[f].exists == nil then ask[#ask + 1] = f end
+    end
+    local got = hmget(b, ask)
+    local set, del = {}, {}
+    local created, never, latest = false, false, 0
+    for k, f in ipairs(t.fields) do
+      local r = t.recs[f]
+      local count = got[askAt[k]]
+      if r.data and r.exists == nil then r.exists = got[askAt[k] + 1] ~= false end
+      local prior = 1
+      if count then prior = tonumber(count) elseif r.exists == false then prior = 0 end
+      local n = prior + r.delta
+      if n <= 0 then
+        if prior > 0 then
+          del[#del + 1] = f
+          if count then del[#del + 1] = '#' .. f end
+        end
+      else
+        if prior == 0 then
+          set[#set + 1] = f
+          set[#set + 1] = r.data
+          created = true
+          if r.at > 0 then latest = math.max(latest, r.at) else never = true end
+        end
+        if n > 1 then
+          if n ~= prior then
+            set[#set + 1] = '#' .. f
+            set[#set + 1] = n
+          end
+        elseif count then
+          del[#del + 1] = '#' .. f
+        end
+      end
+    end
+    local was = -2
+    if created then was = redis.call('EXPIRETIME', b) end
+    each('HSET', b, set)
+    each('HDEL', b, del)
+    if created then
+      if never then
+        if was > 0 then redis.call('PERSIST', b) end
+      elseif was == -2 or (was > 0 and latest > was) then
+        redis.call('EXPIREAT', b, latest)
+      end
+    end
+  end
+end
+-- entrySeq is the queue position of an entry (its JSON starts with it).
+local function entrySeq(e) return string.match(e, '^{"s":(%d+)') end
+-- trimQueue keeps the queue's order list (KEYS[2], items "<seq>:<msgID>")
+-- from growing with entries that left the queue (KEYS[3]) out of it: gone
+-- at the front, it drops them there (taken is how many left in this call),
+-- and it rewrites the list once such holes outnumber the entries; an
+-- empty queue has no list.
+local function trimQueue(taken)
+  local live = redis.call('HLEN', KEYS[3])
+  if live == 0 then
+    redis.call('DEL', KEYS[2])
+    return
+  end
+  local head = redis.call('LRANGE', KEYS[2], 0, taken + 63)
+  local ids, seqs = {}, {}
+  for i, item in ipairs(head) do seqs[i], ids[i] = string.match(item, '^(%d+):(.*)$') end
+  local es = hmget(KEYS[3], ids)
+  local k = 0
+  for i = 1, #head do
+    if es[i] and entrySeq(es[i]) == seqs[i] then break end
+    k = i
+  end
+  if k > 0 then redis.call('LTRIM', KEYS[2], k, -1) end
+  local n = redis.call('LLEN', KEYS[2])
+  if n <= 2 * live + 64 then return end
+  local items = redis.call('LRANGE', KEYS[2], 0, -1)
+  ids, seqs = {}, {}
+  for i, item in ipairs(items) do seqs[i], ids[i] = string.match(item, '^(%d+):(.*)$') end
+  es = hmget(KEYS[3], ids)
+  local keep = {}
+  for i, item in ipairs(items) do
+    if es[i] and entrySeq(es[i]) == seqs[i] then keep[#keep + 1] = item end
+  end
+  redis.call('DEL', KEYS[2])
+  each('RPUSH', KEYS[2], keep)
 end
 `
 
@@ -105,16 +234,16 @@ local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 redis.call('HSET', KEYS[1], 'rec', ARGV[3])
 return 1`
 
-// deleteSession: KEYS s sub q qe inf in took tq; ARGV epoch gepoch. Keeps
-// the epoch.
+// deleteSession: KEYS s sub ql qe inf in took tq; ARGV epoch gepoch.
+// Keeps the epoch.
 const scriptDeleteSession = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-countQueued(KEYS[8], -redis.call('ZCARD', KEYS[3]))
+countQueued(KEYS[8], -redis.call('HLEN', KEYS[4]))
 for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do unref(id) end
-local inf = redis.call('HVALS', KEYS[5])
-for _, e in ipairs(inf) do unref(cjson.decode(e).m) end
+for _, e in ipairs(redis.call('HVALS', KEYS[5])) do unref(cjson.decode(e).m) end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 redis.call('HDEL', KEYS[1], 'rec', 'seq')
+flushBodies()
 return 1`
 
 // putSub: KEYS s sub; ARGV epoch gepoch filter json.
@@ -129,13 +258,14 @@ local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 return redis.call('HDEL', KEYS[2], ARGV[3])`
 
 // send moves entries into the in-flight set KEYS[4]: the (msgID, packetID,
-// entryJSON, qos) quads of ARGV from index at. A queued entry moves with its
-// reference, and so does one in direct (appended by this call and sent at
-// once: it holds a reference but no queue entry); an entry that was never
-// queued must refer to a stored message. A msgID twice takes the queue's
-// (or direct) reference once: the other copy is a new reference. Returns
-// an error text, having written nothing, when a message is stored nowhere.
-// The script defines tq, its tenant's count key, before it.
+// entryJSON, qos) quads of ARGV from index at. A queued entry (in KEYS[3])
+// moves with its reference, and so does one in direct (appended by this
+// call and sent at once: it holds a reference but no queue entry); an
+// entry that was never queued must refer to a stored message. A msgID
+// twice takes the queue's (or direct) reference once: the other copy is a
+// new reference. Returns an error text, having written nothing, when a
+// message is stored nowhere. The script defines tq, its tenant's count
+// key, before it.
 const sendFn = `
 local function send(at, direct)
   local n = (#ARGV - at + 1) / 4
@@ -149,12 +279,10 @@ local function send(at, direct)
   for j = 1, n do queued[j] = lookAt[j] and found[lookAt[j]] end
   -- Refuse a delivery of a message stored nowhere before writing anything.
   for j = 1, n do
-    if ARGV[at + 4 * (j - 1) + 3] ~= '0' and not queued[j] and not direct[ids[j]] and redis.call('EXISTS', 'm:' .. ids[j]) == 0 then
+    if ARGV[at + 4 * (j - 1) + 3] ~= '0' and not queued[j] and not direct[ids[j]] and not stored(ids[j]) then
       return 'NOMSG message ' .. ids[j] .. ' is not stored'
     end
   end
-  -- References are taken before any goes: a message sent at QoS 0 and at
-  -- QoS 1 in one call must outlive the first.
   local taken, dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}, {}
   for j = 1, n do
     local b = at + 4 * (j - 1)
@@ -172,9 +300,7 @@ local function send(at, direct)
     if qos == '0' then
       if held then drops[#drops + 1] = id end
     else
-      if not held and not ref(id, false, 0) then
-        return 'NOMSG message ' .. id .. ' is not stored'
-      end
+      if not held then ref(id, false, 0) end
       pks[#pks + 1] = pk
       sent[#sent + 1] = id
       inf[#inf + 1] = pk
@@ -182,10 +308,8 @@ local function send(at, direct)
     end
   end
   each('HDEL', KEYS[3], dequeue)
-  each('ZREM', KEYS[2], dequeue)
   countQueued(tq, -#dequeue)
-  -- An entry replaced at its packet ID lets its reference go, after the new
-  -- references were taken (the same message may be sent again); so does one
+  -- An entry replaced at its packet ID lets its reference go; so does one
   -- this call wrote and then replaced.
   local old = hmget(KEYS[4], pks)
   local wrote = {}
@@ -199,6 +323,7 @@ local function send(at, direct)
   end
   each('HSET', KEYS[4], inf)
   for _, id in ipairs(drops) do unref(id) end
+  if #dequeue > 0 then trimQueue(#dequeue) end
   return false
 end
 `
@@ -206,13 +331,13 @@ end
 // tookMark precedes the entry JSON of an append's entry marked TookQoS2.
 const tookMark = '!'
 
-// append: KEYS s q qe inf took tq; ARGV epoch gepoch maxLen dropOldest
-// tenantMax, then segments, each a count n and n (msgID, entryJSON, msgJSON, expireAt)
-// quads (expireAt: unix seconds when the message's body may go, 0 never):
-// the appends of one session that a commit merged into one call; then,
-// optionally, "S" and the quads of a send of the session that came right
-// after them (see merge). Returns one {added, dups, dropped, refused} per
-// segment, and after them 1 or the send's error text when a send came.
+// append: KEYS s ql qe inf took tq; ARGV epoch gepoch maxLen dropOldest
+// tenantMax, then segments, each a count n and n (msgID, entryJSON, body,
+// expireAt) quads (expireAt: unix seconds when the message's body may go,
+// 0 never): the appends of one session that a commit merged into one call;
+// then, optionally, "S" and the quads of a send of the session that came
+// right after them (see merge). Returns one {added, dups, dropped, refused}
+// per segment, and after them 1 or the send's error text when a send came.
 //
 // An entry marked TookQoS2 comes as tookMark then its JSON: its msgID joins
 // the list KEYS[5] (the newest last, the last tookLen kept) when the entry
@@ -226,14 +351,16 @@ const tookMark = '!'
 //
 // An entry the send delivers at once never enters the queue: it takes its
 // message's reference straight into the in-flight set, and neither counts
-// against the queue's bound nor costs the queue's writes and their removal.
+// against the queue's bound nor costs the queue's writes and their removal
+// (nor a queue position).
 //
 // The entry JSON comes without "s" and never empty ({"m":...}); its queue
 // position is spliced in as text rather than by decoding and encoding it.
 // The session's sequence and queue length are read once and written once,
 // which entries are queued already is one HMGET, and the new entries go in
-// with one ZADD and one HSET (written before a ZPOPMIN, which must see
-// them): per record, Lua's calls cost as much as the record's own writes.
+// with one HSET and one RPUSH (written before a drop of the oldest, which
+// must see them): per record, Lua's calls cost as much as the record's own
+// writes.
 var scriptAppend = prelude + "local tq = KEYS[6]\n" + sendFn + `
 local tookLen, tookMark = ` + strconv.Itoa(store.TookQoS2Len) + `, ` + strconv.Itoa(tookMark) + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
@@ -241,7 +368,7 @@ local maxLen, dropOldest, tenantMax = tonumber(ARGV[3]), ARGV[4] == '1', tonumbe
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local seq0 = seq
 local card = 0
-if maxLen > 0 or tenantMax > 0 then card = redis.call('ZCARD', KEYS[2]) end
+if maxLen > 0 or tenantMax > 0 then card = redis.call('HLEN', KEYS[3]) end
 -- tcount: the tenant's queued entries, kept whether or not it has a bound
 -- (so that one set later finds them counted); tdelta: this call's change.
 local tcount, tdelta = 0, 0
@@ -261,11 +388,25 @@ if i <= #ARGV then
 end
 local queued = hmget(KEYS[3], ids)
 local added_now, popped, direct = {}, {}, {}
-local zadd, hset = {}, {}
+local hset, rpush = {}, {}
 local function flush()
-  each('ZADD', KEYS[2], zadd)
   each('HSET', KEYS[3], hset)
-  zadd, hset = {}, {}
+  each('RPUSH', KEYS[2], rpush)
+  hset, rpush = {}, {}
+end
+-- popOldest takes the oldest entry out of the queue and returns its
+-- msgID, skipping the list's items for entries that left it.
+local function popOldest()
+  while true do
+    local item = redis.call('LPOP', KEYS[2])
+    if not item then return nil end
+    local s, id = string.match(item, '^(%d+):(.*)$')
+    local e = redis.call('HGET', KEYS[3], id)
+    if e and entrySeq(e) == s then
+      redis.call('HDEL', KEYS[3], id)
+      return id
+    end
+  end
 end
 local took, tookNow, listed = {}, {}, nil
 local function remember(id, dup)
@@ -298,7 +439,6 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       dups = dups + 1
       if marked then remember(id, true) end
     elseif sending[id] then
-      seq = seq + 1
       ref(id, msg, at)
       added_now[id], direct[id] = true, true
       added = added + 1
@@ -308,10 +448,10 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       if maxLen > 0 and card >= maxLen then
         if dropOldest then
           flush()
-          local old = redis.call('ZPOPMIN', KEYS[2])
-          if old[1] then
-            redis.call('HDEL', KEYS[3], old[1]); unref(old[1])
-            added_now[old[1]], popped[old[1]] = nil, true
+          local old = popOldest()
+          if old then
+            unref(old)
+            added_now[old], popped[old] = nil, true
             dropped = dropped + 1
             card = card - 1
             tdelta = tdelta - 1
@@ -332,10 +472,10 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       end
       if ok then
         seq = seq + 1
-        zadd[#zadd + 1] = seq
-        zadd[#zadd + 1] = id
+        local s = string.format('%d', seq)
         hset[#hset + 1] = id
-        hset[#hset + 1] = '{"s":' .. string.format('%d', seq) .. ',' .. string.sub(entry, fields)
+        hset[#hset + 1] = '{"s":' .. s .. ',' .. string.sub(entry, fields)
+        rpush[#rpush + 1] = s .. ':' .. id
         ref(id, msg, at)
         added_now[id] = true
         added = added + 1
@@ -354,14 +494,16 @@ local listLen = 0
 for j = 1, #took, chunk do listLen = redis.call('RPUSH', KEYS[5], unpack(took, j, math.min(j + chunk - 1, #took))) end
 if listLen > tookLen then redis.call('LTRIM', KEYS[5], -tookLen, -1) end
 if sendAt then table.insert(results, send(sendAt, direct) or 1) end
+flushBodies()
 return results`
 
-// send: KEYS s q qe inf tq; ARGV epoch gepoch, then (msgID, packetID,
+// send: KEYS s ql qe inf tq; ARGV epoch gepoch, then (msgID, packetID,
 // entryJSON, qos) quads.
 const scriptSend = prelude + "local tq = KEYS[5]\n" + sendFn + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local e = send(3, {})
 if e then return redis.error_reply(e) end
+flushBodies()
 return 1`
 
 // pubrel: KEYS s inf; ARGV epoch gepoch packetID.
@@ -390,21 +532,29 @@ for j = 1, #pks do
   end
 end
 each('HDEL', KEYS[2], done)
+flushBodies()
 return #done`
 
-// dequeue: KEYS s q qe tq; ARGV epoch gepoch msgIDs...
+// dequeue: KEYS s ql qe tq; ARGV epoch gepoch msgIDs... Returns how many
+// were queued.
 const scriptDequeue = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local n = 0
-for i = 3, #ARGV do
-  if redis.call('HDEL', KEYS[3], ARGV[i]) == 1 then
-    redis.call('ZREM', KEYS[2], ARGV[i])
-    unref(ARGV[i])
-    n = n + 1
+local ids = {}
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+local es = hmget(KEYS[3], ids)
+local gone, seen = {}, {}
+for j = 1, #ids do
+  if es[j] and not seen[ids[j]] then
+    seen[ids[j]] = true
+    gone[#gone + 1] = ids[j]
+    unref(ids[j])
   end
 end
-countQueued(KEYS[4], -n)
-return n`
+each('HDEL', KEYS[3], gone)
+countQueued(KEYS[4], -#gone)
+if #gone > 0 then trimQueue(#gone) end
+flushBodies()
+return #gone`
 
 // putIncoming / delIncoming: KEYS s in; ARGV epoch gepoch packetID [msgID].
 const scriptPutIncoming = prelude + `
@@ -416,29 +566,37 @@ const scriptDelIncoming = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 return redis.call('HDEL', KEYS[2], ARGV[3])`
 
-// load: KEYS s sub q qe inf in took. Returns {epoch, rec, subs, queue
-// entries, inflight, incoming, messages, took}, all read at one instant.
+// load: KEYS s sub ql qe inf in took. Returns {epoch, rec, subs, queue
+// order (ql's items), queue entries (qe as field-value pairs), inflight,
+// incoming, bodies, took}, all read at one instant; the caller puts the
+// queue in order.
 const scriptLoad = `
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or '0'
 local rec = redis.call('HGET', KEYS[1], 'rec') or ''
 local subs = redis.call('HVALS', KEYS[2])
-local ids = redis.call('ZRANGE', KEYS[3], 0, -1)
-local q = {}
-for i, id in ipairs(ids) do q[i] = redis.call('HGET', KEYS[4], id) or '' end
+local order = redis.call('LRANGE', KEYS[3], 0, -1)
+local qe = redis.call('HGETALL', KEYS[4])
 local inf = redis.call('HVALS', KEYS[5])
 local inc = redis.call('HGETALL', KEYS[6])
-local msgs = {}
-local seen = {}
+local buckets, want = {}, {}
 local function add(id)
-  if not seen[id] then
-    seen[id] = true
-    local d = redis.call('HGET', 'm:' .. id, 'd')
-    if d then table.insert(msgs, d) end
+  local b, f = 'mb:' .. string.sub(id, 1, -3), string.sub(id, -2)
+  local t = want[b]
+  if not t then t = {seen = {}}; want[b] = t; buckets[#buckets + 1] = b end
+  if not t.seen[f] then t.seen[f] = true; t[#t + 1] = f end
+end
+for i = 1, #qe, 2 do add(qe[i]) end
+for _, e in ipairs(inf) do add(cjson.decode(e).m) end
+local msgs = {}
+for _, b in ipairs(buckets) do
+  local fs = want[b]
+  for i = 1, #fs, 512 do
+    for _, d in ipairs(redis.call('HMGET', b, unpack(fs, i, math.min(i + 511, #fs)))) do
+      if d then msgs[#msgs + 1] = d end
+    end
   end
 end
-for _, id in ipairs(ids) do add(id) end
-for _, e in ipairs(inf) do add(cjson.decode(e).m) end
-return {epoch, rec, subs, q, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1)}`
+return {epoch, rec, subs, order, qe, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1)}`
 
 // putRetained: KEYS r (hash topic -> JSON); ARGV tenant topic json created
 // empty gepoch (the writer's group epoch, for the call's mark). The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
@@ -546,6 +704,26 @@ end
 walk('', 0)
 return out`
 
+// Format is the layout of the data the scripts read and write, kept in
+// FormatKey. Format 1 (message bodies under "m:<msgID>", queues as sorted
+// sets) came before the first release and is not read: a group holding
+// its data is refused (see scriptFormat).
+const (
+	Format    = "2"
+	FormatKey = "keel:format"
+)
+
+// format: no KEYS or ARGV. Returns the group's format, stamping a fresh
+// group (one no write script ever wrote to: every one counts its calls in
+// WriteSeqKey) with Format. Data from before the stamp existed counts as
+// format 1.
+const scriptFormat = `
+local f = redis.call('GET', '` + FormatKey + `')
+if f then return f end
+if redis.call('EXISTS', '` + WriteSeqKey + `') == 1 then return '1' end
+redis.call('SET', '` + FormatKey + `', '` + Format + `')
+return '` + Format + `'`
+
 var allScripts = []string{scriptActivate, scriptPutSession, scriptDeleteSession, scriptPutSub, scriptDelSub, scriptAppend,
 	scriptSend, scriptPubrel, scriptComplete, scriptDequeue, scriptPutIncoming, scriptDelIncoming, scriptPutRetained}
 
@@ -570,4 +748,20 @@ func loadScripts(ctx context.Context, conn *redis.Conn) error {
 		return nil
 	})
 	return err
+}
+
+// ErrFormat reports a Redis group whose data this store cannot read.
+var ErrFormat = errors.New("redis group holds data of another store format")
+
+// checkFormat makes sure the connection's server holds data of [Format]
+// (stamping a fresh one).
+func checkFormat(ctx context.Context, conn *redis.Conn) error {
+	f, err := conn.Eval(ctx, scriptFormat, nil).Text()
+	if err != nil {
+		return fmt.Errorf("%w: reading the store format: %v", ErrUnavailable, err)
+	}
+	if f != Format {
+		return fmt.Errorf("%w: %w: format %s (%s), this keel-persistence reads format %s", ErrUnavailable, ErrFormat, f, FormatKey, Format)
+	}
+	return nil
 }

@@ -26,6 +26,48 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	t.Run("batch", func(t *testing.T) { testBatch(t, newStore(t)) })
 	t.Run("took_qos2", func(t *testing.T) { testTookQoS2(t, newStore(t)) })
 	t.Run("tenant_quota", func(t *testing.T) { testTenantQuota(t, newStore(t)) })
+	t.Run("queue_order", func(t *testing.T) { testQueueOrder(t, newStore(t)) })
+}
+
+// testQueueOrder: entries leave the queue from anywhere (sent, dequeued,
+// dropped as the oldest) and a msgID that left may be queued again: the
+// queue keeps the order entries were queued in, the oldest is the one
+// dropped, and a message queued again goes to the back.
+func testQueueOrder(t *testing.T, s store.Store) {
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, key, f))
+	appendN(t, s, f, store.QueueLimits{}, 1, 6)
+	sent := func(i int, pk uint16) store.Entry {
+		e := entry(i)
+		e.PacketID = pk
+		return e
+	}
+	require.NoError(t, s.Send(ctx, key, f, []store.Entry{sent(2, 1), sent(4, 2)}))
+	require.NoError(t, s.Dequeue(ctx, key, f, []string{msg(5).ID}))
+	require.Equal(t, []string{msg(1).ID, msg(3).ID, msg(6).ID}, queueIDs(t, s))
+	// 2 and 5 queued again (a relay, say): at the back.
+	res, err := s.Append(ctx, key, f, store.QueueLimits{}, []store.Entry{entry(5), entry(2)}, []*store.Message{msg(5), msg(2)})
+	require.NoError(t, err)
+	require.Equal(t, store.AppendResult{Added: 2}, res)
+	require.Equal(t, []string{msg(1).ID, msg(3).ID, msg(6).ID, msg(5).ID, msg(2).ID}, queueIDs(t, s))
+	// The oldest go first, past the places of those that left (one for
+	// each entry added: the queue was over the bound already).
+	res = appendN(t, s, f, store.QueueLimits{MaxLen: 4, DropOldest: true}, 7, 8)
+	require.Equal(t, store.AppendResult{Added: 2, DroppedOldest: 2}, res)
+	require.Equal(t, []string{msg(6).ID, msg(5).ID, msg(2).ID, msg(7).ID, msg(8).ID}, queueIDs(t, s))
+	st, err := s.Load(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, st.Inflight, 2)
+	require.Len(t, st.Messages, 6, "2 queued and in flight, 4, 5, 6, 7, 8")
+	// Everything leaves; the queue starts again empty, and in order.
+	var all []string
+	for _, e := range st.Queue {
+		all = append(all, e.MsgID)
+	}
+	require.NoError(t, s.Dequeue(ctx, key, f, all))
+	require.Empty(t, queueIDs(t, s))
+	appendN(t, s, f, store.QueueLimits{}, 9, 10)
+	require.Equal(t, []string{msg(9).ID, msg(10).ID}, queueIDs(t, s))
 }
 
 // testTenantQuota: the entries queued for all of a tenant's sessions are
