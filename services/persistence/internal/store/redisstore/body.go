@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -41,11 +42,15 @@ func appendField[T string | []byte](b []byte, v T) []byte {
 	return append(b, v...)
 }
 
-// bodySize is the length of m's stored form, for sizing buffers.
+// bodySize is the length of m's stored form.
 func bodySize(m *store.Message) int {
-	return 1 + 3*binary.MaxVarintLen32 + len(m.ID) + len(m.Topic) + len(m.Payload) + 1 +
-		binary.MaxVarintLen32 + len(m.Props) + 2*binary.MaxVarintLen64
+	field := func(n int) int { return uvarintLen(uint64(n)) + n }
+	zigzag := func(v int64) uint64 { return uint64(v<<1) ^ uint64(v>>63) }
+	return 2 + field(len(m.ID)) + field(len(m.Topic)) + field(len(m.Payload)) + field(len(m.Props)) +
+		uvarintLen(zigzag(m.Created)) + uvarintLen(zigzag(m.Expiry))
 }
+
+func uvarintLen(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
 
 // parseBody decodes a stored body.
 func parseBody(b []byte) (*store.Message, error) {

@@ -44,9 +44,10 @@ func appendEntryJSON(b []byte, e *store.Entry, withSeq bool) []byte {
 	return append(b, '}')
 }
 
-// entrySize bounds the length of e's JSON (with its seq, and a mark).
+// entrySize is about the length of e's JSON with a mark (more when its
+// msgID needs escaping).
 func entrySize(e *store.Entry) int {
-	return 64 + 6*len(e.MsgID) + 11*len(e.SubIDs)
+	return 48 + len(e.MsgID) + 11*len(e.SubIDs)
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and

@@ -334,7 +334,7 @@ func merge(batch []*op) []*scriptCall {
 			into = &st.complete
 			st.completed = st.append != nil
 		case scriptSend:
-			if c := st.append; c != nil && !st.completed && sameArgs(c.args[:fenceHead], o.args[:fenceHead]) && sendsOnly(o.args, st.appended) {
+			if c := st.append; c != nil && !st.completed && sameArgs(c.args[:fenceHead], o.args[:fenceHead]) && sendsOnly(o.args, c.args[appendHead:]) {
 				c.args = append(append(c.args, sendMark), o.args[fenceHead:]...)
 				c.wait = true
 				c.ops = append(c.ops, i)
@@ -350,9 +350,6 @@ func merge(batch []*op) []*scriptCall {
 				c.args = append(c.args, o.args[body:]...)
 				c.wait = c.wait || o.wait
 				c.ops = append(c.ops, i)
-				if o.script == scriptAppend {
-					st.noteAppended(o.args[body:])
-				}
 				continue
 			}
 		}
@@ -366,8 +363,7 @@ func merge(batch []*op) []*scriptCall {
 			*into = c
 		}
 		if o.script == scriptAppend {
-			st.appended, st.completed = nil, false
-			st.noteAppended(o.args[body:])
+			st.completed = false
 		}
 		calls = append(calls, c)
 	}
@@ -439,29 +435,24 @@ const sendMark = "S"
 // openCalls are the calls of one session that later ops may join.
 type openCalls struct {
 	append, complete *scriptCall
-	appended         map[string]bool // msgIDs in the open append call
-	completed        bool            // a complete came after the append call opened
+	completed        bool // a complete came after the append call opened
 }
 
-// noteAppended records the msgIDs of append segments: a count, then
-// (msgID, entry, message, expireAt) quads.
-func (st *openCalls) noteAppended(segs []any) {
-	if st.appended == nil {
-		st.appended = make(map[string]bool)
-	}
+// sendsOnly reports whether every entry of a send's arguments (fence, then
+// (msgID, packetID, entry, qos) quads) is appended by segs, an append
+// call's segments (a count, then (msgID, entry, body, expireAt) quads).
+// A send closes the call it is checked against, so each call is looked
+// through once at most.
+func sendsOnly(args []any, segs []any) bool {
+	appended := make(map[string]bool)
 	for i := 0; i < len(segs); {
 		n, _ := segs[i].(int)
 		for k := range n {
 			id, _ := segs[i+1+4*k].(string)
-			st.appended[id] = true
+			appended[id] = true
 		}
 		i += 1 + 4*n
 	}
-}
-
-// sendsOnly reports whether every entry of a send's arguments (fence, then
-// (msgID, packetID, entry, qos) quads) is one of appended.
-func sendsOnly(args []any, appended map[string]bool) bool {
 	for j := fenceHead; j < len(args); j += 4 {
 		id, _ := args[j].(string)
 		if !appended[id] {
