@@ -141,11 +141,14 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
-			b.relayFenced(s, func() { b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s}) })
+			b.relayFenced(b.stopped, s, func() { b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s}) })
 		}
 	}()
 	return true
 }
+
+// fencedLookup bounds one lookup of a fenced copy's owner.
+const fencedLookup = 5 * time.Second
 
 // relayFenced makes the session's owner at the coordinator the new owner
 // of fenced copy s for the messages published before it took the session
@@ -157,39 +160,89 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 // the copy is gone. forget ends the copy, taking its routes; what entered
 // the cluster until then is relayed too, since those routes drew it here
 // later than the newer owner's claim.
-func (b *Broker) relayFenced(s *session, forget func()) {
-	owner, epoch := b.fencedOwner(s)
-	if owner != "" {
-		b.handed.add(s, time.Now(), owner, epoch)
-		b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
-	}
-	forget()
-	if owner != "" {
-		b.handed.extend(s.id, owner, epoch, time.Now())
-	}
-}
-
-// fencedOwner is the edge that owns fenced copy s's session at the
-// coordinator under a newer claim, "" if none (or none found).
-func (b *Broker) fencedOwner(s *session) (owner string, epoch uint64) {
-	lookup, ok := b.cluster.Ownership.(OwnerLookup)
-	if !ok {
-		return "", 0
-	}
-	clientID, _ := s.scope.ExternalClientID(s.id)
-	ctx, cancel := context.WithTimeout(b.stopped, 5*time.Second)
-	defer cancel()
-	owner, epoch, err := lookup.Owner(ctx, s.scope.Tenant(), clientID)
+//
+// ctx bounds the owner lookup made before forget (a CONNECT's deadline,
+// for a copy its takeover made). A lookup that fails leaves the copy's
+// subscriptions remembered with no owner: what they match is refused, for
+// its senders to send again, rather than taken by nobody, while the
+// lookup goes on in the background until the coordinator answers or
+// nothing published before can arrive any more.
+func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	s.mu.Lock()
 	mine := s.epoch
 	s.mu.Unlock()
+	lookup, cancel := context.WithTimeout(ctx, fencedLookup)
+	owner, epoch, err := b.fencedOwner(lookup, s, mine)
+	cancel()
 	if err != nil {
-		b.logger.Warn("fenced session's owner not found; messages routed to its copy here are not relayed", "client_id", s.id, "error", err)
-		return "", 0
+		b.logger.Warn("fenced session's owner not found yet; messages routed to its copy here are refused until it is",
+			"client_id", s.id, "error", err)
+		owner, epoch = "", 0
+	}
+	relays := err != nil || owner != ""
+	at := time.Now()
+	if relays {
+		b.handed.add(s, at, owner, epoch)
+		if owner != "" {
+			b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
+		}
+	}
+	forget()
+	if relays {
+		b.handed.extend(s.id, owner, epoch, time.Now())
+	}
+	if err != nil {
+		b.findFencedOwner(s, mine, at.Add(b.handed.memory))
+	}
+}
+
+// findFencedOwner looks up, in the background, the owner of fenced copy s
+// that relayFenced could not name, until the coordinator answers or until
+// (when the copy's remembered subscriptions expire), and names it to the
+// handed-over index.
+func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
+	b.releases.Add(1)
+	go func() {
+		defer b.releases.Done()
+		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+			select {
+			case <-b.stopped.Done():
+				return
+			case <-time.After(backoff):
+			}
+			if !time.Now().Before(until) {
+				return // forgotten: nothing published before can arrive any more
+			}
+			ctx, cancel := context.WithTimeout(b.stopped, fencedLookup)
+			owner, epoch, err := b.fencedOwner(ctx, s, mine)
+			cancel()
+			if err != nil {
+				b.logger.Debug("fenced session's owner still not found", "client_id", s.id, "error", err)
+				continue
+			}
+			b.handed.resolve(s.id, owner, epoch)
+			b.logger.Info("fenced session's owner found; its late messages go there", "client_id", s.id, "owner", owner, "epoch", epoch)
+			return
+		}
+	}()
+}
+
+// fencedOwner is the edge that owns fenced copy s's session at the
+// coordinator under a newer claim than mine, "" if none; err when the
+// coordinator did not say.
+func (b *Broker) fencedOwner(ctx context.Context, s *session, mine uint64) (owner string, epoch uint64, err error) {
+	lookup, ok := b.cluster.Ownership.(OwnerLookup)
+	if !ok {
+		return "", 0, nil
+	}
+	clientID, _ := s.scope.ExternalClientID(s.id)
+	owner, epoch, err = lookup.Owner(ctx, s.scope.Tenant(), clientID)
+	if err != nil {
+		return "", 0, err
 	}
 	if owner == "" || owner == b.cfg.EdgeID || epoch <= mine {
 		b.logger.Debug("session not claimed by another edge; nothing relayed", "client_id", s.id, "owner", owner, "epoch", epoch)
-		return "", 0
+		return "", 0, nil
 	}
-	return owner, epoch
+	return owner, epoch, nil
 }

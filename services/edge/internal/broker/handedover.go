@@ -79,7 +79,10 @@ type handedSub struct {
 	filter  string // internal form
 	session string // internal client ID
 	target  RelayTarget
-	to      string // the edge the session went to
+	// to is the edge the session went to; "" while it is not known (a
+	// fenced copy whose owner the coordinator did not name yet): a message
+	// for it is then refused, for its sender to send again (resolve).
+	to      string
 	noLocal bool
 	rap     bool
 	cutoff  int64 // unix nano: a message that entered before it is relayed
@@ -144,6 +147,40 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
 	}
+}
+
+// resolve names the edge a session remembered with no known owner (added
+// with to == "") went to, under epoch: its entries are relayed there from
+// now on. With owner "", no other edge took the session, and they go.
+func (h *handedOver) resolve(session, owner string, epoch uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pending := h.bySession[handedKey{session, ""}]
+	if len(pending) == 0 {
+		return
+	}
+	delete(h.bySession, handedKey{session, ""})
+	cutoff := int64(0)
+	for _, e := range pending {
+		cutoff = max(cutoff, e.cutoff)
+	}
+	if owner == "" || h.extendLocked(session, owner, epoch, cutoff) {
+		// Nobody to relay to, or remembered for the owner already.
+		for _, e := range pending {
+			h.subs.Remove(e.filter, e)
+		}
+		h.entries = slices.DeleteFunc(h.entries, func(e *handedSub) bool { return slices.Contains(pending, e) })
+		if len(h.entries) == 0 {
+			h.entries = nil
+			h.latest.Store(0)
+		}
+		return
+	}
+	for _, e := range pending {
+		e.to = owner
+		e.target.Epoch = epoch
+	}
+	h.bySession[handedKey{session, owner}] = pending
 }
 
 // extend moves the cutoff of the remembered entries of session, handed to
@@ -252,6 +289,10 @@ func (h *handedOver) pruneLocked(now time.Time) {
 // session but this edge has no peers to relay through.
 var errNoRelay = errors.New("message for a handed-over session, and no link to its new owner")
 
+// errOwnerUnknown is returned when a message must be relayed to a session
+// whose fenced copy left this edge before the coordinator named its owner.
+var errOwnerUnknown = errors.New("message for a session fenced here whose owner is not known yet")
+
 // relayHandedOver relays m to the sessions it must reach that this edge
 // handed over (see handedOver), and returns once their new owners took it.
 // only limits the sessions, as for handedOver.relays.
@@ -262,6 +303,12 @@ func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(sess
 	rs := b.handed.relays(m, time.Now(), only)
 	if len(rs) == 0 {
 		return nil
+	}
+	if slices.ContainsFunc(rs, func(r relay) bool { return r.to == "" }) {
+		// Taken here, it would be taken by nobody: the sender sends it
+		// again, and by then the owner may be known (relayFenced).
+		b.m.handoverRelays.WithLabelValues("owner_unknown").Inc()
+		return errOwnerUnknown
 	}
 	if b.cluster.Peers == nil {
 		b.m.handoverRelays.WithLabelValues("error").Inc()

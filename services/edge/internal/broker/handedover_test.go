@@ -228,6 +228,42 @@ func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
 	require.Zero(t, h.subs.Len())
 }
 
+// A session remembered with no known owner is relayed nowhere until its
+// owner is named: then to that owner alone, or, named by nobody, its
+// entries go; named as the owner it is remembered for already, once.
+func TestHandedOver_ResolvesAnUnknownOwner(t *testing.T) {
+	t.Parallel()
+	sc, err := tenancy.NewScope("t")
+	require.NoError(t, err)
+	at := time.Now()
+	old := &Message{Topic: sc.Topic("a/b"), QoS: 1, Created: at.Add(-time.Millisecond).UnixNano()}
+	for _, tc := range []struct {
+		name    string
+		owner   string
+		already bool // remembered for owner before
+		want    []relay
+	}{
+		{"named", "edge-2", false, []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 9, QoS: 1}}}}},
+		{"named_again", "edge-2", true, []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 9, QoS: 1}}}}},
+		{"nobody", "", false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHandedOver(time.Minute)
+			s := &session{id: sc.ClientID("c"), scope: sc, subs: map[string]*subscription{"a": {filter: sc.Topic("a/#"), qos: 1}}}
+			if tc.already {
+				h.add(s, at, "edge-2", 9)
+			}
+			h.add(s, at, "", 0)
+			rs := h.relays(old, at, nil)
+			require.True(t, slices.ContainsFunc(rs, func(r relay) bool { return r.to == "" }), "refused until the owner is known")
+			h.resolve(s.id, tc.owner, 9)
+			require.Equal(t, tc.want, h.relays(old, at, nil))
+			require.Len(t, h.entries, len(tc.want))
+		})
+	}
+}
+
 // After a takeover, a session remembers only messages published before it,
 // and only for as long as they can be relayed.
 func TestRecentIDs(t *testing.T) {
@@ -956,4 +992,78 @@ func TestBroker_RelayWaitsForAConnectingSession(t *testing.T) {
 	defer b.dropGuard(id, older)
 	require.False(t, older.granted(20))
 	require.NoError(t, b.DeliverRelayed(t.Context(), m, to), "a connection under an older claim is not the one meant")
+}
+
+// unreachableOwner grants every claim as grant says; its owner lookup
+// waits, as for a coordinator that does not answer, until reachable is
+// set, and then names edge the owner of every session under epoch.
+type unreachableOwner struct {
+	grant     Grant
+	edge      string
+	epoch     uint64
+	reachable atomic.Bool
+	lookups   atomic.Int32
+}
+
+func (o *unreachableOwner) Claim(context.Context, string, string) (Grant, error) { return o.grant, nil }
+func (*unreachableOwner) Release(context.Context, string, string, uint64) error  { return nil }
+
+func (o *unreachableOwner) Owner(ctx context.Context, _, _ string) (string, uint64, error) {
+	o.lookups.Add(1)
+	for !o.reachable.Load() {
+		select {
+		case <-ctx.Done():
+			return "", 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return o.edge, o.epoch, nil
+}
+
+// A fenced takeover copy whose newer owner the coordinator cannot name yet
+// does not let the messages routed to it go to nobody: they are refused,
+// for their senders to send again, until the owner is known, and then
+// relayed to it. The lookup made inside the CONNECT ends with the
+// CONNECT's deadline, not the edge's stop.
+func TestBroker_FencedTakeoverRefusesUntilItsOwnerIsKnown(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	b.cfg.ConnectTimeout = 500 * time.Millisecond
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("unowned")
+	filter, _ := sc.Filter("u/#")
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
+	require.NoError(t, err)
+	own := &unreachableOwner{grant: Grant{Epoch: 20, Previous: "edge-prev"}, edge: "edge-new", epoch: 21}
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Takeover: &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}, Ownership: own, Peers: peers})
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+
+	before := time.Now()
+	c := mqtttest.Dial(t, l.Address(), 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: persistentProps,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: "unowned"}})
+	ack, err := c.Read(10 * time.Second)
+	require.NoError(t, err)
+	require.Equal(t, packets.Connack, ack.FixedHeader.Type)
+	require.Equal(t, packets.ErrServerUnavailable.Code, ack.ReasonCode)
+	require.Less(t, time.Since(before), 3*time.Second, "the owner lookup ends with the CONNECT's deadline")
+	require.Positive(t, own.lookups.Load())
+	require.Nil(t, b.session(id), "the fenced copy is gone")
+
+	m := forwardedMsg(1, "u/x", 1, before)
+	require.Error(t, b.DeliverForwarded(t.Context(), m, SharedChoice{}), "not taken while nobody is known to relay it to")
+	require.Empty(t, peers.calls())
+
+	own.reachable.Store(true)
+	require.Eventually(t, func() bool { return b.DeliverForwarded(t.Context(), m, SharedChoice{}) == nil },
+		5*time.Second, 10*time.Millisecond, "relayed once the owner is known")
+	calls := peers.calls()
+	require.Len(t, calls, 1)
+	require.Equal(t, "edge-new", calls[0].edge)
+	require.Equal(t, uint64(21), calls[0].targets[0].Epoch)
 }

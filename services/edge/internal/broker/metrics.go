@@ -135,7 +135,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		}),
 		handoverRelays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_handover_relays_total",
-			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok, error: not taken, the sender tries again).",
+			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok; error: not taken, the sender tries again; owner_unknown: not taken, the coordinator has not named the new owner of a fenced copy yet).",
 		}, []string{"outcome"}),
 		relaysReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_relays_received_total",

@@ -563,7 +563,7 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 			// they were published, may not have them. So they go to it, as
 			// if the copy had been handed over. The coordinator says
 			// whether there is such an owner.
-			b.relayFenced(s, func() { b.forgetCopy(s, epoch) })
+			b.relayFenced(ctx, s, func() { b.forgetCopy(s, epoch) })
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
