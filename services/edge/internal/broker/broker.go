@@ -549,7 +549,8 @@ func (b *Broker) deliver(ctx context.Context, m *Message, again *Again) (wait fu
 		}
 		wait, local = w, choice
 	}
-	return wait, b.deliverLocal(m, local)
+	_, err = b.deliverLocal(m, local)
+	return wait, err
 }
 
 // clockSkew is how far apart the clocks of two edges may be: a message
@@ -688,12 +689,13 @@ func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) 
 	}
 }
 
-// deliverLocal hands m to this edge's own subscribers.
-func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
-	var failed error
+// deliverLocal hands m to this edge's own subscribers. served is the
+// shared groups it gave a member, when their origin hears of it or a
+// member handed over may have to get it instead (relayUnservedGroups).
+func (b *Broker) deliverLocal(m *Message, shared SharedChoice) (served []*shareGroup, failed error) {
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
-	var served []*shareGroup // groups given a member, when their origin hears of it
+	track := shared.Origin != nil || b.handed.mayRelay(m)
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]
@@ -704,8 +706,10 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 			continue // routed again: it had the message
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
-		if t.group != nil && shared.Origin != nil {
+		if t.group != nil && track {
 			served = append(served, t.group)
+		}
+		if t.group != nil && shared.Origin != nil {
 			if err := b.takeReported(t.sess, d, shared.Origin, true); err != nil {
 				failed = err
 			}
@@ -714,15 +718,12 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) error {
 		}
 		targets[i] = target{}
 	}
-	if shared.Origin != nil {
-		b.reportUnserved(m, shared, served)
-	}
 	if waited := time.Since(start); waited > time.Millisecond {
 		b.m.publishWait.Observe(waited.Seconds())
 	}
 	*tp = targets[:0]
 	targetPool.Put(tp)
-	return failed
+	return served, failed
 }
 
 // counted counts a delivery that did not go into a session's queue, by

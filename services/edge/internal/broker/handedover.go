@@ -76,7 +76,8 @@ type handedKey struct{ session, to string }
 
 // handedSub is one subscription of a handed-over session.
 type handedSub struct {
-	filter  string // internal form
+	filter  string // internal form (a share's inner filter)
+	group   string // the share group's name; "" for a plain subscription
 	session string // internal client ID
 	target  RelayTarget
 	// to is the edge the session went to; "" while it is not known (a
@@ -107,23 +108,22 @@ func newHandedOver(memory time.Duration) *handedOver {
 	return &handedOver{memory: memory}
 }
 
-// add remembers the non-shared subscriptions of s, handed over at at to
-// edge to under epoch. A shared subscription is left out: a group's
-// messages go to the edges where it has members, and one arriving for a
-// member that left is dispatched to another member (shared.go).
+// add remembers the subscriptions of s, handed over at at to edge to under
+// epoch. A shared subscription's entry serves only a message of its group
+// that this edge was to serve and has no member for any more
+// (groupRelays): the edge that routed it here chose this edge for the
+// group, so no other member of the group may get it.
 func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	cutoff := at.Add(handoverSkew).UnixNano()
 	expires := at.Add(h.memory)
 	tenant := s.scope.Tenant()
 	clientID, _ := s.scope.ExternalClientID(s.id)
 	s.mu.Lock()
-	var subs []*handedSub
+	subs := make([]*handedSub, 0, len(s.subs))
 	for _, x := range s.subs {
-		if x.group == nil {
-			subs = append(subs, &handedSub{filter: x.filter, session: s.id, to: to, noLocal: x.noLocal, rap: x.rap,
-				target: RelayTarget{Tenant: tenant, ClientID: clientID, Epoch: epoch, QoS: x.qos, SubIDs: x.ids},
-				cutoff: cutoff, expires: expires})
-		}
+		subs = append(subs, &handedSub{filter: x.filter, group: groupName(x), session: s.id, to: to, noLocal: x.noLocal, rap: x.rap,
+			target: RelayTarget{Tenant: tenant, ClientID: clientID, Epoch: epoch, QoS: x.qos, SubIDs: x.ids},
+			cutoff: cutoff, expires: expires})
 	}
 	s.mu.Unlock()
 	if len(subs) == 0 {
@@ -221,10 +221,11 @@ type relay struct {
 
 // relays returns, by new owner, the handed-over sessions that m must be
 // relayed to: it entered the cluster before they were handed over and
-// matches their subscriptions (one delivery per session, at the highest
-// QoS of its matching subscriptions, with all their identifiers, as the
-// index merges). only, when not nil, limits them to those sessions. QoS 0
-// is best effort and never relayed.
+// matches their plain subscriptions (one delivery per session, at the
+// highest QoS of its matching subscriptions, with all their identifiers,
+// as the index merges). only, when not nil, limits them to those sessions,
+// and then their shared subscriptions count too: m was relayed for them
+// already. QoS 0 is best effort and never relayed.
 func (h *handedOver) relays(m *Message, now time.Time, only func(session string) bool) []relay {
 	if !h.mayRelay(m) {
 		return nil
@@ -234,29 +235,62 @@ func (h *handedOver) relays(m *Message, now time.Time, only func(session string)
 	h.pruneLocked(now)
 	var out []relay
 	h.subs.Match(m.Topic, func(e *handedSub) bool {
-		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || only != nil && !only(e.session) {
+		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || (only == nil) != (e.group == "") ||
+			only != nil && !only(e.session) {
 			return true
 		}
-		t := e.target
-		t.QoS = min(t.QoS, m.QoS)
-		t.Retain = m.Retain && e.rap
-		i := slices.IndexFunc(out, func(r relay) bool { return r.to == e.to })
-		if i < 0 {
-			out = append(out, relay{to: e.to})
-			i = len(out) - 1
-		}
-		r := &out[i]
-		j := slices.IndexFunc(r.targets, func(x RelayTarget) bool { return x.Tenant == t.Tenant && x.ClientID == t.ClientID })
-		if j < 0 {
-			r.targets = append(r.targets, t)
-			return true
-		}
-		x := &r.targets[j]
-		x.QoS = max(x.QoS, t.QoS)
-		x.Retain = x.Retain || t.Retain
-		x.SubIDs = append(slices.Clip(x.SubIDs), t.SubIDs...)
+		out = e.appendTo(out, m)
 		return true
 	})
+	return out
+}
+
+// groupRelays returns, by new owner, one handed-over member of each shared
+// group that need names (by group name and inner filter) and m matches,
+// which entered the cluster before it was handed over, and those groups.
+func (h *handedOver) groupRelays(m *Message, now time.Time, need func(group, filter string) bool) ([]relay, []*shareGroup) {
+	if !h.mayRelay(m) {
+		return nil, nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pruneLocked(now)
+	var out []relay
+	var groups []*shareGroup
+	h.subs.Match(m.Topic, func(e *handedSub) bool {
+		if e.group == "" || m.Created >= e.cutoff ||
+			slices.ContainsFunc(groups, func(g *shareGroup) bool { return g.name == e.group && g.filter == e.filter }) ||
+			!need(e.group, e.filter) {
+			return true
+		}
+		groups = append(groups, &shareGroup{name: e.group, filter: e.filter})
+		out = e.appendTo(out, m)
+		return true
+	})
+	return out, groups
+}
+
+// appendTo adds e's session to the relays of m in out, merged with
+// another subscription of it there.
+func (e *handedSub) appendTo(out []relay, m *Message) []relay {
+	t := e.target
+	t.QoS = min(t.QoS, m.QoS)
+	t.Retain = m.Retain && e.rap
+	i := slices.IndexFunc(out, func(r relay) bool { return r.to == e.to })
+	if i < 0 {
+		out = append(out, relay{to: e.to})
+		i = len(out) - 1
+	}
+	r := &out[i]
+	j := slices.IndexFunc(r.targets, func(x RelayTarget) bool { return x.Tenant == t.Tenant && x.ClientID == t.ClientID })
+	if j < 0 {
+		r.targets = append(r.targets, t)
+		return out
+	}
+	x := &r.targets[j]
+	x.QoS = max(x.QoS, t.QoS)
+	x.Retain = x.Retain || t.Retain
+	x.SubIDs = append(slices.Clip(x.SubIDs), t.SubIDs...)
 	return out
 }
 
@@ -300,7 +334,35 @@ func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(sess
 	if !b.handed.mayRelay(m) {
 		return nil
 	}
-	rs := b.handed.relays(m, time.Now(), only)
+	return b.relayTo(ctx, m, b.handed.relays(m, time.Now(), only))
+}
+
+// relayUnservedGroups relays m, for each shared group this edge was to
+// serve for it (shared) and gave no member here (served), to one member of
+// the group this edge handed over before m entered the cluster (see
+// handedOver): the edge that routed m here chose this edge for the group,
+// because of that member's routes, and taken here m would reach no member
+// of it. It returns the groups m was relayed for, once their members' new
+// owners took it.
+func (b *Broker) relayUnservedGroups(ctx context.Context, m *Message, shared SharedChoice, served []*shareGroup) ([]*shareGroup, error) {
+	if !b.handed.mayRelay(m) {
+		return nil, nil
+	}
+	serves := b.servesGroup(m, shared) // nil: every group here
+	rs, groups := b.handed.groupRelays(m, time.Now(), func(group, filter string) bool {
+		if slices.ContainsFunc(served, func(g *shareGroup) bool { return g.name == group && g.filter == filter }) {
+			return false
+		}
+		return serves == nil || serves(&shareGroup{name: group, filter: filter})
+	})
+	if err := b.relayTo(ctx, m, rs); err != nil {
+		return nil, err
+	}
+	return groups, nil
+}
+
+// relayTo relays m as rs says and returns once the new owners took it.
+func (b *Broker) relayTo(ctx context.Context, m *Message, rs []relay) error {
 	if len(rs) == 0 {
 		return nil
 	}

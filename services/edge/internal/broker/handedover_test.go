@@ -202,10 +202,11 @@ func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
 	at := time.Now()
 	sc, err := tenancy.NewScope("t")
 	require.NoError(t, err)
+	share, _ := sc.Filter("$share/g/g")
 	s := &session{id: sc.ClientID("c"), scope: sc, subs: map[string]*subscription{
 		"a": {filter: sc.Topic("a/#"), qos: 2},
 		"n": {filter: sc.Topic("n"), qos: 1, noLocal: true},
-		"g": {filter: sc.Topic("g"), qos: 1, group: &shareGroup{name: "g"}},
+		"g": {filter: sc.Topic("g"), full: share, qos: 1, group: &shareGroup{name: "g", filter: sc.Topic("g")}},
 	}}
 	h.add(s, at, "edge-2", 9)
 	old := at.Add(-time.Millisecond).UnixNano()
@@ -218,7 +219,12 @@ func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
 	require.Empty(t, h.relays(msg("a/b", at.Add(handoverSkew).UnixNano(), ""), at, nil))
 	require.Equal(t, want, h.relays(msg("n", old, sc.ClientID("other")), at, nil))
 	require.Empty(t, h.relays(msg("n", old, sc.ClientID("c")), at, nil), "the session's own message is not for it (No Local)")
-	require.Empty(t, h.relays(msg("g", old, ""), at, nil), "shared subscriptions are not remembered")
+	require.Empty(t, h.relays(msg("g", old, ""), at, nil), "a shared subscription is not relayed with the plain ones")
+	rs, groups := h.groupRelays(msg("g", old, ""), at, func(group, filter string) bool { return group == "g" && filter == sc.Topic("g") })
+	require.Equal(t, want, rs, "but for its group, when this edge has no member of it")
+	require.Equal(t, []*shareGroup{{name: "g", filter: sc.Topic("g")}}, groups)
+	rs, _ = h.groupRelays(msg("g", old, ""), at, func(string, string) bool { return false })
+	require.Empty(t, rs)
 	require.Empty(t, h.relays(&Message{Topic: "other/a/b", QoS: 1, Created: old}, at, nil), "another tenant's topic")
 	require.Empty(t, h.relays(msg("a/b", old, ""), at, func(string) bool { return false }))
 
@@ -1066,4 +1072,76 @@ func TestBroker_FencedTakeoverRefusesUntilItsOwnerIsKnown(t *testing.T) {
 	require.Len(t, calls, 1)
 	require.Equal(t, "edge-new", calls[0].edge)
 	require.Equal(t, uint64(21), calls[0].targets[0].Epoch)
+}
+
+// sharedReportLog records the outcomes of group messages reported to
+// their origins.
+type sharedReportLog struct {
+	mu       sync.Mutex
+	outcomes []ShareOutcome
+}
+
+func (r *sharedReportLog) ReportShared(_ ShareOrigin, _ *Message, _ GroupKey, o ShareOutcome) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.outcomes = append(r.outcomes, o)
+	return true
+}
+
+func (r *sharedReportLog) reported() []ShareOutcome {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.outcomes)
+}
+
+// A shared-group message chosen for this edge because of a fenced copy's
+// membership, refused by the copy and sent again once it is gone, finds
+// no member of the group here: it is relayed to the session's newer
+// owner, as a plain subscription's is, and not taken by nobody (QoS 2, or
+// a QoS 1 one its origin does not keep). One its origin keeps is reported
+// acknowledged once the owner took it, not re-dispatched as well.
+func TestBroker_FencedTakeoverRelaysItsGroupMessages(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		qos    uint32
+		origin *ShareOrigin
+		want   []ShareOutcome
+	}{
+		{"qos2", 2, nil, nil},
+		{"qos1_unkept", 1, nil, nil},
+		{"qos1_kept", 1, &ShareOrigin{Edge: "edge-pub", Incarnation: 1}, []ShareOutcome{ShareAcked}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+			sc := b.mustScope(t, "default")
+			id := sc.ClientID("member")
+			filter, _ := sc.Filter("$share/g/s/#")
+			state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+				Subs: []durable.Subscription{{Filter: filter, QoS: 2}}})
+			require.NoError(t, err)
+			peers, reports := &relayingPeers{}, &sharedReportLog{}
+			b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+				Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
+				Ownership: ownerAt{edge: "edge-new", epoch: 21}, Peers: peers, Reports: reports})
+			before := time.Now()
+			_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "member", 20, false)
+			require.ErrorIs(t, err, durable.ErrFenced)
+			require.Nil(t, b.session(id))
+
+			choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "g", Filter: "s/#"}}, Origin: tc.origin}
+			require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(1, "s/x", tc.qos, before), choice))
+			calls := peers.calls()
+			require.Len(t, calls, 1, "relayed to the member's newer owner")
+			require.Equal(t, "edge-new", calls[0].edge)
+			require.Equal(t, []RelayTarget{{Tenant: "default", ClientID: "member", Epoch: 21, QoS: byte(tc.qos)}}, calls[0].targets)
+			require.Equal(t, tc.want, reports.reported())
+
+			// A group this edge was not chosen for is not relayed; nor is
+			// a message published after the copy's routes were gone.
+			require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(2, "s/x", tc.qos, before), SharedChoice{Chosen: true}))
+			require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(3, "s/x", tc.qos, time.Now().Add(time.Second)), choice))
+			require.Len(t, peers.calls(), 1)
+		})
+	}
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -98,7 +99,18 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	if m.Retain {
 		b.retain(m)
 	}
-	if err := b.deliverLocal(m, shared); err != nil || shared.Only {
+	served, err := b.deliverLocal(m, shared)
+	// A group this edge was chosen for that has no member here any more may
+	// have had one that left this edge before m came: m goes to it.
+	relayed, rerr := b.relayUnservedGroups(ctx, m, shared, served)
+	if rerr != nil {
+		// Sent again, m is offered to the groups again (and reported then).
+		return errors.Join(err, rerr)
+	}
+	if shared.Origin != nil {
+		b.reportUnserved(m, shared, served, relayed)
+	}
+	if err != nil || shared.Only {
 		return err
 	}
 	// Published before a session it matches left this edge: the session's

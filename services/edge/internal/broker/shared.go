@@ -244,8 +244,10 @@ func (b *Broker) reportAcked(s *session, d delivery) {
 }
 
 // reportUnserved tells the origin of a message about every group it chose
-// this edge for that has no member here any more: it re-dispatches.
-func (b *Broker) reportUnserved(m *Message, shared SharedChoice, served []*shareGroup) {
+// this edge for that has no member here any more: it re-dispatches. A
+// group whose member left this edge and was relayed the message (relayed)
+// is reported acknowledged: the member's new owner took it.
+func (b *Broker) reportUnserved(m *Message, shared SharedChoice, served, relayed []*shareGroup) {
 	if b.cluster.Reports == nil || len(served) == len(shared.Groups) {
 		return
 	}
@@ -259,7 +261,12 @@ func (b *Broker) reportUnserved(m *Message, shared SharedChoice, served []*share
 	}
 	for _, g := range shared.Groups {
 		inner, _ := sc.Filter(g.Filter)
-		if !slices.ContainsFunc(served, func(s *shareGroup) bool { return s.name == g.Name && s.filter == inner }) {
+		is := func(s *shareGroup) bool { return s.name == g.Name && s.filter == inner }
+		switch {
+		case slices.ContainsFunc(served, is):
+		case slices.ContainsFunc(relayed, is):
+			b.cluster.Reports.ReportShared(*shared.Origin, m, g, ShareAcked)
+		default:
 			b.cluster.Reports.ReportShared(*shared.Origin, m, g, ShareMemberGone)
 		}
 	}
