@@ -262,7 +262,7 @@ func (b *Broker) recheckSubscriptions(cl *mqtt.Client, c *conn) {
 		if rules.CanSubscribe(ext) {
 			continue
 		}
-		s.removeSub(sub.full)
+		s.removeSub(nil, sub.full)
 		cl.State.Subscriptions.Delete(sub.full)
 		b.server.Topics.Unsubscribe(sub.full, cl.ID)
 		b.m.aclRevoked.Inc()

@@ -808,11 +808,12 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			sub.filter = inner
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
-		if kept, err := s.addSub(sub, b.cfg.MaxSubscriptions); err != nil {
+		if kept, err := s.addSub(cl, sub, b.cfg.MaxSubscriptions); err != nil {
 			if errors.Is(err, errSubSuperseded) {
 				// A newer connection of the session holds what stands
-				// now: neither its subscription nor mochi's is this
-				// connection's to touch.
+				// now (it took the session over, or subscribed or
+				// unsubscribed since): neither its subscription nor
+				// mochi's is this connection's to touch.
 				refuse(i, packets.ErrUnspecifiedError.Code)
 				continue
 			}
@@ -838,7 +839,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			// An ACL change came between the check and now, and its
 			// re-check of the session's subscriptions may have missed
 			// this one.
-			s.removeSub(f.Filter)
+			s.removeSub(cl, f.Filter)
 			cl.State.Subscriptions.Delete(f.Filter)
 			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
 			refuse(i, packets.ErrNotAuthorized.Code)
@@ -861,7 +862,10 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 		return
 	}
 	for _, f := range pk.Filters {
-		s.removeSub(f.Filter)
+		// An UNSUBSCRIBE handled after a newer connection took the session
+		// over, or mochi's clean-up of a connection whose session ended,
+		// leaves the session alone.
+		s.removeSub(cl, f.Filter)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
@@ -303,4 +304,128 @@ type releaseRecorder struct {
 func (r *releaseRecorder) Release(_ context.Context, _, _ string, epoch uint64) error {
 	r.released <- epoch
 	return nil
+}
+
+// A SUBSCRIBE read from a connection before a newer connection took its
+// session over, and handled after, changes nothing of the session: the
+// newer connection's subscription of the same filter keeps the options it
+// was granted (here QoS 0, not the stale QoS 1), and a filter only the
+// stale SUBSCRIBE names is not added. What that SUBSCRIBE added while its
+// connection still held the session stays, as any subscription made
+// before the takeover does.
+func TestBroker_StaleSubscribeLeavesTheSessionAlone(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes := newCountingRoutes(func(filter string, _ int) (<-chan struct{}, error) {
+		if filter == "stale/first" {
+			return release, nil
+		}
+		return nil, nil
+	})
+	b.SetCluster(Cluster{Routes: routes})
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("stale", false, persistentSession)
+	old.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "stale/first", Qos: 1}, {Filter: "stale/second", Qos: 1}, {Filter: "stale/never", Qos: 1}}})
+	routes.waitEntered(t, "stale/first")
+
+	// A newer connection takes the session over while the old one's
+	// SUBSCRIBE waits on its first route, and subscribes at QoS 0.
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("stale", false, persistentSession)
+	require.Equal(t, []byte{0}, newer.Subscribe(1, "stale/second", 0).ReasonCodes)
+	routes.waitEntered(t, "stale/second")
+	routes.waitReturned(t, "stale/second")
+
+	open() // the old connection's SUBSCRIBE goes on
+	require.Eventually(t, func() bool {
+		return promtestutil.ToFloat64(b.m.disconnects.WithLabelValues("taken_over")) == 1
+	}, 5*time.Second, 10*time.Millisecond, "the old connection's SUBSCRIBE was handled and its connection ended")
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "stale/never", 1, []byte("not subscribed"))
+	pub.Expect(packets.Puback)
+	pub.Publish(2, "stale/second", 1, []byte("second"))
+	pub.Expect(packets.Puback)
+	got := newer.Expect(packets.Publish)
+	require.Equal(t, "stale/second", got.TopicName, "nothing on a filter only the stale SUBSCRIBE named")
+	require.Equal(t, byte(0), got.FixedHeader.Qos, "at the QoS the newer connection was granted")
+
+	s := b.session(b.mustScope(t, "default").ClientID("stale"))
+	require.NotNil(t, s)
+	require.EqualValues(t, 2, s.nsubs.Load(), "stale/first, from before the takeover, and stale/second")
+	for _, f := range []string{"stale/first", "stale/second", "stale/never"} {
+		n, unheld := routes.state(f)
+		want := 1
+		if f == "stale/never" {
+			want = 0
+		}
+		require.Equal(t, want, n, f)
+		require.Zero(t, unheld)
+	}
+}
+
+// blockingRemove is countingRoutes whose removals of one filter wait for
+// release.
+type blockingRemove struct {
+	*countingRoutes
+	filter  string
+	entered chan struct{}
+	release <-chan struct{}
+}
+
+func (r *blockingRemove) Remove(ctx context.Context, tenant, filter, group string) error {
+	if filter == r.filter {
+		r.entered <- struct{}{}
+		<-r.release
+	}
+	return r.countingRoutes.Remove(ctx, tenant, filter, group)
+}
+
+// An UNSUBSCRIBE read from a connection before a newer connection took its
+// session over, and handled after, does not remove the newer connection's
+// subscription of a filter it names.
+func TestBroker_StaleUnsubscribeLeavesTheSessionAlone(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes := &blockingRemove{countingRoutes: newCountingRoutes(func(string, int) (<-chan struct{}, error) { return nil, nil }),
+		filter: "stale/a", entered: make(chan struct{}, 1), release: release}
+	b.SetCluster(Cluster{Routes: routes})
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("unsub", false, persistentSession)
+	old.Subscribe(1, "stale/a", 1)
+	old.Subscribe(2, "stale/b", 1)
+	old.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 3,
+		Filters: packets.Subscriptions{{Filter: "stale/a"}, {Filter: "stale/b"}}})
+	select {
+	case <-routes.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no removal of stale/a")
+	}
+
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("unsub", false, persistentSession)
+	require.Equal(t, []byte{1}, newer.Subscribe(1, "stale/b", 1).ReasonCodes)
+	open() // the old connection's UNSUBSCRIBE goes on
+	require.Eventually(t, func() bool {
+		return promtestutil.ToFloat64(b.m.disconnects.WithLabelValues("taken_over")) == 1
+	}, 5*time.Second, 10*time.Millisecond, "the old connection's UNSUBSCRIBE was handled and its connection ended")
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "stale/b", 1, []byte("b"))
+	pub.Expect(packets.Puback)
+	require.Equal(t, "stale/b", newer.Expect(packets.Publish).TopicName, "the newer connection's subscription stands")
+	n, unheld := routes.state("stale/b")
+	require.Equal(t, 1, n)
+	require.Zero(t, unheld)
 }

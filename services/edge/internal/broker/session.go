@@ -1123,15 +1123,19 @@ var (
 	errSubNotStored    = errors.New("subscription not stored")
 	errSubSessionEnded = errors.New("session ended")
 	// errSubSuperseded: granted, but replaced or ended meanwhile (by a
-	// newer connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end):
-	// the session holds something else now, which is not this SUBACK's to
+	// newer connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end),
+	// or asked by a connection the session is no longer bound to: the
+	// session holds something else now, which is not this SUBACK's to
 	// touch.
 	errSubSuperseded = errors.New("subscription superseded")
 )
 
-// addSub adds or replaces a subscription of the session. It refuses a new
-// filter beyond max subscriptions, one whose route the cluster did not
-// take, and for a durable session one the store did not keep. A refused
+// addSub adds or replaces a subscription of the session for a SUBSCRIBE
+// of cl. It refuses one from a connection the session is no longer bound
+// to (taken over while the SUBSCRIBE waited to be handled: the newer
+// connection's subscriptions are the session's now), a new filter beyond
+// max subscriptions, one whose route the cluster did not take, and for a
+// durable session one the store did not keep. A refused
 // replacement puts back the subscription it replaced when it had taken
 // over that one's route, and returns it (kept); one whose own route was
 // still being added is not put back (its adder gives the route up).
@@ -1143,11 +1147,15 @@ var (
 // waiting for the SUBACK, gets what it expects from a single broker. Only
 // the SUBACK waits (DESIGN: SUBSCRIBE); a refused subscription leaves the
 // index again.
-func (s *session) addSub(sub *subscription, maxSubs int) (kept *subscription, err error) {
+func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept *subscription, err error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, errSubSessionEnded
+	}
+	if s.client != cl {
+		s.mu.Unlock()
+		return nil, errSubSuperseded
 	}
 	old := s.subs[sub.full]
 	if old == nil && maxSubs > 0 && len(s.subs) >= maxSubs {
@@ -1282,8 +1290,15 @@ func (s *session) removeRoute(ctx context.Context, sub *subscription) error {
 	return s.b.cluster.Routes.Remove(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 }
 
-func (s *session) removeSub(filter string) {
+// removeSub removes the session's subscription of filter. cl, when set,
+// is the connection asking (an UNSUBSCRIBE): one the session is no longer
+// bound to changes nothing.
+func (s *session) removeSub(cl *mqtt.Client, filter string) {
 	s.mu.Lock()
+	if cl != nil && s.client != cl {
+		s.mu.Unlock()
+		return
+	}
 	sub := s.subs[filter]
 	delete(s.subs, filter)
 	s.nsubs.Store(int32(len(s.subs)))
