@@ -808,7 +808,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			sub.filter = inner
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
-		if kept, err := s.addSub(cl, sub, b.cfg.MaxSubscriptions); err != nil {
+		if err := s.addSub(cl, sub, b.cfg.MaxSubscriptions); err != nil {
 			if errors.Is(err, errSubSuperseded) {
 				// A newer connection of the session holds what stands
 				// now (it took the session over, or subscribed or
@@ -817,15 +817,10 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 				refuse(i, packets.ErrUnspecifiedError.Code)
 				continue
 			}
-			if kept != nil {
-				// The subscription it would have replaced stays, in mochi too.
-				pk := kept.packet()
-				cl.State.Subscriptions.Add(f.Filter, pk)
-				b.server.Topics.Subscribe(cl.ID, pk)
-			} else {
-				cl.State.Subscriptions.Delete(f.Filter)
-				b.server.Topics.Unsubscribe(f.Filter, cl.ID)
-			}
+			// The subscription it would have replaced stays, in mochi too
+			// (or what a newer connection holds, if one took the session
+			// over meanwhile).
+			b.mirrorSub(cl, s, f.Filter)
 			if errors.Is(err, errSubQuota) {
 				b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
 				refuse(i, packets.ErrQuotaExceeded.Code)
@@ -840,8 +835,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			// re-check of the session's subscriptions may have missed
 			// this one.
 			s.removeSub(cl, f.Filter)
-			cl.State.Subscriptions.Delete(f.Filter)
-			b.server.Topics.Unsubscribe(f.Filter, cl.ID)
+			b.mirrorSub(cl, s, f.Filter)
 			refuse(i, packets.ErrNotAuthorized.Code)
 			continue
 		}
@@ -854,6 +848,27 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids, onSubscribe: true}) // [MQTT-3.3.1-9]
 		})
 	}
+}
+
+// mirrorSub makes mochi's records of filter for cl say what the session
+// holds of it, after a SUBSCRIBE of cl that did not go through: cl's own
+// subscription list, and mochi's topic index, which is keyed by client ID
+// and so shared by every connection of the client. A newer connection may
+// have taken the session over while the SUBSCRIBE waited, and subscribed
+// the filter (or inherited it from cl): its record must stay, or mochi
+// answers its UNSUBSCRIBE "no subscription existed". Under the session's
+// lock, the record follows the session's latest change of the filter.
+func (b *Broker) mirrorSub(cl *mqtt.Client, s *session, filter string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if held := s.subs[filter]; held != nil {
+		pk := held.packet()
+		cl.State.Subscriptions.Add(filter, pk)
+		b.server.Topics.Subscribe(cl.ID, pk)
+		return
+	}
+	cl.State.Subscriptions.Delete(filter)
+	b.server.Topics.Unsubscribe(filter, cl.ID)
 }
 
 func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {

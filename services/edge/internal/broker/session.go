@@ -1137,8 +1137,8 @@ var (
 // max subscriptions, one whose route the cluster did not take, and for a
 // durable session one the store did not keep. A refused
 // replacement puts back the subscription it replaced when it had taken
-// over that one's route, and returns it (kept); one whose own route was
-// still being added is not put back (its adder gives the route up).
+// over that one's route; one whose own route was still being added is not
+// put back (its adder gives the route up).
 //
 // The subscription matches this edge's publishes from the moment it is read,
 // before its route and its durable record are in place: the server may send
@@ -1147,20 +1147,20 @@ var (
 // waiting for the SUBACK, gets what it expects from a single broker. Only
 // the SUBACK waits (DESIGN: SUBSCRIBE); a refused subscription leaves the
 // index again.
-func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept *subscription, err error) {
+func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, errSubSessionEnded
+		return errSubSessionEnded
 	}
 	if s.client != cl {
 		s.mu.Unlock()
-		return nil, errSubSuperseded
+		return errSubSuperseded
 	}
 	old := s.subs[sub.full]
 	if old == nil && maxSubs > 0 && len(s.subs) >= maxSubs {
 		s.mu.Unlock()
-		return nil, errSubQuota
+		return errSubQuota
 	}
 	s.subs[sub.full] = sub
 	s.nsubs.Store(int32(len(s.subs)))
@@ -1178,13 +1178,13 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept 
 	// meanwhile (its end, an UNSUBSCRIBE or a SUBSCRIBE of a newer
 	// connection) took it out of the index before sub was in it.
 	if !s.indexHeld(sub) {
-		return nil, errSubSuperseded
+		return errSubSuperseded
 	}
 	// undo takes sub back. Only a subscription whose count sub took over is
 	// put back in its place: one whose own Add was still out when sub
 	// replaced it is given up by its adder, which may have done so already.
-	// It reports whether it put the old subscription back.
-	undo := func(ctx context.Context) (restored bool) {
+	undo := func(ctx context.Context) {
+		restored := false
 		s.mu.Lock()
 		if s.subs[sub.full] == sub {
 			if inherited {
@@ -1199,12 +1199,11 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept 
 		s.mu.Unlock()
 		s.b.index.remove(sub)
 		if restored {
-			restored = s.indexHeld(old)
+			s.indexHeld(old)
 		}
 		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
-		return restored
 	}
 	if !inherited {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
@@ -1220,13 +1219,13 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept 
 				_ = s.removeRoute(cancelled, sub)
 			}
 			s.b.logger.Error("route not registered; subscription refused", "client_id", s.id, "error", err)
-			return nil, fmt.Errorf("%w: %w", errSubNotRouted, err)
+			return fmt.Errorf("%w: %w", errSubNotRouted, err)
 		}
 		if !s.routeCounted(sub) {
 			// Granted, and meanwhile replaced or ended (by a newer
 			// connection's SUBSCRIBE or UNSUBSCRIBE, or the session's end).
 			s.b.index.remove(sub)
-			return nil, errSubSuperseded
+			return errSubSuperseded
 		}
 	}
 	if isDurable {
@@ -1237,13 +1236,11 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) (kept 
 		cancel()
 		if err != nil {
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
-			if undo(context.Background()) {
-				return old, fmt.Errorf("%w: %w", errSubNotStored, err)
-			}
-			return nil, fmt.Errorf("%w: %w", errSubNotStored, err)
+			undo(context.Background())
+			return fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // indexHeld puts sub in the index if the session still holds it, and
