@@ -28,6 +28,13 @@ func startDurable(t *testing.T, dir string) (addr string, stop func()) {
 // stop to the caller.
 func openDurable(t *testing.T, dir string) (b *Broker, addr string, stop func()) {
 	t.Helper()
+	return openDurableWith(t, dir, nil)
+}
+
+// openDurableWith is openDurable that runs before, when set, on the broker
+// restored from dir before it serves (to set its cluster).
+func openDurableWith(t *testing.T, dir string, before func(*Broker)) (b *Broker, addr string, stop func()) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.EdgeID = "test"
 	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
@@ -35,6 +42,9 @@ func openDurable(t *testing.T, dir string) (b *Broker, addr string, stop func())
 	st, err := durable.Open(dir, testutil.Logger(t))
 	require.NoError(t, err)
 	require.NoError(t, b.Restore(st))
+	if before != nil {
+		before(b)
+	}
 	l := newTCP("127.0.0.1:0")
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())

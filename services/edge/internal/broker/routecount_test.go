@@ -473,3 +473,41 @@ func TestBroker_RefusedStaleSubscribeLeavesTheNewerConnectionsRecord(t *testing.
 	require.Zero(t, n)
 	require.Zero(t, unheld)
 }
+
+// A stored subscription whose route the router refused (restored from the
+// edge's store when it joined a cluster), dropped by a replacement that
+// fails too, leaves no record in the store: kept there, it came back on
+// the session's next load, though the client was told its SUBSCRIBE
+// failed and the session had let the subscription go.
+func TestBroker_FailedReplacementOfAnUnroutedSubscriptionLeavesNoRecord(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, addr, stop := openDurable(t, dir)
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("unrouted", false, persistentSession)
+	require.Equal(t, []byte{1}, c.Subscribe(1, "unrouted/x", 1).ReasonCodes)
+	_ = c.Conn.Close()
+	stop()
+
+	// Joining a cluster whose router refuses the filter: restored, stored,
+	// and not routed.
+	routes := newCountingRoutes(func(string, int) (<-chan struct{}, error) {
+		return nil, fmt.Errorf("%w: injected", ErrRouteRefused)
+	})
+	b, addr, stop := openDurableWith(t, dir, func(b *Broker) { b.SetCluster(Cluster{Routes: routes}) })
+	id := b.mustScope(t, "default").ClientID("unrouted")
+	c = mqtttest.Dial(t, addr, 5)
+	require.True(t, c.Connect("unrouted", false, persistentSession).SessionPresent)
+	require.Equal(t, []byte{packets.ErrUnspecifiedError.Code}, c.Subscribe(2, "unrouted/x", 1).ReasonCodes)
+	require.Zero(t, b.session(id).nsubs.Load(), "the session let the subscription go")
+	st, ok, err := b.store.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Empty(t, st.Subs, "and so does its stored state")
+	_ = c.Conn.Close()
+	stop()
+
+	b, _, stop = openDurable(t, dir)
+	t.Cleanup(stop)
+	require.Zero(t, b.session(id).nsubs.Load(), "it does not come back")
+}

@@ -1182,9 +1182,14 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 	}
 	// undo takes sub back. Only a subscription whose count sub took over is
 	// put back in its place: one whose own Add was still out when sub
-	// replaced it is given up by its adder, which may have done so already.
-	undo := func(ctx context.Context) {
-		restored := false
+	// replaced it is given up by its adder, which may have done so already,
+	// and one stored but not routed (the router refused it when the edge
+	// registered its restored sessions) goes too. stored says whether sub's
+	// own record may have been written. A filter the session no longer
+	// holds leaves the store as well: the record of a dropped subscription,
+	// or of sub, would bring it back when the session is next loaded.
+	undo := func(ctx context.Context, stored bool) {
+		restored, dropped := false, false
 		s.mu.Lock()
 		if s.subs[sub.full] == sub {
 			if inherited {
@@ -1193,6 +1198,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 				restored = true
 			} else {
 				delete(s.subs, sub.full)
+				dropped = true
 			}
 			s.nsubs.Store(int32(len(s.subs)))
 		}
@@ -1204,6 +1210,14 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
+		if dropped && isDurable && (old != nil || stored) {
+			sctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			defer cancel()
+			if err := s.b.store.DeleteSubscription(sctx, s.id, sub.full); err != nil {
+				s.b.logger.Warn("record of a subscription the session let go not removed; it comes back when the session is loaded",
+					"client_id", s.id, "error", err)
+			}
+		}
 	}
 	if !inherited {
 		// The route is in place before the SUBACK leaves (DESIGN: SUBSCRIBE).
@@ -1211,7 +1225,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			undo(cancelled)
+			undo(cancelled, false)
 			if !errors.Is(err, ErrRouteRefused) {
 				// Counted though not confirmed, and held by no one else
 				// (its flag was never set): it goes as it came, without
@@ -1236,7 +1250,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		cancel()
 		if err != nil {
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
-			undo(context.Background())
+			undo(context.Background(), true)
 			return fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 	}
