@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -35,6 +36,16 @@ type claimGuard struct {
 type claimGuards struct {
 	mu   sync.Mutex
 	byID map[string][]*claimGuard
+	// abandoned holds, by internal client ID, the end of a session copy
+	// that a connection which gave up before its CONNACK left to a newer
+	// CONNECT in flight (deferAbandoned); guarded by mu.
+	abandoned map[string]abandonedEnd
+}
+
+// abandonedEnd is the connection whose copy endAbandoned is to end.
+type abandonedEnd struct {
+	cl *mqtt.Client
+	c  *conn
 }
 
 // guardClaim registers a guard for a CONNECT of id (internal client ID).
@@ -56,12 +67,69 @@ func (b *Broker) dropGuard(id string, g *claimGuard) {
 	}
 	b.claims.mu.Lock()
 	defer b.claims.mu.Unlock()
+	b.dropGuardLocked(id, g)
+}
+
+// dropGuardLocked is dropGuard with b.claims.mu held.
+func (b *Broker) dropGuardLocked(id string, g *claimGuard) {
 	gs := slices.DeleteFunc(b.claims.byID[id], func(x *claimGuard) bool { return x == g })
 	if len(gs) == 0 {
 		delete(b.claims.byID, id)
 		return
 	}
 	b.claims.byID[id] = gs
+}
+
+// refusedClaim drops the guard g of a CONNECT of id that was refused, and
+// ends the copy an abandoned connection left to the CONNECTs in flight
+// (deferAbandoned): endAbandoned ends it now unless another is still in
+// flight, which it is left to in turn. Without this, a copy that expires
+// with its connection would stay with nobody to end it.
+func (b *Broker) refusedClaim(id string, g *claimGuard) {
+	b.claims.mu.Lock()
+	b.dropGuardLocked(id, g)
+	end, ok := b.claims.abandoned[id]
+	delete(b.claims.abandoned, id)
+	b.claims.mu.Unlock()
+	if ok {
+		b.releases.Add(1)
+		go func() {
+			defer b.releases.Done()
+			b.endAbandoned(end.cl, end.c)
+		}()
+	}
+}
+
+// deferAbandoned leaves the end of the copy of abandoned connection cl to
+// the CONNECTs of its client in flight here whose claim may be newer than
+// its own (connecting), and reports whether there are any. One that binds
+// the session takes the copy on (claimTaken); the last refused ends it
+// (refusedClaim). Under the guards' lock, so that a refusal sees what was
+// left to it.
+func (b *Broker) deferAbandoned(cl *mqtt.Client, c *conn) bool {
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	if !b.connectingLocked(cl.ID, c.epoch) {
+		return false
+	}
+	if b.claims.abandoned == nil {
+		b.claims.abandoned = make(map[string]abandonedEnd)
+	}
+	if cur, ok := b.claims.abandoned[cl.ID]; !ok || cur.c.epoch < c.epoch {
+		b.claims.abandoned[cl.ID] = abandonedEnd{cl: cl, c: c}
+	}
+	return true
+}
+
+// claimTaken records that a CONNECT of id holds the session's claim under
+// epoch: the copy an abandoned connection under an older claim left to it
+// is its own now.
+func (b *Broker) claimTaken(id string, epoch uint64) {
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	if end, ok := b.claims.abandoned[id]; ok && end.c.epoch < epoch {
+		delete(b.claims.abandoned, id)
+	}
 }
 
 // supersede tells the CONNECTs of id in flight here that another edge
@@ -84,6 +152,11 @@ func (b *Broker) supersede(id string, epoch uint64) {
 func (b *Broker) connecting(id string, epoch uint64) bool {
 	b.claims.mu.Lock()
 	defer b.claims.mu.Unlock()
+	return b.connectingLocked(id, epoch)
+}
+
+// connectingLocked is connecting with b.claims.mu held.
+func (b *Broker) connectingLocked(id string, epoch uint64) bool {
 	for _, g := range b.claims.byID[id] {
 		g.mu.Lock()
 		mine := g.epoch == 0 || g.epoch >= epoch

@@ -150,7 +150,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	c.guard = b.guardClaim(internal)
 	defer func() {
 		if b.conn(cl) != c {
-			b.dropGuard(internal, c.guard) // refused
+			b.refusedClaim(internal, c.guard) // refused
 		}
 	}()
 	// Behind this edge's other claims of the session (sessionLocks).
@@ -248,6 +248,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 			_ = b.disconnect(cl, packets.ErrNotAuthorized)
 		})
 	}
+	b.claimTaken(internal, epoch)
 	b.conns.Store(cl, c)
 	b.aclSeen(c, aclGen)
 	return nil
@@ -427,7 +428,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 // (mochi forgets the client). A copy is bound with its claim's epoch, so
 // one under a later epoch is a newer claim's; a newer claim still on its
 // way to binding (behind the claim lock, or past it with its guard up) is
-// left its copy too.
+// left its copy too, and if it is refused the copy ends then
+// (deferAbandoned).
 func (b *Broker) endAbandoned(cl *mqtt.Client, c *conn) {
 	ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
 	defer cancel()
@@ -440,7 +442,7 @@ func (b *Broker) endAbandoned(cl *mqtt.Client, c *conn) {
 	if s == nil {
 		return
 	}
-	if b.connecting(cl.ID, c.epoch) {
+	if b.deferAbandoned(cl, c) {
 		return
 	}
 	s.mu.Lock()

@@ -511,3 +511,86 @@ func TestBroker_FailedReplacementOfAnUnroutedSubscriptionLeavesNoRecord(t *testi
 	t.Cleanup(stop)
 	require.Zero(t, b.session(id).nsubs.Load(), "it does not come back")
 }
+
+// lockRefs is how many hold or wait for the claim lock of id.
+func lockRefs(b *Broker, id string) int {
+	b.claiming.mu.Lock()
+	defer b.claiming.mu.Unlock()
+	if sl := b.claiming.byID[id]; sl != nil {
+		return sl.refs
+	}
+	return 0
+}
+
+// connectAs sends a CONNECT of id that resumes its session and expires
+// with the connection (MQTT 5, no session expiry).
+func connectAs(t *testing.T, addr, id string) *mqtttest.Client {
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: id, Keepalive: 30}})
+	return c
+}
+
+// The session copy of a connection that gave up before its CONNACK, and
+// that expires with it, is left to a newer CONNECT of the client that is
+// in flight then; when that CONNECT is refused, the copy ends after all
+// (and its claim is given back), rather than stay with nobody to end it.
+func TestBroker_AbandonedCopyEndsWhenTheNewerConnectIsRefused(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	var calls atomic.Int32
+	claimedA, gateA, claimedC, gateC := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	openA, openC := sync.OnceFunc(func() { close(gateA) }), sync.OnceFunc(func() { close(gateC) })
+	t.Cleanup(openA)
+	t.Cleanup(openC)
+	unavailable := errors.New("coordinator unavailable")
+	own := &releaseRecorder{fakeOwnership: fakeOwnership{claim: func(string, string) (uint64, string, error) {
+		switch calls.Add(1) {
+		case 1: // the session's first connection
+			return 1, "", nil
+		case 2: // A, which gives up
+			close(claimedA)
+			<-gateA
+			return 2, "", nil
+		case 3: // C, refused while A's end waits for the claim lock
+			close(claimedC)
+			<-gateC
+			return 0, "", unavailable
+		}
+		return 0, "", unavailable // B, in flight when A's end runs, refused
+	}}, released: make(chan uint64, 8)}
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Ownership: own})
+	id := b.mustScope(t, "default").ClientID("gives-up")
+
+	first := mqtttest.Dial(t, addr, 5)
+	first.Connect("gives-up", false, persistentSession)
+	first.Subscribe(1, "gives-up/#", 1)
+	first.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	require.Eventually(t, func() bool { s := b.session(id); return s != nil && !s.online.Load() }, 5*time.Second, 10*time.Millisecond)
+
+	// A resumes the session, expiring with its connection, and resets it
+	// while its claim waits, so that its CONNACK is not written.
+	a := connectAs(t, addr, "gives-up")
+	<-claimedA
+	require.NoError(t, a.Conn.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, a.Conn.Close())
+	c := connectAs(t, addr, "gives-up")
+	require.Eventually(t, func() bool { return lockRefs(b, id) == 2 }, 5*time.Second, time.Millisecond, "C waits for A's claim")
+	openA()
+	<-claimedC
+	require.Eventually(t, func() bool { return lockRefs(b, id) == 2 }, 5*time.Second, time.Millisecond, "A's end waits for C's claim")
+	bb := connectAs(t, addr, "gives-up")
+	require.Eventually(t, func() bool { return lockRefs(b, id) == 3 }, 5*time.Second, time.Millisecond, "B waits behind A's end")
+	openC()
+	require.Equal(t, packets.ErrServerUnavailable.Code, c.Expect(packets.Connack).ReasonCode)
+	require.Equal(t, packets.ErrServerUnavailable.Code, bb.Expect(packets.Connack).ReasonCode)
+
+	require.Eventually(t, func() bool { return b.session(id) == nil }, 5*time.Second, 10*time.Millisecond,
+		"the copy A resumed ends once no newer CONNECT is in flight")
+	select {
+	case e := <-own.released:
+		require.Equal(t, uint64(2), e, "given back under A's claim")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ended session's claim was not given back")
+	}
+}
