@@ -822,7 +822,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			// The subscription it would have replaced stays, in mochi too
 			// (or what a newer connection holds, if one took the session
 			// over meanwhile).
-			b.mirrorSub(cl, s, f.Filter)
+			b.mirrorSub(cl, f.Filter)
 			if errors.Is(err, errSubQuota) {
 				b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
 				refuse(i, packets.ErrQuotaExceeded.Code)
@@ -837,7 +837,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			// re-check of the session's subscriptions may have missed
 			// this one.
 			s.removeSub(cl, f.Filter)
-			b.mirrorSub(cl, s, f.Filter)
+			b.mirrorSub(cl, f.Filter)
 			refuse(i, packets.ErrNotAuthorized.Code)
 			continue
 		}
@@ -852,25 +852,37 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 	}
 }
 
-// mirrorSub makes mochi's records of filter for cl say what the session
-// holds of it, after a SUBSCRIBE of cl that did not go through: cl's own
-// subscription list, and mochi's topic index, which is keyed by client ID
-// and so shared by every connection of the client. A newer connection may
-// have taken the session over while the SUBSCRIBE waited, and subscribed
-// the filter (or inherited it from cl): its record must stay, or mochi
-// answers its UNSUBSCRIBE "no subscription existed". Under the session's
-// lock, the record follows the session's latest change of the filter.
-func (b *Broker) mirrorSub(cl *mqtt.Client, s *session, filter string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if held := s.subs[filter]; held != nil {
-		pk := held.packet()
-		cl.State.Subscriptions.Add(filter, pk)
-		b.server.Topics.Subscribe(cl.ID, pk)
+// mirrorSub makes mochi's records of filter for cl say what the client's
+// session holds of it, after a SUBSCRIBE of cl that did not go through:
+// cl's own subscription list, and mochi's topic index, which is keyed by
+// client ID and so shared by every connection of the client. A newer
+// connection may have taken the session over (or started a new one) while
+// the SUBSCRIBE waited, and subscribed the filter or inherited it from cl:
+// its record must stay, or mochi answers its UNSUBSCRIBE "no subscription
+// existed". Under the session's lock, the record follows the session's
+// latest change of the filter.
+func (b *Broker) mirrorSub(cl *mqtt.Client, filter string) {
+	s := b.session(cl.ID)
+	if s == nil {
+		cl.State.Subscriptions.Delete(filter)
+		b.server.Topics.Unsubscribe(filter, cl.ID)
 		return
 	}
-	cl.State.Subscriptions.Delete(filter)
-	b.server.Topics.Unsubscribe(filter, cl.ID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := s.subs[filter]
+	if held == nil {
+		cl.State.Subscriptions.Delete(filter)
+		b.server.Topics.Unsubscribe(filter, cl.ID)
+		return
+	}
+	pk := held.packet()
+	if s.client == cl {
+		cl.State.Subscriptions.Add(filter, pk)
+	} else {
+		cl.State.Subscriptions.Delete(filter) // not cl's any more
+	}
+	b.server.Topics.Subscribe(cl.ID, pk)
 }
 
 func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {

@@ -431,47 +431,52 @@ func TestBroker_StaleUnsubscribeLeavesTheSessionAlone(t *testing.T) {
 }
 
 // A SUBSCRIBE whose route is refused after a newer connection took the
-// session over and subscribed the same filter leaves mochi's record of the
-// filter, which is keyed by client ID and is the newer connection's now:
-// removed, the newer connection's UNSUBSCRIBE would be answered "no
-// subscription existed" (0x11) for a subscription it was granted.
+// session over (or, starting clean, replaced it) and subscribed the same
+// filter leaves mochi's record of the filter, which is keyed by client ID
+// and is the newer connection's now: removed, the newer connection's
+// UNSUBSCRIBE would be answered "no subscription existed" (0x11) for a
+// subscription it was granted.
 func TestBroker_RefusedStaleSubscribeLeavesTheNewerConnectionsRecord(t *testing.T) {
-	t.Parallel()
-	b, addr := startBroker(t, nil)
-	release := make(chan struct{})
-	open := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(open)
-	routes := newCountingRoutes(func(_ string, call int) (<-chan struct{}, error) {
-		if call == 1 {
-			return release, fmt.Errorf("%w: injected", ErrRouteRefused)
-		}
-		return nil, nil
-	})
-	b.SetCluster(Cluster{Routes: routes})
+	for _, clean := range []bool{false, true} {
+		t.Run(fmt.Sprintf("clean=%v", clean), func(t *testing.T) {
+			t.Parallel()
+			b, addr := startBroker(t, nil)
+			release := make(chan struct{})
+			open := sync.OnceFunc(func() { close(release) })
+			t.Cleanup(open)
+			routes := newCountingRoutes(func(_ string, call int) (<-chan struct{}, error) {
+				if call == 1 {
+					return release, fmt.Errorf("%w: injected", ErrRouteRefused)
+				}
+				return nil, nil
+			})
+			b.SetCluster(Cluster{Routes: routes})
 
-	old := mqtttest.Dial(t, addr, 5)
-	old.Connect("record", false, persistentSession)
-	sendSubscribe(old, 1, "record/x")
-	routes.waitEntered(t, "record/x")
-	newer := mqtttest.Dial(t, addr, 5)
-	newer.Connect("record", false, persistentSession)
-	require.Equal(t, []byte{1}, newer.Subscribe(1, "record/x", 1).ReasonCodes)
-	routes.waitEntered(t, "record/x")
-	routes.waitReturned(t, "record/x")
+			old := mqtttest.Dial(t, addr, 5)
+			old.Connect("record", false, persistentSession)
+			sendSubscribe(old, 1, "record/x")
+			routes.waitEntered(t, "record/x")
+			newer := mqtttest.Dial(t, addr, 5)
+			newer.Connect("record", clean, persistentSession)
+			require.Equal(t, []byte{1}, newer.Subscribe(1, "record/x", 1).ReasonCodes)
+			routes.waitEntered(t, "record/x")
+			routes.waitReturned(t, "record/x")
 
-	open() // the old connection's Add is refused
-	routes.waitReturned(t, "record/x")
-	require.Eventually(t, func() bool {
-		return promtestutil.ToFloat64(b.m.disconnects.WithLabelValues("taken_over")) == 1
-	}, 5*time.Second, 10*time.Millisecond, "the old connection's SUBSCRIBE was handled and its connection ended")
+			open() // the old connection's Add is refused
+			routes.waitReturned(t, "record/x")
+			require.Eventually(t, func() bool {
+				return promtestutil.ToFloat64(b.m.disconnects.WithLabelValues("taken_over")) == 1
+			}, 5*time.Second, 10*time.Millisecond, "the old connection's SUBSCRIBE was handled and its connection ended")
 
-	newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 2,
-		Filters: packets.Subscriptions{{Filter: "record/x"}}})
-	require.Equal(t, []byte{packets.CodeSuccess.Code}, newer.Expect(packets.Unsuback).ReasonCodes,
-		"the granted subscription existed")
-	n, unheld := routes.state("record/x")
-	require.Zero(t, n)
-	require.Zero(t, unheld)
+			newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 2,
+				Filters: packets.Subscriptions{{Filter: "record/x"}}})
+			require.Equal(t, []byte{packets.CodeSuccess.Code}, newer.Expect(packets.Unsuback).ReasonCodes,
+				"the granted subscription existed")
+			n, unheld := routes.state("record/x")
+			require.Zero(t, n)
+			require.Zero(t, unheld)
+		})
+	}
 }
 
 // A stored subscription whose route the router refused (restored from the
