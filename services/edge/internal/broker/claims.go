@@ -242,7 +242,7 @@ const fencedLookup = 5 * time.Second
 // nothing published before can arrive any more.
 func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	s.mu.Lock()
-	mine := s.epoch
+	mine, subscribed := s.epoch, len(s.subs) > 0
 	s.mu.Unlock()
 	lookup, cancel := context.WithTimeout(ctx, fencedLookup)
 	owner, epoch, err := b.fencedOwner(lookup, s, mine)
@@ -264,7 +264,7 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	if relays {
 		b.handed.extend(s.id, owner, epoch, time.Now())
 	}
-	if err != nil {
+	if err != nil && subscribed {
 		b.findFencedOwner(s, mine, at.Add(b.handed.memory))
 	}
 }
