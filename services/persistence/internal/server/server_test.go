@@ -483,7 +483,7 @@ func TestServer_LoadDropsEntriesWhoseMessageIsGone(t *testing.T) {
 	// The bodies of 1 (queued) and 3 (in flight) expire.
 	rdb := g.Primary.Client()
 	for _, s := range []uint64{1, 3} {
-		k, f := redisstore.BodyKey(MsgIDString(mid(s)))
+		k, f := redisstore.BodyKey(MsgIDString(mid(s)), true) // the test messages expire
 		require.NoError(t, rdb.HDel(t.Context(), k, f).Err())
 	}
 	st := load(t, ts.client)

@@ -2,9 +2,9 @@ package redisstore
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"errors"
 	"fmt"
+	"math/bits"
 	"unicode/utf8"
 
 	"github.com/keelmq/keel/services/persistence/internal/store"
@@ -131,10 +131,15 @@ func (d *bodyDecoder) varint() int64 {
 
 // BodyKey names where the body of message id is kept: the field of the
 // hash key (see the scripts' body). Messages of one ingress edge numbered
-// alike share a key, a hundred to a key.
-func BodyKey(id string) (key, field string) {
-	if len(id) < 2 {
-		return "mb:", id
+// alike share a key, a hundred to a key; those with an MQTT expiry
+// (expiring) have keys of their own, which expire with them.
+func BodyKey(id string, expiring bool) (key, field string) {
+	prefix := "mb:"
+	if expiring {
+		prefix = "mx:"
 	}
-	return "mb:" + id[:len(id)-2], id[len(id)-2:]
+	if len(id) < 2 {
+		return prefix, id
+	}
+	return prefix + id[:len(id)-2], id[len(id)-2:]
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -131,7 +130,7 @@ func committed(t *testing.T, s *Store, ops []store.Op, merged bool) ([][]int, []
 func references(t *testing.T, s *Store) map[string]string {
 	t.Helper()
 	ctx := t.Context()
-	keys, err := s.rdb.Keys(ctx, "mb:*").Result()
+	keys, err := s.rdb.Keys(ctx, "m[bx]:*").Result()
 	require.NoError(t, err)
 	out := map[string]string{}
 	for _, k := range keys {
@@ -143,7 +142,7 @@ func references(t *testing.T, s *Store) map[string]string {
 				if n == "" {
 					n = "1"
 				}
-				out[strings.TrimPrefix(k, "mb:")+f] = n
+				out[k[3:]+f] = n
 			}
 		}
 	}

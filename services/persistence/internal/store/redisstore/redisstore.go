@@ -593,6 +593,8 @@ func mapErr(err error) error {
 		return fmt.Errorf("%w: %s", store.ErrFenced, msg)
 	case strings.HasPrefix(msg, "NOMSG"):
 		return fmt.Errorf("%w: %s", store.ErrInvalid, msg)
+	case strings.HasPrefix(msg, "FORMAT"):
+		return fmt.Errorf("%w: %w: %s", ErrUnavailable, ErrFormat, msg)
 	case strings.HasPrefix(msg, "NOREPLICAS"):
 		return fmt.Errorf("%w: %s", store.ErrNotReplicated, msg)
 	case strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "UNBLOCKED"):

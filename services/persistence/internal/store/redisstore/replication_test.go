@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
@@ -151,9 +152,9 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 // message has no MQTT expiry (a session may stay offline for as long as
 // its own expiry interval allows), and with one goes a minute after it at
 // the latest. Bodies share a bucket, a hundred messages of an ingress edge
-// to one (BodyKey), which expires with the last of its bodies while all of
-// them expire, and not while one does not. A body shared by two sessions
-// counts its references; the bucket goes with its last body.
+// to one (BodyKey), those that expire apart from those that do not: a
+// bucket of expiring bodies expires with the last of them. A body shared
+// by two sessions counts its references; a bucket goes with its last body.
 func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("redis: skipped under -short")
@@ -184,9 +185,8 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 		require.Equal(t, len(ms), res.Added)
 	}
 	c := g.Primary.Client()
-	expireAt := func(id string) int64 {
+	expireAt := func(c *redis.Client, key string) int64 {
 		t.Helper()
-		key, _ := BodyKey(id)
 		at, err := c.ExpireTime(ctx, key).Result()
 		require.NoError(t, err)
 		if at < 0 {
@@ -196,38 +196,45 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 	}
 	grace := int64(bodyExpiry / time.Second)
 	a, later, sooner, forever := msg(101, now+100), msg(102, now+200), msg(103, now+50), msg(104, 0)
+	expiringKey, field := BodyKey(a.ID, true)
+	foreverKey, _ := BodyKey(forever.ID, false)
+	require.Equal(t, "mx:edge-a/1/1", expiringKey)
+	require.Equal(t, "mb:edge-a/1/1", foreverKey)
 	add(k, a)
-	require.Equal(t, now+100+grace, expireAt(a.ID), "a bucket of expiring bodies expires with them")
+	require.Equal(t, now+100+grace, expireAt(c, expiringKey), "a bucket of expiring bodies expires with them")
 	add(k, later, sooner)
-	require.Equal(t, now+200+grace, expireAt(a.ID), "... with the last of them")
+	require.Equal(t, now+200+grace, expireAt(c, expiringKey), "... with the last of them")
 	add(other, a)
-	require.Equal(t, now+200+grace, expireAt(a.ID), "a second reference stores nothing")
+	require.Equal(t, now+200+grace, expireAt(c, expiringKey), "a second reference stores nothing")
 	add(k, forever)
-	require.Equal(t, int64(-1), expireAt(a.ID), "a body that never expires keeps its bucket")
-	neverFirst, thenExpiring := msg(201, 0), msg(202, now+100)
-	add(k, neverFirst, thenExpiring)
-	require.Equal(t, int64(-1), expireAt(neverFirst.ID))
+	require.Equal(t, int64(-1), expireAt(c, foreverKey), "a body that never expires has a bucket of its own, which does not")
+	require.Equal(t, now+200+grace, expireAt(c, expiringKey))
 	// Replicas hold the same: they apply the script's effects.
-	key, field := BodyKey(a.ID)
-	at, err := g.Replicas[0].Client().ExpireTime(ctx, key).Result()
-	require.NoError(t, err)
-	require.Equal(t, time.Duration(-1), at)
-	require.Equal(t, "2", c.HGet(ctx, key, "#"+field).Val(), "one reference per session")
-	require.Empty(t, c.HGet(ctx, key, "#"+msgField(later.ID)).Val(), "one reference: no count")
-
-	// Every reference released: the bucket goes.
-	require.NoError(t, s.Dequeue(ctx, k, f, []string{a.ID, later.ID, sooner.ID, forever.ID}))
-	require.Equal(t, int64(1), c.Exists(ctx, key).Val(), "the other session still holds one")
-	require.Empty(t, c.HGet(ctx, key, "#"+field).Val())
-	require.NoError(t, s.DeleteSession(ctx, other, f))
-	require.Zero(t, c.Exists(ctx, key).Val())
+	require.Equal(t, now+200+grace, expireAt(g.Replicas[0].Client(), expiringKey))
+	require.Equal(t, "2", c.HGet(ctx, expiringKey, "#"+field).Val(), "one reference per session")
+	_, laterField := BodyKey(later.ID, true)
+	require.Empty(t, c.HGet(ctx, expiringKey, "#"+laterField).Val(), "one reference: no count")
 	st, err := s.Load(ctx, k)
 	require.NoError(t, err)
-	require.Equal(t, []string{neverFirst.ID, thenExpiring.ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
-	require.Len(t, st.Messages, 2)
-}
+	require.Len(t, st.Messages, 4)
+	require.Equal(t, a, st.Messages[a.ID])
+	require.Equal(t, forever, st.Messages[forever.ID])
 
-func msgField(id string) string { _, f := BodyKey(id); return f }
+	// In flight, they stay where they are; every reference released, the
+	// buckets go.
+	require.NoError(t, s.Send(ctx, k, f, []store.Entry{{MsgID: a.ID, QoS: 1, PacketID: 1}, {MsgID: forever.ID, QoS: 1, PacketID: 2}}))
+	st, err = s.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Inflight, 2)
+	require.Len(t, st.Messages, 4)
+	require.NoError(t, s.Complete(ctx, k, f, []uint16{1, 2}))
+	require.NoError(t, s.Dequeue(ctx, k, f, []string{later.ID, sooner.ID}))
+	require.Equal(t, int64(1), c.Exists(ctx, expiringKey).Val(), "the other session still holds one")
+	require.Empty(t, c.HGet(ctx, expiringKey, "#"+field).Val())
+	require.Zero(t, c.Exists(ctx, foreverKey).Val())
+	require.NoError(t, s.DeleteSession(ctx, other, f))
+	require.Zero(t, c.Exists(ctx, expiringKey).Val())
+}
 
 // Above the high-water mark of maxmemory, appends and retained writes are
 // refused (ErrFull: not acknowledged) while every other write goes on, so

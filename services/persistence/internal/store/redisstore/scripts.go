@@ -41,24 +41,32 @@ local function fence(skey, epoch, gepoch)
   mark(gepoch)
   return false
 end
--- Message bodies live in buckets (see [bodyKey]): the body of message id
--- is field string.sub(id, -2) of hash "mb:" .. string.sub(id, 1, -3), so
--- the messages of one ingress edge numbered alike share a hash, a hundred
--- to a hash, and a call's bodies cost a command or two per bucket, not
--- per message. A body's reference count is field "#" .. field when above
--- one (most messages go to one session), absent at one. A bucket with
--- only expiring bodies expires with the last of them (see flushBodies).
+-- Message bodies live in buckets (see BodyKey): the body of message id is
+-- field string.sub(id, -2) of hash "mb:" .. string.sub(id, 1, -3), or of
+-- "mx:" .. string.sub(id, 1, -3) for a message with an MQTT expiry, so the
+-- messages of one ingress edge numbered alike share a hash, a hundred to a
+-- hash, and a call's bodies cost a command or two per bucket, not per
+-- message. An "mx:" bucket expires with the latest of its bodies; an "mb:"
+-- one lives as long as its bodies. A body's reference count is field
+-- "#" .. field when above one (most messages go to one session), absent
+-- at one. An entry says which bucket its message is in: an entry of a
+-- message with an expiry starts {"s":<seq>,"x":1, when queued and
+-- {"x":1, when in flight (see expiring).
 --
 -- References are counted in a ledger while a script runs and written at
 -- its end (flushBodies), one read and a write or two per bucket: so a
 -- message released and taken again within one call never goes in
 -- between, whatever the order of the call's parts.
 local bodies, buckets = {}, {}
-local function body(id)
-  local b, f = 'mb:' .. string.sub(id, 1, -3), string.sub(id, -2)
+local function bucketOf(id, x)
+  if x then return 'mx:' .. string.sub(id, 1, -3) end
+  return 'mb:' .. string.sub(id, 1, -3)
+end
+local function body(id, x)
+  local b, f = bucketOf(id, x), string.sub(id, -2)
   local t = bodies[b]
   if not t then
-    t = {recs = {}, fields = {}}
+    t = {recs = {}, fields = {}, x = x}
     bodies[b] = t
     buckets[#buckets + 1] = b
   end
@@ -70,33 +78,51 @@ local function body(id)
   end
   return r, b, f
 end
--- stored reports whether message id's body is stored: before this call
--- (read once), or given to it.
+-- expiring reports whether entry e (queued or in flight) is of a message
+-- with an expiry.
+local function expiring(e)
+  return string.sub(e, 1, 7) == '{"x":1,' or string.find(e, '^{"s":%d+,"x":1,') ~= nil
+end
+-- stored reports whether message id's body is stored, given to this call
+-- or before it (read once), and if so whether it expires.
 local function stored(id)
-  local r, b, f = body(id)
-  if r.data then return true end
-  if r.exists == nil then r.exists = redis.call('HEXISTS', b, f) == 1 end
-  return r.exists
-end
--- ref takes a reference to message id. A body given (data, expiring at
--- unix second at when at > 0: its MQTT message expiry, past which no
--- session delivers it) is stored unless one is. Without data the message
--- must be stored: ref returns false, having taken nothing, when it is not.
--- A message without an expiry lives as long as a reference to it: a
--- session may stay offline for as long as its expiry interval allows.
-local function ref(id, data, at)
-  local r = body(id)
-  if data then
-    if not r.data then r.data, r.at = data, at end
-  elseif not stored(id) then
-    return false
+  local f = string.sub(id, -2)
+  for _, x in ipairs({false, true}) do
+    local t = bodies[bucketOf(id, x)]
+    local r = t and t.recs[f]
+    if r and (r.data or r.exists) then return true, x end
   end
-  r.delta = r.delta + 1
-  return true
+  for _, x in ipairs({false, true}) do
+    local r, b = body(id, x)
+    if r.exists == nil then r.exists = redis.call('HEXISTS', b, f) == 1 end
+    if r.exists then return true, x end
+  end
+  return false, false
 end
--- unref drops a reference to message id; the body goes with its last.
-local function unref(id)
-  local r = body(id)
+-- ref takes a reference to message id and returns whether it expires. A
+-- body given (data, expiring at unix second at when at > 0: its MQTT
+-- message expiry, past which no session delivers it) is stored unless one
+-- is. Without data the message must be stored: ref returns false, having
+-- taken nothing, when it is not. A message without an expiry lives as
+-- long as a reference to it: a session may stay offline for as long as
+-- its expiry interval allows.
+local function ref(id, data, at)
+  if data then
+    local r = body(id, at > 0)
+    if not r.data then r.data, r.at = data, at end
+    r.delta = r.delta + 1
+    return true, at > 0
+  end
+  local ok, x = stored(id)
+  if not ok then return false, false end
+  local r = body(id, x)
+  r.delta = r.delta + 1
+  return true, x
+end
+-- unref drops a reference to message id (x: whether it expires); the body
+-- goes with its last.
+local function unref(id, x)
+  local r = body(id, x)
   r.delta = r.delta - 1
 end
 -- countQueued adds n to a tenant's count of queued entries (key tq:<tenant>),
@@ -128,8 +154,8 @@ local function hmget(key, list)
 end
 -- flushBodies writes the ledger: per bucket it reads the counts (and,
 -- for bodies given, whether one is stored), then sets and deletes fields
--- in a command each. A bucket that gains a body keeps an expiry only
--- while all its bodies expire: the latest of theirs.
+-- in a command each. An "mx:" bucket that gains a body expires with the
+-- latest of its bodies.
 local function flushBodies()
   for _, b in ipairs(buckets) do
     local t = bodies[b]
@@ -141,7 +167,7 @@ local function flushBodies()
     end
     local got = hmget(b, ask)
     local set, del = {}, {}
-    local created, never, latest = false, false, 0
+    local latest = 0
     for k, f in ipairs(t.fields) do
       local r = t.recs[f]
       local count = got[askAt[k]]
@@ -158,8 +184,7 @@ local function flushBodies()
         if prior == 0 then
           set[#set + 1] = f
           set[#set + 1] = r.data
-          created = true
-          if r.at > 0 then latest = math.max(latest, r.at) else never = true end
+          latest = math.max(latest, r.at)
         end
         if n > 1 then
           if n ~= prior then
@@ -171,17 +196,11 @@ local function flushBodies()
         end
       end
     end
-    local was = -2
-    if created then was = redis.call('EXPIRETIME', b) end
+    local was = 0
+    if t.x and latest > 0 then was = redis.call('EXPIRETIME', b) end
     each('HSET', b, set)
     each('HDEL', b, del)
-    if created then
-      if never then
-        if was > 0 then redis.call('PERSIST', b) end
-      elseif was == -2 or (was > 0 and latest > was) then
-        redis.call('EXPIREAT', b, latest)
-      end
-    end
+    if t.x and latest > 0 and (was < 0 or latest > was) then redis.call('EXPIREAT', b, latest) end
   end
 end
 -- entrySeq is the queue position of an entry (its JSON starts with it).
@@ -238,9 +257,10 @@ return 1`
 // Keeps the epoch.
 const scriptDeleteSession = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-countQueued(KEYS[8], -redis.call('HLEN', KEYS[4]))
-for _, id in ipairs(redis.call('HKEYS', KEYS[4])) do unref(id) end
-for _, e in ipairs(redis.call('HVALS', KEYS[5])) do unref(cjson.decode(e).m) end
+local qe = redis.call('HGETALL', KEYS[4])
+countQueued(KEYS[8], -#qe / 2)
+for i = 1, #qe, 2 do unref(qe[i], expiring(qe[i + 1])) end
+for _, e in ipairs(redis.call('HVALS', KEYS[5])) do unref(cjson.decode(e).m, expiring(e)) end
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
 redis.call('HDEL', KEYS[1], 'rec', 'seq')
 flushBodies()
@@ -267,7 +287,7 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // message is stored nowhere. The script defines tq, its tenant's count
 // key, before it.
 const sendFn = `
-local function send(at, direct)
+local function send(at, direct, directX)
   local n = (#ARGV - at + 1) / 4
   local ids, look, lookAt = {}, {}, {}
   for j = 1, n do
@@ -277,33 +297,37 @@ local function send(at, direct)
   local found = hmget(KEYS[3], look)
   local queued = {}
   for j = 1, n do queued[j] = lookAt[j] and found[lookAt[j]] end
-  -- Refuse a delivery of a message stored nowhere before writing anything.
+  -- The first copy of a msgID that is queued or in direct takes its
+  -- reference along; every other copy sent at QoS 1 or 2 takes one of its
+  -- own, from a message that must be stored: refuse, before writing
+  -- anything, a delivery of a message stored nowhere.
+  local taken, held, xs = {}, {}, {}
   for j = 1, n do
-    if ARGV[at + 4 * (j - 1) + 3] ~= '0' and not queued[j] and not direct[ids[j]] and not stored(ids[j]) then
-      return 'NOMSG message ' .. ids[j] .. ' is not stored'
+    local id = ids[j]
+    if direct[id] then xs[j] = directX[id] elseif queued[j] then xs[j] = expiring(queued[j]) end
+    if not taken[id] then
+      taken[id] = true
+      held[j] = direct[id] or queued[j] ~= false
+    end
+    if not held[j] and ARGV[at + 4 * (j - 1) + 3] ~= '0' then
+      local ok, x = stored(id)
+      if not ok then return 'NOMSG message ' .. id .. ' is not stored' end
+      xs[j] = x
     end
   end
-  local taken, dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}, {}
+  local dequeue, drops, pks, sent, inf = {}, {}, {}, {}, {}
   for j = 1, n do
     local b = at + 4 * (j - 1)
     local id, pk, entry, qos = ids[j], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-    local held = false
-    if not taken[id] then
-      if direct[id] then
-        held = true
-      elseif queued[j] then
-        held = true
-        dequeue[#dequeue + 1] = id
-      end
-      taken[id] = held
-    end
+    if held[j] and not direct[id] then dequeue[#dequeue + 1] = id end
     if qos == '0' then
-      if held then drops[#drops + 1] = id end
+      if held[j] then drops[#drops + 1] = j end
     else
-      if not held then ref(id, false, 0) end
+      if not held[j] then ref(id, false, 0) end
       pks[#pks + 1] = pk
-      sent[#sent + 1] = id
+      sent[#sent + 1] = j
       inf[#inf + 1] = pk
+      if xs[j] then entry = '{"x":1,' .. string.sub(entry, 2) end
       inf[#inf + 1] = entry
     end
   end
@@ -313,16 +337,17 @@ local function send(at, direct)
   -- this call wrote and then replaced.
   local old = hmget(KEYS[4], pks)
   local wrote = {}
-  for j = 1, #pks do
-    if wrote[pks[j]] then
-      unref(wrote[pks[j]])
-    elseif old[j] then
-      unref(cjson.decode(old[j]).m)
+  for k = 1, #pks do
+    local w = wrote[pks[k]]
+    if w then
+      unref(ids[w], xs[w])
+    elseif old[k] then
+      unref(cjson.decode(old[k]).m, expiring(old[k]))
     end
-    wrote[pks[j]] = sent[j]
+    wrote[pks[k]] = sent[k]
   end
   each('HSET', KEYS[4], inf)
-  for _, id in ipairs(drops) do unref(id) end
+  for _, j in ipairs(drops) do unref(ids[j], xs[j]) end
   if #dequeue > 0 then trimQueue(#dequeue) end
   return false
 end
@@ -387,15 +412,27 @@ if i <= #ARGV then
   for j = sendAt, #ARGV, 4 do sending[ARGV[j]] = true end
 end
 local queued = hmget(KEYS[3], ids)
-local added_now, popped, direct = {}, {}, {}
+local added_now, popped, direct, directX, directs = {}, {}, {}, {}, {}
 local hset, rpush = {}, {}
+-- queue writes the entry of message id (its JSON's fields from fields on;
+-- x: whether the message expires) at the next queue position.
+local function queue(id, entry, fields, x)
+  seq = seq + 1
+  local s = string.format('%d', seq)
+  local mark = ''
+  if x then mark = '"x":1,' end
+  hset[#hset + 1] = id
+  hset[#hset + 1] = '{"s":' .. s .. ',' .. mark .. string.sub(entry, fields)
+  rpush[#rpush + 1] = s .. ':' .. id
+end
 local function flush()
   each('HSET', KEYS[3], hset)
   each('RPUSH', KEYS[2], rpush)
   hset, rpush = {}, {}
 end
 -- popOldest takes the oldest entry out of the queue and returns its
--- msgID, skipping the list's items for entries that left it.
+-- msgID and whether its message expires, skipping the list's items for
+-- entries that left it.
 local function popOldest()
   while true do
     local item = redis.call('LPOP', KEYS[2])
@@ -404,7 +441,7 @@ local function popOldest()
     local e = redis.call('HGET', KEYS[3], id)
     if e and entrySeq(e) == s then
       redis.call('HDEL', KEYS[3], id)
-      return id
+      return id, expiring(e)
     end
   end
 end
@@ -440,7 +477,8 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       if marked then remember(id, true) end
     elseif sending[id] then
       ref(id, msg, at)
-      added_now[id], direct[id] = true, true
+      added_now[id], direct[id], directX[id] = true, true, at > 0
+      directs[#directs + 1] = {id, entry, fields, at > 0}
       added = added + 1
       if marked then remember(id, false) end
     else
@@ -448,9 +486,9 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
       if maxLen > 0 and card >= maxLen then
         if dropOldest then
           flush()
-          local old = popOldest()
+          local old, oldX = popOldest()
           if old then
-            unref(old)
+            unref(old, oldX)
             added_now[old], popped[old] = nil, true
             dropped = dropped + 1
             card = card - 1
@@ -471,11 +509,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         ok = false
       end
       if ok then
-        seq = seq + 1
-        local s = string.format('%d', seq)
-        hset[#hset + 1] = id
-        hset[#hset + 1] = '{"s":' .. s .. ',' .. string.sub(entry, fields)
-        rpush[#rpush + 1] = s .. ':' .. id
+        queue(id, entry, fields, at > 0)
         ref(id, msg, at)
         added_now[id] = true
         added = added + 1
@@ -488,12 +522,25 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
   table.insert(results, {added, dups, dropped, refused})
 end
 flush()
-countQueued(tq, tdelta)
-if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
 local listLen = 0
 for j = 1, #took, chunk do listLen = redis.call('RPUSH', KEYS[5], unpack(took, j, math.min(j + chunk - 1, #took))) end
 if listLen > tookLen then redis.call('LTRIM', KEYS[5], -tookLen, -1) end
-if sendAt then table.insert(results, send(sendAt, direct) or 1) end
+if sendAt then
+  local e = send(sendAt, direct, directX)
+  if e then
+    -- The send wrote nothing: the messages this call stored for it go
+    -- into the queue, as the append's answer says they were taken, and
+    -- the edge's next send finds them there.
+    for _, d in ipairs(directs) do
+      queue(d[1], d[2], d[3], d[4])
+      tdelta = tdelta + 1
+    end
+    flush()
+  end
+  table.insert(results, e or 1)
+end
+countQueued(tq, tdelta)
+if seq ~= seq0 then redis.call('HSET', KEYS[1], 'seq', string.format('%d', seq)) end
 flushBodies()
 return results`
 
@@ -501,7 +548,7 @@ return results`
 // entryJSON, qos) quads.
 const scriptSend = prelude + "local tq = KEYS[5]\n" + sendFn + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
-local e = send(3, {})
+local e = send(3, {}, {})
 if e then return redis.error_reply(e) end
 flushBodies()
 return 1`
@@ -528,7 +575,7 @@ for j = 1, #pks do
   if es[j] and not gone[pks[j]] then
     gone[pks[j]] = true
     done[#done + 1] = pks[j]
-    unref(cjson.decode(es[j]).m)
+    unref(cjson.decode(es[j]).m, expiring(es[j]))
   end
 end
 each('HDEL', KEYS[2], done)
@@ -547,7 +594,7 @@ for j = 1, #ids do
   if es[j] and not seen[ids[j]] then
     seen[ids[j]] = true
     gone[#gone + 1] = ids[j]
-    unref(ids[j])
+    unref(ids[j], expiring(es[j]))
   end
 end
 each('HDEL', KEYS[3], gone)
@@ -571,6 +618,10 @@ return redis.call('HDEL', KEYS[2], ARGV[3])`
 // incoming, bodies, took}, all read at one instant; the caller puts the
 // queue in order.
 const scriptLoad = `
+local fmt = redis.call('GET', '` + FormatKey + `')
+if fmt ~= '` + Format + `' and (fmt or redis.call('EXISTS', '` + WriteSeqKey + `') == 1) then
+  return redis.error_reply('FORMAT group holds data of format ' .. (fmt or '1'))
+end
 local epoch = redis.call('HGET', KEYS[1], 'epoch') or '0'
 local rec = redis.call('HGET', KEYS[1], 'rec') or ''
 local subs = redis.call('HVALS', KEYS[2])
@@ -579,14 +630,17 @@ local qe = redis.call('HGETALL', KEYS[4])
 local inf = redis.call('HVALS', KEYS[5])
 local inc = redis.call('HGETALL', KEYS[6])
 local buckets, want = {}, {}
-local function add(id)
-  local b, f = 'mb:' .. string.sub(id, 1, -3), string.sub(id, -2)
+local function add(id, e)
+  local b = 'mb:'
+  if string.sub(e, 1, 7) == '{"x":1,' or string.find(e, '^{"s":%d+,"x":1,') then b = 'mx:' end
+  b = b .. string.sub(id, 1, -3)
+  local f = string.sub(id, -2)
   local t = want[b]
   if not t then t = {seen = {}}; want[b] = t; buckets[#buckets + 1] = b end
   if not t.seen[f] then t.seen[f] = true; t[#t + 1] = f end
 end
-for i = 1, #qe, 2 do add(qe[i]) end
-for _, e in ipairs(inf) do add(cjson.decode(e).m) end
+for i = 1, #qe, 2 do add(qe[i], qe[i + 1]) end
+for _, e in ipairs(inf) do add(cjson.decode(e).m, e) end
 local msgs = {}
 for _, b in ipairs(buckets) do
   local fs = want[b]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -51,6 +52,8 @@ func TestRedisStore_Format(t *testing.T) {
 			require.ErrorIs(t, err, tc.err)
 			require.ErrorIs(t, err, ErrUnavailable, "not the request's fault")
 			require.Zero(t, c.Exists(ctx, keysOf(k).s).Val(), "nothing written")
+			_, err = s.Load(ctx, k)
+			require.ErrorIs(t, err, tc.err, "nor read")
 		})
 	}
 }
@@ -125,4 +128,74 @@ func TestRedisStore_QueueListStaysShort(t *testing.T) {
 	require.NoError(t, s.Dequeue(ctx, k, f, want))
 	require.Zero(t, c.Exists(ctx, ql).Val(), "an empty queue has no list")
 	require.Empty(t, order())
+}
+
+// A send whose second copy of a queued message needs a reference of its
+// own, when the message's body is gone (its bucket expired), is refused
+// with nothing written: the queued entry stays queued and nothing is in
+// flight without the reference its completion gives back.
+func TestRedisStore_SendOfAGoneBodyWritesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	node := redistest.StartNode(t)
+	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, k, f))
+	m := &store.Message{ID: "e/1/5", Topic: "t", QoS: 1}
+	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: m.ID, QoS: 1}}, []*store.Message{m})
+	require.NoError(t, err)
+	bucket, _ := BodyKey(m.ID, false)
+	require.NoError(t, node.Client().Del(ctx, bucket).Err())
+	err = s.Send(ctx, k, f, []store.Entry{{MsgID: m.ID, QoS: 1, PacketID: 1}, {MsgID: m.ID, QoS: 1, PacketID: 2}})
+	require.ErrorIs(t, err, store.ErrInvalid)
+	st, err := s.Load(ctx, k)
+	require.NoError(t, err)
+	require.Len(t, st.Queue, 1)
+	require.Empty(t, st.Inflight)
+}
+
+// A send joined to the append that stores its messages, refused because
+// another message it sends is stored nowhere, leaves the messages the
+// append took for it in the queue: the append answered them taken, and the
+// edge's next send of them finds them there, each with its reference.
+func TestRedisStore_RefusedJoinedSendQueuesItsMessages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	node := redistest.StartNode(t)
+	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := t.Context()
+	f := store.Fence{Epoch: 1}
+	require.NoError(t, s.Activate(ctx, k, f))
+	x := &store.Message{ID: "e/1/5", Topic: "t", QoS: 1}
+	y := &store.Message{ID: "e/1/6", Topic: "t", QoS: 1, Expiry: time.Now().Add(time.Hour).Unix()}
+	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: x.ID, QoS: 1}}, []*store.Message{x})
+	require.NoError(t, err)
+	bucket, _ := BodyKey(x.ID, false)
+	require.NoError(t, node.Client().Del(ctx, bucket).Err())
+	shape, res := committed(t, s, []store.Op{
+		{Kind: store.OpAppend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: x.ID, QoS: 1}, {MsgID: y.ID, QoS: 1}}, Messages: []*store.Message{x, y}},
+		{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: y.ID, QoS: 1, PacketID: 1}, {MsgID: x.ID, QoS: 1, PacketID: 2}, {MsgID: x.ID, QoS: 1, PacketID: 3}}},
+	}, true)
+	require.Equal(t, [][]int{{0, 1}}, shape, "the send joins the append")
+	require.NoError(t, res[0].Err)
+	require.Equal(t, store.AppendResult{Added: 1, Duplicates: 1}, res[0].Append)
+	require.ErrorIs(t, res[1].Err, store.ErrInvalid)
+	st, err := s.Load(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, []string{x.ID, y.ID}, []string{st.Queue[0].MsgID, st.Queue[1].MsgID})
+	require.Empty(t, st.Inflight)
+	require.Equal(t, y, st.Messages[y.ID])
+	require.NoError(t, s.Send(ctx, k, f, []store.Entry{{MsgID: y.ID, QoS: 1, PacketID: 1}}))
+	require.NoError(t, s.Complete(ctx, k, f, []uint16{1}))
+	yBucket, _ := BodyKey(y.ID, true)
+	require.Zero(t, node.Client().Exists(ctx, yBucket).Val(), "its one reference given back")
 }
