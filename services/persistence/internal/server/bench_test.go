@@ -62,18 +62,24 @@ func BenchmarkServer_Write(b *testing.B) {
 						defer cancel()
 						st := ts.client.Write(ctx)
 						key := &commonv1.SessionKey{Tenant: "bench", ClientId: fmt.Sprint(s)}
-						req := func(id uint64) *persistencev1.WriteRequest {
-							a := &persistencev1.AppendOp{}
-							for i := range batch {
-								m := &commonv1.MsgID{EdgeId: "e", Incarnation: uint64(s), Seq: id*uint64(batch) + uint64(i) + 1}
-								a.Entries = append(a.Entries, &persistencev1.Entry{MsgId: m, Qos: 1})
-								a.Messages = append(a.Messages, &commonv1.Message{Id: m, Topic: "t", Payload: payload, Qos: 1})
-							}
-							return &persistencev1.WriteRequest{BatchId: id, Ops: []*persistencev1.WriteOp{{Session: key, Fence: &persistencev1.Fence{Epoch: 1}, Op: &persistencev1.WriteOp_Append{Append: a}}}}
+						// One request, its msgIDs renumbered for each batch:
+						// Send has encoded it when it returns, and the load
+						// generator's own allocations are not the service's.
+						a := &persistencev1.AppendOp{}
+						ids := make([]*commonv1.MsgID, batch)
+						for i := range batch {
+							ids[i] = &commonv1.MsgID{EdgeId: "e", Incarnation: uint64(s)}
+							a.Entries = append(a.Entries, &persistencev1.Entry{MsgId: ids[i], Qos: 1})
+							a.Messages = append(a.Messages, &commonv1.Message{Id: ids[i], Topic: "t", Payload: payload, Qos: 1})
 						}
+						req := &persistencev1.WriteRequest{Ops: []*persistencev1.WriteOp{{Session: key, Fence: &persistencev1.Fence{Epoch: 1}, Op: &persistencev1.WriteOp_Append{Append: a}}}}
 						go func() {
 							for i := range per {
-								if st.Send(req(uint64(i))) != nil {
+								req.BatchId = uint64(i)
+								for j, id := range ids {
+									id.Seq = uint64(i)*uint64(batch) + uint64(j) + 1
+								}
+								if st.Send(req) != nil {
 									return
 								}
 							}

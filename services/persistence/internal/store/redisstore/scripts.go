@@ -159,19 +159,31 @@ end
 local function flushBodies()
   for _, b in ipairs(buckets) do
     local t = bodies[b]
-    local ask, askAt = {}, {}
-    for k, f in ipairs(t.fields) do
-      ask[#ask + 1] = '#' .. f
-      askAt[k] = #ask
-      if t.recs[f].data and t.recs[f].exists == nil then ask[#ask + 1] = f end
+    -- A body given whose existence is not known yet is asked for first
+    -- (most are new: no count to read), every other one's count at once.
+    local ask, fresh = {}, {}
+    for _, f in ipairs(t.fields) do
+      local r = t.recs[f]
+      if r.data and r.exists == nil then fresh[#fresh + 1] = f else ask[#ask + 1] = '#' .. f end
     end
-    local got = hmget(b, ask)
+    local counts = {}
+    if #fresh > 0 then
+      local got = hmget(b, fresh)
+      for j, f in ipairs(fresh) do
+        local r = t.recs[f]
+        r.exists = got[j] ~= false
+        if r.exists then ask[#ask + 1] = '#' .. f end
+      end
+    end
+    if #ask > 0 then
+      local got = hmget(b, ask)
+      for j, cf in ipairs(ask) do counts[cf] = got[j] end
+    end
     local set, del = {}, {}
     local latest = 0
-    for k, f in ipairs(t.fields) do
+    for _, f in ipairs(t.fields) do
       local r = t.recs[f]
-      local count = got[askAt[k]]
-      if r.data and r.exists == nil then r.exists = got[askAt[k] + 1] ~= false end
+      local count = counts['#' .. f]
       local prior = 1
       if count then prior = tonumber(count) elseif r.exists == false then prior = 0 end
       local n = prior + r.delta
