@@ -223,9 +223,11 @@ type relay struct {
 // relayed to: it entered the cluster before they were handed over and
 // matches their plain subscriptions (one delivery per session, at the
 // highest QoS of its matching subscriptions, with all their identifiers,
-// as the index merges). only, when not nil, limits them to those sessions,
-// and then their shared subscriptions count too: m was relayed for them
-// already. QoS 0 is best effort and never relayed.
+// as the index merges). A shared subscription's entry is left to
+// groupRelays. only, when not nil, limits them to those sessions (m was
+// relayed here for them, and they moved on), and then every subscription
+// of theirs counts, plain or shared: m is theirs already. QoS 0 is best
+// effort and never relayed.
 func (h *handedOver) relays(m *Message, now time.Time, only func(session string) bool) []relay {
 	if !h.mayRelay(m) {
 		return nil
@@ -235,7 +237,7 @@ func (h *handedOver) relays(m *Message, now time.Time, only func(session string)
 	h.pruneLocked(now)
 	var out []relay
 	h.subs.Match(m.Topic, func(e *handedSub) bool {
-		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || (only == nil) != (e.group == "") ||
+		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || only == nil && e.group != "" ||
 			only != nil && !only(e.session) {
 			return true
 		}

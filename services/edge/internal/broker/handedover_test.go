@@ -194,6 +194,36 @@ func TestBroker_DeliverRelayed(t *testing.T) {
 		[]RelayTarget{{Tenant: "default", ClientID: "stuck", Epoch: 3, QoS: 1}}), "no copy here to take it")
 }
 
+// A message relayed here for a session that this edge has since handed
+// over to a third edge (it moved on within the handover memory) is
+// relayed on to that edge: taken here, where the session is gone, it would
+// be acknowledged to its publisher and reach nobody.
+func TestBroker_RelayForASessionThatMovedOnGoesOn(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	mover := mqtttest.Dial(t, addr, 5)
+	mover.Connect("mover", false, persistentProps)
+	mover.Subscribe(1, "a/#", 1)
+	epoch := waitBound(t, b, b.mustScope(t, "default").ClientID("mover"))
+	before := time.Now().Add(-time.Second)
+	owned, _, _, err := b.TakeOver(t.Context(), "default", "mover", "edge-d", epoch+1, false)
+	require.NoError(t, err)
+	require.True(t, owned)
+	_, err = b.TakeoverEnd(t.Context(), "default", "mover", epoch+1)
+	require.NoError(t, err)
+	require.Nil(t, b.session(b.mustScope(t, "default").ClientID("mover")))
+
+	// The edge that handed the session here relays a message published
+	// before that first handover.
+	require.NoError(t, b.DeliverRelayed(t.Context(), forwardedMsg(1, "a/b", 1, before),
+		[]RelayTarget{{Tenant: "default", ClientID: "mover", Epoch: epoch, QoS: 1}}))
+	require.Equal(t, []relayCall{{edge: "edge-d", topic: "default/a/b", targets: []RelayTarget{
+		{Tenant: "default", ClientID: "mover", Epoch: epoch + 1, QoS: 1}}}}, peers.calls(), "relayed on to the session's owner now")
+}
+
 // The memory of a handed-over session lasts as long as a publish routed
 // before the handover can still arrive, and honours No Local.
 func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
@@ -227,6 +257,11 @@ func TestHandedOver_ExpiresAndHonoursNoLocal(t *testing.T) {
 	require.Empty(t, rs)
 	require.Empty(t, h.relays(&Message{Topic: "other/a/b", QoS: 1, Created: old}, at, nil), "another tenant's topic")
 	require.Empty(t, h.relays(msg("a/b", old, ""), at, func(string) bool { return false }))
+	// Limited to the session (a relay it moved on from here), its plain
+	// subscriptions count, and so do its shared ones.
+	mine := func(id string) bool { return id == sc.ClientID("c") }
+	require.Equal(t, want, h.relays(msg("a/b", old, ""), at, mine))
+	require.Equal(t, want, h.relays(msg("g", old, ""), at, mine))
 
 	require.Empty(t, h.relays(msg("a/b", old, ""), at.Add(time.Minute), nil), "forgotten once no publish from before can arrive")
 	require.Zero(t, h.latest.Load())
