@@ -77,6 +77,9 @@ type Broker struct {
 	importLocks [importStripes]sync.Mutex
 	// claiming serialises this edge's claims of each session.
 	claiming sessionLocks
+	// records serialises the writes of each session's subscription records
+	// (session.storeRecord). Lock order: records before session.mu.
+	records sessionLocks
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will

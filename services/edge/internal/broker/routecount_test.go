@@ -14,6 +14,7 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -598,4 +599,69 @@ func TestBroker_AbandonedCopyEndsWhenTheNewerConnectIsRefused(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the ended session's claim was not given back")
 	}
+}
+
+// subRecordWrites is a real durable store that fails the first write of a
+// subscription record and counts every write of one.
+type subRecordWrites struct {
+	*durable.Store
+	failed atomic.Bool
+	writes atomic.Int32
+}
+
+func (s *subRecordWrites) PutSubscription(ctx context.Context, id string, sub durable.Subscription) error {
+	defer s.writes.Add(1)
+	if s.failed.CompareAndSwap(false, true) {
+		return errors.New("injected store failure")
+	}
+	return s.Store.PutSubscription(ctx, id, sub)
+}
+
+func (s *subRecordWrites) DeleteSubscription(ctx context.Context, id, filter string) error {
+	defer s.writes.Add(1)
+	return s.Store.DeleteSubscription(ctx, id, filter)
+}
+
+// A SUBSCRIBE whose record the store did not keep takes its filter's
+// record out of the store only while the session holds no subscription of
+// it: a newer connection of the session that subscribed the same filter
+// while the failed one was removing its route keeps its stored record,
+// and with it its subscription when the session is next loaded (after a
+// restart, or on the edge that takes it over).
+func TestBroker_FailedSubscribeLeavesTheNewerConnectionsStoredRecord(t *testing.T) {
+	t.Parallel()
+	st := &subRecordWrites{}
+	b, _ := brokerOnStore(t, func(ds *durable.Store) DurableState { st.Store = ds; return st })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	addr := l.Address()
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes := &blockingRemove{countingRoutes: newCountingRoutes(func(string, int) (<-chan struct{}, error) { return nil, nil }),
+		filter: "rec/x", entered: make(chan struct{}, 1), release: release}
+	b.SetCluster(Cluster{Routes: routes})
+	id := b.mustScope(t, "default").ClientID("rec")
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("rec", false, persistentSession)
+	sendSubscribe(old, 1, "rec/x") // routed, not stored: undone
+	select {
+	case <-routes.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failed SUBSCRIBE did not remove its route")
+	}
+
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("rec", false, persistentSession)
+	require.Equal(t, []byte{1}, newer.Subscribe(1, "rec/x", 1).ReasonCodes)
+	open() // the failed SUBSCRIBE goes on to its record
+	require.Eventually(t, func() bool { return st.writes.Load() >= 3 }, 5*time.Second, 5*time.Millisecond,
+		"the failed SUBSCRIBE's write of its filter's record")
+	stored, ok, err := b.store.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Len(t, stored.Subs, 1, "the newer connection's subscription is stored")
+	require.Equal(t, b.mustScope(t, "default").Topic("rec/x"), stored.Subs[0].Filter)
 }

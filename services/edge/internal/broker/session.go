@@ -1185,9 +1185,11 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 	// replaced it is given up by its adder, which may have done so already,
 	// and one stored but not routed (the router refused it when the edge
 	// registered its restored sessions) goes too. stored says whether sub's
-	// own record may have been written. A filter the session no longer
-	// holds leaves the store as well: the record of a dropped subscription,
-	// or of sub, would bring it back when the session is next loaded.
+	// own record may have been written. The store is then brought in line
+	// with what the session holds of the filter (storeRecord): the record of
+	// a dropped subscription, or of sub, would bring it back when the
+	// session is next loaded, and the record of a subscription made since
+	// (a newer connection's) must stay.
 	undo := func(ctx context.Context, stored bool) {
 		restored, dropped := false, false
 		s.mu.Lock()
@@ -1210,11 +1212,11 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
-		if dropped && isDurable && (old != nil || stored) {
+		if isDurable && (stored || dropped && old != nil) {
 			sctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
-			if err := s.b.store.DeleteSubscription(sctx, s.id, sub.full); err != nil {
-				s.b.logger.Warn("record of a subscription the session let go not removed; it comes back when the session is loaded",
+			if _, err := s.storeRecord(sctx, sub.full); err != nil {
+				s.b.logger.Warn("record of a subscription the session let go not brought in line; it may come back when the session is loaded",
 					"client_id", s.id, "error", err)
 			}
 		}
@@ -1246,15 +1248,55 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		// Stored before the SUBACK leaves: a granted subscription of a
 		// durable session outlives this edge.
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		err := s.b.store.PutSubscription(ctx, s.id, subRecord(sub))
+		wrote, err := s.storeRecord(ctx, sub.full)
 		cancel()
-		if err != nil {
+		if err != nil && (wrote == sub || wrote == nil && s.holds(sub)) {
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
 			undo(context.Background(), true)
 			return fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
+		if wrote != sub {
+			// Replaced or ended meanwhile: the store has what the session
+			// holds now, or will once its own write is done.
+			if err != nil {
+				s.b.logger.Warn("record of a subscription not brought in line; it may come back when the session is loaded",
+					"client_id", s.id, "error", err)
+			}
+			s.b.index.remove(sub)
+			return errSubSuperseded
+		}
 	}
 	return nil
+}
+
+// storeRecord brings the stored record of the session's subscription of
+// filter in line with what the session holds of it now: the record of the
+// subscription it holds, or none. The writes of one session's records go
+// one at a time (Broker.records), each reading what to write once it is
+// its turn, so the last one written is what the session held last: a
+// removal that waited (a failed SUBSCRIBE giving its route up first)
+// never takes out, or a late write overwrites, the record of a
+// subscription made since, by a newer connection of the session say. It
+// returns the subscription whose record it wrote; nil when it removed the
+// record, or wrote nothing because the session ended (its records went
+// with it, or are the next owner's).
+func (s *session) storeRecord(ctx context.Context, filter string) (*subscription, error) {
+	unlock, err := s.b.records.lock(ctx, s.id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	s.mu.Lock()
+	closed, held := s.closed, s.subs[filter]
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return nil, nil
+	case held == nil:
+		return nil, s.b.store.DeleteSubscription(ctx, s.id, filter)
+	default:
+		return held, s.b.store.PutSubscription(ctx, s.id, subRecord(held))
+	}
 }
 
 // indexHeld puts sub in the index if the session still holds it, and
@@ -1323,7 +1365,7 @@ func (s *session) removeSub(cl *mqtt.Client, filter string) {
 		if s.durable && s.b.store != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
-			_ = s.b.store.DeleteSubscription(ctx, s.id, filter)
+			_, _ = s.storeRecord(ctx, filter)
 		}
 	}
 }
