@@ -552,7 +552,7 @@ func (b *Broker) deliver(ctx context.Context, m *Message, again *Again) (wait fu
 		}
 		wait, local = w, choice
 	}
-	_, err = b.deliverLocal(m, local)
+	_, err = b.deliverLocal(m, local, nil)
 	return wait, err
 }
 
@@ -693,25 +693,39 @@ func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) 
 }
 
 // deliverLocal hands m to this edge's own subscribers. served is the
-// shared groups it gave a member, when their origin hears of it or a
-// member handed over may have to get it instead (relayUnservedGroups).
-func (b *Broker) deliverLocal(m *Message, shared SharedChoice) (served []*shareGroup, failed error) {
+// shared groups it gave a member, collected when their origin hears of it
+// or when check is set. check, when set, is given them once the recipients
+// are known and before any of them gets m; its error is returned, and
+// then nobody here got m (a forwarded message whose relays cannot be made
+// is refused before it is delivered: sent again, it reaches each
+// recipient once).
+func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served []*shareGroup) error) (served []*shareGroup, failed error) {
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
-	track := shared.Origin != nil || b.handed.mayRelay(m)
+	defer func() {
+		clear(targets)
+		*tp = targets[:0]
+		targetPool.Put(tp)
+	}()
+	if check != nil || shared.Origin != nil {
+		for i := range targets {
+			if t := &targets[i]; t.group != nil && !skipLocal(m, shared, t) {
+				served = append(served, t.group)
+			}
+		}
+	}
+	if check != nil {
+		if err := check(served); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]
-		if t.noLocal && !t.shared && t.sess.id == m.Origin {
-			continue // [MQTT-3.8.3-3]
-		}
-		if shared.Since != 0 && t.group == nil && t.sess.routable.Load() < shared.Since {
-			continue // routed again: it had the message
+		if skipLocal(m, shared, t) {
+			continue
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
-		if t.group != nil && track {
-			served = append(served, t.group)
-		}
 		if t.group != nil && shared.Origin != nil {
 			if err := b.takeReported(t.sess, d, shared.Origin, true); err != nil {
 				failed = err
@@ -719,14 +733,20 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice) (served []*shareG
 		} else if err := b.counted(t.sess.enqueue(d)); err != nil {
 			failed = err
 		}
-		targets[i] = target{}
 	}
 	if waited := time.Since(start); waited > time.Millisecond {
 		b.m.publishWait.Observe(waited.Seconds())
 	}
-	*tp = targets[:0]
-	targetPool.Put(tp)
 	return served, failed
+}
+
+// skipLocal reports whether recipient t does not get m after all.
+func skipLocal(m *Message, shared SharedChoice, t *target) bool {
+	if t.noLocal && !t.shared && t.sess.id == m.Origin {
+		return true // [MQTT-3.8.3-3]
+	}
+	// Routed again: it had the message.
+	return shared.Since != 0 && t.group == nil && t.sess.routable.Load() < shared.Since
 }
 
 // counted counts a delivery that did not go into a session's queue, by

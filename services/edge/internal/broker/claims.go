@@ -223,6 +223,11 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 // fencedLookup bounds one lookup of a fenced copy's owner.
 const fencedLookup = 5 * time.Second
 
+// fencedLookupPast bounds the lookup of a fenced copy's owner made again
+// on a context of its own when the caller's ended first (relayFenced). It
+// is short: the caller may hold the session's claim lock.
+const fencedLookupPast = time.Second
+
 // relayFenced makes the session's owner at the coordinator the new owner
 // of fenced copy s for the messages published before it took the session
 // and routed here (handedOver), as if s had been handed over to it: the
@@ -235,11 +240,13 @@ const fencedLookup = 5 * time.Second
 // later than the newer owner's claim.
 //
 // ctx bounds the owner lookup made before forget (a CONNECT's deadline,
-// for a copy its takeover made). A lookup that fails leaves the copy's
-// subscriptions remembered with no owner: what they match is refused, for
-// its senders to send again, rather than taken by nobody, while the
-// lookup goes on in the background until the coordinator answers or
-// nothing published before can arrive any more.
+// for a copy its takeover made). One that ctx ended (that deadline may be
+// what failed the takeover) is made again on a short context of its own:
+// a coordinator that answers names the owner, and nothing is refused. A
+// lookup that fails leaves the copy's subscriptions remembered with no
+// owner: what they match is refused, for its senders to send again, rather
+// than taken by nobody, while the lookup goes on in the background until
+// the coordinator answers or nothing published before can arrive any more.
 func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	s.mu.Lock()
 	mine, subscribed := s.epoch, len(s.subs) > 0
@@ -247,6 +254,11 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	lookup, cancel := context.WithTimeout(ctx, fencedLookup)
 	owner, epoch, err := b.fencedOwner(lookup, s, mine)
 	cancel()
+	if err != nil && ctx.Err() != nil && b.stopped.Err() == nil {
+		lookup, cancel := context.WithTimeout(b.stopped, fencedLookupPast)
+		owner, epoch, err = b.fencedOwner(lookup, s, mine)
+		cancel()
+	}
 	if err != nil {
 		b.logger.Warn("fenced session's owner not found yet; messages routed to its copy here are refused until it is",
 			"client_id", s.id, "error", err)

@@ -329,50 +329,81 @@ var errNoRelay = errors.New("message for a handed-over session, and no link to i
 // whose fenced copy left this edge before the coordinator named its owner.
 var errOwnerUnknown = errors.New("message for a session fenced here whose owner is not known yet")
 
-// relayHandedOver relays m to the sessions it must reach that this edge
-// handed over (see handedOver), and returns once their new owners took it.
-// only limits the sessions, as for handedOver.relays.
-func (b *Broker) relayHandedOver(ctx context.Context, m *Message, only func(session string) bool) error {
-	if !b.handed.mayRelay(m) {
-		return nil
-	}
-	return b.relayTo(ctx, m, b.handed.relays(m, time.Now(), only))
+// handedRelays is where a forwarded message goes besides this edge's
+// recipients, for the sessions this edge handed over before it entered
+// the cluster (see handedOver).
+type handedRelays struct {
+	// groups relays it, for each shared group this edge was to serve for
+	// it and gave no member here, to one member of the group this edge
+	// handed over: the edge that routed it here chose this edge for the
+	// group, because of that member's routes, and taken here it would
+	// reach no member of it. relayed is those groups.
+	groups  []relay
+	relayed []*shareGroup
+	// plain relays it to the sessions whose plain subscriptions it
+	// matches: their new owners may not have been routed to.
+	plain []relay
 }
 
-// relayUnservedGroups relays m, for each shared group this edge was to
-// serve for it (shared) and gave no member here (served), to one member of
-// the group this edge handed over before m entered the cluster (see
-// handedOver): the edge that routed m here chose this edge for the group,
-// because of that member's routes, and taken here m would reach no member
-// of it. It returns the groups m was relayed for, once their members' new
-// owners took it.
-func (b *Broker) relayUnservedGroups(ctx context.Context, m *Message, shared SharedChoice, served []*shareGroup) ([]*shareGroup, error) {
+// handedRelaysFor decides the relays of forwarded message m, given the
+// shared groups served here (served) and the choice its sender made
+// (shared). errOwnerUnknown when one is for a session whose owner is not
+// known yet (ownerKnown).
+func (b *Broker) handedRelaysFor(m *Message, shared SharedChoice, served []*shareGroup) (handedRelays, error) {
+	var r handedRelays
 	if !b.handed.mayRelay(m) {
-		return nil, nil
+		return r, nil
 	}
+	now := time.Now()
 	serves := b.servesGroup(m, shared) // nil: every group here
-	rs, groups := b.handed.groupRelays(m, time.Now(), func(group, filter string) bool {
+	r.groups, r.relayed = b.handed.groupRelays(m, now, func(group, filter string) bool {
 		if slices.ContainsFunc(served, func(g *shareGroup) bool { return g.name == group && g.filter == filter }) {
 			return false
 		}
 		return serves == nil || serves(&shareGroup{name: group, filter: filter})
 	})
-	if err := b.relayTo(ctx, m, rs); err != nil {
-		return nil, err
+	if !shared.Only {
+		r.plain = b.handed.relays(m, now, nil)
 	}
-	return groups, nil
+	if err := b.ownerKnown(r.groups, r.plain); err != nil {
+		return handedRelays{}, err
+	}
+	return r, nil
+}
+
+// ownerKnown returns errOwnerUnknown when one of the relays is for a
+// session whose owner is not known yet. The message must then not be taken
+// here, where it would be taken by nobody: the sender sends it again, and
+// by then the owner may be known (relayFenced). Decided before anyone here
+// gets the message, so that each gets it once however often it is sent.
+//
+// NOTE(edge): the refusal fails the frame, and the sender's link resends
+// it and every frame behind it, other sessions' too, until the owner is
+// known. The window is short: the owner is looked up before the copy
+// goes, also when the CONNECT that made the copy ran out of time
+// (relayFenced), and then again every two seconds at most; it stays open
+// only while the coordinator does not answer, and an edge that cannot
+// reach the coordinator loses its lease within its TTL, fences itself and
+// rejoins, and its senders route what they held again. A refusal of the
+// one message (ForwardResponse.refusals, in the protocol but implemented
+// by neither side) would not hold up the link, but an edge of an earlier
+// version ignores refusals and would count the message taken: a sender
+// must first say that it honours them (a ForwardRequest field).
+func (b *Broker) ownerKnown(rss ...[]relay) error {
+	for _, rs := range rss {
+		if slices.ContainsFunc(rs, func(r relay) bool { return r.to == "" }) {
+			b.m.handoverRelays.WithLabelValues("owner_unknown").Inc()
+			return errOwnerUnknown
+		}
+	}
+	return nil
 }
 
 // relayTo relays m as rs says and returns once the new owners took it.
+// Every owner in rs is known (ownerKnown).
 func (b *Broker) relayTo(ctx context.Context, m *Message, rs []relay) error {
 	if len(rs) == 0 {
 		return nil
-	}
-	if slices.ContainsFunc(rs, func(r relay) bool { return r.to == "" }) {
-		// Taken here, it would be taken by nobody: the sender sends it
-		// again, and by then the owner may be known (relayFenced).
-		b.m.handoverRelays.WithLabelValues("owner_unknown").Inc()
-		return errOwnerUnknown
 	}
 	if b.cluster.Peers == nil {
 		b.m.handoverRelays.WithLabelValues("error").Inc()
@@ -415,6 +446,8 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 	}
 	var failed error
 	var movedOn map[string]bool
+	var here []*session
+	var to []RelayTarget // of the sessions in here
 	for _, t := range targets {
 		sc, err := b.scope(t.Tenant)
 		if err != nil || t.Tenant != pm.GetTenant() {
@@ -451,6 +484,23 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 			failed = fmt.Errorf("relayed message for session %s under epoch %d, held here under an older one", t.ClientID, t.Epoch)
 			continue
 		}
+		here, to = append(here, s), append(to, t)
+	}
+	if failed != nil {
+		// Sent again, it goes to every target then: none gets it now.
+		return failed
+	}
+	// Those that moved on get it relayed again; decided before the
+	// sessions here get it (ownerKnown).
+	var onward []relay
+	if movedOn != nil && b.handed.mayRelay(m) {
+		onward = b.handed.relays(m, time.Now(), func(session string) bool { return movedOn[session] })
+		if err := b.ownerKnown(onward); err != nil {
+			return err
+		}
+	}
+	for i, s := range here {
+		t := to[i]
 		if err := b.counted(s.enqueue(delivery{msg: m, qos: min(m.QoS, t.QoS), retain: t.Retain, ids: t.SubIDs, relayed: true})); err != nil {
 			failed = err
 		}
@@ -458,8 +508,5 @@ func (b *Broker) DeliverRelayed(ctx context.Context, pm *commonv1.Message, targe
 	if failed != nil {
 		return failed
 	}
-	if movedOn != nil {
-		return b.relayHandedOver(ctx, m, func(session string) bool { return movedOn[session] })
-	}
-	return nil
+	return b.relayTo(ctx, m, onward)
 }

@@ -1180,3 +1180,133 @@ func TestBroker_FencedTakeoverRelaysItsGroupMessages(t *testing.T) {
 		})
 	}
 }
+
+// A forwarded message that must be relayed to a session whose owner is not
+// known yet is refused before any recipient here gets it: sent again (and
+// again, until the owner is known), it reaches each of them once, not once
+// per attempt (a QoS 2 group message to two members, a QoS 1 one twice).
+func TestBroker_OwnerUnknownRefusalDeliversNothingHere(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		qos    uint32
+		filter string // the local recipient's
+		choice SharedChoice
+	}{
+		{"plain_qos1", 1, "u/#", SharedChoice{}},
+		{"group_qos2", 2, "$share/here/u/#", SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "here", Filter: "u/#"}, {Name: "gone", Filter: "u/#"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, addr := startBroker(t, nil)
+			peers := &relayingPeers{}
+			b.SetCluster(Cluster{Peers: peers})
+			local := mqtttest.Dial(t, addr, 5)
+			local.Connect("local", true, packets.Properties{})
+			local.Subscribe(1, tc.filter, 2)
+
+			// A fenced copy, gone, whose owner the coordinator has not named.
+			sc := b.mustScope(t, "default")
+			gone := &session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
+				"p": {filter: sc.Topic("u/#"), full: sc.Topic("u/#"), qos: 2},
+				"g": {filter: sc.Topic("u/#"), full: "$share/gone/" + sc.Topic("u/#"), qos: 2, group: &shareGroup{name: "gone", filter: sc.Topic("u/#")}},
+			}}
+			at := time.Now()
+			b.handed.add(gone, at, "", 0)
+
+			m := forwardedMsg(1, "u/x", tc.qos, at.Add(-time.Second))
+			for range 3 {
+				require.ErrorIs(t, b.DeliverForwarded(t.Context(), m, tc.choice), errOwnerUnknown)
+			}
+			expectNothing(t, local, 200*time.Millisecond)
+			require.Empty(t, peers.calls())
+
+			b.handed.resolve(gone.id, "edge-new", 21)
+			require.NoError(t, b.DeliverForwarded(t.Context(), m, tc.choice))
+			require.Equal(t, "u/x", local.Expect(packets.Publish).TopicName)
+			expectNothing(t, local, 200*time.Millisecond)
+			calls := peers.calls()
+			require.NotEmpty(t, calls)
+			for _, c := range calls {
+				require.Equal(t, "edge-new", c.edge, "relayed to the owner alone, once it is known")
+			}
+		})
+	}
+}
+
+// A relay for sessions here and for one that moved on to an edge not
+// known yet is refused before the sessions here get it: sent again, it
+// reaches them once.
+func TestBroker_OwnerUnknownRefusalOfARelayDeliversNothingHere(t *testing.T) {
+	t.Parallel()
+	b, _, target, _, epoch := takenOverTarget(t, time.Now())
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	sc := b.mustScope(t, "default")
+	gone := &session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{"a": {filter: sc.Topic("a/#"), full: sc.Topic("a/#"), qos: 1}}}
+	at := time.Now()
+	b.handed.add(gone, at, "", 0)
+
+	m := forwardedMsg(1, "a/x", 1, at.Add(-time.Second))
+	to := []RelayTarget{{Tenant: "default", ClientID: "target", Epoch: epoch, QoS: 1}, {Tenant: "default", ClientID: "gone", Epoch: 3, QoS: 1}}
+	for range 3 {
+		require.ErrorIs(t, b.DeliverRelayed(t.Context(), m, to), errOwnerUnknown)
+	}
+	expectNothing(t, target, 200*time.Millisecond)
+	b.handed.resolve(gone.id, "edge-new", 21)
+	require.NoError(t, b.DeliverRelayed(t.Context(), m, to))
+	require.Equal(t, "a/x", target.Expect(packets.Publish).TopicName)
+	expectNothing(t, target, 200*time.Millisecond)
+	require.Len(t, peers.calls(), 1)
+}
+
+// ctxOwner names edge the owner of every session under epoch, unless the
+// lookup's context has ended (a coordinator call made on it fails at once).
+type ctxOwner struct {
+	fakeOwnership
+	edge  string
+	epoch uint64
+}
+
+func (o ctxOwner) Owner(ctx context.Context, _, _ string) (string, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return "", 0, err
+	}
+	return o.edge, o.epoch, nil
+}
+
+// deadlineEnd is a scripted takeover whose End waits for the CONNECT's
+// deadline and fails with it.
+type deadlineEnd struct{ scriptedTakeover }
+
+func (f *deadlineEnd) End(ctx context.Context, _, _, _ string, _ uint64) (TakeoverEnded, error) {
+	<-ctx.Done()
+	return TakeoverEnded{}, ctx.Err()
+}
+
+// A takeover that failed because its CONNECT's deadline passed still
+// names the fenced copy's owner when the coordinator answers: the lookup
+// does not run on the expired deadline (failing at once and refusing what
+// the copy's routes drew until a background lookup succeeds).
+func TestBroker_FencedTakeoverPastItsDeadlineStillFindsTheOwner(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	b.cfg.ConnectTimeout = 300 * time.Millisecond
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("late")
+	filter, _ := sc.Filter("l/#")
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
+	require.NoError(t, err)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Takeover:  &deadlineEnd{scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}},
+		Ownership: ctxOwner{edge: "edge-new", epoch: 21}})
+	before := time.Now().UnixNano()
+	ctx, cancel := context.WithTimeout(t.Context(), b.cfg.ConnectTimeout)
+	defer cancel()
+	_, _, err = b.takeOverFrom(ctx, "edge-prev", sc, "late", 20, false)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Nil(t, b.session(id), "no copy stays")
+	rs := b.handed.relays(&Message{Topic: sc.Topic("l/x"), QoS: 1, Created: before}, time.Now(), nil)
+	require.Len(t, rs, 1)
+	require.Equal(t, "edge-new", rs[0].to, "the owner is named, nothing is refused")
+}

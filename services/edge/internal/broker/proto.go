@@ -99,21 +99,40 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	if m.Retain {
 		b.retain(m)
 	}
-	served, err := b.deliverLocal(m, shared)
+	// Published before sessions it matches left this edge, m may have to
+	// go to their new owners too (handedOver). Decided once the recipients
+	// here are known, and before they get it: relays that cannot be made
+	// (an owner not known yet) refuse m with nothing delivered.
+	var relays handedRelays
+	served, err := b.deliverLocal(m, shared, func(served []*shareGroup) error {
+		var err error
+		relays, err = b.handedRelaysFor(m, shared, served)
+		return err
+	})
+	if errors.Is(err, errOwnerUnknown) {
+		return err
+	}
 	// A group this edge was chosen for that has no member here any more may
 	// have had one that left this edge before m came: m goes to it.
-	relayed, rerr := b.relayUnservedGroups(ctx, m, shared, served)
-	if rerr != nil {
+	if rerr := b.relayTo(ctx, m, relays.groups); rerr != nil {
 		// Sent again, m is offered to the groups again (and reported then).
 		return errors.Join(err, rerr)
 	}
 	if shared.Origin != nil {
-		b.reportUnserved(m, shared, served, relayed)
+		b.reportUnserved(m, shared, served, relays.relayed)
 	}
 	if err != nil || shared.Only {
 		return err
 	}
-	// Published before a session it matches left this edge: the session's
-	// new owner may not have been routed to.
-	return b.relayHandedOver(ctx, m, nil)
+	// The session's new owner may not have been routed to. Decided again
+	// now that m was delivered here: a session handed over meanwhile
+	// (matched here, and gone before it got m) is among them.
+	plain := relays.plain
+	if b.handed.mayRelay(m) {
+		plain = b.handed.relays(m, time.Now(), nil)
+		if err := b.ownerKnown(plain); err != nil {
+			return err
+		}
+	}
+	return b.relayTo(ctx, m, plain)
 }
