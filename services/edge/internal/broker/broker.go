@@ -693,12 +693,19 @@ func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) 
 }
 
 // deliverLocal hands m to this edge's own subscribers. served is the
-// shared groups it gave a member, collected when their origin hears of it
-// or when check is set. check, when set, is given them once the recipients
-// are known and before any of them gets m; its error is returned, and
-// then nobody here got m (a forwarded message whose relays cannot be made
-// is refused before it is delivered: sent again, it reaches each
-// recipient once).
+// shared groups it gave a member as that group's delivery, collected when
+// their origin hears of it or when check is set. check, when set, is given
+// every group served here (also one whose member got m merged into its
+// delivery for another group: it serves both) once the recipients are
+// known and before any of them gets m; its error is returned, and then
+// nobody here got m (a forwarded message whose relays cannot be made is
+// refused before it is delivered: sent again, it reaches each recipient
+// once).
+//
+// A group served through a merged delivery is left out of served: its
+// origin, which keeps a QoS 1 message per group, hears of it as for a
+// group with no member here (reportUnserved) and re-dispatches it, since
+// nothing here follows that group's copy to its member's PUBACK.
 func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served []*shareGroup) error) (served []*shareGroup, failed error) {
 	tp := targetPool.Get().(*[]target)
 	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
@@ -708,15 +715,26 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 		targetPool.Put(tp)
 	}()
 	if check != nil || shared.Origin != nil {
+		merged := 0
 		for i := range targets {
 			if t := &targets[i]; t.group != nil && !skipLocal(m, shared, t) {
 				served = append(served, t.group)
+				merged += len(t.more)
 			}
 		}
-	}
-	if check != nil {
-		if err := check(served); err != nil {
-			return nil, err
+		if check != nil {
+			all := served
+			if merged > 0 {
+				all = slices.Clip(served)
+				for i := range targets {
+					if t := &targets[i]; t.group != nil && !skipLocal(m, shared, t) {
+						all = append(all, t.more...)
+					}
+				}
+			}
+			if err := check(all); err != nil {
+				return nil, err
+			}
 		}
 	}
 	start := time.Now()

@@ -1310,3 +1310,100 @@ func TestBroker_FencedTakeoverPastItsDeadlineStillFindsTheOwner(t *testing.T) {
 	require.Len(t, rs, 1)
 	require.Equal(t, "edge-new", rs[0].to, "the owner is named, nothing is refused")
 }
+
+// enqueueGate is a real durable store whose Enqueue for session id waits
+// until release is closed (entered says one started).
+type enqueueGate struct {
+	*durable.Store
+	id      string
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *enqueueGate) Enqueue(id string, e durable.Entry) *durable.Pending {
+	if id == s.id {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		<-s.release
+	}
+	return s.Store.Enqueue(id, e)
+}
+
+// A group member handed over from here while a forwarded message of its
+// group is being delivered here (a recipient's store write holds the
+// delivery up) does not get it relayed when the group got a member here:
+// the group's message goes to one member (a QoS 2 one to two would break
+// invariant 2).
+func TestBroker_HandoverDuringDeliveryDoesNotRelayAServedGroup(t *testing.T) {
+	t.Parallel()
+	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	sc := b.mustScope(t, "default")
+	gate.id = sc.ClientID("slow")
+	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow.Connect("slow", false, persistentProps)
+	slow.Subscribe(1, "g/#", 2)
+	member := mqtttest.Dial(t, l.Address(), 5)
+	member.Connect("member", true, packets.Properties{})
+	member.Subscribe(1, "$share/G/g/#", 2)
+
+	m := forwardedMsg(1, "g/x", 2, time.Now().Add(-time.Second))
+	done := make(chan error, 1)
+	go func() {
+		done <- b.DeliverForwarded(context.Background(), m, SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}})
+	}()
+	select {
+	case <-gate.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not reach the slow session's store")
+	}
+	// Another member of the group leaves this edge meanwhile.
+	inner := sc.Topic("g/#")
+	b.handed.add(&session{id: sc.ClientID("h"), scope: sc, subs: map[string]*subscription{
+		"g": {filter: inner, full: "$share/G/" + inner, qos: 2, group: &shareGroup{name: "G", filter: inner}},
+	}}, time.Now(), "edge-new", 21)
+	open()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not end")
+	}
+	require.Equal(t, "g/x", member.Expect(packets.Publish).TopicName)
+	require.Empty(t, peers.calls(), "the group had its member here")
+}
+
+// A session picked for two shared groups at once gets the message once,
+// for both: neither group has to be relayed to a member handed over from
+// here.
+func TestBroker_MemberOfTwoGroupsServesBoth(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	both := mqtttest.Dial(t, addr, 5)
+	both.Connect("both", true, packets.Properties{})
+	both.Subscribe(1, "$share/G1/g/#", 2)
+	both.Subscribe(2, "$share/G2/g/#", 2)
+	sc := b.mustScope(t, "default")
+	inner := sc.Topic("g/#")
+	at := time.Now()
+	b.handed.add(&session{id: sc.ClientID("h"), scope: sc, subs: map[string]*subscription{
+		"g": {filter: inner, full: "$share/G2/" + inner, qos: 2, group: &shareGroup{name: "G2", filter: inner}},
+	}}, at, "edge-new", 21)
+
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(1, "g/x", 2, at.Add(-time.Second)),
+		SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G1", Filter: "g/#"}, {Name: "G2", Filter: "g/#"}}}))
+	require.Equal(t, "g/x", both.Expect(packets.Publish).TopicName)
+	expectNothing(t, both, 200*time.Millisecond)
+	require.Empty(t, peers.calls(), "G2 had its member here")
+}

@@ -125,6 +125,9 @@ type target struct {
 	shared  bool
 	// group is the shared group that picked the session, if one did.
 	group *shareGroup
+	// more is the other groups that picked the session for the same
+	// message (merged into this delivery): it serves them too.
+	more []*shareGroup
 }
 
 // match appends to dst every recipient of a message published on topic,
@@ -211,9 +214,13 @@ func mergeTarget(last *target, t target) {
 	// an ordinary one is only when every overlapping filter says so.
 	last.noLocal = last.noLocal && t.noLocal
 	last.shared = last.shared && t.shared
-	if last.group == nil {
+	switch {
+	case last.group == nil:
 		last.group = t.group
+	case t.group != nil:
+		last.more = append(last.more, t.group)
 	}
+	last.more = append(last.more, t.more...)
 	if len(t.ids) > 0 {
 		merged := make([]int, 0, len(last.ids)+len(t.ids))
 		merged = append(merged, last.ids...)
