@@ -127,9 +127,33 @@ func (b *Broker) deferAbandoned(cl *mqtt.Client, c *conn) bool {
 func (b *Broker) claimTaken(id string, epoch uint64) {
 	b.claims.mu.Lock()
 	defer b.claims.mu.Unlock()
+	b.claimTakenLocked(id, epoch)
+}
+
+// claimTakenLocked is claimTaken with b.claims.mu held.
+func (b *Broker) claimTakenLocked(id string, epoch uint64) {
 	if end, ok := b.claims.abandoned[id]; ok && end.c.epoch < epoch {
 		delete(b.claims.abandoned, id)
 	}
+}
+
+// claimDone drops the guard g of a CONNECT of id that took the session's
+// claim under epoch, once it bound the session, gave up to a newer claim,
+// or ended before it bound: with it, it takes on the copy an abandoned
+// connection under an older claim left to it (claimTaken). The CONNECT
+// took on such a copy when its claim returned, but an abandoned
+// connection's end that comes after that, while the CONNECT stores its
+// session and writes its CONNACK, still finds its guard and leaves the
+// copy to it: without this, that record (holding the abandoned client and
+// its connection) would stay with nothing to clear it.
+func (b *Broker) claimDone(id string, g *claimGuard, epoch uint64) {
+	if g == nil {
+		return
+	}
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	b.dropGuardLocked(id, g)
+	b.claimTakenLocked(id, epoch)
 }
 
 // supersede tells the CONNECTs of id in flight here that another edge

@@ -306,7 +306,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	defer func() {
 		g.mu.Unlock()
 		// After the unlock: supersede takes the guards' lock, then g's.
-		b.dropGuard(cl.ID, g)
+		b.claimDone(cl.ID, g, c.epoch)
 	}()
 	if g.supersededBy > c.epoch {
 		b.logger.Info("session taken over by another edge while connecting; disconnecting", "client_id", cl.ID)
@@ -360,7 +360,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	c := v.(*conn)
 	// A connection that ended before it was bound (its CONNACK could not be
 	// written) leaves no claim in flight: relays would wait on it.
-	b.dropGuard(cl.ID, c.guard)
+	b.claimDone(cl.ID, c.guard, c.epoch)
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}

@@ -665,3 +665,98 @@ func TestBroker_FailedSubscribeLeavesTheNewerConnectionsStoredRecord(t *testing.
 	require.Len(t, stored.Subs, 1, "the newer connection's subscription is stored")
 	require.Equal(t, b.mustScope(t, "default").Topic("rec/x"), stored.Subs[0].Filter)
 }
+
+// sessionPutGate is a real durable store whose PutSession waits, while
+// hold is set, until release is closed.
+type sessionPutGate struct {
+	*durable.Store
+	hold    atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *sessionPutGate) PutSession(ctx context.Context, rec durable.Session) error {
+	if s.hold.Load() {
+		s.entered <- struct{}{}
+		<-s.release
+	}
+	return s.Store.PutSession(ctx, rec)
+}
+
+// abandonedLeft reports whether an abandoned connection's copy of id is
+// left to a CONNECT in flight.
+func abandonedLeft(b *Broker, id string) bool {
+	b.claims.mu.Lock()
+	defer b.claims.mu.Unlock()
+	_, ok := b.claims.abandoned[id]
+	return ok
+}
+
+// An abandoned connection whose end comes after a newer CONNECT of its
+// client took the claim, but before that CONNECT bound the session (its
+// session record being stored, its CONNACK not yet written), leaves the
+// copy to that CONNECT, which binds it: nothing of the abandoned
+// connection stays behind once it has (the record held its client and
+// connection for good).
+func TestBroker_AbandonedCopyLeftToABindingConnectIsTakenOn(t *testing.T) {
+	t.Parallel()
+	gate := &sessionPutGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	addr := l.Address()
+	var calls atomic.Int32
+	claimedA, gateA := make(chan struct{}), make(chan struct{})
+	openA := sync.OnceFunc(func() { close(gateA) })
+	t.Cleanup(openA)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
+		Ownership: fakeOwnership{claim: func(string, string) (uint64, string, error) {
+			switch n := calls.Add(1); n {
+			case 1: // the session's first connection
+				return 1, "", nil
+			case 2: // A, which gives up
+				close(claimedA)
+				<-gateA
+				return 2, "", nil
+			default: // B
+				return uint64(n), "", nil
+			}
+		}}})
+	id := b.mustScope(t, "default").ClientID("left")
+
+	first := mqtttest.Dial(t, addr, 5)
+	first.Connect("left", false, persistentSession)
+	first.Subscribe(1, "left/#", 1)
+	first.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	require.Eventually(t, func() bool { s := b.session(id); return s != nil && !s.online.Load() }, 5*time.Second, 10*time.Millisecond)
+
+	// A resumes the session, expiring with its connection, and resets it
+	// while its claim waits; B waits behind A's claim.
+	a := connectAs(t, addr, "left")
+	<-claimedA
+	require.NoError(t, a.Conn.(*net.TCPConn).SetLinger(0))
+	require.NoError(t, a.Conn.Close())
+	gate.hold.Store(true)
+	bb := mqtttest.Dial(t, addr, 5)
+	bb.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: persistentSession,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: "left", Keepalive: 30}})
+	require.Eventually(t, func() bool { return lockRefs(b, id) == 2 }, 5*time.Second, time.Millisecond, "B waits for A's claim")
+	openA()
+	// B took the claim and stores its session record; A's end comes.
+	select {
+	case <-gate.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("B did not store its session")
+	}
+	require.Eventually(t, func() bool { return abandonedLeft(b, id) }, 5*time.Second, time.Millisecond,
+		"A's end leaves the copy to B, in flight")
+	open()
+	require.Equal(t, packets.CodeSuccess.Code, bb.Expect(packets.Connack).ReasonCode)
+	waitBound(t, b, id)
+	require.Eventually(t, func() bool { return !abandonedLeft(b, id) }, 2*time.Second, 10*time.Millisecond,
+		"B, bound, took the copy on: nothing of A stays")
+	require.NotNil(t, b.session(id), "the session goes on with B")
+}
