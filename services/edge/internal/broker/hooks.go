@@ -811,18 +811,15 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			sub.group = &shareGroup{name: group, filter: inner}
 		}
 		if err := s.addSub(cl, sub, b.cfg.MaxSubscriptions); err != nil {
+			// mochi's records of the filter say what the session holds:
+			// the subscription it would have replaced, or what a newer
+			// connection holds now (it took the session over, or
+			// subscribed or unsubscribed since), and not this SUBSCRIBE's.
+			b.mirrorSub(cl, f.Filter)
 			if errors.Is(err, errSubSuperseded) {
-				// A newer connection of the session holds what stands
-				// now (it took the session over, or subscribed or
-				// unsubscribed since): neither its subscription nor
-				// mochi's is this connection's to touch.
 				refuse(i, packets.ErrUnspecifiedError.Code)
 				continue
 			}
-			// The subscription it would have replaced stays, in mochi too
-			// (or what a newer connection holds, if one took the session
-			// over meanwhile).
-			b.mirrorSub(cl, f.Filter)
 			if errors.Is(err, errSubQuota) {
 				b.m.packetErrors.WithLabelValues("subscription_quota").Inc()
 				refuse(i, packets.ErrQuotaExceeded.Code)
@@ -841,6 +838,11 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			refuse(i, packets.ErrNotAuthorized.Code)
 			continue
 		}
+		// mochi recorded the filter before this hook, outside the
+		// session's lock: an older connection's failed SUBSCRIBE of it
+		// that mirrored the session in between (holding nothing of it
+		// yet) took that record out.
+		b.mirrorSub(cl, f.Filter)
 		existed := i < len(c.existed) && c.existed[i]
 		if shared || f.RetainHandling == 2 || (f.RetainHandling == 1 && existed) {
 			continue // [MQTT-3.3.1-10] [MQTT-3.3.1-11]; no retained for shares (§4.8.2)
@@ -853,14 +855,19 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 }
 
 // mirrorSub makes mochi's records of filter for cl say what the client's
-// session holds of it, after a SUBSCRIBE of cl that did not go through:
-// cl's own subscription list, and mochi's topic index, which is keyed by
-// client ID and so shared by every connection of the client. A newer
-// connection may have taken the session over (or started a new one) while
-// the SUBSCRIBE waited, and subscribed the filter or inherited it from cl:
-// its record must stay, or mochi answers its UNSUBSCRIBE "no subscription
-// existed". Under the session's lock, the record follows the session's
-// latest change of the filter.
+// session holds of it, after a SUBSCRIBE of cl, whatever came of it: cl's
+// own subscription list, and mochi's topic index, which is keyed by client
+// ID and so shared by every connection of the client. A newer connection
+// may have taken the session over (or started a new one) while the
+// SUBSCRIBE waited, and subscribed the filter or inherited it from cl: its
+// record must stay, or mochi answers its UNSUBSCRIBE "no subscription
+// existed"; and one the session does not hold must go, or mochi answers
+// "success". Under the session's lock, the record follows the session's
+// latest change of the filter, and every SUBSCRIBE mirrors after its own:
+// the last to mirror writes what the session holds last. An UNSUBSCRIBE
+// is not mirrored: mochi takes its record out before the edge's hook, in
+// the connection's own read loop, so a newer connection's record of the
+// filter comes after it but for a takeover landing within that one step.
 func (b *Broker) mirrorSub(cl *mqtt.Client, filter string) {
 	s := b.session(cl.ID)
 	if s == nil {

@@ -760,3 +760,78 @@ func TestBroker_AbandonedCopyLeftToABindingConnectIsTakenOn(t *testing.T) {
 		"B, bound, took the copy on: nothing of A stays")
 	require.NotNil(t, b.session(id), "the session goes on with B")
 }
+
+// A SUBSCRIBE read from a connection before a newer connection took its
+// session over, and handled after, leaves no record in mochi of a filter
+// it alone named: mochi keys its records by client ID, so the newer
+// connection's UNSUBSCRIBE of that filter, which it never subscribed, was
+// answered "success" rather than "no subscription existed" (0x11).
+func TestBroker_StaleSubscribeLeavesNoMochiRecord(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes := newCountingRoutes(func(filter string, _ int) (<-chan struct{}, error) {
+		if filter == "stale/first" {
+			return release, nil
+		}
+		return nil, nil
+	})
+	b.SetCluster(Cluster{Routes: routes})
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("stale", false, persistentSession)
+	old.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "stale/first", Qos: 1}, {Filter: "stale/never", Qos: 1}}})
+	routes.waitEntered(t, "stale/first")
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("stale", false, persistentSession)
+	open()
+	require.Eventually(t, func() bool {
+		return promtestutil.ToFloat64(b.m.disconnects.WithLabelValues("taken_over")) == 1
+	}, 5*time.Second, 10*time.Millisecond, "the old connection's SUBSCRIBE was handled and its connection ended")
+
+	newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 2,
+		Filters: packets.Subscriptions{{Filter: "stale/never"}, {Filter: "stale/first"}}})
+	require.Equal(t, []byte{packets.CodeNoSubscriptionExisted.Code, packets.CodeSuccess.Code}, newer.Expect(packets.Unsuback).ReasonCodes)
+}
+
+// mochi records a SUBSCRIBE's filter before the edge's hook runs, outside
+// the session's lock. A failed SUBSCRIBE of an older connection that
+// mirrors its session into mochi in that gap (the session holds nothing
+// of the filter yet) takes the newer connection's fresh record out; the
+// newer connection's SUBSCRIBE, going through, puts it back, so its
+// UNSUBSCRIBE is answered "success", not 0x11. The gap is made here by
+// taking mochi's step by hand.
+func TestBroker_FailedSubscribeMirrorKeepsANewerRecord(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}})
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("mirror")
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("mirror", false, persistentSession)
+	oldCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("mirror", false, persistentSession)
+	waitBound(t, b, id)
+	newCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	require.NotSame(t, oldCl, newCl)
+
+	filter, _ := sc.Filter("mirror/x")
+	sub := packets.Subscription{Filter: filter, Qos: 1}
+	b.server.Topics.Subscribe(id, sub) // mochi's step of the newer connection's SUBSCRIBE
+	newCl.State.Subscriptions.Add(filter, sub)
+	b.mirrorSub(oldCl, filter) // the older connection's failed SUBSCRIBE
+	codes := []byte{1}
+	(&hook{b: b}).OnSubscribed(newCl, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{sub}}, codes)
+	require.Equal(t, []byte{1}, codes)
+
+	newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 2,
+		Filters: packets.Subscriptions{{Filter: "mirror/x"}}})
+	require.Equal(t, []byte{packets.CodeSuccess.Code}, newer.Expect(packets.Unsuback).ReasonCodes, "the granted subscription existed")
+}
