@@ -132,21 +132,32 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.pruneLocked(at)
-	if h.extendLocked(s.id, to, epoch, cutoff) {
-		return // remembered already (a fenced copy is named twice)
-	}
+	// Remembered already under this epoch (a fenced copy named twice, or a
+	// second fenced copy of the session while the first one's owner is not
+	// known): the later cutoff, and the subscriptions it did not have.
+	h.extendLocked(s.id, to, epoch, cutoff)
+	key := handedKey{s.id, to}
+	have := h.bySession[key]
 	if h.bySession == nil {
 		h.bySession = map[handedKey][]*handedSub{}
 	}
 	for _, e := range subs {
+		if slices.ContainsFunc(have, e.same) {
+			continue
+		}
 		h.subs.Add(e.filter, e)
 		h.entries = append(h.entries, e)
-		k := handedKey{e.session, e.to}
-		h.bySession[k] = append(h.bySession[k], e)
+		h.bySession[key] = append(h.bySession[key], e)
 	}
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
 	}
+}
+
+// same reports whether x is e's subscription, handed to the same edge
+// under the same epoch.
+func (e *handedSub) same(x *handedSub) bool {
+	return x.filter == e.filter && x.group == e.group && x.to == e.to && x.target.Epoch == e.target.Epoch
 }
 
 // resolve names the edge a session remembered with no known owner (added
@@ -164,23 +175,35 @@ func (h *handedOver) resolve(session, owner string, epoch uint64) {
 	for _, e := range pending {
 		cutoff = max(cutoff, e.cutoff)
 	}
-	if owner == "" || h.extendLocked(session, owner, epoch, cutoff) {
-		// Nobody to relay to, or remembered for the owner already.
+	// Nobody to relay to, or remembered for the owner already (under this
+	// epoch; the owner's entries under another stay its own).
+	var gone []*handedSub
+	if owner == "" {
+		gone = pending
+	} else {
+		key := handedKey{session, owner}
+		h.extendLocked(session, owner, epoch, cutoff)
+		have := h.bySession[key]
 		for _, e := range pending {
-			h.subs.Remove(e.filter, e)
+			e.to, e.target.Epoch = owner, epoch
+			if slices.ContainsFunc(have, e.same) {
+				gone = append(gone, e)
+				continue
+			}
+			h.bySession[key] = append(h.bySession[key], e)
 		}
-		h.entries = slices.DeleteFunc(h.entries, func(e *handedSub) bool { return slices.Contains(pending, e) })
-		if len(h.entries) == 0 {
-			h.entries = nil
-			h.latest.Store(0)
-		}
+	}
+	if len(gone) == 0 {
 		return
 	}
-	for _, e := range pending {
-		e.to = owner
-		e.target.Epoch = epoch
+	for _, e := range gone {
+		h.subs.Remove(e.filter, e)
 	}
-	h.bySession[handedKey{session, owner}] = pending
+	h.entries = slices.DeleteFunc(h.entries, func(e *handedSub) bool { return slices.Contains(gone, e) })
+	if len(h.entries) == 0 {
+		h.entries = nil
+		h.latest.Store(0)
+	}
 }
 
 // extend moves the cutoff of the remembered entries of session, handed to

@@ -1407,3 +1407,41 @@ func TestBroker_MemberOfTwoGroupsServesBoth(t *testing.T) {
 	expectNothing(t, both, 200*time.Millisecond)
 	require.Empty(t, peers.calls(), "G2 had its member here")
 }
+
+// A session remembered for an owner under one epoch, whose later fenced
+// copy's owner turns out to be the same edge under another, keeps both
+// sets of entries linked: a later extension of the first still finds them.
+// And a second fenced copy of a session whose first copy's owner is not
+// known yet adds the subscriptions the first did not have.
+func TestHandedOver_ResolveKeepsEveryEntryOfTheOwner(t *testing.T) {
+	t.Parallel()
+	sc, err := tenancy.NewScope("t")
+	require.NoError(t, err)
+	at := time.Now()
+	id := sc.ClientID("c")
+	copyOf := func(filters ...string) *session {
+		s := &session{id: id, scope: sc, subs: map[string]*subscription{}}
+		for _, f := range filters {
+			s.subs[f] = &subscription{filter: sc.Topic(f), full: sc.Topic(f), qos: 1}
+		}
+		return s
+	}
+	msg := func(topic string, created time.Time) *Message {
+		return &Message{Topic: sc.Topic(topic), QoS: 1, Created: created.UnixNano()}
+	}
+	h := newHandedOver(time.Minute)
+	h.add(copyOf("a/#"), at, "edge-2", 8)
+	h.add(copyOf("b/#"), at, "", 0)
+	h.add(copyOf("b/#", "c/#"), at, "", 0) // a second fenced copy, with more
+	h.resolve(id, "edge-2", 9)
+	require.Equal(t, []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 9, QoS: 1}}}},
+		h.relays(msg("c/x", at.Add(-time.Millisecond)), at, nil), "the second copy's subscription is remembered")
+
+	later := at.Add(time.Second)
+	h.extend(id, "edge-2", 8, later)
+	require.Equal(t, []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 8, QoS: 1}}}},
+		h.relays(msg("a/x", later.Add(-time.Millisecond)), at, nil), "the entries under epoch 8 are extended")
+	h.pruneLocked(at.Add(time.Minute))
+	require.Empty(t, h.bySession)
+	require.Empty(t, h.entries)
+}
