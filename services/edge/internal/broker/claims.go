@@ -273,7 +273,7 @@ const fencedLookupPast = time.Second
 // the coordinator answers or nothing published before can arrive any more.
 func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	s.mu.Lock()
-	mine, subscribed := s.epoch, len(s.subs) > 0
+	mine := s.epoch
 	s.mu.Unlock()
 	lookup, cancel := context.WithTimeout(ctx, fencedLookup)
 	owner, epoch, err := b.fencedOwner(lookup, s, mine)
@@ -290,8 +290,11 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	}
 	relays := err != nil || owner != ""
 	at := time.Now()
+	// What the copy holds once the lookup is over: a SUBSCRIBE may have
+	// landed during it.
+	remembered := false
 	if relays {
-		b.handed.add(s, at, owner, epoch)
+		remembered = b.handed.add(s, at, owner, epoch)
 		if owner != "" {
 			b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
 		}
@@ -300,7 +303,9 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	if relays {
 		b.handed.extend(s.id, owner, epoch, time.Now())
 	}
-	if err != nil && subscribed {
+	if err != nil && remembered {
+		// Something waits on the owner: what the copy's subscriptions
+		// match is refused until it is named.
 		b.findFencedOwner(s, mine, at.Add(b.handed.memory))
 	}
 }

@@ -109,11 +109,12 @@ func newHandedOver(memory time.Duration) *handedOver {
 }
 
 // add remembers the subscriptions of s, handed over at at to edge to under
-// epoch. A shared subscription's entry serves only a message of its group
-// that this edge was to serve and has no member for any more
-// (groupRelays): the edge that routed it here chose this edge for the
-// group, so no other member of the group may get it.
-func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
+// epoch, and reports whether it remembers any. A shared subscription's
+// entry serves only a message of its group that this edge was to serve
+// and has no member for any more (groupRelays): the edge that routed it
+// here chose this edge for the group, so no other member of the group may
+// get it.
+func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) (remembers bool) {
 	cutoff := at.Add(handoverSkew).UnixNano()
 	expires := at.Add(h.memory)
 	tenant := s.scope.Tenant()
@@ -127,7 +128,7 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	}
 	s.mu.Unlock()
 	if len(subs) == 0 {
-		return
+		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -152,6 +153,7 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) {
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
 	}
+	return true
 }
 
 // same reports whether x is e's subscription, handed to the same edge

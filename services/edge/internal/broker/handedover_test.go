@@ -1445,3 +1445,45 @@ func TestHandedOver_ResolveKeepsEveryEntryOfTheOwner(t *testing.T) {
 	require.Empty(t, h.bySession)
 	require.Empty(t, h.entries)
 }
+
+// subscribingOwner is a coordinator that does not answer the first owner
+// lookup, during which the fenced copy s gets a subscription (a SUBSCRIBE
+// landing meanwhile), and names edge under epoch afterwards.
+type subscribingOwner struct {
+	fakeOwnership
+	s       *session
+	sub     *subscription
+	edge    string
+	epoch   uint64
+	lookups atomic.Int32
+}
+
+func (o *subscribingOwner) Owner(context.Context, string, string) (string, uint64, error) {
+	if o.lookups.Add(1) == 1 {
+		o.s.mu.Lock()
+		o.s.subs["a/#"] = o.sub
+		o.s.mu.Unlock()
+		return "", 0, errors.New("coordinator unavailable")
+	}
+	return o.edge, o.epoch, nil
+}
+
+// A fenced copy that had no subscription when its owner lookup began, and
+// one when the lookup failed, is remembered with no owner for that one: its
+// owner is then looked up in the background too, or what the subscription
+// matches would be refused for the whole handover memory.
+func TestBroker_FencedCopySubscribedDuringItsLookupIsLookedUpAgain(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	sc := b.mustScope(t, "default")
+	s := &session{id: sc.ClientID("late-sub"), scope: sc, epoch: 20, subs: map[string]*subscription{}}
+	own := &subscribingOwner{s: s, sub: &subscription{filter: sc.Topic("a/#"), full: sc.Topic("a/#"), qos: 1}, edge: "edge-new", epoch: 21}
+	b.SetCluster(Cluster{Ownership: own})
+	before := time.Now().UnixNano()
+	b.relayFenced(t.Context(), s, func() {})
+	m := &Message{Topic: sc.Topic("a/x"), QoS: 1, Created: before}
+	require.Eventually(t, func() bool {
+		rs := b.handed.relays(m, time.Now(), nil)
+		return len(rs) == 1 && rs[0].to == "edge-new"
+	}, 5*time.Second, 10*time.Millisecond, "the owner is found in the background")
+}
