@@ -72,6 +72,9 @@ type Broker struct {
 	// handed remembers the subscriptions of sessions handed over to other
 	// edges while messages routed here before may still arrive.
 	handed *handedOver
+	// fencedOwners holds the fenced copies whose owner is looked up in the
+	// background (findFencedOwner).
+	fencedOwners fencedOwners
 	// importLocks serialise the imports of a session (importSession), by
 	// a hash of its ID.
 	importLocks [importStripes]sync.Mutex

@@ -310,35 +310,147 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	}
 }
 
-// findFencedOwner looks up, in the background, the owner of fenced copy s
-// that relayFenced could not name, until the coordinator answers or until
-// (when the copy's remembered subscriptions expire), and names it to the
-// handed-over index.
+// fencedOwners holds the fenced copies whose owner relayFenced could not
+// name, for the one background loop that looks them up (findFencedOwner).
+type fencedOwners struct {
+	mu      sync.Mutex
+	pending map[string]*pendingOwner // by internal client ID; guarded by mu
+	running bool                     // the loop runs; guarded by mu
+	wake    chan struct{}            // a copy came while it waited
+}
+
+// pendingOwner is a fenced copy whose owner is looked up.
+type pendingOwner struct {
+	s *session
+	// mine is the newest claim of the session's copies here: the owner's
+	// is newer.
+	mine uint64
+	// until is when the copies' remembered subscriptions expire: nothing
+	// waits on the owner after it.
+	until time.Time
+}
+
+// Bounds of the wait between two rounds of the loop that looks up fenced
+// copies' owners: from the first, doubling while the coordinator does not
+// answer, up to the last.
+const (
+	fencedRetryFirst = 100 * time.Millisecond
+	fencedRetryLast  = 2 * time.Second
+)
+
+// findFencedOwner has the owner of fenced copy s, which relayFenced could
+// not name, looked up in the background until the coordinator answers or
+// until (when the copy's remembered subscriptions expire), and named to the
+// handed-over index. One loop looks every such copy up, one at a time: an
+// edge cut off from the coordinator may have thousands.
 func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
+	f := &b.fencedOwners
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pending == nil {
+		f.pending = map[string]*pendingOwner{}
+		f.wake = make(chan struct{}, 1)
+	}
+	if p := f.pending[s.id]; p != nil {
+		// Another fenced copy of the session: its owner is newer than
+		// either's claim, and they are remembered for the longer.
+		mine, until = max(mine, p.mine), maxTime(until, p.until)
+	}
+	f.pending[s.id] = &pendingOwner{s: s, mine: mine, until: until}
+	if f.running {
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	f.running = true
 	b.releases.Add(1)
 	go func() {
 		defer b.releases.Done()
-		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
-			select {
-			case <-b.stopped.Done():
-				return
-			case <-time.After(backoff):
+		b.findFencedOwners()
+	}()
+}
+
+// findFencedOwners is the loop of findFencedOwner. A round looks up every
+// pending copy; one whose lookup the coordinator does not answer in time
+// ends the round (the others would wait as long), and the next comes after
+// a longer wait. The loop ends when no copy is pending.
+func (b *Broker) findFencedOwners() {
+	f := &b.fencedOwners
+	for wait := fencedRetryFirst; ; {
+		select {
+		case <-b.stopped.Done():
+			f.mu.Lock()
+			f.running = false
+			f.mu.Unlock()
+			return
+		case <-time.After(wait):
+		case <-f.wake:
+		}
+		f.mu.Lock()
+		round := make([]*pendingOwner, 0, len(f.pending))
+		for _, p := range f.pending {
+			round = append(round, p)
+		}
+		f.mu.Unlock()
+		slices.SortFunc(round, func(x, y *pendingOwner) int { return x.until.Compare(y.until) })
+		answered := true
+		for _, p := range round {
+			if answered = b.findFencedOwnerOnce(p); !answered {
+				break
 			}
-			if !time.Now().Before(until) {
-				return // forgotten: nothing published before can arrive any more
-			}
-			ctx, cancel := context.WithTimeout(b.stopped, fencedLookup)
-			owner, epoch, err := b.fencedOwner(ctx, s, mine)
-			cancel()
-			if err != nil {
-				b.logger.Debug("fenced session's owner still not found", "client_id", s.id, "error", err)
-				continue
-			}
-			b.handed.resolve(s.id, owner, epoch)
-			b.logger.Info("fenced session's owner found; its late messages go there", "client_id", s.id, "owner", owner, "epoch", epoch)
+		}
+		f.mu.Lock()
+		if len(f.pending) == 0 {
+			f.running = false
+			f.mu.Unlock()
 			return
 		}
-	}()
+		f.mu.Unlock()
+		if answered {
+			wait = fencedRetryFirst
+		} else {
+			wait = min(2*wait, fencedRetryLast)
+		}
+	}
+}
+
+// findFencedOwnerOnce looks up p's owner once, and forgets p once it is
+// named or nothing waits on it any more. It reports whether the
+// coordinator answered in time.
+func (b *Broker) findFencedOwnerOnce(p *pendingOwner) (answered bool) {
+	f := &b.fencedOwners
+	done := func() {
+		f.mu.Lock()
+		if f.pending[p.s.id] == p {
+			delete(f.pending, p.s.id)
+		}
+		f.mu.Unlock()
+	}
+	if !time.Now().Before(p.until) {
+		done() // forgotten: nothing published before can arrive any more
+		return true
+	}
+	ctx, cancel := context.WithTimeout(b.stopped, fencedLookup)
+	owner, epoch, err := b.fencedOwner(ctx, p.s, p.mine)
+	late := ctx.Err() != nil
+	cancel()
+	if err != nil {
+		b.logger.Debug("fenced session's owner still not found", "client_id", p.s.id, "error", err)
+		return !late
+	}
+	b.handed.resolve(p.s.id, owner, epoch)
+	b.logger.Info("fenced session's owner found; its late messages go there", "client_id", p.s.id, "owner", owner, "epoch", epoch)
+	done()
+	return true
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // fencedOwner is the edge that owns fenced copy s's session at the

@@ -1487,3 +1487,111 @@ func TestBroker_FencedCopySubscribedDuringItsLookupIsLookedUpAgain(t *testing.T)
 		return len(rs) == 1 && rs[0].to == "edge-new"
 	}, 5*time.Second, 10*time.Millisecond, "the owner is found in the background")
 }
+
+// flakyOwner is a coordinator whose owner lookups take a while and fail
+// until reachable is set, and then name edge the owner of every session
+// under epoch. It records how many lookups ran at once at most.
+type flakyOwner struct {
+	fakeOwnership
+	edge      string
+	epoch     uint64
+	reachable atomic.Bool
+	running   atomic.Int32
+	most      atomic.Int32
+	lookups   atomic.Int32
+}
+
+func (o *flakyOwner) Owner(ctx context.Context, _, _ string) (string, uint64, error) {
+	o.lookups.Add(1)
+	n := o.running.Add(1)
+	defer o.running.Add(-1)
+	for m := o.most.Load(); n > m && !o.most.CompareAndSwap(m, n); m = o.most.Load() {
+	}
+	select {
+	case <-ctx.Done():
+		return "", 0, ctx.Err()
+	case <-time.After(10 * time.Millisecond):
+	}
+	if !o.reachable.Load() {
+		return "", 0, errors.New("coordinator unavailable")
+	}
+	return o.edge, o.epoch, nil
+}
+
+// fencedCopy is a copy of client id under epoch 20, subscribed to a/#.
+func fencedCopy(sc *tenancy.Scope, id string) *session {
+	return &session{id: sc.ClientID(id), scope: sc, epoch: 20, subs: map[string]*subscription{
+		"a/#": {filter: sc.Topic("a/#"), full: sc.Topic("a/#"), qos: 1}}}
+}
+
+// released reports whether every goroutine the broker waits on at release
+// ended within d.
+func released(b *Broker, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		b.releases.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// The background lookup of a fenced copy's owner ends once the owner is
+// named, and once nothing published before the copy went can arrive any
+// more (its subscriptions are forgotten), whatever the coordinator says.
+func TestBroker_FencedOwnerLookupEnds(t *testing.T) {
+	for _, found := range []bool{true, false} {
+		t.Run(fmt.Sprintf("found=%v", found), func(t *testing.T) {
+			t.Parallel()
+			b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+			b.handed.memory = time.Second
+			sc := b.mustScope(t, "default")
+			own := &flakyOwner{edge: "edge-new", epoch: 21}
+			b.SetCluster(Cluster{Ownership: own})
+			s := fencedCopy(sc, "lost")
+			before := time.Now().UnixNano()
+			b.relayFenced(t.Context(), s, func() {})
+			require.Eventually(t, func() bool { return own.lookups.Load() >= 3 }, 5*time.Second, time.Millisecond, "looked up in the background")
+			require.False(t, released(b, 0), "the lookup goes on while the owner is not known")
+			if found {
+				own.reachable.Store(true)
+				require.Eventually(t, func() bool {
+					rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: before}, time.Now(), nil)
+					return len(rs) == 1 && rs[0].to == "edge-new"
+				}, 5*time.Second, time.Millisecond)
+			}
+			require.True(t, released(b, 5*time.Second), "the background lookup ended")
+			n := own.lookups.Load()
+			time.Sleep(300 * time.Millisecond)
+			require.Equal(t, n, own.lookups.Load(), "no lookup after it ended")
+		})
+	}
+}
+
+// The owners of many fenced copies (an edge cut off from the coordinator
+// for a while) are looked up one at a time, by one background loop, not
+// by a goroutine each.
+func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	sc := b.mustScope(t, "default")
+	own := &flakyOwner{edge: "edge-new", epoch: 21}
+	b.SetCluster(Cluster{Ownership: own})
+	const copies = 20
+	for i := range copies {
+		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), func() {})
+	}
+	own.most.Store(0) // the lookups made before each copy went ran one at a time
+	require.Eventually(t, func() bool { return own.lookups.Load() >= 3*copies }, 10*time.Second, time.Millisecond)
+	require.EqualValues(t, 1, own.most.Load(), "one lookup at a time")
+	own.reachable.Store(true)
+	require.True(t, released(b, 10*time.Second), "the loop ends once every owner is known")
+	rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: time.Now().Add(-time.Second).UnixNano()}, time.Now(), nil)
+	require.Len(t, rs, 1)
+	require.Equal(t, "edge-new", rs[0].to)
+	require.Len(t, rs[0].targets, copies, "every owner is named")
+}
