@@ -135,7 +135,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		}),
 		handoverRelays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_handover_relays_total",
-			Help: "QoS 1/2 messages published before a session they match was handed over to another edge, arriving after, and relayed to the session's new owner, by outcome (ok; error: not taken, the sender tries again; owner_unknown: not taken, the coordinator has not named the new owner of a fenced copy yet).",
+			Help: "Attempts to relay a QoS 1/2 message, published before a session it matches was handed over to another edge and arriving after, to the session's new owner, by outcome (ok: the new owners took it; error: not taken, the sender sends it again; owner_unknown: not taken, the coordinator has not named the new owner of a fenced copy yet). A message counts once per attempt: again each time its sender sends it again, and once for its shared groups and once for its plain subscriptions when it is relayed for both.",
 		}, []string{"outcome"}),
 		relaysReceived: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_relays_received_total",
