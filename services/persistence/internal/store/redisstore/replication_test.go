@@ -222,11 +222,12 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 
 	// In flight, they stay where they are; every reference released, the
 	// buckets go.
-	require.NoError(t, s.Send(ctx, k, f, []store.Entry{{MsgID: a.ID, QoS: 1, PacketID: 1}, {MsgID: forever.ID, QoS: 1, PacketID: 2}}))
+	require.NoError(t, s.Send(ctx, k, f, []store.Entry{{MsgID: a.ID, QoS: 2, PacketID: 1}, {MsgID: forever.ID, QoS: 1, PacketID: 2}}))
+	require.NoError(t, s.Pubrel(ctx, k, f, 1))
 	st, err = s.Load(ctx, k)
 	require.NoError(t, err)
 	require.Len(t, st.Inflight, 2)
-	require.Len(t, st.Messages, 4)
+	require.Len(t, st.Messages, 4, "a PUBREC received keeps an entry's message where it is")
 	require.NoError(t, s.Complete(ctx, k, f, []uint16{1, 2}))
 	require.NoError(t, s.Dequeue(ctx, k, f, []string{later.ID, sooner.ID}))
 	require.Equal(t, int64(1), c.Exists(ctx, expiringKey).Val(), "the other session still holds one")

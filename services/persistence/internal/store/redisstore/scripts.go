@@ -50,8 +50,7 @@ end
 -- one lives as long as its bodies. A body's reference count is field
 -- "#" .. field when above one (most messages go to one session), absent
 -- at one. An entry says which bucket its message is in: an entry of a
--- message with an expiry starts {"s":<seq>,"x":1, when queued and
--- {"x":1, when in flight (see expiring).
+-- message with an expiry has "x":1 (see expiring).
 --
 -- References are counted in a ledger while a script runs and written at
 -- its end (flushBodies), one read and a write or two per bucket: so a
@@ -79,9 +78,10 @@ local function body(id, x)
   return r, b, f
 end
 -- expiring reports whether entry e (queued or in flight) is of a message
--- with an expiry.
+-- with an expiry. ("x":1 can only be a key and its value: a quote inside
+-- a JSON string is escaped.)
 local function expiring(e)
-  return string.sub(e, 1, 7) == '{"x":1,' or string.find(e, '^{"s":%d+,"x":1,') ~= nil
+  return string.find(e, '"x":1', 1, true) ~= nil
 end
 -- stored reports whether message id's body is stored, given to this call
 -- or before it (read once), and if so whether it expires.
@@ -570,9 +570,11 @@ const scriptPubrel = prelude + `
 local f = fence(KEYS[1], ARGV[1], ARGV[2]); if f then return f end
 local e = redis.call('HGET', KEYS[2], ARGV[3])
 if not e then return 0 end
-local d = cjson.decode(e)
-d.rel = true
-redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(d))
+-- Spliced in, not decoded and encoded: the entry keeps its fields as
+-- written.
+if not string.find(e, '"rel":true', 1, true) then
+  redis.call('HSET', KEYS[2], ARGV[3], string.sub(e, 1, -2) .. ',"rel":true}')
+end
 return 1`
 
 // complete: KEYS s inf; ARGV epoch gepoch packetIDs... Returns how many
@@ -644,7 +646,7 @@ local inc = redis.call('HGETALL', KEYS[6])
 local buckets, want = {}, {}
 local function add(id, e)
   local b = 'mb:'
-  if string.sub(e, 1, 7) == '{"x":1,' or string.find(e, '^{"s":%d+,"x":1,') then b = 'mx:' end
+  if string.find(e, '"x":1', 1, true) then b = 'mx:' end
   b = b .. string.sub(id, 1, -3)
   local f = string.sub(id, -2)
   local t = want[b]
