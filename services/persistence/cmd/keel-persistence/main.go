@@ -6,13 +6,27 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
+	"runtime/debug"
 
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/persistence/internal/app"
 )
 
-func main() { service.Main("keel-persistence", run) }
+// gcPercent is the service's GOGC unless the environment sets one. It holds
+// little (the writes in flight and their buffers) and allocates for every
+// record it passes on: collecting four times less often costs a few MiB
+// and saves about a fifth of its CPU (BenchmarkServer_Write: 6.7-7.2 µs of
+// CPU per record at GOGC=100, 5.3 at 400).
+const gcPercent = 400
+
+func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(gcPercent)
+	}
+	service.Main("keel-persistence", run)
+}
 
 var run = service.Command[app.Config, *app.Config]{
 	Name:    "keel-persistence",

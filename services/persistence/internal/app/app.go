@@ -72,6 +72,7 @@ type Config struct {
 	Unreplicated  bool                `yaml:"unreplicated"`
 	WaitTimeout   time.Duration       `yaml:"wait_timeout"`
 	MaxPipeline   int                 `yaml:"max_pipeline"`
+	CommitLanes   int                 `yaml:"commit_lanes"`
 	DataDir       string              `yaml:"data_dir"`
 	Coordinator   string              `yaml:"coordinator_addr"`
 	LeaseMargin   time.Duration       `yaml:"lease_margin"`
@@ -109,6 +110,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Unreplicated, "unreplicated", false, "acknowledge writes without any replica: an acknowledged message is lost with the primary. Logged and exported as an alert")
 	fs.DurationVar(&c.WaitTimeout, "redis.wait-timeout", DefaultWaitTimeout, "WAIT timeout; a write not confirmed in time is answered NOT_REPLICATED")
 	fs.IntVar(&c.MaxPipeline, "redis.max-pipeline", 64, "script calls per Redis pipeline (group commit)")
+	fs.IntVar(&c.CommitLanes, "redis.commit-lanes", redisstore.DefaultLanes, "pipelines committing at once, each on connections of its own (a session's writes always take the same)")
 	fs.Float64Var(&c.HighWater, "redis.high-water", redisstore.DefaultHighWater, "share of the primary's maxmemory above which appends and retained writes are refused (not acknowledged) until memory drains")
 	fs.StringVar(&c.DataDir, "data-dir", "data/persistence", "directory of the embedded bbolt store, used when --redis.addr is empty")
 	fs.StringVar(&c.Coordinator, "coordinator.addr", "", "coordinator API base URL (http://host:7401); empty: no lease, no failover")
@@ -171,8 +173,8 @@ func (c *Config) Validate() error {
 		if c.MinReplicas == 0 && !c.Unreplicated {
 			errs = append(errs, errors.New("redis.min-replicas=0 acknowledges unreplicated writes: set --unreplicated to mean it"))
 		}
-		if c.WaitTimeout <= 0 || c.MaxPipeline <= 0 {
-			errs = append(errs, errors.New("redis.wait-timeout and redis.max-pipeline must be positive"))
+		if c.WaitTimeout <= 0 || c.MaxPipeline <= 0 || c.CommitLanes <= 0 {
+			errs = append(errs, errors.New("redis.wait-timeout, redis.max-pipeline and redis.commit-lanes must be positive"))
 		}
 	}
 	if c.Coordinator != "" {
@@ -250,7 +252,7 @@ func (a *App) Ops() *service.Ops { return a.ops }
 
 func (a *App) openRedis(addr string) (*redisstore.Store, error) {
 	s, err := redisstore.New(redisstore.Config{Addr: addr, MinReplicas: a.cfg.MinReplicas, WaitTimeout: a.cfg.WaitTimeout,
-		MaxBatch: a.cfg.MaxPipeline, Dialer: a.cfg.RedisDialer, HighWater: a.cfg.HighWater, MemoryObserver: a.metrics.Memory},
+		MaxBatch: a.cfg.MaxPipeline, Lanes: a.cfg.CommitLanes, Dialer: a.cfg.RedisDialer, HighWater: a.cfg.HighWater, MemoryObserver: a.metrics.Memory},
 		a.logger.With("component", "redis", "primary", addr))
 	if err != nil {
 		return nil, err

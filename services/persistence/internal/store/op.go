@@ -87,9 +87,12 @@ type OpResult struct {
 }
 
 // Batcher is implemented by stores that commit many ops together. Submit
-// queues ops in order behind every op submitted before, and returns a
-// function that waits for their results (one per op, in order). Ops of two
-// Submit calls are applied in the order of the calls.
+// queues ops behind every op submitted before, and returns a function that
+// waits for their results (one per op, in order). A session's ops (and a
+// retained topic's) are applied in the order they were submitted, within a
+// call and across calls; ops of different sessions may be applied in any
+// order, as each session has a single writer and each op is answered by
+// itself.
 type Batcher interface {
 	Submit(ctx context.Context, ops []Op) (wait func() []OpResult)
 }

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net"
 	"slices"
@@ -55,6 +56,10 @@ type Config struct {
 	WaitTimeout time.Duration
 	// MaxBatch bounds the writes sent in one pipeline.
 	MaxBatch int
+	// Lanes is how many commit loops write at once (default DefaultLanes),
+	// each on connections of its own; a session's writes, and a retained
+	// topic's, always take the same lane.
+	Lanes int
 	// Dialer, if set, opens the connections to Redis (tests cut them).
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// HighWater is the share of the primary's maxmemory above which
@@ -72,10 +77,10 @@ type Store struct {
 	rdb    *redis.Client
 	logger *slog.Logger
 
-	ops  chan *op
-	done chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	lanes []chan *op // one per commit loop (see laneOf)
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
 
 	groupEpoch atomic.Uint64
 	full       atomic.Bool // memory above the high-water mark (watchMemory)
@@ -130,10 +135,20 @@ func New(cfg Config, logger *slog.Logger) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{cfg: cfg, logger: logger, ops: make(chan *op, 4096), done: make(chan struct{}),
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = DefaultLanes
+	}
+	s := &Store{cfg: cfg, logger: logger, done: make(chan struct{}),
 		rdb: redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: 8, Dialer: cfg.Dialer})}
-	s.wg.Add(2)
-	go s.commitLoop()
+	s.wg.Add(cfg.Lanes + 1)
+	for range cfg.Lanes {
+		ops := make(chan *op, 4096)
+		s.lanes = append(s.lanes, ops)
+		// A client per lane: go-redis v9.23 races when one client opens
+		// its first connections from several goroutines (initConn).
+		rdb := redis.NewClient(&redis.Options{Addr: cfg.Addr, PoolSize: commitsInFlight, Dialer: cfg.Dialer})
+		go s.commitLoop(ops, rdb)
+	}
 	go s.watchMemory(cfg.MemoryCheck)
 	return s, nil
 }
@@ -160,18 +175,43 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// DefaultLanes is how many commit loops a store runs by default. One loop
+// sends a commit and reads its answers before it sends the next, so the
+// primary idles while the loop's side of each round trip runs; a few
+// loops keep it busy. Writes of different sessions have no order between
+// them (DESIGN.md: each session has one writer, and every write is
+// answered by itself), so they may take different lanes.
+const DefaultLanes = 4
+
+// laneOf is the lane of an op: by its session's key, or for a retained
+// write by its tenant and topic, so that a session's writes (and a topic's)
+// commit in the order they came.
+func (s *Store) laneOf(o *op) chan *op {
+	if len(s.lanes) == 1 {
+		return s.lanes[0]
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(o.keys[0]))
+	if o.script == scriptPutRetained {
+		topic, _ := o.args[1].(string)
+		_, _ = h.Write([]byte(topic))
+	}
+	return s.lanes[h.Sum32()%uint32(len(s.lanes))]
+}
+
 // commitsInFlight is how many commits may wait for replication at once.
 // A commit's WAIT blocks its connection, so each has its own; the next
 // commit's scripts run on another while the replicas catch up with the
 // last, instead of the primary idling through every WAIT.
 const commitsInFlight = 2
 
-// commitLoop is the single writer: it sends every waiting operation as one
-// pipeline of scripts, in order, and hands the commit to a goroutine that
-// waits for replication (WAIT, on the same connection) and answers each
-// op. Answers go out in commit order.
-func (s *Store) commitLoop() {
+// commitLoop is a lane's single writer: it sends every operation waiting
+// in ops as one pipeline of scripts, in order, and hands the commit to a
+// goroutine that waits for replication (WAIT, on the same connection) and
+// answers each op. Answers go out in commit order.
+func (s *Store) commitLoop(ops <-chan *op, rdb *redis.Client) {
 	defer s.wg.Done()
+	defer rdb.Close()
 	ctx := context.Background()
 	conns := make(chan *redis.Conn, commitsInFlight)
 	for range commitsInFlight {
@@ -192,7 +232,7 @@ func (s *Store) commitLoop() {
 	for {
 		var first *op
 		select {
-		case first = <-s.ops:
+		case first = <-ops:
 		case <-s.done:
 			return
 		}
@@ -204,14 +244,14 @@ func (s *Store) commitLoop() {
 	more:
 		for len(batch) < s.cfg.MaxBatch {
 			select {
-			case o := <-s.ops:
+			case o := <-ops:
 				batch = append(batch, o)
 			default:
 				break more
 			}
 		}
 		if conn == nil {
-			conn = s.rdb.Conn()
+			conn = rdb.Conn()
 			if err := checkFormat(ctx, conn); err != nil {
 				// Nothing of the batch is written: a group of another
 				// format is an operator's to resolve, anything else is
@@ -616,7 +656,7 @@ func mapErr(err error) error {
 func (s *Store) submit(ctx context.Context, o *op) error {
 	o.result = make(chan opResult, 1)
 	select {
-	case s.ops <- o:
+	case s.laneOf(o) <- o:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
