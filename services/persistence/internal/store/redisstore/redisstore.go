@@ -986,12 +986,15 @@ func (s *Store) Load(ctx context.Context, k store.SessionKey) (*store.State, err
 	if st.Queue, err = queueInOrder(strs(xs[3]), strs(xs[4])); err != nil {
 		return nil, err
 	}
-	for _, raw := range strs(xs[5]) {
-		var e store.Entry
-		if err := json.Unmarshal([]byte(raw), &e); err != nil {
+	inflight := strs(xs[5])
+	st.Inflight = make([]store.Entry, len(inflight))
+	for i, raw := range inflight {
+		if err := parseEntryJSON([]byte(raw), &st.Inflight[i]); err != nil {
 			return nil, err
 		}
-		st.Inflight = append(st.Inflight, e)
+	}
+	if len(st.Inflight) == 0 {
+		st.Inflight = nil
 	}
 	inc := strs(xs[6])
 	for i := 0; i+1 < len(inc); i += 2 {
@@ -1022,7 +1025,7 @@ func queueInOrder(items, qe []string) ([]store.Entry, error) {
 	entries := make([]store.Entry, len(qe)/2)
 	for i := 0; i+1 < len(qe); i += 2 {
 		e := &entries[i/2]
-		if err := json.Unmarshal([]byte(qe[i+1]), e); err != nil {
+		if err := parseEntryJSON([]byte(qe[i+1]), e); err != nil {
 			return nil, err
 		}
 		byID[qe[i]] = e
