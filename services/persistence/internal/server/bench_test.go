@@ -103,6 +103,7 @@ func BenchmarkServer_Write(b *testing.B) {
 				rate := float64(per*streams*batch) / time.Since(start).Seconds()
 				b.ReportMetric(rate, "records/s")
 				if set > 0 {
+					b.ReportMetric(set, "set/s")
 					b.ReportMetric(rate/set, "x-set")
 				}
 				b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*streams*batch), "redis-cpu-us/record")
@@ -132,7 +133,6 @@ func setRate(b *testing.B, addr string) float64 {
 		return 0
 	}
 	v, _ := strconv.ParseFloat(f[0], 64)
-	b.ReportMetric(v, "set/s")
 	return v
 }
 
