@@ -1595,3 +1595,72 @@ func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
 	require.Equal(t, "edge-new", rs[0].to)
 	require.Len(t, rs[0].targets, copies, "every owner is named")
 }
+
+// A forwarded QoS 2 message for a shared group with two members here and
+// for a persistent session whose store write is slow: while the write
+// waits, the session's fenced copy is remembered with no known owner (its
+// lookup failed). The message is not refused after a member of the group
+// got it: sent again, the group would pick its other member, and a QoS 2
+// message would reach two members (invariant 2). The session matched
+// here, so it took the message or failed it; nothing waits on its owner.
+func TestBroker_OwnerUnknownAfterDeliveryIsNotRefused(t *testing.T) {
+	t.Parallel()
+	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	sc := b.mustScope(t, "default")
+	gate.id = sc.ClientID("slow")
+	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow.Connect("slow", false, persistentProps)
+	slow.Subscribe(1, "g/#", 2)
+	var members []*mqtttest.Client
+	for _, name := range []string{"m1", "m2"} {
+		c := mqtttest.Dial(t, l.Address(), 5)
+		c.Connect(name, true, packets.Properties{})
+		c.Subscribe(1, "$share/G/g/#", 2)
+		members = append(members, c)
+	}
+
+	m := forwardedMsg(1, "g/x", 2, time.Now().Add(-time.Second))
+	choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
+	done := make(chan error, 1)
+	go func() { done <- b.DeliverForwarded(context.Background(), m, choice) }()
+	select {
+	case <-gate.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not reach the slow session's store")
+	}
+	// The slow session is fenced meanwhile, and its owner not found (a
+	// stand-in for its copy: the copy's lock is held by the write).
+	inner := sc.Topic("g/#")
+	b.handed.add(&session{id: gate.id, scope: sc, subs: map[string]*subscription{
+		"g/#": {filter: inner, full: inner, qos: 2}}}, time.Now(), "", 0)
+	open()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not end")
+	}
+	if err != nil {
+		// As its sender would: sent again until taken, the owner named.
+		b.handed.resolve(gate.id, "edge-new", 21)
+		require.NoError(t, b.DeliverForwarded(context.Background(), m, choice))
+	}
+	got := 0
+	for _, c := range members {
+		if pk, err := c.Read(300 * time.Millisecond); err == nil {
+			require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+			got++
+		}
+	}
+	require.Equal(t, 1, got, "one member of the group gets the QoS 2 message")
+	require.NoError(t, err, "not refused once a member got it")
+	require.Equal(t, "g/x", slow.Expect(packets.Publish).TopicName)
+}

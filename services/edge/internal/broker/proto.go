@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -129,10 +130,21 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	// (matched here, and gone before it got m) is among them.
 	plain := relays.plain
 	if b.handed.mayRelay(m) {
-		plain = b.handed.relays(m, time.Now(), nil)
-		if err := b.ownerKnown(plain); err != nil {
-			return err
-		}
+		plain = ownersKnown(b.handed.relays(m, time.Now(), nil))
 	}
 	return b.relayTo(ctx, m, plain)
+}
+
+// ownersKnown leaves out of rs the sessions whose owner is not known: a
+// fenced copy remembered with no owner after m's recipients here were
+// decided (the ones remembered before refused m, ownerKnown). Refused now,
+// m would be sent again, after recipients here got it, and a shared group
+// here would pick another member for it (a QoS 2 message to two). Nothing
+// is lost: remembered after that decision, the copy was still in the index
+// when m was matched (relayFenced remembers before it forgets), so it was
+// a recipient here. It took m, stored under its claim before the newer
+// owner's activation, which reads it; or it failed m (a fenced write, or
+// a copy forgotten meanwhile refuses what comes), and m is sent again.
+func ownersKnown(rs []relay) []relay {
+	return slices.DeleteFunc(rs, func(r relay) bool { return r.to == "" })
 }

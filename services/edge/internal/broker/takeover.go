@@ -334,15 +334,24 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 // and read the session from the shared store), nor this one once a newer
 // claim took it on (a client that connected here bound it under its own
 // epoch), whose claim the release would undo.
+//
+// A copy that goes refuses, from before its hold is released, what waited
+// on the hold: taken in the moment before it goes, a message would be
+// dropped with it, or relayed to an owner named later by nobody
+// (ownersKnown). Refused, it is sent again and finds the copy gone.
 func (b *Broker) forgetCopy(s *session, epoch uint64) {
 	mu := &b.importLocks[importStripe(s.id)]
 	mu.Lock()
 	defer mu.Unlock()
-	s.releaseHold()
+	here := b.session(s.id) == s
 	s.mu.Lock()
-	same := s.epoch == epoch
+	goes := here && s.epoch == epoch
+	if goes {
+		s.moving = &moving{done: true}
+	}
 	s.mu.Unlock()
-	if same && b.session(s.id) == s {
+	s.releaseHold()
+	if goes {
 		b.forgetSession(s.id)
 	}
 }
