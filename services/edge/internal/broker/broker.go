@@ -72,6 +72,9 @@ type Broker struct {
 	// handed remembers the subscriptions of sessions handed over to other
 	// edges while messages routed here before may still arrive.
 	handed *handedOver
+	// picks remembers the members of shared groups that took messages
+	// that failed here, for their resends.
+	picks sharedPicks
 	// fencedOwners holds the fenced copies whose owner is looked up in the
 	// background (findFencedOwner).
 	fencedOwners fencedOwners
@@ -709,16 +712,27 @@ func (b *Broker) servesGroup(m *Message, shared SharedChoice) func(*shareGroup) 
 // origin, which keeps a QoS 1 message per group, hears of it as for a
 // group with no member here (reportUnserved) and re-dispatches it, since
 // nothing here follows that group's copy to its member's PUBACK.
+//
+// A message sent again after it failed here goes to the members of shared
+// groups that took it before (sharedPicks): a group whose member took it at
+// QoS 2 and is gone since is served, by nobody.
 func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served []*shareGroup) error) (served []*shareGroup, failed error) {
 	tp := targetPool.Get().(*[]target)
-	targets := b.index.match(m.Topic, (*tp)[:0], b.servesGroup(m, shared), shared.Only)
+	serve := b.servesGroup(m, shared)
+	var again []groupPick
+	if m.QoS > 0 {
+		again = b.picks.lookup(m.ID)
+	}
+	targets := b.index.match(m.Topic, (*tp)[:0], serve, shared.Only, again)
 	defer func() {
 		clear(targets)
 		*tp = targets[:0]
 		targetPool.Put(tp)
 	}()
+	committed := b.committedGroups(again, serve, targets)
 	if check != nil || shared.Origin != nil {
 		merged := 0
+		served = append(served, committed...)
 		for i := range targets {
 			if t := &targets[i]; t.group != nil && !skipLocal(m, shared, t) {
 				served = append(served, t.group)
@@ -747,18 +761,63 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 			continue
 		}
 		d := delivery{msg: m, qos: min(m.QoS, t.qos), retain: m.Retain && t.rap, ids: t.ids, group: t.group}
+		var taken bool
 		if t.group != nil && shared.Origin != nil {
-			if err := b.takeReported(t.sess, d, shared.Origin, true); err != nil {
+			var err error
+			if taken, err = b.takeReported(t.sess, d, shared.Origin, true); err != nil {
 				failed = err
 			}
-		} else if err := b.counted(t.sess.enqueue(d)); err != nil {
-			failed = err
+		} else {
+			r := t.sess.enqueue(d)
+			if err := b.counted(r); err != nil {
+				failed = err
+			}
+			taken = r == enqueued
+		}
+		if taken && t.group != nil && d.qos > 0 {
+			m.picks = appendPicks(m.picks, t, d.qos)
 		}
 	}
 	if waited := time.Since(start); waited > time.Millisecond {
 		b.m.publishWait.Observe(waited.Seconds())
 	}
 	return served, failed
+}
+
+// committedGroups returns the groups served here (serve) whose member
+// took m at QoS 2 before (again) and is gone since: m is that member's
+// alone, and they count as served, by nobody ([MQTT-4.8.2-5]).
+func (b *Broker) committedGroups(again []groupPick, serve func(*shareGroup) bool, targets []target) []*shareGroup {
+	var out []*shareGroup
+	for _, p := range again {
+		if p.qos < 2 {
+			continue
+		}
+		g := &shareGroup{name: p.name, filter: p.filter}
+		if serve != nil && !serve(g) || slices.ContainsFunc(targets, func(t target) bool { return t.serves(g) }) {
+			continue
+		}
+		b.m.sharedRedispatch.WithLabelValues("qos2_dropped").Inc()
+		out = append(out, g)
+	}
+	return out
+}
+
+// serves reports whether t is the delivery of group g (its member picked
+// for it, or merged into it).
+func (t *target) serves(g *shareGroup) bool {
+	same := func(x *shareGroup) bool { return x.name == g.name && x.filter == g.filter }
+	return t.group != nil && same(t.group) || slices.ContainsFunc(t.more, same)
+}
+
+// appendPicks records, in ps, that t's session took m at qos for its
+// shared group and for the ones merged into its delivery.
+func appendPicks(ps []groupPick, t *target, qos byte) []groupPick {
+	ps = append(ps, groupPick{name: t.group.name, filter: t.group.filter, session: t.sess.id, qos: qos})
+	for _, g := range t.more {
+		ps = append(ps, groupPick{name: g.name, filter: g.filter, session: t.sess.id, qos: qos})
+	}
+	return ps
 }
 
 // skipLocal reports whether recipient t does not get m after all.

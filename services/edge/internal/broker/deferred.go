@@ -56,10 +56,26 @@ func (d *Deferred) Wait(n int) []error {
 	d.waits = nil
 	d.mu.Unlock()
 	errs := make([]error, n)
+	var failedBy map[*Message][]*session
 	for _, w := range waits {
-		if err := w.s.settleQueued(w.p, w.m, w.seq); err != nil && errs[w.msg] == nil {
+		err := w.s.settleQueued(w.p, w.m, w.seq)
+		if err == nil {
+			continue
+		}
+		if errs[w.msg] == nil {
 			errs[w.msg] = w.s.b.counted(notTaken(err))
 		}
+		if len(w.m.picks) > 0 {
+			if failedBy == nil {
+				failedBy = map[*Message][]*session{}
+			}
+			failedBy[w.m] = append(failedBy[w.m], w.s)
+		}
+	}
+	// Sent again, a failed message goes to the members of shared groups
+	// that took it, not to others (sharedPicks).
+	for m, except := range failedBy {
+		except[0].b.picks.remember(m, except)
 	}
 	return errs
 }

@@ -138,8 +138,10 @@ type target struct {
 //
 // serve, when not nil, says which shared groups this edge serves for the
 // message (another edge may serve the others); groupsOnly leaves out every
-// recipient but those groups' members.
-func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bool, groupsOnly bool) []target {
+// recipient but those groups' members. again holds the members that took
+// the message before (sharedPicks): a group picks its member there again,
+// and one that took it at QoS 2 and is gone is not replaced.
+func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bool, groupsOnly bool, again []groupPick) []target {
 	x.mu.RLock()
 	if !groupsOnly {
 		x.subs.Match(topicName, func(s *subscription) bool {
@@ -151,7 +153,16 @@ func (x *index) match(topicName string, dst []target, serve func(*shareGroup) bo
 		if serve != nil && !serve(g) {
 			return true
 		}
-		if m := g.pick(); m != nil {
+		var m *subscription
+		if p := pickFor(again, g); p != nil {
+			if m = g.member(p.session); m == nil && p.qos == 2 {
+				return true // committed to its member ([MQTT-4.8.2-5])
+			}
+		}
+		if m == nil {
+			m = g.pick()
+		}
+		if m != nil {
 			dst = append(dst, target{sess: m.sess, qos: m.qos, ids: m.ids, shared: true, group: g})
 		}
 		return true

@@ -25,7 +25,7 @@ func TestIndex_MatchMergesPerSession(t *testing.T) {
 				o.nsubs.Store(int32(1 + i%2)) // some with other subscriptions too
 				x.add(&subscription{sess: o, filter: "t/#", qos: 1})
 			}
-			got := x.match("t/a", nil, nil, false)
+			got := x.match("t/a", nil, nil, false, nil)
 			require.Len(t, got, others+1)
 			for _, tg := range got {
 				if tg.sess == s {
@@ -48,7 +48,7 @@ func BenchmarkIndex_Match(b *testing.B) {
 			dst := make([]target, 0, subs)
 			b.ReportAllocs()
 			for b.Loop() {
-				dst = x.match("bench/x", dst[:0], nil, false)
+				dst = x.match("bench/x", dst[:0], nil, false, nil)
 			}
 		})
 	}

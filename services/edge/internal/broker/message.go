@@ -43,6 +43,9 @@ type Message struct {
 	// deferred, when set, collects the durable writes its delivery
 	// submitted instead of waiting for each (see [DeferWrites]).
 	deferred *Deferred
+	// picks holds the members of shared groups that took the message here
+	// (QoS 1/2), remembered if it fails (sharedPicks).
+	picks []groupPick
 }
 
 // Span returns the message's sampled span, nil when it is not traced.

@@ -88,11 +88,19 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 //
 // A sampled span in ctx (the forward server's deliver span, which joined
 // the sender's trace) becomes the message's span here.
-func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, shared SharedChoice) error {
+//
+// A message that fails after members of shared groups here took it is sent
+// again: those members are remembered for it (sharedPicks).
+func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, shared SharedChoice) (failed error) {
 	m, err := b.fromProto(pm)
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if failed != nil && len(m.picks) > 0 {
+			b.picks.remember(m, nil)
+		}
+	}()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		m.span = span
 	}

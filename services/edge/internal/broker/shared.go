@@ -188,7 +188,7 @@ func (b *Broker) redispatchFurther(from *session, d delivery, key GroupKey, inne
 func (b *Broker) deliverShared(m *subscription, d delivery, outcome string) {
 	nd := delivery{msg: d.msg, qos: min(d.msg.QoS, m.qos), ids: m.ids, group: m.group}
 	if d.origin != nil {
-		b.takeReported(m.sess, nd, d.origin, false)
+		_, _ = b.takeReported(m.sess, nd, d.origin, false)
 		b.m.sharedRedispatch.WithLabelValues(outcome).Inc()
 		return
 	}
@@ -205,8 +205,8 @@ func (b *Broker) deliverShared(m *subscription, d delivery, outcome string) {
 // reported acknowledged once taken. One not taken (the member is gone, or
 // stayed full) goes to another member here when mayPick, else back to the
 // origin. The error is the store's: the message is not taken, and the frame
-// that carried it is sent again.
-func (b *Broker) takeReported(s *session, d delivery, origin *ShareOrigin, mayPick bool) error {
+// that carried it is sent again. enqueuedHere: s took it.
+func (b *Broker) takeReported(s *session, d delivery, origin *ShareOrigin, mayPick bool) (enqueuedHere bool, _ error) {
 	volatile := d.qos == 1 && !(s.wasDurable() && b.store != nil && b.store.Shared())
 	if volatile {
 		d.origin = origin
@@ -214,7 +214,7 @@ func (b *Broker) takeReported(s *session, d delivery, origin *ShareOrigin, mayPi
 	r := s.enqueue(d)
 	err := b.counted(r)
 	if err != nil {
-		return err
+		return false, err
 	}
 	taken := r == enqueued || (r == droppedOverflow && b.cfg.OfflineDropOldest && !volatile)
 	key, ok := outsideGroup(s.scope, d.group)
@@ -230,7 +230,7 @@ func (b *Broker) takeReported(s *session, d delivery, origin *ShareOrigin, mayPi
 	case !volatile:
 		b.cluster.Reports.ReportShared(*origin, d.msg, key, ShareAcked)
 	}
-	return nil
+	return r == enqueued, nil
 }
 
 // reportAcked tells the origin of a group message the member acknowledged.

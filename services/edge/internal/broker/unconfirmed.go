@@ -40,6 +40,10 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Messag
 	if qos != 2 {
 		return
 	}
+	// The resend goes to the members of shared groups here that took it.
+	if len(m.picks) > 0 {
+		b.picks.remember(m, nil)
+	}
 	u := unconfirmedPub{id: m.ID, fp: fingerprint(m.Topic, m.Payload)}
 	s := b.session(cl.ID)
 	if s == nil {

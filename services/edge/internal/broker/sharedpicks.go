@@ -1,0 +1,140 @@
+package broker
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Shared-group choices across resends. A message that a member of a group
+// here took can still fail as a whole: another recipient's store write
+// fails, a relay to a handed-over session's owner fails, or the publisher
+// here is not acknowledged for another edge's sake. Its sender sends it
+// again under the same msgID (a forward frame resent, a QoS 2 PUBLISH sent
+// again with DUP), and each session takes a QoS 2 message once (took), but
+// a group picking afresh, round robin, would hand it to another member: a
+// QoS 2 message to two members ([MQTT-4.8.2-5], invariant 2), a QoS 1 one
+// re-dispatched with no member refusing it or gone (DESIGN: shared
+// subscriptions). So the members that took a message that then failed are
+// remembered by msgID, and a resend goes to them again: a QoS 2 one, once
+// its member is gone, to no other member of the group; a QoS 1 one to
+// another, as a member's end re-dispatches it.
+
+// groupPick is the member of one shared group that took a message.
+type groupPick struct {
+	name, filter string // the group (internal filter)
+	session      string // the member's internal client ID
+	qos          byte   // the QoS it took the message at
+}
+
+// pickFor returns the pick of group g in ps, nil if none.
+func pickFor(ps []groupPick, g *shareGroup) *groupPick {
+	for i := range ps {
+		if ps[i].name == g.name && ps[i].filter == g.filter {
+			return &ps[i]
+		}
+	}
+	return nil
+}
+
+// member returns g's member of session id, nil if it has none. index.mu
+// must be held (read).
+func (g *shareGroup) member(id string) *subscription {
+	for _, m := range g.members {
+		if m.sess.id == id {
+			return m
+		}
+	}
+	return nil
+}
+
+// sharedPickMemory is how long the picks of a message that failed are
+// remembered: past the bound of a forward (ForwardBound, 30 s by default)
+// its sender gives up, and a publisher not acknowledged sends its QoS 2
+// PUBLISH again soon after, unless its connection ended. A resend later
+// than that may find another member.
+const sharedPickMemory = 2 * time.Minute
+
+// sharedPickMax bounds the messages remembered: past it the oldest go.
+const sharedPickMax = 1 << 16
+
+// sharedPicks remembers, by msgID, the members that took messages that
+// then failed here (see above).
+type sharedPicks struct {
+	mu    sync.Mutex
+	byID  map[MsgID][]groupPick // guarded by mu
+	order []pickedAt            // by time remembered; guarded by mu
+	n     atomic.Int32          // len(byID): lookup's lock-free check
+}
+
+type pickedAt struct {
+	id MsgID
+	at time.Time
+}
+
+// remember records the members of shared groups that took m here (m.picks),
+// but those of sessions in except (their writes of m failed): m failed, and
+// is sent again. A member recorded for a group before stays its member.
+func (p *sharedPicks) remember(m *Message, except []*session) {
+	picks := m.picks
+	if len(except) > 0 {
+		picks = slices.DeleteFunc(slices.Clone(picks), func(x groupPick) bool {
+			return slices.ContainsFunc(except, func(s *session) bool { return s.id == x.session })
+		})
+	}
+	if len(picks) == 0 {
+		return
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked(now)
+	if p.byID == nil {
+		p.byID = map[MsgID][]groupPick{}
+	}
+	have, ok := p.byID[m.ID]
+	for _, x := range picks {
+		if !slices.ContainsFunc(have, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }) {
+			have = append(have, x)
+		}
+	}
+	p.byID[m.ID] = have
+	if !ok {
+		p.order = append(p.order, pickedAt{m.ID, now})
+		if len(p.order) > sharedPickMax {
+			delete(p.byID, p.order[0].id)
+			p.order = p.order[1:]
+		}
+	}
+	p.n.Store(int32(len(p.byID)))
+}
+
+// lookup returns the picks remembered for msgID id, nil if none.
+func (p *sharedPicks) lookup(id MsgID) []groupPick {
+	if p.n.Load() == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked(time.Now())
+	return slices.Clone(p.byID[id])
+}
+
+// pruneLocked forgets what was remembered longer than sharedPickMemory
+// before now. p.mu must be held.
+func (p *sharedPicks) pruneLocked(now time.Time) {
+	n := 0
+	for n < len(p.order) && now.Sub(p.order[n].at) >= sharedPickMemory {
+		delete(p.byID, p.order[n].id)
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	p.order = slices.Delete(p.order, 0, n)
+	if len(p.order) == 0 {
+		p.order = nil
+	}
+	p.n.Store(int32(len(p.byID)))
+}

@@ -1,0 +1,220 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// failingEnqueueOf is a real durable store whose first Enqueue for session
+// id fails.
+type failingEnqueueOf struct {
+	*durable.Store
+	id     string
+	failed atomic.Bool
+}
+
+func (s *failingEnqueueOf) Enqueue(id string, e durable.Entry) *durable.Pending {
+	if id == s.id && s.failed.CompareAndSwap(false, true) {
+		return durable.DonePending(errors.New("injected store failure"))
+	}
+	return s.Store.Enqueue(id, e)
+}
+
+// A forwarded message for a shared group with two members here, taken by
+// one of them, that fails for another reason (a persistent recipient's
+// store write fails, at once or once its deferred writes are waited for;
+// or the relay to a handed-over session's owner fails) is sent again: the
+// resend goes to the member that took it, never to the other one (a QoS 2
+// message to two members breaks invariant 2; a QoS 1 one is re-dispatched
+// only when its member refuses it or goes).
+func TestBroker_ResendGoesToTheSameGroupMember(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		qos   uint32
+		fail  string // "store", "deferred" or "relay"
+		after func(t *testing.T, c *mqtttest.Client)
+	}{
+		{name: "qos2_store", qos: 2, fail: "store"},
+		{name: "qos2_deferred", qos: 2, fail: "deferred"},
+		{name: "qos2_relay", qos: 2, fail: "relay"},
+		{name: "qos1_relay", qos: 1, fail: "relay"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := &failingEnqueueOf{}
+			b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
+			l := newTCP("127.0.0.1:0")
+			require.NoError(t, b.AddListener(l))
+			require.NoError(t, b.Serve())
+			peers := &relayingPeers{}
+			b.SetCluster(Cluster{Peers: peers})
+			sc := b.mustScope(t, "default")
+			if tc.fail == "relay" {
+				st.failed.Store(true)
+				peers.err = errors.New("new owner unreachable")
+				b.handed.add(&session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
+					"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
+			} else {
+				st.id = sc.ClientID("slow")
+				slow := mqtttest.Dial(t, l.Address(), 5)
+				slow.Connect("slow", false, persistentProps)
+				slow.Subscribe(1, "g/#", 2)
+			}
+			var members []*mqtttest.Client
+			for _, name := range []string{"m1", "m2"} {
+				c := mqtttest.Dial(t, l.Address(), 5)
+				c.Connect(name, true, packets.Properties{})
+				c.Subscribe(1, "$share/G/g/#", 2)
+				members = append(members, c)
+			}
+
+			m := forwardedMsg(1, "g/x", tc.qos, time.Now().Add(-time.Second))
+			choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
+			deliver := func() error {
+				if tc.fail != "deferred" {
+					return b.DeliverForwarded(context.Background(), m, choice)
+				}
+				d := new(Deferred)
+				d.Message(0)
+				if err := b.DeliverForwarded(DeferWrites(context.Background(), d), m, choice); err != nil {
+					return err
+				}
+				return d.Wait(1)[0]
+			}
+			require.Error(t, deliver(), "the first attempt fails")
+			peers.mu.Lock()
+			peers.err = nil
+			peers.mu.Unlock()
+			require.NoError(t, deliver(), "sent again, it is taken")
+
+			got := map[int]int{}
+			for i, c := range members {
+				for {
+					pk, err := c.Read(300 * time.Millisecond)
+					if err != nil {
+						break
+					}
+					require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+					got[i]++
+					if pk.FixedHeader.Qos == 1 {
+						c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+					}
+				}
+			}
+			require.Len(t, got, 1, "one member of the group gets it: %v", got)
+		})
+	}
+}
+
+// A resend of a forwarded group message whose member here took it and
+// has gone since (its session ended): a QoS 2 message is that member's
+// alone and goes to no other member ([MQTT-4.8.2-5]); a QoS 1 one goes to
+// another, as the member's end re-dispatches it.
+func TestBroker_ResendAfterTheGroupMemberLeft(t *testing.T) {
+	for _, qos := range []uint32{1, 2} {
+		t.Run(fmt.Sprintf("qos%d", qos), func(t *testing.T) {
+			t.Parallel()
+			b, addr := startBroker(t, nil)
+			peers := &relayingPeers{err: errors.New("new owner unreachable")}
+			b.SetCluster(Cluster{Peers: peers})
+			sc := b.mustScope(t, "default")
+			b.handed.add(&session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
+				"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
+			var members []*mqtttest.Client
+			for _, name := range []string{"m1", "m2"} {
+				c := mqtttest.Dial(t, addr, 5)
+				c.Connect(name, true, packets.Properties{})
+				c.Subscribe(1, "$share/G/g/#", 2)
+				members = append(members, c)
+			}
+			m := forwardedMsg(1, "g/x", qos, time.Now().Add(-time.Second))
+			choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
+			require.Error(t, b.DeliverForwarded(t.Context(), m, choice))
+			took := -1
+			for i, c := range members {
+				if pk, err := c.Read(300 * time.Millisecond); err == nil {
+					require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+					took = i
+				}
+			}
+			require.NotEqual(t, -1, took)
+			members[took].Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+			other := members[1-took]
+			require.Eventually(t, func() bool { return b.session(sc.ClientID([]string{"m1", "m2"}[took])) == nil },
+				5*time.Second, time.Millisecond)
+
+			peers.mu.Lock()
+			peers.err = nil
+			peers.mu.Unlock()
+			require.NoError(t, b.DeliverForwarded(t.Context(), m, choice))
+			if qos == 2 {
+				expectNothing(t, other, 300*time.Millisecond)
+				require.Equal(t, 1.0, promtestutil.ToFloat64(b.m.sharedRedispatch.WithLabelValues("qos2_dropped")))
+			} else {
+				require.Equal(t, "g/x", other.Expect(packets.Publish).TopicName)
+			}
+		})
+	}
+}
+
+// A QoS 2 PUBLISH of a client here that a member of a shared group here
+// took, not acknowledged because a persistent recipient's store write
+// failed, is sent again by its client (DUP, same packet ID, so the same
+// msgID): the resend goes to the member that took it, not to the other.
+func TestBroker_PublisherResendGoesToTheSameGroupMember(t *testing.T) {
+	t.Parallel()
+	st := &failingEnqueueOf{}
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	st.id = b.mustScope(t, "default").ClientID("slow")
+	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow.Connect("slow", false, persistentProps)
+	slow.Subscribe(1, "g/#", 2)
+	var members []*mqtttest.Client
+	for _, name := range []string{"m1", "m2"} {
+		c := mqtttest.Dial(t, l.Address(), 5)
+		c.Connect(name, true, packets.Properties{})
+		c.Subscribe(1, "$share/G/g/#", 2)
+		members = append(members, c)
+	}
+
+	pub := mqtttest.Dial(t, l.Address(), 5)
+	pub.Connect("pub", false, persistentProps)
+	pub.Publish(7, "g/x", 2, []byte("once"))
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		if err != nil {
+			break // closed without a PUBREC
+		}
+		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "not every recipient took it: no PUBREC")
+	}
+	pub = mqtttest.Dial(t, l.Address(), 5)
+	require.True(t, pub.Connect("pub", false, persistentProps).SessionPresent)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 7,
+		TopicName: "g/x", Payload: []byte("once")})
+	require.Equal(t, uint16(7), pub.Expect(packets.Pubrec).PacketID)
+
+	got := map[int]int{}
+	for i, c := range members {
+		for {
+			if _, err := c.Read(300 * time.Millisecond); err != nil {
+				break
+			}
+			got[i]++
+		}
+	}
+	require.Len(t, got, 1, "one member of the group gets it: %v", got)
+}
