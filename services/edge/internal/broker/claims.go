@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -316,7 +317,6 @@ type fencedOwners struct {
 	mu      sync.Mutex
 	pending map[string]*pendingOwner // by internal client ID; guarded by mu
 	running bool                     // the loop runs; guarded by mu
-	wake    chan struct{}            // a copy came while it waited
 }
 
 // pendingOwner is a fenced copy whose owner is looked up.
@@ -338,18 +338,26 @@ const (
 	fencedRetryLast  = 2 * time.Second
 )
 
+// fencedLookupsAtOnce bounds the lookups of fenced copies' owners that the
+// loop runs at once: the coordinator answers each in a few milliseconds,
+// so thousands of copies (an edge cut off from it for a while) are named
+// within a second or two, well inside the handover memory, without
+// thousands of calls at once.
+const fencedLookupsAtOnce = 8
+
 // findFencedOwner has the owner of fenced copy s, which relayFenced could
 // not name, looked up in the background until the coordinator answers or
 // until (when the copy's remembered subscriptions expire), and named to the
-// handed-over index. One loop looks every such copy up, one at a time: an
-// edge cut off from the coordinator may have thousands.
+// handed-over index. One loop looks every such copy up, a few at a time: an
+// edge cut off from the coordinator may have thousands. A copy that comes
+// while the loop waits is looked up in its next round: its own lookup
+// failed just now.
 func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
 	f := &b.fencedOwners
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.pending == nil {
 		f.pending = map[string]*pendingOwner{}
-		f.wake = make(chan struct{}, 1)
 	}
 	if p := f.pending[s.id]; p != nil {
 		// Another fenced copy of the session: its owner is newer than
@@ -358,10 +366,6 @@ func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
 	}
 	f.pending[s.id] = &pendingOwner{s: s, mine: mine, until: until}
 	if f.running {
-		select {
-		case f.wake <- struct{}{}:
-		default:
-		}
 		return
 	}
 	f.running = true
@@ -373,9 +377,10 @@ func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
 }
 
 // findFencedOwners is the loop of findFencedOwner. A round looks up every
-// pending copy; one whose lookup the coordinator does not answer in time
-// ends the round (the others would wait as long), and the next comes after
-// a longer wait. The loop ends when no copy is pending.
+// pending copy, the soonest to expire first, fencedLookupsAtOnce at a
+// time; a lookup the coordinator does not answer (it failed, at once or
+// in time) ends the round (the others would fail as well), and the next
+// comes after a longer wait. The loop ends when no copy is pending.
 func (b *Broker) findFencedOwners() {
 	f := &b.fencedOwners
 	for wait := fencedRetryFirst; ; {
@@ -386,7 +391,6 @@ func (b *Broker) findFencedOwners() {
 			f.mu.Unlock()
 			return
 		case <-time.After(wait):
-		case <-f.wake:
 		}
 		f.mu.Lock()
 		round := make([]*pendingOwner, 0, len(f.pending))
@@ -395,12 +399,7 @@ func (b *Broker) findFencedOwners() {
 		}
 		f.mu.Unlock()
 		slices.SortFunc(round, func(x, y *pendingOwner) int { return x.until.Compare(y.until) })
-		answered := true
-		for _, p := range round {
-			if answered = b.findFencedOwnerOnce(p); !answered {
-				break
-			}
-		}
+		answered := b.findFencedOwnersRound(round)
 		f.mu.Lock()
 		if len(f.pending) == 0 {
 			f.running = false
@@ -416,9 +415,41 @@ func (b *Broker) findFencedOwners() {
 	}
 }
 
+// findFencedOwnersRound looks up the owners of round in order until one is
+// not answered, and reports whether every one was: the first alone (while
+// the coordinator does not answer, a round costs it one call), the others
+// fencedLookupsAtOnce at a time.
+func (b *Broker) findFencedOwnersRound(round []*pendingOwner) bool {
+	if len(round) == 0 {
+		return true
+	}
+	if !b.findFencedOwnerOnce(round[0]) {
+		return false
+	}
+	round = round[1:]
+	var failed atomic.Bool
+	var lookups sync.WaitGroup
+	slots := make(chan struct{}, fencedLookupsAtOnce)
+	for _, p := range round {
+		slots <- struct{}{}
+		if failed.Load() {
+			break
+		}
+		lookups.Go(func() {
+			defer func() { <-slots }()
+			if !b.findFencedOwnerOnce(p) {
+				failed.Store(true)
+			}
+		})
+	}
+	lookups.Wait()
+	return !failed.Load()
+}
+
 // findFencedOwnerOnce looks up p's owner once, and forgets p once it is
 // named or nothing waits on it any more. It reports whether the
-// coordinator answered in time.
+// coordinator answered: a lookup that failed, whether at once (no leader,
+// a connection refused) or when its time ran out, was not.
 func (b *Broker) findFencedOwnerOnce(p *pendingOwner) (answered bool) {
 	f := &b.fencedOwners
 	done := func() {
@@ -434,11 +465,10 @@ func (b *Broker) findFencedOwnerOnce(p *pendingOwner) (answered bool) {
 	}
 	ctx, cancel := context.WithTimeout(b.stopped, fencedLookup)
 	owner, epoch, err := b.fencedOwner(ctx, p.s, p.mine)
-	late := ctx.Err() != nil
 	cancel()
 	if err != nil {
 		b.logger.Debug("fenced session's owner still not found", "client_id", p.s.id, "error", err)
-		return !late
+		return false
 	}
 	b.handed.resolve(p.s.id, owner, epoch)
 	b.logger.Info("fenced session's owner found; its late messages go there", "client_id", p.s.id, "owner", owner, "epoch", epoch)

@@ -1573,7 +1573,7 @@ func TestBroker_FencedOwnerLookupEnds(t *testing.T) {
 }
 
 // The owners of many fenced copies (an edge cut off from the coordinator
-// for a while) are looked up one at a time, by one background loop, not
+// for a while) are looked up a few at a time, by one background loop, not
 // by a goroutine each.
 func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
 	t.Parallel()
@@ -1586,8 +1586,8 @@ func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
 		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), func() {})
 	}
 	own.most.Store(0) // the lookups made before each copy went ran one at a time
-	require.Eventually(t, func() bool { return own.lookups.Load() >= 3*copies }, 10*time.Second, time.Millisecond)
-	require.EqualValues(t, 1, own.most.Load(), "one lookup at a time")
+	require.Eventually(t, func() bool { return own.lookups.Load() >= copies+3 }, 10*time.Second, time.Millisecond)
+	require.LessOrEqual(t, own.most.Load(), int32(fencedLookupsAtOnce), "a few lookups at a time")
 	own.reachable.Store(true)
 	require.True(t, released(b, 10*time.Second), "the loop ends once every owner is known")
 	rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: time.Now().Add(-time.Second).UnixNano()}, time.Now(), nil)
@@ -1663,4 +1663,50 @@ func TestBroker_OwnerUnknownAfterDeliveryIsNotRefused(t *testing.T) {
 	require.Equal(t, 1, got, "one member of the group gets the QoS 2 message")
 	require.NoError(t, err, "not refused once a member got it")
 	require.Equal(t, "g/x", slow.Expect(packets.Publish).TopicName)
+}
+
+// failingOwner is a coordinator whose owner lookups fail at once (no
+// leader, connection refused) until reachable is set, and then take a
+// while and name edge under epoch. It records how many lookups ran at
+// once at most.
+type failingOwner struct {
+	flakyOwner
+}
+
+func (o *failingOwner) Owner(ctx context.Context, tenant, clientID string) (string, uint64, error) {
+	if !o.reachable.Load() {
+		o.lookups.Add(1)
+		return "", 0, errors.New("no leader")
+	}
+	return o.flakyOwner.Owner(ctx, tenant, clientID)
+}
+
+// The background lookup of many fenced copies' owners backs off while the
+// coordinator fails them at once, as when it does not answer: it does not
+// look each copy up every 100 ms. Once the coordinator answers, the owners
+// are named a few lookups at a time, not one by one.
+func TestBroker_FencedOwnerLookupsBackOffOnErrors(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	sc := b.mustScope(t, "default")
+	own := &failingOwner{flakyOwner{edge: "edge-new", epoch: 21}}
+	b.SetCluster(Cluster{Ownership: own})
+	const copies = 50
+	published := time.Now().UnixNano()
+	for i := range copies {
+		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), func() {})
+	}
+	before := own.lookups.Load()
+	time.Sleep(3 * time.Second)
+	require.LessOrEqual(t, own.lookups.Load()-before, int32(8), "backed off: one lookup a round, rounds 0.1, 0.2, 0.4 ... 2 s apart")
+
+	own.reachable.Store(true)
+	start := time.Now()
+	require.True(t, released(b, 10*time.Second), "the loop ends once every owner is known")
+	require.Less(t, time.Since(start), fencedRetryLast+copies*10*time.Millisecond/2, "named a few at a time")
+	require.Greater(t, own.most.Load(), int32(1), "a few lookups at a time")
+	require.LessOrEqual(t, own.most.Load(), int32(fencedLookupsAtOnce))
+	rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: published}, time.Now(), nil)
+	require.Len(t, rs, 1)
+	require.Len(t, rs[0].targets, copies, "every owner is named")
 }
