@@ -835,3 +835,58 @@ func TestBroker_FailedSubscribeMirrorKeepsANewerRecord(t *testing.T) {
 		Filters: packets.Subscriptions{{Filter: "mirror/x"}}})
 	require.Equal(t, []byte{packets.CodeSuccess.Code}, newer.Expect(packets.Unsuback).ReasonCodes, "the granted subscription existed")
 }
+
+// A SUBSCRIBE whose route was refused takes the record of its filter out
+// of the store even when it never wrote one itself: another write of the
+// filter's record may have written it meanwhile. Here an older
+// connection's failed SUBSCRIBE of the same filter, putting its store in
+// line after its route was removed, wrote the newer connection's record
+// while that one's route Add was out; the Add is then refused, the client
+// gets 0x80, and the record, kept, would bring the subscription back at
+// the next load.
+func TestBroker_RefusedSubscribeTakesOutARecordWrittenForIt(t *testing.T) {
+	t.Parallel()
+	st := &subRecordWrites{}
+	b, _ := brokerOnStore(t, func(ds *durable.Store) DurableState { st.Store = ds; return st })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	addr := l.Address()
+	release, refuse := make(chan struct{}), make(chan struct{})
+	open, refuseNow := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(refuse) })
+	t.Cleanup(open)
+	t.Cleanup(refuseNow)
+	routes := &blockingRemove{countingRoutes: newCountingRoutes(func(_ string, call int) (<-chan struct{}, error) {
+		if call == 2 {
+			return refuse, ErrRouteRefused
+		}
+		return nil, nil
+	}), filter: "rec/x", entered: make(chan struct{}, 1), release: release}
+	b.SetCluster(Cluster{Routes: routes})
+	id := b.mustScope(t, "default").ClientID("rec")
+
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("rec", false, persistentSession)
+	sendSubscribe(old, 1, "rec/x") // routed, not stored: undone
+	routes.waitEntered(t, "rec/x")
+	select {
+	case <-routes.entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failed SUBSCRIBE did not remove its route")
+	}
+
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("rec", false, persistentSession)
+	sendSubscribe(newer, 1, "rec/x")
+	routes.waitEntered(t, "rec/x") // the newer SUBSCRIBE's Add is out
+	open()                         // the failed SUBSCRIBE goes on to its record
+	require.Eventually(t, func() bool { return st.writes.Load() >= 2 }, 5*time.Second, 5*time.Millisecond,
+		"the failed SUBSCRIBE's write of its filter's record")
+	refuseNow()
+	require.Equal(t, []byte{packets.ErrUnspecifiedError.Code}, newer.Expect(packets.Suback).ReasonCodes)
+	require.Eventually(t, func() bool {
+		stored, ok, err := b.store.LoadSession(t.Context(), id)
+		require.NoError(t, err)
+		return ok && len(stored.Subs) == 0
+	}, 5*time.Second, 5*time.Millisecond, "no record of a subscription the session does not hold")
+}

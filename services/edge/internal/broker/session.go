@@ -1184,14 +1184,16 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 	// put back in its place: one whose own Add was still out when sub
 	// replaced it is given up by its adder, which may have done so already,
 	// and one stored but not routed (the router refused it when the edge
-	// registered its restored sessions) goes too. stored says whether sub's
-	// own record may have been written. The store is then brought in line
-	// with what the session holds of the filter (storeRecord): the record of
-	// a dropped subscription, or of sub, would bring it back when the
-	// session is next loaded, and the record of a subscription made since
-	// (a newer connection's) must stay.
-	undo := func(ctx context.Context, stored bool) {
-		restored, dropped := false, false
+	// registered its restored sessions) goes too. The store is then
+	// brought in line with what the session holds of the filter
+	// (storeRecord): the record of a dropped subscription, or of sub, would
+	// bring it back when the session is next loaded, and the record of a
+	// subscription made since (a newer connection's) must stay. Also when
+	// sub never wrote its own: another write of the filter's record (an
+	// older connection's failed SUBSCRIBE bringing the store in line) may
+	// have written sub's while sub was held.
+	undo := func(ctx context.Context) {
+		restored := false
 		s.mu.Lock()
 		if s.subs[sub.full] == sub {
 			if inherited {
@@ -1200,7 +1202,6 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 				restored = true
 			} else {
 				delete(s.subs, sub.full)
-				dropped = true
 			}
 			s.nsubs.Store(int32(len(s.subs)))
 		}
@@ -1212,7 +1213,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
-		if isDurable && (stored || dropped && old != nil) {
+		if isDurable {
 			sctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
 			if _, err := s.storeRecord(sctx, sub.full); err != nil {
@@ -1227,7 +1228,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		err := s.b.cluster.Routes.Add(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 		cancel()
 		if err != nil {
-			undo(cancelled, false)
+			undo(cancelled)
 			if !errors.Is(err, ErrRouteRefused) {
 				// Counted though not confirmed, and held by no one else
 				// (its flag was never set): it goes as it came, without
@@ -1252,7 +1253,7 @@ func (s *session) addSub(cl *mqtt.Client, sub *subscription, maxSubs int) error 
 		cancel()
 		if err != nil && (wrote == sub || wrote == nil && s.holds(sub)) {
 			s.b.logger.Error("subscription not stored; refused", "client_id", s.id, "error", err)
-			undo(context.Background(), true)
+			undo(context.Background())
 			return fmt.Errorf("%w: %w", errSubNotStored, err)
 		}
 		if wrote != sub {
