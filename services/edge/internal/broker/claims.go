@@ -293,7 +293,7 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 	at := time.Now()
 	// What the copy holds once the lookup is over: a SUBSCRIBE may have
 	// landed during it.
-	remembered := false
+	var remembered []*handedSub
 	if relays {
 		remembered = b.handed.add(s, at, owner, epoch)
 		if owner != "" {
@@ -301,10 +301,11 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 		}
 	}
 	forget()
-	if relays {
-		b.handed.extend(s.id, owner, epoch, time.Now())
-	}
-	if err != nil && remembered {
+	// The entries added, wherever they stand now: the background lookup
+	// of an earlier fenced copy of the session may have named their owner
+	// meanwhile (resolve).
+	b.handed.extendEntries(remembered, time.Now())
+	if err != nil && len(remembered) > 0 {
 		// Something waits on the owner: what the copy's subscriptions
 		// match is refused until it is named.
 		b.findFencedOwner(s, mine, at.Add(b.handed.memory))

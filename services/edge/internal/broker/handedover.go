@@ -109,12 +109,13 @@ func newHandedOver(memory time.Duration) *handedOver {
 }
 
 // add remembers the subscriptions of s, handed over at at to edge to under
-// epoch, and reports whether it remembers any. A shared subscription's
+// epoch, and returns the entries that stand for them (none: s had no
+// subscription), for extendEntries. A shared subscription's
 // entry serves only a message of its group that this edge was to serve
 // and has no member for any more (groupRelays): the edge that routed it
 // here chose this edge for the group, so no other member of the group may
 // get it.
-func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) (remembers bool) {
+func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) []*handedSub {
 	cutoff := at.Add(handoverSkew).UnixNano()
 	expires := at.Add(h.memory)
 	tenant := s.scope.Tenant()
@@ -128,7 +129,7 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) (rem
 	}
 	s.mu.Unlock()
 	if len(subs) == 0 {
-		return false
+		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -142,8 +143,9 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) (rem
 	if h.bySession == nil {
 		h.bySession = map[handedKey][]*handedSub{}
 	}
-	for _, e := range subs {
-		if slices.ContainsFunc(have, e.same) {
+	for i, e := range subs {
+		if j := slices.IndexFunc(have, e.same); j >= 0 {
+			subs[i] = have[j]
 			continue
 		}
 		h.subs.Add(e.filter, e)
@@ -153,7 +155,7 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) (rem
 	if cutoff > h.latest.Load() {
 		h.latest.Store(cutoff)
 	}
-	return true
+	return subs
 }
 
 // same reports whether x is e's subscription, handed to the same edge
@@ -214,6 +216,20 @@ func (h *handedOver) extend(session, to string, epoch uint64, at time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.extendLocked(session, to, epoch, at.Add(handoverSkew).UnixNano())
+}
+
+// extendEntries moves the cutoff of entries (as add returned them) to at
+// (plus the skew) if that is later, wherever they stand now: an entry
+// added with no owner may have been given one since (resolve), or have
+// gone for the owner's own entry of the same subscription, which is
+// extended then.
+func (h *handedOver) extendEntries(entries []*handedSub, at time.Time) {
+	cutoff := at.Add(handoverSkew).UnixNano()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range entries {
+		h.extendLocked(e.session, e.to, e.target.Epoch, cutoff)
+	}
 }
 
 // extendLocked is extend given the cutoff, and reports whether there were

@@ -1710,3 +1710,33 @@ func TestBroker_FencedOwnerLookupsBackOffOnErrors(t *testing.T) {
 	require.Len(t, rs, 1)
 	require.Len(t, rs[0].targets, copies, "every owner is named")
 }
+
+// errOwner is a coordinator whose owner lookups fail at once.
+type errOwner struct{ fakeOwnership }
+
+func (errOwner) Owner(context.Context, string, string) (string, uint64, error) {
+	return "", 0, errors.New("no leader")
+}
+
+// A fenced copy remembered with no owner is remembered until its routes
+// are gone (its forget), also when its entries were given their owner
+// meanwhile: the background lookup of an earlier fenced copy of the same
+// session named it. A message that entered the cluster while the copy was
+// forgotten, refused by the copy and sent again, is relayed to the owner.
+func TestBroker_FencedCopyNamedDuringItsForgetIsRememberedUntilItEnds(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	sc := b.mustScope(t, "default")
+	b.SetCluster(Cluster{Ownership: errOwner{}})
+	s := fencedCopy(sc, "twice")
+	start := time.Now()
+	b.relayFenced(t.Context(), s, func() {
+		// An earlier copy's lookup names the owner while this one goes.
+		b.handed.resolve(s.id, "edge-new", 21)
+		time.Sleep(400 * time.Millisecond)
+	})
+	m := &Message{Topic: sc.Topic("a/x"), QoS: 1, Created: start.Add(250 * time.Millisecond).UnixNano()}
+	rs := b.handed.relays(m, time.Now(), nil)
+	require.Len(t, rs, 1, "entered while the copy went: relayed")
+	require.Equal(t, "edge-new", rs[0].to)
+}
