@@ -262,7 +262,9 @@ func (b *Broker) recheckSubscriptions(cl *mqtt.Client, c *conn) {
 		if rules.CanSubscribe(ext) {
 			continue
 		}
-		s.removeSub(nil, sub.full)
+		// Not waiting on the router: the subscription left the index, so
+		// what its route still draws here for a moment reaches nobody.
+		s.removeSub(cancelled, nil, sub.full)
 		cl.State.Subscriptions.Delete(sub.full)
 		b.server.Topics.Unsubscribe(sub.full, cl.ID)
 		b.m.aclRevoked.Inc()

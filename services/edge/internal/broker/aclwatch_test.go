@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -162,4 +164,52 @@ func TestACLWatch_ResumedSessionRechecked(t *testing.T) {
 	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	_, err := sub.Read(200 * time.Millisecond)
 	require.Error(t, err)
+}
+
+// A resumed session whose subscriptions are rechecked while the router
+// does not answer a route removal does not hold the CONNECT guard through
+// it: a takeover of the session from another edge meanwhile (which takes
+// the guards' lock, then the guard's) would hold up every CONNECT here.
+func TestACLWatch_RecheckDoesNotHoldTheConnectGuard(t *testing.T) {
+	t.Parallel()
+	b, addr, fa, path := startFileBroker(t, "alerts/#", "devices/#")
+	release := make(chan struct{})
+	open := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes := &blockingRemove{countingRoutes: newCountingRoutes(func(string, int) (<-chan struct{}, error) { return nil, nil }),
+		filter: "alerts/#", entered: make(chan struct{}, 1), release: release}
+	b.SetCluster(Cluster{Routes: routes})
+	props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+
+	sub := mqtttest.Dial(t, addr, 5)
+	require.False(t, sub.ConnectAs("sub", "alice@acme", "pw", false, props).SessionPresent)
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "alerts/#", 1).ReasonCodes)
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if s := b.session("4:acmesub"); s == nil || s.online.Load() {
+			return fmt.Errorf("session not offline yet")
+		}
+		return nil
+	})
+	aclFile(t, path, "devices/#")
+	require.NoError(t, fa.Reload())
+	sub = mqtttest.Dial(t, addr, 5)
+	sub.ConnectAs("sub", "alice@acme", "pw", false, props)
+	select {
+	case <-routes.entered: // the recheck waits on the router
+	case <-time.After(5 * time.Second):
+		t.Fatal("the revoked subscription's route was not removed")
+	}
+
+	epoch := sessionEpoch(b, "4:acmesub")
+	go func() { _, _, _, _ = b.TakeOver(context.Background(), "acme", "sub", "edge-other", epoch+1, false) }()
+	time.Sleep(100 * time.Millisecond) // the takeover marks the CONNECTs in flight
+	other := mqtttest.Dial(t, addr, 5)
+	other.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: props,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: "other",
+			UsernameFlag: true, Username: []byte("alice@acme"), PasswordFlag: true, Password: []byte("pw")}})
+	ack, err := other.Read(3 * time.Second)
+	require.NoError(t, err, "another client's CONNECT is answered")
+	require.Equal(t, packets.Connack, ack.FixedHeader.Type)
+	require.Equal(t, byte(0), ack.ReasonCode)
 }

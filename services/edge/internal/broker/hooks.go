@@ -299,8 +299,22 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 		return
 	}
 	c.established.Store(true)
-	// Bound under the guard: a takeover from another edge either marked it
-	// before (this connection goes now) or finds the session bound after.
+	if !b.bindEstablished(cl, c) {
+		return
+	}
+	// A resumed session keeps only what its client may still subscribe to.
+	// Not under the guard: the route removals wait on the router, and a
+	// takeover from another edge that waits for the guard holds the
+	// guards' lock meanwhile, which every CONNECT here takes (supersede).
+	b.recheckSubscriptions(cl, c)
+	b.m.connects.WithLabelValues("ok").Inc()
+}
+
+// bindEstablished binds the connection to its session under its CONNECT
+// guard, and reports whether it did: a takeover from another edge either
+// marked the guard before (the connection goes now) or finds the session
+// bound after.
+func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 	g := c.guard
 	g.mu.Lock()
 	defer func() {
@@ -314,7 +328,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 		c.will.Store(nil) // the session goes on elsewhere ([MQTT-3.1.3-9])
 		c.superseded.Store(true)
 		go func() { _ = b.disconnect(cl, packets.ErrSessionTakenOver) }()
-		return
+		return false
 	}
 	b.sessMu.Lock()
 	s := b.sessions[cl.ID]
@@ -337,9 +351,7 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	s.mu.Lock()
 	s.record = c.record
 	s.mu.Unlock()
-	// A resumed session keeps only what its client may still subscribe to.
-	b.recheckSubscriptions(cl, c)
-	b.m.connects.WithLabelValues("ok").Inc()
+	return true
 }
 
 func persistent(cl *mqtt.Client) bool {
@@ -833,7 +845,7 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 			// An ACL change came between the check and now, and its
 			// re-check of the session's subscriptions may have missed
 			// this one.
-			s.removeSub(cl, f.Filter)
+			s.removeSub(context.Background(), cl, f.Filter)
 			b.mirrorSub(cl, f.Filter)
 			refuse(i, packets.ErrNotAuthorized.Code)
 			continue
@@ -901,7 +913,7 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 		// An UNSUBSCRIBE handled after a newer connection took the session
 		// over, or mochi's clean-up of a connection whose session ended,
 		// leaves the session alone.
-		s.removeSub(cl, f.Filter)
+		s.removeSub(context.Background(), cl, f.Filter)
 	}
 }
 

@@ -1344,10 +1344,12 @@ func (s *session) removeRoute(ctx context.Context, sub *subscription) error {
 	return s.b.cluster.Routes.Remove(ctx, s.scope.Tenant(), s.outsideFilter(sub), groupName(sub))
 }
 
-// removeSub removes the session's subscription of filter. cl, when set,
-// is the connection asking (an UNSUBSCRIBE): one the session is no longer
-// bound to changes nothing.
-func (s *session) removeSub(cl *mqtt.Client, filter string) {
+// removeSub removes the session's subscription of filter, waiting for the
+// router to remove its route until routes ends (the route client drops it
+// from the set it registers at once either way). cl, when set, is the
+// connection asking (an UNSUBSCRIBE): one the session is no longer bound
+// to changes nothing.
+func (s *session) removeSub(routes context.Context, cl *mqtt.Client, filter string) {
 	s.mu.Lock()
 	if cl != nil && s.client != cl {
 		s.mu.Unlock()
@@ -1360,7 +1362,7 @@ func (s *session) removeSub(cl *mqtt.Client, filter string) {
 	if sub != nil {
 		s.b.index.remove(sub)
 		// A subscription whose Add is still out is removed by its adder.
-		if err := s.dropRoute(context.Background(), sub); err != nil {
+		if err := s.dropRoute(routes, sub); err != nil && routes.Err() == nil {
 			s.b.logger.Warn("route not removed", "client_id", s.id, "error", err)
 		}
 		if s.durable && s.b.store != nil {
