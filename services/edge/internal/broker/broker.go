@@ -1021,6 +1021,17 @@ type endWhich struct {
 	// its place, which activated (or activates) its epoch in the store; the
 	// ending copy's epoch, which can be the same, is not deactivated.
 	replaced bool
+	// routesGone, when set, is closed once the router removed the copy's
+	// routes (at once if no copy ends): the removals go on in the
+	// background (until the edge stops) past the wait for them.
+	routesGone chan struct{}
+}
+
+// goneNow closes w.routesGone, if set, for a copy that ends nothing.
+func (w endWhich) goneNow() {
+	if w.routesGone != nil {
+		close(w.routesGone)
+	}
 }
 
 // endSessionRoutes is endSession that waits for the router to remove the
@@ -1032,12 +1043,14 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	s := b.sessions[id]
 	if s == nil || (which.only != nil && s != which.only) {
 		b.sessMu.Unlock()
+		which.goneNow()
 		return
 	}
 	s.mu.Lock()
 	if cl := which.cl; cl != nil && s.client != nil && s.client != cl {
 		s.mu.Unlock()
 		b.sessMu.Unlock()
+		which.goneNow()
 		return // a new connection owns it now
 	}
 	delete(b.sessions, id)
@@ -1070,12 +1083,30 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	b.sessMu.Unlock()
 	for _, sub := range subs {
 		b.index.remove(sub)
-		// The session's routes go with it, or other edges keep forwarding
-		// to this one for subscribers that are gone. One whose Add is
-		// still out goes when it returns.
-		if err := s.dropRoute(routes, sub); err != nil && routes.Err() == nil {
-			b.logger.Warn("route not removed", "client_id", id, "error", err)
+	}
+	// The session's routes go with it, or other edges keep forwarding to
+	// this one for subscribers that are gone. One whose Add is still out
+	// goes when it returns.
+	removeRoutes := func(ctx context.Context) {
+		for _, sub := range subs {
+			if err := s.dropRoute(ctx, sub); err != nil && ctx.Err() == nil {
+				b.logger.Warn("route not removed", "client_id", id, "error", err)
+			}
 		}
+	}
+	if gone := which.routesGone; gone != nil {
+		b.releases.Add(1)
+		go func() {
+			defer b.releases.Done()
+			defer close(gone)
+			removeRoutes(b.stopped)
+		}()
+		select {
+		case <-gone:
+		case <-routes.Done():
+		}
+	} else {
+		removeRoutes(routes)
 	}
 	if dropped > 0 {
 		b.m.dropped.WithLabelValues("session_end").Add(float64(dropped))

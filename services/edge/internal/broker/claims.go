@@ -239,7 +239,10 @@ func (b *Broker) yieldIfFenced(s *session, err error) bool {
 			_ = b.disconnect(cl, packets.ErrSessionTakenOver)
 		}
 		if b.session(s.id) == s {
-			b.relayFenced(b.stopped, s, func() { b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s}) })
+			b.relayFenced(b.stopped, s, func() <-chan struct{} {
+				b.forgetSessionRoutes(context.Background(), s.id, endWhich{only: s})
+				return nil
+			})
 		}
 	}()
 	return true
@@ -253,6 +256,10 @@ const fencedLookup = 5 * time.Second
 // is short: the caller may hold the session's claim lock.
 const fencedLookupPast = time.Second
 
+// fencedForgetRoutes bounds the wait for the router to remove a fenced
+// takeover copy's routes: its CONNECT holds the session's claim lock.
+const fencedForgetRoutes = time.Second
+
 // relayFenced makes the session's owner at the coordinator the new owner
 // of fenced copy s for the messages published before it took the session
 // and routed here (handedOver), as if s had been handed over to it: the
@@ -261,8 +268,9 @@ const fencedLookupPast = time.Second
 // have been routed to when they were published, and this copy cannot
 // store them. Without an owner to name, they find no session here once
 // the copy is gone. forget ends the copy, taking its routes; what entered
-// the cluster until then is relayed too, since those routes drew it here
-// later than the newer owner's claim.
+// the cluster until they are gone is relayed too, since those routes drew
+// it here later than the newer owner's claim. forget returns a channel
+// closed once the router removed them, if it returns before (nil: gone).
 //
 // ctx bounds the owner lookup made before forget (a CONNECT's deadline,
 // for a copy its takeover made). One that ctx ended (that deadline may be
@@ -272,7 +280,7 @@ const fencedLookupPast = time.Second
 // owner: what they match is refused, for its senders to send again, rather
 // than taken by nobody, while the lookup goes on in the background until
 // the coordinator answers or nothing published before can arrive any more.
-func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
+func (b *Broker) relayFenced(ctx context.Context, s *session, forget func() (routesGone <-chan struct{})) {
 	s.mu.Lock()
 	mine := s.epoch
 	s.mu.Unlock()
@@ -300,11 +308,23 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func()) {
 			b.logger.Info("fenced session's late messages go to its owner", "client_id", s.id, "owner", owner, "epoch", epoch)
 		}
 	}
-	forget()
+	gone := forget()
 	// The entries added, wherever they stand now: the background lookup
 	// of an earlier fenced copy of the session may have named their owner
 	// meanwhile (resolve).
 	b.handed.extendEntries(remembered, time.Now())
+	if gone != nil && len(remembered) > 0 {
+		// Extended again once the router removed the routes.
+		b.releases.Add(1)
+		go func() {
+			defer b.releases.Done()
+			select {
+			case <-gone:
+				b.handed.extendEntries(remembered, time.Now())
+			case <-b.stopped.Done():
+			}
+		}()
+	}
 	if err != nil && len(remembered) > 0 {
 		// Something waits on the owner: what the copy's subscriptions
 		// match is refused until it is named.

@@ -1480,7 +1480,7 @@ func TestBroker_FencedCopySubscribedDuringItsLookupIsLookedUpAgain(t *testing.T)
 	own := &subscribingOwner{s: s, sub: &subscription{filter: sc.Topic("a/#"), full: sc.Topic("a/#"), qos: 1}, edge: "edge-new", epoch: 21}
 	b.SetCluster(Cluster{Ownership: own})
 	before := time.Now().UnixNano()
-	b.relayFenced(t.Context(), s, func() {})
+	b.relayFenced(t.Context(), s, noForget)
 	m := &Message{Topic: sc.Topic("a/x"), QoS: 1, Created: before}
 	require.Eventually(t, func() bool {
 		rs := b.handed.relays(m, time.Now(), nil)
@@ -1554,7 +1554,7 @@ func TestBroker_FencedOwnerLookupEnds(t *testing.T) {
 			b.SetCluster(Cluster{Ownership: own})
 			s := fencedCopy(sc, "lost")
 			before := time.Now().UnixNano()
-			b.relayFenced(t.Context(), s, func() {})
+			b.relayFenced(t.Context(), s, noForget)
 			require.Eventually(t, func() bool { return own.lookups.Load() >= 3 }, 5*time.Second, time.Millisecond, "looked up in the background")
 			require.False(t, released(b, 0), "the lookup goes on while the owner is not known")
 			if found {
@@ -1583,7 +1583,7 @@ func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
 	b.SetCluster(Cluster{Ownership: own})
 	const copies = 20
 	for i := range copies {
-		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), func() {})
+		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), noForget)
 	}
 	own.most.Store(0) // the lookups made before each copy went ran one at a time
 	require.Eventually(t, func() bool { return own.lookups.Load() >= copies+3 }, 10*time.Second, time.Millisecond)
@@ -1694,7 +1694,7 @@ func TestBroker_FencedOwnerLookupsBackOffOnErrors(t *testing.T) {
 	const copies = 50
 	published := time.Now().UnixNano()
 	for i := range copies {
-		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), func() {})
+		b.relayFenced(t.Context(), fencedCopy(sc, fmt.Sprintf("c%d", i)), noForget)
 	}
 	before := own.lookups.Load()
 	time.Sleep(3 * time.Second)
@@ -1730,13 +1730,72 @@ func TestBroker_FencedCopyNamedDuringItsForgetIsRememberedUntilItEnds(t *testing
 	b.SetCluster(Cluster{Ownership: errOwner{}})
 	s := fencedCopy(sc, "twice")
 	start := time.Now()
-	b.relayFenced(t.Context(), s, func() {
+	b.relayFenced(t.Context(), s, func() <-chan struct{} {
 		// An earlier copy's lookup names the owner while this one goes.
 		b.handed.resolve(s.id, "edge-new", 21)
 		time.Sleep(400 * time.Millisecond)
+		return nil
 	})
 	m := &Message{Topic: sc.Topic("a/x"), QoS: 1, Created: start.Add(250 * time.Millisecond).UnixNano()}
 	rs := b.handed.relays(m, time.Now(), nil)
 	require.Len(t, rs, 1, "entered while the copy went: relayed")
 	require.Equal(t, "edge-new", rs[0].to)
 }
+
+// stuckRemoval is a route table whose removals wait, as the route client's
+// do for the router's answer, until release is closed or their context
+// ends.
+type stuckRemoval struct {
+	fakeRoutes
+	release chan struct{}
+}
+
+func (r *stuckRemoval) Remove(ctx context.Context, tenant, filter, group string) error {
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return r.fakeRoutes.Remove(ctx, tenant, filter, group)
+}
+
+// A fenced takeover copy whose route removals the router does not answer
+// does not hold its CONNECT (and the session's claim lock) until it does:
+// the copy goes within a bound, its removals go on in the background, and
+// what its routes draw until they are gone is still relayed to the owner.
+func TestBroker_FencedTakeoverDoesNotWaitForAStuckRouter(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID("stuck")
+	filter, _ := sc.Filter("s/#")
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
+	require.NoError(t, err)
+	routes := &stuckRemoval{fakeRoutes: fakeRoutes{add: func(string, string, string) error { return nil }}, release: make(chan struct{})}
+	open := sync.OnceFunc(func() { close(routes.release) })
+	t.Cleanup(open)
+	b.SetCluster(Cluster{Routes: routes,
+		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
+		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := b.takeOverFrom(context.Background(), "edge-prev", sc, "stuck", 20, false)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, durable.ErrFenced)
+	case <-time.After(fencedForgetRoutes + 2*time.Second):
+		t.Fatal("the takeover waited for the router")
+	}
+	require.Nil(t, b.session(id), "no copy stays")
+	late := time.Now().UnixNano() // the copy gone, its route still up
+	m := &Message{Topic: sc.Topic("s/x"), QoS: 1, Created: late}
+	open()
+	require.Eventually(t, func() bool { return len(b.handed.relays(m, time.Now(), nil)) == 1 }, 5*time.Second, 5*time.Millisecond,
+		"published while the copy's route was still up: relayed")
+}
+
+// noForget is a relayFenced forget for a copy that was never here.
+func noForget() <-chan struct{} { return nil }

@@ -339,7 +339,11 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 // on the hold: taken in the moment before it goes, a message would be
 // dropped with it, or relayed to an owner named later by nobody
 // (ownersKnown). Refused, it is sent again and finds the copy gone.
-func (b *Broker) forgetCopy(s *session, epoch uint64) {
+//
+// The wait for the router to remove the copy's routes is bounded
+// (fencedForgetRoutes): the caller holds the session's claim lock. The
+// returned channel is closed once they are gone.
+func (b *Broker) forgetCopy(s *session, epoch uint64) (routesGone <-chan struct{}) {
 	mu := &b.importLocks[importStripe(s.id)]
 	mu.Lock()
 	defer mu.Unlock()
@@ -351,9 +355,14 @@ func (b *Broker) forgetCopy(s *session, epoch uint64) {
 	}
 	s.mu.Unlock()
 	s.releaseHold()
-	if goes {
-		b.forgetSession(s.id)
+	if !goes {
+		return nil
 	}
+	gone := make(chan struct{})
+	ctx, cancel := context.WithTimeout(b.stopped, fencedForgetRoutes)
+	defer cancel()
+	b.forgetSessionRoutes(ctx, s.id, endWhich{routesGone: gone})
+	return gone
 }
 
 // errNewerCopy is returned by importSession when the edge holds the session
@@ -383,6 +392,7 @@ func (b *Broker) forgetSession(id string) {
 func (b *Broker) forgetSessionRoutes(routes context.Context, id string, which endWhich) {
 	s := b.session(id)
 	if s == nil || (which.only != nil && s != which.only) {
+		which.goneNow()
 		return
 	}
 	s.mu.Lock()
@@ -572,7 +582,7 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 			// they were published, may not have them. So they go to it, as
 			// if the copy had been handed over. The coordinator says
 			// whether there is such an owner.
-			b.relayFenced(ctx, s, func() { b.forgetCopy(s, epoch) })
+			b.relayFenced(ctx, s, func() <-chan struct{} { return b.forgetCopy(s, epoch) })
 			moved = false
 			err = fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 		}
