@@ -16,7 +16,13 @@ import (
 // in front). encoding/json reads it back into a [store.Entry]; writing it
 // by hand costs no reflection on the write path.
 func appendEntryJSON(b []byte, e *store.Entry, withSeq bool) []byte {
-	b = append(b, `{"m":`...)
+	return appendEntryTail(append(b, '{'), e, withSeq)
+}
+
+// appendEntryTail appends e's JSON but its opening '{': an append's
+// script splices the entry's queue position in front of it.
+func appendEntryTail(b []byte, e *store.Entry, withSeq bool) []byte {
+	b = append(b, `"m":`...)
 	b = appendJSONString(b, e.MsgID)
 	b = append(b, `,"q":`...)
 	b = strconv.AppendUint(b, uint64(e.QoS), 10)

@@ -825,7 +825,7 @@ func (s *Store) prepare(so *store.Op) (*op, error) {
 			if e.TookQoS2 {
 				buf = append(buf, tookMark)
 			}
-			buf = appendEntryJSON(buf, e, false)
+			buf = appendEntryTail(buf, e, false)
 			eb := buf[at:len(buf):len(buf)]
 			at = len(buf)
 			buf = appendBody(buf, m)

@@ -57,9 +57,15 @@ end
 -- message released and taken again within one call never goes in
 -- between, whatever the order of the call's parts.
 local bodies, buckets = {}, {}
+-- The messages of a call are mostly of one bucket: its name is made once.
+local lastPrefix, lastX, lastBucket = nil, nil, nil
 local function bucketOf(id, x)
-  if x then return 'mx:' .. string.sub(id, 1, -3) end
-  return 'mb:' .. string.sub(id, 1, -3)
+  local p = string.sub(id, 1, -3)
+  if p ~= lastPrefix or x ~= lastX then
+    lastPrefix, lastX = p, x
+    if x then lastBucket = 'mx:' .. p else lastBucket = 'mb:' .. p end
+  end
+  return lastBucket
 end
 local function body(id, x)
   local b, f = bucketOf(id, x), string.sub(id, -2)
@@ -71,7 +77,7 @@ local function body(id, x)
   end
   local r = t.recs[f]
   if not r then
-    r = {delta = 0}
+    r = {delta = 0, data = false, at = 0} -- sized once: a table grows by reallocating
     t.recs[f] = r
     t.fields[#t.fields + 1] = f
   end
@@ -145,6 +151,8 @@ local function each(cmd, key, list)
 end
 -- hmget returns HMGET key list, false for a field not there.
 local function hmget(key, list)
+  if #list == 0 then return {} end
+  if #list <= chunk then return redis.call('HMGET', key, unpack(list)) end
   local out = {}
   for i = 1, #list, chunk do
     local r = redis.call('HMGET', key, unpack(list, i, math.min(i + chunk - 1, #list)))
@@ -177,13 +185,15 @@ local function flushBodies()
     end
     if #ask > 0 then
       local got = hmget(b, ask)
-      for j, cf in ipairs(ask) do counts[cf] = got[j] end
+      for j, cf in ipairs(ask) do
+        if got[j] then counts[string.sub(cf, 2)] = got[j] end
+      end
     end
     local set, del = {}, {}
     local latest = 0
     for _, f in ipairs(t.fields) do
       local r = t.recs[f]
-      local count = counts['#' .. f]
+      local count = counts[f]
       local prior = 1
       if count then prior = tonumber(count) elseif r.exists == false then prior = 0 end
       local n = prior + r.delta
@@ -376,7 +386,8 @@ const tookMark = '!'
 // right after them (see merge). Returns one {added, dups, dropped, refused}
 // per segment, and after them 1 or the send's error text when a send came.
 //
-// An entry marked TookQoS2 comes as tookMark then its JSON: its msgID joins
+// An entry comes as its JSON after the '{' (the store splices its position
+// and bucket in front). An entry marked TookQoS2 comes as tookMark then that: its msgID joins
 // the list KEYS[5] (the newest last, the last tookLen kept) when the entry
 // is queued or sent at once, or found queued already, never when the queue
 // limit refuses it. An unmarked entry costs a byte comparison and no
@@ -391,7 +402,7 @@ const tookMark = '!'
 // against the queue's bound nor costs the queue's writes and their removal
 // (nor a queue position).
 //
-// The entry JSON comes without "s" and never empty ({"m":...}); its queue
+// The entry JSON comes without "s" and never empty ("m":...}); its queue
 // position is spliced in as text rather than by decoding and encoding it.
 // The session's sequence and queue length are read once and written once,
 // which entries are queued already is one HMGET, and the new entries go in
@@ -426,15 +437,17 @@ end
 local queued = hmget(KEYS[3], ids)
 local added_now, popped, direct, directX, directs = {}, {}, {}, {}, {}
 local hset, rpush = {}, {}
--- queue writes the entry of message id (its JSON's fields from fields on;
+-- queue writes the entry of message id (tail: its JSON after the '{';
 -- x: whether the message expires) at the next queue position.
-local function queue(id, entry, fields, x)
+local function queue(id, tail, x)
   seq = seq + 1
   local s = string.format('%d', seq)
-  local mark = ''
-  if x then mark = '"x":1,' end
   hset[#hset + 1] = id
-  hset[#hset + 1] = '{"s":' .. s .. ',' .. mark .. string.sub(entry, fields)
+  if x then
+    hset[#hset + 1] = '{"s":' .. s .. ',"x":1,' .. tail
+  else
+    hset[#hset + 1] = '{"s":' .. s .. ',' .. tail
+  end
   rpush[#rpush + 1] = s .. ':' .. id
 end
 local function flush()
@@ -481,16 +494,16 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
     local id, entry, msg, at = ARGV[i], ARGV[i+1], ARGV[i+2], tonumber(ARGV[i+3])
     i = i + 4
     r = r + 1
-    -- The entry's fields start after its '{' (and the mark).
-    local marked, fields = string.byte(entry) == tookMark, 2
-    if marked then fields = 3 end
+    -- The entry comes as its JSON after the '{' (after the mark).
+    local marked = string.byte(entry) == tookMark
+    if marked then entry = string.sub(entry, 2) end
     if added_now[id] or (queued[r] and not popped[id]) then
       dups = dups + 1
       if marked then remember(id, true) end
     elseif sending[id] then
       ref(id, msg, at)
       added_now[id], direct[id], directX[id] = true, true, at > 0
-      directs[#directs + 1] = {id, entry, fields, at > 0}
+      directs[#directs + 1] = {id, entry, at > 0}
       added = added + 1
       if marked then remember(id, false) end
     else
@@ -521,7 +534,7 @@ while i <= #ARGV and ARGV[i] ~= 'S' do
         ok = false
       end
       if ok then
-        queue(id, entry, fields, at > 0)
+        queue(id, entry, at > 0)
         ref(id, msg, at)
         added_now[id] = true
         added = added + 1
@@ -544,7 +557,7 @@ if sendAt then
     -- into the queue, as the append's answer says they were taken, and
     -- the edge's next send finds them there.
     for _, d in ipairs(directs) do
-      queue(d[1], d[2], d[3], d[4])
+      queue(d[1], d[2], d[3])
       tdelta = tdelta + 1
     end
     flush()
