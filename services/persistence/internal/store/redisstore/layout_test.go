@@ -139,19 +139,11 @@ func TestRedisStore_SendOfAGoneBodyWritesNothing(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	node := redistest.StartNode(t)
-	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	f := store.Fence{Epoch: 1}
-	require.NoError(t, s.Activate(ctx, k, f))
 	m := &store.Message{ID: "e/1/5", Topic: "t", QoS: 1}
-	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: m.ID, QoS: 1}}, []*store.Message{m})
-	require.NoError(t, err)
-	bucket, _ := BodyKey(m.ID, false)
-	require.NoError(t, node.Client().Del(ctx, bucket).Err())
-	err = s.Send(ctx, k, f, []store.Entry{{MsgID: m.ID, QoS: 1, PacketID: 1}, {MsgID: m.ID, QoS: 1, PacketID: 2}})
+	s, _ := storeWithGoneBody(t, f, m)
+	err := s.Send(ctx, k, f, []store.Entry{{MsgID: m.ID, QoS: 1, PacketID: 1}, {MsgID: m.ID, QoS: 1, PacketID: 2}})
 	require.ErrorIs(t, err, store.ErrInvalid)
 	st, err := s.Load(ctx, k)
 	require.NoError(t, err)
@@ -168,19 +160,11 @@ func TestRedisStore_RefusedJoinedSendQueuesItsMessages(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	node := redistest.StartNode(t)
-	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
 	ctx := t.Context()
 	f := store.Fence{Epoch: 1}
-	require.NoError(t, s.Activate(ctx, k, f))
 	x := &store.Message{ID: "e/1/5", Topic: "t", QoS: 1}
 	y := &store.Message{ID: "e/1/6", Topic: "t", QoS: 1, Expiry: time.Now().Add(time.Hour).Unix()}
-	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: x.ID, QoS: 1}}, []*store.Message{x})
-	require.NoError(t, err)
-	bucket, _ := BodyKey(x.ID, false)
-	require.NoError(t, node.Client().Del(ctx, bucket).Err())
+	s, node := storeWithGoneBody(t, f, x)
 	shape, res := committed(t, s, []store.Op{
 		{Kind: store.OpAppend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: x.ID, QoS: 1}, {MsgID: y.ID, QoS: 1}}, Messages: []*store.Message{x, y}},
 		{Kind: store.OpSend, Key: k, Fence: f, Entries: []store.Entry{{MsgID: y.ID, QoS: 1, PacketID: 1}, {MsgID: x.ID, QoS: 1, PacketID: 2}, {MsgID: x.ID, QoS: 1, PacketID: 3}}},
@@ -198,4 +182,21 @@ func TestRedisStore_RefusedJoinedSendQueuesItsMessages(t *testing.T) {
 	require.NoError(t, s.Complete(ctx, k, f, []uint16{1}))
 	yBucket, _ := BodyKey(y.ID, true)
 	require.Zero(t, node.Client().Exists(ctx, yBucket).Val(), "its one reference given back")
+}
+
+// storeWithGoneBody returns a store on a node of its own whose session k
+// queued m under f, and m's body deleted (as if its bucket expired).
+func storeWithGoneBody(t *testing.T, f store.Fence, m *store.Message) (*Store, *redistest.Node) {
+	t.Helper()
+	ctx := t.Context()
+	node := redistest.StartNode(t)
+	s, err := New(Config{Addr: node.Addr}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.NoError(t, s.Activate(ctx, k, f))
+	_, err = s.Append(ctx, k, f, store.QueueLimits{}, []store.Entry{{MsgID: m.ID, QoS: 1}}, []*store.Message{m})
+	require.NoError(t, err)
+	bucket, _ := BodyKey(m.ID, m.Expiry > 0)
+	require.NoError(t, node.Client().Del(ctx, bucket).Err())
+	return s, node
 }
