@@ -323,11 +323,7 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		b.claimDone(cl.ID, g, c.epoch)
 	}()
 	if g.supersededBy > c.epoch {
-		b.logger.Info("session taken over by another edge while connecting; disconnecting", "client_id", cl.ID)
-		b.m.connects.WithLabelValues("claim_superseded").Inc()
-		c.will.Store(nil) // the session goes on elsewhere ([MQTT-3.1.3-9])
-		c.superseded.Store(true)
-		go func() { _ = b.disconnect(cl, packets.ErrSessionTakenOver) }()
+		b.dropSuperseded(cl, c, "session taken over by another edge while connecting; disconnecting")
 		return false
 	}
 	b.sessMu.Lock()
@@ -347,11 +343,27 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 	// read lock twice and deadlocks against the edge's writer adding a
 	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
 	cl.State.Inflight.ResetSendQuota(0)
-	s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch)
+	if !s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch) {
+		// Its CONNACK went out before this hook ran, and a newer CONNECT
+		// of the client, bound already, took the session over meanwhile:
+		// binding now would leave the session on a closed connection.
+		b.dropSuperseded(cl, c, "session taken over while connecting; disconnecting")
+		return false
+	}
 	s.mu.Lock()
 	s.record = c.record
 	s.mu.Unlock()
 	return true
+}
+
+// dropSuperseded ends a connection whose session a newer claim took before
+// the connection was bound to it.
+func (b *Broker) dropSuperseded(cl *mqtt.Client, c *conn, why string) {
+	b.logger.Info(why, "client_id", cl.ID)
+	b.m.connects.WithLabelValues("claim_superseded").Inc()
+	c.will.Store(nil) // the session goes on in the newer connection ([MQTT-3.1.3-9])
+	c.superseded.Store(true)
+	go func() { _ = b.disconnect(cl, packets.ErrSessionTakenOver) }()
 }
 
 func persistent(cl *mqtt.Client) bool {

@@ -86,3 +86,43 @@ func TestBroker_OfflineQueueBounds(t *testing.T) {
 		})
 	}
 }
+
+// A connection's session is bound after its CONNACK is written, so a
+// client reconnecting at once can have its newer connection bound first;
+// the older connection, taken over, must not bind the session after it.
+func TestBroker_LateBindOfATakenOverConnectionKeepsTheNewer(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	id := b.mustScope(t, "default").ClientID("late")
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("late", false, persistentSession)
+	waitBound(t, b, id)
+	oldCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	oldConn := b.conn(oldCl)
+	require.NotNil(t, oldConn)
+
+	newer := mqtttest.Dial(t, addr, 5)
+	newer.Connect("late", false, persistentSession)
+	newCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	require.NotSame(t, oldCl, newCl)
+	s := b.session(id)
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == newCl
+	}, 5*time.Second, time.Millisecond)
+
+	require.False(t, b.bindEstablished(oldCl, oldConn), "the older connection's hook, run late")
+	s.mu.Lock()
+	bound := s.client
+	s.mu.Unlock()
+	require.Same(t, newCl, bound)
+
+	newer.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "late/x", Qos: 1}}})
+	require.Equal(t, []byte{1}, newer.Expect(packets.Suback).ReasonCodes)
+	require.NoError(t, b.Publish("default", "late/x", []byte("p"), 1, false))
+	require.Equal(t, []byte("p"), newer.Expect(packets.Publish).Payload, "the session delivers to the newer connection")
+}

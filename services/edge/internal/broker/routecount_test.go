@@ -816,10 +816,17 @@ func TestBroker_FailedSubscribeMirrorKeepsANewerRecord(t *testing.T) {
 	require.True(t, ok)
 	newer := mqtttest.Dial(t, addr, 5)
 	newer.Connect("mirror", false, persistentSession)
-	waitBound(t, b, id)
 	newCl, ok := b.server.Clients.Get(id)
 	require.True(t, ok)
 	require.NotSame(t, oldCl, newCl)
+	// The session names the newer connection only once its CONNECT is
+	// through the hook; until then its SUBSCRIBE would be the stale one.
+	require.Eventually(t, func() bool {
+		s := b.session(id)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == newCl
+	}, 5*time.Second, time.Millisecond)
 
 	filter, _ := sc.Filter("mirror/x")
 	sub := packets.Subscription{Filter: filter, Qos: 1}

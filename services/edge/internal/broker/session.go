@@ -653,9 +653,15 @@ func (s *session) settle(p *durable.Pending, m *Message) error {
 	return err
 }
 
-// bind attaches a connected client to the session.
-func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int, epoch uint64) {
+// bind attaches a connected client to the session, and reports whether
+// it did: a connection whose claim is older than the session's is one a
+// newer CONNECT took the session from while it was being established.
+func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int, epoch uint64) bool {
 	s.mu.Lock()
+	if s.epoch > epoch {
+		s.mu.Unlock()
+		return false
+	}
 	s.epoch = epoch
 	s.durable = persistent && s.b.store != nil
 	s.client = cl
@@ -694,6 +700,7 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	if start {
 		s.b.startWriter(s)
 	}
+	return true
 }
 
 func (s *session) wasDurable() bool {
