@@ -264,7 +264,13 @@ func (b *Broker) recheckSubscriptions(cl *mqtt.Client, c *conn) {
 		}
 		// Not waiting on the router: the subscription left the index, so
 		// what its route still draws here for a moment reaches nobody.
-		s.removeSub(cancelled, nil, sub.full)
+		// Only while the session is still cl's: the removals above may
+		// have waited, and a newer connection that took the session over
+		// meanwhile (checked against its own rules when it was bound)
+		// holds what it subscribed to, under the same filter too.
+		if !s.removeSub(cancelled, cl, sub.full) {
+			continue
+		}
 		cl.State.Subscriptions.Delete(sub.full)
 		b.server.Topics.Unsubscribe(sub.full, cl.ID)
 		b.m.aclRevoked.Inc()

@@ -213,3 +213,74 @@ func TestACLWatch_RecheckDoesNotHoldTheConnectGuard(t *testing.T) {
 	require.Equal(t, packets.Connack, ack.FixedHeader.Type)
 	require.Equal(t, byte(0), ack.ReasonCode)
 }
+
+// firstRemoveWaits is a route table whose first removal waits until
+// release is closed, saying on entered which filter it removes.
+type firstRemoveWaits struct {
+	fakeRoutes
+	once    sync.Once
+	entered chan string
+	release chan struct{}
+}
+
+func (r *firstRemoveWaits) Remove(ctx context.Context, tenant, filter, group string) error {
+	first := false
+	r.once.Do(func() { first = true })
+	if first {
+		r.entered <- filter
+		<-r.release
+	}
+	return r.fakeRoutes.Remove(ctx, tenant, filter, group)
+}
+
+// An ACL change that revokes two subscriptions of a connection's session,
+// whose first route removal waits on the router while a newer connection
+// of the client, allowed both, takes the session over: the recheck made for
+// the older connection leaves the newer one's subscriptions alone.
+func TestACLWatch_RecheckLeavesANewerConnectionsSubscriptions(t *testing.T) {
+	t.Parallel()
+	b, addr, fa, path := startFileBroker(t, "alerts/#", "devices/#")
+	routes := &firstRemoveWaits{fakeRoutes: fakeRoutes{add: func(string, string, string) error { return nil }},
+		entered: make(chan string, 1), release: make(chan struct{})}
+	open := sync.OnceFunc(func() { close(routes.release) })
+	t.Cleanup(open)
+	b.SetCluster(Cluster{Routes: routes})
+	props := packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
+	const id = "4:acmesub"
+
+	sub := mqtttest.Dial(t, addr, 5)
+	require.False(t, sub.ConnectAs("sub", "alice@acme", "pw", false, props).SessionPresent)
+	require.Equal(t, []byte{1}, sub.Subscribe(1, "alerts/#", 1).ReasonCodes)
+	require.Equal(t, []byte{1}, sub.Subscribe(2, "devices/#", 1).ReasonCodes)
+	s := b.session(id)
+	s.mu.Lock()
+	older := s.client
+	s.mu.Unlock()
+
+	aclFile(t, path, "other/#")
+	b.ACLVersion("acme", 1)
+	var first string
+	select {
+	case first = <-routes.entered: // the recheck waits on the router
+	case <-time.After(5 * time.Second):
+		t.Fatal("no revoked subscription's route was removed")
+	}
+	kept := map[string]string{"alerts/#": "devices/d", "devices/#": "alerts/a"}[first]
+
+	aclFile(t, path, "alerts/#", "devices/#")
+	require.NoError(t, fa.Reload())
+	newer := mqtttest.Dial(t, addr, 5)
+	require.True(t, newer.ConnectAs("sub", "alice@acme", "pw", false, props).SessionPresent)
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client != nil && s.client != older
+	}, 5*time.Second, time.Millisecond, "the newer connection holds the session")
+	open()
+	waitRefreshes(t, b, 1)
+
+	require.NoError(t, b.Publish("acme", kept, []byte("kept"), 1, false))
+	got := newer.Expect(packets.Publish)
+	require.Equal(t, kept, got.TopicName, "the newer connection's subscription stays")
+	require.Equal(t, 1.0, promtest.ToFloat64(b.m.aclRevoked), "only the removal made before the takeover")
+}

@@ -1354,13 +1354,13 @@ func (s *session) removeRoute(ctx context.Context, sub *subscription) error {
 // removeSub removes the session's subscription of filter, waiting for the
 // router to remove its route until routes ends (the route client drops it
 // from the set it registers at once either way). cl, when set, is the
-// connection asking (an UNSUBSCRIBE): one the session is no longer bound
-// to changes nothing.
-func (s *session) removeSub(routes context.Context, cl *mqtt.Client, filter string) {
+// connection asking (an UNSUBSCRIBE, an ACL recheck): one the session is
+// no longer bound to changes nothing, and then it reports false.
+func (s *session) removeSub(routes context.Context, cl *mqtt.Client, filter string) bool {
 	s.mu.Lock()
 	if cl != nil && s.client != cl {
 		s.mu.Unlock()
-		return
+		return false
 	}
 	sub := s.subs[filter]
 	delete(s.subs, filter)
@@ -1378,6 +1378,7 @@ func (s *session) removeSub(routes context.Context, cl *mqtt.Client, filter stri
 			_, _ = s.storeRecord(ctx, filter)
 		}
 	}
+	return true
 }
 
 // outsideFilter is the filter of sub as the tenant's clients write it
