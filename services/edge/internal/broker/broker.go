@@ -773,6 +773,11 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 				failed = err
 			}
 			taken = r == enqueued
+			if !taken && t.group != nil && d.qos > 0 && (r == droppedOffline || r == slowConsumer) {
+				if err := b.takeElsewhere(m, t); err != nil {
+					failed = err
+				}
+			}
 		}
 		if taken && t.group != nil && d.qos > 0 {
 			m.picks = appendPicks(m.picks, t, d.qos)
@@ -783,6 +788,55 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 	}
 	return served, failed
 }
+
+// takeElsewhere gives QoS 1/2 message m, which t's session did not take
+// for its shared groups (t.group and those merged into its delivery)
+// because its connection is closing (a slow consumer being disconnected)
+// or its session ended after it was picked, to another member of each of
+// those groups here: a connected one, else a persistent one's queue. It
+// never reached t's session, so nothing is re-dispatched when that ends:
+// dropped, m would be acknowledged to its publisher with no member of the
+// group having it. errNoMemberTook when some group's other members did not
+// take it either: m is not taken, and its publisher (or sender) sends it
+// again.
+func (b *Broker) takeElsewhere(m *Message, t *target) error {
+	var failed error
+	for _, g := range append([]*shareGroup{t.group}, t.more...) {
+		tried := []*session{t.sess}
+		took := false
+		for _, online := range []bool{true, false} {
+			for !took {
+				sub := b.index.pickNotIn(g.name, g.filter, tried, online)
+				if sub == nil {
+					break
+				}
+				tried = append(tried, sub.sess)
+				d := delivery{msg: m, qos: min(m.QoS, sub.qos), ids: sub.ids, group: sub.group}
+				r := sub.sess.enqueue(d)
+				if err := b.counted(r); err != nil {
+					failed = err
+					took = true // not taken: the error fails m
+					break
+				}
+				if r == enqueued {
+					took = true
+					b.m.sharedRedispatch.WithLabelValues("local").Inc()
+					if d.qos > 0 {
+						m.picks = append(m.picks, groupPick{name: g.name, filter: g.filter, session: sub.sess.id, qos: d.qos})
+					}
+				}
+			}
+		}
+		if !took && failed == nil {
+			failed = errNoMemberTook
+		}
+	}
+	return failed
+}
+
+// errNoMemberTook fails a group message that the member picked for it did
+// not take (its connection was closing) and no other member here took.
+var errNoMemberTook = errors.New("shared group message taken by no member: the member picked was going")
 
 // committedGroups returns the groups served here (serve) whose member
 // took m at QoS 2 before (again) and is gone since: m is that member's

@@ -395,3 +395,38 @@ func TestBroker_WillOnServerInitiatedDisconnect(t *testing.T) {
 		watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: will.PacketID})
 	}
 }
+
+// A QoS 1 group message published here and picked for a member whose
+// connection is closing (a slow consumer being disconnected: it takes
+// nothing more) goes to another member of the group: acknowledged to its
+// publisher, it was not dropped with no member having it.
+func TestBroker_SharedMessageForAClosingMemberGoesToAnother(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	closing := mqtttest.Dial(t, addr, 5)
+	closing.Connect("closing", true, packets.Properties{})
+	require.Equal(t, []byte{1}, closing.Subscribe(1, "$share/g/jobs/#", 1).ReasonCodes)
+	other := mqtttest.Dial(t, addr, 5)
+	other.Connect("other", true, packets.Properties{})
+	require.Equal(t, []byte{1}, other.Subscribe(1, "$share/g/jobs/#", 1).ReasonCodes)
+	// Its disconnect as a slow consumer is under way (disconnectSlow).
+	s := b.session(b.mustScope(t, "default").ClientID("closing"))
+	s.mu.Lock()
+	s.slow = true
+	s.mu.Unlock()
+
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	const n = 4 // in turn, the group picks each member for some
+	for i := range n {
+		pub.Publish(uint16(i+1), "jobs/x", 1, seqPayload(i))
+		pub.Expect(packets.Puback)
+	}
+	for i := range n {
+		pk, err := other.Read(2 * time.Second)
+		require.NoError(t, err, "acknowledged, message %d reached no member", i)
+		require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+		require.Equal(t, seqPayload(i), pk.Payload)
+		other.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+}

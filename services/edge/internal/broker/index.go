@@ -245,6 +245,12 @@ func mergeTarget(last *target, t target) {
 // (internal form) other than one of except's, connected if online is set;
 // nil if there is none.
 func (x *index) pickOther(name, filter string, except *session, online bool) *subscription {
+	return x.pickNotIn(name, filter, []*session{except}, online)
+}
+
+// pickNotIn is pickOther leaving out the members of every session in
+// except.
+func (x *index) pickNotIn(name, filter string, except []*session, online bool) *subscription {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	g := x.byKey[name+"\x00"+filter]
@@ -254,7 +260,7 @@ func (x *index) pickOther(name, filter string, except *session, online bool) *su
 	n := uint32(len(g.members))
 	start := g.next.Add(1)
 	for i := range n {
-		if m := g.members[(start+i)%n]; m.sess != except && (!online || m.sess.online.Load()) {
+		if m := g.members[(start+i)%n]; !slices.Contains(except, m.sess) && (!online || m.sess.online.Load()) {
 			return m
 		}
 	}
