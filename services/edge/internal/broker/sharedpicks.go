@@ -75,15 +75,21 @@ type pickedAt struct {
 
 // remember records the members of shared groups that took m here (m.picks),
 // but those of sessions in except (their writes of m failed): m failed, and
-// is sent again. A member recorded for a group before stays its member.
+// is sent again. A member recorded for a group before stays its member,
+// unless it is in except: a pick recorded before its deferred write was
+// settled (DeliverForwarded fails first, Deferred.Wait comes after) is
+// forgotten once the write failed. Kept, a resend would go to that member
+// again, and once it is gone a QoS 2 message would count as committed to
+// a member that never had it, and go to nobody.
 func (p *sharedPicks) remember(m *Message, except []*session) {
+	failed := func(x groupPick) bool {
+		return slices.ContainsFunc(except, func(s *session) bool { return s.id == x.session })
+	}
 	picks := m.picks
 	if len(except) > 0 {
-		picks = slices.DeleteFunc(slices.Clone(picks), func(x groupPick) bool {
-			return slices.ContainsFunc(except, func(s *session) bool { return s.id == x.session })
-		})
+		picks = slices.DeleteFunc(slices.Clone(picks), failed)
 	}
-	if len(picks) == 0 {
+	if len(picks) == 0 && len(except) == 0 {
 		return
 	}
 	now := time.Now()
@@ -94,6 +100,12 @@ func (p *sharedPicks) remember(m *Message, except []*session) {
 		p.byID = map[MsgID][]groupPick{}
 	}
 	have, ok := p.byID[m.ID]
+	if len(except) > 0 {
+		have = slices.DeleteFunc(have, failed)
+	}
+	if !ok && len(picks) == 0 {
+		return
+	}
 	for _, x := range picks {
 		if !slices.ContainsFunc(have, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }) {
 			have = append(have, x)

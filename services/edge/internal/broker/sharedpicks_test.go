@@ -218,3 +218,69 @@ func TestBroker_PublisherResendGoesToTheSameGroupMember(t *testing.T) {
 	}
 	require.Len(t, got, 1, "one member of the group gets it: %v", got)
 }
+
+// groupMembers is how many members group name has here on filter (its
+// internal form).
+func groupMembers(b *Broker, name, filter string) int {
+	b.index.mu.RLock()
+	defer b.index.mu.RUnlock()
+	if g := b.index.byKey[name+"\x00"+filter]; g != nil {
+		return len(g.members)
+	}
+	return 0
+}
+
+// A forwarded QoS 2 group message that fails here (a relay fails) after a
+// persistent member took it, whose deferred store write then fails too,
+// never reached that member: the member is not remembered as the one that
+// took it. Sent again once that member is gone, the message goes to the
+// group's other member, rather than counting as committed to a member
+// that never had it and reaching nobody.
+func TestBroker_ResendSkipsAMemberWhoseDeferredWriteFailed(t *testing.T) {
+	t.Parallel()
+	st := &failingEnqueueOf{}
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	peers := &relayingPeers{err: errors.New("new owner unreachable")}
+	b.SetCluster(Cluster{Peers: peers})
+	sc := b.mustScope(t, "default")
+	b.handed.add(&session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
+		"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
+	other := mqtttest.Dial(t, l.Address(), 5)
+	other.Connect("other", true, packets.Properties{})
+	other.Subscribe(1, "$share/G/g/#", 2)
+	// Second in the group: the first message goes to it.
+	st.id = sc.ClientID("durable")
+	durableMember := mqtttest.Dial(t, l.Address(), 5)
+	durableMember.Connect("durable", false, persistentProps)
+	durableMember.Subscribe(1, "$share/G/g/#", 2)
+
+	m := forwardedMsg(1, "g/x", 2, time.Now().Add(-time.Second))
+	choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
+	deliver := func() error {
+		d := new(Deferred)
+		d.Message(0)
+		if err := b.DeliverForwarded(DeferWrites(context.Background(), d), m, choice); err != nil {
+			_ = d.Wait(1)
+			return err
+		}
+		return d.Wait(1)[0]
+	}
+	require.Error(t, deliver(), "the relay fails")
+	require.True(t, st.failed.Load(), "the durable member was picked, and its write failed")
+	expectNothing(t, other, 200*time.Millisecond)
+
+	// The durable member's session ends: its client starts a new one.
+	durableMember = mqtttest.Dial(t, l.Address(), 5)
+	require.False(t, durableMember.Connect("durable", true, packets.Properties{}).SessionPresent)
+	require.Eventually(t, func() bool { return groupMembers(b, "G", sc.Topic("g/#")) == 1 }, 5*time.Second, time.Millisecond)
+
+	peers.mu.Lock()
+	peers.err = nil
+	peers.mu.Unlock()
+	require.NoError(t, deliver(), "sent again, it is taken")
+	require.Equal(t, "g/x", other.Expect(packets.Publish).TopicName, "the group's other member gets it")
+	require.Zero(t, promtestutil.ToFloat64(b.m.sharedRedispatch.WithLabelValues("qos2_dropped")))
+}
