@@ -69,6 +69,11 @@ type handedOver struct {
 	// latest is the latest cutoff of a remembered entry (unix nano), 0
 	// when none is: a message that entered after it is not looked up.
 	latest atomic.Int64
+	// gen counts the calls of add; each entry keeps the count of the call
+	// that made it (handedSub.gen), so that a delivery tells the entries
+	// remembered after it matched its recipients from the others
+	// (lateRelays).
+	gen atomic.Uint64
 }
 
 // handedKey names the entries of one session handed to one edge.
@@ -88,6 +93,7 @@ type handedSub struct {
 	rap     bool
 	cutoff  int64 // unix nano: a message that entered before it is relayed
 	expires time.Time
+	gen     uint64 // handedOver.gen of the add that made it
 }
 
 // RelayTarget is one session on another edge that a relayed message is for.
@@ -133,6 +139,10 @@ func (h *handedOver) add(s *session, at time.Time, to string, epoch uint64) []*h
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	gen := h.gen.Add(1)
+	for _, e := range subs {
+		e.gen = gen
+	}
 	h.pruneLocked(at)
 	// Remembered already under this epoch (a fenced copy named twice, or a
 	// second fenced copy of the session while the first one's owner is not
@@ -286,6 +296,38 @@ func (h *handedOver) relays(m *Message, now time.Time, only func(session string)
 		return true
 	})
 	return out
+}
+
+// lateRelays is relays(m, now, nil) decided again once m was delivered
+// here (DeliverForwarded), for recipients here matched at generation gen
+// (handedOver.gen read after the match). A session with no known owner is
+// left out if its entry was remembered after that (gen above it): its
+// copy was still in the index when m was matched (relayFenced remembers
+// before it forgets), so it was a recipient here. One remembered before
+// was not matched by m when the recipients were decided (m entered after
+// its cutoff then) but is now: its cutoff was extended since (the copy's
+// routes drew m here after the copy left the index). m reached it nowhere,
+// so unknown is set: refused, m is sent again, rather than taken with that
+// session missing it.
+func (h *handedOver) lateRelays(m *Message, now time.Time, gen uint64) (out []relay, unknown bool) {
+	if !h.mayRelay(m) {
+		return nil, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.pruneLocked(now)
+	h.subs.Match(m.Topic, func(e *handedSub) bool {
+		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || e.group != "" {
+			return true
+		}
+		if e.to == "" {
+			unknown = unknown || e.gen <= gen
+			return true
+		}
+		out = e.appendTo(out, m)
+		return true
+	})
+	return out, unknown
 }
 
 // groupRelays returns, by new owner, one handed-over member of each shared

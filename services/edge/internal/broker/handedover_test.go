@@ -1807,3 +1807,70 @@ func TestBroker_FencedTakeoverDoesNotWaitForAStuckRouter(t *testing.T) {
 
 // noForget is a relayFenced forget for a copy that was never here.
 func noForget() <-chan struct{} { return nil }
+
+// A forwarded message routed here by a fenced copy's routes while the copy
+// went, whose owner is not known, is matched here after the copy left the
+// index and before its remembered subscriptions were extended to cover it
+// (it entered after their first cutoff): the copy's session is no
+// recipient here and gets nothing. Once the entries are extended it is
+// theirs, and it is refused for its sender to send again, not taken with
+// the session missing it; sent again once the owner is named, it is
+// relayed there.
+func TestBroker_ExtendedOwnerUnknownAfterDeliveryIsRefused(t *testing.T) {
+	t.Parallel()
+	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers})
+	sc := b.mustScope(t, "default")
+	gate.id = sc.ClientID("slow")
+	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow.Connect("slow", false, persistentProps)
+	slow.Subscribe(1, "a/#", 1)
+	b.SetCluster(Cluster{Ownership: errOwner{}}) // owner lookups fail
+
+	// A fenced copy whose owner is not found goes, and its routes are
+	// slow to go.
+	fenced := fencedCopy(sc, "fenced")
+	going, gone := make(chan struct{}), make(chan struct{})
+	proceed := make(chan struct{})
+	go func() {
+		defer close(gone)
+		b.relayFenced(t.Context(), fenced, func() <-chan struct{} {
+			close(going)
+			<-proceed
+			return nil
+		})
+	}()
+	<-going
+	time.Sleep(2 * handoverSkew) // past the entries' first cutoff
+	m := forwardedMsg(1, "a/x", 1, time.Now())
+	done := make(chan error, 1)
+	go func() { done <- b.DeliverForwarded(context.Background(), m, SharedChoice{}) }()
+	select {
+	case <-gate.entered: // its recipients decided: the slow session alone
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not reach the slow session's store")
+	}
+	close(proceed)
+	<-gone // the copy's entries extended to its routes' end
+	open()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, errOwnerUnknown, "the fenced session missed it: not taken")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delivery did not end")
+	}
+
+	b.handed.resolve(fenced.id, "edge-new", 21)
+	require.NoError(t, b.DeliverForwarded(context.Background(), m, SharedChoice{}))
+	calls := peers.calls()
+	require.Len(t, calls, 1)
+	require.Equal(t, "edge-new", calls[0].edge)
+	require.Equal(t, "fenced", calls[0].targets[0].ClientID)
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -113,7 +112,11 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	// here are known, and before they get it: relays that cannot be made
 	// (an owner not known yet) refuse m with nothing delivered.
 	var relays handedRelays
+	// The handed-over index's generation once the recipients here are
+	// matched (check runs after the match): see lateRelays.
+	gen := b.handed.gen.Load()
 	served, err := b.deliverLocal(m, shared, func(served []*shareGroup) error {
+		gen = b.handed.gen.Load()
 		var err error
 		relays, err = b.handedRelaysFor(m, shared, served)
 		return err
@@ -138,21 +141,11 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	// (matched here, and gone before it got m) is among them.
 	plain := relays.plain
 	if b.handed.mayRelay(m) {
-		plain = ownersKnown(b.handed.relays(m, time.Now(), nil))
+		var unknown bool
+		if plain, unknown = b.handed.lateRelays(m, time.Now(), gen); unknown {
+			b.m.handoverRelays.WithLabelValues("owner_unknown").Inc()
+			return errOwnerUnknown
+		}
 	}
 	return b.relayTo(ctx, m, plain)
-}
-
-// ownersKnown leaves out of rs the sessions whose owner is not known: a
-// fenced copy remembered with no owner after m's recipients here were
-// decided (the ones remembered before refused m, ownerKnown). Refused now,
-// m would be sent again, after recipients here got it, and a shared group
-// here would pick another member for it (a QoS 2 message to two). Nothing
-// is lost: remembered after that decision, the copy was still in the index
-// when m was matched (relayFenced remembers before it forgets), so it was
-// a recipient here. It took m, stored under its claim before the newer
-// owner's activation, which reads it; or it failed m (a fenced write, or
-// a copy forgotten meanwhile refuses what comes), and m is sent again.
-func ownersKnown(rs []relay) []relay {
-	return slices.DeleteFunc(rs, func(r relay) bool { return r.to == "" })
 }

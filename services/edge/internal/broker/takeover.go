@@ -338,7 +338,7 @@ func (b *Broker) importSession(ctx context.Context, sc *tenancy.Scope, id string
 // A copy that goes refuses, from before its hold is released, what waited
 // on the hold: taken in the moment before it goes, a message would be
 // dropped with it, or relayed to an owner named later by nobody
-// (ownersKnown). Refused, it is sent again and finds the copy gone.
+// (lateRelays). Refused, it is sent again and finds the copy gone.
 //
 // The wait for the router to remove the copy's routes is bounded
 // (fencedForgetRoutes): the caller holds the session's claim lock. The
