@@ -60,9 +60,12 @@ const defaultHandoverMemory = 30 * time.Second
 type handedOver struct {
 	memory time.Duration
 
-	mu      sync.Mutex
-	subs    topic.Trie[*handedSub] // guarded by mu
-	entries []*handedSub           // in the order added, so by expiry; guarded by mu
+	mu   sync.Mutex
+	subs topic.Trie[*handedSub] // guarded by mu
+	// entries in the order added, so by first expiry; guarded by mu. An
+	// entry extended since (extendLocked) may expire after later ones,
+	// which are then pruned with it: kept longer, never shorter.
+	entries []*handedSub
 	// bySession holds the entries of entries by session and new owner;
 	// guarded by mu.
 	bySession map[handedKey][]*handedSub
@@ -250,6 +253,11 @@ func (h *handedOver) extendLocked(session, to string, epoch uint64, cutoff int64
 		if e.target.Epoch == epoch {
 			found = true
 			e.cutoff = max(e.cutoff, cutoff)
+			// A message that entered just before the new cutoff can
+			// arrive as late after it as one before the first cutoff
+			// could: the entry is kept for the memory past it, or such a
+			// message would find it pruned and be taken by nobody.
+			e.expires = maxTime(e.expires, time.Unix(0, e.cutoff).Add(h.memory))
 		}
 	}
 	if found && cutoff > h.latest.Load() {

@@ -1442,6 +1442,8 @@ func TestHandedOver_ResolveKeepsEveryEntryOfTheOwner(t *testing.T) {
 	require.Equal(t, []relay{{to: "edge-2", targets: []RelayTarget{{Tenant: "t", ClientID: "c", Epoch: 8, QoS: 1}}}},
 		h.relays(msg("a/x", later.Add(-time.Millisecond)), at, nil), "the entries under epoch 8 are extended")
 	h.pruneLocked(at.Add(time.Minute))
+	require.NotEmpty(t, h.bySession, "the extended entries are kept for the memory past their new cutoff")
+	h.pruneLocked(later.Add(handoverSkew + time.Minute))
 	require.Empty(t, h.bySession)
 	require.Empty(t, h.entries)
 }
@@ -1873,4 +1875,29 @@ func TestBroker_ExtendedOwnerUnknownAfterDeliveryIsRefused(t *testing.T) {
 	require.Len(t, calls, 1)
 	require.Equal(t, "edge-new", calls[0].edge)
 	require.Equal(t, "fenced", calls[0].targets[0].ClientID)
+}
+
+// A fenced copy's routes that take longer than the handover memory to go
+// extend its remembered subscriptions' cutoff past their first expiry: they
+// are kept for the memory past the new cutoff, so a message that entered
+// while the routes were still up, arriving after the first expiry, is
+// relayed to the owner instead of taken by nobody.
+func TestBroker_ExtendedFencedCopyOutlivesItsFirstExpiry(t *testing.T) {
+	t.Parallel()
+	const memory = time.Second
+	b, _ := startBroker(t, func(c *Config) { c.HandoverMemory = memory })
+	peers := &relayingPeers{}
+	b.SetCluster(Cluster{Peers: peers, Ownership: ownerAt{edge: "edge-new", epoch: 21}})
+	sc := b.mustScope(t, "default")
+	start := time.Now()
+	b.relayFenced(t.Context(), fencedCopy(sc, "slow"), func() <-chan struct{} {
+		time.Sleep(memory + memory/2) // the router is slow to remove its routes
+		return nil
+	})
+	require.True(t, time.Now().After(start.Add(memory)), "past the entries' first expiry")
+	m := forwardedMsg(1, "a/x", 1, start.Add(memory+memory/4)) // entered while the routes were up
+	require.NoError(t, b.DeliverForwarded(t.Context(), m, SharedChoice{}))
+	calls := peers.calls()
+	require.Len(t, calls, 1, "relayed to the owner")
+	require.Equal(t, "edge-new", calls[0].edge)
 }
