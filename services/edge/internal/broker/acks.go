@@ -249,6 +249,9 @@ func (b *Broker) writeAcks(cl *mqtt.Client, q *ackQueue, ready <-chan pendingAck
 			if err == nil && p.qos == 1 && v5 {
 				cl.State.Inflight.IncreaseReceiveQuota()
 			}
+			if err == nil {
+				b.confirmed(p.msg)
+			}
 			finishSpan(p.span, nil)
 		}
 		q.mu.Lock()

@@ -983,6 +983,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 	if e := pk.Properties.MessageExpiryInterval; e > 0 {
 		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
 	}
+	if resent {
+		// To the edges the first copy's shared groups went to.
+		m.edges = b.picks.edgesFor(id)
+	}
 	b.mIn[m.QoS].Inc()
 	b.bIn[m.QoS].Add(float64(len(m.Payload)))
 	if tracing.Enabled() {
@@ -1031,6 +1035,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		return pk, packets.ErrRejectPacket // acknowledged by the queue
 	}
 	finishSpan(m.span, nil)
+	b.confirmed(m)
 	// Success, but mochi must not fan the message out itself.
 	return pk, packets.CodeSuccessIgnore
 }

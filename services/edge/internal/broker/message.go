@@ -46,6 +46,42 @@ type Message struct {
 	// picks holds the members of shared groups that took the message here
 	// (QoS 1/2), remembered if it fails (sharedPicks).
 	picks []groupPick
+	// edges holds the edges chosen to serve shared groups for a QoS 2
+	// message published here (EdgeFor), remembered if its publisher is
+	// not acknowledged (sharedPicks): the resend goes to them again.
+	edges []edgePick
+}
+
+// edgePick is the edge chosen to serve one shared group for a message.
+type edgePick struct {
+	group GroupKey // outside form
+	edge  string
+}
+
+// EdgeFor returns the edge chosen before to serve shared group g (in the
+// tenant's outside form) for m, "" if none: a QoS 2 message sent again by
+// a publisher that was not acknowledged goes to the edge its first copy
+// went to, whose member may have it already. Another edge would give it
+// to a second member of the group ([MQTT-4.8.2-5], invariant 2).
+func (m *Message) EdgeFor(g GroupKey) string {
+	for _, p := range m.edges {
+		if p.group == g {
+			return p.edge
+		}
+	}
+	return ""
+}
+
+// ChoseEdge records that edge serves shared group g for m (see EdgeFor).
+// The forwarder records its choices for QoS 2 messages as it makes them.
+func (m *Message) ChoseEdge(g GroupKey, edge string) {
+	for i := range m.edges {
+		if m.edges[i].group == g {
+			m.edges[i].edge = edge
+			return
+		}
+	}
+	m.edges = append(m.edges, edgePick{group: g, edge: edge})
 }
 
 // Span returns the message's sampled span, nil when it is not traced.

@@ -89,14 +89,17 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 // the sender's trace) becomes the message's span here.
 //
 // A message that fails after members of shared groups here took it is sent
-// again: those members are remembered for it (sharedPicks).
+// again: those members are remembered for it (sharedPicks), and those of
+// every QoS 2 message, which its publisher may send again.
 func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, shared SharedChoice) (failed error) {
 	m, err := b.fromProto(pm)
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if failed != nil && len(m.picks) > 0 {
+		// A QoS 2 message can come again also when it did not fail here:
+		// its publisher was not acknowledged for another edge's sake.
+		if len(m.picks) > 0 && (failed != nil || m.QoS == 2) {
 			b.picks.remember(m, nil)
 		}
 	}()

@@ -59,13 +59,27 @@ const sharedPickMemory = 2 * time.Minute
 // sharedPickMax bounds the messages remembered: past it the oldest go.
 const sharedPickMax = 1 << 16
 
+// A QoS 2 message is sent again also when it did not fail here: its
+// publisher, on another edge, was not acknowledged for a third edge's
+// sake, and sends it again with DUP under the same msgID. So the members
+// that took a QoS 2 group message here are remembered whether or not it
+// failed (DeliverForwarded). The publisher's edge remembers, for a QoS 2
+// publish it did not acknowledge, the edge it chose for each group
+// (Message.EdgeFor), so that the resend goes to the same edges, and
+// forgets them and its own members' picks once the resend is acknowledged.
+// Everything remembered goes after sharedPickMemory, or past
+// sharedPickMax, whichever comes first: a receiving edge cannot tell when
+// the publisher was acknowledged.
+
 // sharedPicks remembers, by msgID, the members that took messages that
-// then failed here (see above).
+// then failed here (see above), and the edges chosen for the groups of
+// QoS 2 messages published here and not acknowledged.
 type sharedPicks struct {
 	mu    sync.Mutex
 	byID  map[MsgID][]groupPick // guarded by mu
+	edges map[MsgID][]edgePick  // guarded by mu
 	order []pickedAt            // by time remembered; guarded by mu
-	n     atomic.Int32          // len(byID): lookup's lock-free check
+	n     atomic.Int32          // len(byID)+len(edges): the lock-free check
 }
 
 type pickedAt struct {
@@ -89,7 +103,7 @@ func (p *sharedPicks) remember(m *Message, except []*session) {
 	if len(except) > 0 {
 		picks = slices.DeleteFunc(slices.Clone(picks), failed)
 	}
-	if len(picks) == 0 && len(except) == 0 {
+	if len(picks) == 0 && len(except) == 0 && len(m.edges) == 0 {
 		return
 	}
 	now := time.Now()
@@ -100,10 +114,11 @@ func (p *sharedPicks) remember(m *Message, except []*session) {
 		p.byID = map[MsgID][]groupPick{}
 	}
 	have, ok := p.byID[m.ID]
+	_, hasEdges := p.edges[m.ID]
 	if len(except) > 0 {
 		have = slices.DeleteFunc(have, failed)
 	}
-	if !ok && len(picks) == 0 {
+	if !ok && !hasEdges && len(picks) == 0 && len(m.edges) == 0 {
 		return
 	}
 	for _, x := range picks {
@@ -112,14 +127,47 @@ func (p *sharedPicks) remember(m *Message, except []*session) {
 		}
 	}
 	p.byID[m.ID] = have
-	if !ok {
+	if len(m.edges) > 0 {
+		if p.edges == nil {
+			p.edges = map[MsgID][]edgePick{}
+		}
+		p.edges[m.ID] = slices.Clone(m.edges)
+	}
+	if !ok && !hasEdges {
 		p.order = append(p.order, pickedAt{m.ID, now})
 		if len(p.order) > sharedPickMax {
 			delete(p.byID, p.order[0].id)
+			delete(p.edges, p.order[0].id)
 			p.order = p.order[1:]
 		}
 	}
-	p.n.Store(int32(len(p.byID)))
+	p.n.Store(int32(len(p.byID) + len(p.edges)))
+}
+
+// edgesFor returns the edges chosen for the shared groups of msgID id,
+// remembered when its publisher was not acknowledged; nil if none.
+func (p *sharedPicks) edgesFor(id MsgID) []edgePick {
+	if p.n.Load() == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pruneLocked(time.Now())
+	return slices.Clone(p.edges[id])
+}
+
+// forget drops what is remembered for msgID id: its publisher here was
+// acknowledged, and does not send it again.
+func (p *sharedPicks) forget(id MsgID) {
+	if p.n.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.byID, id)
+	delete(p.edges, id)
+	// Its place in order goes when it expires.
+	p.n.Store(int32(len(p.byID) + len(p.edges)))
 }
 
 // lookup returns the picks remembered for msgID id, nil if none.
@@ -139,6 +187,7 @@ func (p *sharedPicks) pruneLocked(now time.Time) {
 	n := 0
 	for n < len(p.order) && now.Sub(p.order[n].at) >= sharedPickMemory {
 		delete(p.byID, p.order[n].id)
+		delete(p.edges, p.order[n].id)
 		n++
 	}
 	if n == 0 {
@@ -148,5 +197,5 @@ func (p *sharedPicks) pruneLocked(now time.Time) {
 	if len(p.order) == 0 {
 		p.order = nil
 	}
-	p.n.Store(int32(len(p.byID)))
+	p.n.Store(int32(len(p.byID) + len(p.edges)))
 }

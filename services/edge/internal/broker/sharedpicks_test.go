@@ -284,3 +284,37 @@ func TestBroker_ResendSkipsAMemberWhoseDeferredWriteFailed(t *testing.T) {
 	require.Equal(t, "g/x", other.Expect(packets.Publish).TopicName, "the group's other member gets it")
 	require.Zero(t, promtestutil.ToFloat64(b.m.sharedRedispatch.WithLabelValues("qos2_dropped")))
 }
+
+// A forwarded QoS 2 message for a shared group here that was taken, and
+// comes again (its publisher, on another edge, was not acknowledged for a
+// third edge's sake, and sent it again under the same msgID), goes to the
+// member that took it, not to the next member in turn: a QoS 2 message to
+// two members breaks invariant 2.
+func TestBroker_QoS2GroupMessageSentAgainGoesToTheSameMember(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	var members []*mqtttest.Client
+	for _, name := range []string{"m1", "m2"} {
+		c := mqtttest.Dial(t, addr, 5)
+		c.Connect(name, true, packets.Properties{})
+		c.Subscribe(1, "$share/G/g/#", 2)
+		members = append(members, c)
+	}
+	m := forwardedMsg(1, "g/x", 2, time.Now())
+	choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
+	require.NoError(t, b.DeliverForwarded(t.Context(), m, choice))
+	require.NoError(t, b.DeliverForwarded(t.Context(), m, choice), "sent again")
+	got := map[int]int{}
+	for i, c := range members {
+		for {
+			if _, err := c.Read(300 * time.Millisecond); err != nil {
+				break
+			}
+			got[i]++
+		}
+	}
+	require.Len(t, got, 1, "one member of the group gets it: %v", got)
+	for _, n := range got {
+		require.Equal(t, 1, n, "once")
+	}
+}

@@ -40,8 +40,9 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Messag
 	if qos != 2 {
 		return
 	}
-	// The resend goes to the members of shared groups here that took it.
-	if len(m.picks) > 0 {
+	// The resend goes to the members of shared groups here that took it,
+	// and to the edges chosen for the others.
+	if len(m.picks) > 0 || len(m.edges) > 0 {
 		b.picks.remember(m, nil)
 	}
 	u := unconfirmedPub{id: m.ID, fp: fingerprint(m.Topic, m.Payload)}
@@ -70,6 +71,15 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Messag
 		b.logger.Warn("unacknowledged QoS 2 publish not marked in the store; removing its PUBREC state",
 			"client_id", cl.ID, "packet_id", packetID, "error", err)
 		b.forgetIncoming(cl, qos, packetID)
+	}
+}
+
+// confirmed forgets the shared-group choices remembered for QoS 2 message
+// m published here (unconfirm) once its PUBREC is sent: the client does
+// not send the PUBLISH again.
+func (b *Broker) confirmed(m *Message) {
+	if m != nil && m.QoS == 2 && (len(m.edges) > 0 || len(m.picks) > 0) {
+		b.picks.forget(m.ID)
 	}
 }
 

@@ -247,7 +247,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 		if again != nil && !slices.Contains(again.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter}) {
 			continue // served the first time
 		}
-		p := f.pick(tenant, g)
+		p := f.pickFor(m, tenant, g)
 		if p.ID == f.Self {
 			local.Groups = append(local.Groups, broker.GroupKey{Name: g.Name, Filter: g.Filter})
 			continue
@@ -499,6 +499,27 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 	key := tenant + "\x00" + g.Name + "\x00" + g.Filter
 	c, _ := f.turns.LoadOrStore(key, new(atomic.Uint64))
 	return edges[c.(*atomic.Uint64).Add(1)%uint64(len(edges))]
+}
+
+// pickFor is pick for m. A QoS 2 message goes to the edge chosen for the
+// group before (a DUP resend of a publish that was not acknowledged:
+// broker.Message.EdgeFor), while that edge still has members: that edge's
+// member may have it already, and another edge would give it to a second
+// member of the group ([MQTT-4.8.2-5]). The choice is recorded on m, for
+// the broker to remember if the publish is not acknowledged.
+func (f *Forwarder) pickFor(m *broker.Message, tenant string, g GroupRoute) Peer {
+	if m.QoS != 2 {
+		return f.pick(tenant, g)
+	}
+	key := broker.GroupKey{Name: g.Name, Filter: g.Filter}
+	if id := m.EdgeFor(key); id != "" {
+		if i := slices.IndexFunc(g.Edges, func(p Peer) bool { return p.ID == id }); i >= 0 {
+			return g.Edges[i]
+		}
+	}
+	p := f.pick(tenant, g)
+	m.ChoseEdge(key, p.ID)
+	return p
 }
 
 // hold asks the peer to report what becomes of a QoS 1 message's group
