@@ -51,11 +51,9 @@ func startFileBroker(t *testing.T, patterns ...string) (b *Broker, addr string, 
 	cfg.EdgeID = "test"
 	b, err = New(cfg, fa, testutil.Logger(t), nil)
 	require.NoError(t, err)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr = serveTCP(t, b)
 	t.Cleanup(func() { _ = b.Close() })
-	return b, l.Address(), fa, path
+	return b, addr, fa, path
 }
 
 // waitRefreshes waits until n ACL refreshes succeeded.

@@ -28,11 +28,9 @@ func startWith(t *testing.T, authn auth.Authenticator, mutate func(*Config)) str
 	mutate(&cfg)
 	b, err := New(cfg, authn, nil, nil)
 	require.NoError(t, err)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr := serveTCP(t, b)
 	t.Cleanup(func() { _ = b.Close() })
-	return l.Address()
+	return addr
 }
 
 func connectWith(t *testing.T, addr, user, password string) byte {

@@ -550,15 +550,37 @@ func brokerOnStore(t *testing.T, wrap func(*durable.Store) DurableState) (*Broke
 
 func (sharedLocal) Shared() bool { return true }
 
+// fencedTakeover returns a broker whose store fences every takeover, and the
+// transfer state of client's session, subscribed to filter at qos, that
+// a takeover here gets from the previous owner.
+func fencedTakeover(t *testing.T, client, filter string, qos byte) (*Broker, *tenancy.Scope, string, []byte) {
+	t.Helper()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	sc := b.mustScope(t, "default")
+	id := sc.ClientID(client)
+	inner, _ := sc.Filter(filter)
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
+		Subs: []durable.Subscription{{Filter: inner, QoS: qos}}})
+	require.NoError(t, err)
+	return b, sc, id, state
+}
+
+// serveTCP serves MQTT from b on a free loopback port and returns its address.
+func serveTCP(t testing.TB, b *Broker) string {
+	t.Helper()
+	l := newTCP("127.0.0.1:0")
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	return l.Address()
+}
+
 // servingOnSharedStore is brokerOnStore on a sharedLocal store, serving
 // MQTT on addr.
 func servingOnSharedStore(t *testing.T) (*Broker, *durable.Store, string) {
 	t.Helper()
 	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	return b, st, l.Address()
+	addr := serveTCP(t, b)
+	return b, st, addr
 }
 
 // A takeover that fails after the previous owner gave the session up (here
@@ -961,18 +983,12 @@ func TestBroker_FailedImportRemovesOnlyItsRoutes(t *testing.T) {
 // sent again they must not find no session here.
 func TestBroker_FencedTakeoverRelaysToTheOwner(t *testing.T) {
 	t.Parallel()
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("contested")
-	filter, _ := sc.Filter("c/#")
-	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
-		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
-	require.NoError(t, err)
+	b, sc, id, state := fencedTakeover(t, "contested", "c/#", 1)
 	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
 		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
 	before := time.Now().UnixNano()
-	_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "contested", 20, false)
+	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "contested", 20, false)
 	require.ErrorIs(t, err, durable.ErrFenced)
 	require.Nil(t, b.session(id), "no copy stays")
 	rs := b.handed.relays(&Message{Topic: sc.Topic("c/x"), QoS: 1, Created: before}, time.Now(), nil)
@@ -994,17 +1010,11 @@ func (r *slowRemoval) Remove(ctx context.Context, tenant, filter, group string) 
 // relayed too.
 func TestBroker_FencedTakeoverRelaysUntilItsRoutesAreGone(t *testing.T) {
 	t.Parallel()
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("slow-gone")
-	filter, _ := sc.Filter("s/#")
-	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
-		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
-	require.NoError(t, err)
+	b, sc, _, state := fencedTakeover(t, "slow-gone", "s/#", 1)
 	b.SetCluster(Cluster{Routes: &slowRemoval{fakeRoutes{add: func(string, string, string) error { return nil }}},
 		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
-	_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "slow-gone", 20, false)
+	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "slow-gone", 20, false)
 	require.ErrorIs(t, err, durable.ErrFenced)
 	late := time.Now().Add(-time.Millisecond).UnixNano() // after the fence, before the routes went
 	rs := b.handed.relays(&Message{Topic: sc.Topic("s/x"), QoS: 1, Created: late}, time.Now(), nil)
@@ -1068,24 +1078,16 @@ func (o *unreachableOwner) Owner(ctx context.Context, _, _ string) (string, uint
 // CONNECT's deadline, not the edge's stop.
 func TestBroker_FencedTakeoverRefusesUntilItsOwnerIsKnown(t *testing.T) {
 	t.Parallel()
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
+	b, _, id, state := fencedTakeover(t, "unowned", "u/#", 1)
 	b.cfg.ConnectTimeout = 500 * time.Millisecond
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("unowned")
-	filter, _ := sc.Filter("u/#")
-	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
-		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
-	require.NoError(t, err)
 	own := &unreachableOwner{grant: Grant{Epoch: 20, Previous: "edge-prev"}, edge: "edge-new", epoch: 21}
 	peers := &relayingPeers{}
 	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
 		Takeover: &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}, Ownership: own, Peers: peers})
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr := serveTCP(t, b)
 
 	before := time.Now()
-	c := mqtttest.Dial(t, l.Address(), 5)
+	c := mqtttest.Dial(t, addr, 5)
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: persistentProps,
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: "unowned"}})
 	ack, err := c.Read(10 * time.Second)
@@ -1148,19 +1150,13 @@ func TestBroker_FencedTakeoverRelaysItsGroupMessages(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
-			sc := b.mustScope(t, "default")
-			id := sc.ClientID("member")
-			filter, _ := sc.Filter("$share/g/s/#")
-			state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
-				Subs: []durable.Subscription{{Filter: filter, QoS: 2}}})
-			require.NoError(t, err)
+			b, sc, id, state := fencedTakeover(t, "member", "$share/g/s/#", 2)
 			peers, reports := &relayingPeers{}, &sharedReportLog{}
 			b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }},
 				Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 				Ownership: ownerAt{edge: "edge-new", epoch: 21}, Peers: peers, Reports: reports})
 			before := time.Now()
-			_, _, err = b.takeOverFrom(t.Context(), "edge-prev", sc, "member", 20, false)
+			_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "member", 20, false)
 			require.ErrorIs(t, err, durable.ErrFenced)
 			require.Nil(t, b.session(id))
 
@@ -1318,6 +1314,18 @@ type enqueueGate struct {
 	id      string
 	entered chan struct{}
 	release chan struct{}
+	open    func() // closes release, once
+}
+
+// gatedBroker serves MQTT from a broker whose store holds the writes of
+// gate.id's queue until gate.open.
+func gatedBroker(t *testing.T) (*Broker, *enqueueGate, string) {
+	t.Helper()
+	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	gate.open = sync.OnceFunc(func() { close(gate.release) })
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	t.Cleanup(gate.open) // before the broker closes: a failed test does not hang
+	return b, gate, serveTCP(t, b)
 }
 
 func (s *enqueueGate) Enqueue(id string, e durable.Entry) *durable.Pending {
@@ -1338,21 +1346,15 @@ func (s *enqueueGate) Enqueue(id string, e durable.Entry) *durable.Pending {
 // invariant 2).
 func TestBroker_HandoverDuringDeliveryDoesNotRelayAServedGroup(t *testing.T) {
 	t.Parallel()
-	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
-	open := sync.OnceFunc(func() { close(gate.release) })
-	t.Cleanup(open)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, gate, addr := gatedBroker(t)
 	peers := &relayingPeers{}
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	gate.id = sc.ClientID("slow")
-	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow := mqtttest.Dial(t, addr, 5)
 	slow.Connect("slow", false, persistentProps)
 	slow.Subscribe(1, "g/#", 2)
-	member := mqtttest.Dial(t, l.Address(), 5)
+	member := mqtttest.Dial(t, addr, 5)
 	member.Connect("member", true, packets.Properties{})
 	member.Subscribe(1, "$share/G/g/#", 2)
 
@@ -1371,7 +1373,7 @@ func TestBroker_HandoverDuringDeliveryDoesNotRelayAServedGroup(t *testing.T) {
 	b.handed.add(&session{id: sc.ClientID("h"), scope: sc, subs: map[string]*subscription{
 		"g": {filter: inner, full: "$share/G/" + inner, qos: 2, group: &shareGroup{name: "G", filter: inner}},
 	}}, time.Now(), "edge-new", 21)
-	open()
+	gate.open()
 	select {
 	case err := <-done:
 		require.NoError(t, err)
@@ -1607,23 +1609,17 @@ func TestBroker_FencedOwnerLookupsShareOneLoop(t *testing.T) {
 // here, so it took the message or failed it; nothing waits on its owner.
 func TestBroker_OwnerUnknownAfterDeliveryIsNotRefused(t *testing.T) {
 	t.Parallel()
-	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
-	open := sync.OnceFunc(func() { close(gate.release) })
-	t.Cleanup(open)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, gate, addr := gatedBroker(t)
 	peers := &relayingPeers{}
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	gate.id = sc.ClientID("slow")
-	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow := mqtttest.Dial(t, addr, 5)
 	slow.Connect("slow", false, persistentProps)
 	slow.Subscribe(1, "g/#", 2)
 	var members []*mqtttest.Client
 	for _, name := range []string{"m1", "m2"} {
-		c := mqtttest.Dial(t, l.Address(), 5)
+		c := mqtttest.Dial(t, addr, 5)
 		c.Connect(name, true, packets.Properties{})
 		c.Subscribe(1, "$share/G/g/#", 2)
 		members = append(members, c)
@@ -1643,7 +1639,7 @@ func TestBroker_OwnerUnknownAfterDeliveryIsNotRefused(t *testing.T) {
 	inner := sc.Topic("g/#")
 	b.handed.add(&session{id: gate.id, scope: sc, subs: map[string]*subscription{
 		"g/#": {filter: inner, full: inner, qos: 2}}}, time.Now(), "", 0)
-	open()
+	gate.open()
 	var err error
 	select {
 	case err = <-done:
@@ -1768,13 +1764,7 @@ func (r *stuckRemoval) Remove(ctx context.Context, tenant, filter, group string)
 // draw until they are gone is still relayed to the owner.
 func TestBroker_FencedTakeoverDoesNotWaitForAStuckRouter(t *testing.T) {
 	t.Parallel()
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return fencedShared{sharedLocal{st}} })
-	sc := b.mustScope(t, "default")
-	id := sc.ClientID("stuck")
-	filter, _ := sc.Filter("s/#")
-	state, err := durable.EncodeTransfer(durable.SessionState{Session: durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300},
-		Subs: []durable.Subscription{{Filter: filter, QoS: 1}}})
-	require.NoError(t, err)
+	b, sc, id, state := fencedTakeover(t, "stuck", "s/#", 1)
 	routes := &stuckRemoval{fakeRoutes: fakeRoutes{add: func(string, string, string) error { return nil }}, release: make(chan struct{})}
 	open := sync.OnceFunc(func() { close(routes.release) })
 	t.Cleanup(open)
@@ -1820,18 +1810,12 @@ func noForget() <-chan struct{} { return nil }
 // relayed there.
 func TestBroker_ExtendedOwnerUnknownAfterDeliveryIsRefused(t *testing.T) {
 	t.Parallel()
-	gate := &enqueueGate{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
-	open := sync.OnceFunc(func() { close(gate.release) })
-	t.Cleanup(open)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	b, gate, addr := gatedBroker(t)
 	peers := &relayingPeers{}
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	gate.id = sc.ClientID("slow")
-	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow := mqtttest.Dial(t, addr, 5)
 	slow.Connect("slow", false, persistentProps)
 	slow.Subscribe(1, "a/#", 1)
 	b.SetCluster(Cluster{Ownership: errOwner{}}) // owner lookups fail
@@ -1861,7 +1845,7 @@ func TestBroker_ExtendedOwnerUnknownAfterDeliveryIsRefused(t *testing.T) {
 	}
 	close(proceed)
 	<-gone // the copy's entries extended to its routes' end
-	open()
+	gate.open()
 	select {
 	case err := <-done:
 		require.ErrorIs(t, err, errOwnerUnknown, "the fenced session missed it: not taken")

@@ -50,10 +50,7 @@ func TestBroker_IncomingStateGoesBeforePubcomp(t *testing.T) {
 	gate := &incomingGate{entered: make(chan uint16, 16), release: make(chan struct{})}
 	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
 	t.Cleanup(gate.open)
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	addr := l.Address()
+	addr := serveTCP(t, b)
 	id := b.mustScope(t, "default").ClientID("q2")
 	incoming := func() []durable.Incoming {
 		t.Helper()

@@ -49,10 +49,7 @@ func TestBroker_OfflineQueueBounds(t *testing.T) {
 			if tc.bytes != nil {
 				b.cfg.OfflineQueueBytes = tc.bytes(len(b.mustScope(t, "default").Topic(topic)))
 			}
-			l := newTCP("127.0.0.1:0")
-			require.NoError(t, b.AddListener(l))
-			require.NoError(t, b.Serve())
-			addr := l.Address()
+			addr := serveTCP(t, b)
 
 			sub := mqtttest.Dial(t, addr, 5)
 			sub.Connect("offline", false, persistentSession)

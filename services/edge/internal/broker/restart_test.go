@@ -45,9 +45,7 @@ func openDurableWith(t *testing.T, dir string, before func(*Broker)) (b *Broker,
 	if before != nil {
 		before(b)
 	}
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr = serveTCP(t, b)
 	stopped := false
 	stop = func() {
 		if !stopped {
@@ -56,7 +54,7 @@ func openDurableWith(t *testing.T, dir string, before func(*Broker)) (b *Broker,
 			_ = st.Close()
 		}
 	}
-	return b, l.Address(), stop
+	return b, addr, stop
 }
 
 var persistentProps = packets.Properties{SessionExpiryInterval: 3600, SessionExpiryIntervalFlag: true}

@@ -54,9 +54,7 @@ func TestBroker_ResendGoesToTheSameGroupMember(t *testing.T) {
 			t.Parallel()
 			st := &failingEnqueueOf{}
 			b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
-			l := newTCP("127.0.0.1:0")
-			require.NoError(t, b.AddListener(l))
-			require.NoError(t, b.Serve())
+			addr := serveTCP(t, b)
 			peers := &relayingPeers{}
 			b.SetCluster(Cluster{Peers: peers})
 			sc := b.mustScope(t, "default")
@@ -67,13 +65,13 @@ func TestBroker_ResendGoesToTheSameGroupMember(t *testing.T) {
 					"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
 			} else {
 				st.id = sc.ClientID("slow")
-				slow := mqtttest.Dial(t, l.Address(), 5)
+				slow := mqtttest.Dial(t, addr, 5)
 				slow.Connect("slow", false, persistentProps)
 				slow.Subscribe(1, "g/#", 2)
 			}
 			var members []*mqtttest.Client
 			for _, name := range []string{"m1", "m2"} {
-				c := mqtttest.Dial(t, l.Address(), 5)
+				c := mqtttest.Dial(t, addr, 5)
 				c.Connect(name, true, packets.Properties{})
 				c.Subscribe(1, "$share/G/g/#", 2)
 				members = append(members, c)
@@ -176,22 +174,20 @@ func TestBroker_PublisherResendGoesToTheSameGroupMember(t *testing.T) {
 	t.Parallel()
 	st := &failingEnqueueOf{}
 	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr := serveTCP(t, b)
 	st.id = b.mustScope(t, "default").ClientID("slow")
-	slow := mqtttest.Dial(t, l.Address(), 5)
+	slow := mqtttest.Dial(t, addr, 5)
 	slow.Connect("slow", false, persistentProps)
 	slow.Subscribe(1, "g/#", 2)
 	var members []*mqtttest.Client
 	for _, name := range []string{"m1", "m2"} {
-		c := mqtttest.Dial(t, l.Address(), 5)
+		c := mqtttest.Dial(t, addr, 5)
 		c.Connect(name, true, packets.Properties{})
 		c.Subscribe(1, "$share/G/g/#", 2)
 		members = append(members, c)
 	}
 
-	pub := mqtttest.Dial(t, l.Address(), 5)
+	pub := mqtttest.Dial(t, addr, 5)
 	pub.Connect("pub", false, persistentProps)
 	pub.Publish(7, "g/x", 2, []byte("once"))
 	for {
@@ -201,7 +197,7 @@ func TestBroker_PublisherResendGoesToTheSameGroupMember(t *testing.T) {
 		}
 		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "not every recipient took it: no PUBREC")
 	}
-	pub = mqtttest.Dial(t, l.Address(), 5)
+	pub = mqtttest.Dial(t, addr, 5)
 	require.True(t, pub.Connect("pub", false, persistentProps).SessionPresent)
 	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 7,
 		TopicName: "g/x", Payload: []byte("once")})
@@ -240,20 +236,18 @@ func TestBroker_ResendSkipsAMemberWhoseDeferredWriteFailed(t *testing.T) {
 	t.Parallel()
 	st := &failingEnqueueOf{}
 	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
+	addr := serveTCP(t, b)
 	peers := &relayingPeers{err: errors.New("new owner unreachable")}
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	b.handed.add(&session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
 		"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
-	other := mqtttest.Dial(t, l.Address(), 5)
+	other := mqtttest.Dial(t, addr, 5)
 	other.Connect("other", true, packets.Properties{})
 	other.Subscribe(1, "$share/G/g/#", 2)
 	// Second in the group: the first message goes to it.
 	st.id = sc.ClientID("durable")
-	durableMember := mqtttest.Dial(t, l.Address(), 5)
+	durableMember := mqtttest.Dial(t, addr, 5)
 	durableMember.Connect("durable", false, persistentProps)
 	durableMember.Subscribe(1, "$share/G/g/#", 2)
 
@@ -273,7 +267,7 @@ func TestBroker_ResendSkipsAMemberWhoseDeferredWriteFailed(t *testing.T) {
 	expectNothing(t, other, 200*time.Millisecond)
 
 	// The durable member's session ends: its client starts a new one.
-	durableMember = mqtttest.Dial(t, l.Address(), 5)
+	durableMember = mqtttest.Dial(t, addr, 5)
 	require.False(t, durableMember.Connect("durable", true, packets.Properties{}).SessionPresent)
 	require.Eventually(t, func() bool { return groupMembers(b, "G", sc.Topic("g/#")) == 1 }, 5*time.Second, time.Millisecond)
 

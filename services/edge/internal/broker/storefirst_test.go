@@ -85,10 +85,7 @@ func offlineSubscriberOnHeldStore(t *testing.T, mutate func(*Config), qos byte) 
 	if mutate != nil {
 		mutate(&b.cfg)
 	}
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	addr := l.Address()
+	addr := serveTCP(t, b)
 	sub := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.CodeSuccess.Code, sub.Connect("sub", false, persistentProps).ReasonCode)
 	sub.Subscribe(1, "q/x", qos)

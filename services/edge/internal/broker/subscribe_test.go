@@ -41,10 +41,8 @@ func servingOnGate(t *testing.T) (*Broker, *durable.Store, *subscriptionGate, st
 	gate := &subscriptionGate{entered: make(chan struct{}, 16), release: make(chan struct{})}
 	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
 	t.Cleanup(gate.open) // before the broker closes: a failed test does not hang
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	return b, st, gate, l.Address()
+	addr := serveTCP(t, b)
+	return b, st, gate, addr
 }
 
 var persistentSession = packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}

@@ -64,10 +64,8 @@ func servingGatedSends(t *testing.T) (*gatedSends, string) {
 		gated = &gatedSends{Store: st}
 		return gated
 	})
-	l := newTCP("127.0.0.1:0")
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	return gated, l.Address()
+	addr := serveTCP(t, b)
+	return gated, addr
 }
 
 // waitSends waits until n Sends were made.
