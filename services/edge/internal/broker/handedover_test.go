@@ -1351,9 +1351,7 @@ func TestBroker_HandoverDuringDeliveryDoesNotRelayAServedGroup(t *testing.T) {
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	gate.id = sc.ClientID("slow")
-	slow := mqtttest.Dial(t, addr, 5)
-	slow.Connect("slow", false, persistentProps)
-	slow.Subscribe(1, "g/#", 2)
+	persistentSubscriber(t, addr, "slow", "g/#")
 	member := mqtttest.Dial(t, addr, 5)
 	member.Connect("member", true, packets.Properties{})
 	member.Subscribe(1, "$share/G/g/#", 2)
@@ -1614,16 +1612,8 @@ func TestBroker_OwnerUnknownAfterDeliveryIsNotRefused(t *testing.T) {
 	b.SetCluster(Cluster{Peers: peers})
 	sc := b.mustScope(t, "default")
 	gate.id = sc.ClientID("slow")
-	slow := mqtttest.Dial(t, addr, 5)
-	slow.Connect("slow", false, persistentProps)
-	slow.Subscribe(1, "g/#", 2)
-	var members []*mqtttest.Client
-	for _, name := range []string{"m1", "m2"} {
-		c := mqtttest.Dial(t, addr, 5)
-		c.Connect(name, true, packets.Properties{})
-		c.Subscribe(1, "$share/G/g/#", 2)
-		members = append(members, c)
-	}
+	slow := persistentSubscriber(t, addr, "slow", "g/#")
+	members := connectMembers(t, addr, "$share/G/g/#", "m1", "m2")
 
 	m := forwardedMsg(1, "g/x", 2, time.Now().Add(-time.Second))
 	choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}

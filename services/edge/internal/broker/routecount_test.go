@@ -39,6 +39,22 @@ func newCountingRoutes(answer func(string, int) (<-chan struct{}, error)) *count
 		returned: make(chan string, 64), answer: answer}
 }
 
+// holdRouteAdd gives b a route table whose Add of filter is answered
+// only once open is called (or the test ends); the others at once.
+func holdRouteAdd(t *testing.T, b *Broker, filter string) (routes *countingRoutes, open func()) {
+	release := make(chan struct{})
+	open = sync.OnceFunc(func() { close(release) })
+	t.Cleanup(open)
+	routes = newCountingRoutes(func(f string, _ int) (<-chan struct{}, error) {
+		if f == filter {
+			return release, nil
+		}
+		return nil, nil
+	})
+	b.SetCluster(Cluster{Routes: routes})
+	return routes, open
+}
+
 func (r *countingRoutes) Add(_ context.Context, _, filter, _ string) error {
 	r.mu.Lock()
 	r.calls[filter]++
@@ -317,16 +333,7 @@ func (r *releaseRecorder) Release(_ context.Context, _, _ string, epoch uint64) 
 func TestBroker_StaleSubscribeLeavesTheSessionAlone(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	release := make(chan struct{})
-	open := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(open)
-	routes := newCountingRoutes(func(filter string, _ int) (<-chan struct{}, error) {
-		if filter == "stale/first" {
-			return release, nil
-		}
-		return nil, nil
-	})
-	b.SetCluster(Cluster{Routes: routes})
+	routes, open := holdRouteAdd(t, b, "stale/first")
 
 	old := mqtttest.Dial(t, addr, 5)
 	old.Connect("stale", false, persistentSession)
@@ -763,16 +770,7 @@ func TestBroker_AbandonedCopyLeftToABindingConnectIsTakenOn(t *testing.T) {
 func TestBroker_StaleSubscribeLeavesNoMochiRecord(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	release := make(chan struct{})
-	open := sync.OnceFunc(func() { close(release) })
-	t.Cleanup(open)
-	routes := newCountingRoutes(func(filter string, _ int) (<-chan struct{}, error) {
-		if filter == "stale/first" {
-			return release, nil
-		}
-		return nil, nil
-	})
-	b.SetCluster(Cluster{Routes: routes})
+	routes, open := holdRouteAdd(t, b, "stale/first")
 
 	old := mqtttest.Dial(t, addr, 5)
 	old.Connect("stale", false, persistentSession)

@@ -65,17 +65,9 @@ func TestBroker_ResendGoesToTheSameGroupMember(t *testing.T) {
 					"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
 			} else {
 				st.id = sc.ClientID("slow")
-				slow := mqtttest.Dial(t, addr, 5)
-				slow.Connect("slow", false, persistentProps)
-				slow.Subscribe(1, "g/#", 2)
+				persistentSubscriber(t, addr, "slow", "g/#")
 			}
-			var members []*mqtttest.Client
-			for _, name := range []string{"m1", "m2"} {
-				c := mqtttest.Dial(t, addr, 5)
-				c.Connect(name, true, packets.Properties{})
-				c.Subscribe(1, "$share/G/g/#", 2)
-				members = append(members, c)
-			}
+			members := connectMembers(t, addr, "$share/G/g/#", "m1", "m2")
 
 			m := forwardedMsg(1, "g/x", tc.qos, time.Now().Add(-time.Second))
 			choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
@@ -129,13 +121,7 @@ func TestBroker_ResendAfterTheGroupMemberLeft(t *testing.T) {
 			sc := b.mustScope(t, "default")
 			b.handed.add(&session{id: sc.ClientID("gone"), scope: sc, subs: map[string]*subscription{
 				"g/#": {filter: sc.Topic("g/#"), full: sc.Topic("g/#"), qos: 2}}}, time.Now(), "edge-new", 21)
-			var members []*mqtttest.Client
-			for _, name := range []string{"m1", "m2"} {
-				c := mqtttest.Dial(t, addr, 5)
-				c.Connect(name, true, packets.Properties{})
-				c.Subscribe(1, "$share/G/g/#", 2)
-				members = append(members, c)
-			}
+			members := connectMembers(t, addr, "$share/G/g/#", "m1", "m2")
 			m := forwardedMsg(1, "g/x", qos, time.Now().Add(-time.Second))
 			choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
 			require.Error(t, b.DeliverForwarded(t.Context(), m, choice))
@@ -176,16 +162,8 @@ func TestBroker_PublisherResendGoesToTheSameGroupMember(t *testing.T) {
 	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.Store = s; return st })
 	addr := serveTCP(t, b)
 	st.id = b.mustScope(t, "default").ClientID("slow")
-	slow := mqtttest.Dial(t, addr, 5)
-	slow.Connect("slow", false, persistentProps)
-	slow.Subscribe(1, "g/#", 2)
-	var members []*mqtttest.Client
-	for _, name := range []string{"m1", "m2"} {
-		c := mqtttest.Dial(t, addr, 5)
-		c.Connect(name, true, packets.Properties{})
-		c.Subscribe(1, "$share/G/g/#", 2)
-		members = append(members, c)
-	}
+	persistentSubscriber(t, addr, "slow", "g/#")
+	members := connectMembers(t, addr, "$share/G/g/#", "m1", "m2")
 
 	pub := mqtttest.Dial(t, addr, 5)
 	pub.Connect("pub", false, persistentProps)
@@ -287,13 +265,7 @@ func TestBroker_ResendSkipsAMemberWhoseDeferredWriteFailed(t *testing.T) {
 func TestBroker_QoS2GroupMessageSentAgainGoesToTheSameMember(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	var members []*mqtttest.Client
-	for _, name := range []string{"m1", "m2"} {
-		c := mqtttest.Dial(t, addr, 5)
-		c.Connect(name, true, packets.Properties{})
-		c.Subscribe(1, "$share/G/g/#", 2)
-		members = append(members, c)
-	}
+	members := connectMembers(t, addr, "$share/G/g/#", "m1", "m2")
 	m := forwardedMsg(1, "g/x", 2, time.Now())
 	choice := SharedChoice{Chosen: true, Groups: []GroupKey{{Name: "G", Filter: "g/#"}}}
 	require.NoError(t, b.DeliverForwarded(t.Context(), m, choice))
@@ -311,4 +283,28 @@ func TestBroker_QoS2GroupMessageSentAgainGoesToTheSameMember(t *testing.T) {
 	for _, n := range got {
 		require.Equal(t, 1, n, "once")
 	}
+}
+
+// connectMembers connects a clean-session client for each name, each
+// subscribed to the shared filter at QoS 2.
+func connectMembers(t *testing.T, addr, filter string, names ...string) []*mqtttest.Client {
+	t.Helper()
+	var members []*mqtttest.Client
+	for _, name := range names {
+		c := mqtttest.Dial(t, addr, 5)
+		c.Connect(name, true, packets.Properties{})
+		c.Subscribe(1, filter, 2)
+		members = append(members, c)
+	}
+	return members
+}
+
+// persistentSubscriber connects client with a persistent session
+// subscribed to filter at QoS 2.
+func persistentSubscriber(t *testing.T, addr, client, filter string) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect(client, false, persistentProps)
+	c.Subscribe(1, filter, 2)
+	return c
 }
