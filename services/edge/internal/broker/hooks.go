@@ -279,6 +279,12 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		if !pk.Connect.Clean {
 			if s := b.session(cl.ID); s != nil {
 				s.detach(old)
+				if c := b.conn(cl); c != nil {
+					// The old connection may not be bound yet (its
+					// CONNACK is out, its bind to come): under this
+					// claim's epoch its late bind is refused.
+					s.claimed(c.epoch)
+				}
 			}
 		}
 	}
@@ -343,6 +349,17 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 	// read lock twice and deadlocks against the edge's writer adding a
 	// message between the two (mochi v2.7.9, inflight.go NextImmediate).
 	cl.State.Inflight.ResetSendQuota(0)
+	// An older connection of the client bound after this one's CONNECT
+	// took the session (its bind came late) gives its in-flight messages
+	// back first, as a takeover's detach does: replaced, its writer would
+	// keep draining the session's queue into a closed connection.
+	s.mu.Lock()
+	prev := s.client
+	older := prev != nil && prev != cl && s.epoch <= c.epoch
+	s.mu.Unlock()
+	if older {
+		s.detach(prev)
+	}
 	if !s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch) {
 		// Its CONNACK went out before this hook ran, and a newer CONNECT
 		// of the client, bound already, took the session over meanwhile:

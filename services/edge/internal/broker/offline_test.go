@@ -1,8 +1,11 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,4 +125,70 @@ func TestBroker_LateBindOfATakenOverConnectionKeepsTheNewer(t *testing.T) {
 	require.Equal(t, []byte{1}, newer.Expect(packets.Suback).ReasonCodes)
 	require.NoError(t, b.Publish("default", "late/x", []byte("p"), 1, false))
 	require.Equal(t, []byte("p"), newer.Expect(packets.Publish).Payload, "the session delivers to the newer connection")
+}
+
+// putSessionGate holds the n-th PutSession (counted from 1) until release.
+type putSessionGate struct {
+	*durable.Store
+	n       int
+	calls   atomic.Int32
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *putSessionGate) PutSession(ctx context.Context, rec durable.Session) error {
+	if int(g.calls.Add(1)) == g.n {
+		close(g.entered)
+		<-g.release
+	}
+	return g.Store.PutSession(ctx, rec)
+}
+
+// The older connection's bind can come while the newer connection, having
+// taken the session from it, stores the session before its own bind: the
+// older one must not bind then either, or the session's messages drain
+// into a connection mochi has closed, and the newer one's bind finds none
+// to resend.
+func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *testing.T) {
+	t.Parallel()
+	gate := &putSessionGate{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	addr := serveTCP(t, b)
+	id := b.mustScope(t, "default").ClientID("late")
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("late", false, persistentSession)
+	old.Subscribe(1, "late/x", 1)
+	waitBound(t, b, id)
+	oldCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	oldConn := b.conn(oldCl)
+	require.NotNil(t, oldConn)
+	s := b.session(id)
+	require.True(t, s.unbind(oldCl), "as if its bind were still to come")
+
+	newer := mqtttest.Dial(t, addr, 5)
+	connected := make(chan struct{})
+	go func() {
+		defer close(connected)
+		newer.Connect("late", false, persistentSession)
+	}()
+	<-gate.entered // the newer connection took the session and stores it
+
+	require.False(t, b.bindEstablished(oldCl, oldConn), "the older connection's bind, come late")
+	s.mu.Lock()
+	bound := s.client
+	s.mu.Unlock()
+	require.Nil(t, bound)
+
+	open()
+	<-connected
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client != nil && s.client != oldCl
+	}, 5*time.Second, time.Millisecond)
+	require.NoError(t, b.Publish("default", "late/x", []byte("p"), 1, false))
+	require.Equal(t, []byte("p"), newer.Expect(packets.Publish).Payload)
 }

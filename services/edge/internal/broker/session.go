@@ -759,6 +759,15 @@ func (s *session) detach(old *mqtt.Client) {
 	s.mu.Unlock()
 }
 
+// claimed records that a claim of the session under epoch was granted
+// here, before its connection is bound: a connection of an older claim
+// binds it no more.
+func (s *session) claimed(epoch uint64) {
+	s.mu.Lock()
+	s.epoch = max(s.epoch, epoch)
+	s.mu.Unlock()
+}
+
 // unbind detaches cl if it is still the session's client.
 func (s *session) unbind(cl *mqtt.Client) bool {
 	s.mu.Lock()
