@@ -271,8 +271,9 @@ func (b *Broker) recheckSubscriptions(cl *mqtt.Client, c *conn) {
 		if !s.removeSub(cancelled, cl, sub.full) {
 			continue
 		}
-		cl.State.Subscriptions.Delete(sub.full)
-		b.server.Topics.Unsubscribe(sub.full, cl.ID)
+		// Under the session's lock: a takeover inheriting cl's records in
+		// between keeps the newer connection's record of the filter.
+		b.mirrorSub(cl, sub.full)
 		b.m.aclRevoked.Inc()
 		b.logger.Info("subscription removed: the client's ACL no longer allows it", "client_id", cl.ID, "filter", ext,
 			"shared_group", groupName(sub))

@@ -313,22 +313,28 @@ func (b *Broker) relayFenced(ctx context.Context, s *session, forget func() (rou
 	// of an earlier fenced copy of the session may have named their owner
 	// meanwhile (resolve).
 	b.handed.extendEntries(remembered, time.Now())
+	waits := err != nil && len(remembered) > 0
+	if waits {
+		// Something waits on the owner: what the copy's subscriptions
+		// match is refused until it is named, for as long as they are
+		// remembered.
+		b.findFencedOwner(s, mine, time.Now().Add(b.handed.memory))
+	}
 	if gone != nil && len(remembered) > 0 {
-		// Extended again once the router removed the routes.
+		// Extended again once the router removed the routes, and the
+		// owner looked up for as long.
 		b.releases.Add(1)
 		go func() {
 			defer b.releases.Done()
 			select {
 			case <-gone:
 				b.handed.extendEntries(remembered, time.Now())
+				if waits {
+					b.fencedOwners.extend(s.id, time.Now().Add(b.handed.memory))
+				}
 			case <-b.stopped.Done():
 			}
 		}()
-	}
-	if err != nil && len(remembered) > 0 {
-		// Something waits on the owner: what the copy's subscriptions
-		// match is refused until it is named.
-		b.findFencedOwner(s, mine, at.Add(b.handed.memory))
 	}
 }
 
@@ -395,6 +401,17 @@ func (b *Broker) findFencedOwner(s *session, mine uint64, until time.Time) {
 		defer b.releases.Done()
 		b.findFencedOwners()
 	}()
+}
+
+// extend has the owner of session id, if it is still looked up, looked up
+// until at least until: its copy's remembered subscriptions were extended.
+func (f *fencedOwners) extend(id string, until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := f.pending[id]; p != nil && until.After(p.until) {
+		// Replaced, not changed: the loop reads a round's entries unlocked.
+		f.pending[id] = &pendingOwner{s: p.s, mine: p.mine, until: until}
+	}
 }
 
 // findFencedOwners is the loop of findFencedOwner. A round looks up every

@@ -1574,6 +1574,31 @@ func TestBroker_FencedOwnerLookupEnds(t *testing.T) {
 	}
 }
 
+// A fenced copy whose routes are slow to go keeps its subscriptions
+// remembered for the handover memory past their removal, and its owner is
+// looked up for as long: while they refuse what they match, something
+// must still be looking for where it goes.
+func TestBroker_FencedOwnerLookedUpWhileItsExtendedEntriesLast(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	b.handed.memory = time.Second
+	sc := b.mustScope(t, "default")
+	own := &flakyOwner{edge: "edge-new", epoch: 21}
+	b.SetCluster(Cluster{Ownership: own})
+	gone := make(chan struct{})
+	before := time.Now().UnixNano()
+	b.relayFenced(t.Context(), fencedCopy(sc, "slow"), func() <-chan struct{} { return gone })
+	// The lookups back off: rounds at about 0.1, 0.3, 0.7 and 1.5 s.
+	time.Sleep(900 * time.Millisecond)
+	close(gone) // the routes went: the entries last until about 1.9 s
+	time.Sleep(300 * time.Millisecond)
+	own.reachable.Store(true) // past the first second, before the 1.5 s round
+	require.Eventually(t, func() bool {
+		rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: before}, time.Now(), nil)
+		return len(rs) == 1 && rs[0].to == "edge-new"
+	}, 2*time.Second, time.Millisecond, "the owner is named while the entries last")
+}
+
 // The owners of many fenced copies (an edge cut off from the coordinator
 // for a while) are looked up a few at a time, by one background loop, not
 // by a goroutine each.
