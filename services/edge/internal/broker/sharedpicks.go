@@ -75,16 +75,29 @@ const sharedPickMax = 1 << 16
 // then failed here (see above), and the edges chosen for the groups of
 // QoS 2 messages published here and not acknowledged.
 type sharedPicks struct {
-	mu    sync.Mutex
-	byID  map[MsgID][]groupPick // guarded by mu
-	edges map[MsgID][]edgePick  // guarded by mu
-	order []pickedAt            // by time remembered; guarded by mu
-	n     atomic.Int32          // len(byID)+len(edges): the lock-free check
+	mu   sync.Mutex
+	byID map[MsgID]remembered // guarded by mu
+	// order holds what was remembered, by time; an entry whose seq is not
+	// its msgID's any more (remembered again since, or forgotten) is
+	// stale: it goes without taking the newer one with it. Guarded by mu.
+	order []pickedAt
+	seq   uint64       // the last remembered's; guarded by mu
+	n     atomic.Int32 // len(byID): lookup's lock-free check
+}
+
+// remembered is what a sharedPicks holds for one msgID. Its slices are
+// never changed in place, only replaced: lookup hands picks out without
+// a copy.
+type remembered struct {
+	picks []groupPick
+	edges []edgePick
+	seq   uint64 // its entry in order
 }
 
 type pickedAt struct {
-	id MsgID
-	at time.Time
+	id  MsgID
+	at  time.Time
+	seq uint64
 }
 
 // remember records the members of shared groups that took m here (m.picks),
@@ -96,56 +109,74 @@ type pickedAt struct {
 // again, and once it is gone a QoS 2 message would count as committed to
 // a member that never had it, and go to nobody.
 func (p *sharedPicks) remember(m *Message, except []*session) {
+	p.rememberAt(time.Now(), m.ID, m.picks, m.edges, except)
+}
+
+// rememberAt is remember at now, of msgID id whose members picks took it
+// and edges served its groups.
+func (p *sharedPicks) rememberAt(now time.Time, id MsgID, picks []groupPick, edges []edgePick, except []*session) {
 	failed := func(x groupPick) bool {
 		return slices.ContainsFunc(except, func(s *session) bool { return s.id == x.session })
 	}
-	picks := m.picks
 	if len(except) > 0 {
 		picks = slices.DeleteFunc(slices.Clone(picks), failed)
 	}
-	if len(picks) == 0 && len(except) == 0 && len(m.edges) == 0 {
+	if len(picks) == 0 && len(except) == 0 && len(edges) == 0 {
 		return
 	}
-	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pruneLocked(now)
-	if p.byID == nil {
-		p.byID = map[MsgID][]groupPick{}
-	}
-	have, ok := p.byID[m.ID]
-	_, hasEdges := p.edges[m.ID]
-	if len(except) > 0 {
-		have = slices.DeleteFunc(have, failed)
-	}
-	if !ok && !hasEdges && len(picks) == 0 && len(m.edges) == 0 {
+	r, ok := p.byID[id]
+	if !ok && len(picks) == 0 && len(edges) == 0 {
 		return
 	}
+	sameGroup := func(x groupPick) func(groupPick) bool {
+		return func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }
+	}
+	have := r.picks
+	if len(except) > 0 {
+		// A new slice: the one held may be in a lookup's hands.
+		have = slices.DeleteFunc(slices.Clone(have), failed)
+	}
 	for _, x := range picks {
-		if !slices.ContainsFunc(have, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }) {
-			have = append(have, x)
+		if !slices.ContainsFunc(have, sameGroup(x)) {
+			have = append(slices.Clip(have), x)
 		}
 	}
-	p.byID[m.ID] = have
-	if len(m.edges) > 0 {
-		if p.edges == nil {
-			p.edges = map[MsgID][]edgePick{}
-		}
-		p.edges[m.ID] = slices.Clone(m.edges)
+	r.picks = have
+	if len(edges) > 0 {
+		r.edges = slices.Clone(edges)
 	}
-	if !ok && !hasEdges {
-		p.order = append(p.order, pickedAt{m.ID, now})
-		if len(p.order) > sharedPickMax {
-			delete(p.byID, p.order[0].id)
-			delete(p.edges, p.order[0].id)
-			p.order = p.order[1:]
-		}
+	if p.byID == nil {
+		p.byID = map[MsgID]remembered{}
 	}
-	p.n.Store(int32(len(p.byID) + len(p.edges)))
+	// Remembered again, it is kept from now: the message is sent again
+	// after this attempt, not the first.
+	p.seq++
+	r.seq = p.seq
+	p.byID[id] = r
+	p.order = append(p.order, pickedAt{id, now, p.seq})
+	for len(p.order) > sharedPickMax {
+		p.dropLocked(0)
+		p.order = p.order[1:]
+	}
+	p.n.Store(int32(len(p.byID)))
+}
+
+// dropLocked forgets the message of order[i] unless it was remembered
+// again since (a later entry is its own). p.mu must be held.
+func (p *sharedPicks) dropLocked(i int) {
+	e := p.order[i]
+	if r, ok := p.byID[e.id]; ok && r.seq == e.seq {
+		delete(p.byID, e.id)
+	}
+	p.order[i] = pickedAt{} // its msgID's edge name goes with it
 }
 
 // edgesFor returns the edges chosen for the shared groups of msgID id,
-// remembered when its publisher was not acknowledged; nil if none.
+// remembered when its publisher was not acknowledged; nil if none. A
+// copy: the caller records its choices in it (Message.ChoseEdge).
 func (p *sharedPicks) edgesFor(id MsgID) []edgePick {
 	if p.n.Load() == 0 {
 		return nil
@@ -153,7 +184,7 @@ func (p *sharedPicks) edgesFor(id MsgID) []edgePick {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pruneLocked(time.Now())
-	return slices.Clone(p.edges[id])
+	return slices.Clone(p.byID[id].edges)
 }
 
 // forget drops what is remembered for msgID id: its publisher here was
@@ -165,37 +196,44 @@ func (p *sharedPicks) forget(id MsgID) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.byID, id)
-	delete(p.edges, id)
-	// Its place in order goes when it expires.
-	p.n.Store(int32(len(p.byID) + len(p.edges)))
+	// Its entry in order is stale now, and goes in its turn.
+	p.n.Store(int32(len(p.byID)))
 }
 
-// lookup returns the picks remembered for msgID id, nil if none.
+// lookup returns the picks remembered for msgID id, nil if none. Every
+// QoS 1/2 message delivered here looks: the picks are not copied, and
+// must not be changed.
 func (p *sharedPicks) lookup(id MsgID) []groupPick {
+	return p.lookupAt(time.Now(), id)
+}
+
+func (p *sharedPicks) lookupAt(now time.Time, id MsgID) []groupPick {
 	if p.n.Load() == 0 {
 		return nil
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pruneLocked(time.Now())
-	return slices.Clone(p.byID[id])
+	p.pruneLocked(now)
+	return p.byID[id].picks
 }
 
 // pruneLocked forgets what was remembered longer than sharedPickMemory
-// before now. p.mu must be held.
+// before now. p.mu must be held. It costs what it forgets, not what is
+// kept (every lookup prunes): order is resliced past the entries that
+// went, and append moves the ones kept to a new array once the old one
+// is full, leaving the dead prefix behind.
 func (p *sharedPicks) pruneLocked(now time.Time) {
 	n := 0
 	for n < len(p.order) && now.Sub(p.order[n].at) >= sharedPickMemory {
-		delete(p.byID, p.order[n].id)
-		delete(p.edges, p.order[n].id)
+		p.dropLocked(n)
 		n++
 	}
 	if n == 0 {
 		return
 	}
-	p.order = slices.Delete(p.order, 0, n)
+	p.order = p.order[n:]
 	if len(p.order) == 0 {
 		p.order = nil
 	}
-	p.n.Store(int32(len(p.byID) + len(p.edges)))
+	p.n.Store(int32(len(p.byID)))
 }

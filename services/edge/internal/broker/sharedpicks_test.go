@@ -308,3 +308,75 @@ func persistentSubscriber(t *testing.T, addr, client, filter string) *mqtttest.C
 	c.Subscribe(1, filter, 2)
 	return c
 }
+
+// pickedMsg is a QoS 2 message with msgID seq whose member in group G
+// was session.
+func pickedMsg(seq uint64, session string) *Message {
+	return &Message{ID: MsgID{Edge: "other", Incarnation: 1, Seq: seq}, QoS: 2,
+		picks: []groupPick{{name: "G", filter: "g/#", session: session, qos: 2}}}
+}
+
+// A msgID forgotten (its publisher was acknowledged) and remembered again
+// later is kept for sharedPickMemory from the second time: the first
+// entry's expiry does not take the second with it. Remembered again
+// without being forgotten, it is kept from the last time too.
+func TestSharedPicks_RememberedAgainIsKeptFromThen(t *testing.T) {
+	t.Parallel()
+	for _, forget := range []bool{true, false} {
+		t.Run(fmt.Sprintf("forget=%v", forget), func(t *testing.T) {
+			t.Parallel()
+			var p sharedPicks
+			m := pickedMsg(1, "s")
+			t0 := time.Now()
+			p.rememberAt(t0, m.ID, m.picks, nil, nil)
+			if forget {
+				p.forget(m.ID)
+			}
+			t1 := t0.Add(sharedPickMemory / 2)
+			p.rememberAt(t1, m.ID, m.picks, nil, nil)
+			require.Equal(t, m.picks, p.lookupAt(t0.Add(sharedPickMemory), m.ID), "past the first entry's expiry")
+			require.Nil(t, p.lookupAt(t1.Add(sharedPickMemory), m.ID), "past the second's")
+		})
+	}
+}
+
+// BenchmarkSharedPicks_Lookup looks up a msgID in a store of sharedPickMax
+// messages, as every QoS 1/2 message delivered here does. expiring: one
+// expires, and another is remembered, per lookup (the steady state of an
+// edge remembering a few hundred QoS 2 group messages a second); full:
+// nothing expires.
+func BenchmarkSharedPicks_Lookup(b *testing.B) {
+	picks := []groupPick{{name: "G", filter: "g/#", session: "s", qos: 2}}
+	id := func(i int) MsgID { return MsgID{Edge: "other", Incarnation: 1, Seq: uint64(i + sharedPickMax)} }
+	// The oldest expires as the next is remembered, before the bound
+	// would push it out.
+	tick := sharedPickMemory/sharedPickMax + 1
+	base := time.Now()
+	fill := func(p *sharedPicks) {
+		for i := -sharedPickMax; i < 0; i++ {
+			p.rememberAt(base.Add(time.Duration(i)*tick), id(i), picks, nil, nil)
+		}
+	}
+	b.Run("expiring", func(b *testing.B) {
+		var p sharedPicks
+		fill(&p)
+		b.ResetTimer()
+		for i := range b.N {
+			now := base.Add(time.Duration(i) * tick)
+			if p.lookupAt(now, id(i-1)) == nil && i > 0 {
+				b.Fatal("not found")
+			}
+			p.rememberAt(now, id(i), picks, nil, nil)
+		}
+	})
+	b.Run("full", func(b *testing.B) {
+		var p sharedPicks
+		fill(&p)
+		b.ResetTimer()
+		for i := range b.N {
+			if p.lookupAt(base.Add(-tick), id(-1-i%sharedPickMax)) == nil {
+				b.Fatal("not found")
+			}
+		}
+	})
+}
