@@ -73,8 +73,14 @@ type Broker struct {
 	// edges while messages routed here before may still arrive.
 	handed *handedOver
 	// picks remembers the members of shared groups that took messages
-	// that failed here, for their resends.
+	// that failed here, and the edges chosen for QoS 2 messages published
+	// here and not acknowledged, for their resends.
 	picks sharedPicks
+	// delivered remembers the members of shared groups that took QoS 2
+	// messages forwarded here, which their publishers may send again. Kept
+	// apart from picks, with its own bound: it takes every QoS 2 group
+	// message, and would push out the picks of messages that failed.
+	delivered sharedPicks
 	// fencedOwners holds the fenced copies whose owner is looked up in the
 	// background (findFencedOwner).
 	fencedOwners fencedOwners
@@ -721,7 +727,7 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 	serve := b.servesGroup(m, shared)
 	var again []groupPick
 	if m.QoS > 0 {
-		again = b.picks.lookup(m.ID)
+		again = b.pickedBefore(m.ID)
 	}
 	targets := b.index.match(m.Topic, (*tp)[:0], serve, shared.Only, again)
 	defer func() {

@@ -75,7 +75,7 @@ func (d *Deferred) Wait(n int) []error {
 	// Sent again, a failed message goes to the members of shared groups
 	// that took it, not to others (sharedPicks).
 	for m, except := range failedBy {
-		except[0].b.picks.remember(m, except)
+		except[0].b.rememberFailed(m, except)
 	}
 	return errs
 }

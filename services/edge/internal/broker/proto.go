@@ -96,13 +96,7 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// A QoS 2 message can come again also when it did not fail here:
-		// its publisher was not acknowledged for another edge's sake.
-		if len(m.picks) > 0 && (failed != nil || m.QoS == 2) {
-			b.picks.remember(m, nil)
-		}
-	}()
+	defer func() { b.rememberDelivery(m, failed) }()
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		m.span = span
 	}

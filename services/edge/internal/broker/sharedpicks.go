@@ -56,7 +56,8 @@ func (g *shareGroup) member(id string) *subscription {
 // than that may find another member.
 const sharedPickMemory = 2 * time.Minute
 
-// sharedPickMax bounds the messages remembered: past it the oldest go.
+// sharedPickMax bounds the messages one sharedPicks remembers: past it the
+// oldest go.
 const sharedPickMax = 1 << 16
 
 // A QoS 2 message is sent again also when it did not fail here: its
@@ -70,6 +71,13 @@ const sharedPickMax = 1 << 16
 // Everything remembered goes after sharedPickMemory, or past
 // sharedPickMax, whichever comes first: a receiving edge cannot tell when
 // the publisher was acknowledged.
+//
+// The members of QoS 2 messages delivered are remembered apart from those
+// of messages that failed (Broker.delivered, Broker.picks), each with its
+// own bound: every QoS 2 group message delivered is remembered, and past
+// about sharedPickMax/ForwardBound of them a second (2.2k/s at 30 s) they
+// would push the pick of a message that failed out before its resend came,
+// and the resend would go to a second member.
 
 // sharedPicks remembers, by msgID, the members that took messages that
 // then failed here (see above), and the edges chosen for the groups of
@@ -236,4 +244,50 @@ func (p *sharedPicks) pruneLocked(now time.Time) {
 		p.order = nil
 	}
 	p.n.Store(int32(len(p.byID)))
+}
+
+// rememberFailed remembers the members that took m, which failed here
+// once the writes of the sessions in except failed (Deferred.Wait). Those
+// sessions are forgotten as the members that took it also where m was
+// remembered as delivered (DeliverForwarded returned before the writes
+// were settled): they never had it.
+func (b *Broker) rememberFailed(m *Message, except []*session) {
+	b.picks.remember(m, except)
+	if len(except) > 0 {
+		b.delivered.rememberAt(time.Now(), m.ID, nil, nil, except)
+	}
+}
+
+// pickedBefore returns the members of shared groups that took msgID id
+// before: those remembered when it failed here and, for the other groups,
+// those of its QoS 2 delivery. Not to be changed (lookup).
+func (b *Broker) pickedBefore(id MsgID) []groupPick {
+	failed, took := b.picks.lookup(id), b.delivered.lookup(id)
+	if len(took) == 0 {
+		return failed
+	}
+	if len(failed) == 0 {
+		return took
+	}
+	out := slices.Clip(failed) // appended to: a copy
+	for _, x := range took {
+		if !slices.ContainsFunc(failed, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// rememberDelivery remembers the members of shared groups that took
+// forwarded message m here, for its resend: m failed here, or is QoS 2,
+// which can come again also when it did not fail here (its publisher was
+// not acknowledged for another edge's sake).
+func (b *Broker) rememberDelivery(m *Message, failed error) {
+	switch {
+	case len(m.picks) == 0:
+	case failed != nil:
+		b.picks.remember(m, nil)
+	case m.QoS == 2:
+		b.delivered.remember(m, nil)
+	}
 }

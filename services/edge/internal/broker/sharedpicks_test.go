@@ -316,6 +316,24 @@ func pickedMsg(seq uint64, session string) *Message {
 		picks: []groupPick{{name: "G", filter: "g/#", session: session, qos: 2}}}
 }
 
+// The member of a group message that failed here is remembered for its
+// resend however many QoS 2 group messages are delivered meanwhile: each
+// of those is remembered too (its publisher may send it again), and above
+// sharedPickMax of them within the forward bound they pushed the failed
+// one's member out, and its resend went to a second member.
+func TestSharedPicks_FailedPickOutlivesManyDeliveries(t *testing.T) {
+	t.Parallel()
+	b := &Broker{}
+	failed := pickedMsg(1, "took-it")
+	b.rememberDelivery(failed, errors.New("a relay failed"))
+	for i := range uint64(sharedPickMax + 1) {
+		b.rememberDelivery(pickedMsg(2+i, "other"), nil)
+	}
+	require.Equal(t, failed.picks, b.pickedBefore(failed.ID), "the failed message's member is remembered")
+	delivered := pickedMsg(sharedPickMax+2, "")
+	require.Equal(t, "other", b.pickedBefore(delivered.ID)[0].session, "and the last delivery's")
+}
+
 // A msgID forgotten (its publisher was acknowledged) and remembered again
 // later is kept for sharedPickMemory from the second time: the first
 // entry's expiry does not take the second with it. Remembered again
@@ -379,4 +397,18 @@ func BenchmarkSharedPicks_Lookup(b *testing.B) {
 			}
 		}
 	})
+}
+
+// A QoS 2 group message delivered here whose member's deferred write
+// then fails (DeliverForwarded returned before Deferred.Wait) never
+// reached that member: it is not remembered as the member that took it,
+// also not as that of a delivery.
+func TestSharedPicks_DeliveredMemberWhoseWriteFailedIsForgotten(t *testing.T) {
+	t.Parallel()
+	b := &Broker{}
+	m := pickedMsg(1, "failed-write")
+	m.picks = append(m.picks, groupPick{name: "H", filter: "g/#", session: "wrote", qos: 2})
+	b.rememberDelivery(m, nil)
+	b.rememberFailed(m, []*session{{id: "failed-write"}})
+	require.Equal(t, []groupPick{{name: "H", filter: "g/#", session: "wrote", qos: 2}}, b.pickedBefore(m.ID))
 }
