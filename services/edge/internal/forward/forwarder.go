@@ -518,13 +518,16 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 
 // pickFor is pick for m. A QoS 2 message goes to the edge chosen for the
 // group before (a DUP resend of a publish that was not acknowledged, or m
-// routed again: broker.Message.EdgeFor), while that edge still has
-// members: that edge's member may have it already, and another edge would
-// give it to a second member of the group ([MQTT-4.8.2-5]). When that
-// edge left the cluster without taking m, the group's edge is picked
-// afresh, another than the one that left if the routes name another
-// still. The choice is recorded on m, for the broker to remember if the
-// publish is not acknowledged.
+// routed again: broker.Message.EdgeFor): that edge's member may have it
+// already, and another edge would give it to a second member of the group
+// ([MQTT-4.8.2-5]). It goes there also when that edge lists no member of
+// the group any more, while the edge is live: the member that had it may
+// have gone since, and the edge serves the group by nobody (the member
+// that took it is remembered there). Only when that edge left the cluster
+// without taking m, or left since, is the group's edge picked afresh,
+// another than the one that left if the routes name another still. The
+// choice is recorded on m, for the broker to remember if the publish is
+// not acknowledged.
 func (f *Forwarder) pickFor(m *broker.Message, tenant string, g GroupRoute) Peer {
 	if m.QoS != 2 {
 		return f.pick(tenant, g)
@@ -534,6 +537,9 @@ func (f *Forwarder) pickFor(m *broker.Message, tenant string, g GroupRoute) Peer
 	if ok && !before.Left {
 		if i := slices.IndexFunc(g.Edges, func(p Peer) bool { return p.ID == before.Edge }); i >= 0 {
 			return g.Edges[i]
+		}
+		if p, live := f.livePeer(before); live {
+			return p
 		}
 	}
 	if ok && before.Left && len(g.Edges) > 1 {
@@ -547,6 +553,30 @@ func (f *Forwarder) pickFor(m *broker.Message, tenant string, g GroupRoute) Peer
 	p := f.pick(tenant, g)
 	m.ChoseEdge(key, p.ID, p.Incarnation)
 	return p
+}
+
+// livePeer returns the peer of edge choice c while that edge, in the
+// incarnation chosen, is a live member of the cluster. This edge is.
+func (f *Forwarder) livePeer(c broker.EdgeChoice) (Peer, bool) {
+	if c.Edge == f.Self {
+		return Peer{ID: f.Self}, true
+	}
+	if f.URLs == nil {
+		return Peer{}, false
+	}
+	url, ok := f.URLs.URL(c.Edge)
+	if !ok {
+		return Peer{}, false
+	}
+	p := Peer{ID: c.Edge, URL: url, Incarnation: c.Incarnation}
+	if m, ok := f.URLs.(incarnations); ok {
+		live, ok := m.Incarnation(c.Edge)
+		if !ok || c.Incarnation != 0 && live != c.Incarnation {
+			return Peer{}, false // the incarnation chosen left: it restarted since
+		}
+		p.Incarnation = live
+	}
+	return p, true
 }
 
 // hold asks the peer to report what becomes of a QoS 1 message's group
