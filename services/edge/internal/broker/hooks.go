@@ -265,6 +265,11 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
+	} else if s, c := b.session(cl.ID), b.conn(cl); s != nil && c != nil {
+		// Before the old connection is detached: one whose CONNACK is out
+		// and whose bind is to come (it may come at any point from here,
+		// detached or not) is refused under this claim's epoch.
+		s.claimed(c.epoch)
 	}
 	if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
 		if oc := b.conn(old); oc != nil {
@@ -279,12 +284,6 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		if !pk.Connect.Clean {
 			if s := b.session(cl.ID); s != nil {
 				s.detach(old)
-				if c := b.conn(cl); c != nil {
-					// The old connection may not be bound yet (its
-					// CONNACK is out, its bind to come): under this
-					// claim's epoch its late bind is refused.
-					s.claimed(c.epoch)
-				}
 			}
 		}
 	}
@@ -361,6 +360,11 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		s.detach(prev)
 	}
 	if !s.bind(cl, c.rules.Load(), persistent(cl), window, c.epoch) {
+		if cl.Closed() && !cl.IsTakenOver() {
+			// Gone by itself before its bind: its OnDisconnect ends it
+			// as any connection's end, will included.
+			return false
+		}
 		// Its CONNACK went out before this hook ran, and a newer CONNECT
 		// of the client, bound already, took the session over meanwhile:
 		// binding now would leave the session on a closed connection.

@@ -192,3 +192,28 @@ func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *test
 	require.NoError(t, b.Publish("default", "late/x", []byte("p"), 1, false))
 	require.Equal(t, []byte("p"), newer.Expect(packets.Publish).Payload)
 }
+
+// A connection closed before its bind came (a newer CONNECT of the client
+// took it over, or the client went) does not bind the session: it would
+// take the session's resends and queue into a closed socket.
+func TestBroker_LateBindOfAClosedConnectionIsRefused(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	id := b.mustScope(t, "default").ClientID("closed")
+	old := mqtttest.Dial(t, addr, 5)
+	old.Connect("closed", false, persistentSession)
+	waitBound(t, b, id)
+	oldCl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	oldConn := b.conn(oldCl)
+	require.NotNil(t, oldConn)
+	s := b.session(id)
+	require.True(t, s.unbind(oldCl), "as if its bind were still to come")
+	require.NoError(t, old.Conn.Close())
+	require.Eventually(t, oldCl.Closed, 5*time.Second, time.Millisecond)
+
+	require.False(t, b.bindEstablished(oldCl, oldConn))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Nil(t, s.client)
+}

@@ -658,7 +658,10 @@ func (s *session) settle(p *durable.Pending, m *Message) error {
 // newer CONNECT took the session from while it was being established.
 func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int, epoch uint64) bool {
 	s.mu.Lock()
-	if s.epoch > epoch {
+	// A closed connection (taken over by a newer CONNECT of the client
+	// whose own bind is still to come) would take the session's resends
+	// and queue with it.
+	if s.epoch > epoch || cl.Closed() {
 		s.mu.Unlock()
 		return false
 	}
@@ -728,13 +731,16 @@ func (s *session) detach(old *mqtt.Client) {
 		s.wakeLocked()
 		s.nudgeWriterLocked() // it stops
 	}
+	// A writer running now is old's (or an earlier connection's, still
+	// stopping), unless a newer connection is bound: that one's goes on.
+	wait := s.client == nil
 	s.mu.Unlock()
 	// Bound a write stuck on the old socket, then wait for the writer.
 	if old.Net.Conn != nil {
 		_ = old.Net.Conn.SetWriteDeadline(time.Now().Add(time.Second))
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for {
+	for wait {
 		s.mu.Lock()
 		writing := s.writing
 		s.mu.Unlock()
