@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -93,14 +94,8 @@ func TestBroker_OfflineQueueBounds(t *testing.T) {
 func TestBroker_LateBindOfATakenOverConnectionKeepsTheNewer(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	id := b.mustScope(t, "default").ClientID("late")
-	old := mqtttest.Dial(t, addr, 5)
-	old.Connect("late", false, persistentSession)
-	waitBound(t, b, id)
-	oldCl, ok := b.server.Clients.Get(id)
-	require.True(t, ok)
-	oldConn := b.conn(oldCl)
-	require.NotNil(t, oldConn)
+	_, oldCl, oldConn := boundConnection(t, b, addr, "late")
+	id := oldCl.ID
 
 	newer := mqtttest.Dial(t, addr, 5)
 	newer.Connect("late", false, persistentSession)
@@ -156,15 +151,9 @@ func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *test
 	open := sync.OnceFunc(func() { close(gate.release) })
 	t.Cleanup(open)
 	addr := serveTCP(t, b)
-	id := b.mustScope(t, "default").ClientID("late")
-	old := mqtttest.Dial(t, addr, 5)
-	old.Connect("late", false, persistentSession)
+	old, oldCl, oldConn := boundConnection(t, b, addr, "late")
 	old.Subscribe(1, "late/x", 1)
-	waitBound(t, b, id)
-	oldCl, ok := b.server.Clients.Get(id)
-	require.True(t, ok)
-	oldConn := b.conn(oldCl)
-	require.NotNil(t, oldConn)
+	id := oldCl.ID
 	s := b.session(id)
 	require.True(t, s.unbind(oldCl), "as if its bind were still to come")
 
@@ -199,14 +188,8 @@ func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *test
 func TestBroker_LateBindOfAClosedConnectionIsRefused(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
-	id := b.mustScope(t, "default").ClientID("closed")
-	old := mqtttest.Dial(t, addr, 5)
-	old.Connect("closed", false, persistentSession)
-	waitBound(t, b, id)
-	oldCl, ok := b.server.Clients.Get(id)
-	require.True(t, ok)
-	oldConn := b.conn(oldCl)
-	require.NotNil(t, oldConn)
+	old, oldCl, oldConn := boundConnection(t, b, addr, "closed")
+	id := oldCl.ID
 	s := b.session(id)
 	require.True(t, s.unbind(oldCl), "as if its bind were still to come")
 	require.NoError(t, old.Conn.Close())
@@ -216,4 +199,19 @@ func TestBroker_LateBindOfAClosedConnectionIsRefused(t *testing.T) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	require.Nil(t, s.client)
+}
+
+// boundConnection connects client with a persistent session and returns
+// its connection once the session is bound to it, as the broker sees it.
+func boundConnection(t *testing.T, b *Broker, addr, client string) (*mqtttest.Client, *mqtt.Client, *conn) {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect(client, false, persistentSession)
+	id := b.mustScope(t, "default").ClientID(client)
+	waitBound(t, b, id)
+	cl, ok := b.server.Clients.Get(id)
+	require.True(t, ok)
+	cn := b.conn(cl)
+	require.NotNil(t, cn)
+	return c, cl, cn
 }
