@@ -29,18 +29,7 @@ func TestForward_QoS2ResendAfterPartialForwardDeliveredOnce(t *testing.T) {
 	sub.Connect("sub", true, packets.Properties{})
 	require.Equal(t, []byte{2}, sub.Subscribe(1, "t/x", 2).ReasonCodes)
 
-	publish := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 7,
-		TopicName: "t/x", Payload: []byte("once")}
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	pub.Connect("pub", false, packets.Properties{}) // a persistent session: it resends
-	pub.Send(publish)
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		if err != nil {
-			break // disconnected unacknowledged
-		}
-		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "acknowledged although edge C did not take it")
-	}
+	publish := publishUnacknowledged(t, a.mqtt, "C")
 	got := sub.Expect(packets.Publish)
 	require.Equal(t, []byte("once"), got.Payload)
 	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: got.PacketID})
@@ -50,7 +39,7 @@ func TestForward_QoS2ResendAfterPartialForwardDeliveredOnce(t *testing.T) {
 	// Edge C's routes are gone now; the client comes back and sends the
 	// message again.
 	routes.setEdges(Peer{ID: "edge-b", URL: b.api.URL})
-	pub = mqtttest.Dial(t, a.mqtt, 4)
+	pub := mqtttest.Dial(t, a.mqtt, 4)
 	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
 	publish.FixedHeader.Dup = true
 	pub.Send(publish)
@@ -90,23 +79,12 @@ func TestForward_QoS2GroupResendGoesToTheSameEdge(t *testing.T) {
 		members = append(members, m)
 	}
 
-	publish := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 7,
-		TopicName: "t/x", Payload: []byte("once")}
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	pub.Connect("pub", false, packets.Properties{}) // a persistent session: it resends
-	pub.Send(publish)
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		if err != nil {
-			break // disconnected unacknowledged
-		}
-		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "acknowledged although edge D did not take it")
-	}
+	publish := publishUnacknowledged(t, a.mqtt, "D")
 
 	// Edge D's routes are gone now; the client comes back and sends the
 	// message again.
 	routes.set(Route{Groups: []GroupRoute{group}}, "")
-	pub = mqtttest.Dial(t, a.mqtt, 4)
+	pub := mqtttest.Dial(t, a.mqtt, 4)
 	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
 	publish.FixedHeader.Dup = true
 	pub.Send(publish)
@@ -161,18 +139,7 @@ func TestForward_QoS2GroupResendGoesToTheEdgeThatTookItAfterItsMemberWent(t *tes
 		members[id] = m
 	}
 
-	publish := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 7,
-		TopicName: "t/x", Payload: []byte("once")}
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	pub.Connect("pub", false, packets.Properties{}) // a persistent session: it resends
-	pub.Send(publish)
-	for {
-		pk, err := pub.Read(5 * time.Second)
-		if err != nil {
-			break // disconnected unacknowledged
-		}
-		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "acknowledged although edge D did not take it")
-	}
+	publish := publishUnacknowledged(t, a.mqtt, "D")
 	took, other := "", ""
 	for id, m := range members {
 		if _, err := m.Read(300 * time.Millisecond); err == nil {
@@ -191,11 +158,31 @@ func TestForward_QoS2GroupResendGoesToTheEdgeThatTookItAfterItsMemberWent(t *tes
 	require.False(t, again.Connect("member", true, packets.Properties{}).SessionPresent)
 	time.Sleep(200 * time.Millisecond)
 	routes.set(Route{Groups: []GroupRoute{{Name: "g", Filter: "t/x", Edges: []Peer{peers[other]}}}}, "")
-	pub = mqtttest.Dial(t, a.mqtt, 4)
+	pub := mqtttest.Dial(t, a.mqtt, 4)
 	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
 	publish.FixedHeader.Dup = true
 	pub.Send(publish)
 	require.Equal(t, uint16(7), pub.Expect(packets.Pubrec).PacketID)
 	_, err := members[other].Read(500 * time.Millisecond)
 	require.Error(t, err, "the group's member on the other edge gets no second copy")
+}
+
+// publishUnacknowledged publishes "once" on t/x at QoS 2 (packet ID 7) from
+// a persistent session at addr, and reads until the edge disconnects it
+// without a PUBREC, as it must while edge missing has not taken the
+// message. It returns the PUBLISH, for the client to send again.
+func publishUnacknowledged(t *testing.T, addr, missing string) packets.Packet {
+	t.Helper()
+	publish := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 7,
+		TopicName: "t/x", Payload: []byte("once")}
+	pub := mqtttest.Dial(t, addr, 4)
+	pub.Connect("pub", false, packets.Properties{}) // a persistent session: it resends
+	pub.Send(publish)
+	for {
+		pk, err := pub.Read(5 * time.Second)
+		if err != nil {
+			return publish // disconnected unacknowledged
+		}
+		require.NotEqual(t, packets.Pubrec, pk.FixedHeader.Type, "acknowledged although edge "+missing+" did not take it")
+	}
 }
