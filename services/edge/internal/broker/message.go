@@ -55,56 +55,33 @@ type Message struct {
 // edgePick is the edge chosen to serve one shared group for a message.
 type edgePick struct {
 	group GroupKey // outside form
-	EdgeChoice
-}
-
-// EdgeChoice is the edge chosen to serve a shared group for a message,
-// and what became of it.
-type EdgeChoice struct {
-	Edge        string
-	Incarnation uint64 // the edge's when chosen (0: not known)
-	// Left is set when the edge left the cluster without taking the
-	// message ([ErrEdgeLeft]): none of its members has it. Not set, the
-	// edge took it, or may have (it did not answer in time).
-	Left bool
+	edge  string
 }
 
 // EdgeFor returns the edge chosen before to serve shared group g (in the
-// tenant's outside form) for m, false if none: a QoS 2 message sent again
-// by a publisher that was not acknowledged goes to the edge its first
-// copy went to, whose member may have it already. Another edge would give
-// it to a second member of the group ([MQTT-4.8.2-5], invariant 2).
-func (m *Message) EdgeFor(g GroupKey) (EdgeChoice, bool) {
+// tenant's outside form) for m, "" if none: a QoS 2 message sent again by
+// a publisher that was not acknowledged goes to the edge its first copy
+// went to, whose member may have it already. Another edge would give it
+// to a second member of the group ([MQTT-4.8.2-5], invariant 2).
+func (m *Message) EdgeFor(g GroupKey) string {
 	for _, p := range m.edges {
 		if p.group == g {
-			return p.EdgeChoice, true
+			return p.edge
 		}
 	}
-	return EdgeChoice{}, false
+	return ""
 }
 
-// ChoseEdge records that the edge of incarnation serves shared group g
-// for m (see EdgeFor). The forwarder records its choices for QoS 2
-// messages as it makes them.
-func (m *Message) ChoseEdge(g GroupKey, edge string, incarnation uint64) {
-	c := EdgeChoice{Edge: edge, Incarnation: incarnation}
+// ChoseEdge records that edge serves shared group g for m (see EdgeFor).
+// The forwarder records its choices for QoS 2 messages as it makes them.
+func (m *Message) ChoseEdge(g GroupKey, edge string) {
 	for i := range m.edges {
 		if m.edges[i].group == g {
-			m.edges[i].EdgeChoice = c
+			m.edges[i].edge = edge
 			return
 		}
 	}
-	m.edges = append(m.edges, edgePick{group: g, EdgeChoice: c})
-}
-
-// EdgeLeft records that the edge chosen to serve shared group g for m
-// left the cluster without taking it (see EdgeChoice.Left).
-func (m *Message) EdgeLeft(g GroupKey) {
-	for i := range m.edges {
-		if m.edges[i].group == g {
-			m.edges[i].Left = true
-		}
-	}
+	m.edges = append(m.edges, edgePick{group: g, edge: edge})
 }
 
 // Span returns the message's sampled span, nil when it is not traced.

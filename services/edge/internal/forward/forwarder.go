@@ -311,18 +311,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !wait {
 		return nil, local, nil
 	}
-	var left func(*pending)
-	if m.QoS == 2 && len(groups) > 0 {
-		// The groups of a peer that left without taking m are picked
-		// afresh when m is routed or sent again (pickFor). A pending's
-		// groups are those chosen for its peer in this call.
-		left = func(p *pending) {
-			for _, g := range p.msg.GetShared() {
-				m.EdgeLeft(broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
-			}
-		}
-	}
-	return func() error { return waitTaken(ctx, deadline, f.bound(), sent, left) }, local, nil
+	return func() error { return waitTaken(ctx, deadline, f.bound(), sent) }, local, nil
 }
 
 // route resolves where a message on (tenant, topic) goes; under
@@ -351,12 +340,11 @@ func (f *Forwarder) route(ctx context.Context, tenant, topic string) (Route, err
 // When only peers that left the cluster failed, the error is a
 // [*broker.NotTaken] naming the groups they were to serve: a peer that did
 // not take the message committed it to no member, and what the link kept
-// of it is not re-dispatched (that is for messages a peer took). left, if
-// set, is called with each message such a peer did not take.
-func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sent []*pending, left func(*pending)) error {
+// of it is not re-dispatched (that is for messages a peer took).
+func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sent []*pending) error {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	var notTaken *broker.NotTaken
+	var left *broker.NotTaken
 	var owed, served []broker.GroupKey // by their own members (unsettled routes)
 	for _, p := range sent {
 		select {
@@ -368,14 +356,11 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 			if !errors.Is(err, broker.ErrEdgeLeft) {
 				return err
 			}
-			if notTaken == nil {
-				notTaken = &broker.NotTaken{Err: err}
+			if left == nil {
+				left = &broker.NotTaken{Err: err}
 			}
 			for _, g := range p.msg.GetShared() {
-				notTaken.Groups = append(notTaken.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
-			}
-			if left != nil {
-				left(p)
+				left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
 			}
 			owed = append(owed, p.owes...)
 		case <-t.C:
@@ -384,13 +369,13 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 			return ctx.Err()
 		}
 	}
-	if notTaken != nil {
+	if left != nil {
 		for _, g := range owed {
-			if !slices.Contains(served, g) && !slices.Contains(notTaken.Groups, g) {
-				notTaken.Groups = append(notTaken.Groups, g)
+			if !slices.Contains(served, g) && !slices.Contains(left.Groups, g) {
+				left.Groups = append(left.Groups, g)
 			}
 		}
-		return notTaken
+		return left
 	}
 	return nil
 }
@@ -517,66 +502,24 @@ func (f *Forwarder) pick(tenant string, g GroupRoute) Peer {
 }
 
 // pickFor is pick for m. A QoS 2 message goes to the edge chosen for the
-// group before (a DUP resend of a publish that was not acknowledged, or m
-// routed again: broker.Message.EdgeFor): that edge's member may have it
-// already, and another edge would give it to a second member of the group
-// ([MQTT-4.8.2-5]). It goes there also when that edge lists no member of
-// the group any more, while the edge is live: the member that had it may
-// have gone since, and the edge serves the group by nobody (the member
-// that took it is remembered there). Only when that edge left the cluster
-// without taking m, or left since, is the group's edge picked afresh,
-// another than the one that left if the routes name another still. The
-// choice is recorded on m, for the broker to remember if the publish is
-// not acknowledged.
+// group before (a DUP resend of a publish that was not acknowledged:
+// broker.Message.EdgeFor), while that edge still has members: that edge's
+// member may have it already, and another edge would give it to a second
+// member of the group ([MQTT-4.8.2-5]). The choice is recorded on m, for
+// the broker to remember if the publish is not acknowledged.
 func (f *Forwarder) pickFor(m *broker.Message, tenant string, g GroupRoute) Peer {
 	if m.QoS != 2 {
 		return f.pick(tenant, g)
 	}
 	key := broker.GroupKey{Name: g.Name, Filter: g.Filter}
-	before, ok := m.EdgeFor(key)
-	if ok && !before.Left {
-		if i := slices.IndexFunc(g.Edges, func(p Peer) bool { return p.ID == before.Edge }); i >= 0 {
+	if id := m.EdgeFor(key); id != "" {
+		if i := slices.IndexFunc(g.Edges, func(p Peer) bool { return p.ID == id }); i >= 0 {
 			return g.Edges[i]
-		}
-		if p, live := f.livePeer(before); live {
-			return p
-		}
-	}
-	if ok && before.Left && len(g.Edges) > 1 {
-		// The routes of an edge that left outlive it for a while: chosen
-		// again, it would fail again until they go.
-		others := slices.DeleteFunc(slices.Clone(g.Edges), func(p Peer) bool { return p.ID == before.Edge })
-		if len(others) > 0 {
-			g.Edges = others
 		}
 	}
 	p := f.pick(tenant, g)
-	m.ChoseEdge(key, p.ID, p.Incarnation)
+	m.ChoseEdge(key, p.ID)
 	return p
-}
-
-// livePeer returns the peer of edge choice c while that edge, in the
-// incarnation chosen, is a live member of the cluster. This edge is.
-func (f *Forwarder) livePeer(c broker.EdgeChoice) (Peer, bool) {
-	if c.Edge == f.Self {
-		return Peer{ID: f.Self}, true
-	}
-	if f.URLs == nil {
-		return Peer{}, false
-	}
-	url, ok := f.URLs.URL(c.Edge)
-	if !ok {
-		return Peer{}, false
-	}
-	p := Peer{ID: c.Edge, URL: url, Incarnation: c.Incarnation}
-	if m, ok := f.URLs.(incarnations); ok {
-		live, ok := m.Incarnation(c.Edge)
-		if !ok || c.Incarnation != 0 && live != c.Incarnation {
-			return Peer{}, false // the incarnation chosen left: it restarted since
-		}
-		p.Incarnation = live
-	}
-	return p, true
 }
 
 // hold asks the peer to report what becomes of a QoS 1 message's group

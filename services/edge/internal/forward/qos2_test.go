@@ -104,69 +104,6 @@ func TestForward_QoS2GroupResendGoesToTheSameEdge(t *testing.T) {
 	require.Equal(t, 1, got, "one member of the group gets it, once")
 }
 
-// staticURLs are the live edges' URLs (Forwarder.URLs).
-type staticURLs map[string]string
-
-func (u staticURLs) URL(edgeID string) (string, bool) {
-	url, ok := u[edgeID]
-	return url, ok
-}
-
-// A QoS 2 publish for a shared group, not acknowledged because another
-// edge did not take it, is sent again by its client after the group's
-// member that got it ended its session (its edge lists no member of the
-// group any more): the resend goes to that edge anyway, which serves the
-// group by nobody (the message was committed to the member that had it),
-// not to the group's member on another edge, which would get it a second
-// time.
-func TestForward_QoS2GroupResendGoesToTheEdgeThatTookItAfterItsMemberWent(t *testing.T) {
-	t.Parallel()
-	a, b, c, gone := startEdge(t, "edge-a"), startEdge(t, "edge-b"), startEdge(t, "edge-c"), startEdge(t, "edge-d")
-	goneURL := gone.api.URL
-	gone.api.Close() // edge D takes nothing
-	peers := map[string]Peer{"edge-b": {ID: "edge-b", URL: b.api.URL}, "edge-c": {ID: "edge-c", URL: c.api.URL}}
-	group := GroupRoute{Name: "g", Filter: "t/x", Edges: []Peer{peers["edge-b"], peers["edge-c"]}}
-	routes := &switchRoutes{}
-	routes.set(Route{Edges: []Peer{{ID: "edge-d", URL: goneURL}}, Groups: []GroupRoute{group}}, "")
-	_, inc := a.b.ID()
-	runForwarder(t, a, &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return inc }, Resolver: routes,
-		URLs: staticURLs{"edge-b": b.api.URL, "edge-c": c.api.URL}, Bound: time.Second, Logger: testutil.Logger(t)})
-	members := map[string]*mqtttest.Client{}
-	for id, e := range map[string]*edge{"edge-b": b, "edge-c": c} {
-		m := mqtttest.Dial(t, e.mqtt, 5)
-		m.Connect("member", true, packets.Properties{})
-		require.Equal(t, []byte{2}, m.Subscribe(1, "$share/g/t/x", 2).ReasonCodes)
-		members[id] = m
-	}
-
-	publish := publishUnacknowledged(t, a.mqtt, "D")
-	took, other := "", ""
-	for id, m := range members {
-		if _, err := m.Read(300 * time.Millisecond); err == nil {
-			took = id
-		} else {
-			other = id
-		}
-	}
-	require.NotEmpty(t, took, "a member got it")
-	require.NotEmpty(t, other, "one member got it")
-
-	// The member that got it ends its session; its edge's group route goes,
-	// and so do edge D's routes. The publisher comes back and sends again.
-	members[took].Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
-	again := mqtttest.Dial(t, map[string]*edge{"edge-b": b, "edge-c": c}[took].mqtt, 5)
-	require.False(t, again.Connect("member", true, packets.Properties{}).SessionPresent)
-	time.Sleep(200 * time.Millisecond)
-	routes.set(Route{Groups: []GroupRoute{{Name: "g", Filter: "t/x", Edges: []Peer{peers[other]}}}}, "")
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	require.True(t, pub.Connect("pub", false, packets.Properties{}).SessionPresent)
-	publish.FixedHeader.Dup = true
-	pub.Send(publish)
-	require.Equal(t, uint16(7), pub.Expect(packets.Pubrec).PacketID)
-	_, err := members[other].Read(500 * time.Millisecond)
-	require.Error(t, err, "the group's member on the other edge gets no second copy")
-}
-
 // publishUnacknowledged publishes "once" on t/x at QoS 2 (packet ID 7) from
 // a persistent session at addr, and reads until the edge disconnects it
 // without a PUBREC, as it must while edge missing has not taken the

@@ -273,31 +273,3 @@ func TestForward_StaleRouteWaitsForLiveEdges(t *testing.T) {
 	rc.fwd.PeerGone("edge-b")
 	expectClosedUnacknowledged(t, pub, 5*time.Second)
 }
-
-// A QoS 2 group message whose chosen edge left before taking it goes to
-// the group's member on another edge when routed again, also while the
-// routes still name the edge that left among the group's: it did not take
-// the message, so no member of the group has it, and chosen again it
-// would fail again until the bound.
-func TestForward_QoS2GroupOfAnEdgeThatLeftGoesToAnotherEdge(t *testing.T) {
-	t.Parallel()
-	rc := startRerouteCluster(t, 20*time.Second)
-	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
-	rc.routes.set(Route{Groups: []GroupRoute{group}}, "")
-	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
-	pub.Connect("pub", true, packets.Properties{})
-	pub.Publish(1, "t/x", 2, []byte("x"))
-	_, err := pub.Read(300 * time.Millisecond)
-	require.Error(t, err, "nothing while edge-b may still take it")
-
-	// A member joins on edge-c, and edge-b leaves; its group route stays
-	// for a while.
-	member := mqtttest.Dial(t, rc.c.mqtt, 5)
-	member.Connect("member", true, packets.Properties{})
-	member.Subscribe(1, "$share/g/t/+", 2)
-	group.Edges = []Peer{rc.peerB(), rc.peerC()}
-	rc.routes.set(Route{Groups: []GroupRoute{group}}, "")
-	rc.fwd.PeerGone("edge-b")
-	require.Equal(t, packets.Pubrec, pub.Expect(packets.Pubrec).FixedHeader.Type)
-	require.Equal(t, "x", string(member.Expect(packets.Publish).Payload))
-}
