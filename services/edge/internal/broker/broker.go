@@ -89,6 +89,13 @@ type Broker struct {
 	importLocks [importStripes]sync.Mutex
 	// claiming serialises this edge's claims of each session.
 	claiming sessionLocks
+	// establishing serialises, per client ID, a CONNECT's steps from
+	// OnSessionEstablish to its session's bind (or its end): mochi writes
+	// the CONNACK between the two and binds nothing itself, so a second
+	// CONNECT of the client in between would take the session over from a
+	// connection not yet bound, and mochi's own takeover could then pick
+	// the newer connection as the one to close.
+	establishing sessionLocks
 	// records serialises the writes of each session's subscription records
 	// (session.storeRecord). Lock order: records before session.mu.
 	records sessionLocks
@@ -154,6 +161,9 @@ type conn struct {
 	// connection then never held the session.
 	guard      *claimGuard
 	superseded atomic.Bool
+	// establishDone releases the client's establishing lock (Broker),
+	// once: at the bind, or at the end of a connection never bound.
+	establishDone atomic.Pointer[func()]
 	// expiry disconnects the client when its credentials expire.
 	expiry   *time.Timer
 	pubACL   map[string]bool
@@ -166,6 +176,13 @@ type conn struct {
 	// lookups holds, per topic, the last of the publishes routed off the
 	// read loop (routeBehind) while it is routed.
 	lookups lookupChains
+}
+
+// releaseEstablishing lets the client's next CONNECT be established.
+func (c *conn) releaseEstablishing() {
+	if done := c.establishDone.Load(); done != nil {
+		(*done)()
+	}
 }
 
 // New builds a broker; Serve starts it.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -262,6 +263,19 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // same client ID. A clean start ends the old session here.
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b := h.b
+	if c := b.conn(cl); c != nil {
+		// Until this connection is bound or gone (establishDone): an older
+		// CONNECT of the client still being established goes first.
+		ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
+		unlock, err := b.establishing.lock(ctx, cl.ID)
+		cancel()
+		if err != nil {
+			b.logger.Warn("another connection of the client still being established; going on", "client_id", cl.ID)
+		} else {
+			done := sync.OnceFunc(unlock)
+			c.establishDone.Store(&done)
+		}
+	}
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
@@ -326,6 +340,7 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		g.mu.Unlock()
 		// After the unlock: supersede takes the guards' lock, then g's.
 		b.claimDone(cl.ID, g, c.epoch)
+		c.releaseEstablishing()
 	}()
 	if g.supersededBy > c.epoch {
 		b.dropSuperseded(cl, c, "session taken over by another edge while connecting; disconnecting")
@@ -404,8 +419,10 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	c := v.(*conn)
 	// A connection that ended before it was bound (its CONNACK could not be
-	// written) leaves no claim in flight: relays would wait on it.
+	// written) leaves no claim in flight: relays would wait on it, nor a
+	// CONNECT of the client waiting to be established.
 	b.claimDone(cl.ID, c.guard, c.epoch)
+	c.releaseEstablishing()
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}

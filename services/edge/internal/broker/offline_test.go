@@ -215,3 +215,45 @@ func boundConnection(t *testing.T, b *Broker, addr, client string) (*mqtttest.Cl
 	require.NotNil(t, cn)
 	return c, cl, cn
 }
+
+// A CONNECT of a client whose earlier CONNECT is still being established
+// (storing its session, before its CONNACK and bind) waits for it: run at
+// once, mochi's takeover of the earlier one, when it came, picked the
+// newer connection as the one to close, and neither kept the session.
+func TestBroker_ConnectWaitsForTheClientsConnectBeingEstablished(t *testing.T) {
+	t.Parallel()
+	gate := &putSessionGate{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	open := sync.OnceFunc(func() { close(gate.release) })
+	t.Cleanup(open)
+	addr := serveTCP(t, b)
+	first := mqtttest.Dial(t, addr, 5)
+	first.Connect("twice", false, persistentSession)
+	first.Subscribe(1, "twice/x", 1)
+
+	second := mqtttest.Dial(t, addr, 5)
+	go second.Write(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 5,
+		Connect:    packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: "twice", Keepalive: 30},
+		Properties: persistentSession})
+	<-gate.entered // the second CONNECT stores its session
+	third := mqtttest.Dial(t, addr, 5)
+	connected := make(chan struct{})
+	go func() {
+		defer close(connected)
+		third.Connect("twice", false, persistentSession)
+	}()
+	time.Sleep(200 * time.Millisecond) // the third CONNECT is in
+	open()
+	<-connected
+
+	id := b.mustScope(t, "default").ClientID("twice")
+	require.Eventually(t, func() bool {
+		s := b.session(id)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cl, ok := b.server.Clients.Get(id)
+		return ok && s.client == cl
+	}, 5*time.Second, time.Millisecond, "the session is bound to the newest connection")
+	require.NoError(t, b.Publish("default", "twice/x", []byte("p"), 1, false))
+	require.Equal(t, []byte("p"), third.Expect(packets.Publish).Payload, "the newest connection holds the session")
+}
