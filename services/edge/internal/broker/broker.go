@@ -89,13 +89,14 @@ type Broker struct {
 	importLocks [importStripes]sync.Mutex
 	// claiming serialises this edge's claims of each session.
 	claiming sessionLocks
-	// establishing serialises, per client ID, a CONNECT's steps from
-	// OnSessionEstablish to its session's bind (or its end): mochi writes
-	// the CONNACK between the two and binds nothing itself, so a second
-	// CONNECT of the client in between would take the session over from a
-	// connection not yet bound, and mochi's own takeover could then pick
-	// the newer connection as the one to close.
-	establishing sessionLocks
+	// establishing orders, per client ID, the CONNECTs' steps from
+	// OnSessionEstablish to their session's bind (or their end) as their
+	// claims were: mochi writes the CONNACK between the two and binds
+	// nothing itself, so a newer CONNECT of the client in between would
+	// take the session over from a connection not yet bound, and mochi's
+	// own takeover could then pick the newer connection as the one to
+	// close; an older one coming after the newer would close it.
+	establishing establishOrder
 	// records serialises the writes of each session's subscription records
 	// (session.storeRecord). Lock order: records before session.mu.
 	records sessionLocks
@@ -161,9 +162,11 @@ type conn struct {
 	// connection then never held the session.
 	guard      *claimGuard
 	superseded atomic.Bool
-	// establishDone releases the client's establishing lock (Broker),
-	// once: at the bind, or at the end of a connection never bound.
-	establishDone atomic.Pointer[func()]
+	// establishAfter is closed once the client's previous CONNECT here
+	// (by claim) was bound or ended (nil: none); establishDone, once
+	// called, lets the next go (establishOrder).
+	establishAfter <-chan struct{}
+	establishDone  func()
 	// expiry disconnects the client when its credentials expire.
 	expiry   *time.Timer
 	pubACL   map[string]bool
@@ -180,9 +183,41 @@ type conn struct {
 
 // releaseEstablishing lets the client's next CONNECT be established.
 func (c *conn) releaseEstablishing() {
-	if done := c.establishDone.Load(); done != nil {
-		(*done)()
+	if c.establishDone != nil {
+		c.establishDone()
 	}
+}
+
+// establishOrder queues the CONNECTs of each client ID in the order of
+// their claims: each waits, before it is established, for the one claimed
+// before it to be bound or gone.
+type establishOrder struct {
+	mu   sync.Mutex
+	last map[string]chan struct{} // by internal client ID; guarded by mu
+}
+
+// enter puts a CONNECT of id at the end of its queue, under the claim
+// lock: it returns what to wait on (nil: nothing) and the func that lets
+// the next go.
+func (o *establishOrder) enter(id string) (after <-chan struct{}, done func()) {
+	mine := make(chan struct{})
+	o.mu.Lock()
+	if o.last == nil {
+		o.last = map[string]chan struct{}{}
+	}
+	if prev := o.last[id]; prev != nil {
+		after = prev
+	}
+	o.last[id] = mine
+	o.mu.Unlock()
+	return after, sync.OnceFunc(func() {
+		close(mine)
+		o.mu.Lock()
+		if o.last[id] == mine {
+			delete(o.last, id)
+		}
+		o.mu.Unlock()
+	})
 }
 
 // New builds a broker; Serve starts it.

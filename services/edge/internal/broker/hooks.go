@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -250,6 +249,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		})
 	}
 	b.claimTaken(internal, epoch)
+	// In claim order (the claim lock is held): established after the
+	// client's CONNECTs claimed before this one.
+	c.establishAfter, c.establishDone = b.establishing.enter(internal)
 	b.conns.Store(cl, c)
 	b.aclSeen(c, aclGen)
 	return nil
@@ -263,18 +265,17 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // same client ID. A clean start ends the old session here.
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b := h.b
-	if c := b.conn(cl); c != nil {
-		// Until this connection is bound or gone (establishDone): an older
-		// CONNECT of the client still being established goes first.
-		ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
-		unlock, err := b.establishing.lock(ctx, cl.ID)
-		cancel()
-		if err != nil {
-			b.logger.Warn("another connection of the client still being established; going on", "client_id", cl.ID)
-		} else {
-			done := sync.OnceFunc(unlock)
-			c.establishDone.Store(&done)
+	if c := b.conn(cl); c != nil && c.establishAfter != nil {
+		// The CONNECT of the client claimed before this one is bound or
+		// gone first (establishOrder).
+		t := time.NewTimer(b.cfg.ConnectTimeout)
+		select {
+		case <-c.establishAfter:
+		case <-t.C:
+			b.logger.Warn("the client's previous connection still being established; going on", "client_id", cl.ID)
+		case <-b.stopped.Done():
 		}
+		t.Stop()
 	}
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {

@@ -245,6 +245,11 @@ func TestBroker_ConnectWaitsForTheClientsConnectBeingEstablished(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the third CONNECT is in
 	open()
 	<-connected
+	for { // the second connection is taken over by the third, and closed
+		if _, err := second.Read(5 * time.Second); err != nil {
+			break
+		}
+	}
 
 	id := b.mustScope(t, "default").ClientID("twice")
 	require.Eventually(t, func() bool {
