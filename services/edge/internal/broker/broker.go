@@ -860,36 +860,43 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 func (b *Broker) takeElsewhere(m *Message, t *target) error {
 	var failed error
 	for _, g := range append([]*shareGroup{t.group}, t.more...) {
-		tried := []*session{t.sess}
-		took := false
-		for _, online := range []bool{true, false} {
-			for !took {
-				sub := b.index.pickNotIn(g.name, g.filter, tried, online)
-				if sub == nil {
-					break
-				}
-				tried = append(tried, sub.sess)
-				d := delivery{msg: m, qos: min(m.QoS, sub.qos), ids: sub.ids, group: sub.group}
-				r := sub.sess.enqueue(d)
-				if err := b.counted(r); err != nil {
-					failed = err
-					took = true // not taken: the error fails m
-					break
-				}
-				if r == enqueued {
-					took = true
-					b.m.sharedRedispatch.WithLabelValues("local").Inc()
-					if d.qos > 0 {
-						m.picks = append(m.picks, groupPick{name: g.name, filter: g.filter, session: sub.sess.id, qos: d.qos})
-					}
-				}
-			}
-		}
-		if !took && failed == nil {
+		took, err := b.giveToOther(m, g, t.sess)
+		if err != nil {
+			failed = err
+		} else if !took && failed == nil {
 			failed = errNoMemberTook
 		}
 	}
 	return failed
+}
+
+// giveToOther enqueues m for a member of group g here other than except's,
+// a connected one first, else a persistent one, and reports whether one
+// took it; an error of a member's queue fails m.
+func (b *Broker) giveToOther(m *Message, g *shareGroup, except *session) (bool, error) {
+	tried := []*session{except}
+	for _, online := range []bool{true, false} {
+		for {
+			sub := b.index.pickNotIn(g.name, g.filter, tried, online)
+			if sub == nil {
+				break
+			}
+			tried = append(tried, sub.sess)
+			d := delivery{msg: m, qos: min(m.QoS, sub.qos), ids: sub.ids, group: sub.group}
+			r := sub.sess.enqueue(d)
+			if err := b.counted(r); err != nil {
+				return false, err
+			}
+			if r == enqueued {
+				b.m.sharedRedispatch.WithLabelValues("local").Inc()
+				if d.qos > 0 {
+					m.picks = append(m.picks, groupPick{name: g.name, filter: g.filter, session: sub.sess.id, qos: d.qos})
+				}
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // errNoMemberTook fails a group message that the member picked for it did

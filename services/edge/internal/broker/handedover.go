@@ -288,22 +288,32 @@ type relay struct {
 // of theirs counts, plain or shared: m is theirs already. QoS 0 is best
 // effort and never relayed.
 func (h *handedOver) relays(m *Message, now time.Time, only func(session string) bool) []relay {
+	var out []relay
+	h.eachBefore(m, now, func(e *handedSub) {
+		if only == nil && e.group != "" || only != nil && !only(e.session) {
+			return
+		}
+		out = e.appendTo(out, m)
+	})
+	return out
+}
+
+// eachBefore calls each, under h.mu, for every remembered entry m entered
+// the cluster before and may go to (not a no-local subscription of m's
+// publisher).
+func (h *handedOver) eachBefore(m *Message, now time.Time, each func(e *handedSub)) {
 	if !h.mayRelay(m) {
-		return nil
+		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.pruneLocked(now)
-	var out []relay
 	h.subs.Match(m.Topic, func(e *handedSub) bool {
-		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || only == nil && e.group != "" ||
-			only != nil && !only(e.session) {
-			return true
+		if m.Created < e.cutoff && !(e.noLocal && e.session == m.Origin) {
+			each(e)
 		}
-		out = e.appendTo(out, m)
 		return true
 	})
-	return out
 }
 
 // lateRelays is relays(m, now, nil) decided again once m was delivered
@@ -318,22 +328,14 @@ func (h *handedOver) relays(m *Message, now time.Time, only func(session string)
 // so unknown is set: refused, m is sent again, rather than taken with that
 // session missing it.
 func (h *handedOver) lateRelays(m *Message, now time.Time, gen uint64) (out []relay, unknown bool) {
-	if !h.mayRelay(m) {
-		return nil, false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.pruneLocked(now)
-	h.subs.Match(m.Topic, func(e *handedSub) bool {
-		if m.Created >= e.cutoff || e.noLocal && e.session == m.Origin || e.group != "" {
-			return true
-		}
-		if e.to == "" {
+	h.eachBefore(m, now, func(e *handedSub) {
+		switch {
+		case e.group != "":
+		case e.to == "":
 			unknown = unknown || e.gen <= gen
-			return true
+		default:
+			out = e.appendTo(out, m)
 		}
-		out = e.appendTo(out, m)
-		return true
 	})
 	return out, unknown
 }

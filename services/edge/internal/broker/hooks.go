@@ -265,7 +265,8 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // same client ID. A clean start ends the old session here.
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b := h.b
-	if c := b.conn(cl); c != nil && c.establishAfter != nil {
+	c := b.conn(cl)
+	if c != nil && c.establishAfter != nil {
 		// The CONNECT of the client claimed before this one is bound or
 		// gone first (establishOrder).
 		t := time.NewTimer(b.cfg.ConnectTimeout)
@@ -280,7 +281,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
-	} else if s, c := b.session(cl.ID), b.conn(cl); s != nil && c != nil {
+	} else if s := b.session(cl.ID); s != nil && c != nil {
 		// Before the old connection is detached: one whose CONNACK is out
 		// and whose bind is to come (it may come at any point from here,
 		// detached or not) is refused under this claim's epoch.
@@ -302,7 +303,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 			}
 		}
 	}
-	if c := b.conn(cl); c != nil {
+	if c != nil {
 		if err := b.persistSession(cl, c); err != nil {
 			// The client is told nothing yet; it reconnects and tries again.
 			b.logger.Error("session not stored; closing", "client_id", cl.ID, "error", err)

@@ -28,6 +28,11 @@ type groupPick struct {
 	qos          byte   // the QoS it took the message at
 }
 
+// hasGroup reports whether ps holds a pick of x's group.
+func hasGroup(ps []groupPick, x groupPick) bool {
+	return slices.ContainsFunc(ps, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter })
+}
+
 // pickFor returns the pick of group g in ps, nil if none.
 func pickFor(ps []groupPick, g *shareGroup) *groupPick {
 	for i := range ps {
@@ -139,16 +144,13 @@ func (p *sharedPicks) rememberAt(now time.Time, id MsgID, picks []groupPick, edg
 	if !ok && len(picks) == 0 && len(edges) == 0 {
 		return
 	}
-	sameGroup := func(x groupPick) func(groupPick) bool {
-		return func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }
-	}
 	have := r.picks
 	if len(except) > 0 {
 		// A new slice: the one held may be in a lookup's hands.
 		have = slices.DeleteFunc(slices.Clone(have), failed)
 	}
 	for _, x := range picks {
-		if !slices.ContainsFunc(have, sameGroup(x)) {
+		if !hasGroup(have, x) {
 			have = append(slices.Clip(have), x)
 		}
 	}
@@ -271,7 +273,7 @@ func (b *Broker) pickedBefore(id MsgID) []groupPick {
 	}
 	out := slices.Clip(failed) // appended to: a copy
 	for _, x := range took {
-		if !slices.ContainsFunc(failed, func(y groupPick) bool { return y.name == x.name && y.filter == x.filter }) {
+		if !hasGroup(failed, x) {
 			out = append(out, x)
 		}
 	}
