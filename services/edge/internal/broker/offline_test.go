@@ -129,6 +129,18 @@ type putSessionGate struct {
 	calls   atomic.Int32
 	entered chan struct{}
 	release chan struct{}
+	open    func() // closes release, once
+}
+
+// sessionGatedBroker serves MQTT from a broker whose store holds its n-th
+// PutSession until gate.open.
+func sessionGatedBroker(t *testing.T, n int) (*Broker, *putSessionGate, string) {
+	t.Helper()
+	gate := &putSessionGate{n: n, entered: make(chan struct{}), release: make(chan struct{})}
+	gate.open = sync.OnceFunc(func() { close(gate.release) })
+	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
+	t.Cleanup(gate.open) // before the broker closes: a failed test does not hang
+	return b, gate, serveTCP(t, b)
 }
 
 func (g *putSessionGate) PutSession(ctx context.Context, rec durable.Session) error {
@@ -146,11 +158,7 @@ func (g *putSessionGate) PutSession(ctx context.Context, rec durable.Session) er
 // to resend.
 func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *testing.T) {
 	t.Parallel()
-	gate := &putSessionGate{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
-	open := sync.OnceFunc(func() { close(gate.release) })
-	t.Cleanup(open)
-	addr := serveTCP(t, b)
+	b, gate, addr := sessionGatedBroker(t, 2)
 	old, oldCl, oldConn := boundConnection(t, b, addr, "late")
 	old.Subscribe(1, "late/x", 1)
 	id := oldCl.ID
@@ -171,7 +179,7 @@ func TestBroker_LateBindWhileTheNewerConnectionStoresItsSessionIsRefused(t *test
 	s.mu.Unlock()
 	require.Nil(t, bound)
 
-	open()
+	gate.open()
 	<-connected
 	require.Eventually(t, func() bool {
 		s.mu.Lock()
@@ -222,11 +230,7 @@ func boundConnection(t *testing.T, b *Broker, addr, client string) (*mqtttest.Cl
 // newer connection as the one to close, and neither kept the session.
 func TestBroker_ConnectWaitsForTheClientsConnectBeingEstablished(t *testing.T) {
 	t.Parallel()
-	gate := &putSessionGate{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
-	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { gate.Store = st; return gate })
-	open := sync.OnceFunc(func() { close(gate.release) })
-	t.Cleanup(open)
-	addr := serveTCP(t, b)
+	b, gate, addr := sessionGatedBroker(t, 2)
 	first := mqtttest.Dial(t, addr, 5)
 	first.Connect("twice", false, persistentSession)
 	first.Subscribe(1, "twice/x", 1)
@@ -243,7 +247,7 @@ func TestBroker_ConnectWaitsForTheClientsConnectBeingEstablished(t *testing.T) {
 		third.Connect("twice", false, persistentSession)
 	}()
 	time.Sleep(200 * time.Millisecond) // the third CONNECT is in
-	open()
+	gate.open()
 	<-connected
 	for { // the second connection is taken over by the third, and closed
 		if _, err := second.Read(5 * time.Second); err != nil {
