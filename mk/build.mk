@@ -26,14 +26,22 @@ deps: ## Install what the tests need (Debian packages) when missing
 		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+	@command -v python3 >/dev/null || { echo "installing: python3"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends python3 >/dev/null; }
 
 .PHONY: vet
 vet: ## go vet the whole workspace
 	$(GO) vet work
 
 .PHONY: test
-test: deps vet ## Install test dependencies, then run every test with the race detector
+test: deps vet ## Install test dependencies, then run every test with the race detector, and Mosquitto's broker tests
 	GO=$(GO) scripts/test.sh $(GOFLAGS_TEST) -timeout $(TEST_TIMEOUT) work
+	GO=$(GO) test/conformance/mosquitto/run.sh
+
+.PHONY: conformance-mosquitto
+conformance-mosquitto: ## Run Mosquitto's broker tests (its Debian source) against keel-edge; ALL=1 also runs those not listed to pass
+	GO=$(GO) test/conformance/mosquitto/run.sh
 
 .PHONY: test-short
 test-short: ## Unit tests only (-short), with the race detector

@@ -1,0 +1,243 @@
+
+# --- Keel: appended to the suite's mosq_test.py by run.sh -------------------
+#
+# The suite reads exactly as many bytes as the packet it expects and compares
+# them with what one broker writes. These definitions replace its readers and
+# comparator so that two packets that mean the same under the specification
+# compare equal:
+#
+#   - packets are read whole (fixed header, remaining length, body), so a
+#     longer packet than expected is reported as such, not half read;
+#   - MQTT 5 properties compare in a canonical order: the order of properties
+#     other than User Properties carries no meaning (MQTT 5.0 section 2.2.2);
+#     User Properties keep their order among themselves ([MQTT-3.3.2-18]);
+#   - Reason Strings are left out: they are free text for diagnostics
+#     (section 3.4.2.2.2), and a server may send one or not;
+#   - of several packets expected together, packets of different types may
+#     come in any order (a PUBACK to a client and a PUBLISH to the same
+#     client are not ordered by the specification); packets of one type keep
+#     their order.
+#
+# Nothing else is relaxed: packet identifiers, flags, reason codes, topics,
+# payloads and property values must match byte for byte. A packet that does
+# not parse as MQTT 5 is compared as it came.
+
+_PROP_SIZE = {0x01: 1, 0x02: 4, 0x11: 4, 0x13: 2, 0x17: 1, 0x18: 4, 0x19: 1,
+              0x21: 2, 0x22: 2, 0x23: 2, 0x24: 1, 0x25: 1, 0x27: 4, 0x28: 1,
+              0x29: 1, 0x2A: 1}
+_PROP_STR = (0x03, 0x08, 0x09, 0x12, 0x15, 0x16, 0x1A, 0x1C, 0x1F)
+
+
+def _varint(buf, i):
+    value, mult = 0, 1
+    for _ in range(4):
+        if i >= len(buf):
+            return None, i
+        b = buf[i]
+        i += 1
+        value += (b & 127) * mult
+        mult *= 128
+        if b & 128 == 0:
+            return value, i
+    return None, i
+
+
+def _encode_varint(n):
+    out = b''
+    while True:
+        b = n % 128
+        n //= 128
+        if n:
+            out += bytes([b | 128])
+        else:
+            return out + bytes([b])
+
+
+def _canonical_props(props):
+    """The properties in canonical order without Reason Strings, or None."""
+    others, users = [], []
+    i = 0
+    while i < len(props):
+        start = i
+        pid = props[i]
+        i += 1
+        if pid in _PROP_SIZE:
+            i += _PROP_SIZE[pid]
+        elif pid in _PROP_STR:
+            if i + 2 > len(props):
+                return None
+            i += 2 + struct.unpack('!H', props[i:i+2])[0]
+        elif pid == 0x26:
+            for _ in range(2):
+                if i + 2 > len(props):
+                    return None
+                i += 2 + struct.unpack('!H', props[i:i+2])[0]
+        elif pid == 0x0B:
+            _, i = _varint(props, i)
+        else:
+            return None
+        if i > len(props):
+            return None
+        item = props[start:i]
+        if pid == 0x26:
+            users.append(item)
+        elif pid != 0x1F:
+            others.append(item)
+    return b''.join(sorted(others)) + b''.join(users)
+
+
+def _canonical(packet):
+    """packet (one whole packet) in canonical MQTT 5 form, or as it is."""
+    if len(packet) < 2:
+        return packet
+    rl, body_at = _varint(packet, 1)
+    if rl is None or body_at + rl != len(packet):
+        return packet
+    kind = packet[0] & 0xF0
+    body = packet[body_at:]
+    try:
+        if kind == 0x20 and len(body) >= 3:  # CONNACK: flags, code, props
+            head, rest = body[:2], body[2:]
+            n, at = _varint(rest, 0)
+            if n is None or at + n != len(rest):
+                return packet
+            props = _canonical_props(rest[at:])
+            if props is None:
+                return packet
+            body = head + _encode_varint(len(props)) + props
+        elif kind in (0x40, 0x50, 0x60, 0x70) and len(body) >= 3:  # acks
+            code = body[2]
+            props = b''
+            if len(body) > 3:
+                n, at = _varint(body, 3)
+                if n is None or at + n != len(body):
+                    return packet
+                props = _canonical_props(body[at:])
+                if props is None:
+                    return packet
+            if props:
+                body = body[:3] + _encode_varint(len(props)) + props
+            elif code == 0:
+                body = body[:2]
+            else:
+                body = body[:3]
+        elif kind in (0xE0, 0xF0) and len(body) >= 1:  # DISCONNECT, AUTH
+            code = body[0]
+            props = b''
+            if len(body) > 1:
+                n, at = _varint(body, 1)
+                if n is None or at + n != len(body):
+                    return packet
+                props = _canonical_props(body[at:])
+                if props is None:
+                    return packet
+            if props:
+                body = body[:1] + _encode_varint(len(props)) + props
+            elif code == 0:
+                body = b''
+            else:
+                body = body[:1]
+        elif kind == 0x30 and len(body) >= 3:  # PUBLISH
+            qos = (packet[0] >> 1) & 3
+            at = 2 + struct.unpack('!H', body[:2])[0] + (2 if qos else 0)
+            n, pat = _varint(body, at)
+            if n is None or pat + n > len(body):
+                return packet
+            props = _canonical_props(body[pat:pat+n])
+            if props is None or len(props) != n:
+                return packet
+            body = body[:pat] + props + body[pat+n:]
+        elif kind in (0x90, 0xB0) and len(body) >= 3:  # SUBACK, UNSUBACK
+            n, at = _varint(body, 2)
+            if n is None or at + n > len(body):
+                return packet
+            props = _canonical_props(body[at:at+n])
+            if props is None:
+                return packet
+            body = body[:2] + _encode_varint(len(props)) + props + body[at+n:]
+        else:
+            return packet
+    except struct.error:
+        return packet
+    return bytes([packet[0]]) + _encode_varint(len(body)) + body
+
+
+def _split(packets):
+    """packets (several whole packets back to back) as a list."""
+    out = []
+    while packets:
+        rl, at = _varint(packets, 1)
+        if rl is None or at + rl > len(packets):
+            out.append(packets)
+            break
+        out.append(packets[:at+rl])
+        packets = packets[at+rl:]
+    return out
+
+
+def read_packet(sock):
+    """One whole packet from sock; b'' if the connection ends first."""
+    first = sock.recv(1)
+    if len(first) == 0:
+        return b''
+    header = first
+    for _ in range(4):
+        b = sock.recv(1)
+        if len(b) == 0:
+            return header
+        header += b
+        if b[0] & 128 == 0:
+            break
+    rl, _ = _varint(header, 1)
+    body = b''
+    while rl is not None and len(body) < rl:
+        chunk = sock.recv(rl - len(body))
+        if len(chunk) == 0:
+            break
+        body += chunk
+    return header + body
+
+
+def _same(recvd, expected):
+    if recvd == expected:
+        return True
+    got, want = _split(recvd), _split(expected)
+    if len(got) != len(want):
+        return False
+    got = [_canonical(p) for p in got]
+    want = [_canonical(p) for p in want]
+    for kind in set(p[0] & 0xF0 for p in got + want):
+        if [p for p in got if p[0] & 0xF0 == kind] != [p for p in want if p[0] & 0xF0 == kind]:
+            return False
+    return True
+
+
+def packet_matches(name, recvd, expected):
+    if _same(recvd, expected):
+        return True
+    print("FAIL: Received incorrect "+name+".")
+    for label, packet in (("Received", recvd), ("Expected", expected)):
+        try:
+            print(label+": "+to_string(packet))
+        except (struct.error, TypeError, IndexError):
+            print(label+" (not decoded, len=%d): %s" % (len(packet), packet))
+    return False
+
+
+def expect_packet(sock, name, expected):
+    if len(expected) == 0:
+        recvd = sock.recv(1)
+    else:
+        recvd = b''.join(read_packet(sock) for _ in _split(expected))
+    if packet_matches(name, recvd, expected):
+        return True
+    raise TestError
+
+
+def receive_unordered(sock, recv1_packet, recv2_packet, error_string):
+    recvd = read_packet(sock)
+    recvd += read_packet(sock)
+    if _same(recvd, recv1_packet + recv2_packet) or _same(recvd, recv2_packet + recv1_packet):
+        return
+    packet_matches(error_string, recvd, recv1_packet + recv2_packet)
+    raise ValueError(error_string)
