@@ -431,10 +431,18 @@ func (pk *Packet) ConnectDecode(buf []byte) error {
 	}
 
 	if pk.Connect.PasswordFlag {
-		pk.Connect.Password, _, err = decodeBytes(buf, offset)
+		pk.Connect.Password, offset, err = decodeBytes(buf, offset)
 		if err != nil {
 			return ErrMalformedPassword
 		}
+	}
+
+	// keel patch: the payload ends with the last field its flags announce;
+	// more bytes are a field sent without its flag (3.1.1 [MQTT-3.1.2-18]
+	// [MQTT-3.1.2-20], MQTT 5 [MQTT-3.1.2-16] [MQTT-3.1.2-18]) or other
+	// surplus, and were ignored.
+	if offset != len(buf) {
+		return ErrMalformedPacket
 	}
 
 	return nil

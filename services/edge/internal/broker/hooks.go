@@ -582,6 +582,12 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 // error from this hook but ErrRejectPacket (and then processes the packet
 // as it was read), so every refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {
+		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
+			kc.connectRead.Store(true)
+		}
+		return pk, nil
+	}
 	out, err := h.vetPacket(cl, pk)
 	if err != nil {
 		return pk, rejection{err}
