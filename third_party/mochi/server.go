@@ -6,6 +6,7 @@
 package mqtt
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -436,6 +437,18 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 func (s *Server) connectClient(cl *Client, listener string) error {
 	pk, err := s.readConnectionPacket(cl)
 	if err != nil {
+		// keel patch: an MQTT 5 CONNECT that could not be decoded is
+		// answered with the decoder's reason code (0x81 Malformed Packet
+		// mostly) before the close, as MQTT 5 §4.13 allows; a packet a hook
+		// rejected was answered by the hook. MQTT 3.1.1 closes without a
+		// CONNACK [MQTT-3.1.4-1].
+		var code packets.Code
+		if pk.FixedHeader.Type == packets.Connect && pk.ProtocolVersion == 5 &&
+			bytes.Equal(pk.Connect.ProtocolName, []byte("MQTT")) && !errors.Is(err, packets.ErrRejectPacket) &&
+			errors.As(err, &code) && code.Code >= packets.ErrUnspecifiedError.Code {
+			cl.Properties.ProtocolVersion = 5
+			_ = s.SendConnack(cl, code, false, nil)
+		}
 		return fmt.Errorf("read connection: %w", err)
 	}
 

@@ -431,10 +431,18 @@ func (pk *Packet) ConnectDecode(buf []byte) error {
 	}
 
 	if pk.Connect.PasswordFlag {
-		pk.Connect.Password, _, err = decodeBytes(buf, offset)
+		pk.Connect.Password, offset, err = decodeBytes(buf, offset)
 		if err != nil {
 			return ErrMalformedPassword
 		}
+	}
+
+	// keel patch: the payload ends with the last field its flags announce;
+	// more bytes are a field sent without its flag (3.1.1 [MQTT-3.1.2-18]
+	// [MQTT-3.1.2-20], MQTT 5 [MQTT-3.1.2-16] [MQTT-3.1.2-18]) or other
+	// surplus, and were ignored.
+	if offset != len(buf) {
+		return ErrMalformedPacket
 	}
 
 	return nil
@@ -480,7 +488,9 @@ func (pk *Packet) ConnectValidate() Code {
 	}
 
 	if pk.Connect.WillFlag {
-		if len(pk.Connect.WillPayload) == 0 || pk.Connect.WillTopic == "" {
+		// keel patch: a zero-length will payload is valid Binary Data (3.1.1
+		// and MQTT 5 §3.1.3.4); only the topic must not be empty.
+		if pk.Connect.WillTopic == "" {
 			return ErrProtocolViolationWillFlagNoPayload // [MQTT-3.1.2-9]
 		}
 

@@ -1296,7 +1296,16 @@ func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 		if l.timeout > 0 {
 			_ = c.SetReadDeadline(time.Now().Add(l.timeout))
 		}
-		return establish(id, kc)
+		err = establish(id, kc)
+		var code packets.Code
+		if err != nil && !kc.connectRead.Load() && errors.As(err, &code) {
+			// A first packet mochi could not decode as a CONNECT (malformed,
+			// or not a CONNECT): refused before any hook saw it.
+			l.b.m.packetErrors.WithLabelValues("unreadable_connect").Inc()
+			l.b.m.connects.WithLabelValues("invalid_connect").Inc()
+			l.b.logger.Info("connect refused", "reason", "unreadable CONNECT", "remote", c.RemoteAddr().String(), "error", err)
+		}
+		return err
 	})
 }
 
@@ -1358,6 +1367,9 @@ type keepaliveConn struct {
 	net.Conn
 	keepalive atomic.Int64 // whole seconds; 0 until CONNECT is accepted
 	deadline  atomic.Int64 // unix nanoseconds of the deadline last set; 0 none
+	// connectRead: mochi decoded the connection's CONNECT (OnPacketRead saw
+	// it). A connection refused before that sent one mochi could not read.
+	connectRead atomic.Bool
 }
 
 // setKeepalive records the keep-alive (whole seconds) the client got.

@@ -76,6 +76,12 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.logger.Info("connect refused", "reason", "client id too long", "remote", cl.Net.Remote)
 		return refuse(packets.ErrClientIdentifierNotValid, "invalid_client_id")
 	}
+	if pk.Properties.AuthenticationMethod != "" {
+		// The edge supports no enhanced authentication ([MQTT-4.12.0-1]).
+		b.m.authFailures.WithLabelValues("bad_authentication_method").Inc()
+		b.logger.Info("connect refused", "reason", "unsupported authentication method", "method", pk.Properties.AuthenticationMethod, "remote", cl.Net.Remote)
+		return refuse(packets.ErrBadAuthenticationMethod, "auth_failed")
+	}
 	req := &auth.Request{
 		Listener:        cl.Net.Listener,
 		Remote:          cl.Net.Remote,
@@ -123,11 +129,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		c.limiter = newRateLimiter(b.cfg.PublishRate, b.cfg.PublishBurst)
 	}
 	if atomic.LoadUint32(&cl.Properties.Will.Flag) == 1 {
-		w := &cl.Properties.Will
-		if err := topic.ValidateName(w.TopicName, b.limits); err != nil {
-			b.m.packetErrors.WithLabelValues("invalid_will_topic").Inc()
-			return refuse(packets.ErrTopicNameInvalid, "invalid_will")
-		}
+		w := &cl.Properties.Will // its topic is valid (vetConnect)
 		if strings.HasPrefix(w.TopicName, "$SYS") || !c.rules.Load().CanPublish(w.TopicName) {
 			return refuse(packets.ErrNotAuthorized, "will_not_authorized")
 		}
@@ -582,6 +584,15 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 // error from this hook but ErrRejectPacket (and then processes the packet
 // as it was read), so every refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {
+		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
+			kc.connectRead.Store(true)
+		}
+		if err := h.b.vetConnect(cl, pk); err != nil {
+			return pk, rejection{err}
+		}
+		return pk, nil
+	}
 	out, err := h.vetPacket(cl, pk)
 	if err != nil {
 		return pk, rejection{err}
