@@ -63,6 +63,7 @@ var (
 	ErrMalformedWillProperties                = Code{Code: 0x81, Reason: "malformed packet: will properties"}
 	ErrMalformedSessionPresent                = Code{Code: 0x81, Reason: "malformed packet: session present"}
 	ErrMalformedReasonCode                    = Code{Code: 0x81, Reason: "malformed packet: reason code"}
+	ErrMalformedSubscriptionOptions           = Code{Code: 0x81, Reason: "malformed packet: subscription options"} // keel patch
 	ErrProtocolViolation                      = Code{Code: 0x82, Reason: "protocol violation"}
 	ErrProtocolViolationProtocolName          = Code{Code: 0x82, Reason: "protocol violation: protocol name"}
 	ErrProtocolViolationProtocolVersion       = Code{Code: 0x82, Reason: "protocol violation: protocol version"}
@@ -88,6 +89,8 @@ var (
 	ErrProtocolViolationNoFilters             = Code{Code: 0x82, Reason: "protocol violation: must contain at least one filter"}
 	ErrProtocolViolationInvalidReason         = Code{Code: 0x82, Reason: "protocol violation: invalid reason"}
 	ErrProtocolViolationOversizeSubID         = Code{Code: 0x82, Reason: "protocol violation: oversize subscription id"}
+	ErrProtocolViolationInvalidSubID          = Code{Code: 0x82, Reason: "protocol violation: subscription id 0 or repeated"} // keel patch
+	ErrProtocolViolationRetainHandling        = Code{Code: 0x82, Reason: "protocol violation: retain handling 3"}             // keel patch
 	ErrProtocolViolationDupNoQos              = Code{Code: 0x82, Reason: "protocol violation: dup true with no qos"}
 	ErrProtocolViolationUnsupportedProperty   = Code{Code: 0x82, Reason: "protocol violation: unsupported property"}
 	ErrProtocolViolationNoTopic               = Code{Code: 0x82, Reason: "protocol violation: no topic or alias"}

@@ -966,8 +966,20 @@ func (pk *Packet) SubscribeDecode(buf []byte) error {
 		}
 
 		if pk.ProtocolVersion == 5 {
-			sub.decode(buf[offset])
-			offset += 1
+			// keel patch: the options byte is read like any other field (a
+			// filter at the end of the packet without one indexed past it
+			// and panicked), and its reserved values are refused.
+			option, offset, err = decodeByte(buf, offset)
+			if err != nil {
+				return ErrMalformedQos
+			}
+			if option&0xC0 != 0 {
+				return ErrMalformedSubscriptionOptions // [MQTT-3.8.3-5]
+			}
+			sub.decode(option)
+			if sub.RetainHandling == 3 {
+				return ErrProtocolViolationRetainHandling // §3.8.3.1
+			}
 		} else {
 			option, offset, err = decodeByte(buf, offset)
 			if err != nil {
@@ -998,6 +1010,12 @@ func (pk *Packet) SubscribeValidate() Code {
 
 	if len(pk.Filters) == 0 {
 		return ErrProtocolViolationNoFilters // [MQTT-3.10.3-2]
+	}
+
+	// keel patch: §3.8.2.1.2, it is a Protocol Error to include the
+	// Subscription Identifier more than once, or with the value 0.
+	if ids := pk.Properties.SubscriptionIdentifier; len(ids) > 1 || len(ids) == 1 && ids[0] == 0 {
+		return ErrProtocolViolationInvalidSubID
 	}
 
 	for _, v := range pk.Filters {

@@ -1274,9 +1274,10 @@ func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) error {
 // guardedListener closes connections that do not send CONNECT in time
 // (mochi sets no read deadline before CONNECT arrives), and contains a panic
 // in one connection's goroutine to that connection: mochi v2.7.9's packet
-// decoders index past the end of some malformed packets (found by
-// FuzzBroker_PacketPath; for example SUBSCRIBE 82 05 00 01 00 00 00), and an
-// unrecovered panic there would take every client of the edge down with it.
+// decoders indexed past the end of some malformed packets (found by
+// FuzzBroker_PacketPath: SUBSCRIBE 82 05 00 01 00 00 00, since fixed in
+// third_party/mochi), and an unrecovered panic there, from a decoder or a
+// hook, would take every client of the edge down with it.
 type guardedListener struct {
 	listeners.Listener
 	timeout time.Duration

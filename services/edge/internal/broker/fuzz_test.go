@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -123,12 +124,32 @@ func fuzzSeeds() [][]byte {
 	}
 }
 
-// A packet that makes mochi's decoder panic closes only the connection it
-// came on, and that client ends as after any other error: its will goes
-// out, it is counted as disconnected, and its client ID is free again.
+// panicOnUnsubscribe panics while reading any UNSUBSCRIBE: a stand-in for
+// a decoder that indexes past the end of a malformed packet, as mochi's
+// SUBSCRIBE decoder did (82 05 00 01 00 00 00, a filter without its
+// options byte) before it was fixed.
+type panicOnUnsubscribe struct{ mqtt.HookBase }
+
+func (h *panicOnUnsubscribe) ID() string { return "panic-on-unsubscribe" }
+func (h *panicOnUnsubscribe) Provides(b byte) bool {
+	return b == mqtt.OnPacketRead
+}
+func (h *panicOnUnsubscribe) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Type == packets.Unsubscribe {
+		var none []byte
+		_ = none[len(pk.Filters)] // index out of range
+	}
+	return pk, nil
+}
+
+// A packet that makes the connection's goroutine panic while it is read
+// closes only the connection it came on, and that client ends as after any
+// other error: its will goes out, it is counted as disconnected, and its
+// client ID is free again.
 func TestBroker_DecoderPanicEndsOnlyItsClient(t *testing.T) {
 	t.Parallel()
 	b, addr := startBroker(t, nil)
+	require.NoError(t, b.server.AddHook(&panicOnUnsubscribe{}, nil))
 	watcher := mqtttest.Dial(t, addr, 5)
 	watcher.Connect("watcher", true, packets.Properties{})
 	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/#", 1).ReasonCodes)
@@ -138,8 +159,8 @@ func TestBroker_DecoderPanicEndsOnlyItsClient(t *testing.T) {
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "crasher",
 			WillFlag: true, WillTopic: "gone/crasher", WillQos: 1, WillPayload: []byte("bye")}})
 	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
-	_, err := c.Conn.Write([]byte{0x82, 0x05, 0x00, 0x01, 0x00, 0x00, 0x00}) // SUBSCRIBE with an empty filter
-	require.NoError(t, err)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe, Qos: 1}, PacketID: 1,
+		Filters: packets.Subscriptions{{Filter: "a"}}})
 
 	will := watcher.Expect(packets.Publish)
 	require.Equal(t, "gone/crasher", will.TopicName)
