@@ -63,6 +63,21 @@ func TestConformance_Will(t *testing.T) {
 		require.NoError(t, c.Disconnect(&paho.Disconnect{ReasonCode: 0x04}))
 		w.expectPayloads(t, "gone")
 	})
+	t.Run("published_on_disconnect_with_will_message_without_properties", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		w := watch(t, topic)
+		rc := dialRaw(t, e.TCP)
+		rc.sendBytes(t, v5WillConnect("will-"+uniq(), topic, "gone", 1, &packets.Properties{}))
+		require.Equal(t, byte(0), rc.expect(t, packets.CONNACK).Content.(*packets.Connack).ReasonCode)
+		// A DISCONNECT of Remaining Length 1: the Reason Code 0x04 alone.
+		// §3.14.2.2.1: "If the Remaining Length is less than 2, a value of 0
+		// is used" for the Property Length; the Reason Code is still read.
+		// The connection stays open on the client's side: the server acts
+		// on the packet, not on the close.
+		rc.sendBytes(t, []byte{0xe0, 0x01, 0x04})
+		w.expectPayloads(t, "gone") // [MQTT-3.1.2-8]: not discarded as a 0x00 would be
+	})
 	t.Run("retained_will", func(t *testing.T) {
 		t.Parallel()
 		topic := topicFor(t)
