@@ -739,6 +739,11 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			}
 		}
 	case packets.Connack:
+		if cl.Properties.ProtocolVersion == 3 {
+			// MQTT 3.1 has no Session Present flag: the byte that holds it
+			// since 3.1.1 is reserved there and not used (MQTT V3.1 §3.2).
+			pk.SessionPresent = false
+		}
 		if cl.Properties.ProtocolVersion < 5 {
 			pk.ReasonCode = connackCode(cl, packets.Code{Code: pk.ReasonCode}).Code
 			break
