@@ -196,3 +196,27 @@ func TestConformance_Session(t *testing.T) {
 		require.Equal(t, []byte{0x20, 0x02, 0x00, 0x00}, connack(true), "a clean session ended the old one")
 	})
 }
+
+// MQTT 3.1 has no Session Present flag: the first byte of its CONNACK's
+// variable header is reserved and not used (MQTT V3.1 §3.2, "Topic Name
+// Compression Response: Reserved values. Not used."); the flag is new in
+// 3.1.1 (§3.2.2.2). A 3.1 client resuming its session reads 0 there.
+func TestConformance_MQTT31ConnackHasNoSessionPresent(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t)
+	id := "v31-" + uniq()
+	connect := func() []byte {
+		body := appendStr(nil, "MQIsdp")
+		body = append(body, 3, 0x00, 0, 30) // clean session 0, keep alive 30
+		return frame(0x10, appendStr(body, id))
+	}
+	for i := range 2 {
+		rc := dialRaw(t, e.TCP)
+		rc.sendBytes(t, connect())
+		raw, err := rc.readFrame(waitMsg)
+		require.NoError(t, err, "waiting for CONNACK")
+		require.Equal(t, []byte{0x20, 0x02, 0x00, 0x00}, raw, "CONNACK %d", i)
+		require.NoError(t, rc.conn.Close())
+		time.Sleep(100 * time.Millisecond) // the close seen before the next CONNECT
+	}
+}

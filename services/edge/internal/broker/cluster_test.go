@@ -211,3 +211,56 @@ func TestBroker_TakeOverRefusesEveryConnectInFlight(t *testing.T) {
 	require.Equal(t, packets.ErrServerUnavailable.Code, late.Connect("late", false, packets.Properties{}).ReasonCode)
 	require.Equal(t, 3.0, promtest.ToFloat64(b.m.connects.WithLabelValues("claim_superseded")))
 }
+
+// Another edge's claim without Clean Start takes over a connection whose
+// session does not outlive it (Session Expiry 0): that session ends on the
+// takeover, so its will goes out, from this edge, once ([MQTT-3.1.2-8]:
+// "or the Session ends"; §3.1.4: "If the Session Expiry Interval of the
+// existing Network Connection is 0 ... it will be sent because the original
+// Session is ended on the takeover"). A session that goes on elsewhere
+// keeps its will back ([MQTT-3.1.3-9]).
+func TestBroker_TakeOverOfAnEndingSessionPublishesItsWill(t *testing.T) {
+	t.Parallel()
+	b, addr := startBroker(t, nil)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{0}, watcher.Subscribe(1, "gone/#", 0).ReasonCodes)
+	for _, tc := range []struct {
+		id      string
+		expiry  uint32
+		willOut bool
+	}{{"ends", 0, true}, {"goes-on", 60, false}} {
+		c := mqtttest.Dial(t, addr, 5)
+		c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+			Properties: packets.Properties{SessionExpiryInterval: tc.expiry, SessionExpiryIntervalFlag: tc.expiry > 0},
+			Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: tc.id,
+				WillFlag: true, WillTopic: "gone/" + tc.id, WillPayload: []byte(tc.id),
+				WillProperties: packets.Properties{WillDelayInterval: 30}}})
+		require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
+		var s *session
+		require.Eventually(t, func() bool {
+			s = b.session(b.mustScope(t, "default").ClientID(tc.id))
+			if s == nil {
+				return false
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.client != nil
+		}, 5*time.Second, time.Millisecond)
+		s.mu.Lock()
+		epoch := s.epoch
+		s.mu.Unlock()
+		owned, connected, _, _ := b.TakeOver(t.Context(), "default", tc.id, "other", epoch+1, false)
+		require.True(t, owned)
+		require.True(t, connected)
+		require.Equal(t, packets.ErrSessionTakenOver.Code, c.Expect(packets.Disconnect).ReasonCode)
+		if tc.willOut {
+			will := watcher.Expect(packets.Publish)
+			require.Equal(t, tc.id, string(will.Payload))
+		}
+	}
+	// Nothing more: the will of the session that went on never comes, and
+	// the other came once.
+	_, err := watcher.Read(500 * time.Millisecond)
+	require.Error(t, err, "no further will")
+}

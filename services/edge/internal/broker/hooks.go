@@ -280,8 +280,17 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		}
 		t.Stop()
 	}
+	// The client's live connection, if any, is taken over below. A session
+	// that does not outlive its connection (Session Expiry 0, or a 3.1.1
+	// clean session) ends with it, whatever this CONNECT's Clean Start: the
+	// new connection starts a new session (§3.1.2.11.2; 3.1.1
+	// [MQTT-3.1.2-6]), and the old connection's will goes out, since the
+	// new connection is not to its session ([MQTT-3.1.2-8], §3.1.4).
+	old, hasOld := b.server.Clients.Get(cl.ID)
+	hasOld = hasOld && old != cl
+	ends := pk.Connect.Clean || hasOld && !persistent(old)
 	b.cancelWill(cl.ID, pk.Connect.Clean)
-	if pk.Connect.Clean {
+	if ends {
 		b.endSession(cl.ID, nil)
 	} else if s := b.session(cl.ID); s != nil && c != nil {
 		// Before the old connection is detached: one whose CONNACK is out
@@ -289,9 +298,9 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// detached or not) is refused under this claim's epoch.
 		s.claimed(c.epoch)
 	}
-	if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
+	if hasOld {
 		if oc := b.conn(old); oc != nil {
-			if pk.Connect.Clean {
+			if ends {
 				oc.sessionEnds.Store(true) // its will goes out at once
 			} else {
 				// The session goes on in the new connection, so the old
@@ -299,7 +308,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 				oc.will.Store(nil)
 			}
 		}
-		if !pk.Connect.Clean {
+		if !ends {
 			if s := b.session(cl.ID); s != nil {
 				s.detach(old)
 			}
@@ -741,6 +750,11 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			}
 		}
 	case packets.Connack:
+		if cl.Properties.ProtocolVersion == 3 {
+			// MQTT 3.1 has no Session Present flag: the byte that holds it
+			// since 3.1.1 is reserved there and not used (MQTT V3.1 §3.2).
+			pk.SessionPresent = false
+		}
 		if cl.Properties.ProtocolVersion < 5 {
 			pk.ReasonCode = connackCode(cl, packets.Code{Code: pk.ReasonCode}).Code
 			break
