@@ -447,6 +447,9 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 			bytes.Equal(pk.Connect.ProtocolName, []byte("MQTT")) && !errors.Is(err, packets.ErrRejectPacket) &&
 			errors.As(err, &code) && code.Code >= packets.ErrUnspecifiedError.Code {
 			cl.Properties.ProtocolVersion = 5
+			// The Maximum Packet Size the client declared, if it was read,
+			// bounds the CONNACK [MQTT-3.1.2-24].
+			cl.Properties.Props.MaximumPacketSize = pk.Properties.MaximumPacketSize
 			_ = s.SendConnack(cl, code, false, nil)
 		}
 		return fmt.Errorf("read connection: %w", err)

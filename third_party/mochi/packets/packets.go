@@ -419,6 +419,13 @@ func (pk *Packet) ConnectDecode(buf []byte) error {
 		}
 	}
 
+	// keel patch: MQTT 3.1 (§3.1, Payload) lets the Remaining Length take
+	// precedence over the User Name and Password flags: a flag set without
+	// its string at the end of the packet is valid, and the field absent.
+	if pk.ProtocolVersion == 3 && offset == len(buf) {
+		pk.Connect.UsernameFlag, pk.Connect.PasswordFlag = false, false
+	}
+
 	if pk.Connect.UsernameFlag { // [MQTT-3.1.3-12]
 		if offset >= len(buf) { // we are at the end of the packet
 			return ErrProtocolViolationFlagNoUsername // [MQTT-3.1.2-17]
@@ -428,6 +435,10 @@ func (pk *Packet) ConnectDecode(buf []byte) error {
 		if err != nil {
 			return ErrMalformedUsername
 		}
+	}
+
+	if pk.ProtocolVersion == 3 && offset == len(buf) {
+		pk.Connect.PasswordFlag = false // keel patch: as above
 	}
 
 	if pk.Connect.PasswordFlag {
@@ -475,9 +486,10 @@ func (pk *Packet) ConnectValidate() Code {
 		return ErrProtocolViolationUsernameNoFlag // [MQTT-3.1.2-16]
 	}
 
-	if pk.Connect.PasswordFlag && len(pk.Connect.Password) == 0 {
-		return ErrProtocolViolationFlagNoPassword // [MQTT-3.1.2-19]
-	}
+	// keel patch: a password flag with a zero-length password is valid: the
+	// password is Binary Data of 0 to 65,535 bytes (3.1.1 §3.1.3.5, MQTT 5
+	// §3.1.3.6), and ConnectDecode already requires the field when the flag
+	// is set ([MQTT-3.1.2-21] 3.1.1, [MQTT-3.1.2-19] MQTT 5).
 
 	if !pk.Connect.PasswordFlag && len(pk.Connect.Password) > 0 {
 		return ErrProtocolViolationPasswordNoFlag // [MQTT-3.1.2-18]

@@ -15,7 +15,14 @@ import (
 // client's version does not define (0x82 to an MQTT 3.1.1 client, shown
 // to it as 0x03, server unavailable) and lets others through. A refused
 // CONNECT is answered here (refuseConnect) and the connection then closed.
-func (b *Broker) vetConnect(cl *mqtt.Client, pk packets.Packet) error {
+// An MQTT 3.1 CONNECT is returned with the flags 3.1 disregards cleared,
+// for mochi's validation, which knows only the 3.1.1 rules.
+func (b *Broker) vetConnect(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	err := b.vetConnectFields(cl, &pk)
+	return pk, err
+}
+
+func (b *Broker) vetConnectFields(cl *mqtt.Client, pk *packets.Packet) error {
 	name, level := pk.Connect.ProtocolName, pk.ProtocolVersion
 	mqttName, v31Name := bytes.Equal(name, []byte("MQTT")), bytes.Equal(name, []byte("MQIsdp"))
 	if !mqttName && !v31Name {
@@ -34,6 +41,22 @@ func (b *Broker) vetConnect(cl *mqtt.Client, pk packets.Packet) error {
 		return b.refuseConnect(cl, answer, packets.ErrUnsupportedProtocolVersion, "protocol_version", "level", level)
 	}
 	v5 := level == 5
+	if v5 {
+		// The CONNACK of a refusal is bound by the Maximum Packet Size the
+		// client declared ([MQTT-3.1.2-24]); mochi, not having parsed the
+		// CONNECT, knows none. ParseConnect sets it again on acceptance.
+		cl.Properties.Props.MaximumPacketSize = pk.Properties.MaximumPacketSize
+	}
+	if level == 3 {
+		// MQTT 3.1 (§3.1, Connect flags): bit 0 is unused, and Will QoS and
+		// Will Retain are disregarded without the Will flag; only 3.1.1
+		// made them faults ([MQTT-3.1.2-3], [MQTT-3.1.2-13],
+		// [MQTT-3.1.2-15]).
+		pk.ReservedBit = 0
+		if !pk.Connect.WillFlag {
+			pk.Connect.WillQos, pk.Connect.WillRetain = 0, false
+		}
+	}
 	// malformed answers a fault of the packet's form: an MQTT 5 client is
 	// told 0x81 (Malformed Packet, §4.13); MQTT 3.1.1 and 3.1 define no
 	// return code for it, so the connection is closed without a CONNACK

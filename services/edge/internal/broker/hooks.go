@@ -597,7 +597,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
 			kc.connectRead.Store(true)
 		}
-		if err := h.b.vetConnect(cl, pk); err != nil {
+		pk, err := h.b.vetConnect(cl, pk)
+		if err != nil {
 			return pk, rejection{err}
 		}
 		return pk, nil
