@@ -96,7 +96,6 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	s.mu.Lock()
 	epoch, cl, persistent := s.epoch, s.client, s.persistent && s.durable
-	outlives := s.persistent // the session outlives its connection
 	if epoch >= newEpoch {
 		s.mu.Unlock()
 		return false, false, nil, nil
@@ -118,10 +117,7 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	if cl != nil {
 		wasConnected = true
 		if c := b.conn(cl); c != nil {
-			// A session that does not outlive its connection ends with it
-			// here, Clean Start or not: the new connection is not to it, and
-			// its will goes out ([MQTT-3.1.2-8], §3.1.4).
-			if cleanStart || !outlives {
+			if cleanStart {
 				c.sessionEnds.Store(true) // its will goes out at once
 			} else {
 				c.will.Store(nil)
