@@ -654,13 +654,7 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 func (s *Server) inheritClientSession(pk packets.Packet, cl *Client) bool {
 	if existing, ok := s.Clients.Get(cl.ID); ok {
 		_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver)                                   // [MQTT-3.1.4-3]
-		// keel patch: an MQTT 5 session of Session Expiry 0 ends with its
-		// connection too (§3.1.2.11.2), as a 3.1.1 clean session does: the
-		// new connection does not resume it (Session Present 0,
-		// [MQTT-3.2.2-3]). The release inherited it.
-		ends := existing.Properties.Clean && existing.Properties.ProtocolVersion < 5 ||
-			existing.Properties.ProtocolVersion == 5 && existing.Properties.Props.SessionExpiryInterval == 0
-		if pk.Connect.Clean || ends { // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
+		if pk.Connect.Clean || (existing.Properties.Clean && existing.Properties.ProtocolVersion < 5) { // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
 			s.UnsubscribeClient(existing)
 			existing.ClearInflights()
 			existing.State.isTakenOver.Store(true) // only set isTakenOver after unsubscribe has occurred

@@ -280,17 +280,8 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		}
 		t.Stop()
 	}
-	// The client's live connection, if any, is taken over below. A session
-	// that does not outlive its connection (Session Expiry 0, or a 3.1.1
-	// clean session) ends with it, whatever this CONNECT's Clean Start: the
-	// new connection starts a new session (§3.1.2.11.2; 3.1.1
-	// [MQTT-3.1.2-6]), and the old connection's will goes out, since the
-	// new connection is not to its session ([MQTT-3.1.2-8], §3.1.4).
-	old, hasOld := b.server.Clients.Get(cl.ID)
-	hasOld = hasOld && old != cl
-	ends := pk.Connect.Clean || hasOld && !persistent(old)
 	b.cancelWill(cl.ID, pk.Connect.Clean)
-	if ends {
+	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
 	} else if s := b.session(cl.ID); s != nil && c != nil {
 		// Before the old connection is detached: one whose CONNACK is out
@@ -298,9 +289,9 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// detached or not) is refused under this claim's epoch.
 		s.claimed(c.epoch)
 	}
-	if hasOld {
+	if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
 		if oc := b.conn(old); oc != nil {
-			if ends {
+			if pk.Connect.Clean {
 				oc.sessionEnds.Store(true) // its will goes out at once
 			} else {
 				// The session goes on in the new connection, so the old
@@ -308,7 +299,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 				oc.will.Store(nil)
 			}
 		}
-		if !ends {
+		if !pk.Connect.Clean {
 			if s := b.session(cl.ID); s != nil {
 				s.detach(old)
 			}
