@@ -93,6 +93,26 @@ def _canonical_props(props):
     return b''.join(sorted(others)) + b''.join(users)
 
 
+def _canonical_reason(body, at):
+    """The body of an ack (at 2, after the packet identifier) or of a
+    DISCONNECT or AUTH (at 0): its Reason Code at at, then its properties,
+    in the shortest form that says the same; None if it does not parse."""
+    code = body[at]
+    props = b''
+    if len(body) > at + 1:
+        n, start = _varint(body, at + 1)
+        if n is None or start + n != len(body):
+            return None
+        props = _canonical_props(body[start:])
+        if props is None:
+            return None
+    if props:
+        return body[:at+1] + _encode_varint(len(props)) + props
+    if code == 0:
+        return body[:at]
+    return body[:at+1]
+
+
 def _canonical(packet):
     """packet (one whole packet) in canonical MQTT 5 form, or as it is."""
     if len(packet) < 2:
@@ -113,37 +133,9 @@ def _canonical(packet):
                 return packet
             body = head + _encode_varint(len(props)) + props
         elif kind in (0x40, 0x50, 0x60, 0x70) and len(body) >= 3:  # acks
-            code = body[2]
-            props = b''
-            if len(body) > 3:
-                n, at = _varint(body, 3)
-                if n is None or at + n != len(body):
-                    return packet
-                props = _canonical_props(body[at:])
-                if props is None:
-                    return packet
-            if props:
-                body = body[:3] + _encode_varint(len(props)) + props
-            elif code == 0:
-                body = body[:2]
-            else:
-                body = body[:3]
+            body = _canonical_reason(body, 2)
         elif kind in (0xE0, 0xF0) and len(body) >= 1:  # DISCONNECT, AUTH
-            code = body[0]
-            props = b''
-            if len(body) > 1:
-                n, at = _varint(body, 1)
-                if n is None or at + n != len(body):
-                    return packet
-                props = _canonical_props(body[at:])
-                if props is None:
-                    return packet
-            if props:
-                body = body[:1] + _encode_varint(len(props)) + props
-            elif code == 0:
-                body = b''
-            else:
-                body = body[:1]
+            body = _canonical_reason(body, 0)
         elif kind == 0x30 and len(body) >= 3:  # PUBLISH
             qos = (packet[0] >> 1) & 3
             at = 2 + struct.unpack('!H', body[:2])[0] + (2 if qos else 0)
@@ -165,6 +157,8 @@ def _canonical(packet):
         else:
             return packet
     except struct.error:
+        return packet
+    if body is None:
         return packet
     return bytes([packet[0]]) + _encode_varint(len(body)) + body
 

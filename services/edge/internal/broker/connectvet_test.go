@@ -46,16 +46,24 @@ func v5WillConnectBytes(clientID, topic, payload string) []byte {
 	return append([]byte{0x10, byte(len(body))}, body...)
 }
 
+// sendOnNewConn dials addr, writes pkt and gives the connection 3 s to
+// answer.
+func sendOnNewConn(t *testing.T, addr string, pkt []byte) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	require.NoError(t, err)
+	_, err = c.Write(pkt)
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	return c
+}
+
 // connectReply sends a CONNECT and returns what the edge wrote before it
 // closed the connection; it fails if the connection stays open.
 func connectReply(t *testing.T, addr string, pkt []byte) []byte {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	require.NoError(t, err)
+	c := sendOnNewConn(t, addr, pkt)
 	defer c.Close()
-	_, err = c.Write(pkt)
-	require.NoError(t, err)
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	var got []byte
 	buf := make([]byte, 256)
 	for {

@@ -15,12 +15,8 @@ import (
 // edge answers with (at most 64), reading for up to 3 s.
 func connackOf(t *testing.T, addr string, pkt []byte) []byte {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	require.NoError(t, err)
+	c := sendOnNewConn(t, addr, pkt)
 	defer c.Close()
-	_, err = c.Write(pkt)
-	require.NoError(t, err)
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	buf := make([]byte, 64)
 	n, _ := c.Read(buf)
 	return buf[:n]
