@@ -28,7 +28,8 @@ func (b *Broker) vetConnectFields(cl *mqtt.Client, pk *packets.Packet) error {
 	if !mqttName && !v31Name {
 		// [MQTT-3.1.2-1]: a protocol name not of this specification: it
 		// MAY disconnect, and must not go on with it as MQTT.
-		return b.refuseConnect(cl, 0, packets.Code{}, "protocol_name", "protocol", string(name))
+		// The name is the client's, up to 64 KiB: the log gets its start.
+		return b.refuseConnect(cl, 0, packets.Code{}, "protocol_name", "protocol", string(name[:min(len(name), 32)]))
 	}
 	if (v31Name && level != 3) || (mqttName && level != 4 && level != 5) {
 		// 3.1.1 [MQTT-3.1.2-2]: CONNACK 0x01 (unacceptable protocol level).
