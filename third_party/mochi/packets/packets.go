@@ -501,7 +501,7 @@ func (pk *Packet) ConnectValidate() Code {
 
 	if pk.Connect.WillFlag {
 		// keel patch: a zero-length will payload is valid Binary Data (3.1.1
-		// and MQTT 5 §3.1.3.4); only the topic must not be empty.
+		// §3.1.3.3, MQTT 5 §3.1.3.4); only the topic must not be empty.
 		if pk.Connect.WillTopic == "" {
 			return ErrProtocolViolationWillFlagNoPayload // [MQTT-3.1.2-9]
 		}

@@ -161,7 +161,7 @@ func TestBroker_ConnectValidation(t *testing.T) {
 }
 
 // A will message may be empty: a zero-length will payload is a valid
-// Binary Data field (3.1.1 §3.1.3.4; MQTT 5 §3.1.3.4), and the will of a
+// Binary Data field (3.1.1 §3.1.3.3; MQTT 5 §3.1.3.4), and the will of a
 // client that goes away without DISCONNECT is published with it.
 func TestBroker_ConnectEmptyWillPayload(t *testing.T) {
 	_, addr := startBroker(t, nil)
