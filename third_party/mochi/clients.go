@@ -317,6 +317,17 @@ func (cl *Client) ResendInflightMessages(force bool) error {
 	}
 
 	for _, tk := range cl.State.Inflight.GetAll(false) {
+		if tk.FixedHeader.Type == packets.Pubrec {
+			// keel patch: a PUBREC in flight is the server's answer to an
+			// inbound QoS 2 PUBLISH still awaiting its PUBREL. A resumed
+			// session resends only PUBLISH and PUBREL packets
+			// [MQTT-4.4.0-1]; the client resends the PUBLISH or the PUBREL
+			// itself, and the entry stays to answer either (the same
+			// PUBREC, no second delivery; PUBCOMP). Resent here as well,
+			// the PUBREC reached a client that had sent the PUBREL where
+			// it waited for the PUBCOMP.
+			continue
+		}
 		if tk.FixedHeader.Type == packets.Publish {
 			tk.FixedHeader.Dup = true // [MQTT-3.3.1-1] [MQTT-3.3.1-3]
 		}
