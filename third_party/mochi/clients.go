@@ -463,6 +463,19 @@ func (cl *Client) ReadFixedHeader(fh *packets.FixedHeader) error {
 		return err
 	}
 
+	// keel patch: MQTT 3.1 sets the DUP flag on a PUBREL, SUBSCRIBE or
+	// UNSUBSCRIBE it sends again (MQTT V3.1 §2.1, DUP flag: "PUBLISH,
+	// PUBREL, SUBSCRIBE or UNSUBSCRIBE"); 3.1.1 made those flags fixed
+	// (0010). The flag changes nothing in how the packet is handled, so
+	// it is cleared for a 3.1 client before the 3.1.1 check of the flags,
+	// which refused the packet as malformed.
+	if cl.Properties.ProtocolVersion == 3 {
+		switch b >> 4 {
+		case packets.Pubrel, packets.Subscribe, packets.Unsubscribe:
+			b &^= 0x08
+		}
+	}
+
 	err = fh.Decode(b)
 	if err != nil {
 		return err
