@@ -1503,10 +1503,31 @@ func (s *Server) processDisconnect(cl *Client, pk packets.Packet) error {
 		return packets.CodeDisconnectWillMessage
 	}
 
+	// keel patch: only a DISCONNECT with Reason Code 0x00 (Normal
+	// disconnection) discards the will [MQTT-3.1.2-8] [MQTT-3.14.4-3]; the
+	// release discarded it for every code but 0x04. Any other code ends the
+	// connection as an error does: the will goes out (after its delay). The
+	// error is not a packets.Code, so that no DISCONNECT answers the
+	// client's (the server closes the connection [MQTT-3.14.4-1]).
+	if pk.ReasonCode != packets.CodeDisconnect.Code {
+		return ClientDisconnectError{Code: pk.ReasonCode}
+	}
+
 	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9] [MQTT-3.1.2-8]
 	cl.Stop(packets.CodeDisconnect)  // [MQTT-3.14.4-2]
 
 	return nil
+}
+
+// ClientDisconnectError ends a connection whose client sent a DISCONNECT
+// with a Reason Code other than 0x00 or 0x04: its will is not discarded
+// [MQTT-3.1.2-8]. keel patch.
+type ClientDisconnectError struct {
+	Code byte // the Reason Code of the client's DISCONNECT
+}
+
+func (e ClientDisconnectError) Error() string {
+	return fmt.Sprintf("client disconnected with reason code 0x%02x", e.Code)
 }
 
 // DisconnectClient sends a Disconnect packet to a client and then closes the client connection.

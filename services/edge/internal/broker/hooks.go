@@ -445,6 +445,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		reason = "taken_over"
 	case errors.Is(err, packets.ErrServerShuttingDown) || errors.Is(cl.StopCause(), packets.ErrServerShuttingDown):
 		reason = "shutdown"
+	case errors.Is(err, packets.CodeDisconnectWillMessage) || errors.As(err, new(mqtt.ClientDisconnectError)):
+		// The client's DISCONNECT with a Reason Code other than 0x00: it
+		// ended the connection, and its will goes out ([MQTT-3.1.2-8]).
 	case err != nil:
 		reason = "error"
 		if why, ok := unreadable(err); ok {
@@ -474,7 +477,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		s.unbind(cl)
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
-	// end publishes it, unless the edge itself is stopping. mochi reports
+	// end publishes it (a DISCONNECT with another Reason Code included,
+	// [MQTT-3.1.2-8]), unless the edge itself is stopping. mochi reports
 	// no error both for a normal DISCONNECT and for a connection the server
 	// stopped between two packets (DisconnectClient, Stop): the stop cause
 	// tells them apart.
