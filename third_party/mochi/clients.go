@@ -88,6 +88,18 @@ func (cl *Clients) Delete(id string) {
 	delete(cl.internal, id)
 }
 
+// DeleteIf removes the client of id from the internal map if it is val, and
+// reports whether it did: a newer client of the same id stays. keel patch.
+func (cl *Clients) DeleteIf(id string, val *Client) bool {
+	cl.Lock()
+	defer cl.Unlock()
+	if cl.internal[id] != val {
+		return false
+	}
+	delete(cl.internal, id)
+	return true
+}
+
 // GetByListener returns clients matching a listener id.
 func (cl *Clients) GetByListener(id string) []*Client {
 	cl.RLock()
@@ -148,6 +160,7 @@ type ClientState struct {
 	Inflight        *Inflight            // a map of in-flight qos messages
 	Subscriptions   *Subscriptions       // a map of the subscription filters a client maintains
 	disconnected    int64                // the time the client disconnected in unix time, for calculating expiry
+	disconnectedAt  int64                // the same in unix nanoseconds (keel patch)
 	outbound        chan *packets.Packet // queue for pending outbound packets
 	endOnce         sync.Once            // only end once
 	isTakenOver     atomic.Bool          // used to identify orphaned clients
@@ -426,7 +439,9 @@ func (cl *Client) Stop(err error) {
 			cl.State.cancelOpen()
 		}
 
-		atomic.StoreInt64(&cl.State.disconnected, time.Now().Unix())
+		now := time.Now()
+		atomic.StoreInt64(&cl.State.disconnectedAt, now.UnixNano())
+		atomic.StoreInt64(&cl.State.disconnected, now.Unix())
 	})
 }
 
@@ -441,6 +456,16 @@ func (cl *Client) StopCause() error {
 // StopTime returns the the time the client disconnected in unix time, else zero.
 func (cl *Client) StopTime() int64 {
 	return atomic.LoadInt64(&cl.State.disconnected)
+}
+
+// StoppedAt returns the time the client disconnected, to the nanosecond,
+// else the zero time. keel patch: StopTime's whole seconds made a session
+// expire up to a second late, or early.
+func (cl *Client) StoppedAt() time.Time {
+	if ns := atomic.LoadInt64(&cl.State.disconnectedAt); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // Closed returns true if client connection is closed.

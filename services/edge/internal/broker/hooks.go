@@ -286,6 +286,13 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// new connection starts a new session (§3.1.2.11.2; 3.1.1
 	// [MQTT-3.1.2-6]), and the old connection's will goes out, since the
 	// new connection is not to its session ([MQTT-3.1.2-8], §3.1.4).
+	if old := b.expiredOffline(cl.ID, time.Now()); old != nil && old != cl {
+		// The session expired before this CONNECT, whether or not mochi's
+		// expiry tick has come since: it ends now, its will (if still
+		// waiting) goes out, and the CONNECT starts a new session
+		// (§3.1.2.11.2, [MQTT-3.2.2-3]).
+		b.expireOffline(old)
+	}
 	old, hasOld := b.server.Clients.Get(cl.ID)
 	hasOld = hasOld && old != cl
 	ends := pk.Connect.Clean || hasOld && !persistent(old)
@@ -490,6 +497,11 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
+		} else if cl.Properties.ProtocolVersion == 5 {
+			// Published when the delay has passed or the session ends,
+			// whichever comes first ([MQTT-3.1.3-9]): the session ends
+			// when its expiry interval (as the DISCONNECT left it) has.
+			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
 		b.scheduleWill(cl.ID, will, delay, c.record)
 	} else if c.record != nil {
@@ -588,8 +600,10 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 	}
 }
 
+// OnClientExpired ends a session mochi found expired on its tick, unless
+// a CONNECT of its client or a takeover ended it first.
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
-	h.b.endSession(cl.ID, nil)
+	h.b.expireOffline(cl)
 }
 
 // OnPacketRead vets and rewrites a packet before mochi processes it. A
