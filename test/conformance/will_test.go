@@ -15,8 +15,8 @@ import (
 const noWill = 500 * time.Millisecond
 
 // TestConformance_Will checks will messages: published when the network
-// connection closes without DISCONNECT or with DISCONNECT 0x04, discarded on
-// a normal DISCONNECT, delayed by the Will Delay Interval and cancelled by a
+// connection closes without DISCONNECT or with a DISCONNECT whose Reason
+// Code is not 0x00 (0x04, 0x80, ...), discarded on a normal DISCONNECT, delayed by the Will Delay Interval and cancelled by a
 // reconnect within it.
 func TestConformance_Will(t *testing.T) {
 	t.Parallel()
@@ -77,6 +77,38 @@ func TestConformance_Will(t *testing.T) {
 		// on the packet, not on the close.
 		rc.sendBytes(t, []byte{0xe0, 0x01, 0x04})
 		w.expectPayloads(t, "gone") // [MQTT-3.1.2-8]: not discarded as a 0x00 would be
+	})
+	t.Run("published_on_disconnect_with_error_reason", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		w := watch(t, topic)
+		rc := dialRaw(t, e.TCP)
+		rc.sendBytes(t, v5WillConnect("will-"+uniq(), topic, "gone", 1, &packets.Properties{}))
+		require.Equal(t, byte(0), rc.expect(t, packets.CONNACK).Content.(*packets.Connack).ReasonCode)
+		// DISCONNECT 0x80 (Unspecified error). [MQTT-3.1.2-8]: the will is
+		// deleted only on "receipt of DISCONNECT with a Reason Code of 0x00
+		// (Normal disconnection)"; any other code leaves it to be published.
+		rc.sendBytes(t, []byte{0xe0, 0x02, 0x80, 0x00})
+		d, _ := rc.expectClosed(t, waitMsg) // [MQTT-3.14.4-1]
+		require.Nil(t, d, "the server closes after the client's DISCONNECT; it does not answer with one")
+		w.expectPayloads(t, "gone")
+		w.expectNothing(t, quiet) // published once
+	})
+	t.Run("delayed_on_disconnect_with_error_reason", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		w := watch(t, topic)
+		cp := willConnect(topic, &paho.WillProperties{WillDelayInterval: u32(1)})
+		cp.Properties.SessionExpiryInterval = u32(10)
+		c := connectV5(t, e.TCP, cp)
+		start := time.Now()
+		// 0x98 (Administrative action): not 0x00, so the will stays
+		// [MQTT-3.1.2-8], and goes out after its Will Delay Interval
+		// (§3.1.3.2.2) since the session outlives it.
+		require.NoError(t, c.Disconnect(&paho.Disconnect{ReasonCode: 0x98}))
+		w.expectPayloads(t, "gone")
+		require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "will published before its delay")
+		w.expectNothing(t, quiet)
 	})
 	t.Run("retained_will", func(t *testing.T) {
 		t.Parallel()

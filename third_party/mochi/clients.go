@@ -88,6 +88,18 @@ func (cl *Clients) Delete(id string) {
 	delete(cl.internal, id)
 }
 
+// DeleteIf removes the client of id from the internal map if it is val, and
+// reports whether it did: a newer client of the same id stays. keel patch.
+func (cl *Clients) DeleteIf(id string, val *Client) bool {
+	cl.Lock()
+	defer cl.Unlock()
+	if cl.internal[id] != val {
+		return false
+	}
+	delete(cl.internal, id)
+	return true
+}
+
 // GetByListener returns clients matching a listener id.
 func (cl *Clients) GetByListener(id string) []*Client {
 	cl.RLock()
@@ -148,6 +160,7 @@ type ClientState struct {
 	Inflight        *Inflight            // a map of in-flight qos messages
 	Subscriptions   *Subscriptions       // a map of the subscription filters a client maintains
 	disconnected    int64                // the time the client disconnected in unix time, for calculating expiry
+	disconnectedAt  int64                // the same in unix nanoseconds (keel patch)
 	outbound        chan *packets.Packet // queue for pending outbound packets
 	endOnce         sync.Once            // only end once
 	isTakenOver     atomic.Bool          // used to identify orphaned clients
@@ -317,6 +330,17 @@ func (cl *Client) ResendInflightMessages(force bool) error {
 	}
 
 	for _, tk := range cl.State.Inflight.GetAll(false) {
+		if tk.FixedHeader.Type == packets.Pubrec {
+			// keel patch: a PUBREC in flight is the server's answer to an
+			// inbound QoS 2 PUBLISH still awaiting its PUBREL. A resumed
+			// session resends only PUBLISH and PUBREL packets
+			// [MQTT-4.4.0-1]; the client resends the PUBLISH or the PUBREL
+			// itself, and the entry stays to answer either (the same
+			// PUBREC, no second delivery; PUBCOMP). Resent here as well,
+			// the PUBREC reached a client that had sent the PUBREL where
+			// it waited for the PUBCOMP.
+			continue
+		}
 		if tk.FixedHeader.Type == packets.Publish {
 			tk.FixedHeader.Dup = true // [MQTT-3.3.1-1] [MQTT-3.3.1-3]
 		}
@@ -415,7 +439,9 @@ func (cl *Client) Stop(err error) {
 			cl.State.cancelOpen()
 		}
 
-		atomic.StoreInt64(&cl.State.disconnected, time.Now().Unix())
+		now := time.Now()
+		atomic.StoreInt64(&cl.State.disconnectedAt, now.UnixNano())
+		atomic.StoreInt64(&cl.State.disconnected, now.Unix())
 	})
 }
 
@@ -430,6 +456,16 @@ func (cl *Client) StopCause() error {
 // StopTime returns the the time the client disconnected in unix time, else zero.
 func (cl *Client) StopTime() int64 {
 	return atomic.LoadInt64(&cl.State.disconnected)
+}
+
+// StoppedAt returns the time the client disconnected, to the nanosecond,
+// else the zero time. keel patch: StopTime's whole seconds made a session
+// expire up to a second late, or early.
+func (cl *Client) StoppedAt() time.Time {
+	if ns := atomic.LoadInt64(&cl.State.disconnectedAt); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 // Closed returns true if client connection is closed.
@@ -450,6 +486,19 @@ func (cl *Client) ReadFixedHeader(fh *packets.FixedHeader) error {
 	b, err := cl.Net.bconn.ReadByte()
 	if err != nil {
 		return err
+	}
+
+	// keel patch: MQTT 3.1 sets the DUP flag on a PUBREL, SUBSCRIBE or
+	// UNSUBSCRIBE it sends again (MQTT V3.1 §2.1, DUP flag: "PUBLISH,
+	// PUBREL, SUBSCRIBE or UNSUBSCRIBE"); 3.1.1 made those flags fixed
+	// (0010). The flag changes nothing in how the packet is handled, so
+	// it is cleared for a 3.1 client before the 3.1.1 check of the flags,
+	// which refused the packet as malformed.
+	if cl.Properties.ProtocolVersion == 3 {
+		switch b >> 4 {
+		case packets.Pubrel, packets.Subscribe, packets.Unsubscribe:
+			b &^= 0x08
+		}
 	}
 
 	err = fh.Decode(b)

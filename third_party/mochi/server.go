@@ -394,7 +394,7 @@ func (s *Server) eventLoop() {
 		case <-s.loop.sysTopics.C:
 			s.publishSysTopics()
 		case <-s.loop.clientExpiry.C:
-			s.clearExpiredClients(time.Now().Unix())
+			s.clearExpiredClients(time.Now())
 		case <-s.loop.retainedExpiry.C:
 			s.clearExpiredRetainedMessages(time.Now().Unix())
 		case <-s.loop.willDelaySend.C:
@@ -1497,10 +1497,31 @@ func (s *Server) processDisconnect(cl *Client, pk packets.Packet) error {
 		return packets.CodeDisconnectWillMessage
 	}
 
+	// keel patch: only a DISCONNECT with Reason Code 0x00 (Normal
+	// disconnection) discards the will [MQTT-3.1.2-8] [MQTT-3.14.4-3]; the
+	// release discarded it for every code but 0x04. Any other code ends the
+	// connection as an error does: the will goes out (after its delay). The
+	// error is not a packets.Code, so that no DISCONNECT answers the
+	// client's (the server closes the connection [MQTT-3.14.4-1]).
+	if pk.ReasonCode != packets.CodeDisconnect.Code {
+		return ClientDisconnectError{Code: pk.ReasonCode}
+	}
+
 	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9] [MQTT-3.1.2-8]
 	cl.Stop(packets.CodeDisconnect)  // [MQTT-3.14.4-2]
 
 	return nil
+}
+
+// ClientDisconnectError ends a connection whose client sent a DISCONNECT
+// with a Reason Code other than 0x00 or 0x04: its will is not discarded
+// [MQTT-3.1.2-8]. keel patch.
+type ClientDisconnectError struct {
+	Code byte // the Reason Code of the client's DISCONNECT
+}
+
+func (e ClientDisconnectError) Error() string {
+	return fmt.Sprintf("client disconnected with reason code 0x%02x", e.Code)
 }
 
 // DisconnectClient sends a Disconnect packet to a client and then closes the client connection.
@@ -1795,23 +1816,38 @@ func (s *Server) loadRetained(v []storage.Message) {
 
 // clearExpiredClients deletes all clients which have been disconnected for longer
 // than their given expiry intervals.
-func (s *Server) clearExpiredClients(dt int64) {
+//
+// keel patch: a session expires when its Session Expiry Interval has
+// passed since its connection closed, to the nanosecond (SessionExpired),
+// where whole seconds compared strictly made it last up to two seconds
+// longer; and a client of the same id that connected since the clients
+// were listed stays (its session is not the one that expired).
+func (s *Server) clearExpiredClients(now time.Time) {
 	for id, client := range s.Clients.GetAll() {
-		disconnected := client.StopTime()
-		if disconnected == 0 {
+		if !s.SessionExpired(client, now) {
 			continue
 		}
-
-		expire := s.Options.Capabilities.MaximumSessionExpiryInterval
-		if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
-			expire = client.Properties.Props.SessionExpiryInterval
+		if cur, ok := s.Clients.Get(id); !ok || cur != client {
+			continue
 		}
-
-		if disconnected+int64(expire) < dt {
-			s.hooks.OnClientExpired(client)
-			s.Clients.Delete(id) // [MQTT-4.1.0-2]
-		}
+		s.hooks.OnClientExpired(client)
+		s.Clients.DeleteIf(id, client) // [MQTT-4.1.0-2]
 	}
+}
+
+// SessionExpired reports whether the session of cl, a client whose
+// connection closed, has expired at now: its Session Expiry Interval (MQTT
+// 5; else the server's maximum) has passed since the close. keel patch.
+func (s *Server) SessionExpired(cl *Client, now time.Time) bool {
+	stopped := cl.StoppedAt()
+	if stopped.IsZero() {
+		return false
+	}
+	expire := s.Options.Capabilities.MaximumSessionExpiryInterval
+	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.SessionExpiryIntervalFlag {
+		expire = cl.Properties.Props.SessionExpiryInterval
+	}
+	return !now.Before(stopped.Add(time.Duration(expire) * time.Second))
 }
 
 // clearExpiredRetainedMessage deletes retained messages from topics if they have expired.

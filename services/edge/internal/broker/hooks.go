@@ -280,6 +280,13 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		}
 		t.Stop()
 	}
+	if old := b.expiredOffline(cl.ID, time.Now()); old != nil && old != cl {
+		// The session expired before this CONNECT, whether or not mochi's
+		// expiry tick has come since: it ends now, its will (if still
+		// waiting) goes out, and the CONNECT starts a new session
+		// (§3.1.2.11.2, [MQTT-3.2.2-3]).
+		b.expireOffline(old)
+	}
 	b.cancelWill(cl.ID, pk.Connect.Clean)
 	if pk.Connect.Clean {
 		b.endSession(cl.ID, nil)
@@ -436,6 +443,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		reason = "taken_over"
 	case errors.Is(err, packets.ErrServerShuttingDown) || errors.Is(cl.StopCause(), packets.ErrServerShuttingDown):
 		reason = "shutdown"
+	case errors.Is(err, packets.CodeDisconnectWillMessage) || errors.As(err, new(mqtt.ClientDisconnectError)):
+		// The client's DISCONNECT with a Reason Code other than 0x00: it
+		// ended the connection, and its will goes out ([MQTT-3.1.2-8]).
 	case err != nil:
 		reason = "error"
 		if why, ok := unreadable(err); ok {
@@ -465,7 +475,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		s.unbind(cl)
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
-	// end publishes it, unless the edge itself is stopping. mochi reports
+	// end publishes it (a DISCONNECT with another Reason Code included,
+	// [MQTT-3.1.2-8]), unless the edge itself is stopping. mochi reports
 	// no error both for a normal DISCONNECT and for a connection the server
 	// stopped between two packets (DisconnectClient, Stop): the stop cause
 	// tells them apart.
@@ -477,6 +488,11 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
+		} else if cl.Properties.ProtocolVersion == 5 {
+			// Published when the delay has passed or the session ends,
+			// whichever comes first ([MQTT-3.1.3-9]): the session ends
+			// when its expiry interval (as the DISCONNECT left it) has.
+			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
 		b.scheduleWill(cl.ID, will, delay, c.record)
 	} else if c.record != nil {
@@ -575,8 +591,10 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 	}
 }
 
+// OnClientExpired ends a session mochi found expired on its tick, unless
+// a CONNECT of its client or a takeover ended it first.
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
-	h.b.endSession(cl.ID, nil)
+	h.b.expireOffline(cl)
 }
 
 // OnPacketRead vets and rewrites a packet before mochi processes it. A

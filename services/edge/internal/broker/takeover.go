@@ -100,6 +100,21 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		s.mu.Unlock()
 		return false, false, nil, nil
 	}
+	if cl == nil {
+		if old := b.expiredOffline(id, time.Now()); old != nil {
+			// The session expired here before the claim came, whether or
+			// not mochi's expiry tick has come since: it ends now (its will
+			// goes out, if still waiting) and nothing moves; the new
+			// connection starts a new session ([MQTT-3.2.2-3]).
+			s.mu.Unlock()
+			b.m.takeovers.Inc()
+			b.expireOffline(old)
+			// This copy, if mochi's tick took the record first and is
+			// still ending it.
+			b.endSessionRoutes(context.Background(), id, endWhich{only: s})
+			return true, false, nil, nil
+		}
+	}
 	if persistent && !cleanStart {
 		// From here on the session keeps what it queues apart for End.
 		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}

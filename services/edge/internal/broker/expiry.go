@@ -1,0 +1,43 @@
+package broker
+
+import (
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+)
+
+// expiredOffline returns mochi's record of the client id if its connection
+// closed and its session has expired at now: its Session Expiry Interval
+// passed since the close, to the nanosecond (§3.1.2.11.2). mochi's clock
+// for it (clearExpiredClients) runs once a second; a CONNECT that comes
+// between the expiry and that tick must find the session gone all the
+// same (Session Present 0, [MQTT-3.2.2-3]).
+func (b *Broker) expiredOffline(id string, now time.Time) *mqtt.Client {
+	old, ok := b.server.Clients.Get(id)
+	if !ok || !old.Closed() || old.IsTakenOver() || !b.server.SessionExpired(old, now) {
+		return nil
+	}
+	return old
+}
+
+// expireOffline ends the session of old, mochi's record of a client whose
+// connection closed, as its expiry ends it: the will still waiting for its
+// delay goes out now ([MQTT-3.1.3-9]), the session's subscriptions, queue
+// and stored state go, its ownership is released, and mochi forgets the
+// client so that nothing is inherited from it. It reports whether it did:
+// the first caller for old does (mochi's expiry tick, a CONNECT of the
+// client, a takeover from another edge), the others find it done, so the
+// will goes out once.
+func (b *Broker) expireOffline(old *mqtt.Client) bool {
+	if !b.server.Clients.DeleteIf(old.ID, old) {
+		return false
+	}
+	b.cancelWill(old.ID, true)
+	b.endSession(old.ID, old) // with old: a connection bound since keeps its session
+	// The session is gone: these reach no session of the edge. They clear
+	// mochi's topic index, keyed by client ID, of the expired
+	// subscriptions, which a new session's UNSUBSCRIBE would find.
+	old.ClearInflights()
+	b.server.UnsubscribeClient(old)
+	return true
+}
