@@ -1831,7 +1831,12 @@ func (s *Server) clearExpiredClients(now time.Time) {
 			continue
 		}
 		s.hooks.OnClientExpired(client)
-		s.Clients.DeleteIf(id, client) // [MQTT-4.1.0-2]
+		if !s.hooks.Provides(OnClientExpired) {
+			// keel patch: a hook that handles the expiry removes the client
+			// itself, or keeps it when a CONNECT of the client is resuming
+			// its session (the CONNECT found it not expired).
+			s.Clients.DeleteIf(id, client) // [MQTT-4.1.0-2]
+		}
 	}
 }
 

@@ -220,6 +220,13 @@ func (o *establishOrder) enter(id string) (after <-chan struct{}, done func()) {
 	})
 }
 
+// busy reports whether a CONNECT of id is between its claim and its bind.
+func (o *establishOrder) busy(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.last[id] != nil
+}
+
 // New builds a broker; Serve starts it.
 func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg prometheus.Registerer) (*Broker, error) {
 	if err := cfg.Validate(); err != nil {

@@ -593,7 +593,16 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 
 // OnClientExpired ends a session mochi found expired on its tick, unless
 // a CONNECT of its client or a takeover ended it first.
+//
+// A CONNECT of the client between its claim and its bind decides itself
+// (OnSessionEstablish checks the expiry): one that found the session not
+// expired has raised the session's epoch to its claim's and stored its
+// record, and ended here the session would take them along (the record
+// deleted, the live connection's claim released).
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
+	if h.b.establishing.busy(cl.ID) {
+		return // the next tick looks again, if the CONNECT did not end it
+	}
 	h.b.expireOffline(cl)
 }
 
