@@ -210,7 +210,12 @@ func (o *establishOrder) enter(id string) (after <-chan struct{}, done func()) {
 	}
 	o.last[id] = mine
 	o.mu.Unlock()
-	return after, sync.OnceFunc(func() {
+	return after, o.leave(id, mine)
+}
+
+// leave returns the func that lets the next of id's queue go after mine.
+func (o *establishOrder) leave(id string, mine chan struct{}) func() {
+	return sync.OnceFunc(func() {
 		close(mine)
 		o.mu.Lock()
 		if o.last[id] == mine {
@@ -220,11 +225,24 @@ func (o *establishOrder) enter(id string) (after <-chan struct{}, done func()) {
 	})
 }
 
-// busy reports whether a CONNECT of id is between its claim and its bind.
-func (o *establishOrder) busy(id string) bool {
+// enterIdle puts a step of id at the queue's head if the queue is empty,
+// and reports whether it did: a CONNECT of id that comes meanwhile waits
+// for done, before it raises the session's epoch. The expiry of a session
+// (mochi's tick) takes this way, so that it never ends a session a CONNECT
+// is resuming, and gives way to a CONNECT already in the queue, whose own
+// check decides.
+func (o *establishOrder) enterIdle(id string) (done func(), ok bool) {
+	mine := make(chan struct{})
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.last[id] != nil
+	if o.last[id] != nil {
+		return nil, false
+	}
+	if o.last == nil {
+		o.last = map[string]chan struct{}{}
+	}
+	o.last[id] = mine
+	return o.leave(id, mine), true
 }
 
 // New builds a broker; Serve starts it.

@@ -600,9 +600,11 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 // record, and ended here the session would take them along (the record
 // deleted, the live connection's claim released).
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
-	if h.b.establishing.busy(cl.ID) {
-		return // the next tick looks again, if the CONNECT did not end it
+	done, ok := h.b.establishing.enterIdle(cl.ID)
+	if !ok {
+		return // a CONNECT is being established: its check decides
 	}
+	defer done()
 	h.b.expireOffline(cl)
 }
 
