@@ -200,6 +200,46 @@ func TestConformance_Will(t *testing.T) {
 		// new connection to the session exists: [MQTT-3.1.3-9] no will.
 		w.expectNothing(t, 1500*time.Millisecond)
 	})
+	t.Run("takeover_of_a_session_that_ends", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		w := watch(t, topic)
+		// Session Expiry 0: the session does not outlive its connection.
+		cp := willConnect(topic, &paho.WillProperties{WillDelayInterval: u32(60)})
+		old := connectV5(t, e.TCP, cp)
+		re := v5Connect(cp.ClientID)
+		re.CleanStart = false
+		re.Properties.SessionExpiryInterval = u32(10)
+		require.False(t, connectV5(t, e.TCP, re).Connack.SessionPresent, "the old session ended with its connection")
+		select {
+		case <-old.Done():
+		case <-time.After(waitMsg):
+			t.Fatal("the old connection stayed open")
+		}
+		// The old session ends on the takeover, so its will goes out then
+		// ([MQTT-3.1.2-8]: "or the Session ends"; §3.1.4: "If the Session
+		// Expiry Interval of the existing Network Connection is 0 ... it
+		// will be sent because the original Session is ended on the
+		// takeover"). The new connection is not to that session
+		// ([MQTT-3.1.3-9] does not hold it back), even with Clean Start 0.
+		w.expectPayloads(t, "gone")
+		w.expectNothing(t, quiet) // once
+	})
+	t.Run("mqtt311_takeover_of_a_clean_session", func(t *testing.T) {
+		t.Parallel()
+		topic := topicFor(t)
+		w := watch(t, topic)
+		id := "will-" + uniq()
+		old, code := connectV311Raw(t, e.TCP, v311Conn{clientID: id, keepAlive: 30, willTopic: topic, willPayload: "gone311", willQoS: 1})
+		require.Equal(t, byte(0), code)
+		_, code = connectV311Raw(t, e.TCP, v311Conn{clientID: id, keepAlive: 30, persistent: true})
+		require.Equal(t, byte(0), code)
+		old.expectClosed(t, waitMsg) // 3.1.1 [MQTT-3.1.4-2]
+		// 3.1.1 [MQTT-3.1.2-8]: the will is published when its Network
+		// Connection closes other than by DISCONNECT; the clean session
+		// ended with it, so nothing goes on that could hold the will back.
+		w.expectPayloads(t, "gone311")
+	})
 	t.Run("delay_ends_with_session", func(t *testing.T) {
 		t.Parallel()
 		topic := topicFor(t)

@@ -171,7 +171,29 @@ type ClientState struct {
 	writeLoop       atomic.Bool          // the WriteLoop was started (keel patch)
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
+	// SessionFate, when an OnSessionEstablish hook sets it, decides whether
+	// the connection takes on the session of the client's existing
+	// connection, in place of mochi's own rule (keel patch).
+	SessionFate SessionFate
 }
+
+// SessionFate is what becomes of the session of a client's existing
+// connection when a new connection of the client is established (keel
+// patch).
+type SessionFate uint8
+
+const (
+	// SessionFateMochi leaves it to mochi, as released: the session goes on
+	// unless the CONNECT has Clean Start or the existing connection is an
+	// MQTT 3.1.1 clean session.
+	SessionFateMochi SessionFate = iota
+	// SessionResumed: the session goes on in the new connection, unless its
+	// CONNECT has Clean Start.
+	SessionResumed
+	// SessionEnded: the session ends with the existing connection, and the
+	// new connection starts a new one (Session Present 0, [MQTT-3.2.2-3]).
+	SessionEnded
+)
 
 // newClient returns a new instance of Client. This is almost exclusively used by Server
 // for creating new clients, but it lives here because it's not dependent.

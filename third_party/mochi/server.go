@@ -653,8 +653,20 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 // session is abandoned.
 func (s *Server) inheritClientSession(pk packets.Packet, cl *Client) bool {
 	if existing, ok := s.Clients.Get(cl.ID); ok {
-		_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver)                                   // [MQTT-3.1.4-3]
-		if pk.Connect.Clean || (existing.Properties.Clean && existing.Properties.ProtocolVersion < 5) { // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
+		_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver)                                       // [MQTT-3.1.4-3]
+		fresh := pk.Connect.Clean || (existing.Properties.Clean && existing.Properties.ProtocolVersion < 5) // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
+		// keel patch: a hook that keeps the sessions itself decides whether
+		// the existing connection's session goes on (SessionFate): mochi's
+		// rule reads the existing client, which may not be the session's
+		// current connection, and misses an MQTT 5 session of Session
+		// Expiry 0, which ends with its connection too (§3.1.2.11.2).
+		switch cl.State.SessionFate {
+		case SessionResumed:
+			fresh = pk.Connect.Clean
+		case SessionEnded:
+			fresh = true
+		}
+		if fresh {
 			s.UnsubscribeClient(existing)
 			existing.ClearInflights()
 			existing.State.isTakenOver.Store(true) // only set isTakenOver after unsubscribe has occurred

@@ -288,25 +288,45 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		b.expireOffline(old)
 	}
 	b.cancelWill(cl.ID, pk.Connect.Clean)
-	if pk.Connect.Clean {
+	// Without Clean Start the session goes on in this connection, unless
+	// its live connection is one it does not outlive: the takeover closes
+	// that, so the session ends, and this connection starts a new one
+	// (Session Present 0 [MQTT-3.2.2-3], no subscriptions carried over;
+	// 3.1.1 [MQTT-3.1.2-6]) while the old connection's will goes out at
+	// once ([MQTT-3.1.2-8] "or the Session ends", §3.1.4). Decided once,
+	// by the session (takeOver), and mochi is told the same (SessionFate).
+	var endsWith *mqtt.Client
+	if !pk.Connect.Clean && c != nil {
+		if s := b.session(cl.ID); s != nil {
+			// Before the old connection is detached: one whose CONNACK is
+			// out and whose bind is to come (it may come at any point from
+			// here, detached or not) is refused under this claim's epoch.
+			endsWith = s.takeOver(cl, c.epoch)
+		}
+	}
+	ends := pk.Connect.Clean || endsWith != nil
+	if ends {
+		cl.State.SessionFate = mqtt.SessionEnded
 		b.endSession(cl.ID, nil)
-	} else if s := b.session(cl.ID); s != nil && c != nil {
-		// Before the old connection is detached: one whose CONNACK is out
-		// and whose bind is to come (it may come at any point from here,
-		// detached or not) is refused under this claim's epoch.
-		s.claimed(c.epoch)
+	} else {
+		cl.State.SessionFate = mqtt.SessionResumed
+	}
+	if endsWith != nil {
+		if oc := b.conn(endsWith); oc != nil {
+			oc.sessionEnds.Store(true) // its will goes out at once
+		}
 	}
 	if old, ok := b.server.Clients.Get(cl.ID); ok && old != cl {
 		if oc := b.conn(old); oc != nil {
 			if pk.Connect.Clean {
 				oc.sessionEnds.Store(true) // its will goes out at once
-			} else {
+			} else if !ends {
 				// The session goes on in the new connection, so the old
 				// connection's will is never sent ([MQTT-3.1.3-9]).
 				oc.will.Store(nil)
 			}
 		}
-		if !pk.Connect.Clean {
+		if !ends {
 			if s := b.session(cl.ID); s != nil {
 				s.detach(old)
 			}
@@ -724,6 +744,14 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			if err != nil {
 				b.logger.Error("PUBREC state not removed; closing without PUBCOMP", "client_id", cl.ID, "packet_id", pk.PacketID, "error", err)
 				return pk, err
+			}
+		}
+	case packets.Disconnect:
+		if pk.Properties.SessionExpiryIntervalFlag && pk.Properties.SessionExpiryInterval == 0 {
+			// The session ends with this connection now [MQTT-3.14.2-2]:
+			// a takeover before its end ends the session too.
+			if s := b.session(cl.ID); s != nil {
+				s.disconnecting(cl, c.epoch)
 			}
 		}
 	case packets.Unsubscribe:

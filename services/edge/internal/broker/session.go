@@ -73,7 +73,12 @@ type session struct {
 	window     int // receive maximum of the client: QoS>0 messages in flight
 	inflight   int
 	persistent bool
-	epoch      uint64 // of the ownership claim that bound the session here
+	// endsWithClient: the session does not outlive its bound connection
+	// (MQTT 5 Session Expiry 0, a 3.1.1 clean session), as of the bind or
+	// of that connection's DISCONNECT since. A takeover of that connection
+	// ends the session (takeOver).
+	endsWithClient bool
+	epoch          uint64 // of the ownership claim that bound the session here
 	// moving is set while another edge takes the session over.
 	moving *moving
 	// recent holds msgIDs queued since the session was taken over from
@@ -673,6 +678,7 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	s.maxPacket = cl.Properties.Props.MaximumPacketSize
 	s.window = window
 	s.persistent = persistent
+	s.endsWithClient = !persistent
 	s.closed = false
 	s.slow = false
 	s.aliases = mqtt.NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
@@ -765,12 +771,44 @@ func (s *session) detach(old *mqtt.Client) {
 	s.mu.Unlock()
 }
 
-// claimed records that a claim of the session under epoch was granted
-// here, before its connection is bound: a connection of an older claim
-// binds it no more.
-func (s *session) claimed(epoch uint64) {
+// takeOver decides, for a CONNECT without Clean Start claimed under epoch
+// whose connection is cl, whether the session goes on in cl or ends: it
+// ends when its current connection is live (bound, not yet unbound) and the
+// session does not outlive it (endsWithClient), since the takeover closes
+// that connection (§3.1.2.11.2, §3.1.4; 3.1.1 [MQTT-3.1.2-6]). It returns
+// that connection, or nil when the session goes on: then a connection of
+// an older claim binds it no more, and a DISCONNECT of the old connection
+// read from now changes the session no more (disconnecting).
+// An older connection not bound to the session (its CONNECT abandoned
+// before its bind, the copy left to a CONNECT in flight) is not the
+// session's connection: the session goes on.
+//
+// The decision is made once, here, under the session's lock, from the
+// session's own record; mochi is told it (SessionFate) rather than reading
+// the old client's properties, which its goroutine may be writing.
+func (s *session) takeOver(cl *mqtt.Client, epoch uint64) (ends *mqtt.Client) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.client != nil && s.client != cl && s.epoch < epoch && s.endsWithClient {
+		// The claim the session is ended under stays its old connection's:
+		// ending gives that one back, not the new connection's.
+		return s.client
+	}
 	s.epoch = max(s.epoch, epoch)
+	return nil
+}
+
+// disconnecting records the Session Expiry Interval of 0 of an MQTT 5
+// DISCONNECT of cl, the session's connection under the claim of epoch: the
+// session no longer outlives cl [MQTT-3.14.2-2]. A DISCONNECT read after
+// a newer claim took the session over (takeOver) changes nothing. A
+// non-zero interval changes nothing here: the session outlives the
+// connection already, or the DISCONNECT is a protocol error.
+func (s *session) disconnecting(cl *mqtt.Client, epoch uint64) {
+	s.mu.Lock()
+	if s.client == cl && s.epoch == epoch {
+		s.endsWithClient = true
+	}
 	s.mu.Unlock()
 }
 
