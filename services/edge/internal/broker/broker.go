@@ -1169,6 +1169,10 @@ type endWhich struct {
 	// routes (at once if no copy ends): the removals go on in the
 	// background (until the edge stops) past the wait for them.
 	routesGone chan struct{}
+	// upTo, when set, is the epoch of the claim of the connection whose
+	// end ends the session: a copy a newer claim took on (takeOver raised
+	// its epoch) is that claim's to end, not this connection's.
+	upTo uint64
 }
 
 // goneNow closes w.routesGone, if set, for a copy that ends nothing.
@@ -1191,7 +1195,7 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 		return
 	}
 	s.mu.Lock()
-	if cl := which.cl; cl != nil && s.client != nil && s.client != cl {
+	if cl := which.cl; cl != nil && s.client != nil && s.client != cl || which.upTo != 0 && s.epoch > which.upTo {
 		s.mu.Unlock()
 		b.sessMu.Unlock()
 		which.goneNow()

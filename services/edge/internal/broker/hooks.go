@@ -296,15 +296,15 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// once ([MQTT-3.1.2-8] "or the Session ends", §3.1.4). Decided once,
 	// by the session (takeOver), and mochi is told the same (SessionFate).
 	var endsWith *mqtt.Client
+	ends := pk.Connect.Clean
 	if !pk.Connect.Clean && c != nil {
 		if s := b.session(cl.ID); s != nil {
 			// Before the old connection is detached: one whose CONNACK is
 			// out and whose bind is to come (it may come at any point from
 			// here, detached or not) is refused under this claim's epoch.
-			endsWith = s.takeOver(cl, c.epoch)
+			ends, endsWith = s.takeOver(cl, c.epoch)
 		}
 	}
-	ends := pk.Connect.Clean || endsWith != nil
 	if ends {
 		cl.State.SessionFate = mqtt.SessionEnded
 		b.endSession(cl.ID, nil)
@@ -521,7 +521,11 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		b.dropStoredWill(cl.ID, c.record)
 	}
 	if expire && !cl.IsTakenOver() {
-		b.endSession(cl.ID, cl)
+		// Not a session a newer CONNECT took over before this connection's
+		// end (a DISCONNECT setting Session Expiry 0 read after its
+		// takeOver): that CONNECT resumes it under its own claim, which
+		// ending it here would release.
+		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, upTo: c.epoch})
 	}
 }
 

@@ -781,21 +781,27 @@ func (s *session) detach(old *mqtt.Client) {
 // read from now changes the session no more (disconnecting).
 // An older connection not bound to the session (its CONNECT abandoned
 // before its bind, the copy left to a CONNECT in flight) is not the
-// session's connection: the session goes on.
+// session's connection: the session goes on. A session that does not
+// outlive its connection and whose connection was unbound (it closed: its
+// OnDisconnect is on its way to ending the session) ends too: resumed, it
+// would carry an ended session's subscriptions (3.1.1 [MQTT-3.1.2-6]), or
+// that OnDisconnect would end it under the new claim's epoch, releasing
+// the new connection's claim. ends reports the end; live is the old
+// connection when it is still bound.
 //
 // The decision is made once, here, under the session's lock, from the
 // session's own record; mochi is told it (SessionFate) rather than reading
 // the old client's properties, which its goroutine may be writing.
-func (s *session) takeOver(cl *mqtt.Client, epoch uint64) (ends *mqtt.Client) {
+func (s *session) takeOver(cl *mqtt.Client, epoch uint64) (ends bool, live *mqtt.Client) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.client != nil && s.client != cl && s.epoch < epoch && s.endsWithClient {
+	if s.client != cl && s.epoch < epoch && s.endsWithClient {
 		// The claim the session is ended under stays its old connection's:
 		// ending gives that one back, not the new connection's.
-		return s.client
+		return true, s.client
 	}
 	s.epoch = max(s.epoch, epoch)
-	return nil
+	return false, nil
 }
 
 // disconnecting records the Session Expiry Interval of 0 of an MQTT 5

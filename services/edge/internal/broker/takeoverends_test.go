@@ -178,7 +178,9 @@ func TestSession_TakeOverDecidesFromTheSessionsOwnRecord(t *testing.T) {
 	s.mu.Unlock()
 	s.disconnecting(oldCl, 0) // not under its claim: nothing
 	s.disconnecting(newCl, 1) // not its connection: nothing
-	require.Nil(t, s.takeOver(newCl, 2), "persistent: the session goes on")
+	ends, live := s.takeOver(newCl, 2)
+	require.False(t, ends, "persistent: the session goes on")
+	require.Nil(t, live)
 	s.disconnecting(oldCl, 1) // after the takeover: nothing
 	require.False(t, s.endsWithClient)
 
@@ -187,11 +189,21 @@ func TestSession_TakeOverDecidesFromTheSessionsOwnRecord(t *testing.T) {
 	s.mu.Unlock()
 	s.disconnecting(newCl, 2)
 	require.True(t, s.endsWithClient)
-	require.Same(t, newCl, s.takeOver(newest, 3), "Session Expiry 0 since the DISCONNECT: the session ends")
+	ends, live = s.takeOver(newest, 3)
+	require.True(t, ends, "Session Expiry 0 since the DISCONNECT: the session ends")
+	require.Same(t, newCl, live)
 	require.Equal(t, uint64(2), s.epoch, "the end gives back the old connection's claim")
 
 	s.mu.Lock()
-	s.client = nil // not bound: an abandoned connection's copy
+	s.client = nil // unbound: its connection closed, its OnDisconnect ends it
 	s.mu.Unlock()
-	require.Nil(t, s.takeOver(newest, 3), "no live connection: the session goes on")
+	ends, live = s.takeOver(newest, 3)
+	require.True(t, ends, "its connection closed: the session ends with it")
+	require.Nil(t, live)
+
+	s.mu.Lock()
+	s.client, s.endsWithClient = nil, false // not bound: an abandoned connection's copy
+	s.mu.Unlock()
+	ends, _ = s.takeOver(newest, 3)
+	require.False(t, ends, "no live connection: the session goes on")
 }
