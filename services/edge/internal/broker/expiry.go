@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -29,11 +30,21 @@ func (b *Broker) expiredOffline(id string, now time.Time) *mqtt.Client {
 // client, a takeover from another edge), the others find it done, so the
 // will goes out once.
 func (b *Broker) expireOffline(old *mqtt.Client) bool {
+	// The claim the expired session was held under: a CONNECT that raised
+	// the epoch since (one that stopped waiting for this expiry after its
+	// timeout) took the copy on, and it is that claim's, not this end's.
+	var upTo uint64
+	if s := b.session(old.ID); s != nil {
+		s.mu.Lock()
+		upTo = s.epoch
+		s.mu.Unlock()
+	}
 	if !b.server.Clients.DeleteIf(old.ID, old) {
 		return false
 	}
 	b.cancelWill(old.ID, true)
-	b.endSession(old.ID, old) // with old: a connection bound since keeps its session
+	// With old: a connection bound since keeps its session.
+	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo})
 	// The session is gone: these reach no session of the edge. They clear
 	// mochi's topic index, keyed by client ID, of the expired
 	// subscriptions, which a new session's UNSUBSCRIBE would find.

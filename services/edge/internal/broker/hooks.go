@@ -296,20 +296,32 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// once ([MQTT-3.1.2-8] "or the Session ends", §3.1.4). Decided once,
 	// by the session (takeOver), and mochi is told the same (SessionFate).
 	var endsWith *mqtt.Client
+	var held *session
 	ends := pk.Connect.Clean
 	if !pk.Connect.Clean && c != nil {
-		if s := b.session(cl.ID); s != nil {
+		if held = b.session(cl.ID); held != nil {
 			// Before the old connection is detached: one whose CONNACK is
 			// out and whose bind is to come (it may come at any point from
 			// here, detached or not) is refused under this claim's epoch.
-			ends, endsWith = s.takeOver(cl, c.epoch)
+			ends, endsWith = held.takeOver(cl, c.epoch)
 		}
 	}
-	if ends {
+	switch {
+	case ends && held != nil:
+		cl.State.SessionFate = mqtt.SessionEnded
+		// The copy decided on; one put in its place since is not this
+		// CONNECT's to end.
+		b.endSessionRoutes(context.Background(), cl.ID, endWhich{only: held})
+	case ends:
 		cl.State.SessionFate = mqtt.SessionEnded
 		b.endSession(cl.ID, nil)
-	} else {
+	case held != nil:
 		cl.State.SessionFate = mqtt.SessionResumed
+	default:
+		// No copy here goes on: mochi's own record decides, as released
+		// (an ended 3.1.1 clean session it has not yet forgotten is not
+		// resumed).
+		cl.State.SessionFate = mqtt.SessionFateMochi
 	}
 	if endsWith != nil {
 		if oc := b.conn(endsWith); oc != nil {
