@@ -544,6 +544,18 @@ func (b *Broker) session(id string) *session {
 	return b.sessions[id]
 }
 
+// holdsSince reports whether this edge holds a copy of session id under a
+// claim of epoch or a later one.
+func (b *Broker) holdsSince(id string, epoch uint64) bool {
+	s := b.session(id)
+	if s == nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch >= epoch
+}
+
 func (b *Broker) sessionCount() int {
 	b.sessMu.Lock()
 	defer b.sessMu.Unlock()

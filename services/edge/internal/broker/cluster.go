@@ -81,10 +81,15 @@ type Grant struct {
 	Epoch uint64
 	// Previous is the edge that owned the session before ("" if none).
 	Previous string
+	// PreviousEpoch is the epoch of Previous's claim (0 if none, or not
+	// known). When Previous is this edge, a copy held here under an older
+	// claim is not that claim's: the answer to it was lost, and the
+	// session may have moved on between the two (TakenFrom).
+	PreviousEpoch uint64
 	// TakenFrom is the edge the owner took the session from before its
 	// run of claims. When Previous is this edge but the edge holds no copy
-	// (the answer to its earlier claim was lost, so its takeover never
-	// ran), the session is still on TakenFrom.
+	// under that claim (the answer to its earlier claim was lost, so its
+	// takeover never ran), the session is still on TakenFrom.
 	TakenFrom string
 	// SourceGone says the edge the session would be taken over from
 	// (Previous, or TakenFrom when Previous is this edge) was no longer a

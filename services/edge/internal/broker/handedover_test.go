@@ -511,6 +511,62 @@ func TestBroker_ClaimAfterLostAnswerTakesOverFromTakenFrom(t *testing.T) {
 	require.Equal(t, []string{"other"}, tk.from)
 }
 
+// A copy this edge holds under a claim older than its latest one, whose
+// answer was lost, does not make the session this edge's: another edge
+// claimed it between the two, and its takeover found no copy here yet (the
+// copy came after, from a CONNECT that the newer claim superseded, and
+// stayed). The claim after the lost one takes the session over from the
+// edge it was taken from, where its client is still connected (invariant
+// 3; CI: storm-031 connected on two edges across a Raft leader change).
+func TestBroker_ClaimAfterLostAnswerTakesOverDespiteOlderCopy(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return nil, nil }}
+	grants := []Grant{
+		{Epoch: 5}, // the copy's claim
+		// 7: "other" claims the session (the copy here stays, fenced);
+		// 8: this edge's claim, granted by the new leader, its answer lost.
+		{Epoch: 9, Previous: "test", PreviousEpoch: 8, TakenFrom: "other"},
+		{Epoch: 11, Previous: "test", PreviousEpoch: 9, TakenFrom: "other"},
+	}
+	var mu sync.Mutex
+	b.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
+		mu.Lock()
+		defer mu.Unlock()
+		g := grants[0]
+		grants = grants[1:]
+		return g
+	})})
+	props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
+	id := b.mustScope(t, "default").ClientID("lost")
+	old := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, old.Connect("lost", false, props).ReasonCode)
+	require.Equal(t, uint64(5), waitBound(t, b, id))
+	_ = old.Conn.Close()
+	require.Eventually(t, func() bool {
+		s := b.session(id)
+		if s == nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == nil
+	}, 5*time.Second, time.Millisecond, "the older copy stays here, offline")
+	require.Empty(t, tk.from)
+
+	c := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, c.Connect("lost", false, props).ReasonCode)
+	require.Equal(t, []string{"other"}, tk.from, "the session is taken over from the edge it was taken from")
+	require.Equal(t, uint64(9), waitBound(t, b, id))
+
+	// Held here under the latest claim, the session is this edge's: no
+	// takeover.
+	again := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, again.Connect("lost", false, props).ReasonCode)
+	require.Equal(t, []string{"other"}, tk.from)
+}
+
 // A message relayed by the previous owner of a session taken over goes to
 // the client before the newer ones that reached the session directly while
 // it settled: the client gets them in the order they were published.

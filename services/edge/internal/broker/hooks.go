@@ -195,11 +195,16 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	moved := false
 	if previous == b.cfg.EdgeID {
 		previous = b.unfinishedTakeover(internal, previous)
-		if previous == b.cfg.EdgeID && grant.TakenFrom != "" && b.session(internal) == nil {
-			// This edge owns the session but holds no copy: the answer to
-			// its earlier claim was lost (a leader change), so that
-			// CONNECT was refused and the takeover never ran. The session,
-			// and maybe a connection, are still where it was taken from.
+		if previous == b.cfg.EdgeID && grant.TakenFrom != "" && !b.holdsSince(internal, grant.PreviousEpoch) {
+			// This edge owns the session but holds no copy under its
+			// latest claim: the answer to that claim was lost (a leader
+			// change), so that CONNECT was refused and the takeover never
+			// ran. The session, and maybe a connection, are still where it
+			// was taken from. A copy here under an older claim does not
+			// say otherwise: another edge may have claimed the session
+			// between the two, its takeover finding no copy here yet (the
+			// copy came after, from a CONNECT of this edge that the newer
+			// claim superseded, and stayed, fenced).
 			previous = grant.TakenFrom
 		}
 	}

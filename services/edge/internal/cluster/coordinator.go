@@ -309,7 +309,8 @@ func (o *Ownership) send(batch []*claim) {
 			r := resp.Msg.GetResults()[i]
 			if g := r.GetGrant(); g != nil {
 				c.done <- claimResult{grant: broker.Grant{Epoch: g.GetEpoch(), Previous: g.GetPrevious().GetOwnerEdgeId(),
-					TakenFrom: g.GetPrevious().GetTakenFromEdgeId(), SourceGone: g.GetSourceGone()}}
+					PreviousEpoch: g.GetPrevious().GetEpoch(), TakenFrom: g.GetPrevious().GetTakenFromEdgeId(),
+					SourceGone: g.GetSourceGone()}}
 			} else if code := r.GetError().GetCode(); code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_OWNER_CHANGED {
 				c.done <- claimResult{err: fmt.Errorf("claim session: %w: %s", broker.ErrOwnerChanged, r.GetError().GetMessage())}
 			} else if code == coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_SUPERSEDED {

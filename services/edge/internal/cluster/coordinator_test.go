@@ -76,7 +76,9 @@ func TestOwnership_Claims(t *testing.T) {
 	require.Equal(t, "edge-a", g2.Previous)
 
 	// Another edge takes the session; claiming it again (as after a lost
-	// answer), it is told whom it took the session from.
+	// answer), it is told whom it took the session from, and the epoch of
+	// its own claim before (a copy it holds under an older one is not that
+	// claim's).
 	mb := &Member{Client: c, ID: "edge-b", Address: "127.0.0.1:1884", Logger: testutil.Logger(t)}
 	require.NoError(t, mb.Join(t.Context()))
 	ob := &Ownership{Client: c, Member: mb, MaxBatch: 64, Linger: time.Millisecond}
@@ -85,7 +87,7 @@ func TestOwnership_Claims(t *testing.T) {
 	require.Equal(t, "edge-a", g3.Previous)
 	g4, err := ob.Claim(t.Context(), "acme", "dev-1")
 	require.NoError(t, err)
-	require.Equal(t, broker.Grant{Epoch: g4.Epoch, Previous: "edge-b", TakenFrom: "edge-a"}, g4)
+	require.Equal(t, broker.Grant{Epoch: g4.Epoch, Previous: "edge-b", PreviousEpoch: g3.Epoch, TakenFrom: "edge-a"}, g4)
 
 	var wg sync.WaitGroup
 	epochs := make([]uint64, 300)
