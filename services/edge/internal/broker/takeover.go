@@ -693,11 +693,13 @@ type unfinishedTakeover struct {
 }
 
 // unfinishedTakeover returns the edge a failed takeover of id was from,
-// or self if there is none.
+// or self if there is none. A copy here under an older claim than the
+// failed one's is no sign the takeover was settled since (holdsSince).
 func (b *Broker) unfinishedTakeover(id, self string) string {
 	b.sessMu.Lock()
-	defer b.sessMu.Unlock()
-	if u, ok := b.unfinished[id]; ok && b.sessions[id] == nil {
+	u, ok := b.unfinished[id]
+	b.sessMu.Unlock()
+	if ok && !b.holdsSince(id, u.epoch) {
 		return u.previous
 	}
 	return self
