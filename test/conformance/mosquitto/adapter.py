@@ -193,6 +193,12 @@ def _read_fresh(sock):
     first = sock.recv(1)
     if len(first) == 0:
         return b''
+    return _read_rest(sock, first)
+
+
+def _read_rest(sock, first):
+    """The packet whose first byte is first, read whole from sock; short if
+    the connection ends first."""
     header = first
     for _ in range(4):
         b = sock.recv(1)
@@ -242,21 +248,11 @@ def _closed_after_error(sock, first):
     DISCONNECT with an error Reason Code after which the server closes."""
     if first[0] not in (0x20, 0xE0):
         return False
-    header = first
-    while len(header) < 5:
-        b = sock.recv(1)
-        if len(b) == 0:
-            return False
-        header += b
-        if b[0] & 128 == 0:
-            break
-    rl, _ = _varint(header, 1)
-    body = b''
-    while rl is not None and len(body) < rl:
-        chunk = sock.recv(rl - len(body))
-        if len(chunk) == 0:
-            return False
-        body += chunk
+    packet = _read_rest(sock, first)
+    rl, at = _varint(packet, 1)
+    if rl is None or at + rl != len(packet):
+        return False
+    body = packet[at:]
     if first[0] == 0x20:
         if len(body) < 3:  # an MQTT 3 CONNACK: 3.1.1 closes without one
             return False

@@ -36,6 +36,20 @@ func (g *storedThenHeld) PutSession(ctx context.Context, rec durable.Session) er
 	return err
 }
 
+// brokerHoldingSecondStore is a broker on a durable store whose second
+// PutSession is held (storedThenHeld) until the gate opens (at cleanup at
+// the latest), with single-node ownership that logs its releases.
+func brokerHoldingSecondStore(t *testing.T) (*Broker, *durable.Store, *storedThenHeld, *releaseLog, string) {
+	t.Helper()
+	gate := &storedThenHeld{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	gate.open = sync.OnceFunc(func() { close(gate.release) })
+	b, st := brokerOnStore(t, func(s *durable.Store) DurableState { gate.Store = s; return gate })
+	t.Cleanup(gate.open)
+	own := &releaseLog{}
+	b.SetCluster(Cluster{Ownership: own})
+	return b, st, gate, own, serveTCP(t, b)
+}
+
 // releaseLog is the single-node ownership, recording the epochs released.
 type releaseLog struct {
 	localOwnership
@@ -60,13 +74,7 @@ func (o *releaseLog) Release(_ context.Context, _, _ string, epoch uint64) error
 // session (invariant 1).
 func TestBroker_ExpiryTickDuringConnectDoesNotEndTheResumedSession(t *testing.T) {
 	t.Parallel()
-	gate := &storedThenHeld{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
-	gate.open = sync.OnceFunc(func() { close(gate.release) })
-	b, st := brokerOnStore(t, func(s *durable.Store) DurableState { gate.Store = s; return gate })
-	t.Cleanup(gate.open)
-	own := &releaseLog{}
-	b.SetCluster(Cluster{Ownership: own})
-	addr := serveTCP(t, b)
+	b, st, gate, own, addr := brokerHoldingSecondStore(t)
 	id := b.mustScope(t, "default").ClientID("tick")
 
 	c := mqtttest.Dial(t, addr, 5)

@@ -2,14 +2,12 @@ package broker
 
 import (
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -24,13 +22,7 @@ import (
 // released (invariant 3), its record deleted, its subscriptions gone.
 func TestBroker_OldConnectionsDisconnectAfterTakeoverDoesNotEndTheResumedSession(t *testing.T) {
 	t.Parallel()
-	gate := &storedThenHeld{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
-	gate.open = sync.OnceFunc(func() { close(gate.release) })
-	b, st := brokerOnStore(t, func(s *durable.Store) DurableState { gate.Store = s; return gate })
-	t.Cleanup(gate.open)
-	own := &releaseLog{}
-	b.SetCluster(Cluster{Ownership: own})
-	addr := serveTCP(t, b)
+	b, st, gate, own, addr := brokerHoldingSecondStore(t)
 	id := b.mustScope(t, "default").ClientID("disc")
 
 	old := mqtttest.Dial(t, addr, 5)
