@@ -83,7 +83,7 @@ func TestBroker_ExpiryTickDuringConnectDoesNotEndTheResumedSession(t *testing.T)
 	s := b.session(id)
 	require.NotNil(t, s)
 	_ = c.Conn.Close()
-	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.client == nil }, 5*time.Second, time.Millisecond)
+	waitUnbound(t, s)
 
 	again := mqtttest.Dial(t, addr, 5)
 	acks := make(chan packets.Packet, 1)

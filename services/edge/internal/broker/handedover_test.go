@@ -76,6 +76,17 @@ func waitBound(t *testing.T, b *Broker, id string) uint64 {
 	return epoch
 }
 
+// waitUnbound waits until the session copy s has no connection bound.
+func waitUnbound(t *testing.T, s *session, msgAndArgs ...any) {
+	t.Helper()
+	require.NotNil(t, s)
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == nil
+	}, 5*time.Second, time.Millisecond, msgAndArgs...)
+}
+
 func forwardedMsg(seq uint64, topic string, qos uint32, published time.Time) *commonv1.Message {
 	return &commonv1.Message{Id: &commonv1.MsgID{EdgeId: "other", Incarnation: 1, Seq: seq}, Tenant: "default",
 		Topic: topic, Qos: qos, Payload: []byte(topic), IngressUnixNano: published.UnixNano()}
@@ -544,15 +555,7 @@ func TestBroker_ClaimAfterLostAnswerTakesOverDespiteOlderCopy(t *testing.T) {
 	require.Equal(t, packets.CodeSuccess.Code, old.Connect("lost", false, props).ReasonCode)
 	require.Equal(t, uint64(5), waitBound(t, b, id))
 	_ = old.Conn.Close()
-	require.Eventually(t, func() bool {
-		s := b.session(id)
-		if s == nil {
-			return false
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.client == nil
-	}, 5*time.Second, time.Millisecond, "the older copy stays here, offline")
+	waitUnbound(t, b.session(id), "the older copy stays here, offline")
 	require.Empty(t, tk.from)
 
 	c := mqtttest.Dial(t, addr, 5)

@@ -122,7 +122,7 @@ func TestBroker_ExpiredSessionIsNotTakenOver_MQTT_3_2_2_3(t *testing.T) {
 	s.mu.Unlock()
 	closed := time.Now()
 	_ = c.Conn.Close()
-	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.client == nil }, 5*time.Second, time.Millisecond)
+	waitUnbound(t, s)
 
 	time.Sleep(time.Until(closed.Add(1100 * time.Millisecond)))
 	owned, connected, state, err := b.TakeOver(t.Context(), "default", "expiry-moving", "other", epoch+1, false)

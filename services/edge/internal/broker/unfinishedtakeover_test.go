@@ -1,11 +1,9 @@
 package broker
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/assert"
@@ -13,36 +11,6 @@ import (
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
-
-type scriptedClaims struct {
-	mu   sync.Mutex
-	next []func() (Grant, error)
-}
-
-func (s *scriptedClaims) Claim(context.Context, string, string) (Grant, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f := s.next[0]
-	s.next = s.next[1:]
-	return f()
-}
-func (*scriptedClaims) Release(context.Context, string, string, uint64) error { return nil }
-
-type routedTakeover struct {
-	mu    sync.Mutex
-	from  []string
-	begin func(previous string) ([]byte, error)
-}
-
-func (r *routedTakeover) Begin(_ context.Context, previous, _, _ string, _ uint64, _ bool) ([]byte, error) {
-	r.mu.Lock()
-	r.from = append(r.from, previous)
-	r.mu.Unlock()
-	return r.begin(previous)
-}
-func (r *routedTakeover) End(context.Context, string, string, string, uint64) (TakeoverEnded, error) {
-	return TakeoverEnded{}, nil
-}
 
 // Invariant 3: a takeover left unfinished (the edge a claim took the
 // session from named another as its holder, HeldElsewhereError, and that
@@ -56,8 +24,9 @@ func TestBroker_UnfinishedTakeoverFinishedDespiteOlderCopy(t *testing.T) {
 	b, addr, stop := openDurable(t, t.TempDir())
 	t.Cleanup(stop)
 	askedEdge3 := 0
-	tk := &routedTakeover{begin: func(previous string) ([]byte, error) {
-		switch previous {
+	tk := &scriptedTakeover{}
+	tk.begin = func(uint64) ([]byte, error) {
+		switch tk.from[len(tk.from)-1] {
 		case "edge-3":
 			askedEdge3++
 			if askedEdge3 == 1 {
@@ -68,27 +37,27 @@ func TestBroker_UnfinishedTakeoverFinishedDespiteOlderCopy(t *testing.T) {
 			return nil, errors.New("deadline exceeded") // holds the client, slow
 		}
 		return nil, nil
-	}}
-	own := &scriptedClaims{next: []func() (Grant, error){
-		func() (Grant, error) { return Grant{Epoch: 5}, nil },
-		func() (Grant, error) { return Grant{Epoch: 27, Previous: "edge-3", PreviousEpoch: 25}, nil },
-		func() (Grant, error) {
-			return Grant{Epoch: 29, Previous: "test", PreviousEpoch: 27, TakenFrom: "edge-3"}, nil
-		},
-	}}
-	b.SetCluster(Cluster{Takeover: tk, Ownership: own})
+	}
+	grants := []Grant{
+		{Epoch: 5},
+		{Epoch: 27, Previous: "edge-3", PreviousEpoch: 25},
+		{Epoch: 29, Previous: "test", PreviousEpoch: 27, TakenFrom: "edge-3"},
+	}
+	var mu sync.Mutex
+	b.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
+		mu.Lock()
+		defer mu.Unlock()
+		g := grants[0]
+		grants = grants[1:]
+		return g
+	})})
 	props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
 	id := b.mustScope(t, "default").ClientID("chain")
 	c := mqtttest.Dial(t, addr, 5)
 	require.Equal(t, packets.CodeSuccess.Code, c.Connect("chain", false, props).ReasonCode)
 	require.Equal(t, uint64(5), waitBound(t, b, id))
 	_ = c.Conn.Close()
-	require.Eventually(t, func() bool {
-		s := b.session(id)
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.client == nil
-	}, 5*time.Second, time.Millisecond)
+	waitUnbound(t, b.session(id))
 
 	c27 := mqtttest.Dial(t, addr, 5)
 	require.NotEqual(t, packets.CodeSuccess.Code, c27.Connect("chain", false, props).ReasonCode)
