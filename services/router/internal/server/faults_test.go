@@ -307,7 +307,20 @@ func routeChangesUnder(t *testing.T, nodes []*testNode, what string, fault func(
 				sharedAll.Add(1)
 			}
 		default:
-			t.Errorf("after %s's SUBACK for %s, a publish of %q on %s is not routed to it: got %v", ids[e], f, topics[i], ids[other], got)
+			// Where the answer came from (a Lookup, or the edge's cache or
+			// Bloom filter) and what each node's table holds now tell a
+			// lost table write from a stale copy on the edge.
+			var now []string
+			for _, n := range nodes {
+				l, err := apiClient(n.url).Lookup(rctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: topics[i]}))
+				if err != nil {
+					now = append(now, fmt.Sprintf("%s: %v", n.url, err))
+					continue
+				}
+				now = append(now, fmt.Sprintf("%s: %v unsettled=%v", n.url, renderLookup(l.Msg), l.Msg.GetUnsettled()))
+			}
+			t.Errorf("after %s's SUBACK for %s, a publish of %q on %s is not routed to it: got %v (looked up: %v; %s stats %+v); lookups now: %v",
+				ids[e], f, topics[i], ids[other], got, r.Looked, ids[other], edges[other].Stats(), now)
 		}
 	}
 	var wg sync.WaitGroup
