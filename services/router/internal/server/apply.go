@@ -162,7 +162,8 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	var rejected []*routerv1.RouteReject
 	var wild []*routerv1.WildcardDelta
 	var inv *routerv1.RouteInvalidation
-	changed, retriedAdd := false, false
+	changed, retriedAdd, reasserted := false, false, false
+	var again *routerv1.RouteInvalidation // the key's anchor, announced again
 	for _, ed := range deltas {
 		d := ed.GetDelta()
 		r := d.GetRoute()
@@ -185,13 +186,29 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		cur, has := set.Routes[route][ed.GetEdgeId()]
 		retry := d.GetSeq() != math.MaxUint64 && (op == table.OpAdd && has && cur.Inc == ed.GetIncarnation() && cur.Seq == d.GetSeq() ||
 			op == table.OpRemove && !has)
+		// A route the key already holds for this incarnation, re-sent with
+		// the edge's route set after a membership change, is announced
+		// again: a node that loaded its replicas by scanning Olric while
+		// partitions moved can have missed the key, and without the
+		// announcement its Bloom filters (and its edges') would rule the
+		// anchor out, or its wildcard replica lack the route, for good.
+		// The settle round waits for these re-sent sets, so every node
+		// holds them before it settles.
+		resent := op == table.OpAdd && has && cur.Inc == ed.GetIncarnation()
 		res := set.Apply(table.Delta{Edge: ed.GetEdgeId(), Inc: ed.GetIncarnation(), Seq: d.GetSeq(), Op: op, Route: route, Count: d.GetCount()})
-		if !res.Changed && !retry {
+		if !res.Changed && !retry && !resent {
 			continue
 		}
 		if !res.Changed {
 			if isWild {
 				wild = append(wild, &routerv1.WildcardDelta{Route: r, EdgeId: ed.GetEdgeId(), Op: d.GetOp(), Incarnation: ed.GetIncarnation(), Seq: d.GetSeq()})
+				continue
+			}
+			if !retry {
+				if !reasserted {
+					reasserted = true
+					again = &routerv1.RouteInvalidation{Tenant: r.GetTenant(), NewAnchors: []string{routes.Key{Filter: r.GetFilter()}.Anchor()}}
+				}
 				continue
 			}
 			if inv == nil {
@@ -224,8 +241,13 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 	}
 	if !changed {
-		if inv != nil && retriedAdd {
+		if inv != nil && (retriedAdd || reasserted) {
 			inv.NewAnchors = inv.Anchors
+		}
+		if inv == nil {
+			// Announced as new only: nothing changed that a cached answer
+			// lacks.
+			inv = again
 		}
 		return rejected, inv, wild, nil
 	}
@@ -240,7 +262,7 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("store route key: %w", err)
 	}
-	if inv != nil && (wasEmpty && set.Len() > 0 || retriedAdd) {
+	if inv != nil && (wasEmpty && set.Len() > 0 || retriedAdd || reasserted) {
 		inv.NewAnchors = inv.Anchors
 	}
 	return rejected, inv, wild, nil
@@ -512,15 +534,21 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 	var waitUntil time.Time
 	n.mu.Lock()
 	inv, wd := req.GetInvalidation(), req.GetWildcard()
+	// Anchors this node's filter lacked: every edge here lacks them too
+	// (its filters are this node's), so all must hear of them. Edges that
+	// cached an answer for an anchor it holds already are its cachers.
+	newHere := 0
 	if inv != nil {
 		if len(inv.GetNewAnchors()) > 0 {
 			// A new or rebuilt filter goes to every edge ahead of the
 			// invalidation, which they acknowledge after it.
-			if bs, fresh, _ := n.addAnchorsLocked(inv.GetTenant(), inv.GetNewAnchors()); fresh {
+			bs, fresh, added := n.addAnchorsLocked(inv.GetTenant(), inv.GetNewAnchors())
+			if fresh {
 				for _, c := range n.conns {
 					n.sendBloomLocked(c, inv.GetTenant(), bs)
 				}
 			}
+			newHere = added
 		}
 		for _, de := range inv.GetDeadEdges() {
 			n.dead[de.GetEdgeId()] = max(n.dead[de.GetEdgeId()], de.GetIncarnation())
@@ -529,7 +557,7 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 	}
 	// Only the wildcard deltas that changed the replica go on to the edges.
 	wd = applyWild(n.wild, wd, n.dead, time.Now())
-	all := len(inv.GetNewAnchors()) > 0 || len(inv.GetDeadEdges()) > 0 || wd != nil
+	all := newHere > 0 || len(inv.GetDeadEdges()) > 0 || wd != nil
 	if n.reloading && (len(inv.GetDeadEdges()) > 0 || len(req.GetWildcard().GetDeltas()) > 0) {
 		n.reloadLog = append(n.reloadLog, req)
 	}
@@ -678,7 +706,8 @@ func before(inc, seq, curInc, curSeq uint64) bool {
 // add records that edge incarnation inc holds route as of its change seq,
 // unless the replica holds a later change for it: a later add, or a
 // remove (tombstone) with a higher seq or of a later incarnation.
-// Re-applying the add it holds (a retried notification) is a change.
+// Re-applying the add it holds (a retried notification) is a change; the
+// same add at a later seq of the same incarnation is not.
 // (A re-sent route set removes what it lacks at its seq + 1, so the edge's
 // next change, an add at that very seq, is not older than the remove.)
 //
@@ -704,12 +733,15 @@ func (w *wildReplica) add(r table.Route, edge string, inc, seq uint64) bool {
 		es = map[string]table.Entry{}
 		w.set.Routes[r] = es
 	}
-	if cur, ok := es[edge]; ok && cur.Inc == inc && seq == 0 {
+	cur, held := es[edge]
+	if held && cur.Inc == inc && seq == 0 {
 		seq = cur.Seq // a sender without seqs: keep the one known
 	}
 	es[edge] = table.Entry{Inc: inc, Seq: seq}
 	w.trie.Add(r.Filter, wildVal{route: r, edge: edge})
-	return true
+	// Held already by this incarnation as of an earlier change (a re-sent
+	// route set): the edges here have it, and need not hear of it again.
+	return !held || cur.Inc != inc || seq == cur.Seq
 }
 
 // remove drops route for edge incarnation inc and older ones, unless the

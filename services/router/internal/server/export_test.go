@@ -18,3 +18,46 @@ func (n *Node) NotifyBacklog() int {
 	}
 	return q
 }
+
+// ForgetRoutes makes n's replicas lack anchor in tenant's Bloom filter and
+// filter in its wildcard replica, as a reload whose Olric scan missed their
+// keys leaves them, and sends its edges the table again (as a restarted
+// node's edges get it when they connect).
+func (n *Node) ForgetRoutes(tenant, anchor, filter string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if bs := n.blooms[tenant]; bs != nil {
+		nb := newBloomState(bs.capacity, bs.version)
+		for a := range bs.anchors {
+			if a != anchor {
+				nb.anchors[a] = struct{}{}
+				nb.bloom.Add(a)
+			}
+		}
+		n.blooms[tenant] = nb
+	}
+	if w := n.wild[tenant]; w != nil {
+		for r, es := range w.set.Routes {
+			if r.Filter != filter {
+				continue
+			}
+			for e := range es {
+				w.trie.Remove(r.Filter, wildVal{route: r, edge: e})
+			}
+			delete(w.set.Routes, r)
+		}
+	}
+	for _, c := range n.conns {
+		n.sendInitialLocked(c)
+	}
+}
+
+// RequestResync asks every edge streaming to n for its route set, as a
+// settle round does.
+func (n *Node) RequestResync() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, c := range n.conns {
+		n.requestResyncLocked(c)
+	}
+}
