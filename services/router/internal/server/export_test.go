@@ -1,5 +1,12 @@
 package server
 
+import (
+	"context"
+
+	"github.com/keelmq/keel/libs/routes"
+	routerv1 "github.com/keelmq/keel/proto/gen/keel/router/v1"
+)
+
 // OwnerOfAnchor returns the router node, among members, that writes the
 // route key of (tenant, anchor): its single writer, which notifies the
 // other nodes of changes to it.
@@ -60,4 +67,17 @@ func (n *Node) RequestResync() {
 	for _, c := range n.conns {
 		n.requestResyncLocked(c)
 	}
+}
+
+// ApplyAndDie does what an owner of the route key that died before it
+// notified anyone leaves behind, for the delta d of edge id (incarnation
+// inc): the key holds the change, the edge's record says it was applied,
+// and no other node nor any edge heard of it.
+func (n *Node) ApplyAndDie(ctx context.Context, id string, inc uint64, d *routerv1.RouteDelta) error {
+	if _, _, _, err := n.applyKey(ctx, routeKey(keyOf(d.GetRoute())), []*routerv1.EdgeDelta{{EdgeId: id, Incarnation: inc, Delta: d}}); err != nil {
+		return err
+	}
+	var dig routes.Digest
+	dig.Add(keyOf(d.GetRoute()))
+	return n.storeEdge(ctx, id, edgeRecord{Inc: inc, Seq: d.GetSeq(), Count: dig.Count, Sum: dig.Sum, SnapView: n.View()})
 }

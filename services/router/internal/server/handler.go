@@ -282,11 +282,15 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 			}
 			last = d.GetSeq()
 		}
-		var fresh []*routerv1.EdgeDelta
+		// Deltas at or below the seq the edge's record says was applied are
+		// applied again all the same: the edge re-sends only what it was
+		// never told was done, and the node that applied it may have died
+		// before it notified the other nodes. applyKey takes such a delta
+		// for a retry and notifies it again; skipped, it would be
+		// acknowledged with nobody told.
+		fresh := make([]*routerv1.EdgeDelta, 0, len(ds))
 		for _, d := range ds {
-			if d.GetSeq() > c.applied {
-				fresh = append(fresh, &routerv1.EdgeDelta{EdgeId: c.id, Incarnation: c.inc, Delta: d})
-			}
+			fresh = append(fresh, &routerv1.EdgeDelta{EdgeId: c.id, Incarnation: c.inc, Delta: d})
 		}
 		start := time.Now()
 		rejected, err := n.routeDeltas(ctx, fresh)
@@ -314,7 +318,7 @@ func (n *Node) handleEdgeRequest(c *edgeConn, req *routerv1.RouteSyncRequest) er
 			}
 		}
 		if len(fresh) > 0 {
-			c.applied = last
+			c.applied = max(c.applied, last)
 			if err := n.storeEdge(ctx, c.id, edgeRecord{Inc: c.inc, Seq: c.applied, Count: c.digest.Count, Sum: c.digest.Sum, DeadInc: c.deadInc, SnapView: c.snapView}); err != nil {
 				return err
 			}

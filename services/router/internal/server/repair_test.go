@@ -67,3 +67,53 @@ func TestCluster_ResentRouteSetsRepairAReplicaThatMissedKeys(t *testing.T) {
 		testutil.Eventually(t, 10*time.Second, func() error { return routed(topic) })
 	}
 }
+
+// TestCluster_ChangeResentToAnotherNodeIsNotifiedAgain: a key's owner that
+// applied an edge's change, recorded it in the edge's record and died
+// before notifying the other nodes leaves the edge without its ack. The
+// edge re-sends the change on its next stream, to another node: that node
+// must not take the record's word that the change is done, but apply it
+// again, so that it is notified before the edge is told (and SUBACKs).
+func TestCluster_ChangeResentToAnotherNodeIsNotifiedAgain(t *testing.T) {
+	nodes := startCluster(t, 3)
+	pub := startEdge(t, nodes[2].url, "edge-pub", 1)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	d := &routerv1.RouteDelta{Seq: 1, Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: "+/w/1"}}
+	if err := nodes[0].node.ApplyAndDie(ctx, "edge-sub", 1, d); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	stream := apiClient(nodes[1].url).RouteSync(ctx)
+	defer func() { _ = stream.CloseRequest() }()
+	for _, m := range []*routerv1.RouteSyncRequest{
+		{Msg: &routerv1.RouteSyncRequest_Hello{Hello: &routerv1.RouteSyncHello{EdgeId: "edge-sub", Incarnation: 1}}},
+		{Msg: &routerv1.RouteSyncRequest_Deltas{Deltas: &routerv1.RouteDeltas{Deltas: []*routerv1.RouteDelta{d}}}},
+	} {
+		if err := stream.Send(m); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	for {
+		resp, err := stream.Receive()
+		if err != nil {
+			t.Fatalf("receive: %v", err)
+		}
+		if a := resp.GetAck(); a != nil && a.GetSeq() >= 1 {
+			break
+		}
+	}
+	// Acknowledged: every node and the edges streaming to them route to it
+	// now, not after some later repair.
+	for _, n := range nodes {
+		l, err := apiClient(n.url).Lookup(ctx, connect.NewRequest(&routerv1.LookupRequest{Tenant: "t1", Topic: "q/w/1"}))
+		if err != nil {
+			t.Fatalf("lookup on %s: %v", n.url, err)
+		}
+		if got := renderLookup(l.Msg); !slices.Contains(got, "edge-sub") {
+			t.Errorf("lookup on %s after the ack: got %v", n.url, got)
+		}
+	}
+	if got := route(t, pub, "t1", "q/w/1"); !slices.Contains(got, "edge-sub") {
+		t.Errorf("edge-pub after the ack: got %v", got)
+	}
+}
