@@ -292,7 +292,6 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// (§3.1.2.11.2, [MQTT-3.2.2-3]).
 		b.expireOffline(old)
 	}
-	b.cancelWill(cl.ID, pk.Connect.Clean)
 	// Without Clean Start the session goes on in this connection, unless
 	// its live connection is one it does not outlive: the takeover closes
 	// that, so the session ends, and this connection starts a new one
@@ -328,6 +327,14 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// resumed).
 		cl.State.SessionFate = mqtt.SessionFateMochi
 	}
+	// Once the session's fate is recorded in its copy (takeOver raised its
+	// epoch, or the copy ended): an earlier connection of the client whose
+	// end decides its will from here on finds it there (willAtEnd), and a
+	// will scheduled before is cancelled here, published at once if the
+	// session ended. Cancelled first, a will scheduled in between by a
+	// connection that ended meanwhile would stay, and go out after its
+	// delay although the session went on [MQTT-3.1.3-9].
+	b.cancelWill(cl.ID, ends)
 	if endsWith != nil {
 		if oc := b.conn(endsWith); oc != nil {
 			oc.sessionEnds.Store(true) // its will goes out at once
@@ -401,6 +408,7 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		b.sessions[cl.ID] = s
 	}
 	b.sessMu.Unlock()
+	c.sess = s
 	window := int(b.cfg.MaxInflight)
 	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
 		window = min(window, int(cl.Properties.Props.ReceiveMaximum))
@@ -521,6 +529,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if normal {
 		b.storeDisconnectExpiry(cl, c, s)
 	}
+	if at := b.atWill.Load(); at != nil {
+		(*at)(cl)
+	}
 	if will := c.will.Load(); will != nil && !normal && !b.stopping.Load() {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
@@ -531,7 +542,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			// when its expiry interval (as the DISCONNECT left it) has.
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
-		b.scheduleWill(cl.ID, will, delay, c.record)
+		b.willAtEnd(cl.ID, c, will, delay)
 	} else if c.record != nil {
 		// A normal DISCONNECT, or this edge stopping: the will never goes
 		// out, so no custodian may publish it either.

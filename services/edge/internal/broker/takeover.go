@@ -68,8 +68,9 @@ type moving struct {
 
 // TakeOver gives up, on this edge, the session that another edge claimed
 // under newEpoch: its connection is closed with 0x8E (MQTT 5), and its will
-// goes out at once if the new connection starts clean (the session ends),
-// never if the session goes on elsewhere ([MQTT-3.1.3-9]). A
+// goes out at once if the session ends (the new connection starts clean,
+// or the session does not outlive its connection), never if the session
+// goes on elsewhere ([MQTT-3.1.3-9]). A
 // persistent session that moves (no clean start) is returned in the
 // session transfer encoding and stays here, offline and still queueing,
 // until [Broker.TakeoverEnd]; any other session ends. owned is false when
@@ -115,27 +116,32 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 			return true, false, nil, nil
 		}
 	}
-	if persistent && !cleanStart {
+	// A session that does not outlive its connection, or one with no
+	// durable state to move, ends here as a clean start ends it: the new
+	// connection starts a new session.
+	moves := persistent && !cleanStart
+	if moves {
 		// From here on the session keeps what it queues apart for End.
 		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}
-	}
-	if !cleanStart {
 		// The session goes on elsewhere: its will is void, and the new
 		// owner stores the session's record again without it.
 		s.record = nil
 	}
 	s.mu.Unlock()
 	b.m.takeovers.Inc()
-	// A will waiting for its delay goes now if the session ends, never if
-	// it moves ([MQTT-3.1.3-9]).
-	b.cancelWill(id, cleanStart)
+	if moves {
+		// A will waiting for its delay never goes ([MQTT-3.1.3-9]). After
+		// s.moving is set: a connection ending from here on finds the
+		// session moving and leaves its will (willAtEnd).
+		b.cancelWill(id, false)
+	}
 	if cl != nil {
 		wasConnected = true
 		if c := b.conn(cl); c != nil {
-			if cleanStart {
-				c.sessionEnds.Store(true) // its will goes out at once
-			} else {
+			if moves {
 				c.will.Store(nil)
+			} else {
+				c.sessionEnds.Store(true) // its will goes out at once
 			}
 		}
 		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
@@ -144,8 +150,13 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		// a local takeover) so that they move with it.
 		s.detach(cl)
 	}
-	if !persistent || cleanStart {
+	if !moves {
 		b.endSession(id, nil)
+		// After the end: a will waiting for its delay goes now, and so does
+		// one that a connection ending before the end scheduled
+		// ([MQTT-3.1.3-9]: published when the delay passes or the session
+		// ends, whichever is first).
+		b.cancelWill(id, true)
 		return true, wasConnected, nil, nil
 	}
 	st, ok, err := b.store.LoadSession(ctx, id)
