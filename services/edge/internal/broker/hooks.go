@@ -376,6 +376,9 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	if !b.bindEstablished(cl, c) {
 		return
 	}
+	if cl.State.SessionFate == mqtt.SessionResumed {
+		b.mirrorSession(cl)
+	}
 	// A resumed session keeps only what its client may still subscribe to.
 	// Not under the guard: the route removals wait on the router, and a
 	// takeover from another edge that waits for the guard holds the
@@ -547,6 +550,16 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		// A normal DISCONNECT, or this edge stopping: the will never goes
 		// out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
+	}
+	if c.sess.after(c.epoch) == sessionResumed {
+		// A newer CONNECT here took the session on, and mochi's
+		// inheritClientSession for it is still to come or done: mochi's
+		// records of this connection (its Clients entry, subscriptions,
+		// in-flight state) are that connection's to inherit, not this
+		// end's to clean up (expire: a DISCONNECT that set Session Expiry
+		// 0 after the takeover), or the CONNACK would say Session Present
+		// 0 for the session resumed [MQTT-3.2.2-2].
+		cl.MarkTakenOver()
 	}
 	if expire && !cl.IsTakenOver() {
 		// Not a session a newer CONNECT took over before this connection's
@@ -1021,6 +1034,33 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 		b.matchRetained(sub.filter, now, func(m *Message) {
 			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids, onSubscribe: true}) // [MQTT-3.3.1-9]
 		})
+	}
+}
+
+// mirrorSession gives mochi's records of cl, bound to the session it
+// resumed, the session's subscriptions they lack. mochi inherits them from
+// the client's previous connection, and has none to inherit when its
+// record of that connection is gone, though the session goes on (its
+// CONNACK says Session Present 1): an UNSUBSCRIBE would be answered "no
+// subscription existed", and a SUBSCRIBE with Retain Handling 1 taken for
+// a new subscription.
+func (b *Broker) mirrorSession(cl *mqtt.Client) {
+	s := b.session(cl.ID)
+	if s == nil || s.nsubs.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.client != cl {
+		return // taken over since: the newer connection's records are its own
+	}
+	for filter, sub := range s.subs {
+		if _, ok := cl.State.Subscriptions.Get(filter); ok {
+			continue
+		}
+		pk := sub.packet()
+		cl.State.Subscriptions.Add(filter, pk)
+		b.server.Topics.Subscribe(cl.ID, pk)
 	}
 }
 

@@ -812,20 +812,22 @@ const (
 	// sessionHeld: nothing newer happened to it; the connection's end
 	// decides.
 	sessionHeld sessionAfter = iota
-	// sessionGoesOn: a newer connection took it on here, or it is handed
-	// to another edge.
-	sessionGoesOn
+	// sessionResumed: a newer connection here took it on.
+	sessionResumed
+	// sessionMoved: it goes on elsewhere, handed to another edge or to a
+	// copy that replaces this one.
+	sessionMoved
 	// sessionEnded: it ended, while its connection was ending or before.
 	sessionEnded
 )
 
 // after reports what became of the session for a connection that held it
 // under the claim of epoch. A copy given up for another edge or for a copy
-// replacing it goes on; one ended otherwise (a Clean Start, a takeover of a
+// replacing it moved; one ended otherwise (a Clean Start, a takeover of a
 // session that does not outlive its connection, an operator's discard)
 // ended; one whose epoch a newer claim raised (takeOver, a newer bind)
-// goes on in that claim's connection. A nil session (a connection never
-// bound) was held by nothing newer.
+// was resumed by that claim's connection. A nil session (a connection
+// never bound) was held by nothing newer.
 func (s *session) after(epoch uint64) sessionAfter {
 	if s == nil {
 		return sessionHeld
@@ -834,11 +836,11 @@ func (s *session) after(epoch uint64) sessionAfter {
 	defer s.mu.Unlock()
 	switch {
 	case s.moving != nil:
-		return sessionGoesOn
+		return sessionMoved
 	case s.closed:
 		return sessionEnded
 	case s.epoch > epoch:
-		return sessionGoesOn
+		return sessionResumed
 	}
 	return sessionHeld
 }
