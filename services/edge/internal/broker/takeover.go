@@ -789,9 +789,11 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 // claimShared makes this edge the writer of a session in a store every
 // edge shares, and resumes the session from it when no live edge handed it
 // over: its previous owner died, or a custodian holds it only in the store
-// (or, with no previous owner, the store holds it all the same). A session
-// that nobody owned before and that stores nothing (it does not outlive
-// its connection and has no will) costs the store nothing.
+// (or, with no previous owner, the store holds it all the same). A stored
+// session that did not outlive its connection is not resumed: it ended,
+// and only its will is left to publish. A session that nobody owned
+// before and that stores nothing (it does not outlive its connection and
+// has no will) costs the store nothing.
 func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) error {
 	if moved || (previous == "" && !stores) {
 		return nil
@@ -821,6 +823,19 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
 		return err
+	}
+	if !st.Session.Persistent() {
+		// A session that does not outlive its connection (Session Expiry
+		// 0, a 3.1.1 clean session) ended with it, on an owner that died
+		// or gave its claim back before the end removed the record, kept
+		// for the will alone. Nothing of it is resumed (Session Present 0
+		// [MQTT-3.2.2-3]; 3.1.1 [MQTT-3.1.2-6]); the will, not published
+		// yet, goes out now, the session having ended ([MQTT-3.1.3-9]),
+		// and leaves the store with the record, as on a clean start.
+		if w := st.Session.Will; w != nil {
+			b.publishWill(id, fromRecord(w.Msg), nil)
+		}
+		return b.store.DeleteSession(ctx, id, true)
 	}
 	b.m.resumedFromStore.Inc()
 	if previous == "" {
