@@ -165,7 +165,7 @@ type conn struct {
 	// sess is the copy of the session the connection was bound to (or to
 	// be bound to, when its bind failed): its end decides its will by what
 	// became of that copy (willAtEnd).
-	sess *session
+	sess atomic.Pointer[session]
 	// guard covers the CONNECT until its session is bound (claims.go);
 	// superseded is set when a newer claim elsewhere won meanwhile: the
 	// connection then never held the session.

@@ -411,7 +411,7 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		b.sessions[cl.ID] = s
 	}
 	b.sessMu.Unlock()
-	c.sess = s
+	c.sess.Store(s)
 	window := int(b.cfg.MaxInflight)
 	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
 		window = min(window, int(cl.Properties.Props.ReceiveMaximum))
@@ -551,7 +551,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		// out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
 	}
-	if c.sess.after(c.epoch) == sessionResumed {
+	if c.sess.Load().after(c.epoch) == sessionResumed {
 		// A newer CONNECT here took the session on, and mochi's
 		// inheritClientSession for it is still to come or done: mochi's
 		// records of this connection (its Clients entry, subscriptions,

@@ -157,6 +157,16 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		// ([MQTT-3.1.3-9]: published when the delay passes or the session
 		// ends, whichever is first).
 		b.cancelWill(id, true)
+		if b.store != nil && b.store.Shared() {
+			// The will goes out from here. The stored record that holds
+			// it leaves the store before the new owner, told of the end,
+			// reads it (the end's own delete is queued, and the new
+			// owner's activation would fence it off): left there, the
+			// record's will would be published again by the new owner.
+			if err := b.store.DeleteSession(ctx, id, true); err != nil {
+				return true, wasConnected, nil, fmt.Errorf("ended session not removed from the store: %w", err)
+			}
+		}
 		return true, wasConnected, nil, nil
 	}
 	st, ok, err := b.store.LoadSession(ctx, id)
@@ -832,8 +842,12 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		// [MQTT-3.2.2-3]; 3.1.1 [MQTT-3.1.2-6]); the will, not published
 		// yet, goes out now, the session having ended ([MQTT-3.1.3-9]),
 		// and leaves the store with the record, as on a clean start.
+		// Not sent, it stays stored, and the client's next CONNECT tries
+		// again.
 		if w := st.Session.Will; w != nil {
-			b.publishWill(id, fromRecord(w.Msg), nil)
+			if err := b.sendWill(fromRecord(w.Msg)); err != nil {
+				return fmt.Errorf("will of the ended session not published: %w", err)
+			}
 		}
 		return b.store.DeleteSession(ctx, id, true)
 	}

@@ -87,7 +87,7 @@ func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durab
 // that left b.conns already, its will on the way here.
 func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 	b.willMu.Lock()
-	switch c.sess.after(c.epoch) {
+	switch c.sess.Load().after(c.epoch) {
 	case sessionResumed, sessionMoved:
 		// A new connection to the session came before the delay passed
 		// ([MQTT-3.1.3-9]), or another edge holds the session on.
