@@ -188,7 +188,9 @@ const (
 	// MQTT 3.1.1 clean session.
 	SessionFateMochi SessionFate = iota
 	// SessionResumed: the session goes on in the new connection, unless its
-	// CONNECT has Clean Start.
+	// CONNECT has Clean Start, and its CONNACK says Session Present 1 even
+	// with no client of the id left to inherit from: the hook holds the
+	// session.
 	SessionResumed
 	// SessionEnded: the session ends with the existing connection, and the
 	// new connection starts a new one (Session Present 0, [MQTT-3.2.2-3]).
@@ -497,6 +499,18 @@ func (cl *Client) Closed() bool {
 
 func (cl *Client) IsTakenOver() bool {
 	return cl.State.isTakenOver.Load()
+}
+
+// MarkTakenOver records that a newer connection of the client has taken
+// its session on, before that connection's inheritClientSession does. keel
+// patch: an OnDisconnect hook that keeps the sessions itself can know of
+// the newer connection first (the connection ends between the newer one's
+// OnSessionEstablish and its inheritance); marked, the client's end leaves
+// its Clients entry, subscriptions and in-flight messages for the newer
+// connection to inherit, where it would take them away, and the newer
+// connection's CONNACK say the session was not present.
+func (cl *Client) MarkTakenOver() {
+	cl.State.isTakenOver.Store(true)
 }
 
 // ReadFixedHeader reads in the values of the next packet's fixed header.

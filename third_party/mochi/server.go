@@ -536,9 +536,7 @@ func (s *Server) abandonConnect(cl *Client, err error) {
 	if expire && !cl.IsTakenOver() {
 		cl.ClearInflights()
 		s.UnsubscribeClient(cl)
-		if existing, ok := s.Clients.Get(cl.ID); ok && existing == cl {
-			s.Clients.Delete(cl.ID)
-		}
+		s.Clients.DeleteIf(cl.ID, cl)
 	}
 }
 
@@ -580,7 +578,9 @@ func (s *Server) serveClient(cl *Client, listener string) error {
 	if expire && !cl.IsTakenOver() {
 		cl.ClearInflights()
 		s.UnsubscribeClient(cl)
-		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
+		// keel patch: only cl's own entry. A newer connection of the client
+		// may have been added since the check above; its entry is its own.
+		s.Clients.DeleteIf(cl.ID, cl) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
 	}
 
 	return err
@@ -704,7 +704,12 @@ func (s *Server) inheritClientSession(pk packets.Packet, cl *Client) bool {
 		atomic.AddInt64(&s.Info.ClientsMaximum, 1)
 	}
 
-	return false // [MQTT-3.2.2-2]
+	// keel patch: a hook that keeps the sessions itself and resumes one
+	// (SessionFate) holds it whether or not a client of the id is left
+	// here to inherit from; Session Present says the session's fate
+	// [MQTT-3.2.2-2], and the hook gives the connection what the session
+	// holds.
+	return cl.State.SessionFate == SessionResumed && !pk.Connect.Clean // [MQTT-3.2.2-2]
 }
 
 // SendConnack returns a Connack packet to a client.

@@ -128,6 +128,11 @@ type Broker struct {
 	// takeoverFailsLogged those up to the last line logged.
 	takeoverFails, takeoverFailsLogged atomic.Uint64
 	takeoverFailLog                    logging.Every
+
+	// atWill, when set, runs in OnDisconnect as the ended connection comes
+	// to its will: a takeover of its session can land between the
+	// connection's end and that point, and tests hold it open there.
+	atWill atomic.Pointer[func(*mqtt.Client)]
 }
 
 // conn is the per-connection state the hooks share.
@@ -157,6 +162,10 @@ type conn struct {
 	sessionEnds atomic.Bool
 	// epoch is the ownership epoch of the session this connection holds.
 	epoch uint64
+	// sess is the copy of the session the connection was bound to (or to
+	// be bound to, when its bind failed): its end decides its will by what
+	// became of that copy (willAtEnd).
+	sess atomic.Pointer[session]
 	// guard covers the CONNECT until its session is bound (claims.go);
 	// superseded is set when a newer claim elsewhere won meanwhile: the
 	// connection then never held the session.

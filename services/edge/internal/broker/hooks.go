@@ -292,7 +292,6 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// (§3.1.2.11.2, [MQTT-3.2.2-3]).
 		b.expireOffline(old)
 	}
-	b.cancelWill(cl.ID, pk.Connect.Clean)
 	// Without Clean Start the session goes on in this connection, unless
 	// its live connection is one it does not outlive: the takeover closes
 	// that, so the session ends, and this connection starts a new one
@@ -328,6 +327,14 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// resumed).
 		cl.State.SessionFate = mqtt.SessionFateMochi
 	}
+	// Once the session's fate is recorded in its copy (takeOver raised its
+	// epoch, or the copy ended): an earlier connection of the client whose
+	// end decides its will from here on finds it there (willAtEnd), and a
+	// will scheduled before is cancelled here, published at once if the
+	// session ended. Cancelled first, a will scheduled in between by a
+	// connection that ended meanwhile would stay, and go out after its
+	// delay although the session went on [MQTT-3.1.3-9].
+	b.cancelWill(cl.ID, ends)
 	if endsWith != nil {
 		if oc := b.conn(endsWith); oc != nil {
 			oc.sessionEnds.Store(true) // its will goes out at once
@@ -369,6 +376,9 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	if !b.bindEstablished(cl, c) {
 		return
 	}
+	if cl.State.SessionFate == mqtt.SessionResumed {
+		b.mirrorSession(cl)
+	}
 	// A resumed session keeps only what its client may still subscribe to.
 	// Not under the guard: the route removals wait on the router, and a
 	// takeover from another edge that waits for the guard holds the
@@ -401,6 +411,7 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		b.sessions[cl.ID] = s
 	}
 	b.sessMu.Unlock()
+	c.sess.Store(s)
 	window := int(b.cfg.MaxInflight)
 	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
 		window = min(window, int(cl.Properties.Props.ReceiveMaximum))
@@ -521,6 +532,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if normal {
 		b.storeDisconnectExpiry(cl, c, s)
 	}
+	if at := b.atWill.Load(); at != nil {
+		(*at)(cl)
+	}
 	if will := c.will.Load(); will != nil && !normal && !b.stopping.Load() {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
@@ -531,11 +545,21 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			// when its expiry interval (as the DISCONNECT left it) has.
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
-		b.scheduleWill(cl.ID, will, delay, c.record)
+		b.willAtEnd(cl.ID, c, will, delay)
 	} else if c.record != nil {
 		// A normal DISCONNECT, or this edge stopping: the will never goes
 		// out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
+	}
+	if c.sess.Load().after(c.epoch) == sessionResumed {
+		// A newer CONNECT here took the session on, and mochi's
+		// inheritClientSession for it is still to come or done: mochi's
+		// records of this connection (its Clients entry, subscriptions,
+		// in-flight state) are that connection's to inherit, not this
+		// end's to clean up (expire: a DISCONNECT that set Session Expiry
+		// 0 after the takeover), or the CONNACK would say Session Present
+		// 0 for the session resumed [MQTT-3.2.2-2].
+		cl.MarkTakenOver()
 	}
 	if expire && !cl.IsTakenOver() {
 		// Not a session a newer CONNECT took over before this connection's
@@ -1010,6 +1034,33 @@ func (h *hook) OnSubscribed(cl *mqtt.Client, pk packets.Packet, codes []byte) {
 		b.matchRetained(sub.filter, now, func(m *Message) {
 			s.enqueue(delivery{msg: m, qos: min(m.QoS, sub.qos), retain: true, ids: sub.ids, onSubscribe: true}) // [MQTT-3.3.1-9]
 		})
+	}
+}
+
+// mirrorSession gives mochi's records of cl, bound to the session it
+// resumed, the session's subscriptions they lack. mochi inherits them from
+// the client's previous connection, and has none to inherit when its
+// record of that connection is gone, though the session goes on (its
+// CONNACK says Session Present 1): an UNSUBSCRIBE would be answered "no
+// subscription existed", and a SUBSCRIBE with Retain Handling 1 taken for
+// a new subscription.
+func (b *Broker) mirrorSession(cl *mqtt.Client) {
+	s := b.session(cl.ID)
+	if s == nil || s.nsubs.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.client != cl {
+		return // taken over since: the newer connection's records are its own
+	}
+	for filter, sub := range s.subs {
+		if _, ok := cl.State.Subscriptions.Get(filter); ok {
+			continue
+		}
+		pk := sub.packet()
+		cl.State.Subscriptions.Add(filter, pk)
+		b.server.Topics.Subscribe(cl.ID, pk)
 	}
 }
 

@@ -93,11 +93,15 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])
 			}
 		}
-		b.cancelWill(id, true) // a will waiting for its delay goes now, for the same reason
-		b.endSession(id, cl)   // with cl: a connection bound since keeps the session
+		b.endSession(id, cl) // with cl: a connection bound since keeps the session
 		if b.session(id) == s {
 			return res, ErrKickRaced
 		}
+		// After the end: a will waiting for its delay goes now, for the
+		// same reason, and so does one a connection ending meanwhile
+		// scheduled before the end (its end, from here on, finds the
+		// session ended and publishes at once).
+		b.cancelWill(id, true)
 		b.logger.Info("session discarded by an operator", "client_id", id, "tenant", tenant)
 	}
 	if cl != nil {

@@ -804,6 +804,47 @@ func (s *session) takeOver(cl *mqtt.Client, epoch uint64) (ends bool, live *mqtt
 	return false, nil
 }
 
+// sessionAfter is what became of a session, as the will of one of its
+// connections that ended is decided.
+type sessionAfter uint8
+
+const (
+	// sessionHeld: nothing newer happened to it; the connection's end
+	// decides.
+	sessionHeld sessionAfter = iota
+	// sessionResumed: a newer connection here took it on.
+	sessionResumed
+	// sessionMoved: it goes on elsewhere, handed to another edge or to a
+	// copy that replaces this one.
+	sessionMoved
+	// sessionEnded: it ended, while its connection was ending or before.
+	sessionEnded
+)
+
+// after reports what became of the session for a connection that held it
+// under the claim of epoch. A copy given up for another edge or for a copy
+// replacing it moved; one ended otherwise (a Clean Start, a takeover of a
+// session that does not outlive its connection, an operator's discard)
+// ended; one whose epoch a newer claim raised (takeOver, a newer bind)
+// was resumed by that claim's connection. A nil session (a connection
+// never bound) was held by nothing newer.
+func (s *session) after(epoch uint64) sessionAfter {
+	if s == nil {
+		return sessionHeld
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.moving != nil:
+		return sessionMoved
+	case s.closed:
+		return sessionEnded
+	case s.epoch > epoch:
+		return sessionResumed
+	}
+	return sessionHeld
+}
+
 // disconnecting records the Session Expiry Interval of 0 of an MQTT 5
 // DISCONNECT of cl, the session's connection under the claim of epoch: the
 // session no longer outlives cl [MQTT-3.14.2-2]. A DISCONNECT read after

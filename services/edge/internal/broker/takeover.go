@@ -68,8 +68,9 @@ type moving struct {
 
 // TakeOver gives up, on this edge, the session that another edge claimed
 // under newEpoch: its connection is closed with 0x8E (MQTT 5), and its will
-// goes out at once if the new connection starts clean (the session ends),
-// never if the session goes on elsewhere ([MQTT-3.1.3-9]). A
+// goes out at once if the session ends (the new connection starts clean,
+// or the session does not outlive its connection), never if the session
+// goes on elsewhere ([MQTT-3.1.3-9]). A
 // persistent session that moves (no clean start) is returned in the
 // session transfer encoding and stays here, offline and still queueing,
 // until [Broker.TakeoverEnd]; any other session ends. owned is false when
@@ -115,27 +116,32 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 			return true, false, nil, nil
 		}
 	}
-	if persistent && !cleanStart {
+	// A session that does not outlive its connection, or one with no
+	// durable state to move, ends here as a clean start ends it: the new
+	// connection starts a new session.
+	moves := persistent && !cleanStart
+	if moves {
 		// From here on the session keeps what it queues apart for End.
 		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}
-	}
-	if !cleanStart {
 		// The session goes on elsewhere: its will is void, and the new
 		// owner stores the session's record again without it.
 		s.record = nil
 	}
 	s.mu.Unlock()
 	b.m.takeovers.Inc()
-	// A will waiting for its delay goes now if the session ends, never if
-	// it moves ([MQTT-3.1.3-9]).
-	b.cancelWill(id, cleanStart)
+	if moves {
+		// A will waiting for its delay never goes ([MQTT-3.1.3-9]). After
+		// s.moving is set: a connection ending from here on finds the
+		// session moving and leaves its will (willAtEnd).
+		b.cancelWill(id, false)
+	}
 	if cl != nil {
 		wasConnected = true
 		if c := b.conn(cl); c != nil {
-			if cleanStart {
-				c.sessionEnds.Store(true) // its will goes out at once
-			} else {
+			if moves {
 				c.will.Store(nil)
+			} else {
+				c.sessionEnds.Store(true) // its will goes out at once
 			}
 		}
 		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
@@ -144,8 +150,23 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		// a local takeover) so that they move with it.
 		s.detach(cl)
 	}
-	if !persistent || cleanStart {
+	if !moves {
 		b.endSession(id, nil)
+		// After the end: a will waiting for its delay goes now, and so does
+		// one that a connection ending before the end scheduled
+		// ([MQTT-3.1.3-9]: published when the delay passes or the session
+		// ends, whichever is first).
+		b.cancelWill(id, true)
+		if b.store != nil && b.store.Shared() {
+			// The will goes out from here. The stored record that holds
+			// it leaves the store before the new owner, told of the end,
+			// reads it (the end's own delete is queued, and the new
+			// owner's activation would fence it off): left there, the
+			// record's will would be published again by the new owner.
+			if err := b.store.DeleteSession(ctx, id, true); err != nil {
+				return true, wasConnected, nil, fmt.Errorf("ended session not removed from the store: %w", err)
+			}
+		}
 		return true, wasConnected, nil, nil
 	}
 	st, ok, err := b.store.LoadSession(ctx, id)
@@ -778,9 +799,11 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 // claimShared makes this edge the writer of a session in a store every
 // edge shares, and resumes the session from it when no live edge handed it
 // over: its previous owner died, or a custodian holds it only in the store
-// (or, with no previous owner, the store holds it all the same). A session
-// that nobody owned before and that stores nothing (it does not outlive
-// its connection and has no will) costs the store nothing.
+// (or, with no previous owner, the store holds it all the same). A stored
+// session that did not outlive its connection is not resumed: it ended,
+// and only its will is left to publish. A session that nobody owned
+// before and that stores nothing (it does not outlive its connection and
+// has no will) costs the store nothing.
 func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) error {
 	if moved || (previous == "" && !stores) {
 		return nil
@@ -810,6 +833,23 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
 		return err
+	}
+	if !st.Session.Persistent() {
+		// A session that does not outlive its connection (Session Expiry
+		// 0, a 3.1.1 clean session) ended with it, on an owner that died
+		// or gave its claim back before the end removed the record, kept
+		// for the will alone. Nothing of it is resumed (Session Present 0
+		// [MQTT-3.2.2-3]; 3.1.1 [MQTT-3.1.2-6]); the will, not published
+		// yet, goes out now, the session having ended ([MQTT-3.1.3-9]),
+		// and leaves the store with the record, as on a clean start.
+		// Not sent, it stays stored, and the client's next CONNECT tries
+		// again.
+		if w := st.Session.Will; w != nil {
+			if err := b.sendWill(fromRecord(w.Msg)); err != nil {
+				return fmt.Errorf("will of the ended session not published: %w", err)
+			}
+		}
+		return b.store.DeleteSession(ctx, id, true)
 	}
 	b.m.resumedFromStore.Inc()
 	if previous == "" {

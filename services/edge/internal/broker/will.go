@@ -68,13 +68,49 @@ func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) {
 // scheduleWill publishes will after delay seconds unless the session
 // reconnects first ([MQTT-3.1.3-9]).
 func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durable.Session) {
-	publish := func() { b.publishWill(id, will, rec) }
 	if delay == 0 {
-		publish()
+		b.publishWill(id, will, rec)
 		return
 	}
 	b.willMu.Lock()
 	defer b.willMu.Unlock()
+	b.scheduleWillLocked(id, will, delay, rec)
+}
+
+// willAtEnd publishes, schedules or voids the will of c, a connection of
+// session id that ended without a normal DISCONNECT, by what became of its
+// session. A takeover decides the session's fate (takeOver, the copy's
+// end, a move) before it cancels the will waiting for its delay, and both
+// the cancel and this decision are made under willMu: a will scheduled
+// before the cancel is cancelled, and one decided after it sees the fate.
+// Through the connection alone the takeover cannot reach a connection
+// that left b.conns already, its will on the way here.
+func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
+	b.willMu.Lock()
+	switch c.sess.Load().after(c.epoch) {
+	case sessionResumed, sessionMoved:
+		// A new connection to the session came before the delay passed
+		// ([MQTT-3.1.3-9]), or another edge holds the session on.
+		b.willMu.Unlock()
+		if c.record != nil {
+			b.dropStoredWill(id, c.record)
+		}
+		return
+	case sessionEnded:
+		delay = 0 // published when the delay passes or the session ends, whichever is first
+	}
+	if delay > 0 {
+		b.scheduleWillLocked(id, will, delay, c.record)
+		b.willMu.Unlock()
+		return
+	}
+	b.willMu.Unlock()
+	b.publishWill(id, will, c.record)
+}
+
+// scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
+func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec *durable.Session) {
+	publish := func() { b.publishWill(id, will, rec) }
 	if old := b.wills[id]; old != nil {
 		old.timer.Stop()
 	}
