@@ -157,12 +157,11 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	wasEmpty := set.Len() == 0
 	isWild := key[:len(prefixWild)] == prefixWild
 	var rejected []*routerv1.RouteReject
 	var wild []*routerv1.WildcardDelta
 	var inv *routerv1.RouteInvalidation
-	changed, retriedAdd, reasserted := false, false, false
+	changed := false
 	var again *routerv1.RouteInvalidation // the key's anchor, announced again
 	for _, ed := range deltas {
 		d := ed.GetDelta()
@@ -205,17 +204,13 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 				continue
 			}
 			if !retry {
-				if !reasserted {
-					reasserted = true
+				if again == nil {
 					again = &routerv1.RouteInvalidation{Tenant: r.GetTenant(), NewAnchors: []string{routes.Key{Filter: r.GetFilter()}.Anchor()}}
 				}
 				continue
 			}
 			if inv == nil {
 				inv = &routerv1.RouteInvalidation{Tenant: r.GetTenant(), Anchors: []string{routes.Key{Filter: r.GetFilter()}.Anchor()}}
-			}
-			if op == table.OpAdd {
-				retriedAdd = true
 			}
 			continue
 		}
@@ -241,13 +236,12 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 		}
 	}
 	if !changed {
-		if inv != nil && (retriedAdd || reasserted) {
-			inv.NewAnchors = inv.Anchors
-		}
 		if inv == nil {
 			// Announced as new only: nothing changed that a cached answer
 			// lacks.
 			inv = again
+		} else {
+			inv.NewAnchors = inv.Anchors // see below
 		}
 		return rejected, inv, wild, nil
 	}
@@ -262,7 +256,13 @@ func (n *Node) applyKey(ctx context.Context, key string, deltas []*routerv1.Edge
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("store route key: %w", err)
 	}
-	if inv != nil && (wasEmpty && set.Len() > 0 || retriedAdd || reasserted) {
+	if inv != nil {
+		// Every change announces the key's anchor, not only the one that
+		// made the key non-empty: that one's notification can still be on
+		// its way to a node (notifications leave the key's lock) when a
+		// later change to the key is acknowledged, and until it lands the
+		// node and its edges rule the anchor out. A node that holds the
+		// anchor already passes the announcement on to its cachers only.
 		inv.NewAnchors = inv.Anchors
 	}
 	return rejected, inv, wild, nil

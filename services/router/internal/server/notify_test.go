@@ -278,3 +278,37 @@ func TestNotify_LateWildcardChangesAreIgnored(t *testing.T) {
 	wild(add, 2, 6)
 	routed("add 6 after it", true)
 }
+
+// TestApply_EveryChangeAnnouncesItsAnchor: the change that makes an anchored
+// key non-empty announces the anchor, and its notification leaves the key's
+// lock: a later change to the key can be notified, and acknowledged (its
+// subscriber SUBACKed), while the first is still on its way to a node. Were
+// only the first to announce the anchor, that node and every edge on it
+// would rule the anchor out meanwhile and send the later subscriber
+// nothing. Every change announces it; a node that holds it already passes
+// it on to its cachers only.
+func TestApply_EveryChangeAnnouncesItsAnchor(t *testing.T) {
+	n, _ := newMemNode(t)
+	ctx := t.Context()
+	for i, f := range []string{"k/+/1", "k/+/2", "k/#"} {
+		_, inv, _, err := n.applyKey(ctx, anchorKey("t1", "k"), []*routerv1.EdgeDelta{{EdgeId: "edge-a", Incarnation: 1,
+			Delta: &routerv1.RouteDelta{Seq: uint64(i + 1), Op: routerv1.RouteOp_ROUTE_OP_ADD, Route: &routerv1.Route{Tenant: "t1", Filter: f}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(inv.GetNewAnchors(), "k") || !slices.Contains(inv.GetAnchors(), "k") {
+			t.Fatalf("add of %s: invalidation %v, want anchor k invalidated and announced", f, inv)
+		}
+	}
+	// A node that missed the first announcement learns the anchor from a
+	// later one.
+	m, _ := newMemNode(t)
+	_, err := m.Notify(ctx, connect.NewRequest(&routerv1.NotifyRequest{SenderNodeId: "mem-0",
+		Invalidation: &routerv1.RouteInvalidation{Tenant: "t1", Anchors: []string{"k"}, NewAnchors: []string{"k"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.blooms["t1"].anchors["k"]; !ok {
+		t.Fatal("the node's Bloom state lacks k")
+	}
+}
