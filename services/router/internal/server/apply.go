@@ -568,19 +568,14 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		}
 		n.m.wildcardRoutes.Set(float64(wr))
 	}
+	sent := 0
 	send := func(c *edgeConn) {
-		var m *routerv1.RouteSyncResponse
+		sent++
 		if inv != nil {
-			m = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Invalidation{Invalidation: inv}}
+			c.sendRoute(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Invalidation{Invalidation: inv}})
 		}
 		if wd != nil {
-			if m != nil {
-				targets = append(targets, target{c, c.send(m)})
-			}
-			m = &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: wd}}
-		}
-		if m != nil {
-			targets = append(targets, target{c, c.send(m)})
+			c.sendRoute(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: wd}})
 		}
 	}
 	if all {
@@ -593,18 +588,36 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		ck := cacheKey{inv.GetTenant(), a}
 		for e, until := range n.cachers[ck] {
 			if !until.After(now) {
+				delete(n.cachers[ck], e)
 				continue
 			}
 			if c := n.conns[e]; c != nil {
 				if !all {
 					send(c)
 				}
+				delete(n.cachers[ck], e)
 			} else if until.After(waitUntil) {
-				// A cacher without a stream here: wait out its lease.
+				// A cacher without a stream here: wait out its lease. It
+				// stays a cacher, so that a later change of the anchor
+				// waits it out as well.
 				waitUntil = until
 			}
 		}
-		delete(n.cachers, ck)
+		if len(n.cachers[ck]) == 0 {
+			delete(n.cachers, ck)
+		}
+	}
+	// Every edge here must have taken every change of its answers sent so
+	// far, this notification's and earlier ones', before the change is
+	// acknowledged: an earlier notification that first brought an anchor,
+	// a route or an invalidation to an edge may still be waiting for the
+	// edge's ack, and this one, finding the node up to date, sends the
+	// edge nothing. Acknowledged at once, its change would reach a
+	// subscriber's SUBACK while the edge still answered without it.
+	for _, c := range n.conns {
+		if seq := c.unackedRoute(); seq > 0 {
+			targets = append(targets, target{c, seq})
+		}
 	}
 	n.mu.Unlock()
 	for _, t := range targets {
@@ -616,7 +629,7 @@ func (n *Node) handleNotify(ctx context.Context, req *routerv1.NotifyRequest) in
 		case <-ctx.Done():
 		}
 	}
-	return len(targets)
+	return sent
 }
 
 // applyDead drops the wildcard-first routes of dead edge incarnations from

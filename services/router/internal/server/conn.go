@@ -25,6 +25,9 @@ type edgeConn struct {
 	seq   uint64        // last router message seq assigned; guarded by mu
 	acked uint64        // highest seq the edge acknowledged; guarded by mu
 	ackCh chan struct{} // closed and replaced on every ack; guarded by mu
+	// routeSeq is the seq of the last message that changes the edge's
+	// answers (invalidation, wildcard deltas, Bloom filter); guarded by mu.
+	routeSeq uint64
 
 	// snapshotsBegun and snapshots count the full route sets begun and
 	// applied (settle waits for one begun after its request).
@@ -63,6 +66,28 @@ func (c *edgeConn) send(msg *routerv1.RouteSyncResponse) uint64 {
 		c.cancel(ErrSlowEdge)
 	}
 	return c.seq
+}
+
+// sendRoute is send for a message that changes the edge's answers: a
+// notification is acknowledged only once the edge took every such message
+// (unackedRoute).
+func (c *edgeConn) sendRoute(msg *routerv1.RouteSyncResponse) uint64 {
+	seq := c.send(msg)
+	c.mu.Lock()
+	c.routeSeq = max(c.routeSeq, seq)
+	c.mu.Unlock()
+	return seq
+}
+
+// unackedRoute returns the seq of the last message changing the edge's
+// answers if the edge has not acknowledged it yet, else 0.
+func (c *edgeConn) unackedRoute() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.routeSeq > c.acked {
+		return c.routeSeq
+	}
+	return 0
 }
 
 func (c *edgeConn) close(cause error) { c.cancel(cause) }

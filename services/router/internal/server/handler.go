@@ -250,7 +250,7 @@ func (n *Node) sendBloomLocked(c *edgeConn, tenant string, bs *bloomState) {
 	bits, m, k := bs.bloom.Bits()
 	for off := 0; off < len(bits); off += bloomChunk {
 		end := min(off+bloomChunk, len(bits))
-		c.send(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Bloom{Bloom: &routerv1.BloomChunk{
+		c.sendRoute(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Bloom{Bloom: &routerv1.BloomChunk{
 			Tenant: tenant, Version: bs.version, BitCount: m, HashCount: k, Offset: uint64(off),
 			Bits: slices.Clone(bits[off:end]), Last: end == len(bits)}}})
 	}

@@ -312,3 +312,61 @@ func TestApply_EveryChangeAnnouncesItsAnchor(t *testing.T) {
 		t.Fatal("the node's Bloom state lacks k")
 	}
 }
+
+// TestNotify_WaitsForTheEdgesToTakeEarlierChanges: a notification that
+// finds the node up to date (the anchor it announces came with an earlier
+// one) sends an edge nothing, but must not answer before every edge took
+// the earlier one, still on its way: acknowledged at once, its change
+// would reach the subscriber's SUBACK while the edge still ruled the
+// anchor out and sent a publish nowhere.
+func TestNotify_WaitsForTheEdgesToTakeEarlierChanges(t *testing.T) {
+	n, _ := newMemNode(t)
+	ctx := t.Context()
+	c := newEdgeConn(ctx, "edge-x", 1, 64)
+	n.mu.Lock()
+	n.conns[c.id] = c
+	n.mu.Unlock()
+	notify := func() <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if _, err := n.Notify(ctx, connect.NewRequest(newAnchor("k"))); err != nil {
+				t.Error(err)
+			}
+		}()
+		return done
+	}
+	first := notify()
+	var last uint64
+	select {
+	case m := <-c.out: // the new filter, or the invalidation that brings k
+		last = m.GetSeq()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first notification sent the edge nothing")
+	}
+	eventually(t, 5*time.Second, func() error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if _, ok := n.blooms["t1"].anchors["k"]; !ok {
+			return errors.New("k not taken yet")
+		}
+		return nil
+	})
+	second := notify()
+	select {
+	case <-second:
+		t.Fatal("the second notification answered while the edge had not taken the first")
+	case <-time.After(300 * time.Millisecond):
+	}
+	for len(c.out) > 0 {
+		last = (<-c.out).GetSeq()
+	}
+	c.onAck(last)
+	for _, done := range []<-chan struct{}{first, second} {
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			t.Fatal("a notification still waits after the edge took everything")
+		}
+	}
+}
