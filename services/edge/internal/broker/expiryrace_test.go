@@ -39,29 +39,15 @@ func (g *storedThenHeld) PutSession(ctx context.Context, rec durable.Session) er
 // brokerHoldingSecondStore is a broker on a durable store whose second
 // PutSession is held (storedThenHeld) until the gate opens (at cleanup at
 // the latest), with single-node ownership that logs its releases.
-func brokerHoldingSecondStore(t *testing.T) (*Broker, *durable.Store, *storedThenHeld, *releaseLog, string) {
+func brokerHoldingSecondStore(t *testing.T) (*Broker, *durable.Store, *storedThenHeld, *releaseCounter, string) {
 	t.Helper()
 	gate := &storedThenHeld{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
 	gate.open = sync.OnceFunc(func() { close(gate.release) })
 	b, st := brokerOnStore(t, func(s *durable.Store) DurableState { gate.Store = s; return gate })
 	t.Cleanup(gate.open)
-	own := &releaseLog{}
+	own := &releaseCounter{Ownership: &localOwnership{}}
 	b.SetCluster(Cluster{Ownership: own})
 	return b, st, gate, own, serveTCP(t, b)
-}
-
-// releaseLog is the single-node ownership, recording the epochs released.
-type releaseLog struct {
-	localOwnership
-	mu       sync.Mutex
-	released []uint64
-}
-
-func (o *releaseLog) Release(_ context.Context, _, _ string, epoch uint64) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.released = append(o.released, epoch)
-	return nil
 }
 
 // A CONNECT that found the session not expired (OnSessionEstablish) resumes

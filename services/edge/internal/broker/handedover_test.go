@@ -397,10 +397,10 @@ func (f *scriptedTakeover) End(_ context.Context, _, _, _ string, newEpoch uint6
 	return TakeoverEnded{Late: f.late, FramesLanding: f.landing}, nil
 }
 
-// releaseCounter is an ownership whose claims are scripted and whose
-// releases are counted.
+// releaseCounter records the epochs released; claims go to the embedded
+// ownership (none is made when it is left nil).
 type releaseCounter struct {
-	fakeOwnership
+	Ownership
 	released []uint64
 	mu       sync.Mutex
 }
@@ -498,6 +498,19 @@ type grantOwnership func() Grant
 func (g grantOwnership) Claim(context.Context, string, string) (Grant, error) { return g(), nil }
 func (grantOwnership) Release(context.Context, string, string, uint64) error  { return nil }
 
+// grantsInOrder grants the claims made one after another as grants says,
+// the first claim the first grant.
+func grantsInOrder(grants []Grant) grantOwnership {
+	var mu sync.Mutex
+	return func() Grant {
+		mu.Lock()
+		defer mu.Unlock()
+		g := grants[0]
+		grants = grants[1:]
+		return g
+	}
+}
+
 // A claim that finds this edge the owner already, of a session it holds no
 // copy of, takes the session over from the edge it was taken from: the
 // answer to this edge's earlier claim was lost (a leader change), that
@@ -534,20 +547,12 @@ func TestBroker_ClaimAfterLostAnswerTakesOverDespiteOlderCopy(t *testing.T) {
 	b, addr, stop := openDurable(t, t.TempDir())
 	t.Cleanup(stop)
 	tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return nil, nil }}
-	grants := []Grant{
+	b.SetCluster(Cluster{Takeover: tk, Ownership: grantsInOrder([]Grant{
 		{Epoch: 5}, // the copy's claim
 		// 7: "other" claims the session (the copy here stays, fenced);
 		// 8: this edge's claim, granted by the new leader, its answer lost.
 		{Epoch: 9, Previous: "test", PreviousEpoch: 8, TakenFrom: "other"},
 		{Epoch: 11, Previous: "test", PreviousEpoch: 9, TakenFrom: "other"},
-	}
-	var mu sync.Mutex
-	b.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
-		mu.Lock()
-		defer mu.Unlock()
-		g := grants[0]
-		grants = grants[1:]
-		return g
 	})})
 	props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
 	id := b.mustScope(t, "default").ClientID("lost")

@@ -53,7 +53,7 @@ func TestBroker_TakeoverOfAClosingCleanSessionEndsIt(t *testing.T) {
 	open := sync.OnceFunc(func() { close(gate.release) })
 	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { gate.Store = s; return gate })
 	t.Cleanup(open)
-	own := &releaseLog{}
+	own := &releaseCounter{Ownership: &localOwnership{}}
 	b.SetCluster(Cluster{Ownership: own})
 	addr := serveTCP(t, b)
 	id := b.mustScope(t, "default").ClientID("closing")

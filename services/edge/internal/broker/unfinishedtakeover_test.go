@@ -2,7 +2,6 @@ package broker
 
 import (
 	"errors"
-	"sync"
 	"testing"
 
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -38,18 +37,10 @@ func TestBroker_UnfinishedTakeoverFinishedDespiteOlderCopy(t *testing.T) {
 		}
 		return nil, nil
 	}
-	grants := []Grant{
+	b.SetCluster(Cluster{Takeover: tk, Ownership: grantsInOrder([]Grant{
 		{Epoch: 5},
 		{Epoch: 27, Previous: "edge-3", PreviousEpoch: 25},
 		{Epoch: 29, Previous: "test", PreviousEpoch: 27, TakenFrom: "edge-3"},
-	}
-	var mu sync.Mutex
-	b.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
-		mu.Lock()
-		defer mu.Unlock()
-		g := grants[0]
-		grants = grants[1:]
-		return g
 	})})
 	props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
 	id := b.mustScope(t, "default").ClientID("chain")
