@@ -486,7 +486,8 @@ type Link struct {
 	unacked []*frame   // sent, awaiting ack, in seq order
 	seq     uint64
 	wake    chan struct{}
-	closed  atomic.Bool // set under mu, read without it
+	acks    chan struct{} // the peer acknowledged frames: the send loop may have room again
+	closed  atomic.Bool   // set under mu, read without it
 
 	// Group messages kept until the peer reports their outcome (shared.go).
 	held        map[heldKey]*heldMsg
@@ -540,7 +541,7 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 	// any earlier link's: the clock in nanoseconds is, since no link sends
 	// a frame per nanosecond.
 	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m, stop: func() {},
-		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1),
+		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1), acks: make(chan struct{}, 1),
 		seq: uint64(time.Now().UnixNano())}
 }
 
@@ -666,6 +667,10 @@ func (l *Link) stream(ctx context.Context) error {
 				l.credit.Store(resp.GetCreditBytes())
 				l.acked(resp.GetTakenSeq())
 				l.streamAcked.Store(true)
+				select {
+				case l.acks <- struct{}{}:
+				default:
+				}
 			}
 			l.outcomes(resp.GetSharedOutcomes())
 			if resp.GetResend() {
@@ -683,6 +688,7 @@ func (l *Link) stream(ctx context.Context) error {
 		case err := <-errc:
 			return err
 		case <-l.wake:
+		case <-l.acks:
 		}
 		for {
 			f := l.nextFrame()
@@ -741,13 +747,26 @@ func (l *Link) unconfirmed() bool {
 
 const maxFrameMessages = 256
 
+// sendWindow is how many frames a link keeps unacknowledged before it waits
+// for an acknowledgement to send one that is not full. A frame costs both
+// edges a write, a read and an acknowledgement whatever it carries; sent as
+// soon as a message is queued, frames under load carried a few messages
+// each, and those costs made up a fifth of a forwarded message's CPU. Two
+// keep the peer busy (one frame is delivered while the next is on its
+// way), and meanwhile what is published gathers into the next frame. An
+// idle link sends at once, so a message waits for a frame only when others
+// are ahead of it.
+const sendWindow = 2
+
 // nextFrame moves queued messages into a new frame, encoding those not
 // encoded yet (shared targets, a trace: after keepLocked decided what the
 // peer reports). One the runtime cannot encode fails alone, unacknowledged,
 // before it joins a frame whose acknowledgement would count it as taken.
 func (l *Link) nextFrame() *frame {
 	l.mu.Lock()
-	if len(l.queue) == 0 {
+	if len(l.queue) == 0 || len(l.unacked) >= sendWindow && len(l.queue) < maxFrameMessages {
+		// A full frame goes at once: the window saves frames, it does not
+		// bound what is in flight.
 		l.mu.Unlock()
 		return nil
 	}

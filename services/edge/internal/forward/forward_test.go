@@ -3,8 +3,11 @@ package forward
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/rpc"
@@ -439,4 +443,85 @@ func TestForward_RestartedPeerRefusesFramesForItsEarlierIncarnation(t *testing.T
 	again.Publish(1, "t/x", 1, []byte("for the live incarnation"))
 	again.Expect(packets.Puback)
 	require.Equal(t, "for the live incarnation", string(sub.Expect(packets.Publish).Payload))
+}
+
+// gatedDeliverer holds the first message delivered until gate closes, and
+// records every message's topic in order.
+type gatedDeliverer struct {
+	gate    chan struct{}
+	holding chan struct{} // closed once the first message is held
+	mu      sync.Mutex
+	topics  []string
+}
+
+func (g *gatedDeliverer) DeliverForwarded(_ context.Context, m *commonv1.Message, _ broker.SharedChoice) error {
+	g.mu.Lock()
+	first := len(g.topics) == 0
+	g.topics = append(g.topics, m.GetTopic())
+	g.mu.Unlock()
+	if first {
+		close(g.holding)
+		<-g.gate
+	}
+	return nil
+}
+
+func (g *gatedDeliverer) DeliverRelayed(context.Context, *commonv1.Message, []broker.RelayTarget) error {
+	return nil
+}
+
+func (g *gatedDeliverer) RedispatchShared(*commonv1.Message, broker.GroupKey, string) {}
+
+func (g *gatedDeliverer) delivered() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.topics)
+}
+
+// While the peer has sendWindow frames unacknowledged, what is published
+// gathers into the next frame instead of going out a frame per message;
+// every message still arrives, in order.
+func TestLink_MessagesGatherWhileFramesAreUnacknowledged(t *testing.T) {
+	t.Parallel()
+	d := &gatedDeliverer{gate: make(chan struct{}), holding: make(chan struct{})}
+	ts := serveAPI(t, &Server{Deliver: d})
+	m := NewMetrics(prometheus.NewRegistry())
+	l := NewLink("a", 1, "b", ts.URL, testutil.Logger(t), m)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	msg := func(i int) *edgev1.ForwardMessage {
+		return &edgev1.ForwardMessage{Message: &commonv1.Message{Tenant: "acme", Topic: fmt.Sprintf("t/%d", i)}}
+	}
+	first := l.Send(msg(0), true)
+	<-d.holding // frame 1 is held in delivery: unacknowledged
+	l.Send(msg(1), false)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if n := promtest.ToFloat64(m.frames); n != 2 {
+			return fmt.Errorf("%v frames sent", n)
+		}
+		return nil
+	})
+	const later = 100
+	for i := range later {
+		l.Send(msg(2+i), false)
+		time.Sleep(100 * time.Microsecond) // the send loop wakes for each
+	}
+	require.Equal(t, 2.0, promtest.ToFloat64(m.frames), "a frame went out with the window full")
+	close(d.gate)
+	require.NoError(t, <-first)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if n := len(d.delivered()); n != 2+later {
+			return fmt.Errorf("%d delivered", n)
+		}
+		return nil
+	})
+	want := make([]string, 2+later)
+	for i := range want {
+		want[i] = fmt.Sprintf("t/%d", i)
+	}
+	require.Equal(t, want, d.delivered())
+	require.Equal(t, 3.0, promtest.ToFloat64(m.frames), "the messages published meanwhile go in one frame")
 }
