@@ -100,6 +100,14 @@ type Broker struct {
 	// records serialises the writes of each session's subscription records
 	// (session.storeRecord). Lock order: records before session.mu.
 	records sessionLocks
+	// recordWrites orders, per session, the writes of its stored record
+	// that a connection makes for itself (persistSession, dropStoredWill,
+	// storeDisconnectExpiry) together with the check that the record is
+	// still that connection's: a newer connection stores its record before
+	// its CONNACK and is bound only after it, and an older one's end in
+	// between would otherwise write its own record back over the newer
+	// one. Lock order: recordWrites before sessMu and session.mu.
+	recordWrites sessionLocks
 
 	willMu sync.Mutex
 	wills  map[string]*pendingWill // internal client ID -> delayed will

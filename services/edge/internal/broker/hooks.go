@@ -359,7 +359,11 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	if c != nil {
 		if err := b.persistSession(cl, c); err != nil {
 			// The client is told nothing yet; it reconnects and tries again.
-			b.logger.Error("session not stored; closing", "client_id", cl.ID, "error", err)
+			if errors.Is(err, errRecordSuperseded) {
+				b.logger.Info("session taken on by a newer connection while connecting; closing", "client_id", cl.ID)
+			} else {
+				b.logger.Error("session not stored; closing", "client_id", cl.ID, "error", err)
+			}
 			cl.Stop(err)
 		}
 	}
@@ -651,6 +655,18 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 	rec.ExpiryInterval = e
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
+	unlock, err := b.recordWrites.lock(ctx, cl.ID)
+	if err != nil {
+		b.logger.Warn("session expiry of the DISCONNECT not stored; the CONNECT's stays", "client_id", cl.ID, "error", err)
+		return
+	}
+	defer unlock()
+	if b.session(cl.ID) != s || s.claimedAfter(c.epoch) {
+		// A newer connection took the session on (the DISCONNECT was read
+		// after its takeOver): the record stored, or on its way, is that
+		// connection's, with its own expiry.
+		return
+	}
 	if err := b.store.PutSession(ctx, rec); err != nil {
 		b.logger.Warn("session expiry of the DISCONNECT not stored; the CONNECT's stays", "client_id", cl.ID, "error", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -244,6 +245,15 @@ func fromRecord(r *durable.Message) *Message {
 
 // persistSession writes or removes the stored record of the session cl
 // establishes, before its CONNACK. The record written is kept in c.record.
+//
+// The write and the session copy's note of whose record the store holds
+// (session.record) change together, under the session's record lock
+// (recordWrites): an older connection of the client whose end writes the
+// record (dropStoredWill, storeDisconnectExpiry) does so before this
+// write, or finds the record is not its own any more and writes nothing.
+// Its check alone, made while this connection is not yet bound, would
+// pass, and its write would put the older record back over this one (or
+// delete it) after this connection's CONNACK.
 func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	if b.store == nil {
 		return nil
@@ -251,33 +261,58 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	rec := b.willRecord(durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
 		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval}, c)
-	if rec == nil {
-		// Only a session that was stored has a record to remove; a clean
-		// session without a will costs the store nothing.
-		if s := b.session(cl.ID); s != nil && s.stored() {
-			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-			defer cancel()
-			return b.store.DeleteSession(ctx, cl.ID, true)
-		}
-		return nil
+	if rec != nil {
+		rec.Props, _ = json.Marshal(storage.ClientProperties{
+			ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
+			MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
+			RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
+			RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
+		})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	rec.Props, _ = json.Marshal(storage.ClientProperties{
-		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
-		MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
-		RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
-		RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
-	})
-	if err := b.store.PutSession(ctx, *rec); err != nil {
+	unlock, err := b.recordWrites.lock(ctx, cl.ID)
+	if err != nil {
 		return err
 	}
-	c.stored = rec
-	if rec.Will != nil {
-		c.record = rec
+	defer unlock()
+	s := b.session(cl.ID)
+	if s != nil && s.claimedAfter(c.epoch) {
+		// A newer CONNECT of the client took the session on (its
+		// establishment stopped waiting for this one's): the stored record
+		// is that connection's, and this one is not bound.
+		return errRecordSuperseded
+	}
+	if rec == nil {
+		// Only a session that was stored has a record to remove; a clean
+		// session without a will costs the store nothing.
+		if s != nil && s.stored() {
+			if err := b.store.DeleteSession(ctx, cl.ID, true); err != nil {
+				return err
+			}
+		}
+	} else {
+		if err := b.store.PutSession(ctx, *rec); err != nil {
+			return err
+		}
+		c.stored = rec
+		if rec.Will != nil {
+			c.record = rec
+		}
+	}
+	if s != nil {
+		// The record an older connection's will was kept in is replaced:
+		// dropping that will from the store is this write's now.
+		s.mu.Lock()
+		s.record = c.record
+		s.mu.Unlock()
 	}
 	return nil
 }
+
+// errRecordSuperseded refuses to store the record of a connection whose
+// session a newer claim here took on before it was stored.
+var errRecordSuperseded = errors.New("session taken on by a newer connection before its record was stored")
 
 // packet is sub as mochi keeps a subscription.
 func (sub *subscription) packet() packets.Subscription {

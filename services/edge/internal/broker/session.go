@@ -845,6 +845,15 @@ func (s *session) after(epoch uint64) sessionAfter {
 	return sessionHeld
 }
 
+// claimedAfter reports whether a claim newer than epoch took the session
+// on here: a newer CONNECT's takeOver or bind, or an import under a newer
+// claim.
+func (s *session) claimedAfter(epoch uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.epoch > epoch
+}
+
 // disconnecting records the Session Expiry Interval of 0 of an MQTT 5
 // DISCONNECT of cl, the session's connection under the claim of epoch: the
 // session no longer outlives cl [MQTT-3.14.2-2]. A DISCONNECT read after

@@ -90,7 +90,13 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 	switch c.sess.Load().after(c.epoch) {
 	case sessionResumed, sessionMoved:
 		// A new connection to the session came before the delay passed
-		// ([MQTT-3.1.3-9]), or another edge holds the session on.
+		// ([MQTT-3.1.3-9]), or another edge holds the session on. The will
+		// leaves the stored record too, although the newer connection's
+		// record replaces it: that connection's CONNECT may fail to store
+		// its own, and left there, the will would be published by a
+		// custodian (this edge dying) for a session this edge resumed.
+		// Once the newer record is stored the drop finds its record
+		// replaced and writes nothing (dropStoredWill).
 		b.willMu.Unlock()
 		if c.record != nil {
 			b.dropStoredWill(id, c.record)
@@ -160,7 +166,20 @@ func (b *Broker) willRecord(rec durable.Session, c *conn) *durable.Session {
 // was published, or can no longer be (a normal DISCONNECT, a drain). It
 // does nothing if the record was replaced since: rec is the one that held
 // the will. A session that does not outlive its connection loses its record.
+//
+// The check and the write are made under the session's record lock, which
+// a newer connection's persistSession holds across its own write and its
+// replacing of s.record: the newer record, stored before that connection
+// is bound, is never overwritten (or deleted) by this one.
 func (b *Broker) dropStoredWill(id string, rec *durable.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	unlock, err := b.recordWrites.lock(ctx, id)
+	if err != nil {
+		b.logger.Warn("will not cleared from the stored session", "client_id", id, "error", err)
+		return
+	}
+	defer unlock()
 	s := b.session(id)
 	if s == nil {
 		return
@@ -172,9 +191,6 @@ func (b *Broker) dropStoredWill(id string, rec *durable.Session) {
 	}
 	s.record = nil
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	var err error
 	if rec.Persistent() {
 		without := *rec
 		without.Will = nil
