@@ -141,6 +141,10 @@ type Broker struct {
 	// to its will: a takeover of its session can land between the
 	// connection's end and that point, and tests hold it open there.
 	atWill atomic.Pointer[func(*mqtt.Client)]
+	// atLapse, when set, runs in DropLapsedSessions for each session
+	// between its two steps: a connection of the session can end there,
+	// and tests bring its end to its will then.
+	atLapse atomic.Pointer[func(id string)]
 }
 
 // conn is the per-connection state the hooks share.
@@ -371,9 +375,21 @@ func (b *Broker) DropLapsedSessions() int {
 	// The route stream of the lapsed incarnation is refused and the new one
 	// opens only after this: route removals are not waited for. The routes
 	// leave the set the edge registers under its new incarnation at once.
+	//
+	// Each copy is forgotten before its waiting will is cancelled: from the
+	// forgetting on, a connection of the session that ends (the fence
+	// closed them all, and one's end can come late) finds the session gone
+	// on elsewhere and leaves its will (willAtEnd); one that came to its
+	// will before scheduled it, and the cancel takes it back. Cancelled
+	// first, a will scheduled in between would stay and go out from here
+	// after its delay, besides the new holder's, or after the client came
+	// back elsewhere [MQTT-3.1.3-9].
 	for _, id := range ids {
-		b.cancelWill(id, false)
 		b.forgetSessionRoutes(cancelled, id, endWhich{})
+		if at := b.atLapse.Load(); at != nil {
+			(*at)(id)
+		}
+		b.cancelWill(id, false)
 	}
 	if len(ids) > 0 {
 		b.m.lapsedDropped.Add(float64(len(ids)))
