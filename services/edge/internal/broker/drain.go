@@ -266,8 +266,13 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		return false, err
 	}
 	if b.store != nil && b.store.Shared() {
-		if err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, moved); err != nil {
+		resumed, err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, moved)
+		if err != nil {
 			return false, err
+		}
+		if resumed != nil {
+			// From the store: its edge died with it, no connection here.
+			b.scheduleAdoptedWill(sc.ClientID(clientID), resumed)
 		}
 	}
 	return b.session(sc.ClientID(clientID)) != nil, nil
@@ -352,25 +357,32 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		return false, err
 	}
 	defer s.releaseHold()
-	if w := st.Session.Will; w != nil {
-		// Its connection ended when its edge died, without a DISCONNECT:
-		// the will goes out after its delay, unless the client comes back
-		// first. The delay counts from now: when the edge died is not
-		// known to the second.
-		rec := &st.Session
-		if s := b.session(id); s != nil {
-			s.mu.Lock()
-			s.record = rec
-			s.mu.Unlock()
-		}
-		delay := w.Delay
-		if st.Session.ProtocolVersion == 5 {
-			delay = min(delay, st.Session.ExpiryInterval)
-		}
-		b.scheduleWill(id, fromRecord(w.Msg), delay, rec)
-	}
+	b.scheduleAdoptedWill(id, &st.Session)
 	b.m.adoptedSessions.WithLabelValues("adopted").Inc()
 	return true, nil
+}
+
+// scheduleAdoptedWill schedules the will kept in rec, the stored record of
+// session id, which this edge took from the shared store with no
+// connection of its client: its connection ended when its edge died,
+// without a DISCONNECT, so the will goes out after its delay unless the
+// client comes back first. The delay counts from now: when the edge died
+// is not known to the second.
+func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) {
+	w := rec.Will
+	if w == nil {
+		return
+	}
+	if s := b.session(id); s != nil {
+		s.mu.Lock()
+		s.record = rec
+		s.mu.Unlock()
+	}
+	delay := w.Delay
+	if rec.ProtocolVersion == 5 {
+		delay = min(delay, rec.ExpiryInterval)
+	}
+	b.scheduleWill(id, fromRecord(w.Msg), delay, rec)
 }
 
 // publishStoredWill publishes a will read from the shared store and fails

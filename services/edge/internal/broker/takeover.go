@@ -679,7 +679,7 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 	ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
 	defer cancel()
 	id := sc.ClientID(clientID)
-	err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false)
+	resumed, err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false)
 	switch {
 	case errors.Is(err, errNewerCopy):
 	case errors.Is(err, durable.ErrFenced):
@@ -698,6 +698,11 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 	case b.session(id) == nil:
 		b.setUnfinished(id, unfinishedTakeover{})
 		return false, true // nothing stored: the session ended
+	}
+	if resumed != nil {
+		// No connection resumed it: the will of the one that ended on the
+		// previous owner waits for its delay, as a custodian's would.
+		b.scheduleAdoptedWill(id, resumed)
 	}
 	b.setUnfinished(id, unfinishedTakeover{})
 	return true, true
@@ -804,16 +809,22 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 // and only its will is left to publish. A session that nobody owned
 // before and that stores nothing (it does not outlive its connection and
 // has no will) costs the store nothing.
-func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) error {
+//
+// resumed is the stored record of a session it resumed from the store (nil
+// otherwise). The will that record keeps is the caller's to decide: void
+// when the connection being established resumes the session
+// ([MQTT-3.1.3-9]), waiting for its delay when the edge adopts the session
+// with no connection (scheduleAdoptedWill).
+func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) (resumed *durable.Session, _ error) {
 	if moved || (previous == "" && !stores) {
-		return nil
+		return nil, nil
 	}
 	id := sc.ClientID(clientID)
 	if err := b.store.Activate(ctx, id, epoch); err != nil {
-		return fmt.Errorf("activate session: %w", err)
+		return nil, fmt.Errorf("activate session: %w", err)
 	}
 	if previous == "" && cleanStart {
-		return nil
+		return nil, nil
 	}
 	if cleanStart {
 		// Whatever a dead owner left must not come back; the session ends
@@ -821,10 +832,10 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		if st, ok, err := b.store.LoadSession(ctx, id); err == nil && ok && st.Session.Will != nil {
 			b.publishWill(id, fromRecord(st.Session.Will.Msg), nil)
 		}
-		return b.store.DeleteSession(ctx, id, true)
+		return nil, b.store.DeleteSession(ctx, id, true)
 	}
 	if s := b.session(id); s != nil {
-		return nil // this edge holds it already
+		return nil, nil // this edge holds it already
 	}
 	// With no previous owner this is most often a new session, and the
 	// read finds nothing. A stored one is the client's all the same: an
@@ -832,7 +843,7 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	// cost the client its session and what is queued for it.
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
-		return err
+		return nil, err
 	}
 	if !st.Session.Persistent() {
 		// A session that does not outlive its connection (Session Expiry
@@ -846,10 +857,10 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		// again.
 		if w := st.Session.Will; w != nil {
 			if err := b.sendWill(fromRecord(w.Msg)); err != nil {
-				return fmt.Errorf("will of the ended session not published: %w", err)
+				return nil, fmt.Errorf("will of the ended session not published: %w", err)
 			}
 		}
-		return b.store.DeleteSession(ctx, id, true)
+		return nil, b.store.DeleteSession(ctx, id, true)
 	}
 	b.m.resumedFromStore.Inc()
 	if previous == "" {
@@ -861,8 +872,8 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	}
 	s, err := b.importSession(ctx, sc, id, epoch, st)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.releaseHold()
-	return nil
+	return &st.Session, nil
 }

@@ -1,0 +1,62 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// A session this edge resumes from the shared store with no connection of
+// its client (a takeover of it failed, and its previous owner died since:
+// resumeOwned) keeps the will its last connection left there. That
+// connection ended with its edge, without a DISCONNECT, and no client came
+// back: the will goes out after its delay, as a custodian adopting the
+// session would send it. No other edge sends it: the coordinator counts
+// the session as owned here, so custody passes it by.
+func TestBroker_SessionResumedWithNoConnectionPublishesItsStoredWill(t *testing.T) {
+	t.Parallel()
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	addr := serveTCP(t, b)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}})
+	sc := b.mustScope(t, "default")
+	const client = "orphan"
+	id := sc.ClientID(client)
+	will := &Message{ID: MsgID{Edge: "edge-dead", Incarnation: 3, Seq: 7}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
+	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300,
+		Will: &durable.Will{Msg: will.record(), Delay: 1}}))
+
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+
+	b.setUnfinished(id, unfinishedTakeover{previous: "edge-dead", epoch: 30, scope: sc, clientID: client})
+	here, settled := b.resumeOwned(sc, client, 30, "edge-dead")
+	require.True(t, here)
+	require.True(t, settled)
+	pk, err := watcher.Read(500 * time.Millisecond)
+	require.Error(t, err, "the will went out before its delay: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+	pk = watcher.Expect(packets.Publish)
+	require.Equal(t, "gone/"+client, pk.TopicName)
+	require.Equal(t, []byte("bye"), pk.Payload)
+
+	// Out once, it leaves the stored record, so no custodian sends it
+	// again if this edge dies.
+	testutil.Eventually(t, 5*time.Second, func() error {
+		got, ok, err := st.LoadSession(t.Context(), id)
+		if err != nil || !ok {
+			return fmt.Errorf("session record: ok %v, %v", ok, err)
+		}
+		if got.Session.Will != nil {
+			return errors.New("the will is still in the stored record")
+		}
+		return nil
+	})
+}
