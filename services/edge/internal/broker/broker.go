@@ -97,6 +97,10 @@ type Broker struct {
 	// own takeover could then pick the newer connection as the one to
 	// close; an older one coming after the newer would close it.
 	establishing establishOrder
+	// establishedClaims is, per client ID, the newest claim whose CONNECT
+	// came to take the session on here (OnSessionEstablish) while one of
+	// the client's CONNECTs is between that point and its record's write.
+	establishedClaims newestClaims
 	// records serialises the writes of each session's subscription records
 	// (session.storeRecord). Lock order: records before session.mu.
 	records sessionLocks
@@ -264,6 +268,51 @@ func (o *establishOrder) enterIdle(id string) (done func(), ok bool) {
 	}
 	o.last[id] = mine
 	return o.leave(id, mine), true
+}
+
+// newestClaims keeps, per client ID, the newest claim epoch seen, as long
+// as someone holds it (enter, until the returned func is called).
+type newestClaims struct {
+	mu   sync.Mutex
+	byID map[string]*newestClaim // guarded by mu
+}
+
+type newestClaim struct {
+	epoch uint64
+	refs  int
+}
+
+// enter records epoch for id, and holds the record until leave is called.
+func (n *newestClaims) enter(id string, epoch uint64) (leave func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.byID == nil {
+		n.byID = map[string]*newestClaim{}
+	}
+	e := n.byID[id]
+	if e == nil {
+		e = &newestClaim{}
+		n.byID[id] = e
+	}
+	e.epoch = max(e.epoch, epoch)
+	e.refs++
+	return sync.OnceFunc(func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if e.refs--; e.refs == 0 && n.byID[id] == e {
+			delete(n.byID, id)
+		}
+	})
+}
+
+// newest returns the newest epoch recorded for id (0: none held).
+func (n *newestClaims) newest(id string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e := n.byID[id]; e != nil {
+		return e.epoch
+	}
+	return 0
 }
 
 // New builds a broker; Serve starts it.

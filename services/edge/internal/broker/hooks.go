@@ -287,6 +287,13 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		}
 		t.Stop()
 	}
+	if c != nil {
+		// Before this claim ends or takes on the copy: an older CONNECT of
+		// the client still to store its record (it waits for the record
+		// lock) finds this one came, although the copy, ended by a Clean
+		// Start, no longer says so (persistSession).
+		defer b.establishedClaims.enter(cl.ID, c.epoch)()
+	}
 	if old := b.expiredOffline(cl.ID, time.Now()); old != nil && old != cl {
 		// The session expired before this CONNECT, whether or not mochi's
 		// expiry tick has come since: it ends now, its will (if still

@@ -277,10 +277,10 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	}
 	defer unlock()
 	s := b.session(cl.ID)
-	if s != nil && s.claimedAfter(c.epoch) {
-		// A newer CONNECT of the client took the session on (its
-		// establishment stopped waiting for this one's): the stored record
-		// is that connection's, and this one is not bound.
+	if s != nil && s.claimedAfter(c.epoch) || b.establishedClaims.newest(cl.ID) > c.epoch {
+		// A newer CONNECT of the client took the session on, or ended it
+		// (its establishment stopped waiting for this one's): the stored
+		// record is that connection's, and this one is not bound.
 		return errRecordSuperseded
 	}
 	if rec == nil {

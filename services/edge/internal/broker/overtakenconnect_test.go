@@ -1,0 +1,94 @@
+package broker
+
+import (
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// recordWaiters is how many holders and waiters the record lock of id has.
+func recordWaiters(b *Broker, id string) int {
+	b.recordWrites.mu.Lock()
+	defer b.recordWrites.mu.Unlock()
+	if sl := b.recordWrites.byID[id]; sl != nil {
+		return sl.refs
+	}
+	return 0
+}
+
+// An older CONNECT (B) of a client, waiting to store its session record
+// behind an earlier connection's record write, is overtaken by a newer
+// CONNECT (C) with Clean Start, which stopped waiting for B's
+// establishment (ConnectTimeout) and ended the session's copy. With the
+// copy gone nothing here says a newer claim took the session on, yet B
+// must not store its record (persistent, with its will) over the session
+// C started clean, nor be told its session is established: C stores
+// nothing, so B's record would stay, and a custodian would resume it and
+// publish B's will.
+func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
+	t.Parallel()
+	const client = "overtaken"
+	g := newGatedRecords(t, 2, 0) // the 2nd PutSession (A's will drop) is held
+	cfg := DefaultConfig()
+	cfg.EdgeID = "test"
+	cfg.ConnectTimeout = time.Second
+	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
+	g.sharedLocal = sharedLocal{st}
+	require.NoError(t, b.Restore(g))
+	addr := serveTCP(t, b)
+	id := b.mustScope(t, "default").ClientID(client)
+
+	// A: persistent, with a will; its normal DISCONNECT drops the will
+	// from the stored record, a write held with the record lock.
+	a := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	a.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	g.waitHeld(t)
+
+	// B: no Clean Start, Session Expiry 600, will "newer".
+	bAcks := connectNewer(t, addr, client)
+	require.Eventually(t, func() bool { return recordWaiters(b, id) == 2 }, 5*time.Second, time.Millisecond,
+		"B waits for the record lock")
+
+	// C: Clean Start, no Session Expiry, no will. It stops waiting for B's
+	// establishment after ConnectTimeout, ends the copy, and waits for the
+	// record lock behind B.
+	c := mqtttest.Dial(t, addr, 5)
+	cAcks := make(chan packets.Packet, 1)
+	go func() { cAcks <- c.Connect(client, true, packets.Properties{}) }()
+	require.Eventually(t, func() bool { return recordWaiters(b, id) == 3 }, 5*time.Second, time.Millisecond,
+		"C waits for the record lock")
+	require.Nil(t, b.session(id), "C's Clean Start ended the copy")
+
+	g.open()
+	bAck, ok := <-bAcks
+	assert.False(t, ok && bAck.FixedHeader.Type == packets.Connack,
+		"B, overtaken before its record was stored, got a CONNACK (code %#x)", bAck.ReasonCode)
+	select {
+	case ack := <-cAcks:
+		require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+		require.False(t, ack.SessionPresent)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no CONNACK for C")
+	}
+	waitBound(t, b, id)
+
+	rec, stored, err := st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	if stored {
+		require.Nil(t, rec.Session.Will, "B's will is stored for the session C started clean")
+		require.NotEqual(t, uint32(600), rec.Session.ExpiryInterval, "B's record is stored for the session C started clean")
+	}
+}
