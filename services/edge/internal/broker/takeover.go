@@ -436,6 +436,14 @@ func (b *Broker) forgetSessionRoutes(routes context.Context, id string, which en
 	s.mu.Unlock()
 	which.only = s
 	b.endSessionRoutes(routes, id, which)
+	// The session goes on with its newer holder, which decides its will:
+	// a will of this copy still waiting for its delay would go out from
+	// here besides, or after the client came back there [MQTT-3.1.3-9].
+	// After the copy is gone: a connection of it ending from here on
+	// finds the session moved and leaves its will (willAtEnd).
+	if b.session(id) != s {
+		b.cancelWill(id, false)
+	}
 }
 
 func mochiSub(sub storage.Subscription) packets.Subscription {
