@@ -266,13 +266,8 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 		return false, err
 	}
 	if b.store != nil && b.store.Shared() {
-		resumed, err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, moved)
-		if err != nil {
+		if err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, moved, true); err != nil {
 			return false, err
-		}
-		if resumed != nil {
-			// From the store: its edge died with it, no connection here.
-			b.scheduleAdoptedWill(sc.ClientID(clientID), resumed)
 		}
 	}
 	return b.session(sc.ClientID(clientID)) != nil, nil
@@ -373,7 +368,8 @@ func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) {
 	if w == nil {
 		return
 	}
-	if s := b.session(id); s != nil {
+	s := b.session(id)
+	if s != nil {
 		s.mu.Lock()
 		s.record = rec
 		s.mu.Unlock()
@@ -382,7 +378,7 @@ func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) {
 	if rec.ProtocolVersion == 5 {
 		delay = min(delay, rec.ExpiryInterval)
 	}
-	b.scheduleWill(id, fromRecord(w.Msg), delay, rec)
+	b.scheduleWill(id, fromRecord(w.Msg), delay, rec, s)
 }
 
 // publishStoredWill publishes a will read from the shared store and fails

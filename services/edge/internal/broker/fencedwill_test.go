@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,4 +45,70 @@ func TestBroker_FencedCopyLeavesNoWillWaiting(t *testing.T) {
 	pk, err := watcher.Read((delay + 1) * time.Second)
 	require.Error(t, err, "the will of a session given up to a newer holder went out from here: type %d, payload %q",
 		pk.FixedHeader.Type, pk.Payload)
+}
+
+// routesHeldAtRemove holds the first route removal until release.
+type routesHeldAtRemove struct {
+	fakeRoutes
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (r *routesHeldAtRemove) Remove(ctx context.Context, a, b, c string) error {
+	select {
+	case r.entered <- struct{}{}:
+		<-r.release
+	default:
+	}
+	return nil
+}
+
+// A copy given up for a newer holder cancels only the will its own
+// connection left. Its routes' removal can take a while, and meanwhile the
+// client may come back here, resumed from the store, and its new
+// connection end with a will waiting for its delay: that will is the new
+// copy's, and goes out.
+func TestBroker_GivenUpCopyLeavesANewerConnectionsWill(t *testing.T) {
+	t.Parallel()
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+	addr := serveTCP(t, b)
+	routes := &routesHeldAtRemove{fakeRoutes: fakeRoutes{add: func(string, string, string) error { return nil }},
+		entered: make(chan struct{}, 1), release: make(chan struct{})}
+	b.SetCluster(Cluster{Routes: routes})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(routes.release) }) })
+	const client = "fenced2"
+	id := b.mustScope(t, "default").ClientID(client)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	require.Equal(t, []byte{1}, old.Subscribe(1, "some/topic", 1).ReasonCodes)
+	_ = old.Conn.Close()
+	require.Eventually(t, func() bool { b.willMu.Lock(); defer b.willMu.Unlock(); return b.wills[id] != nil },
+		5*time.Second, time.Millisecond)
+	require.True(t, b.yieldIfFenced(b.session(id), fmt.Errorf("queue: %w", durable.ErrFenced)))
+	select {
+	case <-routes.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("route removal not reached")
+	}
+	require.Nil(t, b.session(id))
+	// The client comes back here meanwhile (resumed from the store), and its
+	// connection drops: its will waits for its 1 s delay.
+	neu := mqtttest.Dial(t, addr, 5)
+	neu.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: persistentSession,
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: client,
+			WillFlag: true, WillTopic: "gone/" + client, WillQos: 1, WillPayload: []byte("neu"),
+			WillProperties: packets.Properties{WillDelayInterval: 1}}})
+	require.Equal(t, packets.CodeSuccess.Code, neu.Expect(packets.Connack).ReasonCode)
+	waitBound(t, b, id)
+	_ = neu.Conn.Close()
+	require.Eventually(t, func() bool { b.willMu.Lock(); defer b.willMu.Unlock(); return b.wills[id] != nil },
+		5*time.Second, time.Millisecond, "new connection's will waits")
+	once.Do(func() { close(routes.release) })
+	pk, err := watcher.Read(4 * time.Second)
+	require.NoError(t, err, "the newer connection's will was cancelled by the old copy's forget: lost")
+	require.Equal(t, packets.Publish, pk.FixedHeader.Type)
 }

@@ -235,9 +235,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.setUnfinished(internal, unfinishedTakeover{})
 	}
 	if b.store != nil && b.store.Shared() {
-		// A session resumed from the store is this connection's: the will
-		// its previous connection left is void ([MQTT-3.1.3-9]).
-		if _, err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl) || c.will.Load() != nil, moved); err != nil {
+		if err := b.claimShared(ctx, sc, external, epoch, previous, pk.Connect.Clean, persistent(cl) || c.will.Load() != nil, moved, false); err != nil {
 			cancel()
 			b.logger.Error("session not resumed from the store", "tenant", id.Tenant, "previous", previous, "error", err)
 			return refuse(packets.ErrServerUnavailable, "store_failed")

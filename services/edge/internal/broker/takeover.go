@@ -442,7 +442,7 @@ func (b *Broker) forgetSessionRoutes(routes context.Context, id string, which en
 	// After the copy is gone: a connection of it ending from here on
 	// finds the session moved and leaves its will (willAtEnd).
 	if b.session(id) != s {
-		b.cancelWill(id, false)
+		b.cancelWillOf(id, s)
 	}
 }
 
@@ -687,7 +687,7 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 	ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
 	defer cancel()
 	id := sc.ClientID(clientID)
-	resumed, err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false)
+	err := b.claimShared(ctx, sc, clientID, epoch, previous, false, true, false, true)
 	switch {
 	case errors.Is(err, errNewerCopy):
 	case errors.Is(err, durable.ErrFenced):
@@ -706,11 +706,6 @@ func (b *Broker) resumeOwned(sc *tenancy.Scope, clientID string, epoch uint64, p
 	case b.session(id) == nil:
 		b.setUnfinished(id, unfinishedTakeover{})
 		return false, true // nothing stored: the session ended
-	}
-	if resumed != nil {
-		// No connection resumed it: the will of the one that ended on the
-		// previous owner waits for its delay, as a custodian's would.
-		b.scheduleAdoptedWill(id, resumed)
 	}
 	b.setUnfinished(id, unfinishedTakeover{})
 	return true, true
@@ -818,21 +813,20 @@ func (b *Broker) PreviousOwnerGone(edge string) {
 // before and that stores nothing (it does not outlive its connection and
 // has no will) costs the store nothing.
 //
-// resumed is the stored record of a session it resumed from the store (nil
-// otherwise). The will that record keeps is the caller's to decide: void
-// when the connection being established resumes the session
-// ([MQTT-3.1.3-9]), waiting for its delay when the edge adopts the session
-// with no connection (scheduleAdoptedWill).
-func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved bool) (resumed *durable.Session, _ error) {
+// offline is set when no connection of the client resumes the session
+// (the edge adopts it): the will its last connection left in the store then
+// waits for its delay, as a custodian's would (scheduleAdoptedWill);
+// resumed by a connection, the will is void ([MQTT-3.1.3-9]).
+func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID string, epoch uint64, previous string, cleanStart, stores, moved, offline bool) error {
 	if moved || (previous == "" && !stores) {
-		return nil, nil
+		return nil
 	}
 	id := sc.ClientID(clientID)
 	if err := b.store.Activate(ctx, id, epoch); err != nil {
-		return nil, fmt.Errorf("activate session: %w", err)
+		return fmt.Errorf("activate session: %w", err)
 	}
 	if previous == "" && cleanStart {
-		return nil, nil
+		return nil
 	}
 	if cleanStart {
 		// Whatever a dead owner left must not come back; the session ends
@@ -840,10 +834,10 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		if st, ok, err := b.store.LoadSession(ctx, id); err == nil && ok && st.Session.Will != nil {
 			b.publishWill(id, fromRecord(st.Session.Will.Msg), nil)
 		}
-		return nil, b.store.DeleteSession(ctx, id, true)
+		return b.store.DeleteSession(ctx, id, true)
 	}
 	if s := b.session(id); s != nil {
-		return nil, nil // this edge holds it already
+		return nil // this edge holds it already
 	}
 	// With no previous owner this is most often a new session, and the
 	// read finds nothing. A stored one is the client's all the same: an
@@ -851,7 +845,7 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	// cost the client its session and what is queued for it.
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
-		return nil, err
+		return err
 	}
 	if !st.Session.Persistent() {
 		// A session that does not outlive its connection (Session Expiry
@@ -865,10 +859,10 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		// again.
 		if w := st.Session.Will; w != nil {
 			if err := b.sendWill(fromRecord(w.Msg)); err != nil {
-				return nil, fmt.Errorf("will of the ended session not published: %w", err)
+				return fmt.Errorf("will of the ended session not published: %w", err)
 			}
 		}
-		return nil, b.store.DeleteSession(ctx, id, true)
+		return b.store.DeleteSession(ctx, id, true)
 	}
 	b.m.resumedFromStore.Inc()
 	if previous == "" {
@@ -880,8 +874,13 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	}
 	s, err := b.importSession(ctx, sc, id, epoch, st)
 	if err != nil {
-		return nil, err
+		return err
+	}
+	if offline {
+		// Scheduled before the hold goes: a takeover waits for the hold,
+		// and must find the will to hold back or void.
+		b.scheduleAdoptedWill(id, &st.Session)
 	}
 	s.releaseHold()
-	return &st.Session, nil
+	return nil
 }

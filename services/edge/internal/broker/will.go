@@ -12,6 +12,9 @@ import (
 type pendingWill struct {
 	timer *time.Timer
 	fire  func()
+	// copy is the session copy whose connection left the will (nil: not
+	// known); forgetting that copy cancels it (cancelWillOf), and no other.
+	copy *session
 }
 
 // newWill builds the will a connection carries. Its msgID is fixed now, so
@@ -67,14 +70,14 @@ func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) {
 
 // scheduleWill publishes will after delay seconds unless the session
 // reconnects first ([MQTT-3.1.3-9]).
-func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durable.Session) {
+func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durable.Session, copy *session) {
 	if delay == 0 {
 		b.publishWill(id, will, rec)
 		return
 	}
 	b.willMu.Lock()
 	defer b.willMu.Unlock()
-	b.scheduleWillLocked(id, will, delay, rec)
+	b.scheduleWillLocked(id, will, delay, rec, copy)
 }
 
 // willAtEnd publishes, schedules or voids the will of c, a connection of
@@ -106,7 +109,7 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 		delay = 0 // published when the delay passes or the session ends, whichever is first
 	}
 	if delay > 0 {
-		b.scheduleWillLocked(id, will, delay, c.record)
+		b.scheduleWillLocked(id, will, delay, c.record, c.sess.Load())
 		b.willMu.Unlock()
 		return
 	}
@@ -115,12 +118,12 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 }
 
 // scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
-func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec *durable.Session) {
+func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec *durable.Session, copy *session) {
 	publish := func() { b.publishWill(id, will, rec) }
 	if old := b.wills[id]; old != nil {
 		old.timer.Stop()
 	}
-	pw := &pendingWill{fire: publish}
+	pw := &pendingWill{fire: publish, copy: copy}
 	pw.timer = time.AfterFunc(time.Duration(delay)*time.Second, func() {
 		b.willMu.Lock()
 		if b.wills[id] == pw {
@@ -130,6 +133,22 @@ func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec 
 		publish()
 	})
 	b.wills[id] = pw
+}
+
+// cancelWillOf drops the delayed will that a connection of session copy s
+// left, if it is the one waiting: s was given up for a newer holder, which
+// decides the will. A will a newer copy's connection left since is that
+// copy's, and waits on.
+func (b *Broker) cancelWillOf(id string, s *session) {
+	b.willMu.Lock()
+	pw := b.wills[id]
+	if pw == nil || pw.copy != s {
+		b.willMu.Unlock()
+		return
+	}
+	delete(b.wills, id)
+	b.willMu.Unlock()
+	pw.timer.Stop()
 }
 
 // cancelWill drops a delayed will when its client reconnects. When the new
