@@ -11,7 +11,6 @@ import (
 
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
-	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // A session this edge resumes from the shared store with no connection of
@@ -33,9 +32,7 @@ func TestBroker_SessionResumedWithNoConnectionPublishesItsStoredWill(t *testing.
 	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300,
 		Will: &durable.Will{Msg: will.record(), Delay: 1}}))
 
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watcher := willWatcher(t, addr, "gone/"+client)
 
 	b.setUnfinished(id, unfinishedTakeover{previous: "edge-dead", epoch: 30, scope: sc, clientID: client})
 	here, settled := b.resumeOwned(sc, client, 30, "edge-dead")

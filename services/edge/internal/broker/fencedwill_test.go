@@ -26,9 +26,7 @@ func TestBroker_FencedCopyLeavesNoWillWaiting(t *testing.T) {
 	addr := serveTCP(t, b)
 	const client = "fenced"
 	id := b.mustScope(t, "default").ClientID(client)
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watcher := willWatcher(t, addr, "gone/"+client)
 	const delay = 2
 	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, delay)
 	waitBound(t, b, id)
@@ -79,9 +77,7 @@ func TestBroker_GivenUpCopyLeavesANewerConnectionsWill(t *testing.T) {
 	t.Cleanup(func() { once.Do(func() { close(routes.release) }) })
 	const client = "fenced2"
 	id := b.mustScope(t, "default").ClientID(client)
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watcher := willWatcher(t, addr, "gone/"+client)
 	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 	waitBound(t, b, id)
 	require.Equal(t, []byte{1}, old.Subscribe(1, "some/topic", 1).ReasonCodes)

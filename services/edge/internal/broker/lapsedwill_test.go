@@ -58,9 +58,17 @@ func TestBroker_LapsedSessionsLeaveNoWillScheduled(t *testing.T) {
 	require.False(t, pending(), "no will of a lapsed session waits here")
 
 	// Served again: nothing of the lapsed session goes out from here.
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watcher := willWatcher(t, addr, "gone/"+client)
 	pk, err := watcher.Read(2 * time.Second)
 	require.Error(t, err, "a lapsed session's will went out from this edge: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+}
+
+// willWatcher is a client of addr subscribed at QoS 1 to topic, the will
+// topic a test's client leaves.
+func willWatcher(t *testing.T, addr, topic string) *mqtttest.Client {
+	t.Helper()
+	w := mqtttest.Dial(t, addr, 5)
+	w.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, w.Subscribe(1, topic, 1).ReasonCodes)
+	return w
 }

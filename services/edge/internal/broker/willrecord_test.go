@@ -52,6 +52,15 @@ func (g *gatedRecords) DeleteSession(ctx context.Context, id string, wait bool) 
 	return g.sharedLocal.DeleteSession(ctx, id, wait)
 }
 
+// recordGatedBroker is a broker serving MQTT on a shared store whose record
+// writes g holds as newGatedRecords(t, putAt, delAt) says.
+func recordGatedBroker(t *testing.T, putAt, delAt int32) (g *gatedRecords, b *Broker, st *durable.Store, addr string) {
+	t.Helper()
+	g = newGatedRecords(t, putAt, delAt)
+	b, st = brokerOnStore(t, func(s *durable.Store) DurableState { g.sharedLocal = sharedLocal{s}; return g })
+	return g, b, st, serveTCP(t, b)
+}
+
 // waitHeld waits for the store's hold.
 func (g *gatedRecords) waitHeld(t *testing.T) {
 	t.Helper()
@@ -151,9 +160,7 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		// will is void, and its end (before its bind) drops it from the
 		// stored record.
 		t.Parallel()
-		g := newGatedRecords(t, 2, 0)
-		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { g.sharedLocal = sharedLocal{s}; return g })
-		addr := serveTCP(t, b)
+		g, b, st, addr := recordGatedBroker(t, 2, 0)
 		id := b.mustScope(t, "default").ClientID(client)
 		old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 		waitBound(t, b, id)
@@ -175,9 +182,7 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		// its will after it: the session was resumed, so the will is void
 		// and dropped from the stored record.
 		t.Parallel()
-		g := newGatedRecords(t, 2, 0)
-		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { g.sharedLocal = sharedLocal{s}; return g })
-		addr := serveTCP(t, b)
+		g, b, st, addr := recordGatedBroker(t, 2, 0)
 		id := b.mustScope(t, "default").ClientID(client)
 		old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 		waitBound(t, b, id)
@@ -199,9 +204,7 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		// The older connection, without a will, sends a DISCONNECT that
 		// changes its Session Expiry while the newer CONNECT is stored.
 		t.Parallel()
-		g := newGatedRecords(t, 2, 0)
-		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { g.sharedLocal = sharedLocal{s}; return g })
-		addr := serveTCP(t, b)
+		g, b, st, addr := recordGatedBroker(t, 2, 0)
 		id := b.mustScope(t, "default").ClientID(client)
 		old := mqtttest.Dial(t, addr, 5)
 		require.Equal(t, packets.CodeSuccess.Code, old.Connect(client, false, persistentSession).ReasonCode)
@@ -224,9 +227,7 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		// holds nothing else. The delete is on its way to the store when
 		// the newer CONNECT comes.
 		t.Parallel()
-		g := newGatedRecords(t, 0, 1)
-		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { g.sharedLocal = sharedLocal{s}; return g })
-		addr := serveTCP(t, b)
+		g, b, st, addr := recordGatedBroker(t, 0, 1)
 		id := b.mustScope(t, "default").ClientID(client)
 		old := connectWithWill(t, addr, 5, client, "gone/"+client, false, packets.Properties{}, 60)
 		waitBound(t, b, id)
