@@ -57,3 +57,40 @@ func TestBroker_SessionResumedWithNoConnectionPublishesItsStoredWill(t *testing.
 		return nil
 	})
 }
+
+// A will due at once, of a session adopted with no connection, may match
+// the session's own subscriptions: it is published once the adopted
+// copy's hold is released, or its delivery to the session would wait for
+// the hold that the adoption, waiting for the delivery, never releases
+// (and the client's claim lock with it).
+func TestBroker_AdoptedWillDueAtOnceReachesItsOwnSession(t *testing.T) {
+	t.Parallel()
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
+	serveTCP(t, b)
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}})
+	sc := b.mustScope(t, "default")
+	const client = "self-subscribed"
+	id := sc.ClientID(client)
+	will := &Message{ID: MsgID{Edge: "edge-dead", Incarnation: 3, Seq: 8}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
+	require.NoError(t, st.PutSession(t.Context(), durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300,
+		Will: &durable.Will{Msg: will.record()}}))
+	require.NoError(t, st.PutSubscription(t.Context(), id, durable.Subscription{Filter: sc.Topic("gone/#"), QoS: 1}))
+	b.setUnfinished(id, unfinishedTakeover{previous: "edge-dead", epoch: 30, scope: sc, clientID: client})
+	done := make(chan struct{})
+	go func() { b.resumeOwned(sc, client, 30, "edge-dead"); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the adoption waits for the delivery of its own will")
+	}
+	s := b.session(id)
+	require.NotNil(t, s)
+	testutil.Eventually(t, 3*time.Second, func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if n := s.queue.len(); n != 1 {
+			return fmt.Errorf("%d queued for the session", n)
+		}
+		return nil
+	})
+}

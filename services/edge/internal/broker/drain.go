@@ -351,8 +351,11 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 		b.m.adoptedSessions.WithLabelValues("error").Inc()
 		return false, err
 	}
-	defer s.releaseHold()
-	b.scheduleAdoptedWill(id, &st.Session)
+	now := b.scheduleAdoptedWill(id, &st.Session)
+	s.releaseHold()
+	if now != nil {
+		now()
+	}
 	b.m.adoptedSessions.WithLabelValues("adopted").Inc()
 	return true, nil
 }
@@ -363,10 +366,15 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 // without a DISCONNECT, so the will goes out after its delay unless the
 // client comes back first. The delay counts from now: when the edge died
 // is not known to the second.
-func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) {
+//
+// It is called while the copy's hold is up, so that a takeover finds the
+// will waiting; a will due at once is returned instead (now), for the
+// caller to publish once the hold is released: it may match the session's
+// own subscriptions, whose deliveries wait for the hold.
+func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) (now func()) {
 	w := rec.Will
 	if w == nil {
-		return
+		return nil
 	}
 	s := b.session(id)
 	if s != nil {
@@ -378,7 +386,12 @@ func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) {
 	if rec.ProtocolVersion == 5 {
 		delay = min(delay, rec.ExpiryInterval)
 	}
-	b.scheduleWill(id, fromRecord(w.Msg), delay, rec, s)
+	will := fromRecord(w.Msg)
+	if delay == 0 {
+		return func() { b.publishWill(id, will, rec) }
+	}
+	b.scheduleWill(id, will, delay, rec, s)
+	return nil
 }
 
 // publishStoredWill publishes a will read from the shared store and fails

@@ -107,4 +107,5 @@ func TestBroker_GivenUpCopyLeavesANewerConnectionsWill(t *testing.T) {
 	pk, err := watcher.Read(4 * time.Second)
 	require.NoError(t, err, "the newer connection's will was cancelled by the old copy's forget: lost")
 	require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+	require.Equal(t, []byte("neu"), pk.Payload, "the newer connection's will")
 }

@@ -876,11 +876,15 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	if err != nil {
 		return err
 	}
+	var now func()
 	if offline {
 		// Scheduled before the hold goes: a takeover waits for the hold,
 		// and must find the will to hold back or void.
-		b.scheduleAdoptedWill(id, &st.Session)
+		now = b.scheduleAdoptedWill(id, &st.Session)
 	}
 	s.releaseHold()
+	if now != nil {
+		now()
+	}
 	return nil
 }
