@@ -94,3 +94,45 @@ func TestBroker_AdoptedWillDueAtOnceReachesItsOwnSession(t *testing.T) {
 		return nil
 	})
 }
+
+// A session adopted from a draining edge, its client disconnected without
+// a DISCONNECT and its will waiting for its delay there, keeps the will:
+// the draining edge voids it as the session leaves, so the adopting edge,
+// which gets no connection with the session, sends it when the delay has
+// passed, unless the client comes back first. A rolling restart must not
+// lose it.
+func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
+	t.Parallel()
+	b, st, addr := servingOnSharedStore(t)
+	sc := b.mustScope(t, "default")
+	const client = "drained"
+	id := sc.ClientID(client)
+	will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 5}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
+	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300, Will: &durable.Will{Msg: will.record(), Delay: 1}}
+	require.NoError(t, st.PutSession(t.Context(), rec))
+	state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
+	require.NoError(t, err)
+	watcher := willWatcher(t, addr, "gone/"+client) // before the cluster: its CONNECT claims nothing
+	tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}
+	b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Takeover: tk,
+		Ownership: grantsInOrder([]Grant{{Epoch: 9, Previous: "draining"}})})
+
+	adopted, err := b.Adopt(t.Context(), "default", client, "draining")
+	require.NoError(t, err)
+	require.True(t, adopted)
+	require.NotNil(t, b.session(id))
+	pk, err := watcher.Read(500 * time.Millisecond)
+	require.Error(t, err, "the will went out before its delay: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+	pk = watcher.Expect(packets.Publish)
+	require.Equal(t, []byte("bye"), pk.Payload)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		got, ok, err := st.LoadSession(t.Context(), id)
+		if err != nil || !ok {
+			return fmt.Errorf("session record: ok %v, %v", ok, err)
+		}
+		if got.Session.Will != nil {
+			return errors.New("the will is still in the stored record")
+		}
+		return nil
+	})
+}

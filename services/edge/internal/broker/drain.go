@@ -246,7 +246,7 @@ func (b *Broker) Adopt(ctx context.Context, tenant, clientID, fromEdge string) (
 	b.logger.Debug("session claimed for custody", "client_id", sc.ClientID(clientID), "from", fromEdge, "epoch", epoch, "previous", previous)
 	moved := false
 	if !g.SourceGone {
-		moved, previous, err = b.takeOverFrom(ctx, previous, sc, clientID, epoch, false)
+		moved, previous, err = b.takeOverFrom(ctx, previous, sc, clientID, epoch, false, true)
 	}
 	if errors.Is(err, errNewerCopy) {
 		// Its client came back here meanwhile, under a newer claim.

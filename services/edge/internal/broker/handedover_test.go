@@ -434,7 +434,7 @@ func TestBroker_SupersededTakeoverKeepsTheNewerCopy(t *testing.T) {
 	}}
 	b.SetCluster(Cluster{Ownership: own, Takeover: tk})
 
-	moved, _, err := b.takeOverFrom(t.Context(), "previous", sc, "roaming", 7, false)
+	moved, _, err := b.takeOverFrom(t.Context(), "previous", sc, "roaming", 7, false, false)
 	require.ErrorIs(t, err, errNewerCopy)
 	require.False(t, moved)
 	require.Same(t, newer, b.session(id), "the newer copy stays")
@@ -736,7 +736,7 @@ func TestBroker_TakeoverLateCopyOfStoredMessageQueuedOnce(t *testing.T) {
 		Queue: []durable.Entry{{Seq: 7, MsgID: m.ID, QoS: 1, Msg: m}}})
 	require.NoError(t, err)
 	b.SetCluster(Cluster{Takeover: &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }, late: late}})
-	moved, _, err := b.takeOverFrom(t.Context(), "edge-3", sc, "overlap", 5, false)
+	moved, _, err := b.takeOverFrom(t.Context(), "edge-3", sc, "overlap", 5, false, false)
 	require.NoError(t, err)
 	require.True(t, moved)
 	s := b.session(id)
@@ -1052,7 +1052,7 @@ func TestBroker_FencedTakeoverRelaysToTheOwner(t *testing.T) {
 		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
 	before := time.Now().UnixNano()
-	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "contested", 20, false)
+	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "contested", 20, false, false)
 	require.ErrorIs(t, err, durable.ErrFenced)
 	require.Nil(t, b.session(id), "no copy stays")
 	rs := b.handed.relays(&Message{Topic: sc.Topic("c/x"), QoS: 1, Created: before}, time.Now(), nil)
@@ -1078,7 +1078,7 @@ func TestBroker_FencedTakeoverRelaysUntilItsRoutesAreGone(t *testing.T) {
 	b.SetCluster(Cluster{Routes: &slowRemoval{fakeRoutes{add: func(string, string, string) error { return nil }}},
 		Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
-	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "slow-gone", 20, false)
+	_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "slow-gone", 20, false, false)
 	require.ErrorIs(t, err, durable.ErrFenced)
 	late := time.Now().Add(-time.Millisecond).UnixNano() // after the fence, before the routes went
 	rs := b.handed.relays(&Message{Topic: sc.Topic("s/x"), QoS: 1, Created: late}, time.Now(), nil)
@@ -1220,7 +1220,7 @@ func TestBroker_FencedTakeoverRelaysItsGroupMessages(t *testing.T) {
 				Takeover:  &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }},
 				Ownership: ownerAt{edge: "edge-new", epoch: 21}, Peers: peers, Reports: reports})
 			before := time.Now()
-			_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "member", 20, false)
+			_, _, err := b.takeOverFrom(t.Context(), "edge-prev", sc, "member", 20, false, false)
 			require.ErrorIs(t, err, durable.ErrFenced)
 			require.Nil(t, b.session(id))
 
@@ -1363,7 +1363,7 @@ func TestBroker_FencedTakeoverPastItsDeadlineStillFindsTheOwner(t *testing.T) {
 	before := time.Now().UnixNano()
 	ctx, cancel := context.WithTimeout(t.Context(), b.cfg.ConnectTimeout)
 	defer cancel()
-	_, _, err = b.takeOverFrom(ctx, "edge-prev", sc, "late", 20, false)
+	_, _, err = b.takeOverFrom(ctx, "edge-prev", sc, "late", 20, false, false)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Nil(t, b.session(id), "no copy stays")
 	rs := b.handed.relays(&Message{Topic: sc.Topic("l/x"), QoS: 1, Created: before}, time.Now(), nil)
@@ -1852,7 +1852,7 @@ func TestBroker_FencedTakeoverDoesNotWaitForAStuckRouter(t *testing.T) {
 		Ownership: ownerAt{edge: "edge-new", epoch: 21}})
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := b.takeOverFrom(context.Background(), "edge-prev", sc, "stuck", 20, false)
+		_, _, err := b.takeOverFrom(context.Background(), "edge-prev", sc, "stuck", 20, false, false)
 		done <- err
 	}()
 	// Not fencedForgetRoutes plus a margin: a longer bound, up to waiting

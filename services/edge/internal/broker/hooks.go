@@ -214,7 +214,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.logger.Info("previous owner is gone; nothing to take over", "previous", previous)
 		b.setUnfinished(internal, unfinishedTakeover{})
 	} else if previous != "" && previous != b.cfg.EdgeID && b.cluster.Takeover != nil {
-		if moved, previous, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean); err != nil {
+		if moved, previous, err = b.takeOverFrom(ctx, previous, sc, external, epoch, pk.Connect.Clean, false); err != nil {
 			cancel()
 			// While a dead edge's lease runs, every client that was on it
 			// is refused here, each retrying: one line a second, with how

@@ -123,8 +123,10 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	if moves {
 		// From here on the session keeps what it queues apart for End.
 		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}
-		// The session goes on elsewhere: its will is void, and the new
-		// owner stores the session's record again without it.
+		// The session goes on elsewhere, and the new owner stores its
+		// record again: without the will when a connection takes it on
+		// (the will is void), with it when the owner adopts the session
+		// with no connection (a drain), and it waits there for its delay.
 		s.record = nil
 	}
 	s.mu.Unlock()
@@ -544,7 +546,10 @@ func (s *session) releaseHold() {
 // The session is taken from the edge that holds it: previous, or the one
 // previous names (HeldElsewhereError). from is that edge, the one a failed
 // takeover is unfinished from; it is this edge when the session is here.
-func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart bool) (moved bool, from string, err error) {
+// offline is set when no connection comes with the takeover (an adoption
+// from a draining edge): the will of the session's last connection is
+// then kept, and waits here for its delay (completeTakeover).
+func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, cleanStart, offline bool) (moved bool, from string, err error) {
 	state, from, err := b.beginTakeover(ctx, previous, sc.Tenant(), clientID, epoch, cleanStart)
 	if errors.Is(err, ErrPreviousOwnerGone) {
 		// Its lease expired: it fenced itself and closed its connections.
@@ -557,7 +562,7 @@ func (b *Broker) takeOverFrom(ctx context.Context, previous string, sc *tenancy.
 		// answers, or its lease has expired.
 		return false, from, fmt.Errorf("previous owner %s did not give the session up: %w", from, err)
 	}
-	moved, err = b.completeTakeover(ctx, from, sc, clientID, epoch, state)
+	moved, err = b.completeTakeover(ctx, from, sc, clientID, epoch, state, offline)
 	return moved, from, err
 }
 
@@ -587,7 +592,7 @@ func (b *Broker) beginTakeover(ctx context.Context, previous, tenant, clientID s
 
 // completeTakeover takes in the state the previous owner gave up at Begin
 // and ends the takeover there; see takeOverFrom.
-func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, state []byte) (moved bool, err error) {
+func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tenancy.Scope, clientID string, epoch uint64, state []byte, offline bool) (moved bool, err error) {
 	if len(state) == 0 {
 		return false, nil
 	}
@@ -611,6 +616,14 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", errTakeoverIncomplete, err)
 	}
+	// A will due at once of a session adopted with no connection goes out
+	// after the hold (scheduleAdoptedWill), if the session came over.
+	var willNow func()
+	defer func() {
+		if willNow != nil && err == nil {
+			willNow()
+		}
+	}()
 	defer s.releaseHold() // whatever happened, nothing waits on it any longer
 	// Whatever fails from here leaves no copy of the session here: its
 	// routes would draw messages it cannot store (a newer claim may have
@@ -635,9 +648,16 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	if err != nil {
 		return false, fmt.Errorf("end takeover: %w", err)
 	}
-	// The session goes on with the new connection, whose record replaces
-	// this one: the previous connection's will is void.
-	st.Session.Will = nil
+	if !offline {
+		// The session goes on with the new connection, whose record
+		// replaces this one: the previous connection's will is void.
+		st.Session.Will = nil
+	}
+	// Adopted with no connection (a draining edge handing it over), the
+	// session keeps the will of its last connection, which ended without
+	// a DISCONNECT: the previous owner voided it as the session left, and
+	// it waits here for its delay, stored with the record, as a
+	// custodian's would.
 	// Only now, with the previous owner done writing, is the new epoch made
 	// current: a shared store refuses the previous owner's writes from here
 	// on, and anything it stored before is in st or late.
@@ -651,6 +671,9 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 		return false, err
 	}
 	s.settleAfterTakeover(time.Now(), ended.FramesLanding)
+	if offline {
+		willNow = b.scheduleAdoptedWill(id, &st.Session)
+	}
 	return true, nil
 }
 
