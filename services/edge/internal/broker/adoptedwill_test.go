@@ -136,3 +136,50 @@ func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
 		return nil
 	})
 }
+
+// A session handed to another edge carries the will of its last
+// connection only when that will was waiting for its delay (the
+// connection gone without a DISCONNECT): a new owner with no connection
+// (a drain's adopter) sends it then. The will of a connection that was
+// live at the handover, closed by the takeover or by a drain, is not the
+// client's leaving, and stays out of the handed-over record.
+func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		gone    bool // the client's connection ended before the handover
+		carried bool
+	}{
+		{"connected", false, false},
+		{"gone_with_its_will_waiting", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, _, addr := servingOnSharedStore(t)
+			client := "handed-" + tc.name
+			id := b.mustScope(t, "default").ClientID(client)
+			watcher := willWatcher(t, addr, "gone/"+client)
+			c := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+			epoch := waitBound(t, b, id)
+			if tc.gone {
+				_ = c.Conn.Close()
+				testutil.Eventually(t, 5*time.Second, func() error {
+					b.willMu.Lock()
+					defer b.willMu.Unlock()
+					if b.wills[id] == nil {
+						return errors.New("no will waiting")
+					}
+					return nil
+				})
+			}
+			owned, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
+			require.NoError(t, err)
+			require.True(t, owned)
+			st, err := durable.DecodeTransfer(state)
+			require.NoError(t, err)
+			require.Equal(t, tc.carried, st.Session.Will != nil, "will in the handed-over record")
+			pk, err := watcher.Read(time.Second)
+			require.Error(t, err, "a will went out from the edge that handed the session over: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+		})
+	}
+}

@@ -131,11 +131,12 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	s.mu.Unlock()
 	b.m.takeovers.Inc()
+	willWaiting := false
 	if moves {
-		// A will waiting for its delay never goes ([MQTT-3.1.3-9]). After
+		// A will waiting for its delay does not go from here. After
 		// s.moving is set: a connection ending from here on finds the
 		// session moving and leaves its will (willAtEnd).
-		b.cancelWill(id, false)
+		willWaiting = b.cancelWill(id, false)
 	}
 	if cl != nil {
 		wasConnected = true
@@ -180,6 +181,16 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		}
 		s.mu.Unlock()
 		return true, wasConnected, nil, errors.Join(errors.New("session not stored"), err)
+	}
+	if !willWaiting {
+		// The stored record holds the will of a connection that was live
+		// (this takeover closed it, or a drain did, neither of them the
+		// client's leaving), or of none: only a will that was waiting for
+		// its delay, its connection gone without a DISCONNECT, goes on with
+		// the session. A new owner with a connection voids even that one
+		// ([MQTT-3.1.3-9]); one that adopts the session with none (a drain)
+		// sends it after its delay unless the client comes back.
+		st.Session.Will = nil
 	}
 	// detach put the connection's in-flight messages back in memory; the
 	// stored in-flight set already holds them, with their packet IDs.

@@ -153,18 +153,20 @@ func (b *Broker) cancelWillOf(id string, s *session) {
 
 // cancelWill drops a delayed will when its client reconnects. When the new
 // connection starts clean the old session ends now, and its will's delay with
-// it: the will is published at once.
-func (b *Broker) cancelWill(id string, clean bool) {
+// it: the will is published at once. waiting reports whether a will was
+// waiting for its delay (and was stopped before it went).
+func (b *Broker) cancelWill(id string, clean bool) (waiting bool) {
 	b.willMu.Lock()
 	pw := b.wills[id]
 	delete(b.wills, id)
 	b.willMu.Unlock()
 	if pw == nil || !pw.timer.Stop() {
-		return
+		return false
 	}
 	if clean {
 		pw.fire()
 	}
+	return true
 }
 
 // willRecord is the session record to store for a connection's session:
