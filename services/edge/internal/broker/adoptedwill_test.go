@@ -142,16 +142,20 @@ func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
 // connection gone without a DISCONNECT): a new owner with no connection
 // (a drain's adopter) sends it then. The will of a connection that was
 // live at the handover, closed by the takeover or by a drain, is not the
-// client's leaving, and stays out of the handed-over record.
+// client's leaving, and stays out of the handed-over record. A will due
+// while the edge stops (drains) cannot be sent from it, and goes on with
+// the session as a waiting one does.
 func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name    string
-		gone    bool // the client's connection ended before the handover
-		carried bool
+		name     string
+		gone     bool // the client's connection ended before the handover
+		stopping bool // the edge stops (drains), and the will's delay passes before the handover
+		carried  bool
 	}{
-		{"connected", false, false},
-		{"gone_with_its_will_waiting", true, true},
+		{"connected", false, false, false},
+		{"gone_with_its_will_waiting", true, false, true},
+		{"due_while_the_edge_stops", true, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -159,7 +163,11 @@ func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 			client := "handed-" + tc.name
 			id := b.mustScope(t, "default").ClientID(client)
 			watcher := willWatcher(t, addr, "gone/"+client)
-			c := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+			delay := uint32(60)
+			if tc.stopping {
+				delay = 1
+			}
+			c := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, delay)
 			epoch := waitBound(t, b, id)
 			if tc.gone {
 				_ = c.Conn.Close()
@@ -171,6 +179,10 @@ func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 					}
 					return nil
 				})
+			}
+			if tc.stopping {
+				b.stopping.Store(true)
+				time.Sleep(time.Duration(delay)*time.Second + 500*time.Millisecond)
 			}
 			owned, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
 			require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 type pendingWill struct {
 	timer *time.Timer
 	fire  func()
+	due   bool // its delay passed while the edge was stopping; not sent
 	// copy is the session copy whose connection left the will (nil: not
 	// known); forgetting that copy cancels it (cancelWillOf), and no other.
 	copy *session
@@ -126,9 +127,20 @@ func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec 
 	pw := &pendingWill{fire: publish, copy: copy}
 	pw.timer = time.AfterFunc(time.Duration(delay)*time.Second, func() {
 		b.willMu.Lock()
-		if b.wills[id] == pw {
-			delete(b.wills, id)
+		if b.wills[id] != pw {
+			b.willMu.Unlock()
+			return // cancelled as it fired
 		}
+		if b.stopping.Load() {
+			// Due while the edge stops, the will cannot be sent from here:
+			// it stays, due, for the session's handover to carry (a
+			// drain's adopter sends it), or in the stored record for a
+			// custodian.
+			pw.due = true
+			b.willMu.Unlock()
+			return
+		}
+		delete(b.wills, id)
 		b.willMu.Unlock()
 		publish()
 	})
@@ -154,13 +166,15 @@ func (b *Broker) cancelWillOf(id string, s *session) {
 // cancelWill drops a delayed will when its client reconnects. When the new
 // connection starts clean the old session ends now, and its will's delay with
 // it: the will is published at once. waiting reports whether a will was
-// waiting for its delay (and was stopped before it went).
+// waiting for its delay (and was stopped before it went), or was due while
+// the edge stopped and so not sent.
 func (b *Broker) cancelWill(id string, clean bool) (waiting bool) {
 	b.willMu.Lock()
 	pw := b.wills[id]
 	delete(b.wills, id)
+	due := pw != nil && pw.due
 	b.willMu.Unlock()
-	if pw == nil || !pw.timer.Stop() {
+	if pw == nil || !pw.timer.Stop() && !due {
 		return false
 	}
 	if clean {
