@@ -11,6 +11,7 @@ import (
 
 	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // A session this edge resumes from the shared store with no connection of
@@ -38,14 +39,20 @@ func TestBroker_SessionResumedWithNoConnectionPublishesItsStoredWill(t *testing.
 	here, settled := b.resumeOwned(sc, client, 30, "edge-dead")
 	require.True(t, here)
 	require.True(t, settled)
+	expectWillAfterItsDelay(t, watcher, st, id, "gone/"+client, "bye")
+}
+
+// expectWillAfterItsDelay expects the will (topic, payload) of session id
+// at watcher after a delay of about a second, not before, and then out of
+// the session's stored record: out once, no custodian sends it again if
+// this edge dies.
+func expectWillAfterItsDelay(t *testing.T, watcher *mqtttest.Client, st *durable.Store, id, topic, payload string) {
+	t.Helper()
 	pk, err := watcher.Read(500 * time.Millisecond)
 	require.Error(t, err, "the will went out before its delay: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
 	pk = watcher.Expect(packets.Publish)
-	require.Equal(t, "gone/"+client, pk.TopicName)
-	require.Equal(t, []byte("bye"), pk.Payload)
-
-	// Out once, it leaves the stored record, so no custodian sends it
-	// again if this edge dies.
+	require.Equal(t, topic, pk.TopicName)
+	require.Equal(t, []byte(payload), pk.Payload)
 	testutil.Eventually(t, 5*time.Second, func() error {
 		got, ok, err := st.LoadSession(t.Context(), id)
 		if err != nil || !ok {
@@ -121,20 +128,7 @@ func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, adopted)
 	require.NotNil(t, b.session(id))
-	pk, err := watcher.Read(500 * time.Millisecond)
-	require.Error(t, err, "the will went out before its delay: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
-	pk = watcher.Expect(packets.Publish)
-	require.Equal(t, []byte("bye"), pk.Payload)
-	testutil.Eventually(t, 5*time.Second, func() error {
-		got, ok, err := st.LoadSession(t.Context(), id)
-		if err != nil || !ok {
-			return fmt.Errorf("session record: ok %v, %v", ok, err)
-		}
-		if got.Session.Will != nil {
-			return errors.New("the will is still in the stored record")
-		}
-		return nil
-	})
+	expectWillAfterItsDelay(t, watcher, st, id, "gone/"+client, "bye")
 }
 
 // A session handed to another edge carries the will of its last
