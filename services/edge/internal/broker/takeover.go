@@ -913,7 +913,7 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 	var now func()
 	if offline {
 		// Scheduled before the hold goes: a takeover waits for the hold,
-		// and must find the will to hold back or void.
+		// and must find the will waiting, to void it.
 		now = b.scheduleAdoptedWill(id, &st.Session)
 	}
 	s.releaseHold()
