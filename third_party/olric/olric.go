@@ -129,6 +129,11 @@ type Olric struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// keel patch: held by Start while it starts the subsystems, so that
+	// Shutdown waits for a start in progress instead of racing it (the
+	// subsystems' wg.Add against Shutdown's wg.Wait).
+	starting chan struct{}
+
 	// Callback function. Olric calls this after
 	// the server is ready to accept new connections.
 	started func()
@@ -227,6 +232,7 @@ func New(c *config.Config) (*Olric, error) {
 		started:  c.Started,
 		ctx:      ctx,
 		cancel:   cancel,
+		starting: make(chan struct{}, 1),
 	}
 
 	// Create a Redcon server instance
@@ -333,6 +339,33 @@ func (db *Olric) Start() error {
 		return errGr.Wait()
 	}
 
+	if err := db.startServices(); err != nil {
+		return err
+	}
+
+	db.log.V(2).Printf("[INFO] Node name in the cluster: %s",
+		db.name)
+	if db.config.Interface != "" {
+		db.log.V(2).Printf("[INFO] Olric uses interface: %s",
+			db.config.Interface)
+	}
+	db.log.V(2).Printf("[INFO] Olric bindAddr: %s, bindPort: %d",
+		db.config.BindAddr, db.config.BindPort)
+	db.log.V(2).Printf("[INFO] Replication count is %d", db.config.ReplicaCount)
+
+	// Wait for the TCP server.
+	return errGr.Wait()
+}
+
+// startServices starts the subsystems under db.starting, and not at all
+// once Shutdown began (keel patch).
+func (db *Olric) startServices() error {
+	db.starting <- struct{}{}
+	defer func() { <-db.starting }()
+	if db.ctx.Err() != nil {
+		return ErrServerGone
+	}
+
 	// Balancer works periodically to balance partition data across the cluster.
 	if err := db.balancer.Start(); err != nil {
 		if err != nil {
@@ -383,19 +416,7 @@ func (db *Olric) Start() error {
 		db.wg.Add(1)
 		go db.callStartedCallback()
 	}
-
-	db.log.V(2).Printf("[INFO] Node name in the cluster: %s",
-		db.name)
-	if db.config.Interface != "" {
-		db.log.V(2).Printf("[INFO] Olric uses interface: %s",
-			db.config.Interface)
-	}
-	db.log.V(2).Printf("[INFO] Olric bindAddr: %s, bindPort: %d",
-		db.config.BindAddr, db.config.BindPort)
-	db.log.V(2).Printf("[INFO] Replication count is %d", db.config.ReplicaCount)
-
-	// Wait for the TCP server.
-	return errGr.Wait()
+	return nil
 }
 
 // Shutdown stops background servers and leaves the cluster.
@@ -408,6 +429,15 @@ func (db *Olric) Shutdown(ctx context.Context) error {
 	}
 
 	db.cancel()
+
+	// keel patch: wait for a start in progress to finish starting the
+	// subsystems (it starts none after the cancel above).
+	select {
+	case db.starting <- struct{}{}:
+		<-db.starting
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 
 	var latestError error
 
