@@ -199,10 +199,16 @@ func testFencing(t *testing.T, s store.Store) {
 	require.ErrorIs(t, s.Activate(ctx, key, store.Fence{Epoch: 3}), store.ErrFenced, "epochs never go back")
 	require.NoError(t, s.PutSubscription(ctx, key, store.Fence{Epoch: 5}, store.Subscription{Filter: "a"}))
 	require.NoError(t, s.Activate(ctx, key, store.Fence{Epoch: 9}))
+	require.NoError(t, s.PutSession(ctx, key, store.Fence{Epoch: 9}, store.Session{ProtocolVersion: 5, ExpiryInterval: 60}))
 	require.ErrorIs(t, s.DeleteSession(ctx, key, store.Fence{Epoch: 5}), store.ErrFenced)
+	// A fenced-off owner's session record (its will, its expiry) must not
+	// overwrite the new owner's.
+	require.ErrorIs(t, s.PutSession(ctx, key, store.Fence{Epoch: 8}, store.Session{ProtocolVersion: 4, ExpiryInterval: 1}), store.ErrFenced)
 	st, err := s.Load(ctx, key)
 	require.NoError(t, err)
 	require.Equal(t, uint64(9), st.Epoch)
+	require.Equal(t, uint32(60), st.Session.ExpiryInterval, "the fenced put changed nothing")
+	require.Equal(t, byte(5), st.Session.ProtocolVersion)
 	require.Len(t, st.Subs, 1, "the fenced delete changed nothing")
 	require.Empty(t, st.Queue, "the fenced append stored nothing")
 }
