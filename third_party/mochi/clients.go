@@ -492,6 +492,17 @@ func (cl *Client) StoppedAt() time.Time {
 	return time.Time{}
 }
 
+// SetStoppedAt moves the time a stopped client disconnected back to at,
+// when at is earlier. keel patch: a session that comes to this server
+// offline (handed over by another one) expires, and its will goes out,
+// counting from when its connection ended, not from its arrival here.
+func (cl *Client) SetStoppedAt(at time.Time) {
+	if cur := atomic.LoadInt64(&cl.State.disconnectedAt); cur != 0 && at.UnixNano() < cur {
+		atomic.StoreInt64(&cl.State.disconnectedAt, at.UnixNano())
+		atomic.StoreInt64(&cl.State.disconnected, at.Unix())
+	}
+}
+
 // Closed returns true if client connection is closed.
 func (cl *Client) Closed() bool {
 	return cl.State.open == nil || cl.State.open.Err() != nil

@@ -189,3 +189,83 @@ func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 		})
 	}
 }
+
+// A session handed over offline (a drain) carries when its connection
+// ended, and the adopting edge counts the session's expiry and its will's
+// delay from then: handed from edge to edge in a rolling restart, a
+// session of Session Expiry 60 would otherwise live for 60 s after the
+// last hand-over, and its will wait its delay again at every one
+// ([MQTT-3.1.3-9], §3.1.2.11.2).
+func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T) {
+	t.Parallel()
+	t.Run("the_handover_carries_the_end", func(t *testing.T) {
+		t.Parallel()
+		b, _, addr := servingOnSharedStore(t)
+		const client = "went"
+		id := b.mustScope(t, "default").ClientID(client)
+		c := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+		epoch := waitBound(t, b, id)
+		closed := time.Now()
+		_ = c.Conn.Close()
+		testutil.Eventually(t, 5*time.Second, func() error {
+			b.willMu.Lock()
+			defer b.willMu.Unlock()
+			if b.wills[id] == nil {
+				return errors.New("the connection's end is not seen yet: no will waiting")
+			}
+			return nil
+		})
+		time.Sleep(300 * time.Millisecond)
+		_, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
+		require.NoError(t, err)
+		st, err := durable.DecodeTransfer(state)
+		require.NoError(t, err)
+		require.WithinDuration(t, closed, st.Session.DisconnectedAt(), 200*time.Millisecond,
+			"the handed-over record says when the connection ended, not when it was handed over")
+	})
+	t.Run("a_connected_session_carries_none", func(t *testing.T) {
+		t.Parallel()
+		b, _, addr := servingOnSharedStore(t)
+		const client = "here"
+		id := b.mustScope(t, "default").ClientID(client)
+		connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+		epoch := waitBound(t, b, id)
+		_, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
+		require.NoError(t, err)
+		st, err := durable.DecodeTransfer(state)
+		require.NoError(t, err)
+		require.Zero(t, st.Session.Disconnected, "the new owner's connection takes the session on")
+	})
+	t.Run("the_adopter_counts_from_it", func(t *testing.T) {
+		t.Parallel()
+		b, st, addr := servingOnSharedStore(t)
+		sc := b.mustScope(t, "default")
+		const client = "drained-long-ago"
+		id := sc.ClientID(client)
+		ended := time.Now().Add(-1500 * time.Millisecond)
+		will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 6}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
+		rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 2, Disconnected: ended.UnixNano(),
+			Will: &durable.Will{Msg: will.record(), Delay: 60}}
+		require.NoError(t, st.PutSession(t.Context(), rec))
+		state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
+		require.NoError(t, err)
+		watcher := willWatcher(t, addr, "gone/"+client)
+		tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}
+		b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Takeover: tk,
+			Ownership: grantsInOrder([]Grant{{Epoch: 9, Previous: "draining"}})})
+
+		adopted, err := b.Adopt(t.Context(), "default", client, "draining")
+		require.NoError(t, err)
+		require.True(t, adopted)
+		cl, ok := b.server.Clients.Get(id)
+		require.True(t, ok)
+		require.WithinDuration(t, ended, cl.StoppedAt(), time.Millisecond, "the session's expiry counts from its connection's end")
+		// The will waits for the session's end (Session Expiry 2 < its
+		// delay of 60), which is half a second away, not two seconds.
+		pk, err := watcher.Read(1200 * time.Millisecond)
+		require.NoError(t, err, "no will within the session's remaining expiry")
+		require.Equal(t, packets.Publish, pk.FixedHeader.Type)
+		require.Equal(t, []byte("bye"), pk.Payload)
+		require.WithinDuration(t, ended.Add(2*time.Second), time.Now(), 700*time.Millisecond)
+	})
+}

@@ -353,6 +353,7 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 	}
 	now := b.scheduleAdoptedWill(id, &st.Session)
 	s.releaseHold()
+	b.countFromEnd(s, &st.Session)
 	if now != nil {
 		now()
 	}
@@ -361,11 +362,12 @@ func (b *Broker) TakeCustody(ctx context.Context, tenant, clientID string, epoch
 }
 
 // scheduleAdoptedWill schedules the will kept in rec, the stored record of
-// session id, which this edge took from the shared store with no
-// connection of its client: its connection ended when its edge died,
-// without a DISCONNECT, so the will goes out after its delay unless the
-// client comes back first. The delay counts from now: when the edge died
-// is not known to the second.
+// session id, which this edge took with no connection of its client: its
+// connection ended without a DISCONNECT (or its edge died), so the will
+// goes out after its delay unless the client comes back first. The delay
+// counts from when that connection ended where the record says so (a
+// session handed over by a draining edge, or adopted and stored since),
+// else from now: when an edge died is not known to the second.
 //
 // It is called while the copy's hold is up, so that a takeover finds the
 // will waiting; a will due at once is returned instead (now), for the
@@ -382,16 +384,38 @@ func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) (now func(
 		s.record = rec
 		s.mu.Unlock()
 	}
-	delay := w.Delay
+	delay := time.Duration(w.Delay) * time.Second
 	if rec.ProtocolVersion == 5 {
-		delay = min(delay, rec.ExpiryInterval)
+		delay = min(delay, time.Duration(rec.ExpiryInterval)*time.Second)
+	}
+	if ended := time.Since(rec.DisconnectedAt()); !rec.DisconnectedAt().IsZero() && ended > 0 {
+		delay -= ended
 	}
 	will := fromRecord(w.Msg)
-	if delay == 0 {
+	if delay <= 0 {
 		return func() { b.publishWill(id, will, rec) }
 	}
 	b.scheduleWill(id, will, delay, rec, s)
 	return nil
+}
+
+// countFromEnd dates the end of adopted session s, offline here, back to
+// when its last connection ended, where its record says (rec.Disconnected:
+// handed over by a draining edge, or stored by an edge that adopted it
+// so), so that its expiry counts from then and not from its adoption
+// (§3.1.2.11.2). Only once the copy's hold is released: a session that has
+// expired already then ends on mochi's next tick, as any offline session
+// does, not in the middle of its import.
+func (b *Broker) countFromEnd(s *session, rec *durable.Session) {
+	at := rec.DisconnectedAt()
+	if at.IsZero() {
+		return
+	}
+	cl, ok := b.server.Clients.Get(s.id)
+	if !ok || !cl.Closed() || cl.IsTakenOver() || b.session(s.id) != s {
+		return // its client came back meanwhile, or the copy went
+	}
+	cl.SetStoppedAt(at)
 }
 
 // publishStoredWill publishes a will read from the shared store and fails

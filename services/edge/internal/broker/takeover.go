@@ -182,6 +182,16 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		s.mu.Unlock()
 		return true, wasConnected, nil, errors.Join(errors.New("session not stored"), err)
 	}
+	if cl == nil {
+		// Offline here: the session's expiry and its will's delay go on
+		// counting, where it goes, from when its connection ended (or
+		// from when it was handed here, from the end it carried).
+		if old, ok := b.server.Clients.Get(id); ok && old.Closed() {
+			if at := old.StoppedAt(); !at.IsZero() {
+				st.Session.Disconnected = at.UnixNano()
+			}
+		}
+	}
 	if !willWaiting {
 		// The stored record holds the will of a connection that was live
 		// (this takeover closed it, or a drain did, neither of them the
@@ -631,6 +641,9 @@ func (b *Broker) completeTakeover(ctx context.Context, previous string, sc *tena
 	// after the hold (scheduleAdoptedWill), if the session came over.
 	var willNow func()
 	defer func() {
+		if offline && err == nil {
+			b.countFromEnd(s, &st.Session)
+		}
 		if willNow != nil && err == nil {
 			willNow()
 		}
@@ -917,6 +930,9 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		now = b.scheduleAdoptedWill(id, &st.Session)
 	}
 	s.releaseHold()
+	if offline {
+		b.countFromEnd(s, &st.Session)
+	}
 	if now != nil {
 		now()
 	}

@@ -69,10 +69,10 @@ func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) {
 	}
 }
 
-// scheduleWill publishes will after delay seconds unless the session
-// reconnects first ([MQTT-3.1.3-9]).
-func (b *Broker) scheduleWill(id string, will *Message, delay uint32, rec *durable.Session, copy *session) {
-	if delay == 0 {
+// scheduleWill publishes will after delay unless the session reconnects
+// first ([MQTT-3.1.3-9]).
+func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec *durable.Session, copy *session) {
+	if delay <= 0 {
 		b.publishWill(id, will, rec)
 		return
 	}
@@ -110,7 +110,7 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 		delay = 0 // published when the delay passes or the session ends, whichever is first
 	}
 	if delay > 0 {
-		b.scheduleWillLocked(id, will, delay, c.record, c.sess.Load())
+		b.scheduleWillLocked(id, will, time.Duration(delay)*time.Second, c.record, c.sess.Load())
 		b.willMu.Unlock()
 		return
 	}
@@ -119,13 +119,13 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 }
 
 // scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
-func (b *Broker) scheduleWillLocked(id string, will *Message, delay uint32, rec *durable.Session, copy *session) {
+func (b *Broker) scheduleWillLocked(id string, will *Message, delay time.Duration, rec *durable.Session, copy *session) {
 	publish := func() { b.publishWill(id, will, rec) }
 	if old := b.wills[id]; old != nil {
 		old.timer.Stop()
 	}
 	pw := &pendingWill{fire: publish, copy: copy}
-	pw.timer = time.AfterFunc(time.Duration(delay)*time.Second, func() {
+	pw.timer = time.AfterFunc(delay, func() {
 		b.willMu.Lock()
 		if b.wills[id] != pw {
 			b.willMu.Unlock()

@@ -93,6 +93,20 @@ type Session struct {
 	// still be published: an edge that takes custody of the session after
 	// its owner died publishes it. Only a shared store holds one.
 	Will *Will `json:"will,omitempty"`
+	// Disconnected is when the session's last connection ended, in unix
+	// nanoseconds, where an edge knew it: a session handed over offline
+	// carries it, so that its expiry and its will's delay count from
+	// then, not from each hand-over. 0 while connected, or not known (the
+	// session's edge died).
+	Disconnected int64 `json:"dis,omitempty"`
+}
+
+// DisconnectedAt is [Session.Disconnected] as a time, zero if not known.
+func (s *Session) DisconnectedAt() time.Time {
+	if s.Disconnected == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, s.Disconnected)
 }
 
 // Persistent reports whether the session outlives its connection.

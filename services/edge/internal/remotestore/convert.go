@@ -324,7 +324,7 @@ func (c *codec) sessionRecord(rec *durable.Session) (*persistencev1.Session, err
 		return nil, fmt.Errorf("%w: session %q: properties of %d bytes exceed %d", ErrInvalid, rec.ID, len(props), maxProperties)
 	}
 	out := &persistencev1.Session{ProtocolVersion: uint32(rec.ProtocolVersion), SessionExpiryInterval: rec.ExpiryInterval,
-		Properties: props}
+		DisconnectedUnixNano: rec.Disconnected, Properties: props}
 	if w := rec.Will; w != nil {
 		tenant, _, _ := tenancy.TenantOfClientID(rec.ID)
 		m, err := c.message(w.Msg, tenant)
@@ -345,7 +345,8 @@ func (c *codec) sessionRecord(rec *durable.Session) (*persistencev1.Session, err
 }
 
 func (c *codec) sessionIn(id string, s *persistencev1.Session) (durable.Session, error) {
-	out := durable.Session{ID: id, ProtocolVersion: byte(s.GetProtocolVersion()), ExpiryInterval: s.GetSessionExpiryInterval()}
+	out := durable.Session{ID: id, ProtocolVersion: byte(s.GetProtocolVersion()), ExpiryInterval: s.GetSessionExpiryInterval(),
+		Disconnected: s.GetDisconnectedUnixNano()}
 	if len(s.GetProperties()) > 0 {
 		var p sessionProps
 		if err := json.Unmarshal(s.GetProperties(), &p); err != nil {

@@ -113,7 +113,7 @@ func TestRoundTrip(t *testing.T) {
 
 			require.NoError(t, s.Activate(ctx, id, 7))
 			rec := durable.Session{ID: id, Listener: "tcp", Username: []byte("dev"), ProtocolVersion: 5, ExpiryInterval: 3600,
-				Props: json.RawMessage(`{"ReceiveMaximum":10}`)}
+				Props: json.RawMessage(`{"ReceiveMaximum":10}`), Disconnected: 1_700_000_000_123_456_789}
 			require.NoError(t, s.PutSession(ctx, rec))
 
 			subs := []durable.Subscription{
