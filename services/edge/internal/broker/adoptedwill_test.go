@@ -259,7 +259,7 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 		require.True(t, adopted)
 		cl, ok := b.server.Clients.Get(id)
 		require.True(t, ok)
-		require.WithinDuration(t, ended, cl.StoppedAt(), time.Millisecond, "the session's expiry counts from its connection's end")
+		require.WithinDuration(t, ended, cl.StoppedAt(), 100*time.Millisecond, "the session's expiry counts from its connection's end")
 		// The will waits for the session's end (Session Expiry 2 < its
 		// delay of 60), which is half a second away, not two seconds.
 		pk, err := watcher.Read(1200 * time.Millisecond)
@@ -267,5 +267,32 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 		require.Equal(t, packets.Publish, pk.FixedHeader.Type)
 		require.Equal(t, []byte("bye"), pk.Payload)
 		require.WithinDuration(t, ended.Add(2*time.Second), time.Now(), 700*time.Millisecond)
+	})
+	t.Run("the_will_waits_what_is_left_of_its_delay", func(t *testing.T) {
+		t.Parallel()
+		b, st, addr := servingOnSharedStore(t)
+		sc := b.mustScope(t, "default")
+		const client = "will-half-waited"
+		id := sc.ClientID(client)
+		ended := time.Now().Add(-1500 * time.Millisecond)
+		will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 7}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
+		rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300, Disconnected: ended.UnixNano(),
+			Will: &durable.Will{Msg: will.record(), Delay: 2}}
+		require.NoError(t, st.PutSession(t.Context(), rec))
+		state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
+		require.NoError(t, err)
+		watcher := willWatcher(t, addr, "gone/"+client)
+		tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}
+		b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Takeover: tk,
+			Ownership: grantsInOrder([]Grant{{Epoch: 9, Previous: "draining"}})})
+
+		adopted, err := b.Adopt(t.Context(), "default", client, "draining")
+		require.NoError(t, err)
+		require.True(t, adopted)
+		pk, err := watcher.Read(1200 * time.Millisecond)
+		require.NoError(t, err, "no will within what was left of its delay")
+		require.Equal(t, []byte("bye"), pk.Payload)
+		require.WithinDuration(t, ended.Add(2*time.Second), time.Now(), 700*time.Millisecond)
+		require.NotNil(t, b.session(id), "the session goes on: only its will's delay has passed")
 	})
 }

@@ -184,10 +184,12 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	if cl == nil {
 		// Offline here: the session's expiry and its will's delay go on
-		// counting, where it goes, from when its connection ended (or
-		// from when it was handed here, from the end it carried).
+		// counting, where it goes, from when its connection ended: the
+		// earlier of mochi's end of it here and the stored one (a session
+		// adopted here carries its end in the record, and mochi's may not
+		// be dated back to it yet).
 		if old, ok := b.server.Clients.Get(id); ok && old.Closed() {
-			if at := old.StoppedAt(); !at.IsZero() {
+			if at := old.StoppedAt(); !at.IsZero() && (st.Session.Disconnected == 0 || at.UnixNano() < st.Session.Disconnected) {
 				st.Session.Disconnected = at.UnixNano()
 			}
 		}

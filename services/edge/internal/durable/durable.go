@@ -97,7 +97,9 @@ type Session struct {
 	// nanoseconds, where an edge knew it: a session handed over offline
 	// carries it, so that its expiry and its will's delay count from
 	// then, not from each hand-over. 0 while connected, or not known (the
-	// session's edge died).
+	// session's edge died). Between edges it travels as the time offline
+	// (EncodeTransfer), so that their clocks need not agree; in the
+	// shared store it is the writing edge's clock.
 	Disconnected int64 `json:"dis,omitempty"`
 }
 

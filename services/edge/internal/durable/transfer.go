@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -137,6 +139,11 @@ type transfer struct {
 	Inflight []transferEntry `json:"inflight,omitempty"`
 	Incoming []Incoming      `json:"incoming,omitempty"`
 	TookQoS2 []string        `json:"took_qos2,omitempty"`
+	// OfflineFor is how long the session had been offline when it was
+	// encoded, in nanoseconds (Session.Disconnected travels as this): the
+	// receiving edge dates the end on its own clock, so that a clock
+	// running ahead of the sender's cannot expire the session early.
+	OfflineFor int64 `json:"offline_ns,omitempty"`
 }
 
 // transferEntry carries its message along, which the stored form keeps
@@ -149,6 +156,10 @@ type transferEntry struct {
 // EncodeTransfer encodes a session's state for another edge.
 func EncodeTransfer(st SessionState) ([]byte, error) {
 	t := transfer{Format: transferFormat, Session: st.Session, Subs: st.Subs, Incoming: st.Incoming, TookQoS2: st.TookQoS2}
+	if at := st.Session.DisconnectedAt(); !at.IsZero() {
+		t.OfflineFor = max(int64(time.Since(at)), 1)
+		t.Session.Disconnected = 0
+	}
 	for _, e := range st.Queue {
 		t.Queue = append(t.Queue, transferEntry{Entry: e, Message: e.Msg})
 	}
@@ -172,6 +183,11 @@ func DecodeTransfer(b []byte) (SessionState, error) {
 		return SessionState{}, errors.New("decode session transfer: no session id")
 	}
 	st := SessionState{Session: t.Session, Subs: t.Subs, Incoming: t.Incoming, TookQoS2: t.TookQoS2}
+	if t.OfflineFor > 0 {
+		// No session outlives the largest expiry interval offline.
+		off := min(time.Duration(t.OfflineFor), math.MaxUint32*time.Second)
+		st.Session.Disconnected = time.Now().Add(-off).UnixNano()
+	}
 	for _, set := range []struct {
 		from []transferEntry
 		to   *[]Entry

@@ -2,7 +2,9 @@ package durable
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -56,11 +58,35 @@ func TestStore_SessionTransfer(t *testing.T) {
 	require.Error(t, err, "an entry must carry its own message")
 }
 
+// A session's end travels as how long it had been offline, and is dated
+// again on the receiver's clock: an absolute time from a sender whose clock
+// runs behind would expire the session early there.
+func TestSessionTransfer_CarriesTheEndAsTimeOffline(t *testing.T) {
+	t.Parallel()
+	ended := time.Now().Add(-90 * time.Second)
+	b, err := EncodeTransfer(SessionState{Session: Session{ID: "s", ProtocolVersion: 5, ExpiryInterval: 300, Disconnected: ended.UnixNano()}})
+	require.NoError(t, err)
+	var raw map[string]any
+	require.NoError(t, json.Unmarshal(b, &raw))
+	require.NotContains(t, raw["session"], "dis", "no absolute time on the wire")
+	require.InDelta(t, float64(90*time.Second), raw["offline_ns"], float64(time.Second))
+	got, err := DecodeTransfer(b)
+	require.NoError(t, err)
+	require.WithinDuration(t, ended, got.Session.DisconnectedAt(), time.Second)
+
+	b, err = EncodeTransfer(SessionState{Session: Session{ID: "s", ProtocolVersion: 5, ExpiryInterval: 300}})
+	require.NoError(t, err)
+	got, err = DecodeTransfer(b)
+	require.NoError(t, err)
+	require.Zero(t, got.Session.Disconnected, "a session with no known end gets none")
+}
+
 // A peer's session transfer is outside input: no panic, and what decodes
 // re-encodes.
 func FuzzDecodeTransfer(f *testing.F) {
 	f.Add([]byte(`{"format":1,"session":{"id":"5:acmex"},"queue":[{"s":1,"m":"a/1/1","q":1,"msg":{"id":"a/1/1","t":"acme/t","c":1}}]}`))
 	f.Add([]byte(`{"format":1}`))
+	f.Add([]byte(`{"format":1,"session":{"id":"5:acmex","v":5,"sei":60},"offline_ns":9223372036854775807}`))
 	f.Add([]byte(`null`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := DecodeTransfer(b)
