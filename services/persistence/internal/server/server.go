@@ -104,8 +104,10 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 		stopped: make(chan struct{})}
 }
 
-// Handler returns the Connect handler and its path prefix.
+// Handler returns the Connect handler and its path prefix. Write batches
+// are decoded by hand (decodeWriteRequest).
 func (s *Server) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
+	opts = append([]connect.HandlerOption{connect.WithCodec(rpc.ProtoCodec(decodeWriteRequest))}, opts...)
 	return persistencev1connect.NewPersistenceServiceHandler(s, rpc.HandlerOptions(opts...)...)
 }
 
