@@ -110,12 +110,26 @@ func TestBroker_AdoptedWillDueAtOnceReachesItsOwnSession(t *testing.T) {
 // lose it.
 func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
 	t.Parallel()
+	const client = "drained"
+	b, st, watcher := adoptFromDrainingEdge(t, client, time.Time{}, 300, 1)
+	expectWillAfterItsDelay(t, watcher, st, b.mustScope(t, "default").ClientID(client), "gone/"+client, "bye")
+}
+
+// adoptFromDrainingEdge has a new edge adopt, with no connection, the
+// session of client as a draining edge hands it over: Session Expiry
+// expiry, a will ("bye" on gone/<client>) of delay willDelay, and the end
+// of its last connection (zero: not known). A watcher subscribes to the
+// will's topic first.
+func adoptFromDrainingEdge(t *testing.T, client string, ended time.Time, expiry, willDelay uint32) (*Broker, *durable.Store, *mqtttest.Client) {
+	t.Helper()
 	b, st, addr := servingOnSharedStore(t)
 	sc := b.mustScope(t, "default")
-	const client = "drained"
 	id := sc.ClientID(client)
 	will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 5}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
-	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300, Will: &durable.Will{Msg: will.record(), Delay: 1}}
+	rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: expiry, Will: &durable.Will{Msg: will.record(), Delay: willDelay}}
+	if !ended.IsZero() {
+		rec.Disconnected = ended.UnixNano()
+	}
 	require.NoError(t, st.PutSession(t.Context(), rec))
 	state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
 	require.NoError(t, err)
@@ -128,7 +142,7 @@ func TestBroker_SessionAdoptedFromADrainingEdgeKeepsItsWill(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, adopted)
 	require.NotNil(t, b.session(id))
-	expectWillAfterItsDelay(t, watcher, st, id, "gone/"+client, "bye")
+	return b, st, watcher
 }
 
 // A session handed to another edge carries the will of its last
@@ -238,26 +252,10 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 	})
 	t.Run("the_adopter_counts_from_it", func(t *testing.T) {
 		t.Parallel()
-		b, st, addr := servingOnSharedStore(t)
-		sc := b.mustScope(t, "default")
 		const client = "drained-long-ago"
-		id := sc.ClientID(client)
 		ended := time.Now().Add(-1500 * time.Millisecond)
-		will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 6}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
-		rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 2, Disconnected: ended.UnixNano(),
-			Will: &durable.Will{Msg: will.record(), Delay: 60}}
-		require.NoError(t, st.PutSession(t.Context(), rec))
-		state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
-		require.NoError(t, err)
-		watcher := willWatcher(t, addr, "gone/"+client)
-		tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}
-		b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Takeover: tk,
-			Ownership: grantsInOrder([]Grant{{Epoch: 9, Previous: "draining"}})})
-
-		adopted, err := b.Adopt(t.Context(), "default", client, "draining")
-		require.NoError(t, err)
-		require.True(t, adopted)
-		cl, ok := b.server.Clients.Get(id)
+		b, _, watcher := adoptFromDrainingEdge(t, client, ended, 2, 60)
+		cl, ok := b.server.Clients.Get(b.mustScope(t, "default").ClientID(client))
 		require.True(t, ok)
 		require.WithinDuration(t, ended, cl.StoppedAt(), 100*time.Millisecond, "the session's expiry counts from its connection's end")
 		// The will waits for the session's end (Session Expiry 2 < its
@@ -270,29 +268,13 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 	})
 	t.Run("the_will_waits_what_is_left_of_its_delay", func(t *testing.T) {
 		t.Parallel()
-		b, st, addr := servingOnSharedStore(t)
-		sc := b.mustScope(t, "default")
 		const client = "will-half-waited"
-		id := sc.ClientID(client)
 		ended := time.Now().Add(-1500 * time.Millisecond)
-		will := &Message{ID: MsgID{Edge: "draining", Incarnation: 2, Seq: 7}, Topic: sc.Topic("gone/" + client), Payload: []byte("bye"), QoS: 1}
-		rec := durable.Session{ID: id, ProtocolVersion: 5, ExpiryInterval: 300, Disconnected: ended.UnixNano(),
-			Will: &durable.Will{Msg: will.record(), Delay: 2}}
-		require.NoError(t, st.PutSession(t.Context(), rec))
-		state, err := durable.EncodeTransfer(durable.SessionState{Session: rec})
-		require.NoError(t, err)
-		watcher := willWatcher(t, addr, "gone/"+client)
-		tk := &scriptedTakeover{begin: func(uint64) ([]byte, error) { return state, nil }}
-		b.SetCluster(Cluster{Routes: &fakeRoutes{add: func(string, string, string) error { return nil }}, Takeover: tk,
-			Ownership: grantsInOrder([]Grant{{Epoch: 9, Previous: "draining"}})})
-
-		adopted, err := b.Adopt(t.Context(), "default", client, "draining")
-		require.NoError(t, err)
-		require.True(t, adopted)
+		b, _, watcher := adoptFromDrainingEdge(t, client, ended, 300, 2)
 		pk, err := watcher.Read(1200 * time.Millisecond)
 		require.NoError(t, err, "no will within what was left of its delay")
 		require.Equal(t, []byte("bye"), pk.Payload)
 		require.WithinDuration(t, ended.Add(2*time.Second), time.Now(), 700*time.Millisecond)
-		require.NotNil(t, b.session(id), "the session goes on: only its will's delay has passed")
+		require.NotNil(t, b.session(b.mustScope(t, "default").ClientID(client)), "the session goes on: only its will's delay has passed")
 	})
 }
