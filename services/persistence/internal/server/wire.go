@@ -35,7 +35,8 @@ const (
 // (FuzzDecodeWriteRequest holds it to that). The common ops (append, send,
 // complete) are decoded by hand from one copy of b, which their strings and
 // payloads alias (Connect reuses b); an op holding anything else is
-// decoded by the runtime, alone.
+// decoded by the runtime, alone. A decoded string kept past the batch
+// (in a cache, a map) keeps the whole batch's copy alive: clone it.
 func decodeWriteRequest(b []byte, req *persistencev1.WriteRequest) error {
 	proto.Reset(req)
 	own := append([]byte(nil), b...)
