@@ -1645,22 +1645,25 @@ func TestBroker_FencedOwnerLookupEnds(t *testing.T) {
 func TestBroker_FencedOwnerLookedUpWhileItsExtendedEntriesLast(t *testing.T) {
 	t.Parallel()
 	b, _ := brokerOnStore(t, func(st *durable.Store) DurableState { return sharedLocal{st} })
-	b.handed.memory = time.Second
+	b.handed.memory = 3 * time.Second
 	sc := b.mustScope(t, "default")
 	own := &flakyOwner{edge: "edge-new", epoch: 21}
 	b.SetCluster(Cluster{Ownership: own})
 	gone := make(chan struct{})
 	before := time.Now().UnixNano()
 	b.relayFenced(t.Context(), fencedCopy(sc, "slow"), func() <-chan struct{} { return gone })
-	// The lookups back off: rounds at about 0.1, 0.3, 0.7 and 1.5 s.
+	// The lookups back off: rounds at about 0.1, 0.3, 0.7, 1.5 and 3.1 s.
 	time.Sleep(900 * time.Millisecond)
-	close(gone) // the routes went: the entries last until about 1.9 s
+	close(gone) // the routes went: the entries last until about 3.9 s
 	time.Sleep(300 * time.Millisecond)
-	own.reachable.Store(true) // past the first second, before the 1.5 s round
+	// Past the routes' end, before the 1.5 s round; the entries outlast
+	// the 3.1 s one too, so that a round late on a busy machine still
+	// comes while they last.
+	own.reachable.Store(true)
 	require.Eventually(t, func() bool {
 		rs := b.handed.relays(&Message{Topic: sc.Topic("a/x"), QoS: 1, Created: before}, time.Now(), nil)
 		return len(rs) == 1 && rs[0].to == "edge-new"
-	}, 2*time.Second, time.Millisecond, "the owner is named while the entries last")
+	}, 4*time.Second, time.Millisecond, "the owner is named while the entries last")
 }
 
 // The owners of many fenced copies (an edge cut off from the coordinator
