@@ -153,17 +153,12 @@ func MsgID(b []byte, id *commonv1.MsgID) error {
 // SessionKey decodes a keel.common.v1.SessionKey into k.
 func SessionKey(b []byte, k *commonv1.SessionKey) error {
 	for len(b) > 0 {
-		num, typ, rest, err := Tag(b)
+		num, v, rest, err := BytesField(b)
 		if err != nil {
 			return err
 		}
-		b = rest
-		if (num != 1 && num != 2) || typ != protowire.BytesType {
+		if num != 1 && num != 2 {
 			return ErrUncommon
-		}
-		v, rest, err := Bytes(b)
-		if err != nil {
-			return err
 		}
 		s, err := AliasString(v)
 		if err != nil {
@@ -198,6 +193,20 @@ func Tag(b []byte) (protowire.Number, protowire.Type, []byte, error) {
 		return 0, 0, nil, protowire.ParseError(n)
 	}
 	return num, typ, b[n:], nil
+}
+
+// BytesField consumes a field of a message whose fields are all
+// length-delimited: one on another wire type is ErrUncommon.
+func BytesField(b []byte) (num protowire.Number, v, rest []byte, err error) {
+	num, typ, rest, err := Tag(b)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if typ != protowire.BytesType {
+		return 0, nil, nil, ErrUncommon
+	}
+	v, rest, err = Bytes(rest)
+	return num, v, rest, err
 }
 
 // Bytes consumes a length-delimited value.

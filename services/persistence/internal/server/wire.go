@@ -119,15 +119,7 @@ func decodeWriteOp(b []byte) (*persistencev1.WriteOp, error) {
 func (x *writeOp) decode(b []byte) error {
 	op := &x.op
 	for len(b) > 0 {
-		num, typ, rest, err := commonwire.Tag(b)
-		if err != nil {
-			return err
-		}
-		b = rest
-		if typ != protowire.BytesType {
-			return commonwire.ErrUncommon
-		}
-		v, rest, err := commonwire.Bytes(b)
+		num, v, rest, err := commonwire.BytesField(b)
 		if err != nil {
 			return err
 		}
@@ -243,15 +235,7 @@ func (x *writeOp) decodeAppend(b []byte) error {
 		a.Messages = make([]*commonv1.Message, 0, nMsgs)
 	}
 	for len(b) > 0 {
-		num, typ, rest, err := commonwire.Tag(b)
-		if err != nil {
-			return err
-		}
-		b = rest
-		if typ != protowire.BytesType {
-			return commonwire.ErrUncommon
-		}
-		v, rest, err := commonwire.Bytes(b)
+		num, v, rest, err := commonwire.BytesField(b)
 		if err != nil {
 			return err
 		}
