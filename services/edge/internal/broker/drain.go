@@ -388,8 +388,8 @@ func (b *Broker) scheduleAdoptedWill(id string, rec *durable.Session) (now func(
 	if rec.ProtocolVersion == 5 {
 		delay = min(delay, time.Duration(rec.ExpiryInterval)*time.Second)
 	}
-	if ended := time.Since(rec.DisconnectedAt()); !rec.DisconnectedAt().IsZero() && ended > 0 {
-		delay -= ended
+	if at := rec.DisconnectedAt(); !at.IsZero() {
+		delay -= max(time.Since(at), 0) // an end in the future (a clock ahead) takes nothing off
 	}
 	will := fromRecord(w.Msg)
 	if delay <= 0 {
