@@ -209,6 +209,20 @@ func BytesField(b []byte) (num protowire.Number, v, rest []byte, err error) {
 	return num, v, rest, err
 }
 
+// VarintField consumes a field of a message whose fields are all varints:
+// one on another wire type is ErrUncommon.
+func VarintField(b []byte) (num protowire.Number, v uint64, rest []byte, err error) {
+	num, typ, rest, err := Tag(b)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	if typ != protowire.VarintType {
+		return 0, 0, nil, ErrUncommon
+	}
+	v, rest, err = Varint(rest)
+	return num, v, rest, err
+}
+
 // Bytes consumes a length-delimited value.
 func Bytes(b []byte) (v, rest []byte, err error) {
 	v, n := protowire.ConsumeBytes(b)

@@ -181,21 +181,17 @@ func (x *writeOp) decode(b []byte) error {
 
 func decodeFence(b []byte, f *persistencev1.Fence) error {
 	for len(b) > 0 {
-		num, typ, rest, err := commonwire.Tag(b)
+		num, v, rest, err := commonwire.VarintField(b)
 		if err != nil {
 			return err
 		}
-		if typ != protowire.VarintType || num != fFenceEpoch && num != fFenceGroupEpoch {
-			return commonwire.ErrUncommon
-		}
-		v, rest, err := commonwire.Varint(rest)
-		if err != nil {
-			return err
-		}
-		if num == fFenceEpoch {
+		switch num {
+		case fFenceEpoch:
 			f.Epoch = v
-		} else {
+		case fFenceGroupEpoch:
 			f.GroupEpoch = v
+		default:
+			return commonwire.ErrUncommon
 		}
 		b = rest
 	}
@@ -361,14 +357,7 @@ func decodeEntry(b []byte, x *entryOf) error {
 
 func decodeLimits(b []byte, l *persistencev1.QueueLimits) error {
 	for len(b) > 0 {
-		num, typ, rest, err := commonwire.Tag(b)
-		if err != nil {
-			return err
-		}
-		if typ != protowire.VarintType {
-			return commonwire.ErrUncommon
-		}
-		v, rest, err := commonwire.Varint(rest)
+		num, v, rest, err := commonwire.VarintField(b)
 		if err != nil {
 			return err
 		}
