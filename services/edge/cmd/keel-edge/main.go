@@ -5,10 +5,12 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
 
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/edge/internal/app"
+	"github.com/keelmq/keel/services/edge/internal/gcfloor"
 )
 
 func main() { service.Main("keel-edge", run) }
@@ -18,6 +20,9 @@ var run = service.Command[app.Config, *app.Config]{
 	Logging: func(cfg *app.Config) (string, string) { return cfg.LogLevel, cfg.LogFormat },
 	Tracing: func(cfg *app.Config) tracing.Config { return cfg.Tracing },
 	Start: func(ctx context.Context, cfg *app.Config, logger *slog.Logger) error {
+		if os.Getenv("GOGC") == "" {
+			defer gcfloor.Keep(cfg.GCHeapFloor, 100).Stop()
+		}
 		edge, err := app.New(*cfg, logger)
 		if err != nil {
 			return err

@@ -75,9 +75,12 @@ type Config struct {
 	LogLevel        string
 	LogFormat       string
 	Pprof           bool
-	StopTimeout     time.Duration
-	SysInterval     time.Duration
-	OutputURL       string
+	// GCHeapFloor is the heap goal below which the collector does not run
+	// (gcfloor); keel-edge applies it unless GOGC is set.
+	GCHeapFloor uint64
+	StopTimeout time.Duration
+	SysInterval time.Duration
+	OutputURL   string
 	// Output holds the output client's queue bounds and drop-log interval;
 	// its URL and identity come from OutputURL and the edge.
 	Output          outputclient.Config
@@ -109,6 +112,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.MTLSPassword, "auth.mtls.require-password", false, "require a valid password (auth.file) as well as the certificate")
 	fs.StringVar(&c.OpsAddr, "ops.addr", ":9100", "address of /metrics, /healthz and /readyz (empty: off)")
 	fs.BoolVar(&c.Pprof, "ops.pprof", false, "serve /debug/pprof on the ops address")
+	fs.Uint64Var(&c.GCHeapFloor, "gc.heap-floor", 64<<20, "bytes of heap below which the Go collector does not run (0: GOGC alone; ignored when GOGC is set; GOMEMLIMIT still applies)")
 	fs.StringVar(&c.DataDir, "data-dir", "data/edge", "directory for durable state: persistent sessions, queues, retained messages (empty: memory only)")
 	fs.StringVar(&c.AuthFile, "auth.file", "", "YAML password file (tenants, users, bcrypt/argon2id hashes, ACLs); reloaded on change and SIGHUP")
 	fs.BoolVar(&c.Anonymous, "auth.anonymous", false, "admit clients without credentials into auth.anonymous-tenant (development)")

@@ -1,0 +1,127 @@
+package gcfloor
+
+import (
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"testing"
+)
+
+func gogc(t *testing.T) int {
+	t.Helper()
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	metrics.Read(s)
+	return int(s[0].Value.Uint64())
+}
+
+func cycles() uint64 {
+	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+func TestPercentFor(t *testing.T) {
+	for _, c := range []struct{ live, roots, floor, base, want int }{
+		{live: 1 << 20, roots: 1 << 20, floor: 64 << 20, base: 100, want: 1600},  // the minimum reaches the floor first
+		{live: 8 << 20, roots: 16 << 20, floor: 64 << 20, base: 100, want: 350},  // stacks and globals count
+		{live: 30 << 20, roots: 30 << 20, floor: 61 << 20, base: 100, want: 104}, // 30 + 30 × 1.04 ≥ 61
+		{live: 32 << 20, roots: 32 << 20, floor: 64 << 20, base: 100, want: 100},
+		{live: 40 << 20, roots: 40 << 20, floor: 64 << 20, base: 100, want: 100},
+		{live: 128 << 20, roots: 128 << 20, floor: 64 << 20, base: 100, want: 100},
+		{live: 128 << 20, roots: 128 << 20, floor: 64 << 20, base: 50, want: 50},
+		{live: 0, roots: 0, floor: 64 << 20, base: 100, want: 1600},
+		{live: 1, roots: 1, floor: 1 << 50, base: 100, want: maxPercent},
+	} {
+		got := percentFor(c.live, c.roots, c.floor, c.base)
+		if got != c.want {
+			t.Errorf("percentFor(%d, %d, %d, %d) = %d, want %d", c.live, c.roots, c.floor, c.base, got, c.want)
+		}
+		if goal := max(c.live+c.roots*got/100, runtimeHeapMinimum*got/100); got < maxPercent && goal < c.floor && got != c.base {
+			t.Errorf("percentFor(%d, %d, %d, %d) = %d leaves the goal %d below the floor", c.live, c.roots, c.floor, c.base, got, goal)
+		}
+	}
+}
+
+var sink []byte
+
+// churn allocates n bytes of garbage in 64 KiB pieces.
+func churn(n int) {
+	for i := 0; i < n>>16; i++ {
+		sink = make([]byte, 1<<16)
+	}
+}
+
+// A small heap is collected once per floor's worth of allocation, not once
+// per its own size, and Stop gives the collector its base percent back.
+func TestKeep_CollectsASmallHeapOncePerFloor(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	runtime.GC()
+	before := cycles()
+	churn(256 << 20)
+	without := cycles() - before
+
+	f := Keep(128<<20, 100)
+	runtime.GC() // the cleanup sets the percent after a cycle
+	runtime.GC()
+	if p := gogc(t); p <= 100 {
+		f.Stop()
+		t.Fatalf("GOGC is %d with a 128 MiB floor over a small heap", p)
+	}
+	before = cycles()
+	churn(256 << 20)
+	with := cycles() - before
+	f.Stop()
+	if p := gogc(t); p != 100 {
+		t.Errorf("GOGC is %d after Stop, want 100", p)
+	}
+	t.Logf("collections while allocating 256 MiB: %d at GOGC=100, %d with a 128 MiB floor", without, with)
+	if with > 4 || with*8 > without {
+		t.Errorf("%d collections with the floor against %d without", with, without)
+	}
+}
+
+// The runtime's own heap goal lands on the floor, not past it.
+func TestKeep_GoalReachesTheFloor(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	const floor = 96 << 20
+	f := Keep(floor, 100)
+	defer f.Stop()
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/goal:bytes"}}
+	metrics.Read(s)
+	if goal := s[0].Value.Uint64(); goal < floor || goal > floor*11/10 {
+		t.Errorf("heap goal %d MiB with a %d MiB floor (GOGC %d)", goal>>20, floor>>20, gogc(t))
+	}
+}
+
+// A heap holding more than the floor is collected as its base percent says.
+func TestKeep_LeavesALargeHeapAtItsBase(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	held := make([][]byte, 0, 512)
+	for range 512 {
+		held = append(held, make([]byte, 64<<10)) // 32 MiB live
+	}
+	f := Keep(8<<20, 100)
+	defer f.Stop()
+	runtime.GC()
+	runtime.GC()
+	if p := gogc(t); p != 100 {
+		t.Errorf("GOGC is %d with 32 MiB live over an 8 MiB floor, want 100", p)
+	}
+	runtime.KeepAlive(held)
+}
+
+func TestKeep_NoFloorChangesNothing(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(70))
+	if f := Keep(0, 100); f != nil {
+		t.Fatal("Keep(0) returned a floor")
+	}
+	runtime.GC()
+	runtime.GC()
+	if p := gogc(t); p != 70 {
+		t.Errorf("GOGC is %d, want 70 untouched", p)
+	}
+	var f *Floor
+	f.Stop() // a nil floor stops as nothing
+}
