@@ -149,6 +149,10 @@ type Broker struct {
 	// between its two steps: a connection of the session can end there,
 	// and tests bring its end to its will then.
 	atLapse atomic.Pointer[func(id string)]
+	// atBind, when set, runs in bindEstablished between finding the
+	// session's copy and binding the connection to it: the copy can end
+	// there, and tests end it then.
+	atBind atomic.Pointer[func(id string)]
 }
 
 // conn is the per-connection state the hooks share.

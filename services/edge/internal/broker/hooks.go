@@ -422,6 +422,9 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		b.sessions[cl.ID] = s
 	}
 	b.sessMu.Unlock()
+	if at := b.atBind.Load(); at != nil {
+		(*at)(cl.ID)
+	}
 	c.sess.Store(s)
 	window := int(b.cfg.MaxInflight)
 	if cl.Properties.ProtocolVersion == 5 && cl.Properties.Props.ReceiveMaximum > 0 {
@@ -450,9 +453,11 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 			// as any connection's end, will included.
 			return false
 		}
-		// Its CONNACK went out before this hook ran, and a newer CONNECT
-		// of the client, bound already, took the session over meanwhile:
-		// binding now would leave the session on a closed connection.
+		// Its CONNACK went out before this hook ran, and meanwhile a newer
+		// CONNECT of the client, bound already, took the session over, or
+		// the copy ended here for a newer holder (fenced, or its edge's
+		// lease lapsed): bound now, the session would stay on a closed
+		// connection, or the connection on a copy the edge no longer holds.
 		b.dropSuperseded(cl, c, "session taken over while connecting; disconnecting")
 		return false
 	}

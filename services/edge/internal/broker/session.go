@@ -660,13 +660,16 @@ func (s *session) settle(p *durable.Pending, m *Message) error {
 
 // bind attaches a connected client to the session, and reports whether
 // it did: a connection whose claim is older than the session's is one a
-// newer CONNECT took the session from while it was being established.
+// newer CONNECT took the session from while it was being established, and
+// a copy that ended (closed) is no longer the edge's: no message routed
+// here reaches it, and opened again it would hold the client apart from
+// the copy that serves the session.
 func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, window int, epoch uint64) bool {
 	s.mu.Lock()
 	// A closed connection (taken over by a newer CONNECT of the client
 	// whose own bind is still to come) would take the session's resends
 	// and queue with it.
-	if s.epoch > epoch || cl.Closed() {
+	if s.epoch > epoch || cl.Closed() || s.closed {
 		s.mu.Unlock()
 		return false
 	}
@@ -679,7 +682,6 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	s.window = window
 	s.persistent = persistent
 	s.endsWithClient = !persistent
-	s.closed = false
 	s.slow = false
 	s.aliases = mqtt.NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
 	// In-flight messages of the session go out again first, in their
