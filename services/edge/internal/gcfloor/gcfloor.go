@@ -8,6 +8,11 @@
 // collector. Raising GOGC alone would let a large heap grow five-fold too;
 // a floor costs at most its size, and a heap well above it is collected as
 // GOGC says. A memory limit (GOMEMLIMIT) still wins over the floor.
+//
+// The percent is set after each cycle, from the heap that cycle found live,
+// and holds for the next: a live heap that jumps within one cycle from far
+// below the floor to near it gets the next goal at the old, high percent
+// until the cycle's sweep is done, and GOMEMLIMIT is what bounds that.
 package gcfloor
 
 import (

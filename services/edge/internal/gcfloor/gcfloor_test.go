@@ -1,10 +1,12 @@
 package gcfloor
 
 import (
+	"math"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"testing"
+	"time"
 )
 
 func gogc(t *testing.T) int {
@@ -55,14 +57,13 @@ func churn(n int) {
 // per its own size, and Stop gives the collector its base percent back.
 func TestKeep_CollectsASmallHeapOncePerFloor(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64)) // a GOMEMLIMIT of the environment would win
 	runtime.GC()
 	before := cycles()
 	churn(256 << 20)
 	without := cycles() - before
 
 	f := Keep(128<<20, 100)
-	runtime.GC() // the cleanup sets the percent after a cycle
-	runtime.GC()
 	if p := gogc(t); p <= 100 {
 		f.Stop()
 		t.Fatalf("GOGC is %d with a 128 MiB floor over a small heap", p)
@@ -83,6 +84,7 @@ func TestKeep_CollectsASmallHeapOncePerFloor(t *testing.T) {
 // The runtime's own heap goal lands on the floor, not past it.
 func TestKeep_GoalReachesTheFloor(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	const floor = 96 << 20
 	f := Keep(floor, 100)
 	defer f.Stop()
@@ -93,6 +95,40 @@ func TestKeep_GoalReachesTheFloor(t *testing.T) {
 	if goal := s[0].Value.Uint64(); goal < floor || goal > floor*11/10 {
 		t.Errorf("heap goal %d MiB with a %d MiB floor (GOGC %d)", goal>>20, floor>>20, gogc(t))
 	}
+}
+
+// The percent follows the live heap from cycle to cycle: a heap that grows
+// past the floor is collected at its base percent, and one that shrinks
+// below it gets the floor back.
+func TestKeep_FollowsTheLiveHeap(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	const floor = 16 << 20
+	f := Keep(floor, 100)
+	defer f.Stop()
+	if p := gogc(t); p <= 100 {
+		t.Fatalf("GOGC is %d over a small heap with a %d MiB floor", p, floor>>20)
+	}
+	// until collects until GOGC satisfies ok: the percent changes in a
+	// cleanup that runs after a cycle, on a goroutine of the runtime's.
+	until := func(ok func(int) bool, what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok(gogc(t)) {
+			if time.Now().After(deadline) {
+				t.Fatalf("GOGC is %d, still not %s", gogc(t), what)
+			}
+			runtime.GC()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	held := make([][]byte, 0, 512)
+	for range 512 {
+		held = append(held, make([]byte, 64<<10)) // 32 MiB live
+	}
+	until(func(p int) bool { return p == 100 }, "back at its base with 32 MiB live")
+	runtime.KeepAlive(held)
+	held = nil
+	until(func(p int) bool { return p > 100 }, "raised again once the heap shrank")
 }
 
 // A heap holding more than the floor is collected as its base percent says.
