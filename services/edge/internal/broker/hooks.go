@@ -419,6 +419,10 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 	s := b.sessions[cl.ID]
 	if s == nil {
 		s = newSession(b, cl.ID, c.scope)
+		// Under the connection's claim from the start: until the bind
+		// stamps it, an older claim's custody, import or end would find
+		// the copy at epoch 0 and take it as its own.
+		s.epoch = c.epoch
 		b.sessions[cl.ID] = s
 	}
 	b.sessMu.Unlock()
