@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -629,4 +630,45 @@ func TestClient_SubscriberGivenUpStaysCounted(t *testing.T) {
 	require.Equal(t, routerv1.RouteOp_ROUTE_OP_ADD, ds[2].GetOp())
 	require.Equal(t, routerv1.RouteOp_ROUTE_OP_REMOVE, ds[3].GetOp())
 	require.Equal(t, "b", ds[3].GetRoute().GetFilter())
+}
+
+// An answer held for a topic is given again only while nothing it was read
+// from changed: a wildcard route added or removed, or a Bloom filter that
+// now says an anchor of the topic may have routes, changes the next answer.
+func TestClient_HeldAnswerFollowsEveryChange(t *testing.T) {
+	t.Parallel()
+	f := startFake(t, 400*time.Millisecond)
+	c := startClient(t, nil, f.url)
+	f.waitReady(t, c)
+	wild := func(edge, filter string, op routerv1.RouteOp) {
+		f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Deltas: []*routerv1.WildcardDelta{
+			{Route: &routerv1.Route{Tenant: "t1", Filter: filter}, EdgeId: edge, Op: op, Incarnation: 1}}}}})
+	}
+	bloom := func(version uint64, anchors ...string) {
+		bl := routes.NewBloom(1024, 0.01)
+		for _, a := range anchors {
+			bl.Add(a)
+		}
+		bits, m, k := bl.Bits()
+		f.push(&routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Bloom{Bloom: &routerv1.BloomChunk{Tenant: "t1", Version: version, BitCount: m, HashCount: k, Bits: bits, Last: true}}})
+	}
+	answers := func(want ...string) func() bool {
+		return func() bool {
+			r, ok, err := c.RouteAtOnce("t1", "x/y/status")
+			return err == nil && ok && slices.Equal(r.Edges, want)
+		}
+	}
+	bloom(1, "dev/1")
+	wild("e2", "+/+/status", routerv1.RouteOp_ROUTE_OP_ADD)
+	eventually(t, answers("e2"))
+	for range 3 {
+		require.True(t, answers("e2")(), "given again while nothing changed")
+	}
+	wild("e4", "x/#", routerv1.RouteOp_ROUTE_OP_ADD)
+	eventually(t, answers("e2", "e4"))
+	wild("e2", "+/+/status", routerv1.RouteOp_ROUTE_OP_REMOVE)
+	eventually(t, answers("e4"))
+	// A filter whose Bloom now holds an anchor of the topic: a Lookup.
+	bloom(2, "dev/1", "x/y")
+	eventually(t, func() bool { _, ok, _ := c.RouteAtOnce("t1", "x/y/status"); return !ok })
 }
