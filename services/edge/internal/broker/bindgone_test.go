@@ -30,15 +30,7 @@ func TestBroker_ConnectionNotBoundToACopyThatEndedBeforeItsBind(t *testing.T) {
 	require.Equal(t, packets.CodeSuccess.Code, first.Connect(client, false, persistentSession).ReasonCode)
 	waitBound(t, b, id)
 	first.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
-	require.Eventually(t, func() bool {
-		s := b.session(id)
-		if s == nil {
-			return false
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.client == nil
-	}, 5*time.Second, time.Millisecond)
+	waitUnbound(t, b.session(id), "a persistent session stays, offline, after its DISCONNECT")
 
 	var once sync.Once
 	dropped := make(chan int, 1)
