@@ -171,13 +171,8 @@ type Client struct {
 	unsettled bool
 	// echoed: the stream's heartbeats echo the edge clock; the lease then
 	// runs from the echo only.
-	echoed bool
-	gen    uint64 // bumped on every invalidation; guarded by mu
-	// ver is bumped on every change of what held answers from (the cache,
-	// the wildcard table, the Bloom filters): an answer in answers is good
-	// while its ver is current; guarded by mu.
-	ver      uint64
-	answers  map[[2]string]*answer
+	echoed   bool
+	gen      uint64 // bumped on every invalidation; guarded by mu
 	cache    map[[2]string]*cacheEntry
 	wild     map[string]*topic.Trie[wildVal] // by tenant
 	wildInc  map[[4]string]uint64            // (tenant, filter, group, edge) → incarnation
@@ -219,8 +214,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, logger: cfg.Logger, clockOrigin: time.Now(),
 		local: map[routes.Key]int{}, adds: map[routes.Key]*pending{}, lease: DefaultLease, cache: map[[2]string]*cacheEntry{},
-		answers: map[[2]string]*answer{},
-		wild:    map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
+		wild: map[string]*topic.Trie[wildVal]{}, wildInc: map[[4]string]uint64{}, blooms: map[string]*routes.Bloom{},
 		bloomBuf: map[string]*bloomAsm{}}
 	c.inc.Store(cfg.Incarnation)
 	for _, u := range append([]string{cfg.URL}, cfg.FallbackURLs...) {
@@ -541,7 +535,6 @@ func (c *Client) open(ctx context.Context) (*syncStream, error) {
 	// all, and keep in-flight Lookups from caching their answers.
 	clear(c.cache)
 	c.gen++
-	c.ver++
 	c.mu.Unlock()
 	if err := st.Send(&routerv1.RouteSyncRequest{Msg: &routerv1.RouteSyncRequest_Hello{Hello: hello}}); err != nil {
 		return st, err
@@ -688,7 +681,6 @@ func (c *Client) invalidate(inv *routerv1.RouteInvalidation) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
-	c.ver++
 	t := inv.GetTenant()
 	for _, a := range inv.GetAnchors() {
 		delete(c.cache, [2]string{t, a})
@@ -715,7 +707,6 @@ func (c *Client) invalidate(inv *routerv1.RouteInvalidation) {
 func (c *Client) applyWildcard(w *routerv1.WildcardDeltas) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.ver++
 	if w.GetReset_() {
 		c.wild = map[string]*topic.Trie[wildVal]{}
 		c.wildInc = map[[4]string]uint64{}
@@ -786,7 +777,6 @@ func (c *Client) applyBloom(b *routerv1.BloomChunk) {
 	}
 	if bl, err := routes.BloomFromBits(cur.bits, cur.m, cur.k); err == nil {
 		c.blooms[t] = bl
-		c.ver++
 	}
 }
 
@@ -859,41 +849,22 @@ func (c *Client) held(tenant, name string, lookupFollows bool) (res Result, need
 	c.mu.Lock()
 	valid := c.validLocked(now)
 	need = !valid
-	var ans *answer
 	if valid {
-		key := [2]string{tenant, name}
-		if a := c.answers[key]; a != nil && a.ver == c.ver && (a.until.IsZero() || now.Before(a.until)) {
-			ans = a
-			st = a.st
-		} else {
-			var until time.Time
-			if t := c.wild[tenant]; t != nil {
-				t.Match(name, func(v wildVal) bool {
-					edges, groups = addTo(edges, groups, v.edge, v.group, v.filter)
-					return true
-				})
-			}
-			need = c.probeLocked(tenant, name, now, func(e *cacheEntry) {
-				if until.IsZero() || e.until.Before(until) {
-					until = e.until
-				}
-				for _, r := range e.routes {
-					if topic.Match(r.GetFilter(), name) {
-						for _, id := range r.GetEdgeIds() {
-							edges, groups = addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
-						}
+		if t := c.wild[tenant]; t != nil {
+			t.Match(name, func(v wildVal) bool {
+				edges, groups = addTo(edges, groups, v.edge, v.group, v.filter)
+				return true
+			})
+		}
+		need = c.probeLocked(tenant, name, now, func(e *cacheEntry) {
+			for _, r := range e.routes {
+				if topic.Match(r.GetFilter(), name) {
+					for _, id := range r.GetEdgeIds() {
+						edges, groups = addTo(edges, groups, id, r.GetShareGroup(), r.GetFilter())
 					}
 				}
-			}, &st)
-			if !need {
-				slices.Sort(edges)
-				if len(c.answers) >= c.cfg.CacheSize {
-					clear(c.answers)
-				}
-				ans = &answer{ver: c.ver, until: until, edges: edges, groups: groups, st: st}
-				c.answers[[2]string{strings.Clone(tenant), strings.Clone(name)}] = ans
 			}
-		}
+		}, &st)
 	}
 	if !need || lookupFollows {
 		c.stats.Routes++
@@ -914,19 +885,8 @@ func (c *Client) held(tenant, name string, lookupFollows bool) (res Result, need
 	if need {
 		return Result{}, true, gen, api
 	}
-	return Result{Edges: ans.edges, Groups: ans.groups, All: all}, false, gen, api
-}
-
-// answer is held's answer for one (tenant, name): good while nothing it was
-// read from changed (ver) and, if it used cache entries, until the first of
-// them lapses. Its lists are shared by every Result given from it, which
-// callers only read.
-type answer struct {
-	ver    uint64
-	until  time.Time
-	edges  []string
-	groups []Group
-	st     Stats
+	slices.Sort(edges)
+	return Result{Edges: edges, Groups: groups, All: all}, false, gen, api
 }
 
 // lookup asks the router, retrying until it answers or ctx ends, and
@@ -953,7 +913,6 @@ func (c *Client) lookup(ctx context.Context, tenant, name string, gen uint64, ap
 			// predate it), the stream still heartbeats, and the answer is
 			// complete.
 			if c.gen == gen && c.validLocked(time.Now()) && !all {
-				c.ver++
 				until := start.Add(min(resp.Msg.GetCacheLease().AsDuration(), c.lease))
 				for _, ar := range resp.Msg.GetAnchors() {
 					if len(c.cache) >= c.cfg.CacheSize {
