@@ -462,7 +462,13 @@ func (b *Broker) bindEstablished(cl *mqtt.Client, c *conn) bool {
 		// the copy ended here for a newer holder (fenced, or its edge's
 		// lease lapsed): bound now, the session would stay on a closed
 		// connection, or the connection on a copy the edge no longer holds.
-		b.dropSuperseded(cl, c, "session taken over while connecting; disconnecting")
+		why := "session taken over while connecting; disconnecting"
+		s.mu.Lock()
+		if s.closed {
+			why = "session given up here for a newer holder while connecting; disconnecting"
+		}
+		s.mu.Unlock()
+		b.dropSuperseded(cl, c, why)
 		return false
 	}
 	s.mu.Lock()
