@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/persistence/internal/redistest"
@@ -54,7 +55,7 @@ func BenchmarkServer_Write(b *testing.B) {
 				var wg sync.WaitGroup
 				errs := make(chan error, streams)
 				b.ResetTimer() // the SET run and the server's start are not the rate's
-				start, cpu0, own0 := time.Now(), g.CPU(), processCPU()
+				start, cpu0, own0, calls0 := time.Now(), g.CPU(), processCPU(), scriptCalls(b, g.Primary.Addr)
 				for s := range streams {
 					wg.Add(1)
 					go func() {
@@ -108,6 +109,13 @@ func BenchmarkServer_Write(b *testing.B) {
 				}
 				b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*streams*batch), "redis-cpu-us/record")
 				b.ReportMetric(float64((processCPU()-own0).Microseconds())/float64(per*streams*batch), "go-cpu-us/record")
+				if calls := scriptCalls(b, g.Primary.Addr).minus(calls0); calls.n > 0 {
+					// How many records a script call carried (merged appends
+					// of one session and its commit's other sessions), and
+					// the primary's time in scripts per record.
+					b.ReportMetric(float64(per*streams*batch)/float64(calls.n), "records/call")
+					b.ReportMetric(float64(calls.usec)/float64(per*streams*batch), "script-us/record")
+				}
 			})
 		}
 	}
@@ -134,6 +142,38 @@ func setRate(b *testing.B, addr string) float64 {
 	}
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
+}
+
+// callStats is the primary's count of EVALSHA calls and the time it
+// spent in them (INFO commandstats).
+type callStats struct{ n, usec int64 }
+
+func (c callStats) minus(d callStats) callStats { return callStats{c.n - d.n, c.usec - d.usec} }
+
+func scriptCalls(b *testing.B, addr string) callStats {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	info, err := rdb.Info(b.Context(), "commandstats").Result()
+	require.NoError(b, err)
+	var c callStats
+	for line := range strings.Lines(info) {
+		// cmdstat_evalsha:calls=12,usec=345,usec_per_call=28.75,...
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				c.n = n
+			case "usec":
+				c.usec = n
+			}
+		}
+	}
+	return c
 }
 
 // processCPU is the CPU time this process used (user and system): in the
