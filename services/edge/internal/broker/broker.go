@@ -1376,7 +1376,13 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 			defer b.releases.Done()
 			ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
 			defer cancel()
-			if err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch); err != nil {
+			err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch)
+			// Checked first: the logger's frame alone would grow this new
+			// goroutine's stack, at every session's end.
+			if !b.logger.Enabled(ctx, slog.LevelDebug) {
+				return
+			}
+			if err != nil {
 				b.logger.Debug("session release refused", "client_id", id, "error", err)
 			} else {
 				b.logger.Debug("session released", "client_id", id, "epoch", epoch)
@@ -1413,6 +1419,7 @@ type guardedListener struct {
 
 func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 	l.Listener.Serve(func(id string, c net.Conn) (err error) {
+		growStackForConnect()
 		l.b.handlers.Add(1)
 		defer l.b.handlers.Add(-1)
 		kc := &keepaliveConn{Conn: c}
@@ -1443,13 +1450,14 @@ func (l *guardedListener) Serve(establish listeners.EstablishFn) {
 func (b *Broker) serveDetached(cl *mqtt.Client, serve func() error) {
 	b.handlers.Add(1)
 	go func() {
+		growStackForServe()
 		defer b.handlers.Add(-1)
 		defer func() {
 			if r := recover(); r != nil {
 				_ = b.handlerPanicked(cl.Net.Conn, cl, r)
 			}
 		}()
-		if err := serve(); err != nil {
+		if err := serve(); err != nil && b.logger.Enabled(context.Background(), slog.LevelDebug) {
 			b.logger.Debug("client connection ended", "client_id", cl.ID, "error", err)
 		}
 	}()
