@@ -1366,7 +1366,12 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	if b.store != nil && !which.replaced {
 		b.store.Deactivate(id, epoch)
 	}
-	b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
+	if b.logger.Enabled(context.Background(), slog.LevelDebug) { // the call's frame alone grows a client's stack
+		b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
+	}
+	if _, local := b.cluster.Ownership.(*localOwnership); local {
+		return // one edge: nothing holds the claim but this edge
+	}
 	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 && !goesOn {
 		// The session ended here, so no edge owns it. The release carries
 		// the epoch of this edge's claim: if the client has meanwhile

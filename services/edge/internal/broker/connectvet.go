@@ -15,14 +15,9 @@ import (
 // client's version does not define (0x82 to an MQTT 3.1.1 client, shown
 // to it as 0x03, server unavailable) and lets others through. A refused
 // CONNECT is answered here (refuseConnect) and the connection then closed.
-// An MQTT 3.1 CONNECT is returned with the flags 3.1 disregards cleared,
-// for mochi's validation, which knows only the 3.1.1 rules.
-func (b *Broker) vetConnect(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	err := b.vetConnectFields(cl, &pk)
-	return pk, err
-}
-
-func (b *Broker) vetConnectFields(cl *mqtt.Client, pk *packets.Packet) error {
+// An MQTT 3.1 CONNECT has the flags 3.1 disregards cleared, for mochi's
+// validation, which knows only the 3.1.1 rules.
+func (b *Broker) vetConnect(cl *mqtt.Client, pk *packets.Packet) error {
 	name, level := pk.Connect.ProtocolName, pk.ProtocolVersion
 	mqttName, v31Name := bytes.Equal(name, []byte("MQTT")), bytes.Equal(name, []byte("MQIsdp"))
 	if !mqttName && !v31Name {

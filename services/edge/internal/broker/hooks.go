@@ -716,21 +716,23 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 // error from this hook but ErrRejectPacket (and then processes the packet
 // as it was read), so every refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	// The packet is vetted in place: this frame already holds it twice
+	// (mochi passes and takes it by value), and each copy more would
+	// grow the stack of every client's read loop past 4 KiB (stack.go).
+	// On a refusal mochi drops what is returned.
+	var err error
 	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {
 		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
 			kc.connectRead.Store(true)
 		}
-		pk, err := h.b.vetConnect(cl, pk)
-		if err != nil {
-			return pk, rejection{err}
-		}
-		return pk, nil
+		err = h.b.vetConnect(cl, &pk)
+	} else {
+		err = h.vetPacket(cl, &pk)
 	}
-	out, err := h.vetPacket(cl, pk)
 	if err != nil {
 		return pk, rejection{err}
 	}
-	return out, nil
+	return pk, nil
 }
 
 // rejection is a refusal from OnPacketRead in the form mochi acts on: it is
@@ -743,11 +745,11 @@ func (r rejection) Is(target error) bool { return target == packets.ErrRejectPac
 
 // vetPacket validates and rewrites every topic and filter a client sends
 // into the internal, tenant-scoped form, before mochi looks at it.
-func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+func (h *hook) vetPacket(cl *mqtt.Client, pk *packets.Packet) error {
 	b := h.b
 	c := b.conn(cl)
 	if c == nil {
-		return pk, nil // CONNECT; handled in OnConnect
+		return nil // CONNECT; handled in OnConnect
 	}
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
@@ -758,7 +760,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			resolved := cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, "")
 			if resolved == "" {
 				b.m.packetErrors.WithLabelValues("unknown_topic_alias").Inc()
-				return pk, b.refuse(cl, packets.ErrTopicAliasInvalid) // §3.3.2.3.4: an unmapped alias is a protocol error
+				return b.refuse(cl, packets.ErrTopicAliasInvalid) // §3.3.2.3.4: an unmapped alias is a protocol error
 			}
 			pk.TopicName = resolved
 			pk.Properties.TopicAliasFlag, pk.Properties.TopicAlias = false, 0
@@ -766,7 +768,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			if err := topic.ValidateName(pk.TopicName, b.limits); err != nil {
 				b.m.packetErrors.WithLabelValues("invalid_topic").Inc()
 				b.logger.Info("invalid topic name", "client_id", cl.ID, "error", err)
-				return pk, b.refuse(cl, packets.ErrTopicNameInvalid)
+				return b.refuse(cl, packets.ErrTopicNameInvalid)
 			}
 			pk.TopicName = c.scope.Topic(pk.TopicName)
 		}
@@ -796,7 +798,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 				f.Filter, shared = c.scope.Filter(f.Filter)
 				if shared && f.NoLocal {
 					b.m.packetErrors.WithLabelValues("shared_no_local").Inc()
-					return pk, b.refuse(cl, packets.ErrProtocolViolationInvalidSharedNoLocal) // [MQTT-3.8.3-4]
+					return b.refuse(cl, packets.ErrProtocolViolationInvalidSharedNoLocal) // [MQTT-3.8.3-4]
 				}
 			}
 			c.refused = append(c.refused, code)
@@ -811,7 +813,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			cancel()
 			if err != nil {
 				b.logger.Error("pubrel state not stored; closing", "client_id", cl.ID, "error", err)
-				return pk, err
+				return err
 			}
 		}
 	case packets.Pubrel:
@@ -826,7 +828,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 			cancel()
 			if err != nil {
 				b.logger.Error("PUBREC state not removed; closing without PUBCOMP", "client_id", cl.ID, "packet_id", pk.PacketID, "error", err)
-				return pk, err
+				return err
 			}
 		}
 	case packets.Disconnect:
@@ -845,7 +847,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		}
 		pk.Filters = filters
 	}
-	return pk, nil
+	return nil
 }
 
 func (b *Broker) checkFilter(f string) error {
