@@ -53,6 +53,7 @@ SPECS=(
 	"qos2-pairs-50|-scenario pairs -qos 2 -size 64 -clients 50"
 	"storm-${STORM_CLIENTS}|-scenario storm -clients ${STORM_CLIENTS}"
 	"idle-${IDLE_CLIENTS}|-scenario idle -clients ${IDLE_CLIENTS} -hold 3s"
+	"idle-${IDLE_CLIENTS}-pinged|-scenario idle -clients ${IDLE_CLIENTS} -hold 3s -ping"
 )
 
 log() { printf '%s\n' "$*" >&2; }
@@ -77,6 +78,7 @@ if (($(ulimit -n) < IDLE_CLIENTS + 200)); then
 	log "bench: open-file limit $(ulimit -n) is below IDLE_CLIENTS+200; lowering IDLE_CLIENTS"
 	IDLE_CLIENTS=$(($(ulimit -n) - 200))
 	SPECS[8]="idle-${IDLE_CLIENTS}|-scenario idle -clients ${IDLE_CLIENTS} -hold 3s"
+	SPECS[9]="idle-${IDLE_CLIENTS}-pinged|-scenario idle -clients ${IDLE_CLIENTS} -hold 3s -ping"
 fi
 
 # --- build -------------------------------------------------------------------

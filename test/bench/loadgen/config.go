@@ -88,6 +88,11 @@ type Config struct {
 	// Hold is how long storm and idle keep their clients connected before
 	// sampling memory and disconnecting. It must stay below the keep alive.
 	Hold time.Duration
+	// Ping makes idle clients exchange one PINGREQ/PINGRESP once all are
+	// connected, before the hold: a broker's memory for a client that has
+	// sent a packet since its CONNECT, as every live client does at least
+	// once per keep alive, can differ from that for one that has not.
+	Ping bool
 	// StallTimeout is how long a publisher waits with a full window and no
 	// progress before it assumes the window's messages lost and reopens it.
 	StallTimeout time.Duration
@@ -139,6 +144,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KeepAlive, "keepalive", DefaultKeepAlive, "MQTT keep alive in seconds")
 	fs.StringVar(&c.TopicPrefix, "topic-prefix", DefaultTopicPrefix, "first topic level")
 	fs.IntVar(&c.ConnectConcurrency, "connect-concurrency", DefaultConnectConcurrency, "parallel connection attempts")
+	fs.BoolVar(&c.Ping, "ping", false, "idle: every client sends one PINGREQ (and reads its PINGRESP) before the hold")
 	fs.DurationVar(&c.Hold, "hold", 0, fmt.Sprintf("storm/idle: time connected before sampling memory (idle default %s)", DefaultIdleHold))
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", DefaultStallTimeout, "reopen a publisher's window after this long without progress")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker pid to sample CPU and RSS from /proc")
@@ -193,7 +199,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("keepalive %d not in 0..65535", c.KeepAlive))
 	}
 	if c.KeepAlive > 0 && c.Hold >= time.Duration(c.KeepAlive)*time.Second {
-		errs = append(errs, errors.New("hold must be shorter than the keep alive (idle clients send no PINGREQ)"))
+		errs = append(errs, errors.New("hold must be shorter than the keep alive (idle clients send no PINGREQ of their own)"))
 	}
 	if c.ConnectConcurrency < 1 {
 		c.ConnectConcurrency = 1

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keelmq/keel/test/bench/wire"
 )
 
 // runStorm connects cfg.Clients clients as fast as ConnectConcurrency
@@ -51,6 +53,12 @@ func runStorm(ctx context.Context, cfg *Config, runID uint32) (*Result, error) {
 		return nil, err
 	}
 
+	if cfg.Ping && cfg.Scenario == ScenarioIdle {
+		if err := pingAll(ctx, clients); err != nil {
+			closeClients(clients)
+			return nil, err
+		}
+	}
 	var held sample
 	if cfg.Hold > 0 {
 		sleepUntil(ctx, time.Now().Add(cfg.Hold))
@@ -104,6 +112,29 @@ func runStorm(ctx context.Context, cfg *Config, runID uint32) (*Result, error) {
 		r.BrokerSampleErr = smp.err.Error()
 	}
 	return r, nil
+}
+
+// pingAll has every open client send a PINGREQ and read its PINGRESP.
+func pingAll(ctx context.Context, clients []*client) error {
+	return forEach(ctx, len(clients), 64, func(_ context.Context, i int) error {
+		c := clients[i]
+		if c == nil {
+			return nil
+		}
+		_ = c.conn.SetDeadline(time.Now().Add(handshakeTimeout))
+		defer func() { _ = c.conn.SetDeadline(time.Time{}) }()
+		if _, err := c.conn.Write(wire.AppendPingreq(nil)); err != nil {
+			return fmt.Errorf("send pingreq: %w", err)
+		}
+		h, _, err := c.r.Next()
+		if err != nil {
+			return fmt.Errorf("read pingresp: %w", err)
+		}
+		if h>>4 != wire.Pingresp {
+			return fmt.Errorf("read pingresp: got packet type %d", h>>4)
+		}
+		return nil
+	})
 }
 
 // closeClients disconnects every open client, a few at a time in parallel.
