@@ -597,7 +597,7 @@ func (b *Broker) Close() error {
 		b.ackers.Wait()
 		b.willMu.Lock()
 		for _, pw := range b.wills {
-			pw.timer.Stop()
+			pw.stop()
 		}
 		b.willMu.Unlock()
 		b.releases.Wait()

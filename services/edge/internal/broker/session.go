@@ -831,20 +831,33 @@ const (
 // was resumed by that claim's connection. A nil session (a connection
 // never bound) was held by nothing newer.
 func (s *session) after(epoch uint64) sessionAfter {
+	a, _ := s.afterOrPark(epoch, nil)
+	return a
+}
+
+// afterOrPark is after that, for a session another edge is taking over
+// (the move not done yet), leaves w with the move, when given: if the move
+// fails, the session stays here and the will is decided again.
+func (s *session) afterOrPark(epoch uint64, w *pendingWill) (_ sessionAfter, parked bool) {
 	if s == nil {
-		return sessionHeld
+		return sessionHeld, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
 	case s.moving != nil:
-		return sessionMoved
+		// Not the will of a connection a newer one here replaced: void.
+		if w != nil && !s.moving.done && s.epoch <= epoch {
+			s.moving.wills = append(s.moving.wills, w)
+			return sessionMoved, true
+		}
+		return sessionMoved, false
 	case s.closed:
-		return sessionEnded
+		return sessionEnded, false
 	case s.epoch > epoch:
-		return sessionResumed
+		return sessionResumed, false
 	}
-	return sessionHeld
+	return sessionHeld, false
 }
 
 // claimedAfter reports whether a claim newer than epoch took the session

@@ -64,6 +64,13 @@ type moving struct {
 	to      string // the new owner's edge ID ("" when the caller did not say)
 	fromSeq uint64 // queue entries after this one arrived after TakeoverBegin
 	done    bool   // the late messages were handed over: take no more
+	// What the move took from the copy, put back if it fails here
+	// (moveFailed): the stored record the copy wrote, and the wills of
+	// its connections, none of them armed: the one waiting for its delay
+	// when the move began, and those of connections that ended during it
+	// (willAtEnd). Void once the session goes on elsewhere.
+	record *durable.Session
+	wills  []*pendingWill
 }
 
 // TakeOver gives up, on this edge, the session that another edge claimed
@@ -120,9 +127,16 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	// durable state to move, ends here as a clean start ends it: the new
 	// connection starts a new session.
 	moves := persistent && !cleanStart
+	var mv *moving
 	if moves {
 		// From here on the session keeps what it queues apart for End.
-		s.moving = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq}
+		mv = &moving{epoch: newEpoch, to: newOwner, fromSeq: s.seq, record: s.record}
+		if old := s.moving; old != nil && !old.done {
+			// An earlier claim's move that never ended: what it holds is
+			// this one's to put back.
+			mv.record, mv.wills = old.record, old.wills
+		}
+		s.moving = mv
 		// The session goes on elsewhere, and the new owner stores its
 		// record again: without the will when a connection takes it on
 		// (the will is void), with it when the owner adopts the session
@@ -133,19 +147,25 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	b.m.takeovers.Inc()
 	willWaiting := false
 	if moves {
-		// A will waiting for its delay does not go from here. After
-		// s.moving is set: a connection ending from here on finds the
-		// session moving and leaves its will (willAtEnd).
-		willWaiting = b.cancelWill(id, false)
+		// A will waiting for its delay does not go from here: it goes with
+		// the move. After s.moving is set: a connection ending from here on
+		// finds the session moving and leaves its will with the move too
+		// (willAtEnd).
+		b.willMu.Lock()
+		s.mu.Lock()
+		if s.moving == mv && !mv.done {
+			if pw := b.takeWillLocked(id); pw != nil {
+				willWaiting = true
+				mv.wills = append(mv.wills, pw)
+			}
+		}
+		s.mu.Unlock()
+		b.willMu.Unlock()
 	}
 	if cl != nil {
 		wasConnected = true
-		if c := b.conn(cl); c != nil {
-			if moves {
-				c.will.Store(nil)
-			} else {
-				c.sessionEnds.Store(true) // its will goes out at once
-			}
+		if c := b.conn(cl); c != nil && !moves {
+			c.sessionEnds.Store(true) // its will goes out at once
 		}
 		b.logger.Info("session taken over by another edge; disconnecting", "client_id", cl.ID)
 		_ = b.disconnect(cl, packets.ErrSessionTakenOver)
@@ -175,11 +195,7 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	st, ok, err := b.store.LoadSession(ctx, id)
 	if err != nil || !ok {
 		// The session stays here: no End follows a failed Begin.
-		s.mu.Lock()
-		if s.moving != nil && s.moving.epoch == newEpoch {
-			s.moving = nil
-		}
-		s.mu.Unlock()
+		b.moveFailed(id, s, mv, epoch)
 		return true, wasConnected, nil, errors.Join(errors.New("session not stored"), err)
 	}
 	if cl == nil {
@@ -209,8 +225,56 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	s.mu.Lock()
 	st.TookQoS2 = s.tookIDsLocked()
 	s.mu.Unlock()
-	state, err = durable.EncodeTransfer(st)
+	if state, err = durable.EncodeTransfer(st); err != nil {
+		// Begin fails with it, and no End follows.
+		b.moveFailed(id, s, mv, epoch)
+	}
 	return true, wasConnected, state, err
+}
+
+// moveFailed puts back on copy s of session id, held under epoch, what the
+// move mv took, if mv is still the copy's: the move failed here, and the
+// session stays. So do the wills of its connections, the live one the
+// takeover closed included: no new connection took the session on
+// ([MQTT-3.1.3-9]), unless one here did meanwhile, which voids them. A
+// will whose delay passed, or of a session that ended meanwhile, goes out
+// now. Decided under b.willMu, as a connection's end decides its will
+// (willAtEnd), so that a CONNECT here cancels what this arms.
+func (b *Broker) moveFailed(id string, s *session, mv *moving, epoch uint64) {
+	var now []*pendingWill
+	b.willMu.Lock()
+	s.mu.Lock()
+	if s.moving != mv {
+		s.mu.Unlock()
+		b.willMu.Unlock()
+		return // another claim's move replaced it: that one decides
+	}
+	s.moving = nil
+	if s.record == nil && !s.closed {
+		s.record = mv.record
+	}
+	resumed, ended := s.epoch > epoch, s.closed
+	s.mu.Unlock()
+	for _, pw := range mv.wills {
+		switch delay := time.Until(pw.at); {
+		case resumed:
+		case !ended && !pw.due && delay > 0:
+			b.armLocked(id, pw, delay)
+		case b.stopping.Load():
+			// Kept, due, for the session's handover to carry (armLocked).
+			if old := b.wills[id]; old != nil {
+				old.stop()
+			}
+			pw.due = true
+			b.wills[id] = pw
+		default:
+			now = append(now, pw)
+		}
+	}
+	b.willMu.Unlock()
+	for _, pw := range now {
+		pw.fire()
+	}
 }
 
 // settledSession returns this edge's copy of session id once no import of

@@ -12,11 +12,16 @@ import (
 type pendingWill struct {
 	timer *time.Timer
 	fire  func()
-	due   bool // its delay passed while the edge was stopping; not sent
+	at    time.Time // when its delay passes
+	due   bool      // its delay passed while the edge was stopping; not sent
 	// copy is the session copy whose connection left the will (nil: not
 	// known); forgetting that copy cancels it (cancelWillOf), and no other.
 	copy *session
 }
+
+// stop stops pw's timer, and reports whether it had not fired: a will
+// never armed (one a move holds) has none to fire.
+func (pw *pendingWill) stop() bool { return pw.timer == nil || pw.timer.Stop() }
 
 // newWill builds the will a connection carries. Its msgID is fixed now, so
 // that if a custodian has to publish it again from the shared store (its
@@ -91,7 +96,15 @@ func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec
 // that left b.conns already, its will on the way here.
 func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 	b.willMu.Lock()
-	switch c.sess.Load().after(c.epoch) {
+	after, parked := c.sess.Load().afterOrPark(c.epoch, &pendingWill{fire: func() { b.publishWill(id, will, c.record) },
+		at: time.Now().Add(time.Duration(delay) * time.Second), copy: c.sess.Load()})
+	if parked {
+		// Another edge is taking the session over: the will is void if it
+		// does, and decided again here if the takeover fails (TakeOver).
+		b.willMu.Unlock()
+		return
+	}
+	switch after {
 	case sessionResumed, sessionMoved:
 		// A new connection to the session came before the delay passed
 		// ([MQTT-3.1.3-9]), or another edge holds the session on. The will
@@ -120,11 +133,16 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 
 // scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
 func (b *Broker) scheduleWillLocked(id string, will *Message, delay time.Duration, rec *durable.Session, copy *session) {
-	publish := func() { b.publishWill(id, will, rec) }
+	b.armLocked(id, &pendingWill{fire: func() { b.publishWill(id, will, rec) }, at: time.Now().Add(delay), copy: copy}, delay)
+}
+
+// armLocked makes pw the will waiting for id, due after delay (above 0),
+// in place of any other; b.willMu is held.
+func (b *Broker) armLocked(id string, pw *pendingWill, delay time.Duration) {
+	publish := pw.fire
 	if old := b.wills[id]; old != nil {
-		old.timer.Stop()
+		old.stop()
 	}
-	pw := &pendingWill{fire: publish, copy: copy}
 	pw.timer = time.AfterFunc(delay, func() {
 		b.willMu.Lock()
 		if b.wills[id] != pw {
@@ -160,7 +178,7 @@ func (b *Broker) cancelWillOf(id string, s *session) {
 	}
 	delete(b.wills, id)
 	b.willMu.Unlock()
-	pw.timer.Stop()
+	pw.stop()
 }
 
 // cancelWill drops a delayed will when its client reconnects. When the new
@@ -169,18 +187,30 @@ func (b *Broker) cancelWillOf(id string, s *session) {
 // waiting for its delay (and was stopped before it went), or was due while
 // the edge stopped and so not sent.
 func (b *Broker) cancelWill(id string, clean bool) (waiting bool) {
-	b.willMu.Lock()
-	pw := b.wills[id]
-	delete(b.wills, id)
-	due := pw != nil && pw.due
-	b.willMu.Unlock()
-	if pw == nil || !pw.timer.Stop() && !due {
-		return false
-	}
-	if clean {
+	pw := b.takeWill(id)
+	if pw != nil && clean {
 		pw.fire()
 	}
-	return true
+	return pw != nil
+}
+
+// takeWill stops the will waiting for id and returns it, or nil if none
+// was. One that is there has not gone out, whether its timer fired or not:
+// a timer's publish removes it first, under b.willMu, and gives up if it
+// is gone. One due while the edge stopped is returned as well.
+func (b *Broker) takeWill(id string) *pendingWill {
+	b.willMu.Lock()
+	defer b.willMu.Unlock()
+	return b.takeWillLocked(id)
+}
+
+func (b *Broker) takeWillLocked(id string) *pendingWill {
+	pw := b.wills[id]
+	if pw != nil {
+		delete(b.wills, id)
+		pw.stop()
+	}
+	return pw
 }
 
 // willRecord is the session record to store for a connection's session:
