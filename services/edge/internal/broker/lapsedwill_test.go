@@ -27,13 +27,7 @@ func TestBroker_LapsedSessionsLeaveNoWillScheduled(t *testing.T) {
 	id := b.mustScope(t, "default").ClientID(client)
 	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 1)
 	waitBound(t, b, id)
-	held, release := holdAtWill(t, b, id)
-	_ = old.Conn.Close()
-	select {
-	case <-held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the connection's end did not come to its will")
-	}
+	release := endHeldAtWill(t, b, id, old)
 
 	pending := func() bool {
 		b.willMu.Lock()

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
-	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // loadFails is a shared store whose LoadSession fails while fail is set,
@@ -69,9 +68,7 @@ func TestBroker_WillOfASessionWhoseTakeoverFailedHere_MQTT_3_1_3_9(t *testing.T)
 			addr := serveTCP(t, b)
 			const client, delay = "failing", 2
 			id := b.mustScope(t, "default").ClientID(client)
-			watcher := mqtttest.Dial(t, addr, 5)
-			watcher.Connect("watcher", true, packets.Properties{})
-			require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+			watcher := willWatcher(t, addr, "gone/"+client)
 
 			old := connectWithWill(t, addr, 5, client, "gone/"+client, true, persistentSession, delay)
 			epoch := waitBound(t, b, id)
@@ -80,14 +77,7 @@ func TestBroker_WillOfASessionWhoseTakeoverFailedHere_MQTT_3_1_3_9(t *testing.T)
 				_ = old.Conn.Close()
 				waitUnbound(t, b.session(id))
 			} else if tc.hold {
-				var held <-chan struct{}
-				held, release = holdAtWill(t, b, id)
-				_ = old.Conn.Close()
-				select {
-				case <-held:
-				case <-time.After(5 * time.Second):
-					t.Fatal("the old connection's end did not come to its will")
-				}
+				release = endHeldAtWill(t, b, id, old)
 			}
 			// A connection ending while the takeover reads the store (the
 			// live one it closed, or the one held at its will) finds the
@@ -127,9 +117,7 @@ func TestBroker_WillOfAConnectionEndingAfterItsSessionMoved_MQTT_3_1_3_9(t *test
 	addr := serveTCP(t, b)
 	const client = "moved"
 	id := b.mustScope(t, "default").ClientID(client)
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watcher := willWatcher(t, addr, "gone/"+client)
 
 	old := connectWithWill(t, addr, 5, client, "gone/"+client, true, persistentSession, 0)
 	epoch := waitBound(t, b, id)

@@ -31,6 +31,21 @@ func holdAtWill(t *testing.T, b *Broker, id string) (held <-chan struct{}, relea
 	return in, release
 }
 
+// endHeldAtWill closes old, a connection of the internal client ID id, and
+// returns once its end is held at its will (holdAtWill), with the func
+// that lets the end go on.
+func endHeldAtWill(t *testing.T, b *Broker, id string, old *mqtttest.Client) (release func()) {
+	t.Helper()
+	held, release := holdAtWill(t, b, id)
+	_ = old.Conn.Close()
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection's end did not come to its will")
+	}
+	return release
+}
+
 // A connection that ends on its own while a newer connection of its client
 // takes its session over comes to its will after the takeover decided what
 // becomes of the session, whichever of the two the takeover found first.
@@ -66,22 +81,13 @@ func TestBroker_WillOfAConnectionEndingDuringATakeover_MQTT_3_1_3_9(t *testing.T
 			addr := serveTCP(t, b)
 			const client = "ending"
 			id := b.mustScope(t, "default").ClientID(client)
-			watcher := mqtttest.Dial(t, addr, 5)
-			watcher.Connect("watcher", true, packets.Properties{})
-			require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+			watcher := willWatcher(t, addr, "gone/"+client)
 
 			old := connectWithWill(t, addr, 5, client, "gone/"+client, true, tc.props, tc.delay)
 			epoch := waitBound(t, b, id)
 			release := func() {}
 			if tc.hold {
-				var held <-chan struct{}
-				held, release = holdAtWill(t, b, id)
-				_ = old.Conn.Close()
-				select {
-				case <-held:
-				case <-time.After(5 * time.Second):
-					t.Fatal("the old connection's end did not come to its will")
-				}
+				release = endHeldAtWill(t, b, id, old)
 			}
 			if tc.elsewhere {
 				owned, _, _, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, tc.clean)

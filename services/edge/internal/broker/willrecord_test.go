@@ -186,9 +186,7 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		id := b.mustScope(t, "default").ClientID(client)
 		old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 		waitBound(t, b, id)
-		held, release := holdAtWill(t, b, id)
-		_ = old.Conn.Close()
-		<-held
+		release := endHeldAtWill(t, b, id, old)
 
 		acks := connectNewer(t, addr, client)
 		g.waitHeld(t)
