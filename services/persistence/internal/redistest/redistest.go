@@ -242,26 +242,62 @@ func (g *Group) CPU() time.Duration {
 // it started, as INFO commandstats reports it: a benchmark's script time
 // per record, apart from the replication and client work that CPU counts.
 func (n *Node) CommandTime(cmd string) time.Duration {
+	_, d := n.CommandStats(cmd)
+	return d
+}
+
+// CommandStats returns how many times the node ran cmd since it started,
+// and the time it spent in it (INFO commandstats).
+func (n *Node) CommandStats(cmd string) (calls int64, spent time.Duration) {
+	stats, ok := n.info("commandstats", "cmdstat_"+strings.ToLower(cmd))
+	if !ok {
+		return 0, 0
+	}
+	for _, f := range strings.Split(stats, ",") {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "calls":
+			calls = n.parseInt(v)
+		case "usec":
+			spent = time.Duration(n.parseInt(v)) * time.Microsecond
+		}
+	}
+	return calls, spent
+}
+
+// Forks returns how many times the group's servers forked since they
+// started (INFO stats total_forks): AOF rewrites and full syncs, whose
+// copy-on-write faults a benchmark running through them pays.
+func (g *Group) Forks() int64 {
+	var total int64
+	for _, n := range append([]*Node{g.Primary}, g.Replicas...) {
+		if v, ok := n.info("stats", "total_forks"); ok {
+			total += n.parseInt(v)
+		}
+	}
+	return total
+}
+
+// info returns the value of field in INFO section on the node.
+func (n *Node) info(section, field string) (string, bool) {
 	c := redis.NewClient(&redis.Options{Addr: n.Addr})
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	info, err := c.Info(context.Background(), section).Result()
 	_ = c.Close()
 	if err != nil {
-		n.t.Fatalf("INFO commandstats on %s: %v", n.Addr, err)
+		n.t.Fatalf("INFO %s on %s: %v", section, n.Addr, err)
 	}
 	for _, line := range strings.Split(info, "\n") {
-		stats, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+strings.ToLower(cmd)+":")
-		if !ok {
-			continue
-		}
-		for _, f := range strings.Split(stats, ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
-				us, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					n.t.Fatalf("INFO commandstats on %s: %s: %v", n.Addr, line, err)
-				}
-				return time.Duration(us) * time.Microsecond
-			}
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v, true
 		}
 	}
-	return 0
+	return "", false
+}
+
+func (n *Node) parseInt(v string) int64 {
+	i, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		n.t.Fatalf("INFO on %s: %q: %v", n.Addr, v, err)
+	}
+	return i
 }

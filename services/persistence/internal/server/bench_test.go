@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/persistence/internal/redistest"
@@ -72,7 +71,8 @@ func BenchmarkServer_Write(b *testing.B) {
 				var wg sync.WaitGroup
 				errs := make(chan error, streams)
 				b.ResetTimer() // the SET run and the server's start are not the rate's
-				start, cpu0, own0, calls0, forks0 := time.Now(), g.CPU(), processCPU(), scriptCalls(b, g.Primary.Addr), groupForks(b, g)
+				calls0, script0 := g.Primary.CommandStats("evalsha")
+				start, cpu0, own0, forks0 := time.Now(), g.CPU(), processCPU(), g.Forks()
 				for s := range streams {
 					wg.Add(1)
 					go func() {
@@ -102,15 +102,17 @@ func BenchmarkServer_Write(b *testing.B) {
 							d.MsgIds = append(d.MsgIds, &commonv1.MsgID{EdgeId: "e", Incarnation: incarnation})
 						}
 						dreq := &persistencev1.WriteRequest{Ops: []*persistencev1.WriteOp{{Session: key, Fence: fence, Op: &persistencev1.WriteOp_Dequeue{Dequeue: d}}}}
+						// Appends are batches 0 to per-1, dequeues per and up.
+						firstDequeue := uint64(per)
 						acked := make(chan uint64, per)
-						dequeue := func(next <-chan uint64) error {
+						dequeue := func() error {
 							var i uint64
 							select {
-							case i = <-next:
+							case i = <-acked:
 							case <-ctx.Done():
 								return ctx.Err()
 							}
-							dreq.BatchId = per64(per) + i
+							dreq.BatchId = firstDequeue + i
 							for j, id := range d.MsgIds {
 								id.Seq = i*uint64(batch) + uint64(j) + 1
 							}
@@ -127,14 +129,14 @@ func BenchmarkServer_Write(b *testing.B) {
 									return
 								}
 								for c.drained && len(acked) > 0 {
-									if dequeue(acked) != nil {
+									if dequeue() != nil {
 										return
 									}
 									dequeued++
 								}
 							}
 							for c.drained && dequeued < per {
-								if dequeue(acked) != nil {
+								if dequeue() != nil {
 									return
 								}
 								dequeued++
@@ -150,7 +152,7 @@ func BenchmarkServer_Write(b *testing.B) {
 								errs <- fmt.Errorf("%v %v %s", err, r.GetStatus(), r.GetError())
 								return
 							}
-							if c.drained && r.GetBatchId() < per64(per) {
+							if c.drained && r.GetBatchId() < firstDequeue {
 								acked <- r.GetBatchId()
 							}
 						}
@@ -170,24 +172,18 @@ func BenchmarkServer_Write(b *testing.B) {
 				}
 				b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*streams*batch), "redis-cpu-us/record")
 				b.ReportMetric(float64((processCPU()-own0).Microseconds())/float64(per*streams*batch), "go-cpu-us/record")
-				if calls := scriptCalls(b, g.Primary.Addr).minus(calls0); calls.n > 0 {
+				if calls, script := g.Primary.CommandStats("evalsha"); calls > calls0 {
 					// How many records a script call carried (merged appends
 					// of one session and its commit's other sessions), and
 					// the primary's time in scripts per record.
-					b.ReportMetric(float64(per*streams*batch)/float64(calls.n), "records/call")
-					b.ReportMetric(float64(calls.usec)/float64(per*streams*batch), "script-us/record")
+					b.ReportMetric(float64(per*streams*batch)/float64(calls-calls0), "records/call")
+					b.ReportMetric(float64((script-script0).Microseconds())/float64(per*streams*batch), "script-us/record")
 				}
-				// AOF rewrites (and full syncs) fork the servers while the
-				// writes go on: their parents pay copy-on-write faults.
-				b.ReportMetric(float64(groupForks(b, g)-forks0), "forks")
+				b.ReportMetric(float64(g.Forks()-forks0), "forks")
 			})
 		}
 	}
 }
-
-// per64 is the first batch ID of a stream's dequeues (its appends take
-// 0 to per-1).
-func per64(per int) uint64 { return uint64(per) }
 
 // setRate runs redis-benchmark's pipelined SET against addr and returns
 // its requests per second, or 0 when it is not installed.
@@ -210,57 +206,6 @@ func setRate(b *testing.B, addr string) float64 {
 	}
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
-}
-
-// callStats is the primary's count of EVALSHA calls and the time it
-// spent in them (INFO commandstats).
-type callStats struct{ n, usec int64 }
-
-func (c callStats) minus(d callStats) callStats { return callStats{c.n - d.n, c.usec - d.usec} }
-
-func scriptCalls(b *testing.B, addr string) callStats {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	info, err := rdb.Info(b.Context(), "commandstats").Result()
-	require.NoError(b, err)
-	var c callStats
-	for line := range strings.Lines(info) {
-		// cmdstat_evalsha:calls=12,usec=345,usec_per_call=28.75,...
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
-		if !ok {
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch k {
-			case "calls":
-				c.n = n
-			case "usec":
-				c.usec = n
-			}
-		}
-	}
-	return c
-}
-
-// groupForks is how many times the group's servers forked (INFO stats
-// total_forks).
-func groupForks(b *testing.B, g *redistest.Group) int64 {
-	var n int64
-	for _, node := range append([]*redistest.Node{g.Primary}, g.Replicas...) {
-		rdb := redis.NewClient(&redis.Options{Addr: node.Addr})
-		info, err := rdb.Info(b.Context(), "stats").Result()
-		_ = rdb.Close()
-		require.NoError(b, err)
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_forks:"); ok {
-				f, _ := strconv.ParseInt(v, 10, 64)
-				n += f
-			}
-		}
-	}
-	return n
 }
 
 // processCPU is the CPU time this process used (user and system): in the
