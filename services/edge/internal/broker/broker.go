@@ -1366,9 +1366,7 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	if b.store != nil && !which.replaced {
 		b.store.Deactivate(id, epoch)
 	}
-	if b.logger.Enabled(context.Background(), slog.LevelDebug) { // the call's frame alone grows a client's stack
-		b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
-	}
+	b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
 	if _, local := b.cluster.Ownership.(*localOwnership); local {
 		return // one edge: nothing holds the claim but this edge
 	}
@@ -1381,13 +1379,7 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 			defer b.releases.Done()
 			ctx, cancel := context.WithTimeout(b.stopped, b.cfg.ConnectTimeout)
 			defer cancel()
-			err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch)
-			// Checked first: the logger's frame alone would grow this new
-			// goroutine's stack, at every session's end.
-			if !b.logger.Enabled(ctx, slog.LevelDebug) {
-				return
-			}
-			if err != nil {
+			if err := b.cluster.Ownership.Release(ctx, s.scope.Tenant(), external, epoch); err != nil {
 				b.logger.Debug("session release refused", "client_id", id, "error", err)
 			} else {
 				b.logger.Debug("session released", "client_id", id, "epoch", epoch)
@@ -1462,7 +1454,7 @@ func (b *Broker) serveDetached(cl *mqtt.Client, serve func() error) {
 				_ = b.handlerPanicked(cl.Net.Conn, cl, r)
 			}
 		}()
-		if err := serve(); err != nil && b.logger.Enabled(context.Background(), slog.LevelDebug) {
+		if err := serve(); err != nil {
 			b.logger.Debug("client connection ended", "client_id", cl.ID, "error", err)
 		}
 	}()

@@ -19,9 +19,12 @@ type pendingWill struct {
 	copy *session
 }
 
-// stop stops pw's timer, and reports whether it had not fired: a will
-// never armed (one a move holds) has none to fire.
-func (pw *pendingWill) stop() bool { return pw.timer == nil || pw.timer.Stop() }
+// stop stops pw's timer, if it has one: a will a move holds is not armed.
+func (pw *pendingWill) stop() {
+	if pw.timer != nil {
+		pw.timer.Stop()
+	}
+}
 
 // newWill builds the will a connection carries. Its msgID is fixed now, so
 // that if a custodian has to publish it again from the shared store (its
@@ -183,15 +186,11 @@ func (b *Broker) cancelWillOf(id string, s *session) {
 
 // cancelWill drops a delayed will when its client reconnects. When the new
 // connection starts clean the old session ends now, and its will's delay with
-// it: the will is published at once. waiting reports whether a will was
-// waiting for its delay (and was stopped before it went), or was due while
-// the edge stopped and so not sent.
-func (b *Broker) cancelWill(id string, clean bool) (waiting bool) {
-	pw := b.takeWill(id)
-	if pw != nil && clean {
+// it: the will is published at once.
+func (b *Broker) cancelWill(id string, clean bool) {
+	if pw := b.takeWill(id); pw != nil && clean {
 		pw.fire()
 	}
-	return pw != nil
 }
 
 // takeWill stops the will waiting for id and returns it, or nil if none
