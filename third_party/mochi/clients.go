@@ -32,7 +32,7 @@ var (
 )
 
 // ReadFn is the function signature for the function used for reading and processing new packets.
-type ReadFn func(*Client, packets.Packet) error
+type ReadFn func(*Client, *packets.Packet) error
 
 // Clients contains a map of the clients known by the broker.
 type Clients struct {
@@ -340,7 +340,7 @@ func (cl *Client) NextPacketID() (i uint32, err error) {
 
 		i++
 
-		if _, ok := cl.State.Inflight.Get(uint16(i)); !ok {
+		if _, ok := cl.State.Inflight.Type(uint16(i)); !ok {
 			atomic.StoreUint32(&cl.State.packetID, i)
 			return i, nil
 		}
@@ -429,22 +429,41 @@ func (cl *Client) Read(packetHandler ReadFn) error {
 		}
 
 		cl.refreshDeadline(cl.State.Keepalive)
-		fh := new(packets.FixedHeader)
-		err = cl.ReadFixedHeader(fh)
+		var fh packets.FixedHeader
+		err = cl.ReadFixedHeader(&fh)
 		if err != nil {
 			return err
 		}
 
-		pk, err := cl.ReadPacket(fh)
-		if err != nil {
-			return err
-		}
-
-		err = packetHandler(cl, pk) // Process inbound packet.
+		err = cl.readAndHandle(&fh, packetHandler)
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// packetPool holds the packets the read loops decode into. keel patch: a
+// packet is 808 bytes, and passed by value down the read path it grew
+// every connection's read loop to a 16 KiB stack on its first PINGREQ and
+// to 32 KiB on its first PUBLISH, which a live client keeps. Read from the
+// pool, it is handed on by pointer; a handler and the hooks it calls must
+// not keep the pointer once they return (values they copy are theirs).
+var packetPool = sync.Pool{New: func() any { return new(packets.Packet) }}
+
+// readAndHandle reads the packet whose fixed header Read has read and hands
+// it to packetHandler. keel patch: apart from Read, whose frame then stays
+// small while the client is idle, which is most of a connection's life.
+//
+//go:noinline
+func (cl *Client) readAndHandle(fh *packets.FixedHeader, packetHandler ReadFn) error {
+	pk := packetPool.Get().(*packets.Packet)
+	err := cl.readPacket(fh, pk)
+	if err == nil {
+		err = packetHandler(cl, pk)
+	}
+	*pk = packets.Packet{} // the pool keeps no payload alive
+	packetPool.Put(pk)
+	return err
 }
 
 // Stop instructs the client to shut down all processing goroutines and disconnect.
@@ -570,6 +589,14 @@ func (cl *Client) ReadFixedHeader(fh *packets.FixedHeader) error {
 
 // ReadPacket reads the remaining buffer into an MQTT packet.
 func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err error) {
+	err = cl.readPacket(fh, &pk)
+	return
+}
+
+// readPacket reads the remaining buffer into pk, which it expects zero.
+// keel patch: ReadPacket returned the packet by value, through a frame of
+// 3.2 KiB; the read loop decodes into a packet of its pool.
+func (cl *Client) readPacket(fh *packets.FixedHeader, pk *packets.Packet) (err error) {
 	atomic.AddInt64(&cl.ops.info.PacketsReceived, 1)
 
 	pk.ProtocolVersion = cl.Properties.ProtocolVersion // inherit client protocol version for decoding
@@ -577,7 +604,7 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	p := make([]byte, pk.FixedHeader.Remaining)
 	n, err := io.ReadFull(cl.Net.bconn, p)
 	if err != nil {
-		return pk, err
+		return err
 	}
 
 	atomic.AddInt64(&cl.ops.info.BytesReceived, int64(n))
@@ -622,15 +649,27 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	}
 
 	if err != nil {
-		return pk, err
+		return err
 	}
 
-	pk, err = cl.ops.hooks.OnPacketRead(cl, pk)
-	return
+	return cl.ops.hooks.OnPacketRead(cl, pk)
 }
 
 // WritePacket encodes and writes a packet to the client.
 func (cl *Client) WritePacket(pk packets.Packet) error {
+	p := packetPool.Get().(*packets.Packet)
+	*p = pk
+	err := cl.writePacket(p)
+	*p = packets.Packet{}
+	packetPool.Put(p)
+	return err
+}
+
+// writePacket encodes and writes pk, which it may change, to the client.
+// keel patch: WritePacket's frame held the packet three times (its own,
+// and the OnPacketEncode hooks' argument and result); the hooks now change
+// a packet of the read loops' pool in place.
+func (cl *Client) writePacket(pk *packets.Packet) error {
 	if cl.Closed() {
 		return ErrConnectionClosed
 	}
@@ -660,7 +699,7 @@ func (cl *Client) WritePacket(pk packets.Packet) error {
 		pk.Mods.AllowResponseInfo = true // [MQTT-3.1.2-28] we need to know which properties we can encode
 	}
 
-	pk = cl.ops.hooks.OnPacketEncode(cl, pk)
+	cl.ops.hooks.OnPacketEncode(cl, pk)
 
 	var err error
 	buf := new(bytes.Buffer)

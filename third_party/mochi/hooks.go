@@ -87,16 +87,16 @@ type Hook interface {
 	OnSessionEstablished(cl *Client, pk packets.Packet)
 	OnDisconnect(cl *Client, err error, expire bool)
 	OnAuthPacket(cl *Client, pk packets.Packet) (packets.Packet, error)
-	OnPacketRead(cl *Client, pk packets.Packet) (packets.Packet, error) // triggers when a new packet is received by a client, but before packet validation
-	OnPacketEncode(cl *Client, pk packets.Packet) packets.Packet        // modify a packet before it is byte-encoded and written to the client
-	OnPacketSent(cl *Client, pk packets.Packet, b []byte)               // triggers when packet bytes have been written to the client
-	OnPacketProcessed(cl *Client, pk packets.Packet, err error)         // triggers after a packet from the client been processed (handled)
+	OnPacketRead(cl *Client, pk *packets.Packet) error          // triggers when a new packet is received by a client, but before packet validation
+	OnPacketEncode(cl *Client, pk *packets.Packet)              // modify a packet, in place, before it is byte-encoded and written to the client
+	OnPacketSent(cl *Client, pk packets.Packet, b []byte)       // triggers when packet bytes have been written to the client
+	OnPacketProcessed(cl *Client, pk packets.Packet, err error) // triggers after a packet from the client been processed (handled)
 	OnSubscribe(cl *Client, pk packets.Packet) packets.Packet
 	OnSubscribed(cl *Client, pk packets.Packet, reasonCodes []byte)
 	OnSelectSubscribers(subs *Subscribers, pk packets.Packet) *Subscribers
 	OnUnsubscribe(cl *Client, pk packets.Packet) packets.Packet
 	OnUnsubscribed(cl *Client, pk packets.Packet)
-	OnPublish(cl *Client, pk packets.Packet) (packets.Packet, error)
+	OnPublish(cl *Client, pk *packets.Packet) error
 	OnPublished(cl *Client, pk packets.Packet)
 	OnPublishDropped(cl *Client, pk packets.Packet)
 	OnRetainMessage(cl *Client, pk packets.Packet, r int64)
@@ -265,24 +265,23 @@ func (h *Hooks) OnDisconnect(cl *Client, err error, expire bool) {
 	}
 }
 
-// OnPacketRead is called when a packet is received from a client.
-func (h *Hooks) OnPacketRead(cl *Client, pk packets.Packet) (pkx packets.Packet, err error) {
-	pkx = pk
+// OnPacketRead is called when a packet is received from a client. keel
+// patch: the hooks see the packet in place, by pointer, and change it
+// there; a hook that returns an error other than ErrRejectPacket must leave
+// it as it was. The packet is the read loop's: a hook must not keep the
+// pointer once it returns.
+func (h *Hooks) OnPacketRead(cl *Client, pk *packets.Packet) error {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnPacketRead) {
-			npk, err := hook.OnPacketRead(cl, pkx)
+			err := hook.OnPacketRead(cl, pk)
 			if err != nil && errors.Is(err, packets.ErrRejectPacket) {
-				h.Log.Debug("packet rejected", "hook", hook.ID(), "packet", pkx)
-				return pk, err
-			} else if err != nil {
-				continue
+				h.Log.Debug("packet rejected", "hook", hook.ID(), "packet", pk)
+				return err
 			}
-
-			pkx = npk
 		}
 	}
 
-	return
+	return nil
 }
 
 // OnAuthPacket is called when an auth packet is received. It is intended to allow developers
@@ -304,14 +303,14 @@ func (h *Hooks) OnAuthPacket(cl *Client, pk packets.Packet) (pkx packets.Packet,
 }
 
 // OnPacketEncode is called immediately before a packet is encoded to be sent to a client.
-func (h *Hooks) OnPacketEncode(cl *Client, pk packets.Packet) packets.Packet {
+// keel patch: the hooks change the packet in place, by pointer, and must not
+// keep the pointer once they return.
+func (h *Hooks) OnPacketEncode(cl *Client, pk *packets.Packet) {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnPacketEncode) {
-			pk = hook.OnPacketEncode(cl, pk)
+			hook.OnPacketEncode(cl, pk)
 		}
 	}
-
-	return pk
 }
 
 // OnPacketProcessed is called when a packet has been received and successfully handled by the broker.
@@ -325,12 +324,20 @@ func (h *Hooks) OnPacketProcessed(cl *Client, pk packets.Packet, err error) {
 
 // OnPacketSent is called when a packet has been sent to a client. It takes a bytes parameter
 // containing the bytes sent.
-func (h *Hooks) OnPacketSent(cl *Client, pk packets.Packet, b []byte) {
+// keel patch: the packet comes by pointer, and the copy each hook takes is
+// made in packetSent, whose frame is on the stack only when a hook
+// provides OnPacketSent.
+func (h *Hooks) OnPacketSent(cl *Client, pk *packets.Packet, b []byte) {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnPacketSent) {
-			hook.OnPacketSent(cl, pk, b)
+			packetSent(hook, cl, pk, b)
 		}
 	}
+}
+
+//go:noinline
+func packetSent(hook Hook, cl *Client, pk *packets.Packet, b []byte) {
+	hook.OnPacketSent(cl, *pk, b)
 }
 
 // OnSubscribe is called when a client subscribes to one or more filters. This method
@@ -393,32 +400,32 @@ func (h *Hooks) OnUnsubscribed(cl *Client, pk packets.Packet) {
 // OnPublish is called when a client publishes a message. This method differs from OnPublished
 // in that it allows you to modify you to modify the incoming packet before it is processed.
 // The return values of the hook methods are passed-through in the order the hooks were attached.
-func (h *Hooks) OnPublish(cl *Client, pk packets.Packet) (pkx packets.Packet, err error) {
-	pkx = pk
+// keel patch: the hooks see the packet in place, by pointer, and change it
+// there, as for OnPacketRead.
+func (h *Hooks) OnPublish(cl *Client, pk *packets.Packet) error {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnPublish) {
-			npk, err := hook.OnPublish(cl, pkx)
+			err := hook.OnPublish(cl, pk)
 			if err != nil {
 				if errors.Is(err, packets.ErrRejectPacket) {
 					h.Log.Debug("publish packet rejected",
 						"error", err,
 						"hook", hook.ID(),
-						"packet", pkx)
-					return pk, err
+						"packet", pk)
+					return err
 				} else if errors.Is(err, packets.CodeSuccessIgnore) {
-					return pk, err
+					return err
 				}
 				h.Log.Error("publish packet error",
 					"error", err,
 					"hook", hook.ID(),
-					"packet", pkx)
-				return pk, err
+					"packet", pk)
+				return err
 			}
-			pkx = npk
 		}
 	}
 
-	return
+	return nil
 }
 
 // OnPublished is called when a client has published a message to subscribers.
@@ -758,13 +765,12 @@ func (h *HookBase) OnAuthPacket(cl *Client, pk packets.Packet) (packets.Packet, 
 }
 
 // OnPacketRead is called when a packet is received.
-func (h *HookBase) OnPacketRead(cl *Client, pk packets.Packet) (packets.Packet, error) {
-	return pk, nil
+func (h *HookBase) OnPacketRead(cl *Client, pk *packets.Packet) error {
+	return nil
 }
 
 // OnPacketEncode is called before a packet is byte-encoded and written to the client.
-func (h *HookBase) OnPacketEncode(cl *Client, pk packets.Packet) packets.Packet {
-	return pk
+func (h *HookBase) OnPacketEncode(cl *Client, pk *packets.Packet) {
 }
 
 // OnPacketSent is called immediately after a packet is written to a client.
@@ -795,8 +801,8 @@ func (h *HookBase) OnUnsubscribe(cl *Client, pk packets.Packet) packets.Packet {
 func (h *HookBase) OnUnsubscribed(cl *Client, pk packets.Packet) {}
 
 // OnPublish is called when a client publishes a message.
-func (h *HookBase) OnPublish(cl *Client, pk packets.Packet) (packets.Packet, error) {
-	return pk, nil
+func (h *HookBase) OnPublish(cl *Client, pk *packets.Packet) error {
+	return nil
 }
 
 // OnPublished is called when a client has published a message to subscribers.

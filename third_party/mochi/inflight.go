@@ -51,6 +51,18 @@ func (i *Inflight) Get(id uint16) (packets.Packet, bool) {
 	return packets.Packet{}, false
 }
 
+// Type returns the type of the packet in flight under id, if there is one.
+// keel patch: for the checks that need no more than that, which took a copy
+// of the whole packet (808 bytes) from Get.
+func (i *Inflight) Type(id uint16) (byte, bool) {
+	i.RLock()
+	defer i.RUnlock()
+	if _, ok := i.internal[id]; !ok { // no copy of the packet, unlike m, ok := ...
+		return 0, false
+	}
+	return i.internal[id].FixedHeader.Type, true
+}
+
 // Len returns the size of the inflight messages map.
 func (i *Inflight) Len() int {
 	i.RLock()

@@ -609,7 +609,7 @@ func (s *Server) readConnectionPacket(cl *Client) (pk packets.Packet, err error)
 
 // receivePacket processes an incoming packet for a client, and issues a disconnect to the client
 // if an error has occurred (if mqtt v5).
-func (s *Server) receivePacket(cl *Client, pk packets.Packet) error {
+func (s *Server) receivePacket(cl *Client, pk *packets.Packet) error {
 	err := s.processPacket(cl, pk)
 	if err != nil {
 		if code, ok := err.(packets.Code); ok &&
@@ -774,7 +774,7 @@ func (s *Server) SendConnack(cl *Client, reason packets.Code, present bool, prop
 
 // processPacket processes an inbound packet for a client. Since the method is
 // typically called as a goroutine, errors are primarily for test checking purposes.
-func (s *Server) processPacket(cl *Client, pk packets.Packet) error {
+func (s *Server) processPacket(cl *Client, pk *packets.Packet) error {
 	var err error
 
 	switch pk.FixedHeader.Type {
@@ -820,39 +820,67 @@ func (s *Server) processPacket(cl *Client, pk packets.Packet) error {
 		return fmt.Errorf("no valid packet available; %v", pk.FixedHeader.Type)
 	}
 
-	s.hooks.OnPacketProcessed(cl, pk, err)
+	s.packetProcessed(cl, pk, err)
 	if err != nil {
 		return err
 	}
 
 	if cl.State.Inflight.Len() > 0 && atomic.LoadInt32(&cl.State.Inflight.sendQuota) > 0 {
-		next, ok := cl.State.Inflight.NextImmediate()
-		if ok {
-			_ = cl.WritePacket(next)
-			if ok := cl.State.Inflight.Delete(next.PacketID); ok {
-				atomic.AddInt64(&s.Info.Inflight, -1)
-			}
-			cl.State.Inflight.DecreaseSendQuota()
-		}
+		s.sendNextImmediate(cl)
 	}
 
 	return nil
 }
 
+// packetProcessed calls the OnPacketProcessed hooks. keel patch: the copy
+// of the packet each hook takes is made in packetProcessedBy, so that it
+// is on the stack only when a hook provides OnPacketProcessed; it was in
+// processPacket's frame, under every packet's processing.
+func (s *Server) packetProcessed(cl *Client, pk *packets.Packet, err error) {
+	for _, hook := range s.hooks.GetAll() {
+		if hook.Provides(OnPacketProcessed) {
+			packetProcessedBy(hook, cl, pk, err)
+		}
+	}
+}
+
+//go:noinline
+func packetProcessedBy(hook Hook, cl *Client, pk *packets.Packet, err error) {
+	hook.OnPacketProcessed(cl, *pk, err)
+}
+
+// sendNextImmediate sends the next in-flight message waiting for send
+// quota. keel patch: apart from processPacket, as packetProcessed.
+//
+//go:noinline
+func (s *Server) sendNextImmediate(cl *Client) {
+	next, ok := cl.State.Inflight.NextImmediate()
+	if ok {
+		_ = cl.WritePacket(next)
+		if ok := cl.State.Inflight.Delete(next.PacketID); ok {
+			atomic.AddInt64(&s.Info.Inflight, -1)
+		}
+		cl.State.Inflight.DecreaseSendQuota()
+	}
+}
+
 // processConnect processes a Connect packet. The packet cannot be used to establish
 // a new connection on an existing connection. See EstablishConnection instead.
-func (s *Server) processConnect(cl *Client, _ packets.Packet) error {
+func (s *Server) processConnect(cl *Client, _ *packets.Packet) error {
 	s.sendLWT(cl)
 	return packets.ErrProtocolViolationSecondConnect // [MQTT-3.1.0-2]
 }
 
 // processPingreq processes a Pingreq packet.
-func (s *Server) processPingreq(cl *Client, _ packets.Packet) error {
-	return cl.WritePacket(packets.Packet{
-		FixedHeader: packets.FixedHeader{
-			Type: packets.Pingresp, // [MQTT-3.12.4-1]
-		},
-	})
+func (s *Server) processPingreq(cl *Client, _ *packets.Packet) error {
+	// keel patch: a PINGRESP of the pool, not one on this frame passed to
+	// WritePacket by value.
+	pk := packetPool.Get().(*packets.Packet)
+	pk.FixedHeader.Type = packets.Pingresp // [MQTT-3.12.4-1]
+	err := cl.writePacket(pk)
+	*pk = packets.Packet{}
+	packetPool.Put(pk)
+	return err
 }
 
 // Publish publishes a publish packet into the broker as if it were sent from the specified client.
@@ -950,7 +978,7 @@ func (s *Server) Unsubscribe(filter string, subscriptionId int) error {
 func (s *Server) InjectPacket(cl *Client, pk packets.Packet) error {
 	pk.ProtocolVersion = cl.Properties.ProtocolVersion
 
-	err := s.processPacket(cl, pk)
+	err := s.processPacket(cl, &pk)
 	if err != nil {
 		return err
 	}
@@ -964,7 +992,7 @@ func (s *Server) InjectPacket(cl *Client, pk packets.Packet) error {
 }
 
 // processPublish processes a Publish packet.
-func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
+func (s *Server) processPublish(cl *Client, pk *packets.Packet) error {
 	if !cl.Net.Inline && !IsValidFilter(pk.TopicName, true) {
 		return nil
 	}
@@ -987,8 +1015,7 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 			ackType = packets.Pubrec
 		}
 
-		ack := s.buildAck(pk.PacketID, ackType, 0, pk.Properties, packets.ErrNotAuthorized)
-		return cl.WritePacket(ack)
+		return s.writeAck(cl, pk, ackType, packets.ErrNotAuthorized)
 	}
 
 	pk.Origin = cl.ID
@@ -1000,14 +1027,8 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	if !cl.Net.Inline {
-		if pki, ok := cl.State.Inflight.Get(pk.PacketID); ok {
-			if pki.FixedHeader.Type == packets.Pubrec { // [MQTT-4.3.3-10]
-				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.ErrPacketIdentifierInUse)
-				return cl.WritePacket(ack)
-			}
-			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
-				atomic.AddInt64(&s.Info.Inflight, -1)
-			}
+		if answered, err := s.publishInflight(cl, pk); answered {
+			return err
 		}
 	}
 
@@ -1019,31 +1040,62 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		pk.FixedHeader.Qos = s.Options.Capabilities.MaximumQos // [MQTT-3.2.2-9] Reduce qos based on server max qos capability
 	}
 
-	pkx, err := s.hooks.OnPublish(cl, pk)
-	if err == nil {
-		pk = pkx
-	} else if errors.Is(err, packets.ErrRejectPacket) {
+	err := s.hooks.OnPublish(cl, pk)
+	if errors.Is(err, packets.ErrRejectPacket) {
 		return nil
 	} else if errors.Is(err, packets.CodeSuccessIgnore) {
 		pk.Ignore = true
 	} else if cl.Properties.ProtocolVersion == 5 && pk.FixedHeader.Qos > 0 && errors.As(err, new(packets.Code)) {
-		err = cl.WritePacket(s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, err.(packets.Code)))
-		if err != nil {
-			return err
-		}
-		return nil
+		return s.writeAck(cl, pk, packets.Puback, err.(packets.Code))
 	}
 
+	return s.publishProcessed(cl, pk)
+}
+
+// publishInflight answers a PUBLISH whose packet ID is in flight: a QoS 2
+// one at its PUBREC is answered with the PUBREC again, and anything else
+// in flight under the ID is dropped. keel patch: apart from processPublish,
+// with writeAck, so that the copies of packets they hold are not on the
+// stack under the OnPublish hooks.
+//
+//go:noinline
+func (s *Server) publishInflight(cl *Client, pk *packets.Packet) (answered bool, err error) {
+	if typ, ok := cl.State.Inflight.Type(pk.PacketID); ok {
+		if typ == packets.Pubrec { // [MQTT-4.3.3-10]
+			return true, s.writeAck(cl, pk, packets.Pubrec, packets.ErrPacketIdentifierInUse)
+		}
+		if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
+			atomic.AddInt64(&s.Info.Inflight, -1)
+		}
+	}
+	return false, nil
+}
+
+// writeAck answers pk with an acknowledgement of type ackType and reason
+// code.
+//
+//go:noinline
+func (s *Server) writeAck(cl *Client, pk *packets.Packet, ackType byte, code packets.Code) error {
+	return cl.WritePacket(s.buildAck(pk.PacketID, ackType, 0, pk.Properties, code))
+}
+
+// publishProcessed retains, acknowledges and fans out a PUBLISH the
+// OnPublish hooks let through. keel patch: apart from processPublish, so
+// that its copies of the packet (the acknowledgement, the arguments
+// passed by value) are not on the stack under the OnPublish hooks.
+//
+//go:noinline
+func (s *Server) publishProcessed(cl *Client, pk *packets.Packet) error {
 	if pk.FixedHeader.Retain { // [MQTT-3.3.1-5] ![MQTT-3.3.1-8]
-		s.retainMessage(cl, pk)
+		s.retainMessage(cl, *pk)
 	}
 
 	// If it's inlineClient, it can't handle PUBREC and PUBREL.
 	// When it publishes a package with a qos > 0, the server treats
 	// the package as qos=0, and the client receives it as qos=1 or 2.
 	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
-		s.publishToSubscribers(pk)
-		s.hooks.OnPublished(cl, pk)
+		s.publishToSubscribers(*pk)
+		s.hooks.OnPublished(cl, *pk)
 		return nil
 	}
 
@@ -1058,7 +1110,7 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
 	}
 
-	err = cl.WritePacket(ack)
+	err := cl.WritePacket(ack)
 	if err != nil {
 		return err
 	}
@@ -1071,8 +1123,8 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		s.hooks.OnQosComplete(cl, ack)
 	}
 
-	s.publishToSubscribers(pk)
-	s.hooks.OnPublished(cl, pk)
+	s.publishToSubscribers(*pk)
+	s.hooks.OnPublished(cl, *pk)
 
 	return nil
 }
@@ -1268,23 +1320,23 @@ func (s *Server) buildAck(packetID uint16, pkt, qos byte, properties packets.Pro
 }
 
 // processPuback processes a Puback packet, denoting completion of a QOS 1 packet sent from the server.
-func (s *Server) processPuback(cl *Client, pk packets.Packet) error {
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); !ok {
+func (s *Server) processPuback(cl *Client, pk *packets.Packet) error {
+	if _, ok := cl.State.Inflight.Type(pk.PacketID); !ok {
 		return nil // omit, but would be packets.ErrPacketIdentifierNotFound
 	}
 
 	if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
 		cl.State.Inflight.IncreaseSendQuota()
 		atomic.AddInt64(&s.Info.Inflight, -1)
-		s.hooks.OnQosComplete(cl, pk)
+		s.hooks.OnQosComplete(cl, *pk)
 	}
 
 	return nil
 }
 
 // processPubrec processes a Pubrec packet, denoting receipt of a QOS 2 packet sent from the server.
-func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
+func (s *Server) processPubrec(cl *Client, pk *packets.Packet) error {
+	if _, ok := cl.State.Inflight.Type(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
 		return cl.WritePacket(s.buildAck(pk.PacketID, packets.Pubrel, 1, pk.Properties, packets.ErrPacketIdentifierNotFound))
 	}
 
@@ -1292,7 +1344,7 @@ func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
 		if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
-		cl.ops.hooks.OnQosDropped(cl, pk)
+		cl.ops.hooks.OnQosDropped(cl, *pk)
 		return nil // as per MQTT5 Section 4.13.2 paragraph 2
 	}
 
@@ -1303,8 +1355,8 @@ func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
 }
 
 // processPubrel processes a Pubrel packet, denoting completion of a QOS 2 packet sent from the client.
-func (s *Server) processPubrel(cl *Client, pk packets.Packet) error {
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
+func (s *Server) processPubrel(cl *Client, pk *packets.Packet) error {
+	if _, ok := cl.State.Inflight.Type(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
 		return cl.WritePacket(s.buildAck(pk.PacketID, packets.Pubcomp, 0, pk.Properties, packets.ErrPacketIdentifierNotFound))
 	}
 
@@ -1312,7 +1364,7 @@ func (s *Server) processPubrel(cl *Client, pk packets.Packet) error {
 		if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
-		cl.ops.hooks.OnQosDropped(cl, pk)
+		cl.ops.hooks.OnQosDropped(cl, *pk)
 		return nil
 	}
 
@@ -1328,30 +1380,30 @@ func (s *Server) processPubrel(cl *Client, pk packets.Packet) error {
 	cl.State.Inflight.IncreaseSendQuota()                // +1 SENT QUOTA
 	if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.3-12]
 		atomic.AddInt64(&s.Info.Inflight, -1)
-		s.hooks.OnQosComplete(cl, pk)
+		s.hooks.OnQosComplete(cl, *pk)
 	}
 
 	return nil
 }
 
 // processPubcomp processes a Pubcomp packet, denoting completion of a QOS 2 packet sent from the server.
-func (s *Server) processPubcomp(cl *Client, pk packets.Packet) error {
+func (s *Server) processPubcomp(cl *Client, pk *packets.Packet) error {
 	// regardless of whether the pubcomp is a success or failure, we end the qos flow, delete inflight, and restore the quotas.
 	cl.State.Inflight.IncreaseReceiveQuota() // +1 RECV QUOTA
 	cl.State.Inflight.IncreaseSendQuota()    // +1 SENT QUOTA
 	if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
 		atomic.AddInt64(&s.Info.Inflight, -1)
-		s.hooks.OnQosComplete(cl, pk)
+		s.hooks.OnQosComplete(cl, *pk)
 	}
 
 	return nil
 }
 
 // processSubscribe processes a Subscribe packet.
-func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
-	pk = s.hooks.OnSubscribe(cl, pk)
+func (s *Server) processSubscribe(cl *Client, pk *packets.Packet) error {
+	*pk = s.hooks.OnSubscribe(cl, *pk)
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.Type(pk.PacketID); ok {
 		code = packets.ErrPacketIdentifierInUse
 	}
 
@@ -1405,7 +1457,7 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		ack.Properties.ReasonString = code.Reason
 	}
 
-	s.hooks.OnSubscribed(cl, pk, reasonCodes)
+	s.hooks.OnSubscribed(cl, *pk, reasonCodes)
 	err := cl.WritePacket(ack)
 	if err != nil {
 		return err
@@ -1423,13 +1475,13 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 }
 
 // processUnsubscribe processes an unsubscribe packet.
-func (s *Server) processUnsubscribe(cl *Client, pk packets.Packet) error {
+func (s *Server) processUnsubscribe(cl *Client, pk *packets.Packet) error {
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.Type(pk.PacketID); ok {
 		code = packets.ErrPacketIdentifierInUse
 	}
 
-	pk = s.hooks.OnUnsubscribe(cl, pk)
+	*pk = s.hooks.OnUnsubscribe(cl, *pk)
 	reasonCodes := make([]byte, len(pk.Filters))
 	for i, sub := range pk.Filters { // [MQTT-3.10.4-6] [MQTT-3.11.3-1]
 		if code != packets.CodeSuccess {
@@ -1462,7 +1514,7 @@ func (s *Server) processUnsubscribe(cl *Client, pk packets.Packet) error {
 		ack.Properties.ReasonString = code.Reason
 	}
 
-	s.hooks.OnUnsubscribed(cl, pk)
+	s.hooks.OnUnsubscribed(cl, *pk)
 	return cl.WritePacket(ack)
 }
 
@@ -1489,9 +1541,13 @@ func (s *Server) UnsubscribeClient(cl *Client) {
 	s.hooks.OnUnsubscribed(cl, packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe}, Filters: filters})
 }
 
-// processAuth processes an Auth packet.
-func (s *Server) processAuth(cl *Client, pk packets.Packet) error {
-	_, err := s.hooks.OnAuthPacket(cl, pk)
+// processAuth processes an Auth packet. keel patch: not inlined, so that
+// the copies of the packet OnAuthPacket takes and returns are not in
+// processPacket's frame.
+//
+//go:noinline
+func (s *Server) processAuth(cl *Client, pk *packets.Packet) error {
+	_, err := s.hooks.OnAuthPacket(cl, *pk)
 	if err != nil {
 		return err
 	}
@@ -1500,7 +1556,7 @@ func (s *Server) processAuth(cl *Client, pk packets.Packet) error {
 }
 
 // processDisconnect processes a Disconnect packet.
-func (s *Server) processDisconnect(cl *Client, pk packets.Packet) error {
+func (s *Server) processDisconnect(cl *Client, pk *packets.Packet) error {
 	if pk.Properties.SessionExpiryIntervalFlag {
 		if pk.Properties.SessionExpiryInterval > 0 && cl.Properties.Props.SessionExpiryInterval == 0 {
 			return packets.ErrProtocolViolationZeroNonZeroExpiry

@@ -1199,7 +1199,7 @@ func nextOutboundID(cl *mqtt.Client, s *session) (uint16, bool) {
 		if s.nextID == 0 {
 			s.nextID = 65535
 		}
-		if _, used := cl.State.Inflight.Get(s.nextID); !used {
+		if _, used := cl.State.Inflight.Type(s.nextID); !used {
 			return s.nextID, true
 		}
 	}

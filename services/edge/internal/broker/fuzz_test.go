@@ -134,12 +134,12 @@ func (h *panicOnUnsubscribe) ID() string { return "panic-on-unsubscribe" }
 func (h *panicOnUnsubscribe) Provides(b byte) bool {
 	return b == mqtt.OnPacketRead
 }
-func (h *panicOnUnsubscribe) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+func (h *panicOnUnsubscribe) OnPacketRead(cl *mqtt.Client, pk *packets.Packet) error {
 	if pk.FixedHeader.Type == packets.Unsubscribe {
 		var none []byte
 		_ = none[len(pk.Filters)] // index out of range
 	}
-	return pk, nil
+	return nil
 }
 
 // A packet that makes the connection's goroutine panic while it is read

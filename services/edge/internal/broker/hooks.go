@@ -711,28 +711,24 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 	h.b.expireOffline(cl)
 }
 
-// OnPacketRead vets and rewrites a packet before mochi processes it. A
-// packet it refuses ends the connection, unprocessed: mochi ignores any
-// error from this hook but ErrRejectPacket (and then processes the packet
-// as it was read), so every refusal is returned as a rejection.
-func (h *hook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	// The packet is vetted in place: mochi passes and takes it by value
-	// already, and returning vetted copies cost two copies of its 808
-	// bytes per packet and 3 KiB of this frame. On a refusal mochi drops
-	// what is returned.
+// OnPacketRead vets and rewrites a packet, in place, before mochi
+// processes it. A packet it refuses ends the connection, unprocessed:
+// mochi ignores any error from this hook but ErrRejectPacket, so every
+// refusal is returned as a rejection.
+func (h *hook) OnPacketRead(cl *mqtt.Client, pk *packets.Packet) error {
 	var err error
 	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {
 		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
 			kc.connectRead.Store(true)
 		}
-		err = h.b.vetConnect(cl, &pk)
+		err = h.b.vetConnect(cl, pk)
 	} else {
-		err = h.vetPacket(cl, &pk)
+		err = h.vetPacket(cl, pk)
 	}
 	if err != nil {
-		return pk, rejection{err}
+		return rejection{err}
 	}
-	return pk, nil
+	return nil
 }
 
 // rejection is a refusal from OnPacketRead in the form mochi acts on: it is
@@ -875,7 +871,7 @@ func (b *Broker) refuse(cl *mqtt.Client, code packets.Code) error {
 
 // OnPacketEncode maps names back to the client's view on packets mochi
 // writes itself (in-flight resends, CONNACK).
-func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+func (h *hook) OnPacketEncode(cl *mqtt.Client, pk *packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		if pk.TopicName != "" {
@@ -918,7 +914,6 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			}
 		}
 	}
-	return pk
 }
 
 // connackCode maps a CONNACK reason to the client's protocol: MQTT 3.1.1
@@ -1157,31 +1152,31 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 
 // OnPublish routes a client's PUBLISH. mochi sends the PUBACK/PUBREC after
 // this returns, so it leaves only once every recipient has the message.
-func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	b := h.b
 	c := b.conn(cl)
 	if c == nil {
-		return pk, packets.ErrRejectPacket
+		return packets.ErrRejectPacket
 	}
 	if b.fenced.Load() {
 		// No acknowledgement from a fenced edge: the client sends it again
 		// elsewhere.
 		_ = b.disconnect(cl, packets.ErrServerShuttingDown)
-		return pk, packets.ErrRejectPacket
+		return packets.ErrRejectPacket
 	}
 	if pk.FixedHeader.Qos > 0 {
 		failed, held := c.acks.check(pk.PacketID)
 		if failed {
-			return pk, packets.ErrRejectPacket // being disconnected unacknowledged
+			return packets.ErrRejectPacket // being disconnected unacknowledged
 		}
 		if held {
 			// Sent again while its acknowledgement is pending: that one
 			// will be answered, and a QoS 2 message is routed once.
 			b.m.duplicatePubs.Inc()
-			return pk, packets.ErrRejectPacket
+			return packets.ErrRejectPacket
 		}
 		if cl.Properties.ProtocolVersion < 5 && !c.acks.reserve(int(b.cfg.ReceiveMaximum)) {
-			return pk, packets.ErrRejectPacket
+			return packets.ErrRejectPacket
 		}
 	}
 	now := time.Now()
@@ -1229,7 +1224,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 				finishSpan(m.span, err)
 				b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 				_ = b.disconnect(cl, packets.ErrServerBusy)
-				return pk, packets.ErrRejectPacket
+				return packets.ErrRejectPacket
 			}
 		}
 	}
@@ -1237,11 +1232,11 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		b.retain(m)
 	}
 	if c.lookups.pending(m.Topic) {
-		return b.routeBehind(cl, c, &pk, m)
+		return b.routeBehind(cl, c, pk, m)
 	}
 	wait, err := b.routeAtOnce(m)
 	if errors.Is(err, ErrNeedsLookup) {
-		return b.routeBehind(cl, c, &pk, m)
+		return b.routeBehind(cl, c, pk, m)
 	}
 	if err != nil {
 		wait, err = b.routeAgainNow(cl, m, err)
@@ -1254,16 +1249,16 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, er
 		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.disconnect(cl, packets.ErrServerBusy)
-		return pk, packets.ErrRejectPacket
+		return packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
-		b.queueAck(cl, c, &pk, wait, m.span, m)
-		return pk, packets.ErrRejectPacket // acknowledged by the queue
+		b.queueAck(cl, c, pk, wait, m.span, m)
+		return packets.ErrRejectPacket // acknowledged by the queue
 	}
 	finishSpan(m.span, nil)
 	b.confirmed(m)
 	// Success, but mochi must not fan the message out itself.
-	return pk, packets.CodeSuccessIgnore
+	return packets.CodeSuccessIgnore
 }
 
 // forgetIncoming removes the stored PUBREC state of a QoS 2 PUBLISH that

@@ -70,7 +70,7 @@ func (l *lookupChains) finish(topic string, link *lookupLink, failed bool) {
 // routeBehind routes m, published by cl, on a goroutine of its own once
 // the publishes before it on its topic are routed, and has it acknowledged
 // (QoS 1/2) in its turn; see lookupChains. It is OnPublish's answer.
-func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Message) (packets.Packet, error) {
+func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Message) error {
 	b.m.routedBehind.Inc()
 	link := &lookupLink{done: make(chan struct{})}
 	before := c.lookups.push(m.Topic, link)
@@ -106,7 +106,7 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 		}
 	}()
 	if m.QoS == 0 {
-		return *pk, packets.CodeSuccessIgnore
+		return packets.CodeSuccessIgnore
 	}
 	b.queueAck(cl, c, pk, func() error {
 		<-link.done
@@ -118,5 +118,5 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 		}
 		return wait()
 	}, m.span, m)
-	return *pk, packets.ErrRejectPacket // acknowledged by the queue
+	return packets.ErrRejectPacket // acknowledged by the queue
 }

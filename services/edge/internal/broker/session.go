@@ -409,7 +409,7 @@ type sendOutcome struct {
 // the session's next client got already (a resend raced this) stays with
 // it. s.mu must be held.
 func (s *session) unsendLocked(cl *mqtt.Client, id uint16) {
-	if pk, ok := cl.State.Inflight.Get(id); ok && pk.FixedHeader.Type == packets.Publish {
+	if typ, ok := cl.State.Inflight.Type(id); ok && typ == packets.Publish {
 		cl.State.Inflight.Delete(id)
 		return
 	}
