@@ -935,6 +935,12 @@ func (b *Broker) deliverLocal(m *Message, shared SharedChoice, check func(served
 			}
 		}
 	}
+	if len(targets) == 0 {
+		// No subscriber here, as for every message of a publisher whose
+		// subscribers are on other edges: the clock reads below were 1.7%
+		// of such an edge's CPU (kvm-clock).
+		return served, nil
+	}
 	start := time.Now()
 	for i := range targets {
 		t := &targets[i]
