@@ -869,17 +869,19 @@ func (l *Link) fail(err error) {
 	l.redispatch(again)
 }
 
-// finish answers a waiting sender and ends the message's span.
+// finish ends the message's span and answers a waiting sender, in that
+// order: answered first, the sender could acknowledge the publish and end
+// its span before the forward span under it ended.
 func (p *pending) finish(err error) {
-	if p.done != nil {
-		p.done <- err
-	}
 	if p.span != nil {
 		if err != nil {
 			p.span.RecordError(err)
 			p.span.SetStatus(codes.Error, err.Error())
 		}
 		p.span.End()
+	}
+	if p.done != nil {
+		p.done <- err
 	}
 }
 
