@@ -450,19 +450,29 @@ func (cl *Client) Read(packetHandler ReadFn) error {
 // not keep the pointer once they return (values they copy are theirs).
 var packetPool = sync.Pool{New: func() any { return new(packets.Packet) }}
 
+// getPacket takes a zero packet from packetPool.
+func getPacket() *packets.Packet { return packetPool.Get().(*packets.Packet) }
+
+// putPacket zeroes pk and returns it to packetPool: the pool keeps no
+// payload alive, and the next packet read into it starts from nothing
+// (hooks read fields such as Created to tell packets apart).
+func putPacket(pk *packets.Packet) {
+	*pk = packets.Packet{}
+	packetPool.Put(pk)
+}
+
 // readAndHandle reads the packet whose fixed header Read has read and hands
 // it to packetHandler. keel patch: apart from Read, whose frame then stays
 // small while the client is idle, which is most of a connection's life.
 //
 //go:noinline
 func (cl *Client) readAndHandle(fh *packets.FixedHeader, packetHandler ReadFn) error {
-	pk := packetPool.Get().(*packets.Packet)
+	pk := getPacket()
 	err := cl.readPacket(fh, pk)
 	if err == nil {
 		err = packetHandler(cl, pk)
 	}
-	*pk = packets.Packet{} // the pool keeps no payload alive
-	packetPool.Put(pk)
+	putPacket(pk)
 	return err
 }
 
@@ -657,11 +667,10 @@ func (cl *Client) readPacket(fh *packets.FixedHeader, pk *packets.Packet) (err e
 
 // WritePacket encodes and writes a packet to the client.
 func (cl *Client) WritePacket(pk packets.Packet) error {
-	p := packetPool.Get().(*packets.Packet)
+	p := getPacket()
 	*p = pk
 	err := cl.writePacket(p)
-	*p = packets.Packet{}
-	packetPool.Put(p)
+	putPacket(p)
 	return err
 }
 

@@ -875,11 +875,10 @@ func (s *Server) processConnect(cl *Client, _ *packets.Packet) error {
 func (s *Server) processPingreq(cl *Client, _ *packets.Packet) error {
 	// keel patch: a PINGRESP of the pool, not one on this frame passed to
 	// WritePacket by value.
-	pk := packetPool.Get().(*packets.Packet)
+	pk := getPacket()
 	pk.FixedHeader.Type = packets.Pingresp // [MQTT-3.12.4-1]
 	err := cl.writePacket(pk)
-	*pk = packets.Packet{}
-	packetPool.Put(pk)
+	putPacket(pk)
 	return err
 }
 
