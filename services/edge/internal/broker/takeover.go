@@ -261,12 +261,7 @@ func (b *Broker) moveFailed(id string, s *session, mv *moving, epoch uint64) {
 		case !ended && !pw.due && delay > 0:
 			b.armLocked(id, pw, delay)
 		case b.stopping.Load():
-			// Kept, due, for the session's handover to carry (armLocked).
-			if old := b.wills[id]; old != nil {
-				old.stop()
-			}
-			pw.due = true
-			b.wills[id] = pw
+			b.keepDueLocked(id, pw)
 		default:
 			now = append(now, pw)
 		}

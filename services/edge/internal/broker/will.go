@@ -99,8 +99,10 @@ func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec
 // that left b.conns already, its will on the way here.
 func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 	b.willMu.Lock()
-	after, parked := c.sess.Load().afterOrPark(c.epoch, &pendingWill{fire: func() { b.publishWill(id, will, c.record) },
-		at: time.Now().Add(time.Duration(delay) * time.Second), copy: c.sess.Load()})
+	sess := c.sess.Load()
+	pw := &pendingWill{fire: func() { b.publishWill(id, will, c.record) },
+		at: time.Now().Add(time.Duration(delay) * time.Second), copy: sess}
+	after, parked := sess.afterOrPark(c.epoch, pw)
 	if parked {
 		// Another edge is taking the session over: the will is void if it
 		// does, and decided again here if the takeover fails (TakeOver).
@@ -126,12 +128,12 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
 		delay = 0 // published when the delay passes or the session ends, whichever is first
 	}
 	if delay > 0 {
-		b.scheduleWillLocked(id, will, time.Duration(delay)*time.Second, c.record, c.sess.Load())
+		b.armLocked(id, pw, time.Duration(delay)*time.Second)
 		b.willMu.Unlock()
 		return
 	}
 	b.willMu.Unlock()
-	b.publishWill(id, will, c.record)
+	pw.fire()
 }
 
 // scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
@@ -153,11 +155,7 @@ func (b *Broker) armLocked(id string, pw *pendingWill, delay time.Duration) {
 			return // cancelled as it fired
 		}
 		if b.stopping.Load() {
-			// Due while the edge stops, the will cannot be sent from here:
-			// it stays, due, for the session's handover to carry (a
-			// drain's adopter sends it), or in the stored record for a
-			// custodian.
-			pw.due = true
+			b.keepDueLocked(id, pw)
 			b.willMu.Unlock()
 			return
 		}
@@ -165,6 +163,18 @@ func (b *Broker) armLocked(id string, pw *pendingWill, delay time.Duration) {
 		b.willMu.Unlock()
 		publish()
 	})
+	b.wills[id] = pw
+}
+
+// keepDueLocked keeps pw as the will of id, due: due while the edge
+// stops, a will cannot be sent from here. It stays for the session's
+// handover to carry (a drain's adopter sends it), or in the stored record
+// for a custodian. b.willMu is held.
+func (b *Broker) keepDueLocked(id string, pw *pendingWill) {
+	if old := b.wills[id]; old != nil && old != pw {
+		old.stop()
+	}
+	pw.due = true
 	b.wills[id] = pw
 }
 
