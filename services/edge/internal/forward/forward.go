@@ -218,7 +218,8 @@ func (s *Server) Forward(ctx context.Context, st *connect.BidiStream[edgev1.Forw
 				return err
 			}
 			ob = s.outbox(key)
-			outcomes.Go(func() { s.sendOutcomes(ctx, ob, send) })
+			gen := ob.takeOutcomes()
+			outcomes.Go(func() { s.sendOutcomes(ctx, ob, gen, send) })
 			acks.Go(func() { s.ackLandings(key, landings, send, &failed) })
 			// What an earlier stream still stores decides which of the
 			// frames resent on this one are taken.

@@ -267,15 +267,23 @@ func (ob *outbox) confirmed(seq uint64) {
 	ob.pending = ob.pending[n:]
 }
 
-// sendOutcomes sends k's outcomes on the current stream until ctx ends or
-// a newer stream takes over: first every unconfirmed one, then each as it
-// comes.
-func (s *Server) sendOutcomes(ctx context.Context, ob *outbox, send func(*edgev1.ForwardResponse) error) {
+// takeOutcomes makes the stream whose first frame just arrived the one
+// that sends ob's outcomes, and returns its generation for sendOutcomes.
+// It is called on the stream's handler, not on the goroutine that sends:
+// two streams' senders may start in either order, and the newer stream
+// must win.
+func (ob *outbox) takeOutcomes() uint64 {
 	ob.mu.Lock()
+	defer ob.mu.Unlock()
 	ob.stream++
-	gen := ob.stream
 	ob.sent = 0
-	ob.mu.Unlock()
+	return ob.stream
+}
+
+// sendOutcomes sends ob's outcomes on the stream of generation gen
+// (takeOutcomes) until ctx ends or a newer stream takes over: first every
+// unconfirmed one, then each as it comes.
+func (s *Server) sendOutcomes(ctx context.Context, ob *outbox, gen uint64, send func(*edgev1.ForwardResponse) error) {
 	for {
 		ob.mu.Lock()
 		if ob.stream != gen {
