@@ -168,7 +168,7 @@ func TestOutput_FromEdge_MQTT5ToKafka(t *testing.T) {
 	require.Equal(t, float64(total), e.metric(t, "keel_edge_output_sent_total", nil))
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_unmatched_total", nil))
 
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 20*time.Second)
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 30*time.Second)
 	require.Len(t, msgs, total)
 	next := map[string]int{}
 	partOf := map[string]int{}

@@ -113,7 +113,7 @@ func TestOutput_Kafka_EndToEnd(t *testing.T) {
 	require.Zero(t, metric(t, h.out.Registry(), "keel_output_unmatched_total", nil), "the edge sent a message no rule matches")
 	require.Equal(t, float64(total), metric(t, creg, "keel_edge_output_skipped_total", nil))
 
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 10*time.Second)
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, total, 30*time.Second)
 	require.Len(t, msgs, total)
 	lastSeq := map[string]uint64{}
 	partOf := map[string]int{}
@@ -261,7 +261,7 @@ func testPluginFault(t *testing.T, sig syscall.Signal, extra string) {
 	newPid := h.out.Host().PluginPIDs(rule)[0]
 	require.NotEqual(t, victim, newPid, "plugin restarted under a new pid")
 
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 10*time.Second)
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 30*time.Second)
 	got := map[string]int{}
 	for _, km := range msgs {
 		got[header(km.Headers, meta.HeaderMsgID)]++
@@ -333,7 +333,7 @@ func TestOutput_Kafka_OrderWhileProducesFail(t *testing.T) {
 	})
 	require.Positive(t, metric(t, h.out.Registry(), "keel_output_retries_total", nil), "the host retried batches")
 
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 10*time.Second)
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 4, n, 30*time.Second)
 	seen := map[uint64]bool{}
 	last := map[string]uint64{}
 	for _, km := range msgs {

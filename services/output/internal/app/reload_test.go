@@ -151,7 +151,7 @@ func testReloadKeepsBuffer(t *testing.T, mod func(*Config), reload reloadTrigger
 		return nil
 	})
 	require.NotEqual(t, oldPid, h.out.Host().PluginPIDs("acme/to-kafka")[0])
-	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 2, n, 10*time.Second)
+	msgs := outputtest.ReadKafka(t, addr, kafkaTopic, 2, n, 30*time.Second)
 	ids := map[string]bool{}
 	for _, m := range msgs {
 		ids[header(m.Headers, meta.HeaderMsgID)] = true

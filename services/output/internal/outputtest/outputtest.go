@@ -8,7 +8,9 @@ package outputtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -77,24 +79,21 @@ func StartKafkaCluster(t testing.TB, partitions int32, topics ...string) *kfake.
 // ReadKafka reads every partition of topic from the start until want
 // messages were read or timeout passes, and returns them sorted by
 // (partition, offset).
+//
+// It fetches on a plain connection to the partition's leader, one fetch
+// at a time, rather than through kafka-go's Reader: a fetch that fails
+// (a loaded machine can time one out) is logged and tried again from the
+// same offset, and a read that does not finish names the last error seen
+// instead of only the context's deadline.
 func ReadKafka(t testing.TB, addr, topic string, partitions, want int, timeout time.Duration) []kafka.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var out []kafka.Message
 	for p := range partitions {
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, Topic: topic, Partition: p, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 50 * time.Millisecond})
-		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, p)
-		require.NoError(t, err)
-		last, err := conn.ReadLastOffset()
-		require.NoError(t, err)
-		_ = conn.Close()
-		for off := int64(0); off < last; off++ {
-			m, err := r.ReadMessage(ctx)
-			require.NoError(t, err, "read %s/%d at %d of %d", topic, p, off, last)
-			out = append(out, m)
-		}
-		_ = r.Close()
+		msgs, err := readPartition(ctx, t, addr, topic, p)
+		require.NoError(t, err, "read %s/%d", topic, p)
+		out = append(out, msgs...)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].Partition != out[j].Partition {
@@ -106,6 +105,83 @@ func ReadKafka(t testing.TB, addr, topic string, partitions, want int, timeout t
 		t.Logf("read %d of %d messages from %s", len(out), want, topic)
 	}
 	return out
+}
+
+// readPartition reads one partition from offset 0 to its end as it was
+// when the read began.
+func readPartition(ctx context.Context, t testing.TB, addr, topic string, partition int) ([]kafka.Message, error) {
+	var (
+		out     []kafka.Message
+		last    = int64(-1)
+		lastErr error
+	)
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			t.Logf("reading %s/%d at %d of %d: %v; trying again", topic, partition, len(out), last, lastErr)
+			select {
+			case <-ctx.Done():
+				return out, fmt.Errorf("at %d of %d: %w (last error: %v)", len(out), last, ctx.Err(), lastErr)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		conn, err := kafka.DialLeader(ctx, "tcp", addr, topic, partition)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if last < 0 {
+			if last, err = conn.ReadLastOffset(); err != nil {
+				_ = conn.Close()
+				lastErr = err
+				continue
+			}
+		}
+		out, lastErr = fetchUntil(ctx, conn, out, last)
+		_ = conn.Close()
+		if int64(len(out)) >= last {
+			return out, nil
+		}
+	}
+}
+
+// fetchUntil appends the partition's messages from offset len(out) up to
+// last, fetch by fetch, and stops at the first error.
+func fetchUntil(ctx context.Context, conn *kafka.Conn, out []kafka.Message, last int64) ([]kafka.Message, error) {
+	for int64(len(out)) < last {
+		if _, err := conn.Seek(int64(len(out)), kafka.SeekAbsolute); err != nil {
+			return out, err
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		if err := conn.SetReadDeadline(deadline); err != nil {
+			return out, err
+		}
+		from := len(out)
+		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond})
+		for int64(len(out)) < last {
+			m, err := batch.ReadMessage()
+			if err != nil {
+				break
+			}
+			switch {
+			case m.Offset < int64(len(out)):
+				continue // the head of a record batch that began before the offset asked for
+			case m.Offset > int64(len(out)):
+				_ = batch.Close()
+				return out, fmt.Errorf("fetch at offset %d returned offset %d", len(out), m.Offset)
+			}
+			out = append(out, m)
+		}
+		if err := batch.Close(); err != nil && !errors.Is(err, io.EOF) {
+			return out, err
+		}
+		if len(out) == from {
+			return out, fmt.Errorf("fetch at offset %d returned nothing", from)
+		}
+	}
+	return out, nil
 }
 
 // Message builds a test message with every metadata field set.
