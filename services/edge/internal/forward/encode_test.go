@@ -3,9 +3,11 @@ package forward
 import (
 	"bytes"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/keelmq/keel/libs/testutil"
@@ -64,8 +66,32 @@ func TestAppendForwardMessage(t *testing.T) {
 	bad := &broker.Message{Topic: acme.Topic("t"), Props: broker.Props{ResponseTopic: "\xff"}}
 	_, ok := appendForwardMessage(nil, bad)
 	require.False(t, ok)
+	bad = &broker.Message{Topic: acme.Topic("sensors/\xc3x")}
+	_, ok = appendForwardMessage(nil, bad)
+	require.False(t, ok)
 	_, ok = appendForwardMessage(nil, &broker.Message{Topic: "no tenant"})
 	require.False(t, ok)
+}
+
+// The encoder writes each tag as one byte: every field it writes has a
+// number below 16.
+func TestAppendTag_OneByte(t *testing.T) {
+	for _, num := range []protowire.Number{fMsgID, fTenant, fTopic, fPayload, fQoS, fRetain, fIngress, fClientID,
+		fContentType, fResponseTopic, fCorrelation, fUserProps, fFormat, fExpiry,
+		fIDEdge, fIDIncarnation, fIDSeq, fPropKey, fPropValue, fFwdMessage, fFwdSharedChosen} {
+		for _, typ := range []protowire.Type{protowire.VarintType, protowire.BytesType} {
+			require.Equal(t, protowire.AppendTag(nil, num, typ), appendTag(nil, num, typ), "field %d", num)
+		}
+	}
+	for _, v := range []uint64{0, 1, 0x7f, 0x80, 300, 1 << 40, 1<<64 - 1} {
+		require.Equal(t, protowire.AppendVarint(nil, v), appendUvarint(nil, v), "varint %d", v)
+	}
+}
+
+func TestValidUTF8(t *testing.T) {
+	for _, s := range []string{"", "a", "acme/sensors/1", "ü", "aü", "ab\xff", "\xff", "abc\xc3", "abcdefgh\xc3\xbc", "a\xed\xa0\x80"} {
+		require.Equal(t, utf8.ValidString(s), validUTF8(s), "%q", s)
+	}
 }
 
 // A frame whose messages travel pre-encoded (Link.request) decodes, with the
@@ -107,6 +133,7 @@ func TestLinkRequest_PreEncodedMessagesInOrder(t *testing.T) {
 func FuzzAppendForwardMessage(f *testing.F) {
 	f.Add("edge-a", uint64(7), uint64(1), "acme", "a/b", []byte("x"), byte(1), true, int64(5), "c1", "ct", "rt", []byte{1}, "k", "v", byte(1), uint32(60))
 	f.Add("", uint64(0), uint64(0), "t", "$SYS/x", []byte(nil), byte(0), false, int64(-1), "", "", "", []byte(nil), "", "", byte(0), uint32(0))
+	f.Add("edge-ü", uint64(1<<40), uint64(300), "acme", "a/b\xff", bytes.Repeat([]byte("p"), 200), byte(1), false, int64(1)<<62, "c1", "", "", []byte(nil), "", "", byte(0), uint32(1<<20))
 	f.Add("e\xff", uint64(1), uint64(2), "t", "x", []byte{}, byte(2), false, int64(0), "\xc3", "", "", []byte(nil), "\xff", "", byte(0), uint32(1))
 	f.Fuzz(func(t *testing.T, edge string, inc, seq uint64, tenant, topic string, payload []byte, qos byte, retain bool,
 		created int64, client, ct, rt string, corr []byte, key, val string, format byte, expiry uint32) {
