@@ -188,6 +188,11 @@ func AliasString(v []byte) (string, error) {
 
 // Tag consumes a field's tag.
 func Tag(b []byte) (protowire.Number, protowire.Type, []byte, error) {
+	// A field numbered below 16 has a one-byte tag: most do, and this
+	// check inlines where protowire's general decoder does not.
+	if len(b) > 0 && b[0] < 0x80 && b[0]>>3 != 0 {
+		return protowire.Number(b[0] >> 3), protowire.Type(b[0] & 7), b[1:], nil
+	}
 	num, typ, n := protowire.ConsumeTag(b)
 	if n < 0 {
 		return 0, 0, nil, protowire.ParseError(n)
@@ -225,6 +230,10 @@ func VarintField(b []byte) (num protowire.Number, v uint64, rest []byte, err err
 
 // Bytes consumes a length-delimited value.
 func Bytes(b []byte) (v, rest []byte, err error) {
+	if len(b) > 0 && b[0] < 0x80 && int(b[0]) < len(b) {
+		n := 1 + int(b[0]) // a length below 128, in one byte
+		return b[1:n], b[n:], nil
+	}
 	v, n := protowire.ConsumeBytes(b)
 	if n < 0 {
 		return nil, nil, protowire.ParseError(n)
@@ -234,6 +243,9 @@ func Bytes(b []byte) (v, rest []byte, err error) {
 
 // Varint consumes a varint value.
 func Varint(b []byte) (v uint64, rest []byte, err error) {
+	if len(b) > 0 && b[0] < 0x80 {
+		return uint64(b[0]), b[1:], nil
+	}
 	v, n := protowire.ConsumeVarint(b)
 	if n < 0 {
 		return 0, nil, protowire.ParseError(n)
