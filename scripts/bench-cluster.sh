@@ -34,6 +34,13 @@ fi
 
 # Inside the running cluster.
 read -r A B _ <<<"$MQTT_ADDRS"
+# Both edges are sampled in every run, the publishers' edge first: the
+# report's broker CPU is theirs together, and each run's line gives each
+# edge's CPU per message. On one machine the two edges share its cores, so
+# cross-edge throughput is bound by the CPU of both; the busier edge's CPU
+# per message is what bounds a cluster whose edges have cores of their own.
+EDGE_A=$(awk '$1 == "edge-0" {print $2}' "$DATA/pids")
+EDGE_B=$(awk '$1 == "edge-1" {print $2}' "$DATA/pids")
 DURATION=${DURATION:-5s} WARMUP=${WARMUP:-1s} REPEAT=${REPEAT:-3}
 CLIENTS=${CLIENTS:-50} INFLIGHT=${INFLIGHT:-1000}
 results=$OUT/results.jsonl
@@ -55,8 +62,9 @@ for window in "$INFLIGHT" "${LAT_INFLIGHT:-50}"; do
         [[ $where == cross-edge ]] && sub=$B
         "$BIN/keel-bench" -scenario pairs -clients "$CLIENTS" -qos "$qos" -size 64 \
           -duration "$DURATION" -warmup "$WARMUP" -inflight "$window" \
-          -pub-addr "$A" -sub-addr "$sub" -broker "$where" -label "qos$qos-$label" -json >>"$results"
-        echo "bench-cluster: qos $qos $label $where run $rep: $(tail -1 "$results" | grep -o '"rate":[0-9.]*\|"p99_us":[0-9.]*' | tr '\n' ' ')"
+          -pub-addr "$A" -sub-addr "$sub" -broker "$where" -label "qos$qos-$label" \
+          -broker-pid "$EDGE_A" -broker-pids "$EDGE_B" -json >>"$results"
+        echo "bench-cluster: qos $qos $label $where run $rep: $(tail -1 "$results" | grep -o '"rate":[0-9.]*\|"p99_us":[0-9.]*\|"broker_cpu_us_per_op_by_process":\[[0-9.,]*\]' | tr '\n' ' ')"
       done
     done
   done

@@ -98,6 +98,10 @@ type Config struct {
 	StallTimeout time.Duration
 	// BrokerPID, if set, is the broker process sampled for CPU and memory.
 	BrokerPID int
+	// BrokerPIDs are more processes of the broker (the other edges of a
+	// cluster): their CPU and memory add to BrokerPID's, and the flow
+	// scenarios also report each process's CPU per message.
+	BrokerPIDs []int
 	// Username and Password are sent in CONNECT when Username is set.
 	Username string
 	Password string
@@ -148,6 +152,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Hold, "hold", 0, fmt.Sprintf("storm/idle: time connected before sampling memory (idle default %s)", DefaultIdleHold))
 	fs.DurationVar(&c.StallTimeout, "stall-timeout", DefaultStallTimeout, "reopen a publisher's window after this long without progress")
 	fs.IntVar(&c.BrokerPID, "broker-pid", 0, "broker pid to sample CPU and RSS from /proc")
+	fs.Func("broker-pids", "comma-separated pids of more broker processes (a cluster's other edges), sampled with -broker-pid", func(v string) error {
+		pids, err := splitPIDs(v)
+		c.BrokerPIDs = pids
+		return err
+	})
 	fs.StringVar(&c.Username, "username", "", "CONNECT username")
 	fs.BoolVar(&c.Persistent, "persistent", false, "subscribers keep persistent sessions (clean session off), ended after the run")
 	fs.StringVar(&c.Password, "password", "", "CONNECT password (needs -username)")

@@ -212,7 +212,7 @@ func runFlow(ctx context.Context, cfg *Config, runID uint32) (*Result, error) {
 		return nil, err
 	}
 
-	smp := sampler{pid: cfg.BrokerPID}
+	smp := newSampler(cfg)
 	f.epoch = time.Now()
 	f.winStart = cfg.Warmup
 	f.winEnd = cfg.Warmup + cfg.Duration
@@ -637,6 +637,11 @@ func (f *flow) result(s0, s1, s2 sample, sentInWindow uint64) *Result {
 		}
 		r.BrokerRSS = s1.broker.rss
 		r.BrokerPeakRSS = s2.broker.hwm
+		if inWindow > 0 && len(s1.each) == len(s0.each) {
+			for i := range s1.each {
+				r.BrokerCPUusPerProc = append(r.BrokerCPUusPerProc, us(s1.each[i]-s0.each[i])/float64(inWindow))
+			}
+		}
 	}
 	return r
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -19,6 +20,22 @@ type procSample struct {
 	cpu time.Duration // utime + stime
 	rss int64         // bytes
 	hwm int64         // peak resident bytes
+}
+
+// splitPIDs parses a comma-separated list of pids.
+func splitPIDs(v string) ([]int, error) {
+	var pids []int
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 {
+			return nil, fmt.Errorf("not a pid: %q", f)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
 }
 
 // readProc reads /proc/<pid>/stat and /proc/<pid>/status.
@@ -119,9 +136,19 @@ func WaitQuiet(ctx context.Context, maxCores float64, timeout time.Duration) flo
 }
 
 // sampler takes broker and self readings; with no pid it samples only self.
+// A broker of several processes (more) is read as their sum, and each
+// one's CPU is kept beside it.
 type sampler struct {
-	pid int
-	err error
+	pid  int
+	more []int
+	err  error
+}
+
+func newSampler(cfg *Config) sampler {
+	if cfg.BrokerPID <= 0 {
+		return sampler{}
+	}
+	return sampler{pid: cfg.BrokerPID, more: cfg.BrokerPIDs}
 }
 
 type sample struct {
@@ -129,16 +156,29 @@ type sample struct {
 	self   time.Duration
 	system time.Duration
 	broker procSample
+	// cpu of each broker process, pid first, then more (set with more).
+	each []time.Duration
 }
 
 func (s *sampler) take() sample {
 	out := sample{at: time.Now(), self: selfCPU(), system: systemBusy()}
-	if s.pid > 0 {
-		b, err := readProc(s.pid)
+	if s.pid <= 0 {
+		return out
+	}
+	for i, pid := range append([]int{s.pid}, s.more...) {
+		b, err := readProc(pid)
 		if err != nil && s.err == nil {
 			s.err = err
 		}
-		out.broker = b
+		out.broker.cpu += b.cpu
+		out.broker.rss += b.rss
+		out.broker.hwm += b.hwm
+		if len(s.more) > 0 {
+			if i == 0 {
+				out.each = make([]time.Duration, 0, 1+len(s.more))
+			}
+			out.each = append(out.each, b.cpu)
+		}
 	}
 	return out
 }

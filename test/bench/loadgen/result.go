@@ -53,6 +53,9 @@ type Result struct {
 	BrokerPeakRSS   int64   `json:"broker_peak_rss_bytes,omitempty"`
 	RSSPerClient    float64 `json:"broker_rss_per_client_bytes,omitempty"`
 	BrokerSampleErr string  `json:"broker_sample_error,omitempty"`
+	// BrokerCPUusPerProc is BrokerCPUusPer of each broker process, in the
+	// order of -broker-pid then -broker-pids (set with -broker-pids).
+	BrokerCPUusPerProc []float64 `json:"broker_cpu_us_per_op_by_process,omitempty"`
 
 	// Errors counts connections that failed during the run; FirstError is
 	// the first of them. A run with errors is not a valid measurement.
@@ -114,6 +117,13 @@ func (r *Result) String() string {
 	if r.BrokerRSS > 0 {
 		fmt.Fprintf(&b, "  broker: %.2f cores, %.2f µs CPU/op, rss %.1f MiB (peak %.1f MiB)\n",
 			r.BrokerCores, r.BrokerCPUusPer, float64(r.BrokerRSS)/(1<<20), float64(r.BrokerPeakRSS)/(1<<20))
+	}
+	if len(r.BrokerCPUusPerProc) > 0 {
+		fmt.Fprintf(&b, "  broker µs CPU/op by process:")
+		for _, v := range r.BrokerCPUusPerProc {
+			fmt.Fprintf(&b, " %.2f", v)
+		}
+		b.WriteString("\n")
 	}
 	if r.BrokerSampleErr != "" {
 		fmt.Fprintf(&b, "  broker sampling: %s\n", r.BrokerSampleErr)

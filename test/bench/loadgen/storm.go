@@ -14,7 +14,7 @@ import (
 // allows, holds them for cfg.Hold, samples the broker, and disconnects them.
 // Storm reports connects/s; idle reports resident memory per client.
 func runStorm(ctx context.Context, cfg *Config, runID uint32) (*Result, error) {
-	smp := sampler{pid: cfg.BrokerPID}
+	smp := newSampler(cfg)
 	clients := make([]*client, cfg.Clients)
 	hists := make([]Histogram, cfg.ConnectConcurrency)
 	var failed atomic.Uint64
