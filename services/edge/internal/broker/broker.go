@@ -652,6 +652,7 @@ func (b *Broker) startWriter(s *session) {
 	b.writers.Add(1)
 	go func() {
 		defer b.writers.Done()
+		growStackForWrite()
 		s.writeLoop()
 	}()
 }
