@@ -194,6 +194,12 @@ func appendTag(b []byte, num protowire.Number, typ protowire.Type) []byte {
 	return append(b, byte(num)<<3|byte(typ))
 }
 
+// This fails to compile when a field number the encoder writes reaches 16,
+// whose tag appendTag would get wrong.
+const _ = uint8(15 - max(fMsgID, fTenant, fTopic, fPayload, fQoS, fRetain, fIngress, fClientID,
+	fContentType, fResponseTopic, fCorrelation, fUserProps, fFormat, fExpiry,
+	fIDEdge, fIDIncarnation, fIDSeq, fPropKey, fPropValue, fFwdMessage, fFwdSharedChosen))
+
 // appendUvarint is protowire.AppendVarint with the one-byte case inlined:
 // most lengths and small values take it.
 func appendUvarint(b []byte, v uint64) []byte {
