@@ -231,7 +231,9 @@ func tryStartClusterOn(t testing.TB, binds []string, rebuildWait time.Duration, 
 			if len(st.Msg.GetRouterMembers()) != n {
 				return fmt.Errorf("node %s sees %d members", tn.url, len(st.Msg.GetRouterMembers()))
 			}
-			if !st.Msg.GetSettled() {
+			// A new table keeps its nodes unsettled for the rebuild wait:
+			// the tests that set a long one look at the wait itself.
+			if !st.Msg.GetSettled() && rebuildWait < time.Second {
 				return fmt.Errorf("node %s is settling the membership", tn.url)
 			}
 		}
@@ -487,6 +489,51 @@ func TestCluster_NewTableWaitsForEdges(t *testing.T) {
 		return nil
 	})
 	require.GreaterOrEqual(t, time.Since(started), wait-100*time.Millisecond)
+}
+
+// While a new table waits for the edges, the edges do not answer publishes
+// from what the node sent them either: its Bloom filters and wildcard table
+// hold only the routes registered so far, and a filter that rules out the
+// anchor of an edge not registered again yet would have that edge's
+// subscribers miss the message. The node is unsettled meanwhile, so the
+// edges send every publish to every edge; once the wait is over and the
+// route sets are in, answers are exact again.
+func TestCluster_NoLocalAnswerFromANewTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a router node")
+	}
+	t.Parallel()
+	const wait = 4 * time.Second
+	nodes, err := tryStartCluster(t, 1, wait)
+	require.NoError(t, err)
+	started := time.Now()
+	e1 := startEdge(t, nodes[0].url, "edge-1", 1)
+	require.NoError(t, e1.Subscribe(t.Context(), "t1", "a/x"))
+	e2 := startEdge(t, nodes[0].url, "edge-2", 1)
+	// The filter of t1 (which holds a/x) reaches edge-2, and rules out b/y,
+	// as if the edge subscribed to it had not registered again yet: edge-2
+	// answers b/y without a lookup, to every edge.
+	testutil.Eventually(t, 2*time.Second, func() error {
+		if _, ok, err := e2.RouteAtOnce("t1", "b/y"); err != nil || !ok {
+			return fmt.Errorf("b/y needs a lookup (%v): no filter yet", err)
+		}
+		return nil
+	})
+	res, _, err := e2.RouteAtOnce("t1", "b/y")
+	require.NoError(t, err)
+	require.Less(t, time.Since(started), wait, "the table is still being rebuilt")
+	require.True(t, res.All, "answered from a table still being rebuilt: %+v", res)
+	require.False(t, nodes[0].node.Settled())
+
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if res, ok, err := e2.RouteAtOnce("t1", "b/y"); err != nil || !ok || res.All || len(res.Edges) > 0 {
+			return fmt.Errorf("b/y: ok %v, %+v, %v", ok, res, err)
+		}
+		return nil
+	})
+	require.GreaterOrEqual(t, time.Since(started), wait-100*time.Millisecond)
+	require.True(t, nodes[0].node.Settled())
+	require.Equal(t, []string{"edge-1"}, route(t, e2, "t1", "a/x"))
 }
 
 // TestCluster_BindAddrNotAnIP: router nodes whose Olric bind address is not

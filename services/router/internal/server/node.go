@@ -62,7 +62,9 @@ type Config struct {
 	// RebuildWait is how long a node that starts a new, empty table answers
 	// lookups with Unavailable while the edges register their routes again:
 	// an answer from a table still being rebuilt would leave out edges whose
-	// subscribers then miss acknowledged messages.
+	// subscribers then miss acknowledged messages. The node is unsettled
+	// meanwhile, so that the edges do not answer from their Bloom filters
+	// and wildcard tables either (see markTable).
 	RebuildWait time.Duration `yaml:"rebuild_wait"`
 	// SettleDelay is how long the router membership must hold still before
 	// the edges are asked to re-send their route sets (see settle.go).
@@ -286,11 +288,21 @@ func (n *Node) Run(ctx context.Context, ready func()) error {
 	}
 	n.mu.Lock()
 	n.members, n.view = n.st.Members(ctx)
-	if !fresh {
+	switch {
+	case !fresh:
 		// Joining a table others serve: they take this node for an owner
 		// as they see it join, not all at once.
 		n.unsettleLocked("router node joined")
-	} else {
+	case n.cfg.RebuildWait > 0:
+		// A new table holds only the routes registered so far, and so do
+		// the Bloom filters and wildcard tables it sends the edges, which
+		// answer most publishes from them without a lookup: a filter that
+		// leaves out the anchor of an edge not yet registered again would
+		// have that edge's subscribers miss the message. Unsettled, the
+		// edges send every publish to every edge until the wait is over
+		// and the route sets are in (advanceSettle).
+		n.unsettleLocked("new routing table")
+	default:
 		n.m.settled.Set(1)
 	}
 	n.mu.Unlock()

@@ -209,7 +209,8 @@ func (n *Node) advanceSettle(ctx context.Context) {
 	n.mu.Unlock()
 	switch phase {
 	case phaseWaiting:
-		if time.Since(since) < n.cfg.SettleDelay || !n.peersAt(ctx, members, view, false) {
+		if time.Since(since) < n.cfg.SettleDelay || time.Now().UnixNano() < n.rebuildUntil.Load() ||
+			!n.peersAt(ctx, members, view, false) {
 			return
 		}
 		n.mu.Lock()
