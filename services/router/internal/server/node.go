@@ -64,7 +64,7 @@ type Config struct {
 	// an answer from a table still being rebuilt would leave out edges whose
 	// subscribers then miss acknowledged messages. The node is unsettled
 	// meanwhile, so that the edges do not answer from their Bloom filters
-	// and wildcard tables either (see markTable).
+	// and wildcard tables either (see Run).
 	RebuildWait time.Duration `yaml:"rebuild_wait"`
 	// SettleDelay is how long the router membership must hold still before
 	// the edges are asked to re-send their route sets (see settle.go).

@@ -146,7 +146,7 @@ func (n *Node) Settled() bool {
 func (n *Node) unsettleLocked(reason string) {
 	s := &n.settle
 	if s.phase == phaseSettled {
-		n.logger.Info("route answers unsettled: edges send every publish to every edge until the router membership settles", "reason", reason)
+		n.logger.Info("route answers unsettled: edges send every publish to every edge until the router's answers are complete again", "reason", reason)
 		n.m.unsettled.Inc()
 		n.m.settled.Set(0)
 		msg := &routerv1.RouteSettle{Settled: false, Reason: reason}
