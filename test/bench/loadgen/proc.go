@@ -136,11 +136,10 @@ func WaitQuiet(ctx context.Context, maxCores float64, timeout time.Duration) flo
 }
 
 // sampler takes broker and self readings; with no pid it samples only self.
-// A broker of several processes (more) is read as their sum, and each
-// one's CPU is kept beside it.
+// A broker of several processes is read as their sum, and each one's CPU
+// is kept beside it.
 type sampler struct {
-	pid  int
-	more []int
+	pids []int // the broker's processes, -broker-pid first
 	err  error
 }
 
@@ -148,7 +147,7 @@ func newSampler(cfg *Config) sampler {
 	if cfg.BrokerPID <= 0 {
 		return sampler{}
 	}
-	return sampler{pid: cfg.BrokerPID, more: cfg.BrokerPIDs}
+	return sampler{pids: append([]int{cfg.BrokerPID}, cfg.BrokerPIDs...)}
 }
 
 type sample struct {
@@ -156,16 +155,14 @@ type sample struct {
 	self   time.Duration
 	system time.Duration
 	broker procSample
-	// cpu of each broker process, pid first, then more (set with more).
+	// cpu of each broker process, in the sampler's order (set for a broker
+	// of several processes).
 	each []time.Duration
 }
 
 func (s *sampler) take() sample {
 	out := sample{at: time.Now(), self: selfCPU(), system: systemBusy()}
-	if s.pid <= 0 {
-		return out
-	}
-	for i, pid := range append([]int{s.pid}, s.more...) {
+	for _, pid := range s.pids {
 		b, err := readProc(pid)
 		if err != nil && s.err == nil {
 			s.err = err
@@ -173,10 +170,7 @@ func (s *sampler) take() sample {
 		out.broker.cpu += b.cpu
 		out.broker.rss += b.rss
 		out.broker.hwm += b.hwm
-		if len(s.more) > 0 {
-			if i == 0 {
-				out.each = make([]time.Duration, 0, 1+len(s.more))
-			}
+		if len(s.pids) > 1 {
 			out.each = append(out.each, b.cpu)
 		}
 	}

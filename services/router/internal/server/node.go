@@ -200,7 +200,8 @@ type Node struct {
 
 	mu      sync.Mutex
 	members []string // live router nodes, sorted; guarded by mu
-	// rebuildUntil (unix ns): lookups are refused until then (markTable).
+	// rebuildUntil (unix ns): lookups are refused, and the node stays
+	// unsettled, until then (markTable, advanceSettle).
 	rebuildUntil atomic.Int64
 	// loaded: the replicas were loaded once (Run); edge streams and lookups
 	// are refused before.
