@@ -12,6 +12,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
@@ -44,7 +45,7 @@ func TestBroker_QoS1RoundTrip(t *testing.T) {
 // acknowledged QoS 1 message is dropped, and they arrive in order.
 func TestBroker_SlowConsumer_PersistentLosesNothing(t *testing.T) {
 	t.Parallel()
-	_, addr := startBroker(t, func(c *Config) {
+	b, addr := startBroker(t, func(c *Config) {
 		c.QueueLen = 8
 		c.SlowConsumerGrace = 50 * time.Millisecond
 	})
@@ -59,6 +60,12 @@ func TestBroker_SlowConsumer_PersistentLosesNothing(t *testing.T) {
 		pub.Publish(uint16(i+1), "t", 1, seqPayload(i))
 		require.Equal(t, uint16(i+1), pub.Expect(packets.Puback).PacketID)
 	}
+	// The publisher was held back at least for the grace, and the wait is
+	// observed.
+	var waits dto.Metric
+	require.NoError(t, b.m.publishWait.Write(&waits))
+	require.GreaterOrEqual(t, waits.GetHistogram().GetSampleCount(), uint64(1))
+	require.GreaterOrEqual(t, waits.GetHistogram().GetSampleSum(), 0.04)
 	// Every message was acknowledged to the publisher. Now read them all.
 	for i := range n {
 		got := sub.Expect(packets.Publish)

@@ -196,8 +196,22 @@ func (s *session) offlineFullLocked(size int) bool {
 	return s.queue.len() >= cfg.OfflineQueueLen || cfg.OfflineQueueBytes > 0 && s.queueBytes+size > cfg.OfflineQueueBytes
 }
 
-// enqueueNow is enqueue without waiting for a takeover to complete.
+// enqueueNow is enqueue without waiting for a takeover to complete. A
+// publisher held back by the session's full queue has its wait observed
+// (keel_edge_publish_backpressure_seconds): the clock is read only then,
+// not for every delivery.
 func (s *session) enqueueNow(d delivery) enqueueResult {
+	var blocked time.Time
+	r := s.enqueueOrWait(d, &blocked)
+	if !blocked.IsZero() {
+		s.b.m.publishWait.Observe(time.Since(blocked).Seconds())
+	}
+	return r
+}
+
+// enqueueOrWait is enqueueNow; blocked is set to when it first waited for
+// queue space.
+func (s *session) enqueueOrWait(d delivery, blocked *time.Time) enqueueResult {
 	s.mu.Lock()
 	if s.moving != nil && s.moving.done {
 		// Moved to another edge, whose copy no longer takes what arrives
@@ -328,7 +342,8 @@ func (s *session) enqueueNow(d delivery) enqueueResult {
 		cl := s.client
 		s.mu.Unlock()
 		if deadline.IsZero() {
-			deadline = time.Now().Add(cfg.SlowConsumerGrace)
+			*blocked = time.Now()
+			deadline = blocked.Add(cfg.SlowConsumerGrace)
 		}
 		wait := time.Until(deadline)
 		if wait <= 0 {
