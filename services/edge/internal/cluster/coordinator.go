@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -42,8 +43,10 @@ type Member struct {
 	OnFence func()
 	OnJoin  func(incarnation uint64)
 
+	// incarnation is read for every forwarded message: an atomic, not a
+	// field under mu, which the publishers' goroutines contended for.
+	incarnation atomic.Uint64
 	mu          sync.Mutex
-	incarnation uint64
 	validUntil  time.Time
 	interval    time.Duration
 	custody     func() uint64 // nil: custody progress is not reported
@@ -83,11 +86,7 @@ func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
 }
 
 // Incarnation returns the current incarnation (0 before the first join).
-func (m *Member) Incarnation() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.incarnation
-}
+func (m *Member) Incarnation() uint64 { return m.incarnation.Load() }
 
 // Valid reports whether the lease is valid now.
 func (m *Member) Valid() bool {
@@ -99,18 +98,11 @@ func (m *Member) Valid() bool {
 // Join takes a lease under a new incarnation (higher than any before: the
 // wall clock in nanoseconds) and returns once the coordinator granted it.
 func (m *Member) Join(ctx context.Context) error {
-	inc := uint64(time.Now().UnixNano())
-	m.mu.Lock()
-	if inc <= m.incarnation {
-		inc = m.incarnation + 1
-	}
-	m.mu.Unlock()
+	inc := max(uint64(time.Now().UnixNano()), m.incarnation.Load()+1)
 	if err := m.renew(ctx, inc); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	m.incarnation = inc
-	m.mu.Unlock()
+	m.incarnation.Store(inc)
 	if m.OnJoin != nil {
 		m.OnJoin(inc)
 	}
