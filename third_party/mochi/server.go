@@ -1018,7 +1018,10 @@ func (s *Server) processPublish(cl *Client, pk *packets.Packet) error {
 	}
 
 	pk.Origin = cl.ID
-	pk.Created = time.Now().Unix()
+	// keel patch: the nanoseconds too, so that a hook stamping the message
+	// need not read the clock again (one read is ~1% of a publish).
+	now := time.Now()
+	pk.Created, pk.Received = now.Unix(), now.UnixNano()
 
 	if expiry := minimum(s.Options.Capabilities.MaximumMessageExpiryInterval,
 		int64(pk.Properties.MessageExpiryInterval)); expiry > 0 {

@@ -130,6 +130,7 @@ type Packet struct {
 	Origin          string        // client id of the client who is issuing the packet (mostly internal use)
 	FixedHeader     FixedHeader   // -
 	Created         int64         // unix timestamp indicating time packet was created/received on the server
+	Received        int64         // keel patch: Created in unix nanoseconds, set with it where a publish is received
 	Expiry          int64         // unix timestamp indicating when the packet will expire and should be deleted
 	Mods            Mods          // internal broker control values for controlling certain mqtt v5 compliance
 	PacketID        uint16        // packet id for the packet (publish, qos, etc)
@@ -212,6 +213,7 @@ func (pk *Packet) Copy(allowTransfer bool) Packet {
 		ReasonCode:     pk.ReasonCode,
 		Filters:        pk.Filters,
 		Created:        pk.Created,
+		Received:       pk.Received,
 		Expiry:         pk.Expiry,
 		Origin:         pk.Origin,
 	}

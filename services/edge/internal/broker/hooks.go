@@ -1179,7 +1179,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 			return packets.ErrRejectPacket
 		}
 	}
-	now := time.Now()
+	// mochi stamps a publish it receives (a keel patch of third_party/mochi):
+	// its clock reading is the message's, and a packet that did not come
+	// that way reads the clock here.
+	now := pk.Received
+	if now == 0 {
+		now = time.Now().UnixNano()
+	}
 	id, resent := MsgID{}, false
 	if pk.FixedHeader.Qos == 2 {
 		if s := b.session(cl.ID); s != nil {
@@ -1199,10 +1205,10 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		Retain:  pk.FixedHeader.Retain,
 		Props:   forwardProps(&pk.Properties),
 		Origin:  cl.ID,
-		Created: now.UnixNano(),
+		Created: now,
 	}
 	if e := pk.Properties.MessageExpiryInterval; e > 0 {
-		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
+		m.Expiry = now/int64(time.Second) + min(int64(e), b.cfg.MaxMessageExpiry)
 	}
 	if resent {
 		// To the edges the first copy's shared groups went to.
