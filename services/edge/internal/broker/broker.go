@@ -575,7 +575,28 @@ func (b *Broker) closeClients() {
 }
 
 // Serve starts the listeners; it does not block.
-func (b *Broker) Serve() error { return b.server.Serve() }
+func (b *Broker) Serve() error {
+	var waiting []durable.Session
+	if rs := b.restore; rs != nil {
+		b.restoredWills(rs.ended, rs.wills)
+		waiting = rs.wills
+		rs.ended, rs.wills = nil, nil
+	}
+	if err := b.server.Serve(); err != nil {
+		return err
+	}
+	if b.singleNode() {
+		// mochi dates a restored session's end from now: where the record
+		// says when its connection ended, the expiry counts from then, as
+		// the will's delay did (§3.1.2.11.2).
+		for i := range waiting {
+			if s := b.session(waiting[i].ID); s != nil {
+				b.countFromEnd(s, &waiting[i])
+			}
+		}
+	}
+	return nil
+}
 
 // Close disconnects every client with 0x8B and stops. Safe to call twice.
 func (b *Broker) Close() error {
@@ -596,10 +617,19 @@ func (b *Broker) Close() error {
 		// the client's resend would be taken for a duplicate.
 		b.ackers.Wait()
 		b.willMu.Lock()
+		var keep []func()
 		for _, pw := range b.wills {
 			pw.stop()
+			if pw.keep != nil {
+				keep = append(keep, pw.keep)
+			}
 		}
 		b.willMu.Unlock()
+		// A single-node edge's wills still waiting for their delay go
+		// out when it starts again; the store closes after this.
+		for _, k := range keep {
+			k()
+		}
 		b.releases.Wait()
 	})
 	return nil

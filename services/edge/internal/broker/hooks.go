@@ -561,7 +561,18 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if at := b.atWill.Load(); at != nil {
 		(*at)(cl)
 	}
-	if will := c.will.Load(); will != nil && !normal && !b.stopping.Load() {
+	will, stopping := c.will.Load(), b.stopping.Load()
+	// On a single-node edge a will that has not gone out when the edge
+	// stops is kept in the store, for the edge to publish when it starts
+	// again: its stop closed the connection (or the will's delay ran on
+	// past it), and that is no normal DISCONNECT [MQTT-3.1.2-8]. An edge
+	// of a cluster leaves its sessions to custodian edges.
+	var keep func()
+	if will != nil && !normal && b.store != nil && b.singleNode() {
+		rec := keptWill(cl, c, will, time.Now(), expire || c.sessionEnds.Load())
+		keep = func() { b.keepWillForRestart(cl.ID, c.epoch, rec) }
+	}
+	if will != nil && !normal && !stopping {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
@@ -571,10 +582,10 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			// when its expiry interval (as the DISCONNECT left it) has.
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
-		b.willAtEnd(cl.ID, c, will, delay)
+		b.willAtEnd(cl.ID, c, will, delay, keep)
 	} else if c.record != nil {
-		// A normal DISCONNECT, or this edge stopping: the will never goes
-		// out, so no custodian may publish it either.
+		// A normal DISCONNECT, or an edge of a cluster stopping: the will
+		// never goes out, so no custodian may publish it either.
 		b.dropStoredWill(cl.ID, c.record)
 	}
 	if c.sess.Load().after(c.epoch) == sessionResumed {
@@ -593,6 +604,10 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		// takeOver): that CONNECT resumes it under its own claim, which
 		// ending it here would release.
 		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, upTo: c.epoch})
+	}
+	if keep != nil && stopping {
+		// After the session's end, which removes its record.
+		keep()
 	}
 }
 

@@ -29,6 +29,10 @@ type restored struct {
 	clients  []storage.Client
 	subs     []storage.Subscription
 	incoming []storage.Message // PUBREC records of inbound QoS 2 messages
+	// ended are the records a single-node edge's stop kept of sessions
+	// that ended with it, for their wills; wills are those of persistent
+	// sessions that hold a will (restoredWills).
+	ended, wills []durable.Session
 }
 
 // Restore attaches durable state and loads persistent sessions and
@@ -63,6 +67,14 @@ func (b *Broker) Restore(st DurableState) error {
 		sc, err := b.scope(tenant)
 		if err != nil {
 			continue
+		}
+		if !rec.Persistent() {
+			// Only the will of a session that ended is left.
+			rs.ended = append(rs.ended, rec)
+			continue
+		}
+		if rec.Will != nil {
+			rs.wills = append(rs.wills, rec)
 		}
 		s, client, subs, incoming := b.adopt(st, sc, toMsg)
 		b.indexSubs(s)
@@ -258,16 +270,9 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 	if b.store == nil {
 		return nil
 	}
-	rec := b.willRecord(durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
-		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
-		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval}, c)
+	rec := b.willRecord(sessionRecord(cl, c), c)
 	if rec != nil {
-		rec.Props, _ = json.Marshal(storage.ClientProperties{
-			ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
-			MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
-			RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
-			RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
-		})
+		rec.Props = recordProps(cl)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
@@ -308,6 +313,26 @@ func (b *Broker) persistSession(cl *mqtt.Client, c *conn) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// sessionRecord is the record of cl's session, without its will and the
+// client's properties (recordProps).
+func sessionRecord(cl *mqtt.Client, c *conn) durable.Session {
+	return durable.Session{ID: cl.ID, Listener: c.listener, Username: cl.Properties.Username,
+		ProtocolVersion: cl.Properties.ProtocolVersion, Clean: cl.Properties.Clean,
+		ExpiryInterval: cl.Properties.Props.SessionExpiryInterval}
+}
+
+// recordProps is the stored form of the CONNECT properties of cl that a
+// session restored from its record gives back to mochi.
+func recordProps(cl *mqtt.Client) json.RawMessage {
+	props, _ := json.Marshal(storage.ClientProperties{
+		ReceiveMaximum: cl.Properties.Props.ReceiveMaximum, TopicAliasMaximum: cl.Properties.Props.TopicAliasMaximum,
+		MaximumPacketSize: cl.Properties.Props.MaximumPacketSize, User: cl.Properties.Props.User,
+		RequestProblemInfo: cl.Properties.Props.RequestProblemInfo, RequestProblemInfoFlag: cl.Properties.Props.RequestProblemInfoFlag,
+		RequestResponseInfo: cl.Properties.Props.RequestResponseInfo,
+	})
+	return props
 }
 
 // errRecordSuperseded refuses to store the record of a connection whose

@@ -216,3 +216,112 @@ func TestBroker_RestoredSessionsAreRouted(t *testing.T) {
 	defer routes.mu.Unlock()
 	require.ElementsMatch(t, []string{"q/#", "s/+"}, routes.added)
 }
+
+// A single-node edge that stops closes its clients' connections: that is
+// not a normal DISCONNECT, so each will goes out after its delay unless
+// the client comes back first [MQTT-3.1.2-8] [MQTT-3.1.3-9], the edge's
+// restart between them. The will of a session that ended with the stop (a
+// 3.1.1 clean session) goes out when the edge is back; so does one whose
+// delay passed while it was down; one whose client comes back in time
+// never does.
+func TestBroker_RestartPublishesTheWillsOfConnectionsItsStopClosed_MQTT_3_1_2_8(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, stop := startDurable(t, dir)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", false, persistentProps)
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
+	_ = watcher.Conn.Close()
+
+	withWill := func(addr, id string, delay uint32) *mqtttest.Client {
+		return connectWithQoS1Will(t, addr, id, 3600, delay)
+	}
+	withWill(addr, "due", 0)
+	withWill(addr, "later", 1)
+	withWill(addr, "back", 3)
+	clean := mqtttest.Dial(t, addr, 4)
+	clean.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "clean",
+			WillFlag: true, WillTopic: "will/clean", WillQos: 1, WillPayload: []byte("clean")}})
+	clean.Expect(packets.Connack)
+	// A normal DISCONNECT discards its will [MQTT-3.1.2-10].
+	left := withWill(addr, "left", 0)
+	left.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	time.Sleep(50 * time.Millisecond)
+	stop()
+
+	addr, _ = startDurable(t, dir)
+	withWill(addr, "back", 3)
+	watcher = mqtttest.Dial(t, addr, 5)
+	require.True(t, watcher.Connect("watcher", false, persistentProps).SessionPresent)
+	got := map[string]bool{}
+	for len(got) < 3 {
+		pk, err := watcher.Read(5 * time.Second)
+		require.NoError(t, err, "wills so far: %v", got)
+		require.False(t, got[pk.TopicName], "will %s twice", pk.TopicName)
+		got[pk.TopicName] = true
+		if pk.PacketID != 0 {
+			watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		}
+	}
+	require.Equal(t, map[string]bool{"will/due": true, "will/clean": true, "will/later": true}, got)
+	// "back" came back within its delay, and "left" said goodbye.
+	pk, err := watcher.Read(3500 * time.Millisecond)
+	require.Error(t, err, "unexpected %s %s", packets.PacketNames[pk.FixedHeader.Type], pk.TopicName)
+}
+
+// connectWithQoS1Will connects id (MQTT 5, Clean Start 0, Session Expiry
+// expiry) with a QoS 1 will of the given delay on will/<id>: QoS 1, so that
+// it is queued for a persistent subscriber that is offline when it goes out.
+func connectWithQoS1Will(t *testing.T, addr, id string, expiry, delay uint32) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
+		Properties: packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: true},
+		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: id,
+			WillFlag: true, WillTopic: "will/" + id, WillQos: 1, WillPayload: []byte(id),
+			WillProperties: packets.Properties{WillDelayInterval: delay}}})
+	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
+	return c
+}
+
+// A will's delay and a session's expiry count from when the connection
+// ended, across a restart of a single-node edge too [MQTT-3.1.3-9]
+// (§3.1.2.11.2): a will still waiting for its delay when the edge stopped
+// goes out after what was left of it, and a session whose expiry passed
+// while the edge was down is gone, its will published.
+func TestBroker_RestartCountsWillDelayAndExpiryFromTheEnd(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, stop := startDurable(t, dir)
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", false, persistentProps)
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
+	_ = watcher.Conn.Close()
+
+	pending := connectWithQoS1Will(t, addr, "pending", 3600, 3)
+	_ = pending.Conn.Close() // its will waits 3 s from here
+	connectWithQoS1Will(t, addr, "short", 1, 10)
+	stop()
+	time.Sleep(1500 * time.Millisecond) // the edge is down
+
+	addr, _ = startDurable(t, dir)
+	restarted := time.Now()
+	// "short" ended a second after the stop closed its connection: its
+	// session is gone...
+	c := mqtttest.Dial(t, addr, 5)
+	require.False(t, c.Connect("short", false, persistentProps).SessionPresent)
+	watcher = mqtttest.Dial(t, addr, 5)
+	require.True(t, watcher.Connect("watcher", false, persistentProps).SessionPresent)
+	got := map[string]time.Duration{}
+	for len(got) < 2 {
+		pk, err := watcher.Read(5 * time.Second)
+		require.NoError(t, err, "wills so far: %v", got)
+		got[pk.TopicName] = time.Since(restarted)
+		watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+	// ...and its will went out with it; "pending" had about 1.5 s left.
+	require.Contains(t, got, "will/short")
+	require.Contains(t, got, "will/pending")
+	require.Less(t, got["will/pending"], 2600*time.Millisecond, "the whole delay again after the restart")
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
+
 	"github.com/keelmq/keel/services/edge/internal/durable"
 )
 
@@ -17,6 +19,10 @@ type pendingWill struct {
 	// copy is the session copy whose connection left the will (nil: not
 	// known); forgetting that copy cancels it (cancelWillOf), and no other.
 	copy *session
+	// keep stores the will for the edge's restart, if the edge stops
+	// while it waits (a single-node edge; nil on an edge of a cluster,
+	// whose custodian takes it over from the shared store).
+	keep func()
 }
 
 // stop stops pw's timer, if it has one: a will a move holds is not armed.
@@ -35,8 +41,10 @@ func (b *Broker) newWill(topic string, payload []byte, qos byte, retain bool, pr
 		Created: time.Now().UnixNano()}
 }
 
-// errStopping refuses to publish a will while the edge stops: the edge,
-// not the client, went away.
+// errStopping refuses to publish a will while the edge stops: the will
+// goes out from where the session goes next, a custodian edge (a cluster's
+// shared store holds it), or this edge when it starts again
+// (keepWillForRestart, a single-node edge).
 var errStopping = errors.New("edge stopping")
 
 // sendWill publishes a will now, and fails unless every recipient took it.
@@ -97,11 +105,11 @@ func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec
 // before the cancel is cancelled, and one decided after it sees the fate.
 // Through the connection alone the takeover cannot reach a connection
 // that left b.conns already, its will on the way here.
-func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32) {
+func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32, keep func()) {
 	b.willMu.Lock()
 	sess := c.sess.Load()
 	pw := &pendingWill{fire: func() { b.publishWill(id, will, c.record) },
-		at: time.Now().Add(time.Duration(delay) * time.Second), copy: sess}
+		at: time.Now().Add(time.Duration(delay) * time.Second), copy: sess, keep: keep}
 	after, parked := sess.afterOrPark(c.epoch, pw)
 	if parked {
 		// Another edge is taking the session over: the will is void if it
@@ -276,5 +284,89 @@ func (b *Broker) dropStoredWill(id string, rec *durable.Session) {
 		// A custodian may publish it again if this edge dies now; with the
 		// same msgID, stored recipients keep it once.
 		b.logger.Warn("will not cleared from the stored session", "client_id", id, "error", err)
+	}
+}
+
+// singleNode reports whether this edge is the whole broker: no other edge
+// takes its sessions over, so a will its stop leaves is its own to publish
+// when it starts again.
+func (b *Broker) singleNode() bool {
+	_, local := b.cluster.Ownership.(*localOwnership)
+	return local
+}
+
+// keptWill is the record that keeps the will of connection c of cl, which
+// ended at at without a normal DISCONNECT, over the edge's restart: the
+// session's record with the will, and with the end, from which the will's
+// delay and the session's expiry count. ended: the session ended with the
+// connection, and only the will is left.
+func keptWill(cl *mqtt.Client, c *conn, will *Message, at time.Time, ended bool) durable.Session {
+	rec := sessionRecord(cl, c)
+	rec.Props = recordProps(cl)
+	rec.Will = &durable.Will{Msg: will.record(), Delay: c.willDelay}
+	rec.Disconnected = at.UnixNano()
+	if ended {
+		rec.ExpiryInterval, rec.Clean = 0, true
+	}
+	return rec
+}
+
+// keepWillForRestart stores rec (keptWill), the will of the connection of
+// session id under the claim of epoch, when a single-node edge stops
+// before the will went out: the client did not leave with a normal
+// DISCONNECT, so its will goes out after its delay unless it comes back
+// first [MQTT-3.1.2-8], and the edge publishes it when it starts again
+// (restoredWills). A newer connection of the client (one the stop has
+// not refused yet) decides the will and owns the record: it is left as
+// it is, under the session's record lock, as persistSession leaves a
+// newer connection's.
+func (b *Broker) keepWillForRestart(id string, epoch uint64, rec durable.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	unlock, err := b.recordWrites.lock(ctx, id)
+	if err != nil {
+		b.logger.Warn("will not kept for the restart", "client_id", id, "error", err)
+		return
+	}
+	defer unlock()
+	if s := b.session(id); s != nil && s.claimedAfter(epoch) || b.establishedClaims.newest(id) > epoch {
+		return
+	}
+	if err := b.store.PutSession(ctx, rec); err != nil {
+		b.logger.Warn("will not kept for the restart", "client_id", id, "error", err)
+	}
+}
+
+// restoredWills publishes or schedules the wills a single-node edge's store
+// kept over its restart (keepWillForRestart): of sessions that ended
+// (published now; their records go) and of persistent sessions whose
+// clients have not come back (after what is left of their delay, counted
+// from when the connection ended, unless the client comes back first). It
+// runs before the listeners open, so that a client connecting at once
+// finds its will waiting and cancels it. An edge of a cluster publishes
+// none: records of ended sessions go, and the rest wait for the shared
+// store's custodians as before.
+func (b *Broker) restoredWills(ended, waiting []durable.Session) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	single := b.singleNode()
+	for _, rec := range ended {
+		if single && rec.Will != nil {
+			b.publishWill(rec.ID, fromRecord(rec.Will.Msg), nil)
+		}
+		if err := b.store.DeleteSession(ctx, rec.ID, true); err != nil {
+			b.logger.Warn("ended session not removed from the store", "client_id", rec.ID, "error", err)
+		}
+	}
+	if !single {
+		return
+	}
+	for i := range waiting {
+		if now := b.scheduleAdoptedWill(waiting[i].ID, &waiting[i]); now != nil {
+			now()
+		}
+	}
+	if n := len(ended) + len(waiting); n > 0 {
+		b.logger.Info("wills kept over the restart published or scheduled", "ended_sessions", len(ended), "waiting", len(waiting))
 	}
 }

@@ -91,7 +91,9 @@ type Session struct {
 	Props           json.RawMessage `json:"props,omitempty"`
 	// Will is the will of the session's last connection, kept while it may
 	// still be published: an edge that takes custody of the session after
-	// its owner died publishes it. Only a shared store holds one.
+	// its owner died publishes it. A shared store holds one; so does a
+	// single-node edge's own store, for a will its stop left, which it
+	// publishes when it starts again.
 	Will *Will `json:"will,omitempty"`
 	// Disconnected is when the session's last connection ended, in unix
 	// nanoseconds, where an edge knew it: a session handed over offline
