@@ -120,6 +120,12 @@ type Broker struct {
 	store   DurableState // nil: memory only
 	cluster Cluster
 	restore *restored // state for mochi to load in Serve
+	// restoredEnds holds, by internal client ID, when the last connection
+	// of each session restored with a kept will ended (restoredWills):
+	// mochi dates the end of a restored client from its load, and the
+	// hook moves it back (OnDisconnect). Written before Serve starts the
+	// listeners, read-only after.
+	restoredEnds map[string]time.Time
 
 	done chan struct{}
 	// stopped ends what waits on other edges when the broker stops.
@@ -576,26 +582,11 @@ func (b *Broker) closeClients() {
 
 // Serve starts the listeners; it does not block.
 func (b *Broker) Serve() error {
-	var waiting []durable.Session
 	if rs := b.restore; rs != nil {
 		b.restoredWills(rs.ended, rs.wills)
-		waiting = rs.wills
 		rs.ended, rs.wills = nil, nil
 	}
-	if err := b.server.Serve(); err != nil {
-		return err
-	}
-	if b.singleNode() {
-		// mochi dates a restored session's end from now: where the record
-		// says when its connection ended, the expiry counts from then, as
-		// the will's delay did (§3.1.2.11.2).
-		for i := range waiting {
-			if s := b.session(waiting[i].ID); s != nil {
-				b.countFromEnd(s, &waiting[i])
-			}
-		}
-	}
-	return nil
+	return b.server.Serve()
 }
 
 // Close disconnects every client with 0x8B and stops. Safe to call twice.
@@ -626,10 +617,18 @@ func (b *Broker) Close() error {
 		}
 		b.willMu.Unlock()
 		// A single-node edge's wills still waiting for their delay go
-		// out when it starts again; the store closes after this.
+		// out when it starts again; the store closes after this. Written
+		// together, they share the store's commits.
+		var kept sync.WaitGroup
+		sem := make(chan struct{}, 64)
 		for _, k := range keep {
-			k()
+			sem <- struct{}{}
+			kept.Go(func() {
+				defer func() { <-sem }()
+				k()
+			})
 		}
+		kept.Wait()
 		b.releases.Wait()
 	})
 	return nil

@@ -63,6 +63,11 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if b.draining.Load() {
 		return refuse(packets.ErrServerUnavailable, "draining")
 	}
+	if b.stopping.Load() {
+		// Its session would be closed at once, and what it wrote could
+		// cross what the stop writes of the connection it replaces.
+		return refuse(packets.ErrServerShuttingDown, "stopping")
+	}
 	now := time.Now()
 	if !b.guard.admit(cl.Net.Listener, now) {
 		b.m.packetErrors.WithLabelValues("connect_rate").Inc()
@@ -500,7 +505,12 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	b := h.b
 	v, ok := b.conns.LoadAndDelete(cl)
 	if !ok {
-		return // refused before the session was established
+		// Refused before the session was established, or a client mochi
+		// restores from the store as it starts (loadClients).
+		if at, ok := b.restoredEnds[cl.ID]; ok {
+			cl.SetStoppedAt(at)
+		}
+		return
 	}
 	c := v.(*conn)
 	// A connection that ended before it was bound (its CONNACK could not be

@@ -72,17 +72,19 @@ func (b *Broker) sendWill(will *Message) error {
 }
 
 // publishWill publishes a will now. rec, when set, is the stored session
-// record that holds it: the will leaves the record once it is out.
-func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) {
+// record that holds it: the will leaves the record once it is out. It
+// returns errStopping, having done nothing, when the edge stops.
+func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) error {
 	if err := b.sendWill(will); err != nil {
 		if errors.Is(err, errStopping) {
-			return
+			return errStopping
 		}
 		b.logger.Error("will not stored for every recipient", "client_id", id, "error", err)
 	}
 	if rec != nil {
 		b.dropStoredWill(id, rec)
 	}
+	return nil
 }
 
 // scheduleWill publishes will after delay unless the session reconnects
@@ -108,7 +110,11 @@ func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec
 func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32, keep func()) {
 	b.willMu.Lock()
 	sess := c.sess.Load()
-	pw := &pendingWill{fire: func() { b.publishWill(id, will, c.record) },
+	pw := &pendingWill{fire: func() {
+		if b.publishWill(id, will, c.record) == errStopping && keep != nil {
+			keep() // due as the edge stops: it goes out when the edge is back
+		}
+	},
 		at: time.Now().Add(time.Duration(delay) * time.Second), copy: sess, keep: keep}
 	after, parked := sess.afterOrPark(c.epoch, pw)
 	if parked {
@@ -292,7 +298,7 @@ func (b *Broker) dropStoredWill(id string, rec *durable.Session) {
 // when it starts again.
 func (b *Broker) singleNode() bool {
 	_, local := b.cluster.Ownership.(*localOwnership)
-	return local
+	return local && (b.store == nil || !b.store.Shared())
 }
 
 // keptWill is the record that keeps the will of connection c of cl, which
@@ -329,7 +335,7 @@ func (b *Broker) keepWillForRestart(id string, epoch uint64, rec durable.Session
 		return
 	}
 	defer unlock()
-	if s := b.session(id); s != nil && s.claimedAfter(epoch) || b.establishedClaims.newest(id) > epoch {
+	if s := b.session(id); s != nil && s.claimedAfter(epoch) || b.establishedClaims.newest(id) > epoch || b.connecting(id, epoch+1) {
 		return
 	}
 	if err := b.store.PutSession(ctx, rec); err != nil {
@@ -361,11 +367,21 @@ func (b *Broker) restoredWills(ended, waiting []durable.Session) {
 	if !single {
 		return
 	}
+	ends := make(map[string]time.Time, len(waiting))
 	for i := range waiting {
 		if now := b.scheduleAdoptedWill(waiting[i].ID, &waiting[i]); now != nil {
 			now()
 		}
+		if at := waiting[i].DisconnectedAt(); !at.IsZero() {
+			ends[waiting[i].ID] = at
+		}
 	}
+	// The session's expiry counts from that end too (§3.1.2.11.2): mochi
+	// dates a restored client's end from its load, and OnDisconnect, which
+	// it calls for each as it loads them, moves it back; before the
+	// listeners open, so that no client resumes a session that expired
+	// while the edge was down, its will published.
+	b.restoredEnds = ends
 	if n := len(ended) + len(waiting); n > 0 {
 		b.logger.Info("wills kept over the restart published or scheduled", "ended_sessions", len(ended), "waiting", len(waiting))
 	}
