@@ -65,8 +65,9 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	}
 	if b.stopping.Load() {
 		// Its session would be closed at once, and what it wrote could
-		// cross what the stop writes of the connection it replaces.
-		return refuse(packets.ErrServerShuttingDown, "stopping")
+		// cross what the stop writes of the connection it replaces. (0x8B
+		// is a DISCONNECT's code, not a CONNACK's [MQTT-3.2.2-8].)
+		return refuse(packets.ErrServerUnavailable, "stopping")
 	}
 	now := time.Now()
 	if !b.guard.admit(cl.Net.Listener, now) {

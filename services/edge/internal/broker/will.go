@@ -335,8 +335,14 @@ func (b *Broker) keepWillForRestart(id string, epoch uint64, rec durable.Session
 		return
 	}
 	defer unlock()
-	if s := b.session(id); s != nil && s.claimedAfter(epoch) || b.establishedClaims.newest(id) > epoch || b.connecting(id, epoch+1) {
+	s := b.session(id)
+	if s != nil && s.claimedAfter(epoch) || b.establishedClaims.newest(id) > epoch || b.connecting(id, epoch+1) {
 		return
+	}
+	if s == nil {
+		// The session ended since the record was made (an operator's
+		// discard, say): only the will is left, and it goes out at once.
+		rec.ExpiryInterval, rec.Clean = 0, true
 	}
 	if err := b.store.PutSession(ctx, rec); err != nil {
 		b.logger.Warn("will not kept for the restart", "client_id", id, "error", err)
