@@ -228,13 +228,11 @@ func TestBroker_RestartPublishesTheWillsOfConnectionsItsStopClosed_MQTT_3_1_2_8(
 	t.Parallel()
 	dir := t.TempDir()
 	addr, stop := startDurable(t, dir)
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", false, persistentProps)
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
-	_ = watcher.Conn.Close()
+	subscribeWillWatcher(t, addr)
 
+	// QoS 1 wills: they are queued for the watcher, offline.
 	withWill := func(addr, id string, delay uint32) *mqtttest.Client {
-		return connectWithQoS1Will(t, addr, id, 3600, delay)
+		return connectExpiringWithWill(t, addr, id, 3600, delay, 1)
 	}
 	withWill(addr, "due", 0)
 	withWill(addr, "later", 1)
@@ -252,7 +250,7 @@ func TestBroker_RestartPublishesTheWillsOfConnectionsItsStopClosed_MQTT_3_1_2_8(
 
 	addr, _ = startDurable(t, dir)
 	withWill(addr, "back", 3)
-	watcher = mqtttest.Dial(t, addr, 5)
+	watcher := mqtttest.Dial(t, addr, 5)
 	require.True(t, watcher.Connect("watcher", false, persistentProps).SessionPresent)
 	got := map[string]bool{}
 	for len(got) < 3 {
@@ -270,19 +268,15 @@ func TestBroker_RestartPublishesTheWillsOfConnectionsItsStopClosed_MQTT_3_1_2_8(
 	require.Error(t, err, "unexpected %s %s", packets.PacketNames[pk.FixedHeader.Type], pk.TopicName)
 }
 
-// connectWithQoS1Will connects id (MQTT 5, Clean Start 0, Session Expiry
-// expiry) with a QoS 1 will of the given delay on will/<id>: QoS 1, so that
-// it is queued for a persistent subscriber that is offline when it goes out.
-func connectWithQoS1Will(t *testing.T, addr, id string, expiry, delay uint32) *mqtttest.Client {
+// subscribeWillWatcher subscribes the persistent session "watcher" to
+// will/# at QoS 1 and leaves it offline: what it gets while the edge is
+// down or restarting waits for it.
+func subscribeWillWatcher(t *testing.T, addr string) {
 	t.Helper()
-	c := mqtttest.Dial(t, addr, 5)
-	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
-		Properties: packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: true},
-		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: id,
-			WillFlag: true, WillTopic: "will/" + id, WillQos: 1, WillPayload: []byte(id),
-			WillProperties: packets.Properties{WillDelayInterval: delay}}})
-	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
-	return c
+	watcher := mqtttest.Dial(t, addr, 5)
+	watcher.Connect("watcher", false, persistentProps)
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
+	_ = watcher.Conn.Close()
 }
 
 // A will's delay and a session's expiry count from when the connection
@@ -294,14 +288,11 @@ func TestBroker_RestartCountsWillDelayAndExpiryFromTheEnd(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	addr, stop := startDurable(t, dir)
-	watcher := mqtttest.Dial(t, addr, 5)
-	watcher.Connect("watcher", false, persistentProps)
-	require.Equal(t, []byte{1}, watcher.Subscribe(1, "will/#", 1).ReasonCodes)
-	_ = watcher.Conn.Close()
+	subscribeWillWatcher(t, addr)
 
-	pending := connectWithQoS1Will(t, addr, "pending", 3600, 3)
+	pending := connectExpiringWithWill(t, addr, "pending", 3600, 3, 1)
 	_ = pending.Conn.Close() // its will waits 3 s from here
-	connectWithQoS1Will(t, addr, "short", 1, 10)
+	connectExpiringWithWill(t, addr, "short", 1, 10, 1)
 	stop()
 	time.Sleep(1500 * time.Millisecond) // the edge is down
 
@@ -311,7 +302,7 @@ func TestBroker_RestartCountsWillDelayAndExpiryFromTheEnd(t *testing.T) {
 	// session is gone...
 	c := mqtttest.Dial(t, addr, 5)
 	require.False(t, c.Connect("short", false, persistentProps).SessionPresent)
-	watcher = mqtttest.Dial(t, addr, 5)
+	watcher := mqtttest.Dial(t, addr, 5)
 	require.True(t, watcher.Connect("watcher", false, persistentProps).SessionPresent)
 	got := map[string]time.Duration{}
 	for len(got) < 2 {

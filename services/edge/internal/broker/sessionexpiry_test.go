@@ -11,14 +11,14 @@ import (
 )
 
 // connectExpiringWithWill connects id (MQTT 5, Clean Start 0) with the Session
-// Expiry Interval expiry and a will of the given delay on will/<id>.
-func connectExpiringWithWill(t *testing.T, addr, id string, expiry, delay uint32) *mqtttest.Client {
+// Expiry Interval expiry and a will of the given delay and QoS on will/<id>.
+func connectExpiringWithWill(t *testing.T, addr, id string, expiry, delay uint32, qos byte) *mqtttest.Client {
 	t.Helper()
 	c := mqtttest.Dial(t, addr, 5)
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect},
 		Properties: packets.Properties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: true},
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Keepalive: 30, ClientIdentifier: id,
-			WillFlag: true, WillTopic: "will/" + id, WillPayload: []byte(id),
+			WillFlag: true, WillTopic: "will/" + id, WillQos: qos, WillPayload: []byte(id),
 			WillProperties: packets.Properties{WillDelayInterval: delay}}})
 	require.Equal(t, packets.CodeSuccess.Code, c.Expect(packets.Connack).ReasonCode)
 	return c
@@ -46,7 +46,7 @@ func TestBroker_SessionExpiredAtConnect_MQTT_3_2_2_3(t *testing.T) {
 	kept.Subscribe(1, "kept/#", 1)
 	_ = kept.Conn.Close()
 
-	expired := connectExpiringWithWill(t, addr, "expiry-gone", 1, 60)
+	expired := connectExpiringWithWill(t, addr, "expiry-gone", 1, 60, 0)
 	expired.Subscribe(1, "gone/#", 1)
 	closed := time.Now()
 	_ = expired.Conn.Close()
@@ -91,7 +91,7 @@ func TestBroker_WillAtSessionExpiryBeforeItsDelay_MQTT_3_1_3_9(t *testing.T) {
 	watcher := mqtttest.Dial(t, addr, 5)
 	watcher.Connect("expiry-watcher", true, packets.Properties{})
 	watcher.Subscribe(1, "will/#", 1)
-	c := connectExpiringWithWill(t, addr, "expiry-will", 60, 30)
+	c := connectExpiringWithWill(t, addr, "expiry-will", 60, 30, 0)
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: packets.ErrUnspecifiedError.Code,
 		Properties: packets.Properties{SessionExpiryInterval: 1, SessionExpiryIntervalFlag: true}})
 	closed := time.Now()
@@ -113,7 +113,7 @@ func TestBroker_ExpiredSessionIsNotTakenOver_MQTT_3_2_2_3(t *testing.T) {
 	watcher.Connect("expiry-watcher", true, packets.Properties{})
 	watcher.Subscribe(1, "will/#", 1)
 	id := b.mustScope(t, "default").ClientID("expiry-moving")
-	c := connectExpiringWithWill(t, addr, "expiry-moving", 1, 60)
+	c := connectExpiringWithWill(t, addr, "expiry-moving", 1, 60, 0)
 	c.Subscribe(1, "moving/#", 1)
 	var s *session
 	require.Eventually(t, func() bool { s = b.session(id); return s != nil }, 5*time.Second, time.Millisecond)
