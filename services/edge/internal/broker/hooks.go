@@ -578,10 +578,12 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	// again: its stop closed the connection (or the will's delay ran on
 	// past it), and that is no normal DISCONNECT [MQTT-3.1.2-8]. An edge
 	// of a cluster leaves its sessions to custodian edges.
+	// The record is made only if the edge stops first: most wills go out,
+	// or are cancelled, long before.
 	var keep func()
 	if will != nil && !normal && b.store != nil && b.singleNode() {
-		rec := keptWill(cl, c, will, time.Now(), expire || c.sessionEnds.Load())
-		keep = func() { b.keepWillForRestart(cl.ID, c.epoch, rec) }
+		ended := time.Now()
+		keep = func() { b.keepWillForRestart(cl.ID, c.epoch, keptWill(cl, c, will, ended)) }
 	}
 	if will != nil && !normal && !stopping {
 		delay := c.willDelay

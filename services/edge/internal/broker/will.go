@@ -302,18 +302,14 @@ func (b *Broker) singleNode() bool {
 }
 
 // keptWill is the record that keeps the will of connection c of cl, which
-// ended at at without a normal DISCONNECT, over the edge's restart: the
+// ended at ended without a normal DISCONNECT, over the edge's restart: the
 // session's record with the will, and with the end, from which the will's
-// delay and the session's expiry count. ended: the session ended with the
-// connection, and only the will is left.
-func keptWill(cl *mqtt.Client, c *conn, will *Message, at time.Time, ended bool) durable.Session {
+// delay and the session's expiry count.
+func keptWill(cl *mqtt.Client, c *conn, will *Message, ended time.Time) durable.Session {
 	rec := sessionRecord(cl, c)
 	rec.Props = recordProps(cl)
 	rec.Will = &durable.Will{Msg: will.record(), Delay: c.willDelay}
-	rec.Disconnected = at.UnixNano()
-	if ended {
-		rec.ExpiryInterval, rec.Clean = 0, true
-	}
+	rec.Disconnected = ended.UnixNano()
 	return rec
 }
 
@@ -340,8 +336,9 @@ func (b *Broker) keepWillForRestart(id string, epoch uint64, rec durable.Session
 		return
 	}
 	if s == nil {
-		// The session ended since the record was made (an operator's
-		// discard, say): only the will is left, and it goes out at once.
+		// The session ended with the connection (a clean session, the
+		// stop's end of it), or since (an operator's discard): only the
+		// will is left, and it goes out as soon as the edge is back.
 		rec.ExpiryInterval, rec.Clean = 0, true
 	}
 	if err := b.store.PutSession(ctx, rec); err != nil {
