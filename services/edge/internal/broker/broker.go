@@ -838,10 +838,12 @@ func (b *Broker) routeAgainNow(cl *mqtt.Client, m *Message, err error) (wait fun
 }
 
 // reroute runs attempt, with backoff, until it succeeds, fails otherwise
-// than by an edge that left, or the forward bound since m's ingress passes;
-// err is the failure that started it. It gives up when the publisher's
-// connection closes: the message is not acknowledged then, and routed
-// later it would follow what the publisher sent since, out of order.
+// than by an edge that left or by routes not settled enough to give an
+// owed group a member ([ErrRoutesUnsettled]), or the forward bound since
+// m's ingress passes; err is the failure that started it. It gives up
+// when the publisher's connection closes: the message is not acknowledged
+// then, and routed later it would follow what the publisher sent since,
+// out of order.
 //
 // The first attempt goes at once: a publisher's failed messages are routed
 // again one after the other, in its order, and each but the first failed
@@ -871,7 +873,7 @@ func (b *Broker) reroute(cl *mqtt.Client, m *Message, err error, bound time.Dura
 			b.m.forwardRetries.WithLabelValues("taken").Inc()
 			return nil
 		}
-		if !errors.Is(err, ErrEdgeLeft) {
+		if !errors.Is(err, ErrEdgeLeft) && !errors.Is(err, ErrRoutesUnsettled) {
 			b.m.forwardRetries.WithLabelValues("gave_up").Inc()
 			return err
 		}

@@ -160,7 +160,8 @@ type Peers interface {
 	Forward(ctx context.Context, m *Message, again *Again) (wait func() error, local SharedChoice, err error)
 	// ForwardShared hands m to one other edge with members of group, for
 	// that group alone, never to notEdge ("": any); ErrNoMember when no
-	// other edge has one.
+	// other edge has one, ErrRoutesUnsettled when none is known while the
+	// routes settle.
 	ForwardShared(ctx context.Context, m *Message, group GroupKey, notEdge string) (wait func() error, err error)
 	// Relay hands m to edge for the given sessions alone: sessions this
 	// edge handed over to it, which m, published before the handover, may
@@ -221,6 +222,13 @@ func (e *NotTaken) Unwrap() error { return e.Err }
 // ErrNoMember is returned when a shared group has no member to take a
 // message.
 var ErrNoMember = errors.New("shared group has no other member")
+
+// ErrRoutesUnsettled is returned when a message owed to a shared group
+// cannot be given a member yet: the router is settling a membership change
+// (or a new table), and its answer names no member of the group where one
+// may be. An answer that settled may name none; this one may just not know
+// them. The message is tried again, never dropped for it.
+var ErrRoutesUnsettled = errors.New("routes unsettled: the group's members are not all known")
 
 // SharedChoice says which shared-subscription groups an edge serves for one
 // message: each group's message goes to one member in the whole cluster,

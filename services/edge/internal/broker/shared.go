@@ -147,13 +147,21 @@ func (b *Broker) RedispatchShared(pm *commonv1.Message, group GroupKey, notEdge 
 // redispatchAttempts bounds the forwards tried for one re-dispatch.
 const redispatchAttempts = 3
 
+// redispatchSettleBound bounds how long a re-dispatch waits for routes
+// that have not settled ([ErrRoutesUnsettled]): longer than the router's
+// settle round and its rebuild wait after every router node was lost.
+const redispatchSettleBound = 30 * time.Second
+
 // redispatchFurther is the rest of a re-dispatch, once no connected member
 // here took the message: a member on another edge (not notEdge), else the
 // queue of a persistent member here, else nobody (counted).
 func (b *Broker) redispatchFurther(from *session, d delivery, key GroupKey, innerFilter, notEdge string) {
 	// A forward that fails (the edge picked went too) is tried again: the
-	// next attempt resolves the group's edges afresh.
-	for attempt := 1; b.cluster.Peers != nil && attempt <= redispatchAttempts; attempt++ {
+	// next attempt resolves the group's edges afresh. Routes that may not
+	// know the group's members yet are waited for, within a bound of their
+	// own: "no member" is only believed from settled routes.
+	settleBy := time.Now().Add(redispatchSettleBound)
+	for attempt := 1; b.cluster.Peers != nil && attempt <= redispatchAttempts; {
 		ctx, cancel := context.WithTimeout(b.stopped, 30*time.Second)
 		wait, err := b.cluster.Peers.ForwardShared(ctx, d.msg, key, notEdge)
 		if err == nil && wait != nil {
@@ -167,10 +175,16 @@ func (b *Broker) redispatchFurther(from *session, d delivery, key GroupKey, inne
 		if errors.Is(err, ErrNoMember) || b.stopped.Err() != nil {
 			break
 		}
-		b.logger.Warn("shared group message not re-dispatched to another edge", "group", key.Name, "attempt", attempt, "error", err)
+		backoff := time.Duration(attempt) * 500 * time.Millisecond
+		if errors.Is(err, ErrRoutesUnsettled) && time.Now().Before(settleBy) {
+			backoff = 200 * time.Millisecond
+		} else {
+			b.logger.Warn("shared group message not re-dispatched to another edge", "group", key.Name, "attempt", attempt, "error", err)
+			attempt++
+		}
 		select {
 		case <-b.stopped.Done():
-		case <-time.After(time.Duration(attempt) * 500 * time.Millisecond):
+		case <-time.After(backoff):
 		}
 	}
 	// Nobody is connected: a persistent member keeps it for when it is.

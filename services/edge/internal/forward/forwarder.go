@@ -226,6 +226,14 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	}
 	// Routed again, a message goes to the groups the first routing chose.
 	everyGroup := route.Unsettled && again == nil
+	if again != nil && route.Unsettled {
+		// Each group owed a member must be given one now, by an edge the
+		// answer names; an unsettled answer may name none where there are
+		// members. Nothing is sent until every group has an edge.
+		if k, ok := unknownGroup(again.Groups, route.Groups); ok {
+			return nil, broker.SharedChoice{}, fmt.Errorf("%w: group %s of %s", broker.ErrRoutesUnsettled, k.Name, k.Filter)
+		}
+	}
 	local := broker.SharedChoice{Chosen: !everyGroup}
 	if again != nil {
 		local.Since = again.Since
@@ -402,6 +410,9 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 		}
 	}
 	if len(others.Edges) == 0 {
+		if route.Unsettled {
+			return nil, fmt.Errorf("%w: group %s of %s", broker.ErrRoutesUnsettled, group.Name, group.Filter)
+		}
 		return nil, broker.ErrNoMember
 	}
 	l, err := f.link(f.pick(tenant, others))
@@ -446,6 +457,18 @@ func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, t
 	}
 	done := l.Send(fm, true)
 	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
+}
+
+// unknownGroup returns the first of owed that routes name no edge for.
+func unknownGroup(owed []broker.GroupKey, routes []GroupRoute) (broker.GroupKey, bool) {
+	for _, k := range owed {
+		if !slices.ContainsFunc(routes, func(g GroupRoute) bool {
+			return g.Name == k.Name && g.Filter == k.Filter && len(g.Edges) > 0
+		}) {
+			return k, true
+		}
+	}
+	return broker.GroupKey{}, false
 }
 
 // dest is one peer a message goes to, with the shared groups it serves.

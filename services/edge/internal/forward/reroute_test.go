@@ -208,6 +208,45 @@ func TestForward_GroupOfAnEdgeThatLeftWhileUnsettledGetsAMemberAgain(t *testing.
 	require.Equal(t, "x", string(got.Payload))
 }
 
+// A group owed a member when a message is routed again is not given up for
+// an unsettled answer that names no edge for it: such an answer may just
+// not know the member yet (its edge has not registered its routes again).
+// The message is routed again until an answer names one, and the publisher
+// is acknowledged only then.
+func TestForward_GroupOwedWaitsForSettledRoutes(t *testing.T) {
+	t.Parallel()
+	rc := startRerouteCluster(t, 20*time.Second)
+	rc.fwd.Redispatch = rc.a.b.RedispatchShared
+	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
+	member := mqtttest.Dial(t, rc.c.mqtt, 5)
+	member.Connect("member", true, packets.Properties{})
+	member.Subscribe(1, "$share/g/t/+", 1)
+	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
+
+	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(1, "t/x", 1, []byte("x"))
+	_, err := member.Read(300 * time.Millisecond)
+	require.Error(t, err, "the group was given to edge-b")
+
+	// edge-b leaves while the router settles: its answer names every live
+	// edge, and no edge for the group yet.
+	rc.routes.set(Route{Unsettled: true, Edges: []Peer{rc.peerC()}}, "")
+	rc.fwd.PeerGone("edge-b")
+	_, err = pub.Read(600 * time.Millisecond)
+	require.Error(t, err, "not acknowledged while no edge is known for the group")
+	_, err = member.Read(10 * time.Millisecond)
+	require.Error(t, err)
+
+	group.Edges = []Peer{rc.peerC()}
+	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
+	require.Equal(t, packets.Puback, pub.Expect(packets.Puback).FixedHeader.Type)
+	require.Equal(t, "x", string(member.Expect(packets.Publish).Payload))
+	require.Equal(t, 1.0, retries(t, rc.reg, "taken"))
+	require.Zero(t, retries(t, rc.reg, "gave_up"))
+}
+
 // When the routes go on naming the edge that left past the forward bound,
 // the publisher is closed without an acknowledgement, and sends again.
 func TestForward_RoutedAgainWithinTheBoundOnly(t *testing.T) {

@@ -267,6 +267,40 @@ func TestServer_OutcomesGoOnTheNewestStream(t *testing.T) {
 	}
 }
 
+// A group message re-dispatched while the router settles is not dropped
+// for an answer that names no other edge with members: the answer may not
+// know them yet. It goes to a member once an answer names its edge.
+func TestForward_SharedRedispatchWaitsForSettledRoutes(t *testing.T) {
+	t.Parallel()
+	a, b, c := startEdge(t, "edge-a"), startEdge(t, "edge-b"), startEdge(t, "edge-c")
+	b.b.SetCluster(broker.Cluster{Reports: b.srv})
+	c.b.SetCluster(broker.Cluster{Reports: c.srv})
+	routes := &switchRoutes{}
+	peerB, peerC := Peer{ID: "edge-b", URL: b.api.URL}, Peer{ID: "edge-c", URL: c.api.URL}
+	routes.set(Route{Groups: []GroupRoute{{Name: "g", Filter: "t/+", Edges: []Peer{peerB}}}}, "")
+	f := connectForwarder(t, a, "edge-a")
+	f.Resolver, f.Redispatch, f.Metrics = routes, a.b.RedispatchShared, NewMetrics(nil)
+	p := &sharedPair{a: a, b: b, fwd: f}
+
+	remote := member(t, b.mqtt, "remote")
+	sent := p.publishN(t, "m", 1)
+	require.Equal(t, sent, readN(t, remote, 1, false))
+
+	// A member joins on edge-c while the router settles, and its answer
+	// does not name edge-c for the group yet. The member on edge-b goes
+	// without acknowledging.
+	routes.set(Route{Unsettled: true, Edges: []Peer{peerB, peerC},
+		Groups: []GroupRoute{{Name: "g", Filter: "t/+", Edges: []Peer{peerB}}}}, "")
+	other := member(t, c.mqtt, "other")
+	_ = remote.Conn.Close()
+	_, err := other.Read(700 * time.Millisecond)
+	require.Error(t, err, "no edge with a member is known yet")
+
+	routes.set(Route{Groups: []GroupRoute{{Name: "g", Filter: "t/+", Edges: []Peer{peerB, peerC}}}}, "")
+	require.Equal(t, sent, readN(t, other, 1, true))
+	require.Eventually(t, func() bool { return p.held() == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
 // unsettledRoutes answers as the router does while settling a membership
 // change: every edge, and a group that names edge-a alone, which the
 // router may have written over.
