@@ -177,13 +177,36 @@ func SessionKey(b []byte, k *commonv1.SessionKey) error {
 // AliasString returns v as a string without copying it: v is part of a
 // message's own copy of its encoding, which nothing writes to.
 func AliasString(v []byte) (string, error) {
-	if !utf8.Valid(v) {
+	if !ValidUTF8(v) {
 		return "", ErrInvalidUTF8
 	}
 	if len(v) == 0 {
 		return "", nil
 	}
 	return unsafe.String(&v[0], len(v)), nil
+}
+
+// ValidUTF8 is utf8.Valid with the all-ASCII case, which names, topics
+// and client IDs nearly always are, checked first in a loop the compiler
+// inlines: utf8.Valid's call and setup cost more than a short string's
+// bytes (11% of decoding a frame of forwarded messages).
+func ValidUTF8(v []byte) bool {
+	for i := 0; i < len(v); i++ {
+		if v[i] >= utf8.RuneSelf {
+			return utf8.Valid(v[i:])
+		}
+	}
+	return true
+}
+
+// ValidUTF8String is [ValidUTF8] for a string.
+func ValidUTF8String(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return utf8.ValidString(s[i:])
+		}
+	}
+	return true
 }
 
 // Tag consumes a field's tag.

@@ -3,6 +3,7 @@ package commonwire
 import (
 	"errors"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -74,4 +75,12 @@ func TestMessage_PayloadCapped(t *testing.T) {
 	_ = append(m.CorrelationData, 'z')
 	require.Equal(t, before, b)
 	require.Equal(t, "t", m.Topic)
+}
+
+func TestValidUTF8(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "a", "acme/sensors/1", "ü", "aü", "ab\xff", "\xff", "abc\xc3", "abcdefgh\xc3\xbc", "a\xed\xa0\x80", "a\u2028b"} {
+		require.Equal(t, utf8.ValidString(s), ValidUTF8String(s), "%q", s)
+		require.Equal(t, utf8.Valid([]byte(s)), ValidUTF8([]byte(s)), "%q", s)
+	}
 }

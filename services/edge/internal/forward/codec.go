@@ -2,7 +2,6 @@ package forward
 
 import (
 	"errors"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -49,7 +48,7 @@ func decodeFrameFast(b []byte, req *edgev1.ForwardRequest) error {
 			if err != nil {
 				return err
 			}
-			if !utf8.Valid(v) {
+			if !commonwire.ValidUTF8(v) {
 				return commonwire.ErrInvalidUTF8
 			}
 			req.EdgeId = string(v)

@@ -2,10 +2,10 @@ package forward
 
 import (
 	"slices"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/keelmq/keel/libs/commonwire"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 )
@@ -65,12 +65,12 @@ func plain(m *broker.Message) (plainMessage, bool) {
 	if m.Origin != "" {
 		_, pm.clientID, _ = tenancy.TenantOfClientID(m.Origin)
 	}
-	if !validUTF8(m.ID.Edge) || !validUTF8(tenant) || !validUTF8(topic) || !validUTF8(pm.clientID) ||
-		!validUTF8(m.Props.ContentType) || !validUTF8(m.Props.ResponseTopic) {
+	if !commonwire.ValidUTF8String(m.ID.Edge) || !commonwire.ValidUTF8String(tenant) || !commonwire.ValidUTF8String(topic) || !commonwire.ValidUTF8String(pm.clientID) ||
+		!commonwire.ValidUTF8String(m.Props.ContentType) || !commonwire.ValidUTF8String(m.Props.ResponseTopic) {
 		return plainMessage{}, false
 	}
 	for _, u := range m.Props.User {
-		if !validUTF8(u.Key) || !validUTF8(u.Val) {
+		if !commonwire.ValidUTF8String(u.Key) || !commonwire.ValidUTF8String(u.Val) {
 			return plainMessage{}, false
 		}
 	}
@@ -207,15 +207,4 @@ func appendUvarint(b []byte, v uint64) []byte {
 		return append(b, byte(v))
 	}
 	return protowire.AppendVarint(b, v)
-}
-
-// validUTF8 is utf8.ValidString with the all-ASCII case, which names and
-// topics nearly always are, checked first in a loop the compiler inlines.
-func validUTF8(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			return utf8.ValidString(s[i:])
-		}
-	}
-	return true
 }

@@ -3,7 +3,6 @@ package forward
 import (
 	"bytes"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
@@ -85,12 +84,6 @@ func TestAppendTag_OneByte(t *testing.T) {
 	}
 	for _, v := range []uint64{0, 1, 0x7f, 0x80, 300, 1 << 40, 1<<64 - 1} {
 		require.Equal(t, protowire.AppendVarint(nil, v), appendUvarint(nil, v), "varint %d", v)
-	}
-}
-
-func TestValidUTF8(t *testing.T) {
-	for _, s := range []string{"", "a", "acme/sensors/1", "ü", "aü", "ab\xff", "\xff", "abc\xc3", "abcdefgh\xc3\xbc", "a\xed\xa0\x80"} {
-		require.Equal(t, utf8.ValidString(s), validUTF8(s), "%q", s)
 	}
 }
 
