@@ -58,7 +58,6 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 	}
 	m := &Message{
 		ID:      MsgID{Edge: pm.GetId().GetEdgeId(), Incarnation: pm.GetId().GetIncarnation(), Seq: pm.GetId().GetSeq()},
-		Topic:   sc.Topic(pm.GetTopic()),
 		Payload: pm.GetPayload(),
 		QoS:     byte(pm.GetQos()),
 		Retain:  pm.GetRetain(),
@@ -66,9 +65,7 @@ func (b *Broker) fromProto(pm *commonv1.Message) (*Message, error) {
 		Props: Props{ContentType: pm.GetContentType(), ResponseTopic: pm.GetResponseTopic(),
 			CorrelationData: pm.GetCorrelationData()},
 	}
-	if pm.GetClientId() != "" {
-		m.Origin = sc.ClientID(pm.GetClientId())
-	}
+	m.Topic, m.Origin = sc.TopicAndClientID(pm.GetTopic(), pm.GetClientId())
 	if pm.GetPayloadFormat() > 0 {
 		m.Props.PayloadFormat, m.Props.PayloadFormatFlag = byte(pm.GetPayloadFormat()), true
 	}

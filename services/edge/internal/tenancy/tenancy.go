@@ -23,6 +23,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"unsafe"
 )
 
 // DefaultTenant is the tenant of clients admitted without credentials.
@@ -111,6 +112,29 @@ func (s *Scope) Topic(t string) string {
 		return s.dollarPrefix + t
 	}
 	return s.topicPrefix + t
+}
+
+// TopicAndClientID returns Topic(t) and ClientID(id) made in one
+// allocation, which they share: a forwarded message needs both, and one
+// allocation fewer per message counts on the receiving edge.
+func (s *Scope) TopicAndClientID(t, id string) (topic, clientID string) {
+	if t == "" || id == "" {
+		if id == "" {
+			return s.Topic(t), ""
+		}
+		return "", s.ClientID(id)
+	}
+	prefix := s.topicPrefix
+	if t[0] == '$' {
+		prefix = s.dollarPrefix
+	}
+	buf := make([]byte, 0, len(prefix)+len(t)+len(s.idPrefix)+len(id))
+	buf = append(append(buf, prefix...), t...)
+	n := len(buf)
+	buf = append(append(buf, s.idPrefix...), id...)
+	// Nothing writes to buf once it is a string.
+	both := unsafe.String(&buf[0], len(buf))
+	return both[:n], both[n:]
 }
 
 // ExternalTopic returns the outside form of an internal topic name or

@@ -30,8 +30,16 @@ func TestScope_RoundTrips(t *testing.T) {
 			require.True(t, ok)
 			require.Equal(t, "acme", tenant)
 			require.Equal(t, tc.outside, ext)
+			for _, id := range []string{"", "dev-1"} {
+				topic, clientID := acme.TopicAndClientID(tc.outside, id)
+				require.Equal(t, in, topic)
+				require.Equal(t, map[bool]string{true: "", false: acme.ClientID(id)}[id == ""], clientID)
+			}
 		})
 	}
+	topic, clientID := acme.TopicAndClientID("", "dev-1")
+	require.Empty(t, topic)
+	require.Equal(t, acme.ClientID("dev-1"), clientID)
 }
 
 func TestScope_Filter(t *testing.T) {
