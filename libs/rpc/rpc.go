@@ -4,6 +4,7 @@
 package rpc
 
 import (
+	"context"
 	"crypto/tls"
 	"math"
 	"net"
@@ -30,9 +31,39 @@ func H2CTransport() *http.Transport {
 		MaxIdleConnsPerHost: 16,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
-		HTTP2:               &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second},
+		HTTP2: &http.HTTP2Config{SendPingTimeout: 10 * time.Second, PingTimeout: 5 * time.Second,
+			MaxReadFrameSize: MaxFrameSize},
 	}
 }
+
+// MaxFrameSize is the largest HTTP/2 frame Keel's clients and servers
+// read. HTTP/2's default, 16 KiB, cut a forwarded frame of a few hundred
+// messages into two or three DATA frames, and the receiver sent a window
+// update (two frames, each its own write) for each: about six small writes
+// and reads on both edges per forwarded frame. A forwarded frame now
+// travels as one DATA frame, answered by one window update.
+const MaxFrameSize = 1 << 20
+
+// WarmUp makes one round trip to baseURL over hc, whatever its answer,
+// before a long-lived stream opens: Go's HTTP/2 client sizes a request
+// body's DATA frames, for the stream's whole life, by the peer's frame size
+// as known when the stream starts, and on a new connection the peer's
+// SETTINGS have not arrived yet (16 KiB then, whatever the peer allows).
+// An answer comes after the peer's SETTINGS on the same connection.
+func WarmUp(ctx context.Context, hc *http.Client, baseURL string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, baseURL, nil)
+	if err != nil {
+		return
+	}
+	if resp, err := hc.Do(req); err == nil {
+		_ = resp.Body.Close()
+	}
+}
+
+// ServerHTTP2 is the HTTP/2 configuration of every Keel server.
+func ServerHTTP2() *http.HTTP2Config { return &http.HTTP2Config{MaxReadFrameSize: MaxFrameSize} }
 
 // H2CClient is an HTTP client on [H2CTransport].
 func H2CClient() *http.Client { return &http.Client{Transport: H2CTransport()} }

@@ -167,7 +167,7 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	// Shutdown does not end server streams (WatchCluster); cancelling their
 	// base context when it starts does, so the stop step is not held up.
 	apiCtx, apiCancel := context.WithCancel(context.Background())
-	a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 10 * time.Second,
+	a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), HTTP2: rpc.ServerHTTP2(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return apiCtx }}
 	a.http.RegisterOnShutdown(apiCancel)

@@ -478,6 +478,9 @@ type Link struct {
 	target uint64
 
 	client edgev1connect.EdgeServiceClient
+	// warm makes a round trip to the peer on the client's connection
+	// (rpc.WarmUp) before a stream opens.
+	warm   func(context.Context)
 	logger *slog.Logger
 	m      *Metrics
 	stop   context.CancelFunc // ends Run (set by the Forwarder)
@@ -542,7 +545,9 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 	// any earlier link's: the clock in nanoseconds is, since no link sends
 	// a frame per nanosecond.
 	return &Link{edgeID: edgeID, incarnation: incarnation, peer: peer, logger: logger, m: m, stop: func() {},
-		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...), wake: make(chan struct{}, 1), acks: make(chan struct{}, 1),
+		client: edgev1connect.NewEdgeServiceClient(hc, baseURL, rpc.ClientOptions(connect.WithGRPC())...),
+		warm:   func(ctx context.Context) { rpc.WarmUp(ctx, hc, baseURL) },
+		wake:   make(chan struct{}, 1), acks: make(chan struct{}, 1),
 		seq: uint64(time.Now().UnixNano())}
 }
 
@@ -619,6 +624,7 @@ func reconnectWait(last time.Duration, acked bool) time.Duration {
 func (l *Link) stream(ctx context.Context) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	l.warm(sctx)
 	st := l.client.Forward(sctx)
 	// End the stream explicitly: the peer's handler (and its server's
 	// shutdown) must not wait on a stream this side abandoned.

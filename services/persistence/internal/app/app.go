@@ -566,7 +566,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.srv = server.New(scfg, a.store, a.metrics, a.status, a.logger.With("component", "server"))
 		mux := http.NewServeMux()
 		mux.Handle(a.srv.Handler())
-		a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), ReadHeaderTimeout: 10 * time.Second}
+		a.http = &http.Server{Handler: mux, Protocols: rpc.ServerProtocols(), HTTP2: rpc.ServerHTTP2(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = a.http.Serve(a.ln) }()
 		a.ops.SetReady(true)
 		a.logger.Info("persistence ready", "api", a.Addr(), "ops", a.ops.Addr(), "backend", a.status().GetBackend(),

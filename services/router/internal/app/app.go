@@ -100,7 +100,7 @@ func (r *Router) Run(ctx context.Context) error {
 	g.Add("ops", func(context.Context) error { return r.ops.Start() }, r.ops.Stop)
 	g.Add("olric", r.st.Start, r.st.Stop)
 	var node *server.Node
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols()}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols(), HTTP2: rpc.ServerHTTP2()}
 	g.Add("api", func(context.Context) error {
 		node, err = server.New(r.cfg.Router, r.st, r.reg, r.logger.With(logging.KeyComponent, "router"))
 		if err != nil {
