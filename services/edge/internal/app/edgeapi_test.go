@@ -61,6 +61,7 @@ func startKickEdge(t *testing.T) *kickEdge {
 	mux.Handle(api.Handler())
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = rpc.ServerProtocols()
+	srv.Config.HTTP2 = rpc.ServerHTTP2()
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return &kickEdge{mqtt: l.Address(), store: st, kicks: api.Kicks, reg: reg,

@@ -176,6 +176,9 @@ func (b *Broker) redispatchFurther(from *session, d delivery, key GroupKey, inne
 			break
 		}
 		backoff := time.Duration(attempt) * 500 * time.Millisecond
+		if errors.Is(err, ErrRoutesUnsettled) && b.index.pickOther(key.Name, innerFilter, from, false) != nil {
+			break // a persistent member here keeps it: nothing is lost by not waiting
+		}
 		if errors.Is(err, ErrRoutesUnsettled) && time.Now().Before(settleBy) {
 			backoff = 200 * time.Millisecond
 		} else {

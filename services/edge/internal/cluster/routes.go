@@ -242,8 +242,11 @@ func (r Resolver) peers(ctx context.Context, res routerclient.Result, mayRefresh
 			}
 			gr.Edges = append(gr.Edges, p)
 		}
-		if len(gr.Edges) == 0 && gone != nil && !res.All {
-			// (Unsettled, every edge serves its own members instead.)
+		if len(gr.Edges) == 0 && gone != nil {
+			// Unsettled too: every live edge then serves its own members,
+			// but the left edges' members are on none of them until their
+			// sessions are adopted, and the group would be owed by no edge
+			// that took the message.
 			return forward.Route{}, gone
 		}
 		if len(gr.Edges) > 0 {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/routerclient"
+	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/forward"
 )
 
@@ -39,4 +41,27 @@ func TestResolver_UnsettledGoesToEveryEdge(t *testing.T) {
 	require.Len(t, got.Groups, 1)
 	require.Equal(t, []string{"e3"}, ids(got.Groups[0].Edges))
 	require.EqualValues(t, 3, got.Edges[slices.IndexFunc(got.Edges, func(p forward.Peer) bool { return p.ID == "e3" })].Incarnation)
+}
+
+// TestResolver_GroupOfLeftEdgesFailsUnsettledToo: a group whose every named
+// edge left fails the route even in an unsettled answer. Every live edge
+// would serve its own members, but the left edges' members are on none of
+// them until their sessions are adopted, and no edge that took the message
+// would owe the group: the publish waits for the routes instead.
+func TestResolver_GroupOfLeftEdgesFailsUnsettledToo(t *testing.T) {
+	t.Parallel()
+	url, _ := startCoordinator(t, 10*time.Second)
+	c := NewClient(url)
+	m := &Member{Client: c, ID: "edge-a", Address: "127.0.0.1:1883", Logger: testutil.Logger(t)}
+	require.NoError(t, m.Join(t.Context()))
+	r := Resolver{Self: "edge-a", Peers: &Peers{Client: c}}
+	for _, all := range []bool{false, true} {
+		_, err := r.peers(t.Context(), routerclient.Result{All: all,
+			Groups: []routerclient.Group{{Name: "g", Filter: "a/#", Edges: []string{"edge-gone"}}}}, true)
+		require.ErrorIs(t, err, forward.ErrPeerLeft, "unsettled: %v", all)
+	}
+	got, err := r.peers(t.Context(), routerclient.Result{All: true,
+		Groups: []routerclient.Group{{Name: "g", Filter: "a/#", Edges: []string{"edge-gone", "edge-a"}}}}, true)
+	require.NoError(t, err, "a group with a live edge left is served")
+	require.Len(t, got.Groups, 1)
 }

@@ -35,6 +35,7 @@ func serveAPI(t *testing.T, srv *Server) *httptest.Server {
 	mux.Handle(srv.Handler())
 	ts := httptest.NewUnstartedServer(mux)
 	ts.Config.Protocols = rpc.ServerProtocols()
+	ts.Config.HTTP2 = rpc.ServerHTTP2()
 	ts.Start()
 	t.Cleanup(ts.Close)
 	return ts
