@@ -57,14 +57,21 @@ func startCoordinator(t *testing.T, ttl time.Duration, extra ...string) (string,
 	return "http://" + api, cmd.Process
 }
 
+// joinedEdgeA starts a coordinator (lease TTL 10 s) and joins edge-a to it.
+func joinedEdgeA(t *testing.T) *Member {
+	t.Helper()
+	url, _ := startCoordinator(t, 10*time.Second)
+	m := &Member{Client: NewClient(url), ID: "edge-a", Address: "127.0.0.1:1883", Logger: testutil.Logger(t)}
+	require.NoError(t, m.Join(t.Context()))
+	return m
+}
+
 // Claims against a real coordinator: epochs grow per session, the previous
 // owner is reported, and a burst of concurrent claims goes out in batches.
 func TestOwnership_Claims(t *testing.T) {
 	t.Parallel()
-	url, _ := startCoordinator(t, 10*time.Second)
-	c := NewClient(url)
-	m := &Member{Client: c, ID: "edge-a", Address: "127.0.0.1:1883", Logger: testutil.Logger(t)}
-	require.NoError(t, m.Join(t.Context()))
+	m := joinedEdgeA(t)
+	c := m.Client
 	o := &Ownership{Client: c, Member: m, MaxBatch: 64, Linger: time.Millisecond}
 
 	g1, err := o.Claim(t.Context(), "acme", "dev-1")

@@ -4,12 +4,10 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/routerclient"
-	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/forward"
 )
 
@@ -50,11 +48,7 @@ func TestResolver_UnsettledGoesToEveryEdge(t *testing.T) {
 // would owe the group: the publish waits for the routes instead.
 func TestResolver_GroupOfLeftEdgesFailsUnsettledToo(t *testing.T) {
 	t.Parallel()
-	url, _ := startCoordinator(t, 10*time.Second)
-	c := NewClient(url)
-	m := &Member{Client: c, ID: "edge-a", Address: "127.0.0.1:1883", Logger: testutil.Logger(t)}
-	require.NoError(t, m.Join(t.Context()))
-	r := Resolver{Self: "edge-a", Peers: &Peers{Client: c}}
+	r := Resolver{Self: "edge-a", Peers: &Peers{Client: joinedEdgeA(t).Client}}
 	for _, all := range []bool{false, true} {
 		_, err := r.peers(t.Context(), routerclient.Result{All: all,
 			Groups: []routerclient.Group{{Name: "g", Filter: "a/#", Edges: []string{"edge-gone"}}}}, true)

@@ -142,22 +142,30 @@ func TestForward_RoutedAgainAfterPeerLeft(t *testing.T) {
 	require.Zero(t, retries(t, rc.reg, "gave_up"))
 }
 
+// startGroupRerouteCluster is a reroute cluster whose edge A re-dispatches
+// group messages and whose edge C reports on them, with a member of
+// $share/g/t/+ on edge C and a route for the group to edge B.
+func startGroupRerouteCluster(t *testing.T) (*rerouteCluster, *mqtttest.Client, GroupRoute) {
+	t.Helper()
+	rc := startRerouteCluster(t, 20*time.Second)
+	rc.fwd.Redispatch = rc.a.b.RedispatchShared
+	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
+	member := mqtttest.Dial(t, rc.c.mqtt, 5)
+	member.Connect("member", true, packets.Properties{})
+	member.Subscribe(1, "$share/g/t/+", 1)
+	return rc, member, GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
+}
+
 // A QoS 1 group message whose chosen edge left before taking it goes to a
 // member elsewhere when routed again: the link kept it for a report, but
 // re-dispatches only what a peer took. The edge's plain subscribers that
 // had it get nothing twice.
 func TestForward_GroupOfAnEdgeThatLeftGetsAMemberAgain(t *testing.T) {
 	t.Parallel()
-	rc := startRerouteCluster(t, 20*time.Second)
-	rc.fwd.Redispatch = rc.a.b.RedispatchShared
-	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
+	rc, member, group := startGroupRerouteCluster(t)
 	plain := mqtttest.Dial(t, rc.c.mqtt, 5)
 	plain.Connect("plain", true, packets.Properties{})
 	plain.Subscribe(1, "t/+", 1)
-	member := mqtttest.Dial(t, rc.c.mqtt, 5)
-	member.Connect("member", true, packets.Properties{})
-	member.Subscribe(1, "$share/g/t/+", 1)
-	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
 	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
 	time.Sleep(pastSkew)
 
@@ -215,13 +223,7 @@ func TestForward_GroupOfAnEdgeThatLeftWhileUnsettledGetsAMemberAgain(t *testing.
 // is acknowledged only then.
 func TestForward_GroupOwedWaitsForSettledRoutes(t *testing.T) {
 	t.Parallel()
-	rc := startRerouteCluster(t, 20*time.Second)
-	rc.fwd.Redispatch = rc.a.b.RedispatchShared
-	rc.c.b.SetCluster(broker.Cluster{Reports: rc.c.srv})
-	member := mqtttest.Dial(t, rc.c.mqtt, 5)
-	member.Connect("member", true, packets.Properties{})
-	member.Subscribe(1, "$share/g/t/+", 1)
-	group := GroupRoute{Name: "g", Filter: "t/+", Edges: []Peer{rc.peerB()}}
+	rc, member, group := startGroupRerouteCluster(t)
 	rc.routes.set(Route{Edges: []Peer{rc.peerC()}, Groups: []GroupRoute{group}}, "")
 
 	pub := mqtttest.Dial(t, rc.a.mqtt, 5)
