@@ -730,7 +730,17 @@ func (b *Broker) storeDisconnectExpiry(cl *mqtt.Client, c *conn, s *session) {
 // expired has raised the session's epoch to its claim's and stored its
 // record, and ended here the session would take them along (the record
 // deleted, the live connection's claim released).
+//
+// A single-node edge that stops (not one drained through its API, which
+// goes on serving) ends no session on its tick. Ended here, the session
+// would take its stored record along, and with it the will its end
+// publishes, which the stop keeps for the restart (errStopping). Started
+// again, the edge finds the session expired, its end dated from its
+// connection's, and ends it then, will included.
 func (h *hook) OnClientExpired(cl *mqtt.Client) {
+	if h.b.stopping.Load() && !h.b.draining.Load() && h.b.singleNode() {
+		return
+	}
 	done, ok := h.b.establishing.enterIdle(cl.ID)
 	if !ok {
 		return // a CONNECT is being established: its check decides

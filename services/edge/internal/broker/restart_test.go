@@ -316,3 +316,39 @@ func TestBroker_RestartCountsWillDelayAndExpiryFromTheEnd(t *testing.T) {
 	require.Contains(t, got, "will/pending")
 	require.Less(t, got["will/pending"], 2600*time.Millisecond, "the whole delay again after the restart")
 }
+
+// A session that expires while a single-node edge stops is not ended by
+// the stop, which would delete its record and the will its end publishes
+// and the stop keeps: the edge started again finds it expired, ends it, and
+// publishes the will once [MQTT-3.1.2-8].
+func TestBroker_SessionExpiringAsTheEdgeStopsKeepsItsWill(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	b, addr, stop := openDurable(t, dir)
+	t.Cleanup(stop)
+	subscribeWillWatcher(t, addr)
+
+	id := b.mustScope(t, "default").ClientID("expiring")
+	c := connectExpiringWithWill(t, addr, "expiring", 1, 30, 1)
+	_ = c.Conn.Close()
+	require.Eventually(t, func() bool {
+		b.willMu.Lock()
+		defer b.willMu.Unlock()
+		return b.wills[id] != nil
+	}, 5*time.Second, 10*time.Millisecond, "the will waits for its delay")
+	b.stopping.Store(true)              // the stop has begun
+	time.Sleep(2200 * time.Millisecond) // mochi's tick, once a second, comes past the session's expiry
+	stop()
+
+	addr, _ = startDurable(t, dir)
+	watcher := mqtttest.Dial(t, addr, 5)
+	require.True(t, watcher.Connect("watcher", false, persistentProps).SessionPresent)
+	pk, err := watcher.Read(5 * time.Second)
+	require.NoError(t, err, "the will of the session that expired as the edge stopped")
+	require.Equal(t, "will/expiring", pk.TopicName)
+	watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	_, err = watcher.Read(time.Second)
+	require.Error(t, err, "the will goes out once")
+	c = mqtttest.Dial(t, addr, 5)
+	require.False(t, c.Connect("expiring", false, persistentProps).SessionPresent, "the session ended")
+}
