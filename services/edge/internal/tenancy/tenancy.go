@@ -108,26 +108,28 @@ func (s *Scope) Topic(t string) string {
 	if t == "" {
 		return ""
 	}
+	return s.prefixOf(t) + t
+}
+
+// prefixOf is the prefix of the internal form of non-empty topic t.
+func (s *Scope) prefixOf(t string) string {
 	if t[0] == '$' {
-		return s.dollarPrefix + t
+		return s.dollarPrefix
 	}
-	return s.topicPrefix + t
+	return s.topicPrefix
 }
 
 // TopicAndClientID returns Topic(t) and ClientID(id) made in one
 // allocation, which they share: a forwarded message needs both, and one
 // allocation fewer per message counts on the receiving edge.
 func (s *Scope) TopicAndClientID(t, id string) (topic, clientID string) {
-	if t == "" || id == "" {
-		if id == "" {
-			return s.Topic(t), ""
-		}
+	if id == "" {
+		return s.Topic(t), ""
+	}
+	if t == "" {
 		return "", s.ClientID(id)
 	}
-	prefix := s.topicPrefix
-	if t[0] == '$' {
-		prefix = s.dollarPrefix
-	}
+	prefix := s.prefixOf(t)
 	buf := make([]byte, 0, len(prefix)+len(t)+len(s.idPrefix)+len(id))
 	buf = append(append(buf, prefix...), t...)
 	n := len(buf)
