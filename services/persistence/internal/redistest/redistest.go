@@ -301,3 +301,29 @@ func (n *Node) parseInt(v string) int64 {
 	}
 	return i
 }
+
+// SetRate runs redis-benchmark's pipelined SET (-P 16, one key) against
+// the node and returns its requests per second, or 0 when redis-benchmark
+// is not installed: the reference a write benchmark's rate is a share of,
+// taken just before it so that both see the same machine (its speed moves
+// by 2x within minutes).
+func (n *Node) SetRate(t testing.TB) float64 {
+	out, err := exec.Command("redis-benchmark", "-h", "127.0.0.1", "-p", strconv.Itoa(n.port),
+		"-P", "16", "-t", "set", "-n", "500000", "-q").CombinedOutput()
+	if err != nil {
+		t.Logf("redis-benchmark: %v", err)
+		return 0
+	}
+	// The last report: "SET: 236630.39 requests per second, p50=...".
+	text := string(out)
+	i := strings.LastIndex(text, "SET: ")
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(text[i+len("SET: "):])
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
+}

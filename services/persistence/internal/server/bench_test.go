@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,7 +60,7 @@ func BenchmarkServer_Write(b *testing.B) {
 				name += "/drained"
 			}
 			b.Run(name, func(b *testing.B) {
-				set := setRate(b, g.Primary.Addr)
+				set := g.Primary.SetRate(b)
 				ts := startServer(b, benchStore(b, g, c.wait))
 				const streams = 16
 				payload := make([]byte, 64)
@@ -183,29 +181,6 @@ func BenchmarkServer_Write(b *testing.B) {
 			})
 		}
 	}
-}
-
-// setRate runs redis-benchmark's pipelined SET against addr and returns
-// its requests per second, or 0 when it is not installed.
-func setRate(b *testing.B, addr string) float64 {
-	out, err := exec.Command("redis-benchmark", "-h", "127.0.0.1", "-p", addr[strings.LastIndexByte(addr, ':')+1:],
-		"-P", "16", "-t", "set", "-n", "500000", "-q").CombinedOutput()
-	if err != nil {
-		b.Logf("redis-benchmark: %v", err)
-		return 0
-	}
-	// The last report: "SET: 236630.39 requests per second, p50=...".
-	text := string(out)
-	i := strings.LastIndex(text, "SET: ")
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(text[i+len("SET: "):])
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }
 
 // processCPU is the CPU time this process used (user and system): in the

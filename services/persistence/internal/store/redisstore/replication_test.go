@@ -76,7 +76,9 @@ func TestRedisStore_ReplicaRefusesAsUnavailable(t *testing.T) {
 }
 
 // BenchmarkRedisStore_Append measures acknowledged records per second
-// (appended, replicated to one of two replicas, WAIT 1) at a batch size;
+// (appended, replicated to one of two replicas, WAIT 1) at a batch size,
+// and as a share of SET on the same primary (x-set; see
+// BenchmarkRedisStore_WriteFloor for what the format allows);
 // "-took" marks every entry a QoS 2 delivery to remember (TookQoS2), past
 // the list's bound from the first thousand records on.
 func BenchmarkRedisStore_Append(b *testing.B) {
@@ -106,6 +108,7 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 				require.NoError(b, s.Activate(ctx, keys[i], f))
 			}
 			payload := make([]byte, 64)
+			set := g.Primary.SetRate(b)
 			b.ResetTimer()
 			start, cpu0, script0 := time.Now(), g.CPU(), g.Primary.CommandTime("evalsha")
 			list0 := g.Primary.CommandTime("rpush") + g.Primary.CommandTime("ltrim")
@@ -136,7 +139,11 @@ func BenchmarkRedisStore_Append(b *testing.B) {
 			for range writers {
 				require.NoError(b, <-done)
 			}
-			b.ReportMetric(float64(per*writers)/time.Since(start).Seconds(), "records/s")
+			rate := float64(per*writers) / time.Since(start).Seconds()
+			b.ReportMetric(rate, "records/s")
+			if set > 0 {
+				b.ReportMetric(rate/set, "x-set")
+			}
 			b.ReportMetric(float64((g.CPU()-cpu0).Microseconds())/float64(per*writers), "redis-cpu-us/record")
 			b.ReportMetric(float64((g.Primary.CommandTime("evalsha")-script0).Nanoseconds())/1e3/float64(per*writers), "script-us/record")
 			if bc.took {
