@@ -278,3 +278,70 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 		require.NotNil(t, b.session(b.mustScope(t, "default").ClientID(client)), "the session goes on: only its will's delay has passed")
 	})
 }
+
+// A draining edge of a cluster is a member still, and routes: a session
+// that ends on it during the drain publishes the will of its last
+// connection from there, for no handover carries a session that ended,
+// and the end removes the stored record that holds the will. It ends so
+// when its expiry passes (mochi's tick, or the custodian's takeover
+// finding it expired), or when its client starts clean on another edge.
+// The will goes out once, and leaves the store.
+func TestBroker_SessionEndingOnADrainingEdgePublishesItsWill(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, b *Broker, client string, epoch uint64)
+	}{
+		{"expired", func(t *testing.T, b *Broker, client string, epoch uint64) {
+			time.Sleep(1200 * time.Millisecond) // past the session's expiry of 1 s
+			// The custodian's takeover finds it expired, if mochi's tick
+			// has not ended it yet.
+			_, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-custodian", epoch+1, false)
+			require.NoError(t, err)
+			require.Empty(t, state, "an expired session is handed over")
+		}},
+		{"clean_start_elsewhere", func(t *testing.T, b *Broker, client string, epoch uint64) {
+			owned, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, true)
+			require.NoError(t, err)
+			require.True(t, owned)
+			require.Empty(t, state)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, st, addr := servingOnSharedStore(t)
+			client := "ending-" + tc.name
+			id := b.mustScope(t, "default").ClientID(client)
+			watcher := willWatcher(t, addr, "will/"+client)
+			c := connectExpiringWithWill(t, addr, client, 1, 60, 1)
+			epoch := waitBound(t, b, id)
+			_ = c.Conn.Close()
+			testutil.Eventually(t, 5*time.Second, func() error {
+				b.willMu.Lock()
+				defer b.willMu.Unlock()
+				if b.wills[id] == nil {
+					return errors.New("no will waiting")
+				}
+				return nil
+			})
+			// The drain has begun; the watcher stays connected to see
+			// what the edge publishes.
+			b.draining.Store(true)
+			b.stopping.Store(true)
+			tc.end(t, b, client, epoch)
+
+			pk := watcher.Expect(packets.Publish)
+			require.Equal(t, "will/"+client, pk.TopicName)
+			require.Equal(t, []byte(client), pk.Payload)
+			watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+			pk, err := watcher.Read(1500 * time.Millisecond)
+			require.Error(t, err, "a second will: type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if _, ok, err := st.LoadSession(t.Context(), id); err != nil || ok {
+					return fmt.Errorf("the ended session's record is still stored (%v)", err)
+				}
+				return nil
+			})
+		})
+	}
+}

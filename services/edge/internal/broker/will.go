@@ -47,9 +47,31 @@ func (b *Broker) newWill(topic string, payload []byte, qos byte, retain bool, pr
 // (keepWillForRestart, a single-node edge).
 var errStopping = errors.New("edge stopping")
 
+// willsHeldBack reports whether a will due now cannot go out from this
+// edge: it stops. A draining edge of a cluster is a member still, and
+// routes, until it closes: a will its timer makes due waits for the
+// session's handover all the same (armLocked), but one due because its
+// session ended here (its expiry passed, or its client started clean on
+// another edge) has no handover to carry it, and the end removes the
+// stored record that holds it, so it goes out from here.
+func (b *Broker) willsHeldBack() bool {
+	if !b.stopping.Load() {
+		return false
+	}
+	if !b.draining.Load() || b.singleNode() {
+		return true
+	}
+	select {
+	case <-b.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // sendWill publishes a will now, and fails unless every recipient took it.
 func (b *Broker) sendWill(will *Message) error {
-	if b.stopping.Load() {
+	if b.willsHeldBack() {
 		return errStopping
 	}
 	now := time.Now()
