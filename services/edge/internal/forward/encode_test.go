@@ -89,27 +89,35 @@ func TestAppendTag_OneByte(t *testing.T) {
 
 // A frame whose messages travel pre-encoded (Link.request) decodes, with the
 // runtime and with the receiving edge's own decoder, to the request the
-// runtime would have sent, in frame order, pre-encoded and marshalled
-// messages mixed.
+// runtime would have sent, in frame order, pre-encoded, marshalled and
+// plain QoS 0 messages (in runs) mixed.
 func TestLinkRequest_PreEncodedMessagesInOrder(t *testing.T) {
 	acme := scopeOf(t, "acme")
 	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", testutil.Logger(t), nil)
 	want := &edgev1.ForwardRequest{EdgeId: "edge-a", Incarnation: 3}
-	for i := range 5 {
+	for i := range 9 {
 		m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 3, Seq: uint64(i)},
 			Topic: acme.Topic("t"), Payload: []byte{byte(i)}, QoS: 1}
+		if i%3 == 0 || i == 4 {
+			m.QoS = 0
+		}
 		fm := &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true}
-		if i%2 == 1 {
+		raw, ok := appendForwardMessage(nil, m)
+		require.True(t, ok)
+		switch {
+		case i == 1 || i == 5:
 			fm.Shared = []*edgev1.SharedTarget{{Group: "g", Filter: "t"}}
 			l.Send(proto.CloneOf(fm), false)
-		} else {
-			raw, ok := appendForwardMessage(nil, m)
-			require.True(t, ok)
+		case m.QoS == 0:
+			l.sendPlain(raw, 1) // 3 and 4 share a run
+			clear(raw)          // the caller's to reuse
+		default:
 			l.send(&pending{raw: raw, size: 1}, false)
 		}
 		want.Messages = append(want.Messages, fm)
 	}
 	f := l.nextFrame() // encodes the messages with shared targets
+	require.Equal(t, 9, f.count)
 	want.Seq = f.seq
 	wire, err := proto.Marshal(l.request(f))
 	require.NoError(t, err)
@@ -118,6 +126,52 @@ func TestLinkRequest_PreEncodedMessagesInOrder(t *testing.T) {
 	require.True(t, proto.Equal(want, &byRuntime), "runtime: %v", &byRuntime)
 	require.NoError(t, decodeForwardRequest(wire, &byHand))
 	require.True(t, proto.Equal(want, &byHand), "hand: %v", &byHand)
+}
+
+// Plain QoS 0 messages share runs of at most runMessages, and a frame takes
+// runs up to maxFrameMessages messages (a run may take it past them): the
+// frames carry every message once, in the order sent.
+func TestLink_PlainRunsFillFramesInOrder(t *testing.T) {
+	acme := scopeOf(t, "acme")
+	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", testutil.Logger(t), nil)
+	const n = 3*maxFrameMessages + 17
+	for i := range n {
+		m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 3, Seq: uint64(i)}, Topic: acme.Topic("t"), Payload: []byte{byte(i)}}
+		raw, ok := appendForwardMessage(nil, m)
+		require.True(t, ok)
+		if i == 100 {
+			m.QoS = 1 // a message of its own between two runs
+			raw, _ = appendForwardMessage(nil, m)
+			l.send(&pending{raw: raw, size: 1}, false)
+			continue
+		}
+		l.sendPlain(raw, 1)
+	}
+	var seqs []uint64
+	for {
+		f := l.nextFrame()
+		if f == nil {
+			break
+		}
+		require.LessOrEqual(t, f.count, maxFrameMessages+runMessages-1)
+		if len(seqs)+f.count < n {
+			require.GreaterOrEqual(t, f.count, maxFrameMessages, "a frame that is not the last is full")
+		}
+		wire, err := proto.Marshal(l.request(f))
+		require.NoError(t, err)
+		var req edgev1.ForwardRequest
+		require.NoError(t, decodeForwardRequest(wire, &req))
+		require.Len(t, req.GetMessages(), f.count)
+		for _, fm := range req.GetMessages() {
+			seqs = append(seqs, fm.GetMessage().GetId().GetSeq())
+		}
+		l.acked(f.seq) // the window has room for the next
+	}
+	require.Len(t, seqs, n)
+	for i, s := range seqs {
+		require.Equal(t, uint64(i), s)
+	}
+	require.Zero(t, l.queued)
 }
 
 // FuzzAppendForwardMessage holds the encoder to the runtime: whatever it
@@ -212,4 +266,47 @@ func TestLink_UnencodableMessageFailsAlone(t *testing.T) {
 	}
 	l.acked(f.seq)
 	require.NoError(t, <-okDone)
+}
+
+// BenchmarkLink_QoS0 is what a link costs a forwarded QoS 0 message on the
+// sending edge, from its encoding to its frame's request marshalled and
+// acknowledged: as a struct of its own with its own encoding (pending), or
+// encoded into a buffer reused and copied into the run at the queue's tail
+// (run, sendPlain).
+func BenchmarkLink_QoS0(b *testing.B) {
+	acme := scopeOf(b, "acme")
+	m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 7, Seq: 123456},
+		Topic: acme.Topic("bench/pair/17"), Payload: make([]byte, 64), Origin: acme.ClientID("kb-p17"), Created: 1_700_000_000_000_000_000}
+	for _, c := range []struct {
+		name string
+		send func(l *Link, scratch []byte) []byte
+	}{
+		{"pending", func(l *Link, _ []byte) []byte {
+			raw, _ := appendForwardMessage(nil, m)
+			l.send(&pending{raw: raw, size: len(m.Payload)}, false)
+			return nil
+		}},
+		{"run", func(l *Link, scratch []byte) []byte {
+			raw, _ := appendForwardMessage(scratch[:0], m)
+			l.sendPlain(raw, len(m.Payload))
+			return raw
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			l := NewLink("edge-a", 7, "edge-b", "http://127.0.0.1:1", testutil.Logger(b), nil)
+			var scratch []byte
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				scratch = c.send(l, scratch)
+				if i++; i%maxFrameMessages == 0 {
+					f := l.nextFrame()
+					if _, err := proto.Marshal(l.request(f)); err != nil {
+						b.Fatal(err)
+					}
+					l.acked(f.seq)
+				}
+			}
+		})
+	}
 }

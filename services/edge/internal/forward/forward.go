@@ -487,6 +487,8 @@ type Link struct {
 
 	mu      sync.Mutex
 	queue   []*pending // not yet in a frame
+	queued  int        // the messages in queue (a run carries several)
+	run     *pending   // the run at queue's tail that sendPlain adds to, if any
 	unacked []*frame   // sent, awaiting ack, in seq order
 	seq     uint64
 	wake    chan struct{}
@@ -521,16 +523,25 @@ type pending struct {
 	// runtime once it joins a frame), and size its payload's length.
 	raw  []byte
 	size int
-	done chan error
-	span trace.Span        // forward span of a traced message: ends when the peer took it
-	held []heldKey         // group targets kept until their outcome is reported
-	owes []broker.GroupKey // see dest.owes
+	// count is set on a run of plain QoS 0 messages (sendPlain): raw holds
+	// count of them, each already framed as a field of the request, and
+	// size their payloads' lengths. Nobody waits for them, so they need
+	// their bytes alone.
+	count int
+	done  chan error
+	span  trace.Span        // forward span of a traced message: ends when the peer took it
+	held  []heldKey         // group targets kept until their outcome is reported
+	owes  []broker.GroupKey // see dest.owes
 }
 
 type frame struct {
-	seq  uint64
-	msgs []*pending
+	seq   uint64
+	msgs  []*pending
+	count int // the messages in msgs
 }
+
+// messages is how many messages p carries.
+func (p *pending) messages() int { return max(p.count, 1) }
 
 // NewLink returns a link from this edge to the peer at baseURL (h2c).
 func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *slog.Logger, m *Metrics) *Link {
@@ -572,13 +583,53 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 		return p.done
 	}
 	l.queue = append(l.queue, p)
+	l.queued++
+	l.run = nil // what comes next goes after p
 	l.keepLocked(p)
 	l.mu.Unlock()
+	l.wakeUp()
+	return p.done
+}
+
+// A run of plain QoS 0 messages holds up to a frame's worth, so that a
+// frame of them is most often one run, sent as it is (request). Its buffer
+// is sized for that many messages like its first, up to runBytes.
+const (
+	runMessages = maxFrameMessages
+	runBytes    = 64 << 10
+)
+
+// sendPlain queues a plain QoS 0 message, encoded as raw (its payload size
+// bytes long), which the caller may reuse once it returns. Nobody waits
+// for it, and it is tied to nothing the peer reports, so it costs the link
+// no struct of its own: it joins the run at the queue's tail, which holds
+// the messages' bytes as they go in the frame.
+func (l *Link) sendPlain(raw []byte, size int) {
+	l.mu.Lock()
+	if l.closed.Load() {
+		l.mu.Unlock()
+		return // best effort, as over a link that breaks after the send
+	}
+	r := l.run
+	if r == nil || r.count >= runMessages {
+		r = &pending{raw: make([]byte, 0, min(runMessages*(len(raw)+6), max(runBytes, len(raw)+6)))}
+		l.queue = append(l.queue, r)
+		l.run = r
+	}
+	r.raw = protowire.AppendTag(r.raw, fReqMessages, protowire.BytesType)
+	r.raw = protowire.AppendBytes(r.raw, raw)
+	r.count++
+	r.size += size
+	l.queued++
+	l.mu.Unlock()
+	l.wakeUp()
+}
+
+func (l *Link) wakeUp() {
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
-	return p.done
 }
 
 // Run keeps a stream to the peer open until ctx ends, resending unacked
@@ -707,7 +758,7 @@ func (l *Link) stream(ctx context.Context) error {
 			}
 			l.connected.Store(true)
 			l.m.frames.Inc()
-			l.m.frameMessages.Observe(float64(len(f.msgs)))
+			l.m.frameMessages.Observe(float64(f.count))
 		}
 		if l.unconfirmed() {
 			if err := st.Send(l.request(l.emptyFrame())); err != nil {
@@ -771,18 +822,27 @@ const sendWindow = 2
 // before it joins a frame whose acknowledgement would count it as taken.
 func (l *Link) nextFrame() *frame {
 	l.mu.Lock()
-	if len(l.queue) == 0 || len(l.unacked) >= sendWindow && len(l.queue) < maxFrameMessages {
+	if len(l.queue) == 0 || len(l.unacked) >= sendWindow && l.queued < maxFrameMessages {
 		// A full frame goes at once: the window saves frames, it does not
 		// bound what is in flight.
 		l.mu.Unlock()
 		return nil
 	}
-	n := min(len(l.queue), maxFrameMessages)
+	// Up to maxFrameMessages, or a run further.
+	n, count := 0, 0
+	for n < len(l.queue) && count < maxFrameMessages {
+		count += l.queue[n].messages()
+		n++
+	}
+	l.queued -= count
 	l.seq++
 	f := &frame{seq: l.seq, msgs: make([]*pending, 0, n)}
 	var failed []*pending
 	var errs []error
 	for _, p := range l.queue[:n] {
+		if p == l.run {
+			l.run = nil // in a frame now: it takes no more
+		}
 		if p.raw == nil {
 			raw, err := proto.Marshal(p.msg)
 			if err != nil {
@@ -795,7 +855,9 @@ func (l *Link) nextFrame() *frame {
 			p.raw, p.size = raw, len(p.msg.GetMessage().GetPayload())
 		}
 		f.msgs = append(f.msgs, p)
+		f.count += p.messages()
 	}
+	clear(l.queue[:n]) // taken: the queue's array does not keep them
 	l.queue = l.queue[n:]
 	l.unacked = append(l.unacked, f)
 	l.mu.Unlock()
@@ -819,12 +881,21 @@ func (l *Link) request(f *frame) *edgev1.ForwardRequest {
 	if len(f.msgs) == 0 {
 		return req
 	}
+	if len(f.msgs) == 1 && f.msgs[0].count > 0 {
+		// One run: framed already, and never written again.
+		req.ProtoReflect().SetUnknown(f.msgs[0].raw)
+		return req
+	}
 	n := 0
 	for _, p := range f.msgs {
-		n += len(p.raw) + 4
+		n += len(p.raw) + 6
 	}
 	msgs := make([]byte, 0, n)
 	for _, p := range f.msgs {
+		if p.count > 0 {
+			msgs = append(msgs, p.raw...) // a run: framed already
+			continue
+		}
 		msgs = protowire.AppendTag(msgs, fReqMessages, protowire.BytesType)
 		msgs = protowire.AppendBytes(msgs, p.raw)
 	}
@@ -867,7 +938,7 @@ func (l *Link) fail(err error) {
 		all = append(all, f.msgs...)
 	}
 	all = append(all, l.queue...)
-	l.unacked, l.queue = nil, nil
+	l.unacked, l.queue, l.queued, l.run = nil, nil, 0, nil
 	again := l.releaseHeldLocked()
 	l.mu.Unlock()
 	for _, p := range all {

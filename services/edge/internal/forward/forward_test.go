@@ -151,6 +151,41 @@ func TestForward_AcrossEdges(t *testing.T) {
 	}
 }
 
+// QoS 0 and QoS 1 messages of one publisher, forwarded across edges (the
+// QoS 0 ones in runs of their own, sendPlain), reach the subscriber in the
+// order they were published.
+func TestForward_AcrossEdgesQoS0AndQoS1InOrder(t *testing.T) {
+	t.Parallel()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
+
+	sub := mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+	pub := mqtttest.Dial(t, a.mqtt, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	const n = 600
+	acks := 0
+	for i := range n {
+		qos := byte(0)
+		if i%50 == 49 {
+			qos = 1
+			acks++
+		}
+		pub.Publish(uint16(i+1), "t/x", qos, []byte(fmt.Sprint(i)))
+	}
+	for range acks {
+		pub.Expect(packets.Puback)
+	}
+	for i := range n {
+		got := sub.Expect(packets.Publish)
+		require.Equal(t, fmt.Sprint(i), string(got.Payload), "in order")
+		if got.FixedHeader.Qos > 0 {
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
+		}
+	}
+}
+
 // When the peer cannot take a QoS 1 message within the bound, the publisher
 // gets no PUBACK: it is disconnected and sends the message again.
 func TestForward_PeerGoneNoAck(t *testing.T) {

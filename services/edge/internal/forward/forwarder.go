@@ -269,16 +269,24 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	}
 	// A plain message is encoded once for every peer; one with shared
 	// targets, routed again or traced gets a struct per peer.
+	// QoS 0 is best effort across edges too: nobody waits for it.
+	wait := m.QoS > 0
 	var pm *commonv1.Message
 	var raw []byte
 	if again == nil && m.Span() == nil && !everyGroup {
+		// Held by the links until the peer took it; a QoS 0 message is
+		// copied into each link's run (sendPlain), from a buffer reused.
+		var buf []byte
+		if !wait {
+			scratch := plainScratch.Get().(*[]byte)
+			defer putPlainScratch(scratch, &raw)
+			buf = (*scratch)[:0]
+		}
 		var ok bool
-		if raw, ok = appendForwardMessage(nil, m); !ok {
+		if raw, ok = appendForwardMessage(buf, m); !ok {
 			raw = nil
 		}
 	}
-	// QoS 0 is best effort across edges too: nobody waits for it.
-	wait := m.QoS > 0
 	var sent []*pending
 	if wait {
 		sent = make([]*pending, 0, len(dests))
@@ -289,6 +297,10 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 			return nil, broker.SharedChoice{}, err
 		}
 		if raw != nil && len(d.shared) == 0 {
+			if !wait {
+				l.sendPlain(raw, len(m.Payload))
+				continue
+			}
 			p := &pending{raw: raw, size: len(m.Payload)}
 			l.send(p, wait)
 			if wait {
@@ -572,3 +584,19 @@ func (f *Forwarder) log() *slog.Logger {
 }
 
 var _ broker.Peers = (*Forwarder)(nil)
+
+// plainScratch holds the buffers QoS 0 messages are encoded in before the
+// links copy them (sendPlain).
+var plainScratch = sync.Pool{New: func() any { return new([]byte) }}
+
+// putPlainScratch gives scratch back, as *raw grew it, unless it grew past
+// what a pooled buffer may keep (a large payload).
+func putPlainScratch(scratch *[]byte, raw *[]byte) {
+	if cap(*raw) > 64<<10 {
+		return
+	}
+	if *raw != nil {
+		*scratch = (*raw)[:0]
+	}
+	plainScratch.Put(scratch)
+}
