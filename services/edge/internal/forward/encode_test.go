@@ -174,6 +174,23 @@ func TestLink_PlainRunsFillFramesInOrder(t *testing.T) {
 	require.Zero(t, l.queued)
 }
 
+// A run starts with room for its first message alone while the link sends
+// each message at once (its buffer lives until the peer acknowledges it),
+// and with room for many once frames wait for the window.
+func TestLink_RunSizedByTheWindow(t *testing.T) {
+	acme := scopeOf(t, "acme")
+	l := NewLink("edge-a", 3, "edge-b", "http://127.0.0.1:1", testutil.Logger(t), nil)
+	raw, ok := appendForwardMessage(nil, &broker.Message{Topic: acme.Topic("t"), Payload: make([]byte, 64)})
+	require.True(t, ok)
+	for range sendWindow {
+		l.sendPlain(raw, 64)
+		require.Less(t, cap(l.run.raw), 2*len(raw), "an idle link's run")
+		require.NotNil(t, l.nextFrame()) // sent, not acknowledged
+	}
+	l.sendPlain(raw, 64)
+	require.GreaterOrEqual(t, cap(l.run.raw), 64*len(raw), "a run that gathers while the window is full")
+}
+
 // FuzzAppendForwardMessage holds the encoder to the runtime: whatever it
 // encodes, the runtime decodes to the message it was given; what it
 // leaves alone, the runtime would not marshal or has no tenant.
@@ -268,11 +285,12 @@ func TestLink_UnencodableMessageFailsAlone(t *testing.T) {
 	require.NoError(t, <-okDone)
 }
 
-// BenchmarkLink_QoS0 is what a link costs a forwarded QoS 0 message on the
-// sending edge, from its encoding to its frame's request marshalled and
-// acknowledged: as a struct of its own with its own encoding (pending), or
-// encoded into a buffer reused and copied into the run at the queue's tail
-// (run, sendPlain).
+// BenchmarkLink_QoS0 is what a link under load costs a forwarded QoS 0
+// message on the sending edge, from its encoding to its frame's request
+// marshalled and acknowledged, with the window full as under load (two
+// frames unacknowledged): as a struct of its own with its own encoding
+// (pending), or encoded into a buffer reused and copied into the run at
+// the queue's tail (run, sendPlain).
 func BenchmarkLink_QoS0(b *testing.B) {
 	acme := scopeOf(b, "acme")
 	m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 7, Seq: 123456},
@@ -295,6 +313,7 @@ func BenchmarkLink_QoS0(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			l := NewLink("edge-a", 7, "edge-b", "http://127.0.0.1:1", testutil.Logger(b), nil)
 			var scratch []byte
+			var sent []*frame
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
@@ -304,7 +323,10 @@ func BenchmarkLink_QoS0(b *testing.B) {
 					if _, err := proto.Marshal(l.request(f)); err != nil {
 						b.Fatal(err)
 					}
-					l.acked(f.seq)
+					if sent = append(sent, f); len(sent) > sendWindow {
+						l.acked(sent[0].seq)
+						sent = sent[1:]
+					}
 				}
 			}
 		})

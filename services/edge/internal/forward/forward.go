@@ -592,12 +592,23 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 }
 
 // A run of plain QoS 0 messages holds up to a frame's worth, so that a
-// frame of them is most often one run, sent as it is (request). Its buffer
-// is sized for that many messages like its first, up to runBytes.
-const (
-	runMessages = maxFrameMessages
-	runBytes    = 64 << 10
-)
+// frame of them is most often one run, sent as it is (request).
+const runMessages = maxFrameMessages
+
+// runCap is the first buffer of a run that starts with a message of n
+// bytes: room for that one alone while the link sends at once (a frame
+// leaves with every message, and a larger buffer would stay allocated
+// until it is acknowledged), for many like it once frames wait for the
+// window (up to runGatherBytes; append grows it past that).
+func (l *Link) runCap(n int) int {
+	n += 6 // its tag and length
+	if len(l.unacked) < sendWindow {
+		return n
+	}
+	return max(n, min(runMessages*n, runGatherBytes))
+}
+
+const runGatherBytes = 32 << 10
 
 // sendPlain queues a plain QoS 0 message, encoded as raw (its payload size
 // bytes long), which the caller may reuse once it returns. Nobody waits
@@ -612,7 +623,7 @@ func (l *Link) sendPlain(raw []byte, size int) {
 	}
 	r := l.run
 	if r == nil || r.count >= runMessages {
-		r = &pending{raw: make([]byte, 0, min(runMessages*(len(raw)+6), max(runBytes, len(raw)+6)))}
+		r = &pending{raw: make([]byte, 0, l.runCap(len(raw)))}
 		l.queue = append(l.queue, r)
 		l.run = r
 	}

@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		frameMessages: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keel_edge_forward_frame_messages", Help: "Messages per frame sent to another edge.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10), // to 512: a run may take a frame past maxFrameMessages
 		}),
 		frames: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_forward_frames_total", Help: "Frames sent to other edges.",
