@@ -42,6 +42,20 @@ func TestBroker_SessionResumedWithNoConnectionPublishesItsStoredWill(t *testing.
 	expectWillAfterItsDelay(t, watcher, st, id, "gone/"+client, "bye")
 }
 
+// waitWillWaiting waits until a will of session id waits for its delay
+// (or for what ends the session) on b.
+func waitWillWaiting(t *testing.T, b *Broker, id string) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, func() error {
+		b.willMu.Lock()
+		defer b.willMu.Unlock()
+		if b.wills[id] == nil {
+			return errors.New("no will waiting")
+		}
+		return nil
+	})
+}
+
 // expectWillAfterItsDelay expects the will (topic, payload) of session id
 // at watcher after a delay of about a second, not before, and then out of
 // the session's stored record: out once, no custodian sends it again if
@@ -179,14 +193,7 @@ func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 			epoch := waitBound(t, b, id)
 			if tc.gone {
 				_ = c.Conn.Close()
-				testutil.Eventually(t, 5*time.Second, func() error {
-					b.willMu.Lock()
-					defer b.willMu.Unlock()
-					if b.wills[id] == nil {
-						return errors.New("no will waiting")
-					}
-					return nil
-				})
+				waitWillWaiting(t, b, id)
 			}
 			if tc.stopping {
 				b.stopping.Store(true)
@@ -221,14 +228,7 @@ func TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd(t *testing.T
 		epoch := waitBound(t, b, id)
 		closed := time.Now()
 		_ = c.Conn.Close()
-		testutil.Eventually(t, 5*time.Second, func() error {
-			b.willMu.Lock()
-			defer b.willMu.Unlock()
-			if b.wills[id] == nil {
-				return errors.New("the connection's end is not seen yet: no will waiting")
-			}
-			return nil
-		})
+		waitWillWaiting(t, b, id) // the connection's end is seen
 		time.Sleep(300 * time.Millisecond)
 		_, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
 		require.NoError(t, err)
@@ -316,14 +316,7 @@ func TestBroker_SessionEndingOnADrainingEdgePublishesItsWill(t *testing.T) {
 			c := connectExpiringWithWill(t, addr, client, 1, 60, 1)
 			epoch := waitBound(t, b, id)
 			_ = c.Conn.Close()
-			testutil.Eventually(t, 5*time.Second, func() error {
-				b.willMu.Lock()
-				defer b.willMu.Unlock()
-				if b.wills[id] == nil {
-					return errors.New("no will waiting")
-				}
-				return nil
-			})
+			waitWillWaiting(t, b, id)
 			// The drain has begun; the watcher stays connected to see
 			// what the edge publishes.
 			b.draining.Store(true)

@@ -31,11 +31,7 @@ func TestBroker_FencedCopyLeavesNoWillWaiting(t *testing.T) {
 	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, delay)
 	waitBound(t, b, id)
 	_ = old.Conn.Close()
-	require.Eventually(t, func() bool {
-		b.willMu.Lock()
-		defer b.willMu.Unlock()
-		return b.wills[id] != nil
-	}, 5*time.Second, time.Millisecond, "the will waits for its delay")
+	waitWillWaiting(t, b, id)
 
 	require.True(t, b.yieldIfFenced(b.session(id), fmt.Errorf("queue: %w", durable.ErrFenced)))
 	require.Eventually(t, func() bool { return b.session(id) == nil }, 5*time.Second, time.Millisecond, "the copy is given up")
@@ -82,8 +78,7 @@ func TestBroker_GivenUpCopyLeavesANewerConnectionsWill(t *testing.T) {
 	waitBound(t, b, id)
 	require.Equal(t, []byte{1}, old.Subscribe(1, "some/topic", 1).ReasonCodes)
 	_ = old.Conn.Close()
-	require.Eventually(t, func() bool { b.willMu.Lock(); defer b.willMu.Unlock(); return b.wills[id] != nil },
-		5*time.Second, time.Millisecond)
+	waitWillWaiting(t, b, id)
 	require.True(t, b.yieldIfFenced(b.session(id), fmt.Errorf("queue: %w", durable.ErrFenced)))
 	select {
 	case <-routes.entered:
@@ -101,8 +96,7 @@ func TestBroker_GivenUpCopyLeavesANewerConnectionsWill(t *testing.T) {
 	require.Equal(t, packets.CodeSuccess.Code, neu.Expect(packets.Connack).ReasonCode)
 	waitBound(t, b, id)
 	_ = neu.Conn.Close()
-	require.Eventually(t, func() bool { b.willMu.Lock(); defer b.willMu.Unlock(); return b.wills[id] != nil },
-		5*time.Second, time.Millisecond, "new connection's will waits")
+	waitWillWaiting(t, b, id) // the new connection's
 	once.Do(func() { close(routes.release) })
 	pk, err := watcher.Read(4 * time.Second)
 	require.NoError(t, err, "the newer connection's will was cancelled by the old copy's forget: lost")

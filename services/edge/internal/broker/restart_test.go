@@ -331,11 +331,7 @@ func TestBroker_SessionExpiringAsTheEdgeStopsKeepsItsWill(t *testing.T) {
 	id := b.mustScope(t, "default").ClientID("expiring")
 	c := connectExpiringWithWill(t, addr, "expiring", 1, 30, 1)
 	_ = c.Conn.Close()
-	require.Eventually(t, func() bool {
-		b.willMu.Lock()
-		defer b.willMu.Unlock()
-		return b.wills[id] != nil
-	}, 5*time.Second, 10*time.Millisecond, "the will waits for its delay")
+	waitWillWaiting(t, b, id)
 	b.stopping.Store(true)              // the stop has begun
 	time.Sleep(2200 * time.Millisecond) // mochi's tick, once a second, comes past the session's expiry
 	stop()

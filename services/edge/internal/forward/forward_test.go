@@ -124,18 +124,25 @@ func runForwarder(t *testing.T, from *edge, f *Forwarder) (stop func()) {
 	return stop
 }
 
+// pairAcrossEdges starts edges A and B, A forwarding to B, and connects a
+// subscriber to t/+ at QoS 1 on B and a publisher on A.
+func pairAcrossEdges(t *testing.T) (pub, sub *mqtttest.Client) {
+	t.Helper()
+	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
+	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
+	sub = mqtttest.Dial(t, b.mqtt, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t/+", 1)
+	pub = mqtttest.Dial(t, a.mqtt, 4)
+	pub.Connect("pub", true, packets.Properties{})
+	return pub, sub
+}
+
 // A QoS 1 message published on edge A reaches a subscriber on edge B, and
 // the publisher's PUBACK comes once B took it.
 func TestForward_AcrossEdges(t *testing.T) {
 	t.Parallel()
-	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
-	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
-
-	sub := mqtttest.Dial(t, b.mqtt, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "t/+", 1)
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	pub.Connect("pub", true, packets.Properties{})
+	pub, sub := pairAcrossEdges(t)
 	const n = 100
 	for i := range n {
 		pub.Publish(uint16(i+1), "t/x", 1, []byte{byte(i)})
@@ -156,14 +163,7 @@ func TestForward_AcrossEdges(t *testing.T) {
 // order they were published.
 func TestForward_AcrossEdgesQoS0AndQoS1InOrder(t *testing.T) {
 	t.Parallel()
-	a, b := startEdge(t, "edge-a"), startEdge(t, "edge-b")
-	connectForwarder(t, a, "edge-a", Peer{ID: "edge-b", URL: b.api.URL})
-
-	sub := mqtttest.Dial(t, b.mqtt, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "t/+", 1)
-	pub := mqtttest.Dial(t, a.mqtt, 4)
-	pub.Connect("pub", true, packets.Properties{})
+	pub, sub := pairAcrossEdges(t)
 	const n = 600
 	acks := 0
 	for i := range n {
