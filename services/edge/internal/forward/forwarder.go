@@ -267,10 +267,10 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if len(dests) == 0 {
 		return nil, local, nil
 	}
-	// A plain message is encoded once for every peer; one with shared
-	// targets, routed again or traced gets a struct per peer.
 	// QoS 0 is best effort across edges too: nobody waits for it.
 	wait := m.QoS > 0
+	// A plain message is encoded once for every peer; one with shared
+	// targets, routed again or traced gets a struct per peer.
 	var pm *commonv1.Message
 	var raw []byte
 	if again == nil && m.Span() == nil && !everyGroup {
