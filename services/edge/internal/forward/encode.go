@@ -65,7 +65,8 @@ func plain(m *broker.Message) (plainMessage, bool) {
 	if m.Origin != "" {
 		_, pm.clientID, _ = tenancy.TenantOfClientID(m.Origin)
 	}
-	if !commonwire.ValidUTF8String(m.ID.Edge) || !commonwire.ValidUTF8String(tenant) || !commonwire.ValidUTF8String(topic) || !commonwire.ValidUTF8String(pm.clientID) ||
+	if !commonwire.ValidUTF8String(m.ID.Edge) || !commonwire.ValidUTF8String(tenant) ||
+		!commonwire.ValidUTF8String(topic) || !commonwire.ValidUTF8String(pm.clientID) ||
 		!commonwire.ValidUTF8String(m.Props.ContentType) || !commonwire.ValidUTF8String(m.Props.ResponseTopic) {
 		return plainMessage{}, false
 	}
