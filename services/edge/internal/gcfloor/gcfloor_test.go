@@ -76,7 +76,12 @@ func TestKeep_CollectsASmallHeapOncePerFloor(t *testing.T) {
 		t.Errorf("GOGC is %d after Stop, want 100", p)
 	}
 	t.Logf("collections while allocating 256 MiB: %d at GOGC=100, %d with a 128 MiB floor", without, with)
-	if with > 4 || with*8 > without {
+	// About 2 with the floor (256 / 128 MiB, and a cycle of lag), and 60 to
+	// 90 without on an idle machine; with the machine busy (CI runs test
+	// binaries side by side) background marking lags the allocation, and
+	// 27 without against 4 with has been seen. The floor's count is the
+	// claim; the comparison only shows that the heap is small without it.
+	if with > 4 || with*4 > without {
 		t.Errorf("%d collections with the floor against %d without", with, without)
 	}
 }
