@@ -214,6 +214,11 @@ func peer(st *edgev1.StatusResponse, id string) *edgev1.PeerStatus {
 // server reference asked for, hands the persistent sessions (connected and
 // offline) to edge B, which queues for them, and reports progress until
 // DRAINED. A drained edge admits nobody, and stops without draining again.
+// The drain closes connections as a server does, so their wills follow
+// [MQTT-3.1.2-8]: one whose session ends with its connection goes out at
+// once, one with a delay goes with its session and out from the custodian
+// when the delay has passed, and one whose client comes back within its
+// delay never goes.
 func TestEdge_StatusAndDrain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts service processes; skipped under -short")
@@ -255,16 +260,23 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 	a.broker.Unfence()
 	require.Equal(t, edgev1.EdgeState_EDGE_STATE_READY, a.status(t).GetState())
 
-	// On A: an MQTT 5 client with a persistent session, subscribed to q/#;
-	// an MQTT 3.1.1 client with a clean session, subscribed to q/# too, and
-	// in a shared group; and a persistent session whose client went away,
-	// subscribed to o/#. That makes three routes.
-	dev := mqtttest.Dial(t, a.mqtt, 5)
-	require.Equal(t, packets.CodeSuccess.Code, dev.Connect("dev", false, persistent).ReasonCode)
+	// On A: an MQTT 5 client with a persistent session, subscribed to q/#,
+	// and a will of delay 30 s; an MQTT 3.1.1 client with a clean session
+	// and a will, subscribed to q/# too, and in a shared group; an MQTT 5
+	// client with a persistent session and a will of delay 2 s, which does
+	// not come back; and a persistent session whose client went away,
+	// subscribed to o/#. That makes three routes. On B, a watcher of wills.
+	watcher := mqtttest.Dial(t, b.mqtt, 5)
+	watcher.Connect("watcher", true, packets.Properties{})
+	require.Equal(t, []byte{1}, watcher.Subscribe(1, "wills/#", 1).ReasonCodes)
+	dev, ack := connectWithWill(t, a.mqtt, 5, "dev", false, 30)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	require.Equal(t, []byte{1}, dev.Subscribe(1, "q/#", 1).ReasonCodes)
-	v3 := mqtttest.Dial(t, a.mqtt, 4)
-	require.Equal(t, packets.CodeSuccess.Code, v3.Connect("v3", true, packets.Properties{}).ReasonCode)
+	v3, ack := connectWithWill(t, a.mqtt, 4, "v3", true, 0)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	require.Equal(t, []byte{1}, v3.Subscribe(1, "q/#", 1).ReasonCodes)
+	gone, ack := connectWithWill(t, a.mqtt, 5, "gone", false, 2)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	require.Equal(t, []byte{1}, v3.Subscribe(2, "$share/g/q/#", 1).ReasonCodes)
 	off := mqtttest.Dial(t, a.mqtt, 5)
 	off.Connect("off", false, persistent)
@@ -273,8 +285,8 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 	expectClosed(t, off)
 	testutil.Eventually(t, 5*time.Second, func() error {
 		st = a.status(t)
-		if st.GetConnections() != 2 || st.GetSessionsOwned() != 2 || st.GetSessionsInCustody() != 1 || st.GetRoutes() != 3 {
-			return fmt.Errorf("connections %d, sessions %d with a connection, %d without, routes %d: want 2, 2, 1, 3",
+		if st.GetConnections() != 3 || st.GetSessionsOwned() != 3 || st.GetSessionsInCustody() != 1 || st.GetRoutes() != 3 {
+			return fmt.Errorf("connections %d, sessions %d with a connection, %d without, routes %d: want 3, 3, 1, 3",
 				st.GetConnections(), st.GetSessionsOwned(), st.GetSessionsInCustody(), st.GetRoutes())
 		}
 		if p := peer(st, "edge-b"); p.GetIncarnation() != b.member.Incarnation() {
@@ -302,6 +314,7 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 
 	// Drain A. The first call starts it; readiness goes off at once.
 	const ref = "edge-b.example:1883"
+	drained := time.Now()
 	resp := a.drain(t, &edgev1.DrainRequest{Deadline: durationpb.New(20 * time.Second), ServerReference: ref})
 	require.Contains(t, []edgev1.EdgeState{edgev1.EdgeState_EDGE_STATE_DRAINING, edgev1.EdgeState_EDGE_STATE_DRAINED}, resp.GetState())
 	require.NotEqual(t, http.StatusOK, readyz(a.ops), "readiness off from the start of the drain")
@@ -311,6 +324,7 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 	require.Equal(t, packets.ErrUseAnotherServer.Code, got[0].ReasonCode)
 	require.Equal(t, ref, got[0].Properties.ServerReference)
 	expectClosed(t, v3)
+	expectClosed(t, gone)
 	testutil.Eventually(t, 20*time.Second, func() error {
 		resp = a.drain(t, &edgev1.DrainRequest{})
 		if resp.GetState() != edgev1.EdgeState_EDGE_STATE_DRAINED {
@@ -319,7 +333,7 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 		return nil
 	})
 	require.Zero(t, resp.GetConnectionsRemaining())
-	require.Zero(t, resp.GetSessionsRemaining(), "both persistent sessions moved, the clean one ended")
+	require.Zero(t, resp.GetSessionsRemaining(), "the persistent sessions moved, the clean one ended")
 	require.Equal(t, 1.0, promtest.ToFloat64(a.drains.WithLabelValues("api")), "one drain, however often asked")
 
 	st = a.status(t)
@@ -330,15 +344,15 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 	late := mqtttest.Dial(t, a.mqtt, 5)
 	require.Equal(t, packets.ErrServerUnavailable.Code, late.Connect("late", true, packets.Properties{}).ReasonCode, "a drained edge admits nobody")
 
-	// B holds both sessions, offline, with their routes, and queues for
-	// them until their clients come back.
+	// B holds the persistent sessions, offline, with their routes, and
+	// queues for them until their clients come back.
 	st = b.status(t)
-	require.Equal(t, uint32(2), st.GetSessionsInCustody(), "dev and off")
-	require.Equal(t, uint32(2), st.GetRoutes(), "q/# and o/#: v3's clean session ended with its connection")
+	require.Equal(t, uint32(3), st.GetSessionsInCustody(), "dev, off and gone")
+	require.Equal(t, uint32(3), st.GetRoutes(), "q/#, o/# and the watcher's wills/#: v3's clean session ended with its connection")
 	publish(2, "q/while-away")
 	publish(3, "o/while-away")
 	dev = mqtttest.Dial(t, b.mqtt, 5)
-	ack := dev.Connect("dev", false, persistent)
+	ack = dev.Connect("dev", false, persistent)
 	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	require.True(t, ack.SessionPresent, "dev's session moved to B")
 	require.Equal(t, []string{"q/while-away"}, publishes(t, dev), "queued by B while dev was away")
@@ -346,6 +360,27 @@ func TestEdge_StatusAndDrain(t *testing.T) {
 	ack = off.Connect("off", false, persistent)
 	require.True(t, ack.SessionPresent, "off's session moved to B")
 	require.Equal(t, []string{"o/while-away"}, publishes(t, off))
+
+	// v3's will went out from A as the drain closed its connection (its
+	// session ended with it); gone's waited for its delay, counted from
+	// that close, and went out from B, its custodian; dev came back within
+	// its delay, and its will never goes. Each once.
+	wills := map[string]time.Duration{}
+	for deadline := time.Now().Add(10 * time.Second); len(wills) < 2 && time.Now().Before(deadline); {
+		pk, err := watcher.Read(time.Until(deadline))
+		require.NoError(t, err, "wills so far: %v", wills)
+		if pk.FixedHeader.Type != packets.Publish {
+			continue
+		}
+		_, seen := wills[pk.TopicName]
+		require.False(t, seen, "%s published twice", pk.TopicName)
+		wills[pk.TopicName] = time.Since(drained)
+		watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+	}
+	require.Contains(t, wills, "wills/v3")
+	require.Contains(t, wills, "wills/gone")
+	require.GreaterOrEqual(t, wills["wills/gone"], 1500*time.Millisecond, "gone's will waited for its delay of 2 s")
+	require.Empty(t, publishes(t, watcher), "no other will, and none twice")
 
 	// Stopping the drained edge drains nothing again, and is quick.
 	stopping := time.Now()

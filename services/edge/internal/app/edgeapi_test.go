@@ -107,8 +107,9 @@ func (e *kickEdge) stored(t *testing.T, client string) bool {
 var persistent = packets.Properties{SessionExpiryInterval: 3600, SessionExpiryIntervalFlag: true}
 
 // connectWithWill connects client (MQTT version v) with a will on
-// wills/<client>, and a persistent session unless clean.
-func connectWithWill(t *testing.T, addr string, v byte, client string, clean bool) (*mqtttest.Client, packets.Packet) {
+// wills/<client> (payload "<client> gone") of delay willDelay (MQTT 5),
+// and a persistent session unless clean.
+func connectWithWill(t *testing.T, addr string, v byte, client string, clean bool, willDelay uint32) (*mqtttest.Client, packets.Packet) {
 	t.Helper()
 	c := mqtttest.Dial(t, addr, v)
 	props := packets.Properties{}
@@ -117,7 +118,8 @@ func connectWithWill(t *testing.T, addr string, v byte, client string, clean boo
 	}
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: props,
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: clean, Keepalive: 30, ClientIdentifier: client,
-			WillFlag: true, WillTopic: "wills/" + client, WillPayload: []byte(client + " gone"), WillQos: 1}})
+			WillFlag: true, WillTopic: "wills/" + client, WillPayload: []byte(client + " gone"), WillQos: 1,
+			WillProperties: packets.Properties{WillDelayInterval: willDelay}}})
 	return c, c.Expect(packets.Connack)
 }
 
@@ -164,7 +166,7 @@ func TestEdgeAPI_KickSession(t *testing.T) {
 	}
 
 	// Kick without discard: DISCONNECT 0x98, will out, session kept.
-	dev, ack := connectWithWill(t, e.mqtt, 5, "dev", false)
+	dev, ack := connectWithWill(t, e.mqtt, 5, "dev", false, 0)
 	require.False(t, ack.SessionPresent)
 	dev.Subscribe(1, "q/#", 1)
 	resp, err := e.kick(t, "dev", false)
@@ -179,7 +181,7 @@ func TestEdgeAPI_KickSession(t *testing.T) {
 	expectWill("dev")
 	require.True(t, e.stored(t, "dev"))
 	publish(1, "q/while-away")
-	dev, ack = connectWithWill(t, e.mqtt, 5, "dev", false)
+	dev, ack = connectWithWill(t, e.mqtt, 5, "dev", false, 0)
 	require.True(t, ack.SessionPresent, "the session was kept")
 	m := dev.Expect(packets.Publish)
 	require.Equal(t, "q/while-away", m.TopicName, "queued while the client was away")
@@ -236,7 +238,7 @@ func TestEdgeAPI_KickSession(t *testing.T) {
 
 	// MQTT 3.1.1: the connection just closes; the will goes out, and the
 	// clean session ends with its connection.
-	v3, _ := connectWithWill(t, e.mqtt, 4, "v3", true)
+	v3, _ := connectWithWill(t, e.mqtt, 4, "v3", true, 0)
 	resp, err = e.kick(t, "v3", false)
 	require.NoError(t, err)
 	require.True(t, resp.GetWasConnected())

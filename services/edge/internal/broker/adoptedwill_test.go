@@ -338,3 +338,60 @@ func TestBroker_SessionEndingOnADrainingEdgePublishesItsWill(t *testing.T) {
 		})
 	}
 }
+
+// A drain closes its connections as a server does, and their wills follow
+// [MQTT-3.1.2-8]. A will with no delay goes out from the draining edge at
+// once, although the session goes on with a custodian, and leaves the
+// stored record: the handover does not carry it for the custodian to send
+// again. A will with a delay waits for it, and the handover carries it
+// with the time the drain closed the connection, from which the custodian
+// counts the delay (TestBroker_SessionHandedOverOfflineCountsFromItsConnectionsEnd).
+func TestBroker_DrainedConnectionsWillFollowsTheServersClose(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		delay uint32
+	}{{"no_delay", 0}, {"delayed", 60}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, st, addr := servingOnSharedStore(t)
+			client := "drained-" + tc.name
+			id := b.mustScope(t, "default").ClientID(client)
+			watcher := willWatcher(t, addr, "gone/"+client) // stays connected: only the client is drained
+			connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, tc.delay)
+			epoch := waitBound(t, b, id)
+			cl, ok := b.server.Clients.Get(id)
+			require.True(t, ok)
+			b.draining.Store(true)
+			b.stopping.Store(true)
+			closed := time.Now()
+			b.disconnectDraining(cl, "")
+			if tc.delay == 0 {
+				pk := watcher.Expect(packets.Publish)
+				require.Equal(t, "gone/"+client, pk.TopicName)
+				require.Equal(t, []byte(client), pk.Payload)
+				watcher.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+				testutil.Eventually(t, 5*time.Second, func() error {
+					got, ok, err := st.LoadSession(t.Context(), id)
+					if err != nil || !ok || got.Session.Will != nil {
+						return fmt.Errorf("the session's record still holds the will, or is gone (ok %v, %v)", ok, err)
+					}
+					return nil
+				})
+			} else {
+				waitWillWaiting(t, b, id)
+			}
+			_, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-custodian", epoch+1, false)
+			require.NoError(t, err)
+			handed, err := durable.DecodeTransfer(state)
+			require.NoError(t, err)
+			require.Equal(t, tc.delay > 0, handed.Session.Will != nil, "the will in the handed-over record")
+			if tc.delay > 0 {
+				require.WithinDuration(t, closed, handed.Session.DisconnectedAt(), 200*time.Millisecond,
+					"the custodian counts the will's delay from the drain's close")
+			}
+			pk, err := watcher.Read(time.Second)
+			require.Error(t, err, "a will went out from the draining edge (again): type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
+		})
+	}
+}

@@ -134,6 +134,11 @@ type Broker struct {
 	stop     context.CancelFunc
 	stopping atomic.Bool
 	draining atomic.Bool // handing sessions to custodians: admit no one
+	// disconnecting counts the connection ends being handled (OnDisconnect):
+	// a drain hands a session over only once its connection's end decided
+	// the will, which then goes with the session.
+	disconnecting atomic.Int64
+
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
 	writers  sync.WaitGroup

@@ -51,19 +51,25 @@ func (b *Broker) Drain(ctx context.Context) (moved, stayed int) {
 
 // DrainWith prepares the edge to stop without losing a session: new
 // connections are refused, every client is disconnected with 0x8B, or 0x9C
-// and a server reference (its will is not sent: the edge, not the client,
-// went away), and each persistent session is handed to a custodian edge,
-// which takes it over with its queue and keeps queueing for it until the
-// client comes back. A session that could not be handed over, by ctx's end
+// and a server reference, and each persistent session is handed to a
+// custodian edge, which takes it over with its queue and keeps queueing for
+// it until the client comes back. A closed connection's will is the
+// server's close's [MQTT-3.1.2-8]: it waits for its delay and goes with its
+// session, for the custodian to send unless the client comes back first;
+// one with no delay goes out from here (OnDisconnect). A session that could not be handed over, by ctx's end
 // at the latest, stays in this edge's store. It returns how many sessions
 // moved and how many stayed.
 func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, stayed int) {
 	b.draining.Store(true)
 	b.stopping.Store(true)
 	b.disconnectAll(opts.ServerReference)
-	// Sessions go offline as their connections close.
+	// Sessions go offline as their connections close, and each end decides
+	// its connection's will (OnDisconnect) before the session is handed
+	// over: a will waiting for its delay goes with it (TakeOver). A session
+	// goes offline within its connection's end, so once none is online,
+	// every end to wait for has begun.
 	wait, cancel := context.WithTimeout(ctx, drainOfflineWait)
-	waitUntil(wait, func() bool { return b.countSessions(online) == 0 })
+	waitUntil(wait, func() bool { return b.countSessions(online) == 0 && b.disconnecting.Load() == 0 })
 	cancel()
 	if b.cluster.Custody == nil {
 		return 0, b.sessionCount()
@@ -141,8 +147,7 @@ func (b *Broker) disconnectAll(serverReference string) {
 // disconnectDraining disconnects cl for a drain: DISCONNECT 0x8B, or for an
 // MQTT 5 client and a server reference 0x9C (use another server) with the
 // Server Reference property. Either way the connection's stop cause is the
-// server shutting down, so its will stays back and the disconnect counts as
-// a shutdown.
+// server shutting down, and the disconnect counts as a shutdown.
 func (b *Broker) disconnectDraining(cl *mqtt.Client, serverReference string) {
 	_ = cl.Net.Conn.SetWriteDeadline(time.Now().Add(drainWriteWait))
 	if serverReference == "" || cl.Properties.ProtocolVersion != 5 {

@@ -504,6 +504,8 @@ func persistent(cl *mqtt.Client) bool {
 // DISCONNECT and ends a session that does not outlive its connection.
 func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	b := h.b
+	b.disconnecting.Add(1)
+	defer b.disconnecting.Add(-1)
 	v, ok := b.conns.LoadAndDelete(cl)
 	if !ok {
 		// Refused before the session was established, or a client mochi
@@ -585,7 +587,15 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		ended := time.Now()
 		keep = func() { b.keepWillForRestart(cl.ID, c.epoch, keptWill(cl, c, will, ended)) }
 	}
-	if will != nil && !normal && !stopping {
+	// A drain closes connections as any server does that closes one
+	// without the client's normal DISCONNECT, and their wills follow
+	// [MQTT-3.1.2-8] (willsHeldBack): each waits for its delay, and goes
+	// with its session to the custodian, which sends it when the delay has
+	// passed unless the client came back first (TakeOver carries it); one
+	// with no delay, or whose session ends with the connection, goes out
+	// from here at once. A client that reconnects within its will's delay
+	// (what MQTT 5's delay is for) sends no will through a rolling restart.
+	if will != nil && !normal && !b.willsHeldBack() {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
@@ -597,8 +607,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		}
 		b.willAtEnd(cl.ID, c, will, delay, keep)
 	} else if c.record != nil {
-		// A normal DISCONNECT, or an edge of a cluster stopping: the will
-		// never goes out, so no custodian may publish it either.
+		// A normal DISCONNECT, or an edge of a cluster that stops without
+		// a drain: the will never goes out, so no custodian may publish it
+		// either. (A single-node edge keeps it for its restart: keep.)
 		b.dropStoredWill(cl.ID, c.record)
 	}
 	if c.sess.Load().after(c.epoch) == sessionResumed {

@@ -212,12 +212,13 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	if !willWaiting {
 		// The stored record holds the will of a connection that was live
-		// (this takeover closed it, or a drain did, neither of them the
-		// client's leaving), or of none: only a will that was waiting for
-		// its delay, its connection gone without a DISCONNECT, goes on with
-		// the session. A new owner with a connection voids even that one
-		// ([MQTT-3.1.3-9]); one that adopts the session with none (a drain)
-		// sends it after its delay unless the client comes back.
+		// (this takeover closed it: the client came back elsewhere, which
+		// voids it), or of none: only a will that was waiting for its
+		// delay, its connection gone without a DISCONNECT (or closed by a
+		// drain), goes on with the session. A new owner with a connection
+		// voids even that one ([MQTT-3.1.3-9]); one that adopts the session
+		// with none (a drain) sends it after its delay unless the client
+		// comes back.
 		st.Session.Will = nil
 	}
 	// detach put the connection's in-flight messages back in memory; the

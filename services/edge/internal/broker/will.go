@@ -52,8 +52,9 @@ var errStopping = errors.New("edge stopping")
 // routes, until it closes: a will its timer makes due waits for the
 // session's handover all the same (armLocked), but one due because its
 // session ended here (its expiry passed, or its client started clean on
-// another edge) has no handover to carry it, and the end removes the
-// stored record that holds it, so it goes out from here.
+// another edge), or due at once as the drain closed its connection, goes
+// out from here: a session that ended has no handover to carry its will,
+// and the end removes the stored record that holds it.
 func (b *Broker) willsHeldBack() bool {
 	if !b.stopping.Load() {
 		return false
