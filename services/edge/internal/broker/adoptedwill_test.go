@@ -1,11 +1,15 @@
 package broker
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
@@ -162,11 +166,12 @@ func adoptFromDrainingEdge(t *testing.T, client string, ended time.Time, expiry,
 // A session handed to another edge carries the will of its last
 // connection only when that will was waiting for its delay (the
 // connection gone without a DISCONNECT): a new owner with no connection
-// (a drain's adopter) sends it then. The will of a connection that was
-// live at the handover, closed by the takeover or by a drain, is not the
-// client's leaving, and stays out of the handed-over record. A will due
-// while the edge stops (drains) cannot be sent from it, and goes on with
-// the session as a waiting one does.
+// (a drain's adopter) sends it then; so does a will of a connection a
+// drain closed (TestBroker_DrainedConnectionsWillFollowsTheServersClose).
+// The will of a connection that was live at the handover, closed by the
+// takeover, is void: the client came back elsewhere. A will due while the
+// edge stops (drains) waits for the handover, and goes on with the
+// session as a waiting one does.
 func TestBroker_HandoverCarriesOnlyAWaitingWill(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -387,11 +392,99 @@ func TestBroker_DrainedConnectionsWillFollowsTheServersClose(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.delay > 0, handed.Session.Will != nil, "the will in the handed-over record")
 			if tc.delay > 0 {
-				require.WithinDuration(t, closed, handed.Session.DisconnectedAt(), 200*time.Millisecond,
+				require.WithinDuration(t, closed, handed.Session.DisconnectedAt(), drainWriteWait,
 					"the custodian counts the will's delay from the drain's close")
 			}
 			pk, err := watcher.Read(time.Second)
 			require.Error(t, err, "a will went out from the draining edge (again): type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
 		})
 	}
+}
+
+// willCheckingCustody accepts every handover, noting whether the will of
+// session id was waiting here when the handover was asked for.
+type willCheckingCustody struct {
+	b       *Broker
+	id      string
+	calls   atomic.Int32
+	waiting atomic.Bool
+}
+
+func (c *willCheckingCustody) Handover(context.Context, string, string) error {
+	c.b.willMu.Lock()
+	c.waiting.Store(c.b.wills[c.id] != nil)
+	c.b.willMu.Unlock()
+	c.calls.Add(1)
+	return nil
+}
+
+// A drain hands a session over only once its connection's end decided the
+// will: a session goes offline within that end, before the will is
+// decided, and handed over in between it would leave without the will,
+// which the end then parks with the move, where it is void.
+func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing.T) {
+	t.Parallel()
+	b, _, addr := servingOnSharedStore(t)
+	const client = "slow-end"
+	id := b.mustScope(t, "default").ClientID(client)
+	custody := &willCheckingCustody{b: b, id: id}
+	b.SetCluster(Cluster{Custody: custody})
+	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enter, let sync.Once
+	releaseEnd := func() { let.Do(func() { close(release) }) }
+	t.Cleanup(releaseEnd) // before the broker's close, which waits for the end
+	hold := func(cl *mqtt.Client) {
+		if cl.ID == id {
+			enter.Do(func() { close(entered) })
+			<-release
+		}
+	}
+	b.atWill.Store(&hold)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		b.DrainWith(context.Background(), DrainOptions{})
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not close the connection")
+	}
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, custody.calls.Load(), "the session was handed over before its connection's end decided its will")
+	releaseEnd()
+	select {
+	case <-drained:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the drain did not end")
+	}
+	require.Equal(t, int32(1), custody.calls.Load())
+	require.True(t, custody.waiting.Load(), "the will was waiting for its delay, for the handover to carry, when the session was handed over")
+}
+
+// A CONNECT admitted as a drain began (past the drain's check) is
+// disconnected once established, as the drain's other clients were: the
+// drain's disconnects may have missed it, and it would hold the drain's
+// wait for every session to go offline until a handover closed it with
+// 0x8E, its will void.
+func TestBroker_ConnectEstablishedAsADrainBeganIsDisconnected(t *testing.T) {
+	t.Parallel()
+	b, _, addr := servingOnSharedStore(t)
+	const client = "late"
+	id := b.mustScope(t, "default").ClientID(client)
+	ref := "elsewhere:1883"
+	b.drainReference.Store(&ref)
+	begin := func(got string) {
+		if got == id {
+			b.draining.Store(true) // the drain begins between the CONNECT's check and its bind
+		}
+	}
+	b.atBind.Store(&begin)
+	c := mqtttest.Dial(t, addr, 5)
+	require.Equal(t, packets.CodeSuccess.Code, c.Connect(client, false, persistentSession).ReasonCode)
+	pk := c.Expect(packets.Disconnect)
+	require.Equal(t, packets.ErrUseAnotherServer.Code, pk.ReasonCode)
+	require.Equal(t, ref, pk.Properties.ServerReference)
 }

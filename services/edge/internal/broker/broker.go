@@ -138,6 +138,8 @@ type Broker struct {
 	// a drain hands a session over only once its connection's end decided
 	// the will, which then goes with the session.
 	disconnecting atomic.Int64
+	// drainReference is the server reference of the drain under way.
+	drainReference atomic.Pointer[string]
 
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once

@@ -56,10 +56,11 @@ func (b *Broker) Drain(ctx context.Context) (moved, stayed int) {
 // it until the client comes back. A closed connection's will is the
 // server's close's [MQTT-3.1.2-8]: it waits for its delay and goes with its
 // session, for the custodian to send unless the client comes back first;
-// one with no delay goes out from here (OnDisconnect). A session that could not be handed over, by ctx's end
-// at the latest, stays in this edge's store. It returns how many sessions
-// moved and how many stayed.
+// one with no delay goes out from here (OnDisconnect). A session that
+// could not be handed over, by ctx's end at the latest, stays in this
+// edge's store. It returns how many sessions moved and how many stayed.
 func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, stayed int) {
+	b.drainReference.Store(&opts.ServerReference) // before draining: who sees that sees this
 	b.draining.Store(true)
 	b.stopping.Store(true)
 	b.disconnectAll(opts.ServerReference)

@@ -402,6 +402,18 @@ func (h *hook) OnSessionEstablished(cl *mqtt.Client, pk packets.Packet) {
 	// guards' lock meanwhile, which every CONNECT here takes (supersede).
 	b.recheckSubscriptions(cl, c)
 	b.m.connects.WithLabelValues("ok").Inc()
+	if b.draining.Load() {
+		// Admitted as a drain began (past its check in OnConnect): the
+		// drain's disconnects may have missed it, mochi listing its client
+		// only now, and it would hold the drain's wait for every session
+		// to go offline. It goes as the others did, and its session with
+		// theirs.
+		ref := ""
+		if p := b.drainReference.Load(); p != nil {
+			ref = *p
+		}
+		go b.disconnectDraining(cl, ref)
+	}
 }
 
 // bindEstablished binds the connection to its session under its CONNECT
@@ -563,7 +575,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
 	// end publishes it (a DISCONNECT with another Reason Code included,
-	// [MQTT-3.1.2-8]), unless the edge itself is stopping. mochi reports
+	// [MQTT-3.1.2-8]), unless the edge holds wills back (willsHeldBack:
+	// it stops, and does not drain). mochi reports
 	// no error both for a normal DISCONNECT and for a connection the server
 	// stopped between two packets (DisconnectClient, Stop): the stop cause
 	// tells them apart.
