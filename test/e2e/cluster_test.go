@@ -331,7 +331,10 @@ func TestE2E_Cluster_RouterReplaced(t *testing.T) {
 // coordinator gave its session to a custodian edge, which queued for it.
 // Both get every message acknowledged to the publisher after their first
 // SUBACK; publishes that found no live holder of a session were not
-// acknowledged (the publisher is closed and publishes again).
+// acknowledged (the publisher is closed and publishes again). Two more
+// clients of edge 1 hold wills and never come back, one with a persistent
+// session and one with a clean one: a watcher on edge 3 gets each will
+// exactly once, published by the edges that took their sessions over.
 func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	needDocker(t)
 	const ttl, forward = 3 * time.Second, 2 * time.Second
@@ -345,6 +348,13 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	offline := ck.NewSubscriber("offline", 1, filter)
 	offClient := subscribe(t, k.URL(0), "crash-offline", false, offline, nil)
 	offClient.Disconnect(250)
+	wills := watchWills(t, k.URL(2), "e2e/wills/#")
+	for _, c := range []struct {
+		id    string
+		clean bool
+	}{{"crash-will-persistent", false}, {"crash-will-clean", true}} {
+		mustDial(t, mqttOpts(k.URL(0), c.id, c.clean).SetWill("e2e/wills/"+c.id, c.id+" gone", 1, false))
+	}
 
 	stop := streamFrom(t, ck, k.URL(1), "crash-pub", "e2e/crash/t")
 	require.Eventually(t, func() bool { return online.Count() >= 50 }, 20*time.Second, 20*time.Millisecond, "the stream flows")
@@ -373,6 +383,61 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	require.Positive(t, r.Pub("crash-pub").Acked)
 	requireNoLoss(t, r, "a publish that found no live holder of a session is sent again by its publisher after "+
 		"later ones were taken", witness.Name, online.Name, offline.Name)
+	wills.requireOnce(t, 30*time.Second, "e2e/wills/crash-will-persistent", "e2e/wills/crash-will-clean")
+}
+
+// willWatcher counts the wills a watcher client receives, by topic.
+type willWatcher struct {
+	mu  sync.Mutex
+	got map[string]int
+}
+
+// watchWills connects a clean client to url, subscribed to filter at QoS 1,
+// that counts what it receives.
+func watchWills(t *testing.T, url, filter string) *willWatcher {
+	t.Helper()
+	w := &willWatcher{got: map[string]int{}}
+	c := mustDial(t, mqttOpts(url, "will-watcher", true).SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.got[m.Topic()]++
+	}))
+	tok := c.Subscribe(filter, 1, nil)
+	require.True(t, tok.WaitTimeout(20*time.Second), "SUBACK for the will watcher")
+	require.NoError(t, tok.Error())
+	return w
+}
+
+func (w *willWatcher) counts() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.got))
+	for k, v := range w.got {
+		out[k] = v
+	}
+	return out
+}
+
+// requireOnce waits up to within for a will on each topic, then a little
+// longer for any second one: each will is published exactly once, and no
+// other.
+func (w *willWatcher) requireOnce(t *testing.T, within time.Duration, topics ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got := w.counts()
+		for _, tp := range topics {
+			if got[tp] == 0 {
+				return false
+			}
+		}
+		return true
+	}, within, 50*time.Millisecond, "a will on each of %v; got %v", topics, w.counts())
+	time.Sleep(2 * time.Second)
+	want := map[string]int{}
+	for _, tp := range topics {
+		want[tp] = 1
+	}
+	require.Equal(t, want, w.counts(), "each will exactly once")
 }
 
 // TestE2E_Cluster_SharedMemberKilled kills (SIGKILL) the edge of one
