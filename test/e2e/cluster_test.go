@@ -398,14 +398,26 @@ func watchWills(t *testing.T, url, filter string) *willWatcher {
 	t.Helper()
 	w := &willWatcher{got: map[string]int{}}
 	c := mustDial(t, mqttOpts(url, "will-watcher", true).SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.got[m.Topic()]++
+		w.count(m.Topic())
 	}))
 	tok := c.Subscribe(filter, 1, nil)
 	require.True(t, tok.WaitTimeout(20*time.Second), "SUBACK for the will watcher")
 	require.NoError(t, tok.Error())
 	return w
+}
+
+func (w *willWatcher) count(topic string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got[topic]++
+}
+
+// wrap counts what reaches h, then hands it on (roamer.wrap).
+func (w *willWatcher) wrap(_ int, h mqtt.MessageHandler) mqtt.MessageHandler {
+	return func(c mqtt.Client, m mqtt.Message) {
+		w.count(m.Topic())
+		h(c, m)
+	}
 }
 
 func (w *willWatcher) counts() map[string]int {

@@ -108,10 +108,24 @@ func startRoamer(t *testing.T, picker *edgePicker, id string, sub *Subscriber, s
 // startRoamerOpts is startRoamer with the roamer's stay setting.
 func startRoamerOpts(t *testing.T, picker *edgePicker, id string, sub *Subscriber, start int, stay bool) *roamer {
 	t.Helper()
-	r := &roamer{t: t, id: id, sub: sub, picker: picker, stay: stay, stop: make(chan struct{}), done: make(chan struct{})}
+	return launchRoamer(t, &roamer{t: t, id: id, sub: sub, picker: picker, stay: stay}, start)
+}
+
+// startWillRoamer is startRoamer for a roamer whose every connection also
+// hands what it receives to wills.
+func startWillRoamer(t *testing.T, picker *edgePicker, id string, sub *Subscriber, start int, wills *willWatcher) *roamer {
+	t.Helper()
+	return launchRoamer(t, &roamer{t: t, id: id, sub: sub, picker: picker, wrap: wills.wrap}, start)
+}
+
+// launchRoamer connects r to edge start, subscribes its Subscriber and
+// keeps it connected until the test ends (or Stop).
+func launchRoamer(t *testing.T, r *roamer, start int) *roamer {
+	t.Helper()
+	r.stop, r.done = make(chan struct{}), make(chan struct{})
 	lost, err := r.connect(start, 20*time.Second)
-	require.NoError(t, err, "connect %s", id)
-	requireSubscribe(t, r.current(), sub)
+	require.NoError(t, err, "connect %s", r.id)
+	requireSubscribe(t, r.current(), r.sub)
 	go r.run(lost)
 	t.Cleanup(r.Stop)
 	return r

@@ -169,7 +169,10 @@ func persistenceEpochs(t *testing.T, k *keelCluster) []float64 {
 // again to any live edge whenever they are dropped. Every subscriber gets
 // every message acknowledged since its first SUBACK and finds its session
 // each time it comes back. Order is reported, not asserted (see
-// requireNoLoss).
+// requireNoLoss). A client with a will and a clean session on each edge
+// does not come back: the drain of its edge publishes its will, and a
+// watcher (a persistent session at QoS 2, roaming too) gets each, at QoS
+// 2, exactly once [MQTT-3.1.2-8].
 func TestE2E_Cluster_RollingRestart(t *testing.T) {
 	needDocker(t)
 	k := startCluster(t, haConfig(0))
@@ -195,6 +198,15 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 		pubs, stops = append(pubs, p), append(stops, stop)
 	}
 	waitFlowing(t, 20*time.Second, 50, subs...)
+	wills := &willWatcher{got: map[string]int{}}
+	willSub := ck.NewSubscriber("will-watcher", 2, "e2e/wills/#")
+	roamers = append(roamers, startWillRoamer(t, picker, "roll-will-watcher", willSub, 1, wills))
+	var willTopics []string
+	for i := range k.Edges {
+		id := fmt.Sprintf("roll-will-%d", i+1)
+		mustDial(t, mqttOpts(k.URL(i), id, true).SetWill("e2e/wills/"+id, id+" gone", 2, false))
+		willTopics = append(willTopics, "e2e/wills/"+id)
+	}
 
 	began := time.Now()
 	for i := range k.Edges {
@@ -232,6 +244,7 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 	requireSessionsKept(t, roamers...)
 	open := len(roamers) + len(pubs)
 	requireOneConnectionPerClient(t, k, open, pubs...)
+	wills.requireOnce(t, 30*time.Second, willTopics...)
 }
 
 // TestE2E_Cluster_NetworkCut disconnects edge 2 from the cluster network
