@@ -442,11 +442,7 @@ func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing
 		}
 	}
 	b.atWill.Store(&hold)
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		b.DrainWith(context.Background(), DrainOptions{})
-	}()
+	drained := drainInBackground(b)
 	select {
 	case <-entered:
 	case <-time.After(5 * time.Second):

@@ -454,6 +454,17 @@ type acceptingCustody struct{ n atomic.Int32 }
 
 func (c *acceptingCustody) Handover(context.Context, string, string) error { c.n.Add(1); return nil }
 
+// drainInBackground starts a drain of b and returns a channel closed when
+// it ends.
+func drainInBackground(b *Broker) <-chan struct{} {
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		b.DrainWith(context.Background(), DrainOptions{})
+	}()
+	return drained
+}
+
 // A drain waits for a session another edge began to take over (its client
 // came back there during the drain) until the takeover ends: that edge
 // admits the client only once TakeoverEnd answered.
@@ -472,11 +483,7 @@ func TestBroker_DrainWaitsForTakeovers(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, owned)
 
-	drained := make(chan struct{})
-	go func() {
-		defer close(drained)
-		b.DrainWith(context.Background(), DrainOptions{})
-	}()
+	drained := drainInBackground(b)
 	select {
 	case <-drained:
 		t.Fatal("the drain ended while a takeover was under way")
