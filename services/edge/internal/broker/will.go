@@ -96,10 +96,19 @@ func (b *Broker) sendWill(will *Message) error {
 
 // publishWill publishes a will now. rec, when set, is the stored session
 // record that holds it: the will leaves the record once it is out. It
-// returns errStopping, having done nothing, when the edge stops.
+// returns errStopping, having done nothing, when the edge stops; and when
+// the stop began while the will went out and its writes failed (they run
+// under the stop's context): then the will stays where it was kept, for
+// the caller to keep it for the restart (a single-node edge) or for a
+// custodian to read from the stored record. Sent again, with the same
+// msgID, it is stored once by each recipient that took it already.
 func (b *Broker) publishWill(id string, will *Message, rec *durable.Session) error {
 	if err := b.sendWill(will); err != nil {
 		if errors.Is(err, errStopping) {
+			return errStopping
+		}
+		if b.willsHeldBack() {
+			b.logger.Warn("will not stored for every recipient as the edge stops; kept to go out again", "client_id", id, "error", err)
 			return errStopping
 		}
 		b.logger.Error("will not stored for every recipient", "client_id", id, "error", err)

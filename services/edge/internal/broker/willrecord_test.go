@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
@@ -240,5 +243,60 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 		g.open()
 		waitBound(t, b, id)
 		requireNewer(t, st, id)
+	})
+}
+
+// stopDuringWillStore is a single-node edge's store whose first queueing
+// for session watcher fails as if the edge's stop had begun during it:
+// stop runs first, and the write fails.
+type stopDuringWillStore struct {
+	*durable.Store
+	watcher string
+	stop    func()
+	once    sync.Once
+}
+
+func (s *stopDuringWillStore) Enqueue(id string, e durable.Entry) *durable.Pending {
+	failed := false
+	if id == s.watcher {
+		s.once.Do(func() {
+			s.stop()
+			failed = true
+		})
+	}
+	if failed {
+		return durable.DonePending(errors.New("store write cut short by the stop"))
+	}
+	return s.Store.Enqueue(id, e)
+}
+
+// A will whose delay passes just before a single-node edge stops, and
+// whose writes the stop cuts short, is kept for the restart as a will
+// still waiting at the stop is [MQTT-3.1.2-8], not dropped: the restart
+// publishes it, with the same msgID, which a recipient that took it
+// already stores once.
+func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
+	t.Parallel()
+	var b *Broker
+	store := &stopDuringWillStore{}
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
+		store.Store = st
+		return store
+	})
+	sc := b.mustScope(t, "default")
+	store.watcher = sc.ClientID("watcher")
+	store.stop = func() { b.stopping.Store(true) }
+	addr := serveTCP(t, b)
+	subscribeWillWatcher(t, addr)
+	c := connectExpiringWithWill(t, addr, "cut", 3600, 1, 1)
+	id := sc.ClientID("cut")
+	waitBound(t, b, id)
+	_ = c.Conn.Close()
+	testutil.Eventually(t, 5*time.Second, func() error {
+		got, ok, err := st.LoadSession(t.Context(), id)
+		if err != nil || !ok || got.Session.Will == nil {
+			return fmt.Errorf("no will kept for the restart in the session's record (ok %v, %v)", ok, err)
+		}
+		return nil
 	})
 }
