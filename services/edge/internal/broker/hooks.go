@@ -596,6 +596,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	// The record is made only if the edge stops first: most wills go out,
 	// or are cancelled, long before.
 	var keep func()
+	heldBack := false // published at once, and held back by a stop that began meanwhile
 	if will != nil && !normal && b.store != nil && b.singleNode() {
 		ended := time.Now()
 		keep = func() { b.keepWillForRestart(cl.ID, c.epoch, keptWill(cl, c, will, ended)) }
@@ -618,7 +619,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			// when its expiry interval (as the DISCONNECT left it) has.
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
-		b.willAtEnd(cl.ID, c, will, delay, keep)
+		heldBack = b.willAtEnd(cl.ID, c, will, delay, keep)
 	} else if c.record != nil {
 		// A normal DISCONNECT, or an edge of a cluster that stops without
 		// a drain: the will never goes out, so no custodian may publish it
@@ -642,7 +643,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		// ending it here would release.
 		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, upTo: c.epoch})
 	}
-	if keep != nil && stopping {
+	if keep != nil && (stopping || heldBack) {
 		// After the session's end, which removes its record.
 		keep()
 	}

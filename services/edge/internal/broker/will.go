@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -138,13 +139,20 @@ func (b *Broker) scheduleWill(id string, will *Message, delay time.Duration, rec
 // the cancel and this decision are made under willMu: a will scheduled
 // before the cancel is cancelled, and one decided after it sees the fate.
 // Through the connection alone the takeover cannot reach a connection
-// that left b.conns already, its will on the way here.
-func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32, keep func()) {
+// that left b.conns already, its will on the way here. heldBack reports a
+// will published here and now that the edge's stop held back (kept, if
+// keep): the caller keeps it again once the session's end, which removes
+// the stored record, is done.
+func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32, keep func()) (heldBack bool) {
 	b.willMu.Lock()
 	sess := c.sess.Load()
+	var stopped atomic.Bool
 	pw := &pendingWill{fire: func() {
-		if b.publishWill(id, will, c.record) == errStopping && keep != nil {
-			keep() // due as the edge stops: it goes out when the edge is back
+		if b.publishWill(id, will, c.record) == errStopping {
+			stopped.Store(true)
+			if keep != nil {
+				keep() // due as the edge stops: it goes out when the edge is back
+			}
 		}
 	},
 		at: time.Now().Add(time.Duration(delay) * time.Second), copy: sess, keep: keep}
@@ -176,10 +184,11 @@ func (b *Broker) willAtEnd(id string, c *conn, will *Message, delay uint32, keep
 	if delay > 0 {
 		b.armLocked(id, pw, time.Duration(delay)*time.Second)
 		b.willMu.Unlock()
-		return
+		return false
 	}
 	b.willMu.Unlock()
 	pw.fire()
+	return stopped.Load()
 }
 
 // scheduleWillLocked is scheduleWill for a delay above 0; b.willMu is held.
@@ -206,7 +215,12 @@ func (b *Broker) armLocked(id string, pw *pendingWill, delay time.Duration) {
 			return
 		}
 		delete(b.wills, id)
+		// Counted under willMu, before the stop's own pass over the
+		// wills: Close waits for it (a will its stop cuts short is kept,
+		// which needs the store still open).
+		b.willsOut.Add(1)
 		b.willMu.Unlock()
+		defer b.willsOut.Done()
 		publish()
 	})
 	b.wills[id] = pw

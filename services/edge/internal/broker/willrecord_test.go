@@ -300,3 +300,112 @@ func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 		return nil
 	})
 }
+
+// A will published at once as its connection ends (a DISCONNECT 0x04 that
+// ends the stored session with it), whose writes a stop that began
+// meanwhile cuts short, is kept for the restart after the session's end,
+// which removes the stored record: kept before it, it would go with the
+// record.
+func TestBroker_WillCutShortAsItsSessionEndsIsKeptForTheRestart(t *testing.T) {
+	t.Parallel()
+	var b *Broker
+	store := &stopDuringWillStore{}
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
+		store.Store = st
+		return store
+	})
+	sc := b.mustScope(t, "default")
+	store.watcher = sc.ClientID("watcher")
+	store.stop = func() { b.stopping.Store(true) }
+	addr := serveTCP(t, b)
+	subscribeWillWatcher(t, addr)
+	c := connectExpiringWithWill(t, addr, "ending", 3600, 0, 1)
+	id := sc.ClientID("ending")
+	waitBound(t, b, id)
+	// A DISCONNECT that keeps the will (0x04) and ends the stored session
+	// with its connection (Session Expiry 0).
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: packets.CodeDisconnectWillMessage.Code,
+		Properties: packets.Properties{SessionExpiryInterval: 0, SessionExpiryIntervalFlag: true}})
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if b.session(id) != nil || b.disconnecting.Load() != 0 {
+			return errors.New("the connection's end is still under way")
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // the end's record removal, if queued
+	got, ok, err := st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok, "no record keeps the will for the restart")
+	require.NotNil(t, got.Session.Will, "the record kept for the restart holds no will")
+}
+
+// slowWillStore is a single-node edge's store whose first queueing for
+// session watcher waits until release is closed, then fails.
+type slowWillStore struct {
+	*durable.Store
+	watcher string
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *slowWillStore) Enqueue(id string, e durable.Entry) *durable.Pending {
+	first := false
+	if id == s.watcher {
+		s.once.Do(func() { first = true })
+	}
+	if !first {
+		return s.Store.Enqueue(id, e)
+	}
+	close(s.entered)
+	<-s.release
+	return durable.DonePending(errors.New("store write cut short by the stop"))
+}
+
+// The stop of a single-node edge waits for a will its timer is
+// publishing, so that one the stop cuts short is kept for the restart
+// while the store is still open.
+func TestBroker_CloseWaitsForAWillBeingPublished(t *testing.T) {
+	t.Parallel()
+	store := &slowWillStore{entered: make(chan struct{}), release: make(chan struct{})}
+	var let sync.Once
+	release := func() { let.Do(func() { close(store.release) }) }
+	t.Cleanup(release)
+	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
+		store.Store = st
+		return store
+	})
+	sc := b.mustScope(t, "default")
+	store.watcher = sc.ClientID("watcher")
+	addr := serveTCP(t, b)
+	subscribeWillWatcher(t, addr)
+	c := connectExpiringWithWill(t, addr, "timed", 3600, 1, 1)
+	id := sc.ClientID("timed")
+	waitBound(t, b, id)
+	_ = c.Conn.Close()
+	select {
+	case <-store.entered: // the will's delay passed, and it is being stored
+	case <-time.After(5 * time.Second):
+		t.Fatal("the will did not go out")
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		_ = b.Close()
+	}()
+	select {
+	case <-closed:
+		t.Fatal("the stop ended while a will was being published")
+	case <-time.After(300 * time.Millisecond):
+	}
+	release()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stop did not end")
+	}
+	got, ok, err := st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NotNil(t, got.Session.Will, "the will cut short by the stop is kept for the restart")
+}
