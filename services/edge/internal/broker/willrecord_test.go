@@ -270,13 +270,13 @@ func (s *stopDuringWillStore) Enqueue(id string, e durable.Entry) *durable.Pendi
 	return s.Store.Enqueue(id, e)
 }
 
-// A will whose delay passes just before a single-node edge stops, and
-// whose writes the stop cuts short, is kept for the restart as a will
-// still waiting at the stop is [MQTT-3.1.2-8], not dropped: the restart
-// publishes it, with the same msgID, which a recipient that took it
-// already stores once.
-func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
-	t.Parallel()
+// stoppingDuringWill starts a single-node edge on a stopDuringWillStore,
+// with the persistent session "watcher" subscribed to will/# and offline,
+// and connects client with a persistent session and a QoS 1 will of delay
+// willDelay; it returns the edge, its store, the client and its session's
+// ID.
+func stoppingDuringWill(t *testing.T, client string, willDelay uint32) (*Broker, *durable.Store, *mqtttest.Client, string) {
+	t.Helper()
 	var b *Broker
 	store := &stopDuringWillStore{}
 	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
@@ -288,9 +288,20 @@ func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 	store.stop = func() { b.stopping.Store(true) }
 	addr := serveTCP(t, b)
 	subscribeWillWatcher(t, addr)
-	c := connectExpiringWithWill(t, addr, "cut", 3600, 1, 1)
-	id := sc.ClientID("cut")
+	c := connectExpiringWithWill(t, addr, client, 3600, willDelay, 1)
+	id := sc.ClientID(client)
 	waitBound(t, b, id)
+	return b, st, c, id
+}
+
+// A will whose delay passes just before a single-node edge stops, and
+// whose writes the stop cuts short, is kept for the restart as a will
+// still waiting at the stop is [MQTT-3.1.2-8], not dropped: the restart
+// publishes it, with the same msgID, which a recipient that took it
+// already stores once.
+func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
+	t.Parallel()
+	_, st, c, id := stoppingDuringWill(t, "cut", 1)
 	_ = c.Conn.Close()
 	testutil.Eventually(t, 5*time.Second, func() error {
 		got, ok, err := st.LoadSession(t.Context(), id)
@@ -308,20 +319,7 @@ func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 // record.
 func TestBroker_WillCutShortAsItsSessionEndsIsKeptForTheRestart(t *testing.T) {
 	t.Parallel()
-	var b *Broker
-	store := &stopDuringWillStore{}
-	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
-		store.Store = st
-		return store
-	})
-	sc := b.mustScope(t, "default")
-	store.watcher = sc.ClientID("watcher")
-	store.stop = func() { b.stopping.Store(true) }
-	addr := serveTCP(t, b)
-	subscribeWillWatcher(t, addr)
-	c := connectExpiringWithWill(t, addr, "ending", 3600, 0, 1)
-	id := sc.ClientID("ending")
-	waitBound(t, b, id)
+	b, st, c, id := stoppingDuringWill(t, "ending", 0)
 	// A DISCONNECT that keeps the will (0x04) and ends the stored session
 	// with its connection (Session Expiry 0).
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: packets.CodeDisconnectWillMessage.Code,
