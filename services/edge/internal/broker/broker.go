@@ -140,8 +140,6 @@ type Broker struct {
 	disconnecting atomic.Int64
 	// drainReference is the server reference of the drain under way.
 	drainReference atomic.Pointer[string]
-	// willsOut counts the wills their timers are publishing.
-	willsOut sync.WaitGroup
 
 	fenced   atomic.Bool // the edge's cluster lease lapsed: acknowledge nothing
 	stopOnce sync.Once
@@ -625,9 +623,6 @@ func (b *Broker) Close() error {
 			}
 		}
 		b.willMu.Unlock()
-		// A timer that fired before the stop is publishing its will, and
-		// keeps it if the stop cut it short (publishWill).
-		b.willsOut.Wait()
 		// A single-node edge's wills still waiting for their delay go
 		// out when it starts again; the store closes after this. Written
 		// together, they share the store's commits.

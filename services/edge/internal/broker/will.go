@@ -98,8 +98,8 @@ func (b *Broker) sendWill(will *Message) error {
 // publishWill publishes a will now. rec, when set, is the stored session
 // record that holds it: the will leaves the record once it is out. It
 // returns errStopping, having done nothing, when the edge stops; and when
-// the stop began while the will went out and its writes failed (they run
-// under the stop's context): then the will stays where it was kept, for
+// the stop began while the will went out and its writes failed (their
+// waits end with the stop): then the will stays where it was kept, for
 // the caller to keep it for the restart (a single-node edge) or for a
 // custodian to read from the stored record. Sent again, with the same
 // msgID, it is stored once by each recipient that took it already.
@@ -216,11 +216,11 @@ func (b *Broker) armLocked(id string, pw *pendingWill, delay time.Duration) {
 		}
 		delete(b.wills, id)
 		// Counted under willMu, before the stop's own pass over the
-		// wills: Close waits for it (a will its stop cuts short is kept,
-		// which needs the store still open).
-		b.willsOut.Add(1)
+		// wills, among the releases Close waits for before the store
+		// closes: a will the stop cuts short is kept (publishWill).
+		b.releases.Add(1)
 		b.willMu.Unlock()
-		defer b.willsOut.Done()
+		defer b.releases.Done()
 		publish()
 	})
 	b.wills[id] = pw
