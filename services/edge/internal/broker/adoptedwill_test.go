@@ -484,3 +484,96 @@ func TestBroker_ConnectEstablishedAsADrainBeganIsDisconnected(t *testing.T) {
 	require.Equal(t, packets.ErrUseAnotherServer.Code, pk.ReasonCode)
 	require.Equal(t, ref, pk.Properties.ServerReference)
 }
+
+// A connection still open when an edge of a cluster stops (its drain's
+// wait for the connections to end ran out, or the stop came without one)
+// is closed by the server, and its will follows [MQTT-3.1.2-8]. The edge
+// can send nothing then, so the will stays in the session's stored
+// record, as if the edge had died: the custodian that adopts the session
+// publishes it (at once for a session that ended with the connection,
+// after its delay otherwise, unless the client came back first). Taken out
+// of the record, nobody would send it.
+func TestBroker_StopLeavesAnOpenConnectionsWillForTheCustodian(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		version byte
+		clean   bool
+		props   packets.Properties
+		delay   uint32
+	}{
+		{"clean_session", 4, true, packets.Properties{}, 0},
+		{"persistent_delayed", 5, false, persistentSession, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, st, addr := servingOnSharedStore(t)
+			client := "open-at-stop-" + tc.name
+			id := b.mustScope(t, "default").ClientID(client)
+			connectWithWill(t, addr, tc.version, client, "gone/"+client, tc.clean, tc.props, tc.delay)
+			waitBound(t, b, id)
+			require.NoError(t, b.Close())
+
+			got, ok, err := st.LoadSession(t.Context(), id)
+			require.NoError(t, err)
+			require.True(t, ok, "the session's record left the store with the stop")
+			require.NotNil(t, got.Session.Will, "the will left the stored record with the stop")
+			require.Equal(t, []byte(client), got.Session.Will.Msg.Payload)
+			require.Equal(t, tc.delay, got.Session.Will.Delay)
+			require.Equal(t, tc.clean, got.Session.ExpiryInterval == 0, "the record says whether the session ended with its connection")
+		})
+	}
+}
+
+// A session whose connection's end has not decided the will when the
+// drain's wait for the ends runs out is not handed over: it would leave
+// without the will, void where it goes. It stays in the store, will
+// included, for the custodian that adopts it once the edge is gone.
+func TestBroker_DrainLeavesASessionWhoseConnectionHasNotEndedForCustody(t *testing.T) {
+	t.Parallel()
+	b, st, addr := servingOnSharedStore(t)
+	b.offlineWait = 300 * time.Millisecond
+	const client = "stuck-end"
+	id := b.mustScope(t, "default").ClientID(client)
+	custody := &willCheckingCustody{b: b, id: id}
+	b.SetCluster(Cluster{Custody: custody})
+	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enter, let sync.Once
+	releaseEnd := func() { let.Do(func() { close(release) }) }
+	t.Cleanup(releaseEnd) // before the broker's close, which waits for the end
+	hold := func(cl *mqtt.Client) {
+		if cl.ID == id {
+			enter.Do(func() { close(entered) })
+			<-release
+		}
+	}
+	b.atWill.Store(&hold)
+	type result struct{ moved, stayed int }
+	drained := make(chan result, 1)
+	go func() {
+		moved, stayed := b.DrainWith(context.Background(), DrainOptions{})
+		drained <- result{moved, stayed}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not close the connection")
+	}
+	var got result
+	select {
+	case got = <-drained:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the drain did not end")
+	}
+	require.Equal(t, result{moved: 0, stayed: 1}, got)
+	require.Zero(t, custody.calls.Load(), "the session was handed over before its connection's end decided its will")
+	releaseEnd()
+	require.NoError(t, b.Close())
+	rec, ok, err := st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok, "the session's record left the store")
+	require.NotNil(t, rec.Session.Will, "the will left the stored record")
+	require.Equal(t, []byte(client), rec.Session.Will.Msg.Payload)
+}

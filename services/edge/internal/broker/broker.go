@@ -138,6 +138,9 @@ type Broker struct {
 	// a drain hands a session over only once its connection's end decided
 	// the will, which then goes with the session.
 	disconnecting atomic.Int64
+	// offlineWait bounds a drain's wait for its connections' ends
+	// (drainOfflineWait; tests shorten it).
+	offlineWait time.Duration
 	// drainReference is the server reference of the drain under way.
 	drainReference atomic.Pointer[string]
 
@@ -370,6 +373,8 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		handed:   newHandedOver(cfg.HandoverMemory),
 		done:     make(chan struct{}),
 		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
+
+		offlineWait: drainOfflineWait,
 	}
 	b.stopped, b.stop = context.WithCancel(context.Background())
 	b.atOnce = AtOnce(b.stopped)
@@ -1306,6 +1311,11 @@ type endWhich struct {
 	// end ends the session: a copy a newer claim took on (takeOver raised
 	// its epoch) is that claim's to end, not this connection's.
 	upTo uint64
+	// forCustody: the copy ends with the edge's stop, but the session's
+	// stored record, which holds a will the stop kept from going out, and
+	// this edge's claim on it stay, as if the edge had died: the
+	// custodian that adopts the session publishes the will and ends it.
+	forCustody bool
 }
 
 // goneNow closes w.routesGone, if set, for a copy that ends nothing.
@@ -1395,17 +1405,18 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 	// After the session's subscriptions left the index, so that none of
 	// its group messages comes back to it.
 	b.redispatchAll(s, orphans, ShareMemberGone)
-	if b.store != nil && wasStored && !handedOver {
+	if b.store != nil && wasStored && !handedOver && !which.forCustody {
 		_ = b.store.DeleteSession(context.Background(), id, false)
 	}
 	if b.store != nil && !which.replaced {
 		b.store.Deactivate(id, epoch)
 	}
-	b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced)
+	b.logger.Debug("session copy ended", "client_id", id, "epoch", epoch, "goes_on", goesOn, "replaced", which.replaced,
+		"for_custody", which.forCustody)
 	if _, local := b.cluster.Ownership.(*localOwnership); local {
 		return // one edge: nothing holds the claim but this edge
 	}
-	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 && !goesOn {
+	if external, ok := s.scope.ExternalClientID(id); ok && epoch != 0 && !goesOn && !which.forCustody {
 		// The session ended here, so no edge owns it. The release carries
 		// the epoch of this edge's claim: if the client has meanwhile
 		// connected elsewhere, the newer claim stands and this is refused.

@@ -69,7 +69,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	// over: a will waiting for its delay goes with it (TakeOver). A session
 	// goes offline within its connection's end, so once none is online,
 	// every end to wait for has begun.
-	wait, cancel := context.WithTimeout(ctx, drainOfflineWait)
+	wait, cancel := context.WithTimeout(ctx, b.offlineWait)
 	waitUntil(wait, func() bool { return b.countSessions(online) == 0 && b.disconnecting.Load() == 0 })
 	cancel()
 	if b.cluster.Custody == nil {
@@ -90,6 +90,22 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	for _, s := range persistent {
 		external, ok := s.scope.ExternalClientID(s.id)
 		if !ok {
+			continue
+		}
+		// Online first: a connection's end counts itself ending before
+		// the session goes offline.
+		if s.online.Load() || s.ending.Load() > 0 {
+			// Its connection has not ended past the wait, or its end has
+			// not decided the will: handed over now, the session would
+			// leave without the will, void where it goes. It stays, with
+			// the will in its stored record, which the stop leaves there
+			// (OnDisconnect, forCustody) for the custodian that adopts
+			// the session once this edge is gone.
+			mu.Lock()
+			stayed++
+			mu.Unlock()
+			b.logger.Warn("session not handed over: its connection has not ended; it stays in the store for custody",
+				"client_id", s.id)
 			continue
 		}
 		wg.Add(1)

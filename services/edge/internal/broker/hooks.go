@@ -571,6 +571,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	s := b.session(cl.ID)
 	if s != nil {
+		s.ending.Add(1)
+		defer s.ending.Add(-1)
 		s.unbind(cl)
 	}
 	// A normal DISCONNECT (0x00) discards the will ([MQTT-3.1.2-10]); any other
@@ -609,7 +611,13 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	// with no delay, or whose session ends with the connection, goes out
 	// from here at once. A client that reconnects within its will's delay
 	// (what MQTT 5's delay is for) sends no will through a rolling restart.
-	if will != nil && !normal && !b.willsHeldBack() {
+	// An edge of a cluster that stops can send no will: one its stop held
+	// back stays in the session's stored record, with the record (see
+	// forCustody), for the custodian that adopts the session to send, as
+	// when an edge dies. Taken out, nobody would send it.
+	heldBackNow := b.willsHeldBack()
+	forCustody := will != nil && !normal && heldBackNow && c.record != nil && b.store.Shared()
+	if will != nil && !normal && !heldBackNow {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
 			delay = 0 // the session ends now, and the will with it ([MQTT-3.1.3-9])
@@ -620,10 +628,10 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
 		heldBack = b.willAtEnd(cl.ID, c, will, delay, keep)
-	} else if c.record != nil {
-		// A normal DISCONNECT, or an edge of a cluster that stops without
-		// a drain: the will never goes out, so no custodian may publish it
-		// either. (A single-node edge keeps it for its restart: keep.)
+	} else if c.record != nil && !forCustody {
+		// A normal DISCONNECT: the will never goes out, so no custodian
+		// may publish it either. (A single-node edge keeps one its stop
+		// held back for its restart: keep.)
 		b.dropStoredWill(cl.ID, c.record)
 	}
 	if c.sess.Load().after(c.epoch) == sessionResumed {
@@ -641,7 +649,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		// end (a DISCONNECT setting Session Expiry 0 read after its
 		// takeOver): that CONNECT resumes it under its own claim, which
 		// ending it here would release.
-		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, upTo: c.epoch})
+		b.endSessionRoutes(context.Background(), cl.ID, endWhich{cl: cl, upTo: c.epoch, forCustody: forCustody})
 	}
 	if keep != nil && (stopping || heldBack) {
 		// After the session's end, which removes its record.

@@ -57,6 +57,10 @@ type session struct {
 	scope  *tenancy.Scope
 	b      *Broker
 	online atomic.Bool
+	// ending counts the ends of its connections in progress (OnDisconnect),
+	// raised before the session goes offline in one: until the end decided
+	// the will, a drain does not hand the session over.
+	ending atomic.Int32
 	nsubs  atomic.Int32 // len(subs), readable without the lock
 	// routable is when the session's routes pointed here (unix nano): a
 	// message routed again after an edge left without taking it skips the

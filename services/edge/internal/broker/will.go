@@ -297,8 +297,7 @@ func (b *Broker) willRecord(rec durable.Session, c *conn) *durable.Session {
 }
 
 // dropStoredWill takes the will out of the session's stored record once it
-// was published, or can no longer be (a normal DISCONNECT, an edge of a
-// cluster that stops without a drain). It
+// was published, or can no longer be (a normal DISCONNECT). It
 // does nothing if the record was replaced since: rec is the one that held
 // the will. A session that does not outlive its connection loses its record.
 //
