@@ -431,17 +431,7 @@ func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing
 	b.SetCluster(Cluster{Custody: custody})
 	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 	waitBound(t, b, id)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enter, let sync.Once
-	releaseEnd := func() { let.Do(func() { close(release) }) }
-	t.Cleanup(releaseEnd) // before the broker's close, which waits for the end
-	hold := func(cl *mqtt.Client) {
-		if cl.ID == id {
-			enter.Do(func() { close(entered) })
-			<-release
-		}
-	}
-	b.atWill.Store(&hold)
+	entered, releaseEnd := holdEndAtWill(t, b, id)
 	drained := drainInBackground(b)
 	select {
 	case <-entered:
@@ -458,6 +448,24 @@ func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing
 	}
 	require.Equal(t, int32(1), custody.calls.Load())
 	require.True(t, custody.waiting.Load(), "the will was waiting for its delay, for the handover to carry, when the session was handed over")
+}
+
+// holdEndAtWill holds the end of session id's connection on b where it
+// comes to the will, until releaseEnd; entered is closed once it got there.
+func holdEndAtWill(t *testing.T, b *Broker, id string) (entered <-chan struct{}, releaseEnd func()) {
+	t.Helper()
+	in, release := make(chan struct{}), make(chan struct{})
+	var enter, let sync.Once
+	releaseEnd = func() { let.Do(func() { close(release) }) }
+	t.Cleanup(releaseEnd) // before the broker's close, which waits for the end
+	hold := func(cl *mqtt.Client) {
+		if cl.ID == id {
+			enter.Do(func() { close(in) })
+			<-release
+		}
+	}
+	b.atWill.Store(&hold)
+	return in, releaseEnd
 }
 
 // A CONNECT admitted as a drain began (past the drain's check) is
@@ -539,17 +547,7 @@ func TestBroker_DrainLeavesASessionWhoseConnectionHasNotEndedForCustody(t *testi
 	b.SetCluster(Cluster{Custody: custody})
 	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 	waitBound(t, b, id)
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enter, let sync.Once
-	releaseEnd := func() { let.Do(func() { close(release) }) }
-	t.Cleanup(releaseEnd) // before the broker's close, which waits for the end
-	hold := func(cl *mqtt.Client) {
-		if cl.ID == id {
-			enter.Do(func() { close(entered) })
-			<-release
-		}
-	}
-	b.atWill.Store(&hold)
+	entered, releaseEnd := holdEndAtWill(t, b, id)
 	type result struct{ moved, stayed int }
 	drained := make(chan result, 1)
 	go func() {
