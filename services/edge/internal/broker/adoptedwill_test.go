@@ -575,3 +575,32 @@ func TestBroker_DrainLeavesASessionWhoseConnectionHasNotEndedForCustody(t *testi
 	require.NotNil(t, rec.Session.Will, "the will left the stored record")
 	require.Equal(t, []byte(client), rec.Session.Will.Msg.Payload)
 }
+
+// A client that starts clean on another edge while this one stops ends
+// its session here (TakeOver), but this edge can send its will no more:
+// the stored record that holds the will stays, for the new owner to
+// publish as it starts the session clean. Removed, nobody would send it.
+func TestBroker_CleanStartElsewhereAsTheEdgeStopsLeavesTheWillStored(t *testing.T) {
+	t.Parallel()
+	b, st, addr := servingOnSharedStore(t)
+	const client = "clean-elsewhere"
+	id := b.mustScope(t, "default").ClientID(client)
+	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 0)
+	epoch := waitBound(t, b, id)
+	b.stopping.Store(true) // a stop without a drain: wills are held back
+	owned, _, state, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, true)
+	require.NoError(t, err)
+	require.True(t, owned)
+	require.Empty(t, state)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if b.session(id) != nil || b.disconnecting.Load() != 0 {
+			return errors.New("the session or its connection's end is still here")
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // a queued record removal, if any
+	got, ok, err := st.LoadSession(t.Context(), id)
+	require.NoError(t, err)
+	require.True(t, ok, "the record that holds the will left the store")
+	require.NotNil(t, got.Session.Will, "the will left the stored record")
+}

@@ -628,6 +628,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 			delay = min(delay, cl.Properties.Props.SessionExpiryInterval)
 		}
 		heldBack = b.willAtEnd(cl.ID, c, will, delay, keep)
+		// A stop that began meanwhile kept it from going out: it stays
+		// in the stored record too.
+		forCustody = heldBack && c.record != nil && b.store.Shared()
 	} else if c.record != nil && !forCustody {
 		// A normal DISCONNECT: the will never goes out, so no custodian
 		// may publish it either. (A single-node edge keeps one its stop

@@ -174,13 +174,18 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		s.detach(cl)
 	}
 	if !moves {
-		b.endSession(id, nil)
+		// Once the edge stops, no will goes out from here (willsHeldBack):
+		// the stored record that holds one stays, as an edge that died
+		// leaves it, and the new owner, starting the session clean,
+		// publishes the will from there (claimShared).
+		forCustody := b.store != nil && b.store.Shared() && b.willsHeldBack()
+		b.endSessionRoutes(context.Background(), id, endWhich{forCustody: forCustody})
 		// After the end: a will waiting for its delay goes now, and so does
 		// one that a connection ending before the end scheduled
 		// ([MQTT-3.1.3-9]: published when the delay passes or the session
 		// ends, whichever is first).
 		b.cancelWill(id, true)
-		if b.store != nil && b.store.Shared() {
+		if b.store != nil && b.store.Shared() && !forCustody {
 			// The will goes out from here. The stored record that holds
 			// it leaves the store before the new owner, told of the end,
 			// reads it (the end's own delete is queued, and the new

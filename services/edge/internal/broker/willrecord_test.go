@@ -246,15 +246,18 @@ func TestBroker_OlderConnectionsEndLeavesTheNewerStoredRecord(t *testing.T) {
 	})
 }
 
-// stopDuringWillStore is a single-node edge's store whose first queueing
-// for session watcher fails as if the edge's stop had begun during it:
-// stop runs first, and the write fails.
+// stopDuringWillStore is an edge's store whose first queueing for session
+// watcher fails as if the edge's stop had begun during it: stop runs
+// first, and the write fails. shared makes it a cluster's shared store.
 type stopDuringWillStore struct {
 	*durable.Store
 	watcher string
 	stop    func()
 	once    sync.Once
+	shared  bool
 }
+
+func (s *stopDuringWillStore) Shared() bool { return s.shared }
 
 func (s *stopDuringWillStore) Enqueue(id string, e durable.Entry) *durable.Pending {
 	failed := false
@@ -270,15 +273,15 @@ func (s *stopDuringWillStore) Enqueue(id string, e durable.Entry) *durable.Pendi
 	return s.Store.Enqueue(id, e)
 }
 
-// stoppingDuringWill starts a single-node edge on a stopDuringWillStore,
-// with the persistent session "watcher" subscribed to will/# and offline,
-// and connects client with a persistent session and a QoS 1 will of delay
-// willDelay; it returns the edge, its store, the client and its session's
-// ID.
-func stoppingDuringWill(t *testing.T, client string, willDelay uint32) (*Broker, *durable.Store, *mqtttest.Client, string) {
+// stoppingDuringWill starts an edge on a stopDuringWillStore (a single
+// node's, or a cluster's shared one), with the persistent session
+// "watcher" subscribed to will/# and offline, and connects client with a
+// persistent session and a QoS 1 will of delay willDelay; it returns the
+// edge, its store, the client and its session's ID.
+func stoppingDuringWill(t *testing.T, client string, willDelay uint32, shared bool) (*Broker, *durable.Store, *mqtttest.Client, string) {
 	t.Helper()
 	var b *Broker
-	store := &stopDuringWillStore{}
+	store := &stopDuringWillStore{shared: shared}
 	b, st := brokerOnStore(t, func(st *durable.Store) DurableState {
 		store.Store = st
 		return store
@@ -301,7 +304,7 @@ func stoppingDuringWill(t *testing.T, client string, willDelay uint32) (*Broker,
 // already stores once.
 func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 	t.Parallel()
-	_, st, c, id := stoppingDuringWill(t, "cut", 1)
+	_, st, c, id := stoppingDuringWill(t, "cut", 1, false)
 	_ = c.Conn.Close()
 	testutil.Eventually(t, 5*time.Second, func() error {
 		got, ok, err := st.LoadSession(t.Context(), id)
@@ -317,24 +320,37 @@ func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 // meanwhile cuts short, is kept for the restart after the session's end,
 // which removes the stored record: kept before it, it would go with the
 // record.
+//
+// On an edge of a cluster, the record that holds the will stays in the
+// shared store, for the custodian that adopts the session once the edge
+// is gone: the session's end leaves it there (forCustody), as the end of
+// a connection that the stop closes does.
 func TestBroker_WillCutShortAsItsSessionEndsIsKeptForTheRestart(t *testing.T) {
 	t.Parallel()
-	b, st, c, id := stoppingDuringWill(t, "ending", 0)
-	// A DISCONNECT that keeps the will (0x04) and ends the stored session
-	// with its connection (Session Expiry 0).
-	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: packets.CodeDisconnectWillMessage.Code,
-		Properties: packets.Properties{SessionExpiryInterval: 0, SessionExpiryIntervalFlag: true}})
-	testutil.Eventually(t, 5*time.Second, func() error {
-		if b.session(id) != nil || b.disconnecting.Load() != 0 {
-			return errors.New("the connection's end is still under way")
-		}
-		return nil
-	})
-	time.Sleep(200 * time.Millisecond) // the end's record removal, if queued
-	got, ok, err := st.LoadSession(t.Context(), id)
-	require.NoError(t, err)
-	require.True(t, ok, "no record keeps the will for the restart")
-	require.NotNil(t, got.Session.Will, "the record kept for the restart holds no will")
+	for _, tc := range []struct {
+		name   string
+		shared bool
+	}{{"single_node", false}, {"cluster", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, st, c, id := stoppingDuringWill(t, "ending", 0, tc.shared)
+			// A DISCONNECT that keeps the will (0x04) and ends the stored
+			// session with its connection (Session Expiry 0).
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ReasonCode: packets.CodeDisconnectWillMessage.Code,
+				Properties: packets.Properties{SessionExpiryInterval: 0, SessionExpiryIntervalFlag: true}})
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if b.session(id) != nil || b.disconnecting.Load() != 0 {
+					return errors.New("the connection's end is still under way")
+				}
+				return nil
+			})
+			time.Sleep(200 * time.Millisecond) // the end's record removal, if queued
+			got, ok, err := st.LoadSession(t.Context(), id)
+			require.NoError(t, err)
+			require.True(t, ok, "no record keeps the will")
+			require.NotNil(t, got.Session.Will, "the record kept holds no will")
+		})
+	}
 }
 
 // slowWillStore is a single-node edge's store whose first queueing for
