@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"errors"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -245,21 +246,98 @@ func (b *Broker) writeAcks(cl *mqtt.Client, q *ackQueue, ready <-chan pendingAck
 			b.encodeAck(cl, &buf, p)
 		}
 		err := writeAcksTo(cl, buf.Bytes())
-		for _, p := range batch {
-			if err == nil && p.qos == 1 && v5 {
-				cl.State.Inflight.IncreaseReceiveQuota()
-			}
-			if err == nil {
-				b.confirmed(p.msg)
-			}
-			finishSpan(p.span, nil)
-		}
+		b.acksWritten(cl, batch, err, v5)
 		q.mu.Lock()
 		q.pending = q.pending[len(batch):]
 		q.handed -= len(batch)
 		q.room.Broadcast()
 		q.mu.Unlock()
 	}
+}
+
+// acksWritten completes the acknowledgements of batch once their write
+// returned err.
+func (b *Broker) acksWritten(cl *mqtt.Client, batch []pendingAck, err error, v5 bool) {
+	for _, p := range batch {
+		if err == nil && p.qos == 1 && v5 {
+			cl.State.Inflight.IncreaseReceiveQuota()
+		}
+		if err == nil {
+			b.confirmed(p.msg)
+		}
+		finishSpan(p.span, nil)
+	}
+}
+
+// heldAcks are the acknowledgements of PUBLISHes that waited for nobody,
+// taken on the client's reading goroutine and not written yet. Under load
+// a client's PUBLISHes arrive many to a read, and mochi wrote each one's
+// acknowledgement with a syscall of its own as it handled it: at QoS 1
+// across 50 pairs on one edge, a thousand writes per thousand messages and
+// half the edge's CPU. Held, they leave together, before the reader next
+// waits for the network (keepaliveConn.Read), with anything else written
+// to the client (keepaliveConn.Write, under the client's lock, which every
+// writer holds: an acknowledgement mochi or the ack queue writes never
+// overtakes a held one), before a DISCONNECT from the client is handled,
+// or once ackBurst wait. The fields are the client's lock's.
+type heldAcks struct {
+	n    atomic.Int32 // len(acks), readable without the lock
+	b    *Broker
+	cl   *mqtt.Client
+	buf  bytes.Buffer
+	acks []pendingAck
+}
+
+// holdAck holds the acknowledgement p of a PUBLISH of cl read from c.
+func (c *keepaliveConn) holdAck(b *Broker, cl *mqtt.Client, p pendingAck) {
+	cl.Lock()
+	defer cl.Unlock()
+	h := &c.held
+	h.b, h.cl = b, cl
+	b.encodeAck(cl, &h.buf, p)
+	h.acks = append(h.acks, p)
+	h.n.Store(int32(len(h.acks)))
+	if len(h.acks) >= ackBurst {
+		c.writeHeldLocked(nil)
+	}
+}
+
+// flushHeld writes the held acknowledgements, if any.
+func (c *keepaliveConn) flushHeld() {
+	if c.held.n.Load() == 0 {
+		return
+	}
+	cl := c.held.cl
+	cl.Lock()
+	defer cl.Unlock()
+	if c.held.n.Load() > 0 {
+		c.writeHeldLocked(nil)
+	}
+}
+
+// writeHeldLocked writes the held acknowledgements and then extra, in one
+// write where the connection allows, and reports what of extra it wrote.
+// The client's lock is held.
+func (c *keepaliveConn) writeHeldLocked(extra []byte) (int, error) {
+	h := &c.held
+	held := int64(h.buf.Len())
+	var err error
+	var n int64
+	if h.cl.Closed() {
+		err = mqtt.ErrConnectionClosed
+	} else {
+		bufs := net.Buffers{h.buf.Bytes(), extra}
+		n, err = bufs.WriteTo(c.Conn)
+	}
+	h.b.acksWritten(h.cl, h.acks, err, h.cl.Properties.ProtocolVersion == 5)
+	if err != nil {
+		h.cl.Stop(err)
+	}
+	h.buf.Reset()
+	clear(h.acks)
+	h.acks = h.acks[:0]
+	h.n.Store(0)
+	return int(max(n-held, 0)), err
 }
 
 // writeAcksTo writes encoded acknowledgements to cl. A failed write leaves

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,10 +9,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
@@ -416,4 +420,75 @@ func TestAcks_ReadyTogetherWrittenTogether(t *testing.T) {
 		want[i] = uint16(i + 1)
 	}
 	require.Equal(t, want, ids)
+}
+
+// writeCountingListener counts the writes to the connections it accepts.
+type writeCountingListener struct {
+	listeners.Listener
+	writes atomic.Int64
+}
+
+func (l *writeCountingListener) Serve(establish listeners.EstablishFn) {
+	l.Listener.Serve(func(id string, c net.Conn) error {
+		return establish(id, &writeCountingConn{Conn: c, writes: &l.writes})
+	})
+}
+
+type writeCountingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c *writeCountingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// The acknowledgements of PUBLISHes read together leave together, in the
+// order of the PUBLISHes [MQTT-4.6.0-2] [MQTT-4.6.0-3], not one write each
+// (heldAcks). A DISCONNECT read right after them closes the connection
+// only once they are written.
+func TestBroker_AcksOfPublishesReadTogetherLeaveTogether(t *testing.T) {
+	t.Parallel()
+	for _, version := range []byte{4, 5} {
+		t.Run(fmt.Sprintf("v%d", version), func(t *testing.T) {
+			t.Parallel()
+			b, err := New(DefaultConfig(), anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+			require.NoError(t, err)
+			l := &writeCountingListener{Listener: newTCP("127.0.0.1:0")}
+			require.NoError(t, b.AddListener(l))
+			require.NoError(t, b.Serve())
+			t.Cleanup(func() { _ = b.Close() })
+			c := mqtttest.Dial(t, l.Address(), version)
+			c.Connect("batch", true, packets.Properties{})
+
+			const n = 60
+			var out bytes.Buffer
+			for i := 1; i <= n; i++ {
+				pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: byte(1 + i%2)},
+					TopicName: "batch/t", PacketID: uint16(i), Payload: []byte("x"), ProtocolVersion: version}
+				require.NoError(t, pk.PublishEncode(&out))
+			}
+			disconnect := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}, ProtocolVersion: version}
+			require.NoError(t, disconnect.DisconnectEncode(&out))
+			before := l.writes.Load()
+			_, err = c.Conn.Write(out.Bytes())
+			require.NoError(t, err)
+			for i := 1; i <= n; i++ {
+				want := byte(packets.Puback)
+				if i%2 == 1 {
+					want = packets.Pubrec
+				}
+				pk, err := c.Read(5 * time.Second)
+				require.NoError(t, err, "acknowledgement %d of %d", i, n)
+				require.Equal(t, want, pk.FixedHeader.Type, "acknowledgement %d", i)
+				require.Equal(t, uint16(i), pk.PacketID, "acknowledgements out of order")
+			}
+			_, err = c.Read(5 * time.Second)
+			require.Error(t, err, "the connection stays open after the DISCONNECT")
+			// One write per read of the PUBLISHes (a few, as TCP splits
+			// them), not one per acknowledgement.
+			require.Less(t, l.writes.Load()-before, int64(8), "writes for %d acknowledgements", n)
+		})
+	}
 }

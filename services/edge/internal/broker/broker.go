@@ -1549,6 +1549,23 @@ type keepaliveConn struct {
 	// connectRead: mochi decoded the connection's CONNECT (OnPacketRead saw
 	// it). A connection refused before that sent one mochi could not read.
 	connectRead atomic.Bool
+	held        heldAcks
+}
+
+// Read writes the held acknowledgements first: the reader is about to wait
+// for the network, and the client may be waiting for them.
+func (c *keepaliveConn) Read(p []byte) (int, error) {
+	c.flushHeld()
+	return c.Conn.Read(p)
+}
+
+// Write writes the held acknowledgements first, with p. Every writer to a
+// client holds its lock.
+func (c *keepaliveConn) Write(p []byte) (int, error) {
+	if c.held.n.Load() == 0 {
+		return c.Conn.Write(p)
+	}
+	return c.writeHeldLocked(p)
 }
 
 // setKeepalive records the keep-alive (whole seconds) the client got.

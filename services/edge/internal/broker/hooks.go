@@ -790,6 +790,11 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 // mochi ignores any error from this hook but ErrRejectPacket, so every
 // refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk *packets.Packet) error {
+	if pk.FixedHeader.Type == packets.Disconnect {
+		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
+			kc.flushHeld() // the connection closes with the DISCONNECT
+		}
+	}
 	var err error
 	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {
 		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
@@ -1224,8 +1229,9 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	}
 }
 
-// OnPublish routes a client's PUBLISH. mochi sends the PUBACK/PUBREC after
-// this returns, so it leaves only once every recipient has the message.
+// OnPublish routes a client's PUBLISH. Its PUBACK/PUBREC leaves only once
+// every recipient has the message: held for the connection's next write
+// (heldAcks) when nobody is waited for, else from the ack queue.
 func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	b := h.b
 	c := b.conn(cl)
@@ -1334,6 +1340,13 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
 		b.queueAck(cl, c, pk, wait, m.span, m)
 		return packets.ErrRejectPacket // acknowledged by the queue
+	}
+	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && m.QoS > 0 {
+		if cl.Properties.ProtocolVersion == 5 {
+			cl.State.Inflight.DecreaseReceiveQuota() // as queueAck, in place of mochi's own path
+		}
+		kc.holdAck(b, cl, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, span: m.span, msg: m})
+		return packets.ErrRejectPacket // acknowledged with the next write (heldAcks)
 	}
 	finishSpan(m.span, nil)
 	b.confirmed(m)
