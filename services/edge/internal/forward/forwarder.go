@@ -362,32 +362,48 @@ func (f *Forwarder) route(ctx context.Context, tenant, topic string) (Route, err
 // not take the message committed it to no member, and what the link kept
 // of it is not re-dispatched (that is for messages a peer took).
 func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sent []*pending) error {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
+	var t *time.Timer
+	var timeout <-chan time.Time
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	var left *broker.NotTaken
 	var owed, served []broker.GroupKey // by their own members (unsettled routes)
 	for _, p := range sent {
+		var err error
 		select {
-		case err := <-p.done:
-			if err == nil {
-				served = append(served, p.owes...)
-				continue
+		case err = <-p.done:
+			// Under load the peer most often took it before the wait
+			// began: no timer then.
+		default:
+			if t == nil {
+				t = time.NewTimer(time.Until(deadline))
+				timeout = t.C
 			}
-			if !errors.Is(err, broker.ErrEdgeLeft) {
-				return err
+			select {
+			case err = <-p.done:
+			case <-timeout:
+				return fmt.Errorf("%w within %v", ErrPeerGone, bound)
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			if left == nil {
-				left = &broker.NotTaken{Err: err}
-			}
-			for _, g := range p.msg.GetShared() {
-				left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
-			}
-			owed = append(owed, p.owes...)
-		case <-t.C:
-			return fmt.Errorf("%w within %v", ErrPeerGone, bound)
-		case <-ctx.Done():
-			return ctx.Err()
 		}
+		if err == nil {
+			served = append(served, p.owes...)
+			continue
+		}
+		if !errors.Is(err, broker.ErrEdgeLeft) {
+			return err
+		}
+		if left == nil {
+			left = &broker.NotTaken{Err: err}
+		}
+		for _, g := range p.msg.GetShared() {
+			left.Groups = append(left.Groups, broker.GroupKey{Name: g.GetGroup(), Filter: g.GetFilter()})
+		}
+		owed = append(owed, p.owes...)
 	}
 	if left != nil {
 		for _, g := range owed {
