@@ -302,12 +302,24 @@ func (c *keepaliveConn) holdAck(b *Broker, cl *mqtt.Client, p pendingAck) {
 	}
 }
 
-// flushHeld writes the held acknowledgements, if any.
+// flushHeld writes the held acknowledgements, if any. Only the reading
+// goroutine calls it, the one that holds them (it reads held.cl unlocked).
 func (c *keepaliveConn) flushHeld() {
-	if c.held.n.Load() == 0 {
-		return
+	if c.held.n.Load() != 0 {
+		c.flushHeldOf(c.held.cl)
 	}
-	cl := c.held.cl
+}
+
+// flushHeldOf writes the held acknowledgements of cl, whose connection c
+// is, if any: before the edge closes the connection without writing to
+// it, the acknowledgements of PUBLISHes it took leave first.
+func flushHeldOf(cl *mqtt.Client) {
+	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && kc.held.n.Load() != 0 {
+		kc.flushHeldOf(cl)
+	}
+}
+
+func (c *keepaliveConn) flushHeldOf(cl *mqtt.Client) {
 	cl.Lock()
 	defer cl.Unlock()
 	if c.held.n.Load() > 0 {
@@ -316,18 +328,24 @@ func (c *keepaliveConn) flushHeld() {
 }
 
 // writeHeldLocked writes the held acknowledgements and then extra, in one
-// write where the connection allows, and reports what of extra it wrote.
-// The client's lock is held.
+// write (one writev on TCP; one record or frame on TLS and WebSocket), and
+// reports what of extra it wrote. The client's lock is held.
 func (c *keepaliveConn) writeHeldLocked(extra []byte) (int, error) {
 	h := &c.held
 	held := int64(h.buf.Len())
 	var err error
 	var n int64
-	if h.cl.Closed() {
+	switch _, tcp := c.Conn.(*net.TCPConn); {
+	case h.cl.Closed():
 		err = mqtt.ErrConnectionClosed
-	} else {
+	case len(extra) > 0 && tcp:
 		bufs := net.Buffers{h.buf.Bytes(), extra}
 		n, err = bufs.WriteTo(c.Conn)
+	default:
+		h.buf.Write(extra)
+		var w int
+		w, err = c.Conn.Write(h.buf.Bytes())
+		n = int64(w)
 	}
 	h.b.acksWritten(h.cl, h.acks, err, h.cl.Properties.ProtocolVersion == 5)
 	if err != nil {

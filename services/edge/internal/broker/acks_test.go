@@ -492,3 +492,27 @@ func TestBroker_AcksOfPublishesReadTogetherLeaveTogether(t *testing.T) {
 		})
 	}
 }
+
+// A connection the edge closes without a word (an MQTT 3.1.1 client
+// refused for a bad topic) first gets the acknowledgements it was owed for
+// the PUBLISHes read before: those messages were taken.
+func TestBroker_HeldAcksLeaveBeforeTheEdgeCloses(t *testing.T) {
+	t.Parallel()
+	_, addr := startBroker(t, nil)
+	c := mqtttest.Dial(t, addr, 4)
+	c.Connect("closed", true, packets.Properties{})
+	var out bytes.Buffer
+	for i, topic := range []string{"a/b", "a/+"} {
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
+			TopicName: topic, PacketID: uint16(i + 1), Payload: []byte("x"), ProtocolVersion: 4}
+		require.NoError(t, pk.PublishEncode(&out))
+	}
+	_, err := c.Conn.Write(out.Bytes())
+	require.NoError(t, err)
+	pk, err := c.Read(5 * time.Second)
+	require.NoError(t, err, "no PUBACK for the publish taken before the refused one")
+	require.Equal(t, byte(packets.Puback), pk.FixedHeader.Type)
+	require.Equal(t, uint16(1), pk.PacketID)
+	_, err = c.Read(5 * time.Second)
+	require.Error(t, err, "the connection stays open after the invalid topic")
+}

@@ -1441,8 +1441,9 @@ func (b *Broker) endSessionRoutes(routes context.Context, id string, which endWh
 // server caused (the will goes out).
 func (b *Broker) disconnect(cl *mqtt.Client, code packets.Code) error {
 	if cl.Properties.ProtocolVersion == 5 {
-		return b.server.DisconnectClient(cl, code)
+		return b.server.DisconnectClient(cl, code) // its write takes the held acknowledgements first
 	}
+	flushHeldOf(cl)
 	cl.Stop(code)
 	return code
 }

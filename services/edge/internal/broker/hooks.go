@@ -805,6 +805,8 @@ func (h *hook) OnPacketRead(cl *mqtt.Client, pk *packets.Packet) error {
 		err = h.vetPacket(cl, pk)
 	}
 	if err != nil {
+		// mochi may close the connection for it without a write.
+		flushHeldOf(cl)
 		return rejection{err}
 	}
 	return nil
@@ -850,6 +852,7 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk *packets.Packet) error {
 		if c.limiter != nil {
 			if wait := c.limiter.take(time.Now()); wait > 0 {
 				b.m.throttledPubs.Inc()
+				flushHeldOf(cl)  // the acknowledgements already due do not wait too
 				time.Sleep(wait) // hold this client's reading: TCP pushes back
 			}
 		}
@@ -1338,6 +1341,9 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		return packets.ErrRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
+		// The held ones first: they would otherwise wait for the queue's
+		// first write, a peer's round trip away.
+		flushHeldOf(cl)
 		b.queueAck(cl, c, pk, wait, m.span, m)
 		return packets.ErrRejectPacket // acknowledged by the queue
 	}
