@@ -424,20 +424,7 @@ func (c *willCheckingCustody) Handover(context.Context, string, string) error {
 // which the end then parks with the move, where it is void.
 func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing.T) {
 	t.Parallel()
-	b, _, addr := servingOnSharedStore(t)
-	const client = "slow-end"
-	id := b.mustScope(t, "default").ClientID(client)
-	custody := &willCheckingCustody{b: b, id: id}
-	b.SetCluster(Cluster{Custody: custody})
-	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
-	waitBound(t, b, id)
-	entered, releaseEnd := holdEndAtWill(t, b, id)
-	drained := drainInBackground(b)
-	select {
-	case <-entered:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the drain did not close the connection")
-	}
+	_, _, custody, releaseEnd, drained := drainWithEndHeld(t, "slow-end", drainOfflineWait)
 	time.Sleep(300 * time.Millisecond)
 	require.Zero(t, custody.calls.Load(), "the session was handed over before its connection's end decided its will")
 	releaseEnd()
@@ -448,6 +435,38 @@ func TestBroker_DrainHandsOverOnlyOnceTheConnectionsEndDecidedItsWill(t *testing
 	}
 	require.Equal(t, int32(1), custody.calls.Load())
 	require.True(t, custody.waiting.Load(), "the will was waiting for its delay, for the handover to carry, when the session was handed over")
+}
+
+// drainResult is what a drain reports.
+type drainResult struct{ moved, stayed int }
+
+// drainWithEndHeld serves an edge on a shared store whose custody notes
+// its handovers, connects client (a persistent session, a will of delay
+// 60 s), holds its connection's end at the will (holdEndAtWill) and
+// drains with offlineWait: it returns once the drain closed the
+// connection, with the drain's result to come on drained.
+func drainWithEndHeld(t *testing.T, client string, offlineWait time.Duration) (b *Broker, st *durable.Store,
+	custody *willCheckingCustody, releaseEnd func(), drained <-chan drainResult) {
+	t.Helper()
+	b, st, addr := servingOnSharedStore(t)
+	b.offlineWait = offlineWait
+	id := b.mustScope(t, "default").ClientID(client)
+	custody = &willCheckingCustody{b: b, id: id}
+	b.SetCluster(Cluster{Custody: custody})
+	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	entered, releaseEnd := holdEndAtWill(t, b, id)
+	results := make(chan drainResult, 1)
+	go func() {
+		moved, stayed := b.DrainWith(context.Background(), DrainOptions{})
+		results <- drainResult{moved, stayed}
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the drain did not close the connection")
+	}
+	return b, st, custody, releaseEnd, results
 }
 
 // holdEndAtWill holds the end of session id's connection on b where it
@@ -522,13 +541,9 @@ func TestBroker_StopLeavesAnOpenConnectionsWillForTheCustodian(t *testing.T) {
 			waitBound(t, b, id)
 			require.NoError(t, b.Close())
 
-			got, ok, err := st.LoadSession(t.Context(), id)
-			require.NoError(t, err)
-			require.True(t, ok, "the session's record left the store with the stop")
-			require.NotNil(t, got.Session.Will, "the will left the stored record with the stop")
-			require.Equal(t, []byte(client), got.Session.Will.Msg.Payload)
-			require.Equal(t, tc.delay, got.Session.Will.Delay)
-			require.Equal(t, tc.clean, got.Session.ExpiryInterval == 0, "the record says whether the session ended with its connection")
+			rec := requireWillStored(t, st, id, client)
+			require.Equal(t, tc.delay, rec.Will.Delay)
+			require.Equal(t, tc.clean, rec.ExpiryInterval == 0, "the record says whether the session ended with its connection")
 		})
 	}
 }
@@ -539,41 +554,20 @@ func TestBroker_StopLeavesAnOpenConnectionsWillForTheCustodian(t *testing.T) {
 // included, for the custodian that adopts it once the edge is gone.
 func TestBroker_DrainLeavesASessionWhoseConnectionHasNotEndedForCustody(t *testing.T) {
 	t.Parallel()
-	b, st, addr := servingOnSharedStore(t)
-	b.offlineWait = 300 * time.Millisecond
 	const client = "stuck-end"
+	b, st, custody, releaseEnd, drained := drainWithEndHeld(t, client, 300*time.Millisecond)
 	id := b.mustScope(t, "default").ClientID(client)
-	custody := &willCheckingCustody{b: b, id: id}
-	b.SetCluster(Cluster{Custody: custody})
-	connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
-	waitBound(t, b, id)
-	entered, releaseEnd := holdEndAtWill(t, b, id)
-	type result struct{ moved, stayed int }
-	drained := make(chan result, 1)
-	go func() {
-		moved, stayed := b.DrainWith(context.Background(), DrainOptions{})
-		drained <- result{moved, stayed}
-	}()
-	select {
-	case <-entered:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the drain did not close the connection")
-	}
-	var got result
+	var got drainResult
 	select {
 	case got = <-drained:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the drain did not end")
 	}
-	require.Equal(t, result{moved: 0, stayed: 1}, got)
+	require.Equal(t, drainResult{moved: 0, stayed: 1}, got)
 	require.Zero(t, custody.calls.Load(), "the session was handed over before its connection's end decided its will")
 	releaseEnd()
 	require.NoError(t, b.Close())
-	rec, ok, err := st.LoadSession(t.Context(), id)
-	require.NoError(t, err)
-	require.True(t, ok, "the session's record left the store")
-	require.NotNil(t, rec.Session.Will, "the will left the stored record")
-	require.Equal(t, []byte(client), rec.Session.Will.Msg.Payload)
+	requireWillStored(t, st, id, client)
 }
 
 // A client that starts clean on another edge while this one stops ends
@@ -599,8 +593,17 @@ func TestBroker_CleanStartElsewhereAsTheEdgeStopsLeavesTheWillStored(t *testing.
 		return nil
 	})
 	time.Sleep(200 * time.Millisecond) // a queued record removal, if any
+	requireWillStored(t, st, id, client)
+}
+
+// requireWillStored requires session id's stored record to hold its
+// will, of payload, and returns the record.
+func requireWillStored(t *testing.T, st *durable.Store, id, payload string) durable.Session {
+	t.Helper()
 	got, ok, err := st.LoadSession(t.Context(), id)
 	require.NoError(t, err)
-	require.True(t, ok, "the record that holds the will left the store")
+	require.True(t, ok, "the session's record left the store")
 	require.NotNil(t, got.Session.Will, "the will left the stored record")
+	require.Equal(t, []byte(payload), got.Session.Will.Msg.Payload)
+	return got.Session
 }

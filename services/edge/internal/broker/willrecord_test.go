@@ -345,10 +345,7 @@ func TestBroker_WillCutShortAsItsSessionEndsIsKeptForTheRestart(t *testing.T) {
 				return nil
 			})
 			time.Sleep(200 * time.Millisecond) // the end's record removal, if queued
-			got, ok, err := st.LoadSession(t.Context(), id)
-			require.NoError(t, err)
-			require.True(t, ok, "no record keeps the will")
-			require.NotNil(t, got.Session.Will, "the record kept holds no will")
+			requireWillStored(t, st, id, "ending")
 		})
 	}
 }
