@@ -306,20 +306,22 @@ func (c *keepaliveConn) holdAck(b *Broker, cl *mqtt.Client, p pendingAck) {
 // goroutine calls it, the one that holds them (it reads held.cl unlocked).
 func (c *keepaliveConn) flushHeld() {
 	if c.held.n.Load() != 0 {
-		c.flushHeldOf(c.held.cl)
+		c.writeHeld(c.held.cl)
 	}
 }
 
-// flushHeldOf writes the held acknowledgements of cl, whose connection c
-// is, if any: before the edge closes the connection without writing to
-// it, the acknowledgements of PUBLISHes it took leave first.
+// flushHeldOf writes the held acknowledgements of cl, if any: before the
+// edge closes the connection without writing to it, the acknowledgements
+// of PUBLISHes it took leave first.
 func flushHeldOf(cl *mqtt.Client) {
 	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && kc.held.n.Load() != 0 {
-		kc.flushHeldOf(cl)
+		kc.writeHeld(cl)
 	}
 }
 
-func (c *keepaliveConn) flushHeldOf(cl *mqtt.Client) {
+// writeHeld writes the held acknowledgements of cl, whose connection c is,
+// under cl's lock.
+func (c *keepaliveConn) writeHeld(cl *mqtt.Client) {
 	cl.Lock()
 	defer cl.Unlock()
 	if c.held.n.Load() > 0 {

@@ -616,7 +616,8 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	// forCustody), for the custodian that adopts the session to send, as
 	// when an edge dies. Taken out, nobody would send it.
 	heldBackNow := b.willsHeldBack()
-	forCustody := will != nil && !normal && heldBackNow && c.record != nil && b.store.Shared()
+	custody := will != nil && !normal && c.record != nil && b.store.Shared() // a custodian could send it
+	forCustody := custody && heldBackNow
 	if will != nil && !normal && !heldBackNow {
 		delay := c.willDelay
 		if expire || c.sessionEnds.Load() {
@@ -630,7 +631,7 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		heldBack = b.willAtEnd(cl.ID, c, will, delay, keep)
 		// A stop that began meanwhile kept it from going out: it stays
 		// in the stored record too.
-		forCustody = heldBack && c.record != nil && b.store.Shared()
+		forCustody = custody && heldBack
 	} else if c.record != nil && !forCustody {
 		// A normal DISCONNECT: the will never goes out, so no custodian
 		// may publish it either. (A single-node edge keeps one its stop
@@ -791,9 +792,7 @@ func (h *hook) OnClientExpired(cl *mqtt.Client) {
 // refusal is returned as a rejection.
 func (h *hook) OnPacketRead(cl *mqtt.Client, pk *packets.Packet) error {
 	if pk.FixedHeader.Type == packets.Disconnect {
-		if kc, ok := cl.Net.Conn.(*keepaliveConn); ok {
-			kc.flushHeld() // the connection closes with the DISCONNECT
-		}
+		flushHeldOf(cl) // the connection closes with the DISCONNECT
 	}
 	var err error
 	if pk.FixedHeader.Type == packets.Connect && h.b.conn(cl) == nil {

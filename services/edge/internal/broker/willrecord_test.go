@@ -325,7 +325,7 @@ func TestBroker_WillCutShortByTheStopIsKeptForTheRestart(t *testing.T) {
 // shared store, for the custodian that adopts the session once the edge
 // is gone: the session's end leaves it there (forCustody), as the end of
 // a connection that the stop closes does.
-func TestBroker_WillCutShortAsItsSessionEndsIsKeptForTheRestart(t *testing.T) {
+func TestBroker_WillCutShortAsItsSessionEndsIsKept(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
