@@ -498,6 +498,18 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 	}()
 
 	s.hooks.OnSessionEstablish(cl, pk)
+	if cl.Closed() {
+		// keel patch: a hook refused the session (it stopped the client,
+		// for one: a newer connection of the client overtook it). Taking
+		// the session on regardless would disconnect that newer
+		// connection, the client ID's current one, with 0x8E.
+		err := cl.StopCause()
+		if err == nil {
+			err = ErrConnectionClosed
+		}
+		s.abandonConnect(cl, err)
+		return fmt.Errorf("session not established: %w", err)
+	}
 
 	sessionPresent := s.inheritClientSession(pk, cl)
 	s.Clients.Add(cl) // [MQTT-4.1.0-1]
