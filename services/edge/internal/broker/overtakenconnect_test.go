@@ -1,9 +1,11 @@
 package broker
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -91,4 +93,90 @@ func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
 		require.Nil(t, rec.Session.Will, "B's will is stored for the session C started clean")
 		require.NotEqual(t, uint32(600), rec.Session.ExpiryInterval, "B's record is stored for the session C started clean")
 	}
+}
+
+// holdRefusedEstablish holds a connection the edge refused in
+// OnSessionEstablish (it stopped the client) until another connection of
+// the client is the one mochi knows, or a while has passed: the order in
+// which a loaded machine may run the two.
+type holdRefusedEstablish struct {
+	mqtt.HookBase
+	b    *Broker
+	held atomic.Bool
+}
+
+func (h *holdRefusedEstablish) ID() string           { return "hold-refused" }
+func (h *holdRefusedEstablish) Provides(b byte) bool { return b == mqtt.OnSessionEstablish }
+func (h *holdRefusedEstablish) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if !cl.Closed() {
+		return
+	}
+	h.held.Store(true)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if cur, ok := h.b.server.Clients.Get(cl.ID); ok && cur != cl {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// The same race, with the overtaken CONNECT (B) established by mochi only
+// after the newer one (C) was: B, refused by the edge, must take nothing
+// on. Taking the session on, it disconnected C with 0x8E as taken over,
+// and the client had no connection left.
+func TestBroker_RefusedConnectEstablishedLastLeavesTheNewerConnection(t *testing.T) {
+	t.Parallel()
+	const client = "overtaken-last"
+	g := newGatedRecords(t, 2, 0)
+	cfg := DefaultConfig()
+	cfg.EdgeID = "test"
+	cfg.ConnectTimeout = time.Second
+	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
+	g.sharedLocal = sharedLocal{st}
+	require.NoError(t, b.Restore(g))
+	hold := &holdRefusedEstablish{b: b}
+	require.NoError(t, b.server.AddHook(hold, nil))
+	addr := serveTCP(t, b)
+	id := b.mustScope(t, "default").ClientID(client)
+
+	a := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	waitBound(t, b, id)
+	a.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
+	g.waitHeld(t)
+
+	bAcks := connectNewer(t, addr, client)
+	require.Eventually(t, func() bool { return recordWaiters(b, id) == 2 }, 5*time.Second, time.Millisecond,
+		"B waits for the record lock")
+	c := mqtttest.Dial(t, addr, 5)
+	cAcks := make(chan packets.Packet, 1)
+	go func() { cAcks <- c.Connect(client, true, packets.Properties{}) }()
+	require.Eventually(t, func() bool { return recordWaiters(b, id) == 3 }, 5*time.Second, time.Millisecond,
+		"C waits for the record lock")
+
+	g.open()
+	select {
+	case ack := <-cAcks:
+		require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no CONNACK for C")
+	}
+	bAck, ok := <-bAcks
+	require.False(t, ok && bAck.FixedHeader.Type == packets.Connack,
+		"B, overtaken, got a CONNACK (code %#x)", bAck.ReasonCode)
+	require.True(t, hold.held.Load(), "B was not refused in OnSessionEstablish")
+
+	// C is still the client's connection: it answers a PINGREQ, and
+	// nothing came before the PINGRESP.
+	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+	pk, err := c.Read(2 * time.Second)
+	require.NoError(t, err, "C was closed")
+	require.Equal(t, packets.Pingresp, pk.FixedHeader.Type,
+		"C got %s (reason %#x) instead of a PINGRESP", packets.PacketNames[pk.FixedHeader.Type], pk.ReasonCode)
+	cur, ok := b.server.Clients.Get(id)
+	require.True(t, ok && !cur.Closed(), "the client has no live connection")
 }
