@@ -14,7 +14,9 @@
 # beside `make run`; the command sees MQTT_ADDRS (the edges' MQTT addresses,
 # space-separated) and OPS_ADDRS (their ops addresses). EDGE_ARGS adds flags
 # to every edge (for example --ops.pprof), PERSISTENCE_ARGS to the
-# persistence instance. REDIS_REPLICAS=N runs the
+# persistence instance. EDGE_CPUS (space-separated, one per edge) runs each
+# edge on the CPU given (taskset), as a pod with a CPU of its own would run:
+# the Go runtime then uses that one CPU. REDIS_REPLICAS=N runs the
 # persistence instance in front of a local redis-server primary (port
 # 6379+PORT_OFFSET) and N replicas, every acknowledged write on one of them
 # (WAIT 1), instead of its embedded store.
@@ -90,9 +92,12 @@ start output "$BIN/keel-output" --listen-addr 127.0.0.1:$((9310 + O)) --ops.addr
   --rules.file "$DATA/output-rules.yaml" --log.format text --log.level "$LOG_LEVEL"
 ready output 127.0.0.1:$((9204 + O))
 MQTT_ADDRS="" OPS_ADDRS=""
+read -r -a edge_cpus <<<"${EDGE_CPUS:-}"
 for i in $(seq 0 $((EDGES - 1))); do
   port=$((1883 + i + O)) ops=127.0.0.1:$((9100 + i + O))
-  start "edge-$i" "$BIN/keel-edge" --auth.anonymous --mqtt.edge-id "edge-$i" \
+  pin=()
+  [[ -n ${edge_cpus[i]:-} ]] && pin=(taskset -c "${edge_cpus[i]}")
+  start "edge-$i" "${pin[@]}" "$BIN/keel-edge" --auth.anonymous --mqtt.edge-id "edge-$i" \
     --mqtt.tcp-addr ":$port" --mqtt.ws-addr ":$((8083 + i + O))" --ops.addr "$ops" \
     --data-dir "$DATA/edge-$i" --cluster.coordinator http://127.0.0.1:$((7401 + O)) \
     --cluster.router http://127.0.0.1:$((9300 + O)) --cluster.api-addr "127.0.0.1:$((7411 + i + O))" \

@@ -76,8 +76,14 @@ type Config struct {
 	// Inflight is the closed-loop window: messages in flight across all
 	// publishers, split evenly between them (at least one each).
 	Inflight int
-	PubAddr  string
-	SubAddr  string
+	// Rate, when above 0, paces the publishers (open loop): this many
+	// messages a second across all of them, each publisher sending its
+	// share at even intervals from a phase of its own, within the window
+	// still. A latency measured so reflects the path a message takes, not
+	// a queue the generator keeps full.
+	Rate    float64
+	PubAddr string
+	SubAddr string
 	// Drain is how long to wait after the run for messages still in flight
 	// before counting what never arrived as lost.
 	Drain       time.Duration
@@ -142,6 +148,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Duration, "duration", DefaultDuration, "measured duration")
 	fs.DurationVar(&c.Warmup, "warmup", DefaultWarmup, "unmeasured load before the measured duration")
 	fs.IntVar(&c.Inflight, "inflight", DefaultInflight, "closed-loop window: messages in flight across all publishers")
+	fs.Float64Var(&c.Rate, "rate", 0, "open loop: messages per second across all publishers (0: as fast as the window allows)")
 	fs.StringVar(&c.PubAddr, "pub-addr", DefaultAddr, "broker address for publishers (and storm/idle clients)")
 	fs.StringVar(&c.SubAddr, "sub-addr", DefaultAddr, "broker address for subscribers")
 	fs.DurationVar(&c.Drain, "drain", DefaultDrain, "longest wait for in-flight messages after the run")
@@ -203,6 +210,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Inflight < 1 {
 		errs = append(errs, errors.New("inflight must be at least 1"))
+	}
+	if c.Rate < 0 {
+		errs = append(errs, errors.New("rate must not be negative"))
 	}
 	if c.KeepAlive < 0 || c.KeepAlive > 65535 {
 		errs = append(errs, fmt.Errorf("keepalive %d not in 0..65535", c.KeepAlive))

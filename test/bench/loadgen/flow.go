@@ -355,14 +355,13 @@ func (f *flow) disconnectAll() {
 	}
 }
 
-// publishLoop publishes as fast as the window allows until stop.
+// publishLoop publishes as fast as the window allows until stop, or at
+// its share of cfg.Rate (pacedLoop).
 func (f *flow) publishLoop(p *publisher) error {
-	payload := make([]byte, f.cfg.Size)
-	for i := headerSize; i < len(payload); i++ {
-		payload[i] = byte(i)
+	if f.cfg.Rate > 0 {
+		return f.pacedLoop(p)
 	}
-	binary.BigEndian.PutUint32(payload[offRun:], f.runID)
-	binary.BigEndian.PutUint32(payload[offPub:], p.id)
+	payload := f.payload(p)
 	w := p.c.w
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -411,6 +410,71 @@ func (f *flow) publishLoop(p *publisher) error {
 		}
 	}
 	return w.Flush()
+}
+
+// pacedLoop publishes p's share of cfg.Rate, one message at a time at even
+// intervals, until stop. The publishers' phases are spread over one
+// interval, so that their messages do not arrive in bursts. A publisher
+// that falls behind (its window full, a slow write) does not catch up in
+// a burst: it goes on from where it is.
+func (f *flow) pacedLoop(p *publisher) error {
+	payload := f.payload(p)
+	w := p.c.w
+	interval := time.Duration(float64(len(f.pubs)) / f.cfg.Rate * float64(time.Second))
+	next := f.now() + interval*time.Duration(p.id)/time.Duration(len(f.pubs))
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sent := uint64(0)
+	for !f.stop.Load() {
+		if d := next - f.now(); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-f.done:
+				return w.Flush()
+			}
+		}
+		next += interval
+		if now := f.now(); next < now {
+			next = now
+		}
+		if sent-max(p.minHigh(), p.floor) >= p.window {
+			if !f.waitWindow(p, sent, timer) {
+				break
+			}
+		}
+		var pid uint16
+		if p.qos > 0 {
+			slot := sent & p.pidMask
+			if p.pending[slot].Load() != 0 {
+				p.pidWaits++
+				continue // the packet id is still in flight: skip this turn
+			}
+			p.pending[slot].Store(sent + 1)
+			pid = uint16(slot + 1)
+		}
+		binary.BigEndian.PutUint64(payload[offSeq:], sent)
+		binary.BigEndian.PutUint64(payload[offSent:], uint64(f.now()))
+		w.Publish(p.topic, payload, p.qos, pid)
+		sent++
+		p.sent.Store(sent)
+		if err := w.Flush(); err != nil {
+			return fmt.Errorf("flush: %w", err)
+		}
+	}
+	return w.Flush()
+}
+
+// payload is a publisher's payload buffer with its run and publisher ids
+// set; each message sets its sequence number and send time.
+func (f *flow) payload(p *publisher) []byte {
+	payload := make([]byte, f.cfg.Size)
+	for i := headerSize; i < len(payload); i++ {
+		payload[i] = byte(i)
+	}
+	binary.BigEndian.PutUint32(payload[offRun:], f.runID)
+	binary.BigEndian.PutUint32(payload[offPub:], p.id)
+	return payload
 }
 
 // waitWindow blocks until at most half the window is in flight, the stall
@@ -583,7 +647,7 @@ func (f *flow) result(s0, s1, s2 sample, sentInWindow uint64) *Result {
 	r := &Result{
 		Broker: cfg.Broker, Label: cfg.Label, Scenario: cfg.Scenario, QoS: cfg.QoS,
 		Size: cfg.Size, Clients: cfg.Clients, Pubs: len(f.pubs), Subs: len(f.subs),
-		Inflight: cfg.Inflight, Unit: "msgs/s",
+		Inflight: cfg.Inflight, PacedRate: cfg.Rate, Unit: "msgs/s",
 	}
 	if cfg.Scenario == ScenarioFanOut {
 		r.Unit = "deliveries/s"

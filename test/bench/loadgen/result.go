@@ -18,6 +18,9 @@ type Result struct {
 	Pubs     int    `json:"publishers,omitempty"`
 	Subs     int    `json:"subscribers,omitempty"`
 	Inflight int    `json:"inflight,omitempty"`
+	// PacedRate is the open-loop rate the publishers were paced to
+	// (Config.Rate), 0 in closed loop.
+	PacedRate float64 `json:"paced_rate,omitempty"`
 
 	Seconds float64 `json:"seconds"` // length of the measured window
 
@@ -93,6 +96,9 @@ func (r *Result) String() string {
 	fmt.Fprintf(&b, "%s: qos=%d size=%dB clients=%d", name, r.QoS, r.Size, r.Clients)
 	if r.Pubs > 0 {
 		fmt.Fprintf(&b, " (pubs=%d subs=%d inflight=%d)", r.Pubs, r.Subs, r.Inflight)
+		if r.PacedRate > 0 {
+			fmt.Fprintf(&b, " paced at %.0f msgs/s", r.PacedRate)
+		}
 	}
 	fmt.Fprintf(&b, " window=%.1fs\n", r.Seconds)
 	switch r.Scenario {
