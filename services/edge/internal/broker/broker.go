@@ -134,6 +134,13 @@ type Broker struct {
 	stop     context.CancelFunc
 	stopping atomic.Bool
 	draining atomic.Bool // handing sessions to custodians: admit no one
+	// stopGate keeps Close from making wills held back (willsHeldBack)
+	// while a session's end has decided its will goes out from here and
+	// has not sent it yet: held back then, the will would be neither sent
+	// nor kept, its stored record being ended. The ends that send a
+	// waiting will (a takeover, an expiry, an operator's discard) hold it
+	// read, Close's first step write (closeGate).
+	stopGate sync.RWMutex
 	// disconnecting counts the connection ends being handled (OnDisconnect):
 	// a drain hands a session over only once its connection's end decided
 	// the will, which then goes with the session.
@@ -165,6 +172,10 @@ type Broker struct {
 	// between its two steps: a connection of the session can end there,
 	// and tests bring its end to its will then.
 	atLapse atomic.Pointer[func(id string)]
+	// atTakeOverWill, when set, runs in TakeOver between the end of a
+	// session that does not move and the sending of its waiting will:
+	// tests stop the edge there.
+	atTakeOverWill atomic.Pointer[func()]
 	// atBind, when set, runs in bindEstablished between finding the
 	// session's copy and binding the connection to it: the copy can end
 	// there, and tests end it then.
@@ -601,11 +612,35 @@ func (b *Broker) Serve() error {
 	return b.server.Serve()
 }
 
+// stopGateWait bounds Close's wait for the session ends sending a will:
+// one whose session's routes wait for a router that does not answer must
+// not hold the stop for good.
+const stopGateWait = 5 * time.Second
+
+// closeGate takes stopGate for Close, waiting up to stopGateWait for the
+// session ends that hold it, and reports whether it did. It only tries the
+// lock, so that an end holding it read may take it read again.
+func (b *Broker) closeGate() bool {
+	deadline := time.Now().Add(stopGateWait)
+	for !b.stopGate.TryLock() {
+		if time.Now().After(deadline) {
+			b.logger.Warn("edge stopping while a session's end sends its will; the will may be held back")
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
 // Close disconnects every client with 0x8B and stops. Safe to call twice.
 func (b *Broker) Close() error {
 	b.stopOnce.Do(func() {
+		gated := b.closeGate()
 		b.stopping.Store(true)
 		close(b.done)
+		if gated {
+			b.stopGate.Unlock()
+		}
 		b.stop()
 		b.conns.Range(func(_, v any) bool {
 			v.(*conn).acks.fail() // readers held for a window slot

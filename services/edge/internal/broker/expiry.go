@@ -42,9 +42,14 @@ func (b *Broker) expireOffline(old *mqtt.Client) bool {
 	if !b.server.Clients.DeleteIf(old.ID, old) {
 		return false
 	}
+	// The will goes out from here and the stored record that holds it
+	// ends: the stop waits for both (stopGate), or the will, held back,
+	// would go nowhere.
+	b.stopGate.RLock()
 	b.cancelWill(old.ID, true)
 	// With old: a connection bound since keeps its session.
 	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo})
+	b.stopGate.RUnlock()
 	// The session is gone: these reach no session of the edge. They clear
 	// mochi's topic index, keyed by client ID, of the expired
 	// subscriptions, which a new session's UNSUBSCRIBE would find.

@@ -93,8 +93,11 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])
 			}
 		}
+		// The stop waits for the end and the will (stopGate).
+		b.stopGate.RLock()
 		b.endSession(id, cl) // with cl: a connection bound since keeps the session
 		if b.session(id) == s {
+			b.stopGate.RUnlock()
 			return res, ErrKickRaced
 		}
 		// After the end: a will waiting for its delay goes now, for the
@@ -102,6 +105,7 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 		// scheduled before the end (its end, from here on, finds the
 		// session ended and publishes at once).
 		b.cancelWill(id, true)
+		b.stopGate.RUnlock()
 		b.logger.Info("session discarded by an operator", "client_id", id, "tenant", tenant)
 	}
 	if cl != nil {

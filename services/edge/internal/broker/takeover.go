@@ -177,14 +177,20 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 		// Once the edge stops, no will goes out from here (willsHeldBack):
 		// the stored record that holds one stays, as an edge that died
 		// leaves it, and the new owner, starting the session clean,
-		// publishes the will from there (claimShared).
+		// publishes the will from there (claimShared). The decision holds
+		// until the will is sent: the stop waits for it (stopGate).
+		b.stopGate.RLock()
 		forCustody := b.store != nil && b.store.Shared() && b.willsHeldBack()
 		b.endSessionRoutes(context.Background(), id, endWhich{forCustody: forCustody})
+		if at := b.atTakeOverWill.Load(); at != nil {
+			(*at)()
+		}
 		// After the end: a will waiting for its delay goes now, and so does
 		// one that a connection ending before the end scheduled
 		// ([MQTT-3.1.3-9]: published when the delay passes or the session
 		// ends, whichever is first).
 		b.cancelWill(id, true)
+		b.stopGate.RUnlock()
 		if b.store != nil && b.store.Shared() && !forCustody {
 			// The will goes out from here. The stored record that holds
 			// it leaves the store before the new owner, told of the end,

@@ -1,12 +1,14 @@
 package broker
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -115,4 +117,47 @@ func TestBroker_WillOfAConnectionEndingDuringATakeover_MQTT_3_1_3_9(t *testing.T
 			require.Error(t, err, "the will is published once; got type %d, payload %q", pk.FixedHeader.Type, pk.Payload)
 		})
 	}
+}
+
+// A takeover from another edge with Clean Start ends the session here and
+// sends its waiting will from here: the stored record that also holds the
+// will is ended with the session. An edge that stops between the two
+// (Close: wills are held back from then on) waits for the will to be sent;
+// held back there, it would be neither sent nor kept for anyone.
+func TestBroker_StopDuringACleanTakeoverWaitsForItsWill(t *testing.T) {
+	t.Parallel()
+	b, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+	addr := serveTCP(t, b)
+	const client = "stop-at-takeover"
+	id := b.mustScope(t, "default").ClientID(client)
+	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
+	epoch := waitBound(t, b, id)
+	_ = old.Conn.Close()
+	require.Eventually(t, func() bool {
+		b.willMu.Lock()
+		defer b.willMu.Unlock()
+		return b.wills[id] != nil
+	}, 5*time.Second, time.Millisecond, "the will waits for its delay")
+
+	closed := make(chan struct{})
+	at := func() {
+		go func() { _ = b.Close(); close(closed) }()
+		// Long enough for the stop to begin, were it not held.
+		time.Sleep(100 * time.Millisecond)
+	}
+	b.atTakeOverWill.Store(&at)
+	owned, _, _, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, true)
+	require.NoError(t, err)
+	require.True(t, owned)
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the edge did not stop")
+	}
+	published := testutil.ToFloat64(b.m.willsPublished)
+	rec, stored, err := st.LoadSession(context.Background(), id)
+	require.NoError(t, err)
+	kept := stored && rec.Session.Will != nil
+	require.True(t, published == 1 || kept, "the will was neither published (%v) nor kept in the stored record", published)
+	require.False(t, published == 1 && kept, "the will was published and kept for another edge to publish again")
 }
