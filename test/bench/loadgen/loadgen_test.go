@@ -127,7 +127,7 @@ func TestRun_Paced(t *testing.T) {
 	// Never faster than asked (but for the window's edges); slower only
 	// on a machine too busy to keep the pace.
 	require.LessOrEqual(t, r.Rate, 2300.0, "delivered faster than paced")
-	require.GreaterOrEqual(t, r.Rate, 1000.0, "delivered far slower than paced")
+	require.GreaterOrEqual(t, r.Rate, 400.0, "delivered far slower than paced")
 	require.Zero(t, r.Lost)
 	require.Zero(t, r.Dup)
 	require.Zero(t, r.OOO)

@@ -114,6 +114,8 @@ func (a *edgeAPI) KickSession(ctx context.Context, req *connect.Request[edgev1.K
 			code, outcome = connect.CodeNotFound, "not_found"
 		case errors.Is(err, broker.ErrKickRaced):
 			code = connect.CodeAborted
+		case errors.Is(err, broker.ErrStopping):
+			code = connect.CodeUnavailable
 		case errors.Is(err, tenancy.ErrInvalidTenant):
 			code = connect.CodeInvalidArgument
 		case errors.Is(err, context.DeadlineExceeded):

@@ -138,8 +138,10 @@ type Broker struct {
 	// while a session's end has decided its will goes out from here and
 	// has not sent it yet: held back then, the will would be neither sent
 	// nor kept, its stored record being ended. The ends that send a
-	// waiting will (a takeover, an expiry, an operator's discard) hold it
-	// read, Close's first step write (closeGate).
+	// waiting will (a takeover, an expiry, an operator's discard, a
+	// CONNECT that ends the session) hold it read, and may take it read
+	// again; Close's first step takes it write, with TryLock only
+	// (closeGate): a blocking Lock would hold up those second reads.
 	stopGate sync.RWMutex
 	// disconnecting counts the connection ends being handled (OnDisconnect):
 	// a drain hands a session over only once its connection's end decided
@@ -176,6 +178,8 @@ type Broker struct {
 	// session that does not move and the sending of its waiting will:
 	// tests stop the edge there.
 	atTakeOverWill atomic.Pointer[func()]
+	// atCloseGate, when set, runs each time Close finds stopGate held.
+	atCloseGate atomic.Pointer[func()]
 	// atBind, when set, runs in bindEstablished between finding the
 	// session's copy and binding the connection to it: the copy can end
 	// there, and tests end it then.
@@ -623,6 +627,9 @@ const stopGateWait = 5 * time.Second
 func (b *Broker) closeGate() bool {
 	deadline := time.Now().Add(stopGateWait)
 	for !b.stopGate.TryLock() {
+		if at := b.atCloseGate.Load(); at != nil {
+			(*at)()
+		}
 		if time.Now().After(deadline) {
 			b.logger.Warn("edge stopping while a session's end sends its will; the will may be held back")
 			return false

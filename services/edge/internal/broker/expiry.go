@@ -43,12 +43,15 @@ func (b *Broker) expireOffline(old *mqtt.Client) bool {
 		return false
 	}
 	// The will goes out from here and the stored record that holds it
-	// ends: the stop waits for both (stopGate), or the will, held back,
-	// would go nowhere.
+	// ends, decided once: the stop waits for both (stopGate). Once the
+	// edge stops, the will is held back, and the record stays with it for
+	// whoever holds the session next (a custodian, or this edge's restart),
+	// where the session expires again.
 	b.stopGate.RLock()
+	heldBack := b.willsHeldBack()
 	b.cancelWill(old.ID, true)
 	// With old: a connection bound since keeps its session.
-	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo})
+	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo, forCustody: heldBack})
 	b.stopGate.RUnlock()
 	// The session is gone: these reach no session of the edge. They clear
 	// mochi's topic index, keyed by client ID, of the expired

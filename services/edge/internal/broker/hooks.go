@@ -298,6 +298,24 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 		// Start, no longer says so (persistSession).
 		defer b.establishedClaims.enter(cl.ID, c.epoch)()
 	}
+	// From an expiry or a Clean Start ending the session here to the will
+	// that end sends, the stop waits (stopGate). Once the edge stops, the
+	// will could not go out while the end removed the stored record that
+	// keeps it: the CONNECT is refused instead, and ends nothing.
+	b.stopGate.RLock()
+	gated := true
+	ungate := func() {
+		if gated {
+			gated = false
+			b.stopGate.RUnlock()
+		}
+	}
+	defer ungate()
+	if b.willsHeldBack() {
+		b.logger.Info("edge stopping; connection refused", "client_id", cl.ID)
+		cl.Stop(errStopping)
+		return
+	}
 	if old := b.expiredOffline(cl.ID, time.Now()); old != nil && old != cl {
 		// The session expired before this CONNECT, whether or not mochi's
 		// expiry tick has come since: it ends now, its will (if still
@@ -348,6 +366,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// connection that ended meanwhile would stay, and go out after its
 	// delay although the session went on [MQTT-3.1.3-9].
 	b.cancelWill(cl.ID, ends)
+	ungate()
 	if endsWith != nil {
 		if oc := b.conn(endsWith); oc != nil {
 			oc.sessionEnds.Store(true) // its will goes out at once

@@ -20,6 +20,12 @@ var ErrNoSession = errors.New("no such session on this edge")
 // new connection holds the session now.
 var ErrKickRaced = errors.New("the client connected again before its session was discarded")
 
+// ErrStopping is returned by [Broker.Kick] with discard once the edge stops:
+// the session's will could no longer go out from here, while the discard
+// would remove the stored record that keeps it for the session's next
+// holder.
+var ErrStopping = errors.New("edge stopping; discard the session where it goes next")
+
 // KickResult is what [Broker.Kick] did.
 type KickResult struct {
 	// WasConnected is true when a client connection was closed.
@@ -93,8 +99,14 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])
 			}
 		}
-		// The stop waits for the end and the will (stopGate).
+		// The stop waits for the end and the will (stopGate). Once the
+		// edge stops, a will could no longer go out from here while the
+		// end removes the stored record that keeps it: no discard then.
 		b.stopGate.RLock()
+		if b.willsHeldBack() {
+			b.stopGate.RUnlock()
+			return res, ErrStopping
+		}
 		b.endSession(id, cl) // with cl: a connection bound since keeps the session
 		if b.session(id) == s {
 			b.stopGate.RUnlock()

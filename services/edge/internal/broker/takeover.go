@@ -116,10 +116,13 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 			// connection starts a new session ([MQTT-3.2.2-3]).
 			s.mu.Unlock()
 			b.m.takeovers.Inc()
+			b.stopGate.RLock() // as in expireOffline
+			heldBack := b.willsHeldBack()
 			b.expireOffline(old)
 			// This copy, if mochi's tick took the record first and is
 			// still ending it.
-			b.endSessionRoutes(context.Background(), id, endWhich{only: s})
+			b.endSessionRoutes(context.Background(), id, endWhich{only: s, forCustody: heldBack})
+			b.stopGate.RUnlock()
 			return true, false, nil, nil
 		}
 	}
@@ -952,7 +955,11 @@ func (b *Broker) claimShared(ctx context.Context, sc *tenancy.Scope, clientID st
 		// Whatever a dead owner left must not come back; the session ends
 		// here, so a will it left goes out now ([MQTT-3.1.3-9]).
 		if st, ok, err := b.store.LoadSession(ctx, id); err == nil && ok && st.Session.Will != nil {
-			b.publishWill(id, fromRecord(st.Session.Will.Msg), nil)
+			if err := b.publishWill(id, fromRecord(st.Session.Will.Msg), nil); err != nil {
+				// The edge stops: the will stays stored, and the client's
+				// next CONNECT (elsewhere) sends it.
+				return fmt.Errorf("will of the ended session not published: %w", err)
+			}
 		}
 		return b.store.DeleteSession(ctx, id, true)
 	}

@@ -130,20 +130,19 @@ func TestBroker_StopDuringACleanTakeoverWaitsForItsWill(t *testing.T) {
 	addr := serveTCP(t, b)
 	const client = "stop-at-takeover"
 	id := b.mustScope(t, "default").ClientID(client)
-	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
-	epoch := waitBound(t, b, id)
-	_ = old.Conn.Close()
-	require.Eventually(t, func() bool {
-		b.willMu.Lock()
-		defer b.willMu.Unlock()
-		return b.wills[id] != nil
-	}, 5*time.Second, time.Millisecond, "the will waits for its delay")
+	epoch := goneWithWill(t, b, addr, client, persistentSession)
 
 	closed := make(chan struct{})
+	waiting := make(chan struct{})
+	gate := sync.OnceFunc(func() { close(waiting) })
+	b.atCloseGate.Store(&gate)
 	at := func() {
 		go func() { _ = b.Close(); close(closed) }()
-		// Long enough for the stop to begin, were it not held.
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-waiting: // the stop waits for this takeover
+		case <-closed:
+		case <-time.After(5 * time.Second):
+		}
 	}
 	b.atTakeOverWill.Store(&at)
 	owned, _, _, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, true)
@@ -154,10 +153,82 @@ func TestBroker_StopDuringACleanTakeoverWaitsForItsWill(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the edge did not stop")
 	}
+	select {
+	case <-waiting:
+	default:
+		t.Fatal("the stop did not wait for the takeover sending the will")
+	}
+	requireWillPublishedOrKept(t, b, st, id)
+}
+
+// requireWillPublishedOrKept checks that the will of the internal client
+// ID id went out from b or stays in the stored record, not both.
+func requireWillPublishedOrKept(t *testing.T, b *Broker, st *durable.Store, id string) {
+	t.Helper()
 	published := testutil.ToFloat64(b.m.willsPublished)
 	rec, stored, err := st.LoadSession(context.Background(), id)
 	require.NoError(t, err)
 	kept := stored && rec.Session.Will != nil
 	require.True(t, published == 1 || kept, "the will was neither published (%v) nor kept in the stored record", published)
 	require.False(t, published == 1 && kept, "the will was published and kept for another edge to publish again")
+}
+
+// goneWithWill connects a persistent client with a will (delay 60 s) and
+// closes its connection; it returns once the will waits for its delay.
+func goneWithWill(t *testing.T, b *Broker, addr, client string, props packets.Properties) (epoch uint64) {
+	t.Helper()
+	id := b.mustScope(t, "default").ClientID(client)
+	old := connectWithWill(t, addr, 5, client, "gone/"+client, false, props, 60)
+	epoch = waitBound(t, b, id)
+	_ = old.Conn.Close()
+	require.Eventually(t, func() bool {
+		b.willMu.Lock()
+		defer b.willMu.Unlock()
+		return b.wills[id] != nil
+	}, 5*time.Second, time.Millisecond, "the will waits for its delay")
+	return epoch
+}
+
+// Session ends that come once the edge stops, when its wills are held back
+// (the stored record keeps them for the session's next holder): each one
+// leaves the will in the record, or refuses.
+func TestBroker_SessionEndsAfterTheStopKeepTheWillStored(t *testing.T) {
+	t.Parallel()
+	t.Run("takeover_finds_it_expired", func(t *testing.T) {
+		t.Parallel()
+		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+		addr := serveTCP(t, b)
+		const client = "expired-after-stop"
+		epoch := goneWithWill(t, b, addr, client, packets.Properties{SessionExpiryInterval: 1, SessionExpiryIntervalFlag: true})
+		require.NoError(t, b.Close())
+		time.Sleep(1200 * time.Millisecond) // past the session's expiry
+		owned, _, _, err := b.TakeOver(t.Context(), "default", client, "edge-new", epoch+1, false)
+		require.NoError(t, err)
+		require.True(t, owned)
+		requireWillPublishedOrKept(t, b, st, b.mustScope(t, "default").ClientID(client))
+	})
+	t.Run("discard", func(t *testing.T) {
+		t.Parallel()
+		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+		addr := serveTCP(t, b)
+		const client = "discard-after-stop"
+		goneWithWill(t, b, addr, client, persistentSession)
+		require.NoError(t, b.Close())
+		_, err := b.Kick(t.Context(), "default", client, true)
+		require.ErrorIs(t, err, ErrStopping)
+		requireWillPublishedOrKept(t, b, st, b.mustScope(t, "default").ClientID(client))
+	})
+	t.Run("single_node_drained_then_expired", func(t *testing.T) {
+		t.Parallel()
+		b, st := brokerOnStore(t, func(s *durable.Store) DurableState { return s })
+		require.True(t, b.singleNode())
+		addr := serveTCP(t, b)
+		const client = "expired-after-drain"
+		id := b.mustScope(t, "default").ClientID(client)
+		goneWithWill(t, b, addr, client, packets.Properties{SessionExpiryInterval: 1, SessionExpiryIntervalFlag: true})
+		b.Drain(t.Context())
+		require.Eventually(t, func() bool { return b.session(id) == nil }, 8*time.Second, 10*time.Millisecond, "the session expires")
+		require.NoError(t, b.Close())
+		requireWillPublishedOrKept(t, b, st, id)
+	})
 }
