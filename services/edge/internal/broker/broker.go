@@ -180,6 +180,9 @@ type Broker struct {
 	atTakeOverWill atomic.Pointer[func()]
 	// atCloseGate, when set, runs each time Close finds stopGate held.
 	atCloseGate atomic.Pointer[func()]
+	// atSessionEstablish, when set, runs as OnSessionEstablish begins:
+	// tests stop the edge there.
+	atSessionEstablish atomic.Pointer[func()]
 	// atBind, when set, runs in bindEstablished between finding the
 	// session's copy and binding the connection to it: the copy can end
 	// there, and tests end it then.

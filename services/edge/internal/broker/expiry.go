@@ -43,13 +43,19 @@ func (b *Broker) expireOffline(old *mqtt.Client) bool {
 		return false
 	}
 	// The will goes out from here and the stored record that holds it
-	// ends, decided once: the stop waits for both (stopGate). Once the
-	// edge stops, the will is held back, and the record stays with it for
-	// whoever holds the session next (a custodian, or this edge's restart),
-	// where the session expires again.
+	// ends: the stop waits for both (stopGate). Once the edge stops, the
+	// will is held back, and the record stays with it for whoever holds
+	// the session next: a single-node edge's restart, where the session
+	// expires again (keepWillForRestart), or on a cluster the next
+	// holder, which finds the session ended (storeEndedWill).
 	b.stopGate.RLock()
 	heldBack := b.willsHeldBack()
 	b.cancelWill(old.ID, true)
+	// Or the stop went on past its wait for the gate.
+	heldBack = heldBack || b.willsHeldBack()
+	if heldBack && b.store != nil && b.store.Shared() {
+		heldBack = b.storeEndedWill(old.ID)
+	}
 	// With old: a connection bound since keeps its session.
 	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo, forCustody: heldBack})
 	b.stopGate.RUnlock()

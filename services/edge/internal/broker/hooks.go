@@ -278,6 +278,9 @@ func (h *hook) OnConnectAuthenticate(cl *mqtt.Client, _ packets.Packet) bool {
 // same client ID. A clean start ends the old session here.
 func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	b := h.b
+	if at := b.atSessionEstablish.Load(); at != nil {
+		(*at)()
+	}
 	c := b.conn(cl)
 	if c != nil && c.establishAfter != nil {
 		// The CONNECT of the client claimed before this one is bound or
@@ -313,6 +316,10 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	defer ungate()
 	if b.willsHeldBack() {
 		b.logger.Info("edge stopping; connection refused", "client_id", cl.ID)
+		if c != nil {
+			// Its end leaves the session as it is (OnDisconnect).
+			c.superseded.Store(true)
+		}
 		cl.Stop(errStopping)
 		return
 	}
@@ -576,7 +583,9 @@ func (h *hook) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	}
 	b.m.disconnects.WithLabelValues(reason).Inc()
 	if c.superseded.Load() {
-		return // it never held the session: another edge does
+		// It never held the session: another edge does, or the stop
+		// refused it and the session stays for its next holder.
+		return
 	}
 	if !c.established.Load() {
 		// Its CONNACK was never written (the client gave up, or the

@@ -94,11 +94,6 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 		// The session ends first, as a clean start ends a connected one:
 		// the connection's disconnect then finds no session, so nothing of
 		// it is written back to the store.
-		if cl != nil {
-			if c := b.conn(cl); c != nil {
-				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])
-			}
-		}
 		// The stop waits for the end and the will (stopGate). Once the
 		// edge stops, a will could no longer go out from here while the
 		// end removes the stored record that keeps it: no discard then.
@@ -106,6 +101,11 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 		if b.willsHeldBack() {
 			b.stopGate.RUnlock()
 			return res, ErrStopping
+		}
+		if cl != nil {
+			if c := b.conn(cl); c != nil {
+				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])
+			}
 		}
 		b.endSession(id, cl) // with cl: a connection bound since keeps the session
 		if b.session(id) == s {

@@ -8,9 +8,12 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
@@ -165,7 +168,7 @@ func TestBroker_StopDuringACleanTakeoverWaitsForItsWill(t *testing.T) {
 // ID id went out from b or stays in the stored record, not both.
 func requireWillPublishedOrKept(t *testing.T, b *Broker, st *durable.Store, id string) {
 	t.Helper()
-	published := testutil.ToFloat64(b.m.willsPublished)
+	published := promtest.ToFloat64(b.m.willsPublished)
 	rec, stored, err := st.LoadSession(context.Background(), id)
 	require.NoError(t, err)
 	kept := stored && rec.Session.Will != nil
@@ -231,4 +234,101 @@ func TestBroker_SessionEndsAfterTheStopKeepTheWillStored(t *testing.T) {
 		require.NoError(t, b.Close())
 		requireWillPublishedOrKept(t, b, st, id)
 	})
+}
+
+// A session that expires on an edge that stops (a takeover from another
+// edge finds it expired) ends all the same: its will, held back here, goes
+// out once from the edge the client connects to next, and the client,
+// with or without Clean Start, does not get the expired session back.
+func TestBroker_SessionExpiredAsTheEdgeStopsEndsForItsNextHolder(t *testing.T) {
+	t.Parallel()
+	for _, clean := range []bool{false, true} {
+		t.Run(map[bool]string{false: "resume", true: "clean_start"}[clean], func(t *testing.T) {
+			t.Parallel()
+			a, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+			addrA := serveTCP(t, a)
+			cfg := DefaultConfig()
+			cfg.EdgeID = "edge-b"
+			bb, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = bb.Close() })
+			require.NoError(t, bb.Restore(sharedLocal{st}))
+
+			const client = "expires-as-a-stops"
+			epoch := goneWithWill(t, a, addrA, client, packets.Properties{SessionExpiryInterval: 1, SessionExpiryIntervalFlag: true})
+			require.NoError(t, a.Close())
+			time.Sleep(1200 * time.Millisecond) // past the session's expiry
+
+			tk := &scriptedTakeover{begin: func(newEpoch uint64) ([]byte, error) {
+				_, _, state, err := a.TakeOver(context.Background(), "default", client, "edge-b", newEpoch, clean)
+				return state, err
+			}}
+			bb.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
+				return Grant{Epoch: epoch + 1, Previous: "test"}
+			})})
+			addrB := serveTCP(t, bb)
+			watch := mqtttest.Dial(t, addrB, 5)
+			watch.Connect("watch", true, packets.Properties{})
+			require.Equal(t, []byte{1}, watch.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+			ack := mqtttest.Dial(t, addrB, 5).Connect(client, clean, persistentSession)
+			require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+			require.False(t, ack.SessionPresent, "the expired session was resumed")
+			wills := 0
+			for {
+				pk, err := watch.Read(2 * time.Second)
+				if err != nil {
+					break
+				}
+				if pk.FixedHeader.Type == packets.Publish {
+					wills++
+					watch.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+				}
+			}
+			require.Equal(t, 1, wills, "wills of the expired session published")
+		})
+	}
+}
+
+// A CONNECT that would end the session here (Clean Start, or a session
+// that does not outlive its connection taking over one whose will waits)
+// and reaches its establishment as the edge stops is refused, and leaves
+// the session and its stored will as they were.
+func TestBroker_ConnectRefusedAsTheEdgeStopsLeavesTheWillStored(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		clean bool
+		props packets.Properties
+	}{
+		{"clean_start_expiry_0", true, packets.Properties{}},
+		{"resume_expiry_0", false, packets.Properties{}},
+		{"clean_start_persistent", true, persistentSession},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
+			addr := serveTCP(t, b)
+			client := "refused-" + tc.name
+			id := b.mustScope(t, "default").ClientID(client)
+			goneWithWill(t, b, addr, client, persistentSession)
+			closed := make(chan struct{})
+			at := func() {
+				go func() { _ = b.Close(); close(closed) }()
+				assert.Eventually(t, b.willsHeldBack, 5*time.Second, time.Millisecond)
+			}
+			b.atSessionEstablish.Store(&at)
+			c := mqtttest.Dial(t, addr, 5)
+			c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Properties: tc.props,
+				Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), Clean: tc.clean, Keepalive: 30, ClientIdentifier: client}})
+			pk, err := c.Read(3 * time.Second)
+			require.False(t, err == nil && pk.FixedHeader.Type == packets.Connack && pk.ReasonCode == packets.CodeSuccess.Code,
+				"the CONNECT was accepted as the edge stopped")
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the edge did not stop")
+			}
+			requireWillPublishedOrKept(t, b, st, id)
+		})
+	}
 }

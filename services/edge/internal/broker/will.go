@@ -359,6 +359,35 @@ func keptWill(cl *mqtt.Client, c *conn, will *Message, ended time.Time) durable.
 	return rec
 }
 
+// storeEndedWill rewrites the stored record of session id, which ended
+// here while the edge stops, as a session that ended and left its will:
+// no expiry, clean, the will kept. Wills are held back then, so the will
+// goes out from the session's next holder, which must not resume the
+// session (claimShared publishes such a will and removes the record, as a
+// custodian does). It reports whether a record with a will was kept; with
+// none there, the end removes what is stored.
+func (b *Broker) storeEndedWill(id string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	unlock, err := b.recordWrites.lock(ctx, id)
+	if err != nil {
+		b.logger.Warn("will of an ended session not kept for its next holder", "client_id", id, "error", err)
+		return false
+	}
+	defer unlock()
+	st, ok, err := b.store.LoadSession(ctx, id)
+	if err != nil || !ok || st.Session.Will == nil {
+		return false
+	}
+	rec := st.Session
+	rec.ExpiryInterval, rec.Clean = 0, true
+	if err := b.store.PutSession(ctx, rec); err != nil {
+		b.logger.Warn("will of an ended session not kept for its next holder", "client_id", id, "error", err)
+		return false
+	}
+	return true
+}
+
 // keepWillForRestart stores rec (keptWill), the will of the connection of
 // session id under the claim of epoch, when a single-node edge stops
 // before the will went out: the client did not leave with a normal
