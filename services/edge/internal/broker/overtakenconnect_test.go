@@ -26,18 +26,24 @@ func recordWaiters(b *Broker, id string) int {
 	return 0
 }
 
-// An older CONNECT (B) of a client, waiting to store its session record
-// behind an earlier connection's record write, is overtaken by a newer
-// CONNECT (C) with Clean Start, which stopped waiting for B's
-// establishment (ConnectTimeout) and ended the session's copy. With the
-// copy gone nothing here says a newer claim took the session on, yet B
-// must not store its record (persistent, with its will) over the session
-// C started clean, nor be told its session is established: C stores
-// nothing, so B's record would stay, and a custodian would resume it and
-// publish B's will.
-func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
-	t.Parallel()
-	const client = "overtaken"
+// overtaken is the race of the tests below, set up to the point where the
+// record writes are let go: A's stored-will drop is held with the record
+// lock, B (no Clean Start, Session Expiry 600, will "newer") waits for the
+// lock behind it, and C (Clean Start, no Session Expiry, no will), which
+// stopped waiting for B's establishment after ConnectTimeout and ended
+// the copy, waits behind B. extra, when set, is added to mochi's hooks
+// before the listener opens.
+type overtaken struct {
+	b            *Broker
+	st           *durable.Store
+	g            *gatedRecords
+	id           string
+	c            *mqtttest.Client // C
+	bAcks, cAcks <-chan packets.Packet
+}
+
+func raceOvertaken(t *testing.T, client string, extra func(*Broker) mqtt.Hook) overtaken {
+	t.Helper()
 	g := newGatedRecords(t, 2, 0) // the 2nd PutSession (A's will drop) is held
 	cfg := DefaultConfig()
 	cfg.EdgeID = "test"
@@ -49,29 +55,41 @@ func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
 	g.sharedLocal = sharedLocal{st}
 	require.NoError(t, b.Restore(g))
+	if extra != nil {
+		require.NoError(t, b.server.AddHook(extra(b), nil))
+	}
 	addr := serveTCP(t, b)
 	id := b.mustScope(t, "default").ClientID(client)
 
-	// A: persistent, with a will; its normal DISCONNECT drops the will
-	// from the stored record, a write held with the record lock.
 	a := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
 	waitBound(t, b, id)
 	a.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
 	g.waitHeld(t)
 
-	// B: no Clean Start, Session Expiry 600, will "newer".
 	bAcks := connectNewer(t, addr, client)
 	require.Eventually(t, func() bool { return recordWaiters(b, id) == 2 }, 5*time.Second, time.Millisecond,
 		"B waits for the record lock")
-
-	// C: Clean Start, no Session Expiry, no will. It stops waiting for B's
-	// establishment after ConnectTimeout, ends the copy, and waits for the
-	// record lock behind B.
 	c := mqtttest.Dial(t, addr, 5)
 	cAcks := make(chan packets.Packet, 1)
 	go func() { cAcks <- c.Connect(client, true, packets.Properties{}) }()
 	require.Eventually(t, func() bool { return recordWaiters(b, id) == 3 }, 5*time.Second, time.Millisecond,
 		"C waits for the record lock")
+	return overtaken{b: b, st: st, g: g, id: id, c: c, bAcks: bAcks, cAcks: cAcks}
+}
+
+// An older CONNECT (B) of a client, waiting to store its session record
+// behind an earlier connection's record write, is overtaken by a newer
+// CONNECT (C) with Clean Start, which stopped waiting for B's
+// establishment (ConnectTimeout) and ended the session's copy. With the
+// copy gone nothing here says a newer claim took the session on, yet B
+// must not store its record (persistent, with its will) over the session
+// C started clean, nor be told its session is established: C stores
+// nothing, so B's record would stay, and a custodian would resume it and
+// publish B's will.
+func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
+	t.Parallel()
+	r := raceOvertaken(t, "overtaken", nil)
+	b, st, g, id, bAcks, cAcks := r.b, r.st, r.g, r.id, r.bAcks, r.cAcks
 	require.Nil(t, b.session(id), "C's Clean Start ended the copy")
 
 	g.open()
@@ -127,36 +145,12 @@ func (h *holdRefusedEstablish) OnSessionEstablish(cl *mqtt.Client, _ packets.Pac
 // and the client had no connection left.
 func TestBroker_RefusedConnectEstablishedLastLeavesTheNewerConnection(t *testing.T) {
 	t.Parallel()
-	const client = "overtaken-last"
-	g := newGatedRecords(t, 2, 0)
-	cfg := DefaultConfig()
-	cfg.EdgeID = "test"
-	cfg.ConnectTimeout = time.Second
-	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = b.Close(); _ = st.Close() })
-	g.sharedLocal = sharedLocal{st}
-	require.NoError(t, b.Restore(g))
-	hold := &holdRefusedEstablish{b: b}
-	require.NoError(t, b.server.AddHook(hold, nil))
-	addr := serveTCP(t, b)
-	id := b.mustScope(t, "default").ClientID(client)
-
-	a := connectWithWill(t, addr, 5, client, "gone/"+client, false, persistentSession, 60)
-	waitBound(t, b, id)
-	a.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Disconnect}})
-	g.waitHeld(t)
-
-	bAcks := connectNewer(t, addr, client)
-	require.Eventually(t, func() bool { return recordWaiters(b, id) == 2 }, 5*time.Second, time.Millisecond,
-		"B waits for the record lock")
-	c := mqtttest.Dial(t, addr, 5)
-	cAcks := make(chan packets.Packet, 1)
-	go func() { cAcks <- c.Connect(client, true, packets.Properties{}) }()
-	require.Eventually(t, func() bool { return recordWaiters(b, id) == 3 }, 5*time.Second, time.Millisecond,
-		"C waits for the record lock")
+	var hold *holdRefusedEstablish
+	r := raceOvertaken(t, "overtaken-last", func(b *Broker) mqtt.Hook {
+		hold = &holdRefusedEstablish{b: b}
+		return hold
+	})
+	b, g, id, c, bAcks, cAcks := r.b, r.g, r.id, r.c, r.bAcks, r.cAcks
 
 	g.open()
 	select {

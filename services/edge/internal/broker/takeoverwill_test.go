@@ -8,12 +8,10 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keelmq/keel/libs/testutil"
 	"github.com/keelmq/keel/services/edge/internal/durable"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
@@ -247,25 +245,14 @@ func TestBroker_SessionExpiredAsTheEdgeStopsEndsForItsNextHolder(t *testing.T) {
 			t.Parallel()
 			a, st := brokerOnStore(t, func(s *durable.Store) DurableState { return sharedLocal{s} })
 			addrA := serveTCP(t, a)
-			cfg := DefaultConfig()
-			cfg.EdgeID = "edge-b"
-			bb, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = bb.Close() })
-			require.NoError(t, bb.Restore(sharedLocal{st}))
+			bb := newEdgeB(t, sharedLocal{st})
 
 			const client = "expires-as-a-stops"
 			epoch := goneWithWill(t, a, addrA, client, packets.Properties{SessionExpiryInterval: 1, SessionExpiryIntervalFlag: true})
 			require.NoError(t, a.Close())
 			time.Sleep(1200 * time.Millisecond) // past the session's expiry
 
-			tk := &scriptedTakeover{begin: func(newEpoch uint64) ([]byte, error) {
-				_, _, state, err := a.TakeOver(context.Background(), "default", client, "edge-b", newEpoch, clean)
-				return state, err
-			}}
-			bb.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
-				return Grant{Epoch: epoch + 1, Previous: "test"}
-			})})
+			takesFrom(bb, a, client, epoch, clean)
 			addrB := serveTCP(t, bb)
 			watch := mqtttest.Dial(t, addrB, 5)
 			watch.Connect("watch", true, packets.Properties{})
@@ -273,18 +260,7 @@ func TestBroker_SessionExpiredAsTheEdgeStopsEndsForItsNextHolder(t *testing.T) {
 			ack := mqtttest.Dial(t, addrB, 5).Connect(client, clean, persistentSession)
 			require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 			require.False(t, ack.SessionPresent, "the expired session was resumed")
-			wills := 0
-			for {
-				pk, err := watch.Read(2 * time.Second)
-				if err != nil {
-					break
-				}
-				if pk.FixedHeader.Type == packets.Publish {
-					wills++
-					watch.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
-				}
-			}
-			require.Equal(t, 1, wills, "wills of the expired session published")
+			require.Equal(t, 1, countPublishes(t, watch, 2*time.Second), "wills of the expired session published")
 		})
 	}
 }

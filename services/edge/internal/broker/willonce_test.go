@@ -68,12 +68,7 @@ func willPublishedOnceAcrossEdges(t *testing.T, async, clean bool) {
 	})
 	addrA := serveTCP(t, a)
 
-	cfg := DefaultConfig()
-	cfg.EdgeID = "edge-b"
-	bb, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = bb.Close() })
-	require.NoError(t, bb.Restore(&activatingStore{sharedLocal: sharedLocal{st}, activated: activated}))
+	bb := newEdgeB(t, &activatingStore{sharedLocal: sharedLocal{st}, activated: activated})
 
 	const client = "ends-on-claim"
 	id := a.mustScope(t, "default").ClientID(client)
@@ -88,13 +83,7 @@ func willPublishedOnceAcrossEdges(t *testing.T, async, clean bool) {
 	require.True(t, ok)
 	require.NotNil(t, rec.Session.Will, "the will is in the shared record")
 
-	tk := &scriptedTakeover{begin: func(newEpoch uint64) ([]byte, error) {
-		_, _, state, err := a.TakeOver(context.Background(), "default", client, "edge-b", newEpoch, clean)
-		return state, err
-	}}
-	bb.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
-		return Grant{Epoch: epoch + 1, Previous: "test"}
-	})})
+	takesFrom(bb, a, client, epoch, clean)
 	addrB := serveTCP(t, bb)
 	watchB := mqtttest.Dial(t, addrB, 5)
 	watchB.Connect("watchB", true, packets.Properties{})
@@ -104,19 +93,48 @@ func willPublishedOnceAcrossEdges(t *testing.T, async, clean bool) {
 	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 	expectClosed(t, old)
 
+	n := countPublishes(t, watchA, 1500*time.Millisecond) + countPublishes(t, watchB, 1500*time.Millisecond)
+	require.Equal(t, 1, n, "the will of the ended session is published once across the two edges")
+}
+
+// newEdgeB starts a second edge, edge-b, on store, which it shares with
+// the test's first edge.
+func newEdgeB(t *testing.T, store DurableState) *Broker {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.EdgeID = "edge-b"
+	bb, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = bb.Close() })
+	require.NoError(t, bb.Restore(store))
+	return bb
+}
+
+// takesFrom makes bb claim client's session under epoch+1, taking it over
+// from a (TakeOver, with clean for the CONNECT's Clean Start).
+func takesFrom(bb, a *Broker, client string, epoch uint64, clean bool) {
+	tk := &scriptedTakeover{begin: func(newEpoch uint64) ([]byte, error) {
+		_, _, state, err := a.TakeOver(context.Background(), "default", client, "edge-b", newEpoch, clean)
+		return state, err
+	}}
+	bb.SetCluster(Cluster{Takeover: tk, Ownership: grantOwnership(func() Grant {
+		return Grant{Epoch: epoch + 1, Previous: "test"}
+	})})
+}
+
+// countPublishes reads w until it is silent for quiet, acknowledging each
+// PUBLISH, and returns how many came.
+func countPublishes(t *testing.T, w *mqtttest.Client, quiet time.Duration) int {
+	t.Helper()
 	n := 0
-	for _, w := range []*mqtttest.Client{watchA, watchB} {
-		for {
-			pk, err := w.Read(1500 * time.Millisecond)
-			if err != nil {
-				break
-			}
-			if pk.FixedHeader.Type == packets.Publish {
-				n++
-				t.Logf("will received by %s", map[*mqtttest.Client]string{watchA: "watcher on A", watchB: "watcher on B"}[w])
-				w.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
-			}
+	for {
+		pk, err := w.Read(quiet)
+		if err != nil {
+			return n
+		}
+		if pk.FixedHeader.Type == packets.Publish {
+			n++
+			w.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
 		}
 	}
-	require.Equal(t, 1, n, "the will of the ended session is published once across the two edges")
 }
