@@ -54,7 +54,7 @@ func (b *Broker) expireOffline(old *mqtt.Client) bool {
 	// Or the stop went on past its wait for the gate.
 	heldBack = heldBack || b.willsHeldBack()
 	if heldBack && b.store != nil && b.store.Shared() {
-		heldBack = b.storeEndedWill(old.ID)
+		heldBack = b.storeEndedWill(old.ID, upTo)
 	}
 	// With old: a connection bound since keeps its session.
 	b.endSessionRoutes(context.Background(), old.ID, endWhich{cl: old, upTo: upTo, forCustody: heldBack})

@@ -119,6 +119,12 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 			b.stopGate.RLock() // as in expireOffline
 			heldBack := b.willsHeldBack()
 			b.expireOffline(old)
+			if heldBack && b.store != nil && b.store.Shared() {
+				// Before the end below deactivates the record: mochi's
+				// tick may have taken the expiry first, and not have
+				// rewritten the record yet.
+				heldBack = b.storeEndedWill(id, epoch)
+			}
 			// This copy, if mochi's tick took the record first and is
 			// still ending it.
 			b.endSessionRoutes(context.Background(), id, endWhich{only: s, forCustody: heldBack})

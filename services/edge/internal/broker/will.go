@@ -360,30 +360,47 @@ func keptWill(cl *mqtt.Client, c *conn, will *Message, ended time.Time) durable.
 }
 
 // storeEndedWill rewrites the stored record of session id, which ended
-// here while the edge stops, as a session that ended and left its will:
-// no expiry, clean, the will kept. Wills are held back then, so the will
-// goes out from the session's next holder, which must not resume the
-// session (claimShared publishes such a will and removes the record, as a
-// custodian does). It reports whether a record with a will was kept; with
-// none there, the end removes what is stored.
-func (b *Broker) storeEndedWill(id string) bool {
+// here under the claim of epoch upTo while the edge stops, as a session
+// that ended and left its will: no expiry, clean, the will kept. Wills are
+// held back then, so the will goes out from the session's next holder,
+// which must not resume the session (claimShared publishes such a will
+// and removes the record, as a custodian does). It reports whether the
+// record must stay: false only when it holds no will (the end then
+// removes it). A record a newer claim of the client stored is that
+// claim's, and stays as it is; one the rewrite could not read or write
+// stays as it was, with its will.
+func (b *Broker) storeEndedWill(id string, upTo uint64) (keep bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	unlock, err := b.recordWrites.lock(ctx, id)
 	if err != nil {
-		b.logger.Warn("will of an ended session not kept for its next holder", "client_id", id, "error", err)
-		return false
+		b.logger.Warn("will of an ended session kept in its stored record as it was", "client_id", id, "error", err)
+		return true
 	}
 	defer unlock()
+	s := b.session(id)
+	if s != nil && s.claimedAfter(upTo) || b.establishedClaims.newest(id) > upTo || b.connecting(id, upTo+1) {
+		return true
+	}
 	st, ok, err := b.store.LoadSession(ctx, id)
-	if err != nil || !ok || st.Session.Will == nil {
+	if err != nil {
+		b.logger.Warn("will of an ended session kept in its stored record as it was", "client_id", id, "error", err)
+		return true
+	}
+	if !ok || st.Session.Will == nil {
 		return false
+	}
+	if s != nil {
+		// A will drop still to come (the will's own timer) finds the
+		// record replaced, and writes nothing (dropStoredWill).
+		s.mu.Lock()
+		s.record = nil
+		s.mu.Unlock()
 	}
 	rec := st.Session
 	rec.ExpiryInterval, rec.Clean = 0, true
 	if err := b.store.PutSession(ctx, rec); err != nil {
-		b.logger.Warn("will of an ended session not kept for its next holder", "client_id", id, "error", err)
-		return false
+		b.logger.Warn("will of an ended session kept in its stored record as it was", "client_id", id, "error", err)
 	}
 	return true
 }
