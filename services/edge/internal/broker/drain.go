@@ -85,6 +85,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	b.sessMu.Unlock()
 
 	var mu sync.Mutex
+	left := map[*session]bool{} // stayed: not handed over; guarded by mu
 	sem := make(chan struct{}, drainParallel)
 	var wg sync.WaitGroup
 	for _, s := range persistent {
@@ -103,6 +104,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 			// the session once this edge is gone.
 			mu.Lock()
 			stayed++
+			left[s] = true
 			mu.Unlock()
 			b.logger.Warn("session not handed over: its connection has not ended; it stays in the store for custody",
 				"client_id", s.id)
@@ -117,6 +119,7 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 			defer mu.Unlock()
 			if err != nil {
 				stayed++
+				left[s] = true
 				b.logger.Warn("session not handed over; it stays in this edge's store", "client_id", s.id, "error", err)
 				return
 			}
@@ -128,9 +131,13 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	// custodian found it moved on) leaves only when that edge's takeover
 	// reaches this one: until then this edge holds its routes and queues
 	// for it, and leaving sooner would leave it with no edge that does. The
-	// wait is short (a client reconnecting at once) and bounded.
+	// wait is short (a client reconnecting at once) and bounded. The
+	// sessions that stay are not waited for: nothing takes them before
+	// the edge is gone.
 	held, cancelHeld := context.WithTimeout(ctx, drainHeldWait)
-	waitUntil(held, func() bool { return b.countSessions(heldPersistent) == 0 })
+	waitUntil(held, func() bool {
+		return b.countSessions(func(s *session) bool { return heldPersistent(s) && !left[s] }) == 0
+	})
 	cancelHeld()
 	// A session may still be between TakeoverBegin and TakeoverEnd here:
 	// the other edge admits its client only once End answered, so the edge
