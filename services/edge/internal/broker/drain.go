@@ -34,6 +34,10 @@ const (
 	// drainHeldWait bounds the wait for the sessions handed over to their
 	// clients' new edges to be taken over from this one.
 	drainHeldWait = 5 * time.Second
+	// drainLeftWait is drainHeldWait for the sessions that stay in the
+	// store: a client back elsewhere at once has claimed its session there
+	// within it.
+	drainLeftWait = time.Second
 )
 
 // DrainOptions shape a drain.
@@ -131,12 +135,16 @@ func (b *Broker) DrainWith(ctx context.Context, opts DrainOptions) (moved, staye
 	// custodian found it moved on) leaves only when that edge's takeover
 	// reaches this one: until then this edge holds its routes and queues
 	// for it, and leaving sooner would leave it with no edge that does. The
-	// wait is short (a client reconnecting at once) and bounded. The
-	// sessions that stay are not waited for: nothing takes them before
-	// the edge is gone.
+	// wait is short (a client reconnecting at once) and bounded. A session
+	// that stays (left) is waited for a shorter while: its client, sent
+	// away by the drain, is likely back elsewhere at once, and the claim
+	// there takes it over from here; past that, its store keeps it for
+	// custody.
 	held, cancelHeld := context.WithTimeout(ctx, drainHeldWait)
+	leftUntil := time.Now().Add(drainLeftWait)
 	waitUntil(held, func() bool {
-		return b.countSessions(func(s *session) bool { return heldPersistent(s) && !left[s] }) == 0
+		leftToo := time.Now().Before(leftUntil)
+		return b.countSessions(func(s *session) bool { return heldPersistent(s) && (leftToo || !left[s]) }) == 0
 	})
 	cancelHeld()
 	// A session may still be between TakeoverBegin and TakeoverEnd here:

@@ -454,6 +454,33 @@ type acceptingCustody struct{ n atomic.Int32 }
 
 func (c *acceptingCustody) Handover(context.Context, string, string) error { c.n.Add(1); return nil }
 
+// refusingCustody fails every handover.
+type refusingCustody struct{ n atomic.Int32 }
+
+func (c *refusingCustody) Handover(context.Context, string, string) error {
+	c.n.Add(1)
+	return errors.New("no custodian")
+}
+
+// A session whose handover fails stays in the edge's store, and the drain
+// does not wait for it as for one whose client took it elsewhere.
+func TestBroker_DrainDoesNotWaitForASessionThatStays(t *testing.T) {
+	t.Parallel()
+	b, addr, stop := openDurable(t, t.TempDir())
+	t.Cleanup(stop)
+	custody := &refusingCustody{}
+	b.SetCluster(Cluster{Custody: custody})
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("stays", false, persistentProps)
+	waitBound(t, b, b.mustScope(t, "default").ClientID("stays"))
+	start := time.Now()
+	moved, stayed := b.DrainWith(t.Context(), DrainOptions{})
+	require.Equal(t, 0, moved)
+	require.Equal(t, 1, stayed)
+	require.Equal(t, int32(1), custody.n.Load())
+	require.Less(t, time.Since(start), drainHeldWait, "the drain waited for the session that stays")
+}
+
 // drainInBackground starts a drain of b and returns a channel closed when
 // it ends.
 func drainInBackground(b *Broker) <-chan struct{} {
