@@ -450,17 +450,13 @@ func sessionEpoch(b *Broker, id string) uint64 {
 	return s.epoch
 }
 
-type acceptingCustody struct{ n atomic.Int32 }
-
-func (c *acceptingCustody) Handover(context.Context, string, string) error { c.n.Add(1); return nil }
-
-// refusingCustody fails every handover.
-type refusingCustody struct{ n atomic.Int32 }
-
-func (c *refusingCustody) Handover(context.Context, string, string) error {
-	c.n.Add(1)
-	return errors.New("no custodian")
+// countingCustody counts handovers and answers each with err (nil: taken).
+type countingCustody struct {
+	n   atomic.Int32
+	err error
 }
+
+func (c *countingCustody) Handover(context.Context, string, string) error { c.n.Add(1); return c.err }
 
 // A session whose handover fails stays in the edge's store, and the drain
 // does not wait for it as for one whose client took it elsewhere.
@@ -468,7 +464,7 @@ func TestBroker_DrainDoesNotWaitForASessionThatStays(t *testing.T) {
 	t.Parallel()
 	b, addr, stop := openDurable(t, t.TempDir())
 	t.Cleanup(stop)
-	custody := &refusingCustody{}
+	custody := &countingCustody{err: errors.New("no custodian")}
 	b.SetCluster(Cluster{Custody: custody})
 	c := mqtttest.Dial(t, addr, 5)
 	c.Connect("stays", false, persistentProps)
@@ -499,7 +495,7 @@ func TestBroker_DrainWaitsForTakeovers(t *testing.T) {
 	t.Parallel()
 	b, addr, stop := openDurable(t, t.TempDir())
 	t.Cleanup(stop)
-	custody := &acceptingCustody{}
+	custody := &countingCustody{}
 	b.SetCluster(Cluster{Custody: custody})
 	c := mqtttest.Dial(t, addr, 5)
 	c.Connect("mover", false, persistentProps)

@@ -306,15 +306,8 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// will could not go out while the end removed the stored record that
 	// keeps it: the CONNECT is refused instead, and ends nothing.
 	b.stopGate.RLock()
-	gated := true
-	ungate := func() {
-		if gated {
-			gated = false
-			b.stopGate.RUnlock()
-		}
-	}
-	defer ungate()
 	if b.willsHeldBack() {
+		b.stopGate.RUnlock()
 		b.logger.Info("edge stopping; connection refused", "client_id", cl.ID)
 		if c != nil {
 			// Its end leaves the session as it is (OnDisconnect).
@@ -373,7 +366,7 @@ func (h *hook) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	// connection that ended meanwhile would stay, and go out after its
 	// delay although the session went on [MQTT-3.1.3-9].
 	b.cancelWill(cl.ID, ends)
-	ungate()
+	b.stopGate.RUnlock()
 	if endsWith != nil {
 		if oc := b.conn(endsWith); oc != nil {
 			oc.sessionEnds.Store(true) // its will goes out at once

@@ -91,9 +91,6 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 			"protocol_version", res.ProtocolVersion, "discard", discard)
 	}
 	if discard {
-		// The session ends first, as a clean start ends a connected one:
-		// the connection's disconnect then finds no session, so nothing of
-		// it is written back to the store.
 		// The stop waits for the end and the will (stopGate). Once the
 		// edge stops, a will could no longer go out from here while the
 		// end removes the stored record that keeps it: no discard then.
@@ -102,6 +99,9 @@ func (b *Broker) Kick(ctx context.Context, tenant, clientID string, discard bool
 			b.stopGate.RUnlock()
 			return res, ErrStopping
 		}
+		// The session ends first, as a clean start ends a connected one:
+		// the connection's disconnect then finds no session, so nothing of
+		// it is written back to the store.
 		if cl != nil {
 			if c := b.conn(cl); c != nil {
 				c.sessionEnds.Store(true) // the session ends: its will goes out at once ([MQTT-3.1.3-9])

@@ -118,11 +118,10 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 			b.m.takeovers.Inc()
 			b.stopGate.RLock() // as in expireOffline
 			heldBack := b.willsHeldBack()
-			b.expireOffline(old)
-			if heldBack && b.store != nil && b.store.Shared() {
-				// Before the end below deactivates the record: mochi's
-				// tick may have taken the expiry first, and not have
-				// rewritten the record yet.
+			if !b.expireOffline(old) && heldBack && b.store != nil && b.store.Shared() {
+				// mochi's tick took the expiry first, and may not have
+				// rewritten the record yet: before the end below
+				// deactivates it.
 				heldBack = b.storeEndedWill(id, epoch)
 			}
 			// This copy, if mochi's tick took the record first and is
