@@ -51,6 +51,7 @@ type Broker struct {
 	bIn      [3]prometheus.Counter // payload bytes in, by QoS
 	bOut     [3]prometheus.Counter // PUBLISH bytes out, by QoS
 	mOut     [3]prometheus.Counter
+	mAlone   [len(aloneOutcomes)]prometheus.Counter
 	limits   topic.Limits
 	guard    *guard
 
@@ -178,6 +179,10 @@ type Broker struct {
 	// session that does not move and the sending of its waiting will:
 	// tests stop the edge there.
 	atTakeOverWill atomic.Pointer[func()]
+	// aloneAfter is how long a session's writer must have been idle for a
+	// delivery to be written alone by the goroutine that queued it
+	// (writeAlone); tests set it to 0.
+	aloneAfter time.Duration
 	// atCloseGate, when set, runs each time Close finds stopGate held.
 	atCloseGate atomic.Pointer[func()]
 	// atSessionEstablish, when set, runs as OnSessionEstablish begins:
@@ -393,6 +398,7 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		cluster:  Cluster{Ownership: &localOwnership{}, Routes: localRoutes{}, Output: noOutput{}},
 
 		offlineWait: drainOfflineWait,
+		aloneAfter:  writeAloneAfter,
 	}
 	b.stopped, b.stop = context.WithCancel(context.Background())
 	b.atOnce = AtOnce(b.stopped)
@@ -414,6 +420,9 @@ func New(cfg Config, authn auth.Authenticator, logger *slog.Logger, reg promethe
 		b.mOut[q] = b.m.messagesOut.WithLabelValues(qosLabel[q])
 		b.bIn[q] = b.m.bytesIn.WithLabelValues(qosLabel[q])
 		b.bOut[q] = b.m.bytesOut.WithLabelValues(qosLabel[q])
+	}
+	for i, outcome := range aloneOutcomes {
+		b.mAlone[i] = b.m.writesAlone.WithLabelValues(outcome)
 	}
 	if err := b.server.AddHook(&hook{b: b}, nil); err != nil {
 		return nil, err
@@ -1294,6 +1303,11 @@ func nextOutboundID(cl *mqtt.Client, s *session) (uint16, bool) {
 func (b *Broker) writeRaw(s *session, cl *mqtt.Client, buf []byte) error {
 	cl.Lock()
 	defer cl.Unlock()
+	return b.writeRawLocked(s, cl, buf)
+}
+
+// writeRawLocked is writeRaw with cl's lock held.
+func (b *Broker) writeRawLocked(s *session, cl *mqtt.Client, buf []byte) error {
 	if cl.Closed() {
 		return mqtt.ErrConnectionClosed
 	}

@@ -46,6 +46,7 @@ type metrics struct {
 	loadScore         prometheus.GaugeFunc
 	aclRevoked        prometheus.Counter
 	aclRefreshes      *prometheus.CounterVec // outcome
+	writesAlone       *prometheus.CounterVec // outcome
 }
 
 func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
@@ -170,12 +171,16 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		aclRefreshes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_edge_acl_refreshes_total", Help: "Refreshes of the connected clients' ACLs after ACL version bumps, by outcome (ok, error: retried).",
 		}, []string{"outcome"}),
+		writesAlone: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_edge_deliveries_written_alone_total",
+			Help: "Deliveries to an idle session written by the goroutine that queued them, by outcome (whole; partial: the socket took part, a writer wrote the rest; refused: it took none, a writer wrote it).",
+		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
 		m.acksDeferred, m.routedBehind, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
-		m.aclRevoked, m.aclRefreshes)
+		m.aclRevoked, m.aclRefreshes, m.writesAlone)
 	return m
 }
 

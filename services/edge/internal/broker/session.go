@@ -101,6 +101,7 @@ type session struct {
 	queue        ring
 	queueBytes   int
 	writing      bool
+	idleSince    int64         // unix nano the writer last stopped with nothing to send (writeAlone)
 	space        chan struct{} // closed when the queue frees room; publishers wait on it
 	nudge        chan struct{} // wakes a writer waiting on the store: more to send
 	subs         map[string]*subscription
@@ -329,8 +330,15 @@ func (s *session) enqueueOrWait(d delivery, blocked *time.Time) enqueueResult {
 			p, seq := s.pushLocked(d, size, false)
 			start := !s.writing
 			s.writing = true
+			var alone aloneWrite
+			if start && seq == 0 && s.aloneLocked(&d) {
+				alone = s.takeAloneLocked()
+			}
 			s.mu.Unlock()
-			if start {
+			switch {
+			case alone.cl != nil:
+				s.writeAlone(alone)
+			case start:
 				s.b.startWriter(s)
 			}
 			if err := s.waitQueued(p, d.msg, seq); err != nil {
@@ -1018,6 +1026,7 @@ func (s *session) writeLoop() {
 		if len(batch) == 0 {
 			if len(storing) == 0 {
 				s.writing = false
+				s.idleSince = now.UnixNano()
 				s.mu.Unlock()
 				return
 			}

@@ -1,0 +1,139 @@
+package broker
+
+import (
+	"bytes"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/listener"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
+)
+
+// startBrokerAlone is startBroker with every delivery to an idle writer
+// written alone, however short its idleness.
+func startBrokerAlone(t *testing.T, mutate func(*Config)) (*Broker, string) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.EdgeID = "test"
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
+	require.NoError(t, err)
+	b.aloneAfter = 0
+	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
+	require.NoError(t, b.AddListener(l))
+	require.NoError(t, b.Serve())
+	t.Cleanup(func() { _ = b.Close() })
+	return b, l.Address()
+}
+
+func alone(b *Broker, outcome int) int {
+	return int(promtest.ToFloat64(b.mAlone[outcome]))
+}
+
+// A message to a subscriber whose writer is idle is written by its
+// publisher's read loop, at QoS 0, 1 and 2, and the QoS 1 and 2 ones
+// complete as any other: the packet IDs, the client's receive window and
+// the acknowledgements are the writer's.
+func TestBroker_QuietDeliveriesAreWrittenByTheirPublisher(t *testing.T) {
+	b, addr := startBrokerAlone(t, nil)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{ReceiveMaximum: 1})
+	sub.Subscribe(1, "q/#", 2)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+
+	const rounds = 30
+	ids := map[uint16]bool{}
+	for i := range rounds {
+		qos := byte(i % 3)
+		payload := fmt.Appendf(nil, "m%d", i)
+		pub.Publish(uint16(i+1), "q/x", qos, payload)
+		pk := sub.Expect(packets.Publish)
+		require.Equal(t, payload, pk.Payload, "in order")
+		require.Equal(t, qos, pk.FixedHeader.Qos)
+		switch qos {
+		case 1:
+			pub.Expect(packets.Puback)
+			require.False(t, ids[pk.PacketID], "a packet ID in use again")
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
+		case 2:
+			pub.Expect(packets.Pubrec)
+			pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: uint16(i + 1)})
+			pub.Expect(packets.Pubcomp)
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: pk.PacketID})
+			sub.Expect(packets.Pubrel)
+			sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubcomp}, PacketID: pk.PacketID})
+		}
+		if qos > 0 {
+			// With a receive window of one, the next QoS 1/2 delivery waits
+			// for this one's acknowledgement: it must have been counted.
+			ids[pk.PacketID] = true
+			require.Eventually(t, func() bool { return atomic.LoadInt64(&b.server.Info.Inflight) == 0 }, 5*time.Second, time.Millisecond)
+		}
+	}
+	require.Equal(t, rounds, alone(b, aloneWhole), "every delivery written alone")
+	require.Zero(t, alone(b, alonePartial)+alone(b, aloneRefused))
+}
+
+// A delivery written alone that the subscriber's socket takes only in
+// part keeps the client's lock until a writer wrote the rest: the
+// messages queued behind it, and the packets mochi writes to the client,
+// go after it, and the subscriber reads every packet whole and in order.
+// The publisher is not held up meanwhile.
+func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T) {
+	// Past the largest send buffer TCP gives a socket here (tcp_wmem's
+	// 4 MiB): one write that does not wait cannot take it whole.
+	const big = 8 << 20
+	b, addr := startBrokerAlone(t, func(c *Config) { c.MaxPacketSize = 16 << 20 })
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "big/#", 1)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+
+	// The subscriber reads nothing now.
+	payloads := [][]byte{bytes.Repeat([]byte{'a'}, big)}
+	for i := range 3 {
+		payloads = append(payloads, bytes.Repeat([]byte{byte('b' + i)}, 64<<10))
+	}
+	for _, p := range payloads {
+		pub.Publish(0, "big/x", 0, p)
+	}
+	require.Eventually(t, func() bool { return alone(b, alonePartial) == 1 }, 5*time.Second, time.Millisecond)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+	pub.Expect(packets.Pingresp)
+	// mochi's answer to the subscriber goes after the rest, not into it.
+	sub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+
+	var got [][]byte
+	pings := 0
+	for len(got) < len(payloads) || pings == 0 {
+		pk, err := sub.Read(10 * time.Second)
+		require.NoError(t, err)
+		switch pk.FixedHeader.Type {
+		case packets.Publish:
+			got = append(got, pk.Payload)
+		case packets.Pingresp:
+			require.NotEmpty(t, got, "the PINGRESP after the message being written")
+			pings++
+		default:
+			t.Fatalf("unexpected packet type %d", pk.FixedHeader.Type)
+		}
+	}
+	for i, p := range payloads {
+		require.True(t, bytes.Equal(p, got[i]), "payload %d whole and in order", i)
+	}
+	// The client and the session go on as usual.
+	pub.Publish(0, "big/x", 0, []byte("after"))
+	require.Equal(t, []byte("after"), sub.Expect(packets.Publish).Payload)
+}
