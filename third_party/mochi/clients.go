@@ -418,6 +418,17 @@ func (cl *Client) ClearExpiredInflights(now, maximumExpiry int64) []uint16 {
 	return deleted
 }
 
+// ReadBuffered returns how many bytes the client's read loop holds already
+// read from the connection and not yet decoded: 0 when the packet being
+// handled was the last one of the data at hand. keel patch: only the read
+// loop's own goroutine (its packet handler, hooks) may call it.
+func (cl *Client) ReadBuffered() int {
+	if cl.Net.bconn == nil {
+		return 0
+	}
+	return cl.Net.bconn.Buffered()
+}
+
 // Read reads incoming packets from the connected client and transforms them into
 // packets to be handled by the packetHandler.
 func (cl *Client) Read(packetHandler ReadFn) error {

@@ -9,28 +9,34 @@ import (
 )
 
 // A delivery that finds its session's writer idle, and idle for a while,
-// is written by the goroutine that queued it (a publisher's read loop, a
-// forward stream's handler) with one write that does not wait, instead of
-// by a writer goroutine started for it. At a few thousand messages a
-// second each message travels alone, and starting a goroutine on another
-// CPU for each cost more than the write: waking an idle thread, its
-// scheduler's spinning, a second context switch. Under load the writer
-// is still busy or was a moment ago, and its batches (one write for many
-// deliveries) are worth more than the wake-up they cost, so nothing
-// changes there.
+// of a message with nothing behind it (its publisher had nothing more to
+// read, or its forward frame carried it alone) is written by the goroutine
+// that queued it (the publisher's read loop, the forward stream's handler)
+// with one write that does not wait, instead of by a writer goroutine
+// started for it. At a few thousand messages a second each message
+// travels alone, and starting a goroutine on another CPU for each cost
+// more than the write: waking an idle thread, its scheduler's spinning, a
+// second context switch. Under load the writer is still busy or was a
+// moment ago, and more messages follow in the same read: its batches (one
+// write for many deliveries) are worth more than the wake-up they cost.
 //
 // Only a delivery with nothing to store first goes alone (a durable
 // session's packet IDs are stored before they are sent), only on plain
 // TCP (a TLS record or a WebSocket frame cannot be written in part), and
-// never one that would wait: a socket that takes less than the whole
-// packet keeps the client's lock, and a writer goroutine writes the rest,
-// as it writes to a client that reads slowly, before anything else goes
-// to that client.
+// never one that would wait: not for the socket, which takes what it has
+// room for (the rest goes to a writer goroutine, with the client's lock
+// kept until it is written, as for a client that reads slowly), nor for
+// the client's lock (another write to the client holds it). A message
+// goes alone to a few sessions at most; a writer goroutine each writes it
+// to the rest, in parallel, as before.
 
 // writeAloneAfter is how long a session's writer must have been idle for
 // a delivery to be written alone: longer than the gap between a busy
 // session's messages, and short against a quiet one's.
 const writeAloneAfter = time.Millisecond
+
+// maxAlonePerMessage bounds the sessions a message is written to alone.
+const maxAlonePerMessage = 8
 
 // Outcomes of a write alone (keel_edge_deliveries_written_alone_total).
 const (
@@ -56,8 +62,8 @@ type aloneWrite struct {
 // s.mu is held.
 func (s *session) aloneLocked(d *delivery) bool {
 	cl := s.client
-	if cl == nil || s.queue.len() != 1 || d.onSubscribe || s.slow || !s.settleUntil.IsZero() ||
-		d.qos > 0 && s.inflight >= s.window {
+	if !d.msg.quiet || cl == nil || cl.Closed() || s.queue.len() != 1 || d.onSubscribe || s.slow ||
+		!s.settleUntil.IsZero() || d.qos > 0 && s.inflight >= s.window {
 		// A retained message for a new subscription goes after the
 		// SUBACK mochi writes once the subscribing hook returns.
 		return false
@@ -69,7 +75,8 @@ func (s *session) aloneLocked(d *delivery) bool {
 	if _, tcp := kc.Conn.(*net.TCPConn); !tcp {
 		return false
 	}
-	return time.Now().UnixNano()-s.idleSince >= int64(s.b.aloneAfter)
+	return time.Now().UnixNano()-s.idleSince >= int64(s.b.aloneAfter) &&
+		d.msg.alones.Add(1) <= maxAlonePerMessage
 }
 
 // takeAloneLocked takes the one queued delivery for writeAlone, as the
@@ -96,60 +103,52 @@ func (s *session) writeAlone(w aloneWrite) {
 	now := time.Now()
 	bufp := writeBufs.Get().(*[]byte)
 	buf, _, sent := b.encodeDelivery((*bufp)[:0], w.cl, s, &w.d, w.version, w.maxPacket, w.aliases, now.Unix())
-	rest := buf[:0]
-	if sent {
-		var locked bool
-		rest, locked = b.writeNow(s, w.cl, buf)
-		if locked {
-			// The client's lock is held until the rest is written: nothing
-			// else may go to the client in between.
-			b.mAlone[alonePartial].Inc()
-			own := append([]byte(nil), rest...)
-			b.writers.Add(1)
-			go func() {
-				defer b.writers.Done()
-				err := b.writeRawLocked(s, w.cl, own)
-				w.cl.Unlock()
-				if err != nil {
-					s.mu.Lock()
-					s.writing = false
-					s.mu.Unlock()
-					return
-				}
-				growStackForWrite()
-				s.writeLoop()
-			}()
-			*bufp = buf[:0]
-			writeBufs.Put(bufp)
-			return
-		}
-		if len(rest) == 0 {
-			b.mAlone[aloneWhole].Inc()
-		} else {
-			b.mAlone[aloneRefused].Inc()
-		}
-	}
-	if len(rest) > 0 {
-		// Nothing written: the writer writes it, first.
-		own := append([]byte(nil), rest...)
-		*bufp = buf[:0]
-		writeBufs.Put(bufp)
-		b.writers.Add(1)
-		go func() {
-			defer b.writers.Done()
-			growStackForWrite()
-			if b.writeRaw(s, w.cl, own) != nil {
-				s.mu.Lock()
-				s.writing = false
-				s.mu.Unlock()
-				return
-			}
-			s.writeLoop()
-		}()
+	*bufp = buf
+	if !sent {
+		putWriteBuf(bufp)
+		s.aloneDone(now)
 		return
 	}
-	*bufp = buf[:0]
-	writeBufs.Put(bufp)
+	written, locked := b.writeNow(w.cl, buf)
+	switch {
+	case written == len(buf):
+		b.mAlone[aloneWhole].Inc()
+		putWriteBuf(bufp)
+		s.aloneDone(now)
+		return
+	case locked:
+		// The client's lock is held until the rest is written: nothing
+		// else may go to the client in between.
+		b.mAlone[alonePartial].Inc()
+	default:
+		b.mAlone[aloneRefused].Inc()
+	}
+	b.writers.Add(1)
+	go func() {
+		defer b.writers.Done()
+		growStackForWrite()
+		var err error
+		if locked {
+			err = b.writeRawLocked(s, w.cl, buf[written:])
+			w.cl.Unlock()
+		} else {
+			err = b.writeRaw(s, w.cl, buf)
+		}
+		putWriteBuf(bufp)
+		if err != nil {
+			// The connection is gone, as for a writer's failed write.
+			s.mu.Lock()
+			s.writing = false
+			s.mu.Unlock()
+			return
+		}
+		s.writeLoop()
+	}()
+}
+
+// aloneDone ends a write alone that needs no writer goroutine after it,
+// unless more was queued meanwhile.
+func (s *session) aloneDone(now time.Time) {
 	s.mu.Lock()
 	more := s.queue.len() > 0
 	if !more {
@@ -158,34 +157,46 @@ func (s *session) writeAlone(w aloneWrite) {
 	}
 	s.mu.Unlock()
 	if more {
-		b.startWriter(s)
+		s.b.startWriter(s)
 	}
 }
 
-// writeNow writes buf to cl's socket with one system call that does not
-// wait, and returns what it did not write. When it wrote part of buf, it
-// returns with cl's lock held (locked): the caller writes the rest and
-// unlocks. Nothing written (the socket is full, the deadline of an
-// earlier blocking write passed, the connection failed) returns all of
-// buf, unlocked: the writer's blocking write, under a deadline of its
-// own, then meets the same condition and acts on it.
-func (b *Broker) writeNow(s *session, cl *mqtt.Client, buf []byte) (rest []byte, locked bool) {
-	cl.Lock()
+// putWriteBuf returns a write buffer to writeBufs, unless it grew past
+// what the pool keeps.
+func putWriteBuf(bufp *[]byte) {
+	if cap(*bufp) <= maxKeptBuf {
+		*bufp = (*bufp)[:0]
+		writeBufs.Put(bufp)
+	}
+}
+
+// writeNow writes buf to cl's socket with one system call that waits
+// neither for the socket nor for cl's lock, and reports how much of buf it
+// wrote. When that is a part, it returns with cl's lock held (locked): the
+// caller writes the rest and unlocks. Nothing written (the lock is busy,
+// acknowledgements are held for the client, the socket is full, the
+// deadline of an earlier blocking write passed, the connection failed)
+// leaves all of buf to the writer's blocking write, which acts on each of
+// those as it always does.
+func (b *Broker) writeNow(cl *mqtt.Client, buf []byte) (written int, locked bool) {
+	if !cl.TryLock() {
+		return 0, false
+	}
 	kc, ok := cl.Net.Conn.(*keepaliveConn)
 	if !ok || cl.Closed() || kc.held.n.Load() != 0 {
-		// Held acknowledgements go first, with a write of their own.
+		// Held acknowledgements go first, in the writer's write.
 		cl.Unlock()
-		return buf, false
+		return 0, false
 	}
 	tc, ok := kc.Conn.(*net.TCPConn)
 	if !ok {
 		cl.Unlock()
-		return buf, false
+		return 0, false
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		cl.Unlock()
-		return buf, false
+		return 0, false
 	}
 	n := 0
 	var werr error
@@ -193,16 +204,13 @@ func (b *Broker) writeNow(s *session, cl *mqtt.Client, buf []byte) (rest []byte,
 		n, werr = syscall.Write(int(fd), buf)
 		return true // one attempt: never wait for the socket
 	})
-	if err == nil {
-		err = werr
-	}
-	if err != nil || n <= 0 {
+	if err != nil || werr != nil || n <= 0 {
 		cl.Unlock()
-		return buf, false
+		return 0, false
 	}
 	if n == len(buf) {
 		cl.Unlock()
-		return nil, false
+		return n, false
 	}
-	return buf[n:], true
+	return n, true
 }

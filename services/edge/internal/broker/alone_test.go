@@ -106,10 +106,11 @@ func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T)
 	for i := range 3 {
 		payloads = append(payloads, bytes.Repeat([]byte{byte('b' + i)}, 64<<10))
 	}
-	for _, p := range payloads {
+	pub.Publish(0, "big/x", 0, payloads[0])
+	require.Eventually(t, func() bool { return alone(b, alonePartial) == 1 }, 5*time.Second, time.Millisecond)
+	for _, p := range payloads[1:] {
 		pub.Publish(0, "big/x", 0, p)
 	}
-	require.Eventually(t, func() bool { return alone(b, alonePartial) == 1 }, 5*time.Second, time.Millisecond)
 	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
 	pub.Expect(packets.Pingresp)
 	// mochi's answer to the subscriber goes after the rest, not into it.
@@ -136,4 +137,82 @@ func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T)
 	// The client and the session go on as usual.
 	pub.Publish(0, "big/x", 0, []byte("after"))
 	require.Equal(t, []byte("after"), sub.Expect(packets.Publish).Payload)
+}
+
+// Messages read together go to an idle subscriber through its writer, in
+// one batch: only the last of them, with nothing behind it, may go alone.
+func TestBroker_MessagesReadTogetherGoThroughTheWriter(t *testing.T) {
+	b, addr := startBrokerAlone(t, nil)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t", 0)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+
+	const n = 10
+	var burst bytes.Buffer
+	for i := range n {
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, TopicName: "t",
+			Payload: fmt.Appendf(nil, "m%d", i), ProtocolVersion: 5}
+		require.NoError(t, pk.PublishEncode(&burst))
+	}
+	_, err := pub.Conn.Write(burst.Bytes())
+	require.NoError(t, err)
+	for i := range n {
+		require.Equal(t, fmt.Appendf(nil, "m%d", i), sub.Expect(packets.Publish).Payload)
+	}
+	require.LessOrEqual(t, alone(b, aloneWhole), 1)
+}
+
+// A quiet message goes alone to maxAlonePerMessage idle sessions at most;
+// writer goroutines write it to the others.
+func TestBroker_AQuietMessageGoesAloneToAFewSessions(t *testing.T) {
+	b, addr := startBrokerAlone(t, nil)
+	const subs = maxAlonePerMessage + 4
+	var clients []*mqtttest.Client
+	for i := range subs {
+		c := mqtttest.Dial(t, addr, 5)
+		c.Connect(fmt.Sprintf("sub%d", i), true, packets.Properties{})
+		c.Subscribe(1, "fan", 0)
+		clients = append(clients, c)
+	}
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(0, "fan", 0, []byte("x"))
+	for _, c := range clients {
+		require.Equal(t, []byte("x"), c.Expect(packets.Publish).Payload)
+	}
+	require.Equal(t, maxAlonePerMessage, alone(b, aloneWhole))
+}
+
+// A delivery that finds its subscriber's lock held (another write to the
+// subscriber waits for its socket) does not wait for it: the publisher
+// goes on, and the subscriber's writer delivers the message once the lock
+// is free.
+func TestBroker_WriteAloneDoesNotWaitForTheSubscribersLock(t *testing.T) {
+	b, addr := startBrokerAlone(t, nil)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "t", 0)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	cl, ok := b.server.Clients.Get(b.mustScope(t, "default").ClientID("sub"))
+	require.True(t, ok)
+
+	cl.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			cl.Unlock()
+		}
+	}()
+	pub.Publish(0, "t", 0, []byte("held"))
+	require.Eventually(t, func() bool { return alone(b, aloneRefused) == 1 }, 5*time.Second, time.Millisecond)
+	start := time.Now()
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pingreq}})
+	pub.Expect(packets.Pingresp)
+	require.Less(t, time.Since(start), time.Second, "the publisher is not held up")
+	locked = false
+	cl.Unlock()
+	require.Equal(t, []byte("held"), sub.Expect(packets.Publish).Payload)
 }

@@ -15,6 +15,11 @@ import (
 // unchanged. One Deferred serves a whole run, so the run costs one context
 // rather than one per message.
 type Deferred struct {
+	// Quiet says the run is one message with nothing behind it (a frame
+	// that carries it alone): its deliveries to idle sessions may be
+	// written at once by the caller's goroutine (writeAlone).
+	Quiet bool
+
 	mu    sync.Mutex
 	msg   int // index of the message being delivered
 	waits []deferredWait

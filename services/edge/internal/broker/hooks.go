@@ -1309,6 +1309,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		Props:   forwardProps(&pk.Properties),
 		Origin:  cl.ID,
 		Created: now,
+		quiet:   cl.ReadBuffered() == 0,
 	}
 	if e := pk.Properties.MessageExpiryInterval; e > 0 {
 		m.Expiry = now/int64(time.Second) + min(int64(e), b.cfg.MaxMessageExpiry)

@@ -50,6 +50,11 @@ type Message struct {
 	// message published here (EdgeFor), remembered if its publisher is
 	// not acknowledged (sharedPicks): the resend goes to them again.
 	edges []edgePick
+	// quiet: nothing arrived behind the message (its publisher had nothing
+	// more to read, or its frame carried it alone), so its deliveries to
+	// idle sessions may be written alone (writeAlone); alones counts those.
+	quiet  bool
+	alones atomic.Int32
 }
 
 // edgePick is the edge chosen to serve one shared group for a message.

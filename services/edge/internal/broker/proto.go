@@ -104,6 +104,7 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 		}
 	}
 	m.deferred = deferredFrom(ctx)
+	m.quiet = m.deferred != nil && m.deferred.Quiet
 	if m.Retain {
 		b.retain(m)
 	}

@@ -376,7 +376,7 @@ func (s *Server) deliverFrame(ctx context.Context, from peerKey, req *edgev1.For
 	msgs := req.GetMessages()
 	taken := make([]bool, len(msgs))
 	copy(taken, before)
-	deferred := new(broker.Deferred)
+	deferred := &broker.Deferred{Quiet: len(msgs) == 1}
 	dctx := broker.DeferWrites(ctx, deferred)
 	delivered := len(msgs)
 	var failed error
