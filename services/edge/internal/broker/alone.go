@@ -127,21 +127,17 @@ func (s *session) writeAlone(w aloneWrite) {
 	go func() {
 		defer b.writers.Done()
 		growStackForWrite()
-		var err error
+		// A failed write stops the connection (writeRaw). The writer then
+		// reads the session's client again: a newer connection bound
+		// meanwhile found the writer running and started none, so it goes
+		// on for that one; with none, it stops.
 		if locked {
-			err = b.writeRawLocked(s, w.cl, buf[written:])
+			_ = b.writeRawLocked(s, w.cl, buf[written:])
 			w.cl.Unlock()
 		} else {
-			err = b.writeRaw(s, w.cl, buf)
+			_ = b.writeRaw(s, w.cl, buf)
 		}
 		putWriteBuf(bufp)
-		if err != nil {
-			// The connection is gone, as for a writer's failed write.
-			s.mu.Lock()
-			s.writing = false
-			s.mu.Unlock()
-			return
-		}
 		s.writeLoop()
 	}()
 }

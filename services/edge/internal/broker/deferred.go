@@ -20,9 +20,10 @@ type Deferred struct {
 	// written at once by the caller's goroutine (writeAlone).
 	Quiet bool
 
-	mu    sync.Mutex
-	msg   int // index of the message being delivered
-	waits []deferredWait
+	mu     sync.Mutex
+	msg    int // index of the message being delivered
+	waits  []deferredWait
+	waited bool // Wait ran: nobody waits for what comes later
 }
 
 type deferredWait struct {
@@ -40,10 +41,20 @@ func (d *Deferred) Message(i int) {
 	d.mu.Unlock()
 }
 
-func (d *Deferred) add(s *session, p *durable.Pending, m *Message, seq uint64) {
+// add collects a write, and reports whether it did. A message delivered
+// again after its run was waited for (a group message re-dispatched when
+// its member left, a retry) keeps its Deferred: its writes then are not
+// collected, and their caller waits for them itself. Collected, nobody
+// would wait: the message would count as taken before it was stored, and
+// a failed write would go unnoticed.
+func (d *Deferred) add(s *session, p *durable.Pending, m *Message, seq uint64) bool {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.waited {
+		return false
+	}
 	d.waits = append(d.waits, deferredWait{d.msg, s, p, m, seq})
-	d.mu.Unlock()
+	return true
 }
 
 // Pending reports whether writes were collected: Wait waits for the store.
@@ -58,7 +69,7 @@ func (d *Deferred) Pending() bool {
 func (d *Deferred) Wait(n int) []error {
 	d.mu.Lock()
 	waits := d.waits
-	d.waits = nil
+	d.waits, d.waited = nil, true
 	d.mu.Unlock()
 	errs := make([]error, n)
 	var failedBy map[*Message][]*session

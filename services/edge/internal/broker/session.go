@@ -659,8 +659,7 @@ func (s *session) waitQueued(p *durable.Pending, m *Message, seq uint64) error {
 	if p == nil {
 		return nil
 	}
-	if m.deferred != nil {
-		m.deferred.add(s, p, m, seq)
+	if m.deferred != nil && m.deferred.add(s, p, m, seq) {
 		return nil
 	}
 	return s.settleQueued(p, m, seq)
