@@ -8,12 +8,9 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keelmq/keel/libs/testutil"
-	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
@@ -21,19 +18,19 @@ import (
 // written alone, however short its idleness.
 func startBrokerAlone(t *testing.T, mutate func(*Config)) (*Broker, string) {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.EdgeID = "test"
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	b, err := New(cfg, anonymous(), testutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	b.aloneAfter = 0
-	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
-	require.NoError(t, b.AddListener(l))
-	require.NoError(t, b.Serve())
-	t.Cleanup(func() { _ = b.Close() })
-	return b, l.Address()
+	return startBrokerPrepared(t, mutate, func(b *Broker) { b.aloneAfter = 0 })
+}
+
+// subAndPub connects a subscriber "sub" to filter at qos, with props, and
+// a publisher "pub".
+func subAndPub(t *testing.T, addr, filter string, qos byte, props packets.Properties) (sub, pub *mqtttest.Client) {
+	t.Helper()
+	sub = mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, props)
+	sub.Subscribe(1, filter, qos)
+	pub = mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", true, packets.Properties{})
+	return sub, pub
 }
 
 func alone(b *Broker, outcome int) int {
@@ -46,11 +43,7 @@ func alone(b *Broker, outcome int) int {
 // the acknowledgements are the writer's.
 func TestBroker_QuietDeliveriesAreWrittenByTheirPublisher(t *testing.T) {
 	b, addr := startBrokerAlone(t, nil)
-	sub := mqtttest.Dial(t, addr, 5)
-	sub.Connect("sub", true, packets.Properties{ReceiveMaximum: 1})
-	sub.Subscribe(1, "q/#", 2)
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
+	sub, pub := subAndPub(t, addr, "q/#", 2, packets.Properties{ReceiveMaximum: 1})
 
 	const rounds = 30
 	ids := map[uint16]bool{}
@@ -95,11 +88,7 @@ func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T)
 	// 4 MiB): one write that does not wait cannot take it whole.
 	const big = 8 << 20
 	b, addr := startBrokerAlone(t, func(c *Config) { c.MaxPacketSize = 16 << 20 })
-	sub := mqtttest.Dial(t, addr, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "big/#", 1)
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
+	sub, pub := subAndPub(t, addr, "big/#", 1, packets.Properties{})
 
 	// The subscriber reads nothing now.
 	payloads := [][]byte{bytes.Repeat([]byte{'a'}, big)}
@@ -143,11 +132,7 @@ func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T)
 // one batch: only the last of them, with nothing behind it, may go alone.
 func TestBroker_MessagesReadTogetherGoThroughTheWriter(t *testing.T) {
 	b, addr := startBrokerAlone(t, nil)
-	sub := mqtttest.Dial(t, addr, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "t", 0)
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
+	sub, pub := subAndPub(t, addr, "t", 0, packets.Properties{})
 
 	const n = 10
 	var burst bytes.Buffer
@@ -191,11 +176,7 @@ func TestBroker_AQuietMessageGoesAloneToAFewSessions(t *testing.T) {
 // is free.
 func TestBroker_WriteAloneDoesNotWaitForTheSubscribersLock(t *testing.T) {
 	b, addr := startBrokerAlone(t, nil)
-	sub := mqtttest.Dial(t, addr, 5)
-	sub.Connect("sub", true, packets.Properties{})
-	sub.Subscribe(1, "t", 0)
-	pub := mqtttest.Dial(t, addr, 5)
-	pub.Connect("pub", true, packets.Properties{})
+	sub, pub := subAndPub(t, addr, "t", 0, packets.Properties{})
 	cl, ok := b.server.Clients.Get(b.mustScope(t, "default").ClientID("sub"))
 	require.True(t, ok)
 

@@ -14,6 +14,13 @@ import (
 // startBroker runs a broker with anonymous access on a loopback port.
 func startBroker(t *testing.T, mutate func(*Config)) (*Broker, string) {
 	t.Helper()
+	return startBrokerPrepared(t, mutate, nil)
+}
+
+// startBrokerPrepared is startBroker; prepare, when set, is given the
+// broker before it serves.
+func startBrokerPrepared(t *testing.T, mutate func(*Config), prepare func(*Broker)) (*Broker, string) {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.EdgeID = "test"
 	if mutate != nil {
@@ -21,6 +28,9 @@ func startBroker(t *testing.T, mutate func(*Config)) (*Broker, string) {
 	}
 	b, err := New(cfg, auth.Anonymous{Tenant: "default"}, testutil.Logger(t), prometheus.NewRegistry())
 	require.NoError(t, err)
+	if prepare != nil {
+		prepare(b)
+	}
 	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
 	require.NoError(t, b.AddListener(l))
 	require.NoError(t, b.Serve())
