@@ -71,11 +71,19 @@ func TestBroker_QuietDeliveriesAreWrittenByTheirPublisher(t *testing.T) {
 			// With a receive window of one, the next QoS 1/2 delivery waits
 			// for this one's acknowledgement: it must have been counted.
 			ids[pk.PacketID] = true
-			require.Eventually(t, func() bool { return atomic.LoadInt64(&b.server.Info.Inflight) == 0 }, 5*time.Second, time.Millisecond)
+			s := b.session(b.mustScope(t, "default").ClientID("sub"))
+			require.Eventually(t, func() bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.inflight == 0 && atomic.LoadInt64(&b.server.Info.Inflight) == 0
+			}, 5*time.Second, time.Millisecond)
 		}
 	}
-	require.Equal(t, rounds, alone(b, aloneWhole), "every delivery written alone")
-	require.Zero(t, alone(b, alonePartial)+alone(b, aloneRefused))
+	// Each went alone; a write finds the subscriber's lock busy now and
+	// then (mochi finishing a write to it) and leaves it to the writer.
+	require.Equal(t, rounds, alone(b, aloneWhole)+alone(b, aloneRefused), "every delivery went alone")
+	require.Greater(t, alone(b, aloneWhole), rounds/2)
+	require.Zero(t, alone(b, alonePartial))
 }
 
 // A delivery written alone that the subscriber's socket takes only in
@@ -95,6 +103,17 @@ func TestBroker_DeliveryWrittenAloneInPartLeavesTheRestToTheWriter(t *testing.T)
 	for i := range 3 {
 		payloads = append(payloads, bytes.Repeat([]byte{byte('b' + i)}, 64<<10))
 	}
+	// mochi may be finishing its SUBACK: the write would find the lock
+	// busy and leave the message to the writer.
+	cl, ok := b.server.Clients.Get(b.mustScope(t, "default").ClientID("sub"))
+	require.True(t, ok)
+	require.Eventually(t, func() bool {
+		if cl.TryLock() {
+			cl.Unlock()
+			return true
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
 	pub.Publish(0, "big/x", 0, payloads[0])
 	require.Eventually(t, func() bool { return alone(b, alonePartial) == 1 }, 5*time.Second, time.Millisecond)
 	for _, p := range payloads[1:] {
@@ -167,7 +186,8 @@ func TestBroker_AQuietMessageGoesAloneToAFewSessions(t *testing.T) {
 	for _, c := range clients {
 		require.Equal(t, []byte("x"), c.Expect(packets.Publish).Payload)
 	}
-	require.Equal(t, maxAlonePerMessage, alone(b, aloneWhole))
+	// Whole, most often; refused when a subscriber's lock was busy then.
+	require.Equal(t, maxAlonePerMessage, alone(b, aloneWhole)+alone(b, aloneRefused))
 }
 
 // A delivery that finds its subscriber's lock held (another write to the
