@@ -183,6 +183,9 @@ type Broker struct {
 	// delivery to be written alone by the goroutine that queued it
 	// (writeAlone); tests set it to 0.
 	aloneAfter time.Duration
+	// atResend, when set, runs in bind before a resumed session's
+	// in-flight messages are sent again: tests publish there.
+	atResend atomic.Pointer[func()]
 	// atCloseGate, when set, runs each time Close finds stopGate held.
 	atCloseGate atomic.Pointer[func()]
 	// atSessionEstablish, when set, runs as OnSessionEstablish begins:

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -89,6 +90,58 @@ func TestBroker_ResumeResendsNoInboundPubrec_MQTT_4_4_0_1(t *testing.T) {
 			// Delivered once.
 			pk, err = sub.Read(300 * time.Millisecond)
 			require.Error(t, err, "the resent PUBLISH is not delivered again; got packet type %d", pk.FixedHeader.Type)
+		})
+	}
+}
+
+// A message published while a resumed session's in-flight messages are
+// being sent again goes after them [MQTT-4.6.0-2], [MQTT-4.6.0-6]: bind is
+// the session's writer until they are written.
+func TestBroker_MessagePublishedDuringTheResendGoesAfterIt(t *testing.T) {
+	t.Parallel()
+	for _, stored := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stored=%v", stored), func(t *testing.T) {
+			t.Parallel()
+			var b *Broker
+			var addr string
+			if stored {
+				b, _ = brokerOnStore(t, func(st *durable.Store) DurableState { return st })
+				addr = serveTCP(t, b)
+			} else {
+				b, addr = startBroker(t, nil)
+			}
+			props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
+			sub := mqtttest.Dial(t, addr, 5)
+			sub.Connect("dev", false, props)
+			sub.Subscribe(1, "q", 1)
+			require.NoError(t, b.Publish("default", "q", []byte("first"), 1, false))
+			require.Equal(t, []byte("first"), sub.Expect(packets.Publish).Payload) // not acknowledged
+			_ = sub.Conn.Close()
+			require.Eventually(t, func() bool { s := b.session(b.mustScope(t, "default").ClientID("dev")); return s != nil && !s.online.Load() },
+				5*time.Second, time.Millisecond)
+
+			// Published as the resend is about to go out; given the time a
+			// writer needs to write it first, were one started.
+			out := b.mOut[1]
+			hook := func() {
+				before := promtest.ToFloat64(out)
+				if err := b.Publish("default", "q", []byte("second"), 1, false); err != nil {
+					t.Error(err)
+				}
+				deadline := time.Now().Add(300 * time.Millisecond)
+				for promtest.ToFloat64(out) == before && time.Now().Before(deadline) {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			b.atResend.Store(&hook)
+			sub = mqtttest.Dial(t, addr, 5)
+			require.True(t, sub.Connect("dev", false, props).SessionPresent)
+			first := sub.Expect(packets.Publish)
+			require.Equal(t, []byte("first"), first.Payload, "the resend first")
+			require.True(t, first.FixedHeader.Dup)
+			second := sub.Expect(packets.Publish)
+			require.Equal(t, []byte("second"), second.Payload)
+			require.False(t, second.FixedHeader.Dup)
 		})
 	}
 }

@@ -720,11 +720,19 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 		s.sent = max(s.sent, pk.Created)
 		cl.State.Inflight.Set(pk)
 	}
-	start := s.queue.len() > 0 && !s.writing
+	// The resends go first: until they are written, this is the session's
+	// writer, and what is published meanwhile waits in the queue (a
+	// writer started for it, or a write alone, would go ahead of them).
+	start := (s.queue.len() > 0 || len(resend) > 0) && !s.writing
 	if start {
 		s.writing = true
 	}
 	s.mu.Unlock()
+	if len(resend) > 0 {
+		if at := s.b.atResend.Load(); at != nil {
+			(*at)()
+		}
+	}
 	for _, pk := range resend {
 		if pk.FixedHeader.Type == packets.Publish {
 			pk.FixedHeader.Dup = true
@@ -735,7 +743,7 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	}
 	s.online.Store(true)
 	if start {
-		s.b.startWriter(s)
+		s.b.startWriter(s) // it stops at once if nothing is queued
 	}
 	return true
 }
