@@ -117,7 +117,10 @@ func TestBroker_MessagePublishedDuringTheResendGoesAfterIt(t *testing.T) {
 			require.NoError(t, b.Publish("default", "q", []byte("first"), 1, false))
 			require.Equal(t, []byte("first"), sub.Expect(packets.Publish).Payload) // not acknowledged
 			_ = sub.Conn.Close()
-			require.Eventually(t, func() bool { s := b.session(b.mustScope(t, "default").ClientID("dev")); return s != nil && !s.online.Load() },
+			require.Eventually(t, func() bool {
+				s := b.session(b.mustScope(t, "default").ClientID("dev"))
+				return s != nil && !s.online.Load()
+			},
 				5*time.Second, time.Millisecond)
 
 			// Published as the resend is about to go out; given the time a
