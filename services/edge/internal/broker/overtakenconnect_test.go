@@ -119,8 +119,8 @@ func TestBroker_OlderConnectOvertakenByACleanStartStoresNothing(t *testing.T) {
 // which a loaded machine may run the two.
 type holdRefusedEstablish struct {
 	mqtt.HookBase
-	b    *Broker
-	held atomic.Bool
+	b          *Broker
+	held, done atomic.Bool
 }
 
 func (h *holdRefusedEstablish) ID() string           { return "hold-refused" }
@@ -130,6 +130,7 @@ func (h *holdRefusedEstablish) OnSessionEstablish(cl *mqtt.Client, _ packets.Pac
 		return
 	}
 	h.held.Store(true)
+	defer h.done.Store(true)
 	deadline := time.Now().Add(3 * time.Second)
 	for time.Now().Before(deadline) {
 		if cur, ok := h.b.server.Clients.Get(cl.ID); ok && cur != cl {
@@ -162,7 +163,11 @@ func TestBroker_RefusedConnectEstablishedLastLeavesTheNewerConnection(t *testing
 	bAck, ok := <-bAcks
 	require.False(t, ok && bAck.FixedHeader.Type == packets.Connack,
 		"B, overtaken, got a CONNACK (code %#x)", bAck.ReasonCode)
-	require.True(t, hold.held.Load(), "B was not refused in OnSessionEstablish")
+	// The edge closes B's connection as it refuses it, which can be
+	// before mochi reaches B's establishment on a loaded machine: wait
+	// for B to be refused there, and for mochi to go on with it.
+	require.Eventually(t, hold.held.Load, 5*time.Second, time.Millisecond, "B was not refused in OnSessionEstablish")
+	require.Eventually(t, hold.done.Load, 5*time.Second, time.Millisecond)
 
 	// C is still the client's connection: it answers a PINGREQ, and
 	// nothing came before the PINGRESP.
