@@ -68,11 +68,7 @@ func (s *session) aloneLocked(d *delivery) bool {
 		// SUBACK mochi writes once the subscribing hook returns.
 		return false
 	}
-	kc, ok := cl.Net.Conn.(*keepaliveConn)
-	if !ok {
-		return false
-	}
-	if _, tcp := kc.Conn.(*net.TCPConn); !tcp {
+	if _, tc := plainTCP(cl); tc == nil {
 		return false
 	}
 	return time.Now().UnixNano()-s.idleSince >= int64(s.b.aloneAfter) &&
@@ -82,15 +78,8 @@ func (s *session) aloneLocked(d *delivery) bool {
 // takeAloneLocked takes the one queued delivery for writeAlone, as the
 // writer takes a batch. s.mu is held.
 func (s *session) takeAloneLocked() aloneWrite {
-	d := s.queue.pop()
-	s.queueBytes -= d.msg.size()
-	if d.qos > 0 {
-		s.inflight++
-	}
-	if s.spilling && s.queue.len() < s.b.cfg.QueueLen/2 {
-		s.spilling = false
-	}
-	s.wakeLocked()
+	d := s.takeForSendLocked()
+	s.tookForSendLocked()
 	return aloneWrite{d: d, cl: s.client, version: s.version, maxPacket: s.maxPacket, aliases: s.aliases}
 }
 
@@ -178,35 +167,45 @@ func (b *Broker) writeNow(cl *mqtt.Client, buf []byte) (written int, locked bool
 	if !cl.TryLock() {
 		return 0, false
 	}
-	kc, ok := cl.Net.Conn.(*keepaliveConn)
-	if !ok || cl.Closed() || kc.held.n.Load() != 0 {
-		// Held acknowledgements go first, in the writer's write.
-		cl.Unlock()
-		return 0, false
+	n := writeOnce(cl, buf)
+	if n > 0 && n < len(buf) {
+		return n, true
 	}
-	tc, ok := kc.Conn.(*net.TCPConn)
-	if !ok {
-		cl.Unlock()
-		return 0, false
+	cl.Unlock()
+	return max(n, 0), false
+}
+
+// writeOnce makes one write of buf to cl's socket that does not wait, and
+// returns what it wrote (≤ 0: nothing). cl's lock is held. Held
+// acknowledgements go first, in the writer's write: with any, nothing is
+// written here.
+func writeOnce(cl *mqtt.Client, buf []byte) int {
+	kc, tc := plainTCP(cl)
+	if tc == nil || cl.Closed() || kc.held.n.Load() != 0 {
+		return 0
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {
-		cl.Unlock()
-		return 0, false
+		return 0
 	}
 	n := 0
 	var werr error
-	err = rc.Write(func(fd uintptr) bool {
+	if err := rc.Write(func(fd uintptr) bool {
 		n, werr = syscall.Write(int(fd), buf)
 		return true // one attempt: never wait for the socket
-	})
-	if err != nil || werr != nil || n <= 0 {
-		cl.Unlock()
-		return 0, false
+	}); err != nil || werr != nil {
+		return 0
 	}
-	if n == len(buf) {
-		cl.Unlock()
-		return n, false
+	return n
+}
+
+// plainTCP returns cl's connection and the TCP connection under it, or a
+// nil TCP connection when cl is not on plain TCP (TLS, WebSocket).
+func plainTCP(cl *mqtt.Client) (*keepaliveConn, *net.TCPConn) {
+	kc, ok := cl.Net.Conn.(*keepaliveConn)
+	if !ok {
+		return nil, nil
 	}
-	return n, true
+	tc, _ := kc.Conn.(*net.TCPConn)
+	return kc, tc
 }

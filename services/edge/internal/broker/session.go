@@ -1015,11 +1015,7 @@ func (s *session) writeLoop() {
 				}
 				break
 			}
-			s.queue.pop()
-			s.queueBytes -= d.msg.size()
-			if d.qos > 0 {
-				s.inflight++
-			}
+			s.takeForSendLocked()
 			if w, ok := s.unsettled[d.seq]; ok && w.offline && d.seq > 0 {
 				if firstSend == nil {
 					firstSend = &sendOutcome{done: make(chan struct{})}
@@ -1046,10 +1042,7 @@ func (s *session) writeLoop() {
 			}
 			continue
 		}
-		if s.spilling && s.queue.len() < s.b.cfg.QueueLen/2 {
-			s.spilling = false
-		}
-		s.wakeLocked()
+		s.tookForSendLocked()
 		version, maxPacket, aliases := s.version, s.maxPacket, s.aliases
 		s.mu.Unlock()
 
@@ -1090,6 +1083,28 @@ func (s *session) writeLoop() {
 		}
 		storing = append(storing, w)
 	}
+}
+
+// takeForSendLocked takes the delivery at the head of the queue for
+// sending: it leaves the queue's bounds and, at QoS 1/2, enters the
+// client's receive window. s.mu is held.
+func (s *session) takeForSendLocked() delivery {
+	d := s.queue.pop()
+	s.queueBytes -= d.msg.size()
+	if d.qos > 0 {
+		s.inflight++
+	}
+	return d
+}
+
+// tookForSendLocked follows the taking of deliveries for sending: the
+// queue may be below its bounds again, for a spilling persistent session
+// and for publishers waiting for room. s.mu is held.
+func (s *session) tookForSendLocked() {
+	if s.spilling && s.queue.len() < s.b.cfg.QueueLen/2 {
+		s.spilling = false
+	}
+	s.wakeLocked()
 }
 
 // storingBatch is a batch of encoded deliveries, written to the client
