@@ -76,9 +76,7 @@ func TestBroker_TakeoverEndsASessionThatDoesNotOutliveItsConnection(t *testing.T
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			id := "ends-" + tc.name
-			watcher := mqtttest.Dial(t, addr, 5)
-			watcher.Connect("watch-"+id, true, packets.Properties{})
-			require.Equal(t, []byte{1}, watcher.Subscribe(1, "gone/"+id, 1).ReasonCodes)
+			watcher := watchWills(t, addr, "watch-"+id, id)
 
 			old := connectWithWill(t, addr, tc.version, id, "gone/"+id, true, tc.props, tc.willDelay)
 			require.Equal(t, []byte{1}, old.Subscribe(1, "data/"+id, 1).ReasonCodes)

@@ -254,9 +254,7 @@ func TestBroker_SessionExpiredAsTheEdgeStopsEndsForItsNextHolder(t *testing.T) {
 
 			takesFrom(bb, a, client, epoch, clean)
 			addrB := serveTCP(t, bb)
-			watch := mqtttest.Dial(t, addrB, 5)
-			watch.Connect("watch", true, packets.Properties{})
-			require.Equal(t, []byte{1}, watch.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+			watch := watchWills(t, addrB, "watch", client)
 			ack := mqtttest.Dial(t, addrB, 5).Connect(client, clean, persistentSession)
 			require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
 			require.False(t, ack.SessionPresent, "the expired session was resumed")

@@ -72,9 +72,7 @@ func willPublishedOnceAcrossEdges(t *testing.T, async, clean bool) {
 
 	const client = "ends-on-claim"
 	id := a.mustScope(t, "default").ClientID(client)
-	watchA := mqtttest.Dial(t, addrA, 5)
-	watchA.Connect("watchA", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watchA.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watchA := watchWills(t, addrA, "watchA", client)
 
 	old := connectWithWill(t, addrA, 5, client, "gone/"+client, true, packets.Properties{}, 60)
 	epoch := waitBound(t, a, id)
@@ -85,9 +83,7 @@ func willPublishedOnceAcrossEdges(t *testing.T, async, clean bool) {
 
 	takesFrom(bb, a, client, epoch, clean)
 	addrB := serveTCP(t, bb)
-	watchB := mqtttest.Dial(t, addrB, 5)
-	watchB.Connect("watchB", true, packets.Properties{})
-	require.Equal(t, []byte{1}, watchB.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	watchB := watchWills(t, addrB, "watchB", client)
 
 	ack := mqtttest.Dial(t, addrB, 5).Connect(client, clean, persistentSession)
 	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
@@ -137,4 +133,14 @@ func countPublishes(t *testing.T, w *mqtttest.Client, quiet time.Duration) int {
 			w.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: pk.PacketID})
 		}
 	}
+}
+
+// watchWills connects a clean client named name to addr, subscribed at
+// QoS 1 to the will topic of client ("gone/" + client).
+func watchWills(t *testing.T, addr, name, client string) *mqtttest.Client {
+	t.Helper()
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect(name, true, packets.Properties{})
+	require.Equal(t, []byte{1}, c.Subscribe(1, "gone/"+client, 1).ReasonCodes)
+	return c
 }

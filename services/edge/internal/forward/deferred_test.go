@@ -80,25 +80,50 @@ func startStoredEdge(t *testing.T, store *flakyStore, qos byte) (api string, sub
 
 func startStoredEdgeAt(t *testing.T, store *flakyStore, qos byte) (*storedEdge, *mqtttest.Client) {
 	t.Helper()
+	e := serveStored(t, "b", store, false)
+	sub := mqtttest.Dial(t, e.mqtt, 5)
+	sub.Connect("sub", true, sessionProps)
+	require.Equal(t, []byte{qos}, sub.Subscribe(1, "t", qos).ReasonCodes)
+	return e, sub
+}
+
+// serveStored runs broker id on store, a real durable store, with its
+// edge API. With shared, the store says it is shared by the cluster (as
+// the persistence service is), and the broker reports the outcomes of
+// group messages to their origins through its API.
+func serveStored(t *testing.T, id string, store *flakyStore, shared bool) *storedEdge {
+	t.Helper()
 	cfg := broker.DefaultConfig()
-	cfg.EdgeID = "b"
+	cfg.EdgeID = id
 	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, testutil.Logger(t), prometheus.NewRegistry())
 	require.NoError(t, err)
 	st, err := durable.Open(t.TempDir(), testutil.Logger(t))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = st.Close() })
 	store.Store = st
-	require.NoError(t, b.Restore(store))
+	var state broker.DurableState = store
+	if shared {
+		state = sharedFlakyStore{store}
+	}
+	require.NoError(t, b.Restore(state))
 	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
 	require.NoError(t, b.AddListener(l))
+	srv := &Server{Deliver: b, Logger: testutil.Logger(t)}
+	if shared {
+		b.SetCluster(broker.Cluster{Reports: srv})
+	}
 	require.NoError(t, b.Serve())
 	t.Cleanup(func() { _ = b.Close() })
-	ts := serveAPI(t, &Server{Deliver: b, Logger: testutil.Logger(t)})
-	sub := mqtttest.Dial(t, l.Address(), 5)
-	sub.Connect("sub", true, sessionProps)
-	require.Equal(t, []byte{qos}, sub.Subscribe(1, "t", qos).ReasonCodes)
-	return &storedEdge{b: b, api: ts.URL, mqtt: l.Address()}, sub
+	ts := serveAPI(t, srv)
+	return &storedEdge{b: b, api: ts.URL, mqtt: l.Address()}
 }
+
+// sharedFlakyStore is a flakyStore that says it is shared by the cluster:
+// a group message queued for a persistent member is then the receiving
+// edge's to keep, and reported acknowledged to its origin once stored.
+type sharedFlakyStore struct{ *flakyStore }
+
+func (sharedFlakyStore) Shared() bool { return true }
 
 var sessionProps = packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}
 

@@ -5,25 +5,11 @@ import (
 	"time"
 
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	libtestutil "github.com/keelmq/keel/libs/testutil"
-	"github.com/keelmq/keel/services/edge/internal/auth"
-	"github.com/keelmq/keel/services/edge/internal/broker"
-	"github.com/keelmq/keel/services/edge/internal/durable"
-	"github.com/keelmq/keel/services/edge/internal/listener"
 	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
-
-// sharedFlakyStore is a flakyStore that says it is shared by the cluster,
-// as the persistence service is: a group message queued for a persistent
-// member is then the receiving edge's to keep, and reported acknowledged
-// to its origin once stored.
-type sharedFlakyStore struct{ *flakyStore }
-
-func (sharedFlakyStore) Shared() bool { return true }
 
 // A group message whose member here went away is given to another member
 // here after the frame that brought it was acknowledged. When that
@@ -34,30 +20,15 @@ func TestForward_SharedMessageGivenToAPersistentMemberLaterIsStoredBeforeItIsTak
 	t.Parallel()
 	a := startEdge(t, "edge-a")
 	store := &flakyStore{}
-	cfg := broker.DefaultConfig()
-	cfg.EdgeID = "edge-b"
-	b, err := broker.New(cfg, auth.Anonymous{Tenant: "acme"}, libtestutil.Logger(t), prometheus.NewRegistry())
-	require.NoError(t, err)
-	st, err := durable.Open(t.TempDir(), libtestutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = st.Close() })
-	store.Store = st
-	require.NoError(t, b.Restore(sharedFlakyStore{store}))
-	l := listener.NewTCP("tcp", "127.0.0.1:0", nil)
-	require.NoError(t, b.AddListener(l))
-	srv := &Server{Deliver: b, Logger: libtestutil.Logger(t)}
-	b.SetCluster(broker.Cluster{Reports: srv})
-	require.NoError(t, b.Serve())
-	t.Cleanup(func() { _ = b.Close() })
-	api := serveAPI(t, srv)
+	b := serveStored(t, "edge-b", store, true)
 
 	f := connectForwarder(t, a, "edge-a")
-	f.Resolver = groupRoutes{name: "g", filter: "t/+", to: []Peer{{ID: "edge-b", URL: api.URL}}}
+	f.Resolver = groupRoutes{name: "g", filter: "t/+", to: []Peer{{ID: "edge-b", URL: b.api}}}
 	f.Redispatch = a.b.RedispatchShared
 	f.Metrics = NewMetrics(nil)
 	p := &sharedPair{a: a, fwd: f}
 
-	live := member(t, l.Address(), "live")
+	live := member(t, b.mqtt, "live")
 	pub := mqtttest.Dial(t, a.mqtt, 5)
 	pub.Connect("pub", true, packets.Properties{})
 	pub.Publish(1, "t/x", 1, []byte("fail")) // the store fails its first write
@@ -67,7 +38,7 @@ func TestForward_SharedMessageGivenToAPersistentMemberLaterIsStoredBeforeItIsTak
 
 	// A persistent member joins, and the first one goes: the message is
 	// given to the new one, whose store write fails.
-	keep := mqtttest.Dial(t, l.Address(), 5)
+	keep := mqtttest.Dial(t, b.mqtt, 5)
 	keep.Connect("keep", false, sessionProps)
 	require.Equal(t, []byte{1}, keep.Subscribe(1, "$share/g/t/+", 1).ReasonCodes)
 	_ = live.Conn.Close()
