@@ -444,7 +444,7 @@ func (s *Server) connectClient(cl *Client, listener string) error {
 		// CONNACK [MQTT-3.1.4-1].
 		var code packets.Code
 		if pk.FixedHeader.Type == packets.Connect && pk.ProtocolVersion == 5 &&
-			bytes.Equal(pk.Connect.ProtocolName, []byte("MQTT")) && !errors.Is(err, packets.ErrRejectPacket) &&
+			bytes.Equal(pk.Connect.ProtocolName, []byte("MQTT")) && !errors.Is(err, errRejectPacket) &&
 			errors.As(err, &code) && code.Code >= packets.ErrUnspecifiedError.Code {
 			cl.Properties.ProtocolVersion = 5
 			// The Maximum Packet Size the client declared, if it was read,
@@ -1055,9 +1055,9 @@ func (s *Server) processPublish(cl *Client, pk *packets.Packet) error {
 	}
 
 	err := s.hooks.OnPublish(cl, pk)
-	if errors.Is(err, packets.ErrRejectPacket) {
+	if errors.Is(err, errRejectPacket) {
 		return nil
-	} else if errors.Is(err, packets.CodeSuccessIgnore) {
+	} else if errors.Is(err, errSuccessIgnore) {
 		pk.Ignore = true
 	} else if cl.Properties.ProtocolVersion == 5 && pk.FixedHeader.Qos > 0 && errors.As(err, new(packets.Code)) {
 		return s.writeAck(cl, pk, packets.Puback, err.(packets.Code))

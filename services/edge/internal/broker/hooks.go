@@ -1252,6 +1252,13 @@ func (h *hook) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	}
 }
 
+// The answers OnPublish gives mochi, made errors once: a packets.Code is a
+// struct, and returning one as an error allocates it, for every PUBLISH.
+var (
+	errRejectPacket error = packets.ErrRejectPacket // handled here: mochi does nothing more
+	errIgnorePacket error = packets.CodeSuccessIgnore
+)
+
 // OnPublish routes a client's PUBLISH. Its PUBACK/PUBREC leaves only once
 // every recipient has the message: held for the connection's next write
 // (heldAcks) when nobody is waited for, else from the ack queue.
@@ -1259,27 +1266,27 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	b := h.b
 	c := b.conn(cl)
 	if c == nil {
-		return packets.ErrRejectPacket
+		return errRejectPacket
 	}
 	if b.fenced.Load() {
 		// No acknowledgement from a fenced edge: the client sends it again
 		// elsewhere.
 		_ = b.disconnect(cl, packets.ErrServerShuttingDown)
-		return packets.ErrRejectPacket
+		return errRejectPacket
 	}
 	if pk.FixedHeader.Qos > 0 {
 		failed, held := c.acks.check(pk.PacketID)
 		if failed {
-			return packets.ErrRejectPacket // being disconnected unacknowledged
+			return errRejectPacket // being disconnected unacknowledged
 		}
 		if held {
 			// Sent again while its acknowledgement is pending: that one
 			// will be answered, and a QoS 2 message is routed once.
 			b.m.duplicatePubs.Inc()
-			return packets.ErrRejectPacket
+			return errRejectPacket
 		}
 		if cl.Properties.ProtocolVersion < 5 && !c.acks.reserve(int(b.cfg.ReceiveMaximum)) {
-			return packets.ErrRejectPacket
+			return errRejectPacket
 		}
 	}
 	// mochi stamps a publish it receives (a keel patch of third_party/mochi):
@@ -1334,7 +1341,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 				finishSpan(m.span, err)
 				b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 				_ = b.disconnect(cl, packets.ErrServerBusy)
-				return packets.ErrRejectPacket
+				return errRejectPacket
 			}
 		}
 	}
@@ -1359,26 +1366,26 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
 		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
 		_ = b.disconnect(cl, packets.ErrServerBusy)
-		return packets.ErrRejectPacket
+		return errRejectPacket
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
 		// The held ones first: they would otherwise wait for the queue's
 		// first write, a peer's round trip away.
 		flushHeldOf(cl)
 		b.queueAck(cl, c, pk, wait, m.span, m)
-		return packets.ErrRejectPacket // acknowledged by the queue
+		return errRejectPacket // acknowledged by the queue
 	}
 	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && m.QoS > 0 {
 		if cl.Properties.ProtocolVersion == 5 {
 			cl.State.Inflight.DecreaseReceiveQuota() // as queueAck, in place of mochi's own path
 		}
 		kc.holdAck(b, cl, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, span: m.span, msg: m})
-		return packets.ErrRejectPacket // acknowledged with the next write (heldAcks)
+		return errRejectPacket // acknowledged with the next write (heldAcks)
 	}
 	finishSpan(m.span, nil)
 	b.confirmed(m)
 	// Success, but mochi must not fan the message out itself.
-	return packets.CodeSuccessIgnore
+	return errIgnorePacket
 }
 
 // forgetIncoming removes the stored PUBREC state of a QoS 2 PUBLISH that

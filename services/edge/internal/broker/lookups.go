@@ -106,7 +106,7 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 		}
 	}()
 	if m.QoS == 0 {
-		return packets.CodeSuccessIgnore
+		return errIgnorePacket
 	}
 	b.queueAck(cl, c, pk, func() error {
 		<-link.done
@@ -118,5 +118,5 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 		}
 		return wait()
 	}, m.span, m)
-	return packets.ErrRejectPacket // acknowledged by the queue
+	return errRejectPacket // acknowledged by the queue
 }
