@@ -966,12 +966,16 @@ func (s *session) acked() {
 // of waiting for that one to end first, and its Send often reaches the
 // store together with its append (which then never queues it there).
 func (s *session) writeLoop() {
-	var batch []delivery
+	bp := deliveryBatches.Get().(*[]delivery)
+	batch := (*bp)[:0]
 	var storing []*storingBatch // in send order
 	defer func() {
 		for _, w := range storing {
 			w.release()
 		}
+		clear(batch) // each is cleared once encoded; this is in case
+		*bp = batch[:0]
+		deliveryBatches.Put(bp)
 	}()
 	for {
 		// Write what is stored, in order.
@@ -1201,6 +1205,11 @@ const (
 )
 
 var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// deliveryBatches holds the writers' batches. A writer runs for each burst
+// of messages to its session, and growing a fresh batch for each burst was
+// a few allocations a burst, in every writer.
+var deliveryBatches = sync.Pool{New: func() any { b := make([]delivery, 0, 16); return &b }}
 
 // ring is a growable FIFO of deliveries.
 type ring struct {
