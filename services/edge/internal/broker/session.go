@@ -1169,22 +1169,34 @@ func (s *session) flush(w *storingBatch) bool {
 		if !s.b.yieldIfFenced(s, w.err) {
 			w.cl.Stop(w.err) // resent from the store when the session resumes
 		}
-		s.mu.Lock()
-		s.writing = false
-		s.mu.Unlock()
+		s.stopWriting(w.cl)
 		return false
 	}
 	if len(w.buf) > 0 {
 		if err := s.b.writeRaw(s, w.cl, w.buf); err != nil {
 			// The connection is gone; in-flight messages stay in the client's
 			// store and are resent when the session resumes.
-			s.mu.Lock()
-			s.writing = false
-			s.mu.Unlock()
+			s.stopWriting(w.cl)
 			return false
 		}
 	}
 	return true
+}
+
+// stopWriting ends the writer of old, a connection it could not write to.
+// A newer connection may have been bound meanwhile: a takeover waits only
+// so long for the old writer, and its bind, finding the writer running,
+// left the queue to it, as did every enqueue since. So the writer goes on
+// for the newer connection when something waits for it, rather than leave
+// that until the next message.
+func (s *session) stopWriting(old *mqtt.Client) {
+	s.mu.Lock()
+	goOn := s.client != nil && s.client != old && !s.client.Closed() && s.queue.len() > 0
+	s.writing = goOn
+	s.mu.Unlock()
+	if goOn {
+		s.b.startWriter(s)
+	}
 }
 
 // nudgeWriterLocked wakes a writer waiting for a batch to be stored: there

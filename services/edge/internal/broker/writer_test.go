@@ -151,3 +151,42 @@ func TestSession_WriterStopsAtABatchNotStored(t *testing.T) {
 		again.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: got.PacketID})
 	}
 }
+
+// A writer that can no longer write to its connection goes on for a newer
+// connection of the session bound meanwhile, when something waits for it.
+// A takeover waits only so long for the old connection's writer: the new
+// connection's bind, and every message queued after it, found that writer
+// running and left the queue to it.
+func TestBroker_WriterThatLosesItsConnectionGoesOnForTheNewerOne(t *testing.T) {
+	b, addr := startBroker(t, nil)
+	sub, pub := subAndPub(t, addr, "t", 0, packets.Properties{})
+	scope := b.mustScope(t, "default")
+	s := b.session(scope.ClientID("sub"))
+	require.NotNil(t, s)
+
+	// A closed connection stands in for the session's older one, whose
+	// writer is still running after the newer one's bind.
+	older := mqtttest.Dial(t, addr, 5)
+	older.Connect("older", true, packets.Properties{})
+	olderCl, ok := b.server.Clients.Get(scope.ClientID("older"))
+	require.True(t, ok)
+	require.NoError(t, older.Conn.Close())
+	require.Eventually(t, olderCl.Closed, 5*time.Second, time.Millisecond)
+	s.mu.Lock()
+	require.False(t, s.writing)
+	s.writing = true
+	s.mu.Unlock()
+
+	pub.Publish(0, "t", 0, []byte("queued"))
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.queue.len() == 1
+	}, 5*time.Second, time.Millisecond, "left to the running writer")
+
+	w := newStoringBatch(olderCl)
+	w.buf = append(w.buf, 0xd0, 0) // a PINGRESP
+	require.False(t, s.flush(w), "the older connection is closed")
+	w.release()
+	require.Equal(t, []byte("queued"), sub.Expect(packets.Publish).Payload)
+}
