@@ -101,17 +101,22 @@ type session struct {
 	queue        ring
 	queueBytes   int
 	writing      bool
-	idleSince    int64         // unix nano the writer last stopped with nothing to send (writeAlone)
-	space        chan struct{} // closed when the queue frees room; publishers wait on it
-	nudge        chan struct{} // wakes a writer waiting on the store: more to send
-	subs         map[string]*subscription
-	aliases      *mqtt.OutboundTopicAliases
-	closed       bool   // the session ended; nothing more is queued
-	nextID       uint16 // outbound packet ID cursor; writer only
-	spilling     bool   // a persistent session's queue went past the live bound; stays so until it drains
-	slow         bool   // a non-persistent client being disconnected for staying full; drop what comes
-	durable      bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
-	seq          uint64 // last stored queue position
+	// resending is set while bind writes a newer connection's resends and
+	// a writer it does not own (the older connection's, still running) may
+	// take from the queue: no writer takes meanwhile, so nothing new goes
+	// ahead of the resends. An idle writer bind owns instead.
+	resending bool
+	idleSince int64         // unix nano the writer last stopped with nothing to send (writeAlone)
+	space     chan struct{} // closed when the queue frees room; publishers wait on it
+	nudge     chan struct{} // wakes a writer waiting on the store: more to send
+	subs      map[string]*subscription
+	aliases   *mqtt.OutboundTopicAliases
+	closed    bool   // the session ended; nothing more is queued
+	nextID    uint16 // outbound packet ID cursor; writer only
+	spilling  bool   // a persistent session's queue went past the live bound; stays so until it drains
+	slow      bool   // a non-persistent client being disconnected for staying full; drop what comes
+	durable   bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
+	seq       uint64 // last stored queue position
 	// unsettled holds the queue positions whose stored copies are being
 	// written, until settleQueued decides them.
 	unsettled map[uint64]unsettledWrite
@@ -727,6 +732,8 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	if start {
 		s.writing = true
 	}
+	guarded := len(resend) > 0 && !start
+	s.resending = guarded
 	s.mu.Unlock()
 	if len(resend) > 0 {
 		if at := s.b.atResend.Load(); at != nil {
@@ -742,6 +749,16 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 		}
 	}
 	s.online.Store(true)
+	if guarded {
+		// The writer running meanwhile took nothing; it may have stopped.
+		s.mu.Lock()
+		s.resending = false
+		if !s.writing && s.queue.len() > 0 {
+			s.writing, start = true, true
+		}
+		s.nudgeWriterLocked()
+		s.mu.Unlock()
+	}
 	if start {
 		s.b.startWriter(s) // it stops at once if nothing is queued
 	}
@@ -996,7 +1013,7 @@ func (s *session) writeLoop() {
 		batch = batch[:0]
 		var firstSend *sendOutcome // the batch's send, for the deliveries it stores first
 		now := time.Now()
-		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring {
+		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring && !s.resending {
 			d := s.queue.peek()
 			if d.msg == nil {
 				// An entry with no message: none should be. One was
@@ -1163,40 +1180,48 @@ func (w *storingBatch) release() {
 }
 
 // flush writes a stored batch to its client; false means the writer stops
-// (the store refused the batch, or the connection is gone).
+// (the store refused the batch, or the connection is gone, and no newer
+// connection took the session: goesOnAfter).
 func (s *session) flush(w *storingBatch) bool {
 	if w.err != nil {
-		if !s.b.yieldIfFenced(s, w.err) {
-			w.cl.Stop(w.err) // resent from the store when the session resumes
+		if s.b.yieldIfFenced(s, w.err) {
+			s.stopWriting()
+			return false
 		}
-		s.stopWriting(w.cl)
-		return false
+		w.cl.Stop(w.err) // resent from the store when the session resumes
+		return s.goesOnAfter(w.cl)
 	}
 	if len(w.buf) > 0 {
 		if err := s.b.writeRaw(s, w.cl, w.buf); err != nil {
 			// The connection is gone; in-flight messages stay in the client's
 			// store and are resent when the session resumes.
-			s.stopWriting(w.cl)
-			return false
+			return s.goesOnAfter(w.cl)
 		}
 	}
 	return true
 }
 
-// stopWriting ends the writer of old, a connection it could not write to.
-// A newer connection may have been bound meanwhile: a takeover waits only
-// so long for the old writer, and its bind, finding the writer running,
-// left the queue to it, as did every enqueue since. So the writer goes on
-// for the newer connection when something waits for it, rather than leave
-// that until the next message.
-func (s *session) stopWriting(old *mqtt.Client) {
+// goesOnAfter decides, once the writer failed to give old a batch, whether
+// it goes on. It does when a newer connection was bound meanwhile: a
+// takeover waits only so long for the old connection's writer, and the
+// newer connection's bind, and every message queued since, left the queue
+// to this writer. The batches it took for the newer connection are written
+// next, in order; stopping would leave them, and the queue, until the
+// newer connection's next message or reconnect. Else the writer stops.
+func (s *session) goesOnAfter(old *mqtt.Client) bool {
 	s.mu.Lock()
-	goOn := s.client != nil && s.client != old && !s.client.Closed() && s.queue.len() > 0
-	s.writing = goOn
-	s.mu.Unlock()
-	if goOn {
-		s.b.startWriter(s)
+	defer s.mu.Unlock()
+	if cl := s.client; cl != nil && cl != old && !cl.Closed() {
+		return true
 	}
+	s.writing = false
+	return false
+}
+
+func (s *session) stopWriting() {
+	s.mu.Lock()
+	s.writing = false
+	s.mu.Unlock()
 }
 
 // nudgeWriterLocked wakes a writer waiting for a batch to be stored: there

@@ -3,7 +3,9 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,41 +154,107 @@ func TestSession_WriterStopsAtABatchNotStored(t *testing.T) {
 	}
 }
 
-// A writer that can no longer write to its connection goes on for a newer
-// connection of the session bound meanwhile, when something waits for it.
-// A takeover waits only so long for the old connection's writer: the new
-// connection's bind, and every message queued after it, found that writer
-// running and left the queue to it.
-func TestBroker_WriterThatLosesItsConnectionGoesOnForTheNewerOne(t *testing.T) {
-	b, addr := startBroker(t, nil)
-	sub, pub := subAndPub(t, addr, "t", 0, packets.Properties{})
-	scope := b.mustScope(t, "default")
-	s := b.session(scope.ClientID("sub"))
-	require.NotNil(t, s)
+// heldSends is a real durable store whose next Send, once held, does not
+// return until the test lets it: the writer that makes it is busy in the
+// call, as on a store stream that takes no more for a while. With gated,
+// that Send's answer then waits for the test too.
+type heldSends struct {
+	*durable.Store
+	hold    atomic.Bool
+	gated   bool
+	entered chan struct{}
+	release chan struct{}
+	gate    chan struct{}
+}
 
-	// A closed connection stands in for the session's older one, whose
-	// writer is still running after the newer one's bind.
-	older := mqtttest.Dial(t, addr, 5)
-	older.Connect("older", true, packets.Properties{})
-	olderCl, ok := b.server.Clients.Get(scope.ClientID("older"))
-	require.True(t, ok)
-	require.NoError(t, older.Conn.Close())
-	require.Eventually(t, olderCl.Closed, 5*time.Second, time.Millisecond)
-	s.mu.Lock()
-	require.False(t, s.writing)
-	s.writing = true
-	s.mu.Unlock()
+func (s *heldSends) Send(id string, entries []durable.Entry) *durable.Pending {
+	if !s.hold.CompareAndSwap(true, false) {
+		return s.Store.Send(id, entries)
+	}
+	close(s.entered)
+	<-s.release
+	stored := s.Store.Send(id, entries)
+	if !s.gated {
+		return stored
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := stored.Wait(context.Background())
+		<-s.gate
+		done <- err
+	}()
+	return durable.NewPending(done)
+}
 
-	pub.Publish(0, "t", 0, []byte("queued"))
-	require.Eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.queue.len() == 1
-	}, 5*time.Second, time.Millisecond, "left to the running writer")
+// A takeover waits only two seconds for the old connection's writer. One
+// busy for longer (here in a store call) is still running when the newer
+// connection's bind resends the session's in-flight message, and what it
+// takes next is for the newer connection:
+//   - it takes nothing while the resends go out: the message published
+//     meanwhile arrives after the resend [MQTT-4.6.0-2];
+//   - its batch for the old connection fails once stored, and it goes on
+//     for the newer one, whose batch it took meanwhile: that message
+//     arrives without waiting for another publish or a reconnect.
+func TestBroker_OldConnectionsWriterStillRunningAtATakeover(t *testing.T) {
+	for _, gated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("old_batch_stored_later=%v", gated), func(t *testing.T) {
+			t.Parallel()
+			var held *heldSends
+			b, _ := brokerOnStore(t, func(st *durable.Store) DurableState {
+				held = &heldSends{Store: st, gated: gated,
+					entered: make(chan struct{}), release: make(chan struct{}), gate: make(chan struct{})}
+				return held
+			})
+			addr := serveTCP(t, b)
+			props := packets.Properties{SessionExpiryInterval: 60, SessionExpiryIntervalFlag: true}
+			older := mqtttest.Dial(t, addr, 5)
+			older.Connect("dev", false, props)
+			older.Subscribe(1, "q", 1)
+			s := b.session(b.mustScope(t, "default").ClientID("dev"))
+			require.NotNil(t, s)
 
-	w := newStoringBatch(olderCl)
-	w.buf = append(w.buf, 0xd0, 0) // a PINGRESP
-	require.False(t, s.flush(w), "the older connection is closed")
-	w.release()
-	require.Equal(t, []byte("queued"), sub.Expect(packets.Publish).Payload)
+			// The old connection's writer takes "first" and stays in the store.
+			held.hold.Store(true)
+			require.NoError(t, b.Publish("default", "q", []byte("first"), 1, false))
+			<-held.entered
+
+			locked := func(f func() bool) func() bool {
+				return func() bool {
+					s.mu.Lock()
+					defer s.mu.Unlock()
+					return f()
+				}
+			}
+			writing := locked(func() bool { return s.writing })
+			hook := func() {
+				// The resends are about to go out, with the old writer running.
+				require.True(t, writing())
+				if err := b.Publish("default", "q", []byte("second"), 1, false); err != nil {
+					t.Error(err)
+				}
+				require.Eventually(t, locked(func() bool { return s.queue.len() == 1 }), 5*time.Second, time.Millisecond)
+				close(held.release)
+				if !gated {
+					// It writes "first" to the old connection, which fails,
+					// and takes nothing for the new one meanwhile.
+					require.Eventually(t, func() bool { return !writing() }, 5*time.Second, time.Millisecond)
+				}
+			}
+			b.atResend.Store(&hook)
+			newer := mqtttest.Dial(t, addr, 5)
+			require.True(t, newer.Connect("dev", false, props).SessionPresent)
+			first := newer.Expect(packets.Publish)
+			require.Equal(t, []byte("first"), first.Payload, "the resend first")
+			require.True(t, first.FixedHeader.Dup)
+			if gated {
+				// "second" is taken for the newer connection behind the old
+				// connection's batch, which is then stored.
+				require.Eventually(t, locked(func() bool { return s.queue.len() == 0 }), 5*time.Second, time.Millisecond)
+				close(held.gate)
+			}
+			second := newer.Expect(packets.Publish)
+			require.Equal(t, []byte("second"), second.Payload)
+			require.False(t, second.FixedHeader.Dup)
+		})
+	}
 }
