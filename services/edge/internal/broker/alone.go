@@ -62,7 +62,7 @@ type aloneWrite struct {
 // s.mu is held.
 func (s *session) aloneLocked(d *delivery) bool {
 	cl := s.client
-	if !d.msg.quiet || cl == nil || cl.Closed() || s.queue.len() != 1 || d.onSubscribe || s.slow || s.resending ||
+	if !d.msg.quiet || cl == nil || cl.Closed() || s.queue.len() != 1 || d.onSubscribe || s.slow || s.resendingTo != nil ||
 		!s.settleUntil.IsZero() || d.qos > 0 && s.inflight >= s.window {
 		// A retained message for a new subscription goes after the
 		// SUBACK mochi writes once the subscribing hook returns.

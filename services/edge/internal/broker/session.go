@@ -101,22 +101,23 @@ type session struct {
 	queue        ring
 	queueBytes   int
 	writing      bool
-	// resending is set while bind writes a newer connection's resends and
-	// a writer it does not own (the older connection's, still running) may
-	// take from the queue: no writer takes meanwhile, so nothing new goes
-	// ahead of the resends. An idle writer bind owns instead.
-	resending bool
-	idleSince int64         // unix nano the writer last stopped with nothing to send (writeAlone)
-	space     chan struct{} // closed when the queue frees room; publishers wait on it
-	nudge     chan struct{} // wakes a writer waiting on the store: more to send
-	subs      map[string]*subscription
-	aliases   *mqtt.OutboundTopicAliases
-	closed    bool   // the session ended; nothing more is queued
-	nextID    uint16 // outbound packet ID cursor; writer only
-	spilling  bool   // a persistent session's queue went past the live bound; stays so until it drains
-	slow      bool   // a non-persistent client being disconnected for staying full; drop what comes
-	durable   bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
-	seq       uint64 // last stored queue position
+	// resendingTo is the connection bind writes resends to while a writer
+	// it does not own (an older connection's, still running) may take from
+	// the queue: no writer takes meanwhile, so nothing new goes ahead of
+	// the resends. An idle writer bind owns instead. A connection's bind
+	// ends only its own guard: a newer one's may have replaced it.
+	resendingTo *mqtt.Client
+	idleSince   int64         // unix nano the writer last stopped with nothing to send (writeAlone)
+	space       chan struct{} // closed when the queue frees room; publishers wait on it
+	nudge       chan struct{} // wakes a writer waiting on the store: more to send
+	subs        map[string]*subscription
+	aliases     *mqtt.OutboundTopicAliases
+	closed      bool   // the session ended; nothing more is queued
+	nextID      uint16 // outbound packet ID cursor; writer only
+	spilling    bool   // a persistent session's queue went past the live bound; stays so until it drains
+	slow        bool   // a non-persistent client being disconnected for staying full; drop what comes
+	durable     bool   // persistent with a store: QoS 1/2 deliveries are stored before they count as taken
+	seq         uint64 // last stored queue position
 	// unsettled holds the queue positions whose stored copies are being
 	// written, until settleQueued decides them.
 	unsettled map[uint64]unsettledWrite
@@ -733,7 +734,9 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 		s.writing = true
 	}
 	guarded := len(resend) > 0 && !start
-	s.resending = guarded
+	if guarded {
+		s.resendingTo = cl
+	}
 	s.mu.Unlock()
 	if len(resend) > 0 {
 		if at := s.b.atResend.Load(); at != nil {
@@ -752,11 +755,13 @@ func (s *session) bind(cl *mqtt.Client, rules *auth.Rules, persistent bool, wind
 	if guarded {
 		// The writer running meanwhile took nothing; it may have stopped.
 		s.mu.Lock()
-		s.resending = false
-		if !s.writing && s.queue.len() > 0 {
-			s.writing, start = true, true
+		if s.resendingTo == cl {
+			s.resendingTo = nil
+			if !s.writing && s.queue.len() > 0 {
+				s.writing, start = true, true
+			}
+			s.nudgeWriterLocked()
 		}
-		s.nudgeWriterLocked()
 		s.mu.Unlock()
 	}
 	if start {
@@ -1013,7 +1018,7 @@ func (s *session) writeLoop() {
 		batch = batch[:0]
 		var firstSend *sendOutcome // the batch's send, for the deliveries it stores first
 		now := time.Now()
-		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring && !s.resending {
+		for s.queue.len() > 0 && len(batch) < writeBatch && len(storing) < maxStoring && s.resendingTo == nil {
 			d := s.queue.peek()
 			if d.msg == nil {
 				// An entry with no message: none should be. One was
