@@ -528,10 +528,67 @@ type pending struct {
 	// size their payloads' lengths. Nobody waits for them, so they need
 	// their bytes alone.
 	count int
-	done  chan error
+	// The outcome, for a sender that waits (waits set before send): under
+	// load the peer most often took a message before its sender asks, so
+	// the outcome is kept here and a channel is made only for a sender that
+	// must wait for it (wake), where one per message cost a publish two
+	// allocations and a channel operation on each side.
+	waits bool
+	mu    sync.Mutex
+	over  bool
+	err   error
+	wake  chan struct{}     // closed once over, if a sender waits for it
 	span  trace.Span        // forward span of a traced message: ends when the peer took it
 	held  []heldKey         // group targets kept until their outcome is reported
 	owes  []broker.GroupKey // see dest.owes
+}
+
+// outcome returns the message's outcome once the peer took it or it
+// failed (over), or else a channel closed when it is.
+func (p *pending) outcome() (err error, over bool, wake <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.over {
+		return p.err, true, nil
+	}
+	if p.wake == nil {
+		p.wake = make(chan struct{})
+	}
+	return nil, false, p.wake
+}
+
+// waitOutcome returns the message's outcome once it is over, or an error
+// at deadline or when ctx ends. *t is the timer of the deadline, made the
+// first time a wait must block and shared by the waits of one sender.
+func (p *pending) waitOutcome(ctx context.Context, deadline time.Time, bound time.Duration, t **time.Timer) error {
+	err, over, wake := p.outcome()
+	if over {
+		return err
+	}
+	if *t == nil {
+		*t = time.NewTimer(time.Until(deadline))
+	}
+	select {
+	case <-wake:
+		err, _, _ = p.outcome()
+		return err
+	case <-(*t).C:
+		return fmt.Errorf("%w within %v", ErrPeerGone, bound)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitOne waits until the peer took p, or deadline (bound only names it in
+// the error).
+func waitOne(ctx context.Context, deadline time.Time, bound time.Duration, p *pending) error {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	return p.waitOutcome(ctx, deadline, bound, &t)
 }
 
 type frame struct {
@@ -562,16 +619,9 @@ func NewLink(edgeID string, incarnation uint64, peer, baseURL string, logger *sl
 		seq: uint64(time.Now().UnixNano())}
 }
 
-// Send queues m for the peer. With wait it returns a channel that yields
-// nil once the peer took it (nil without).
-func (l *Link) Send(m *edgev1.ForwardMessage, wait bool) <-chan error {
-	return l.send(&pending{msg: m}, wait)
-}
-
-func (l *Link) send(p *pending, wait bool) <-chan error {
-	if wait {
-		p.done = make(chan error, 1)
-	}
+// send queues p for the peer; a sender that waits for its outcome sets
+// p.waits first (waitOutcome).
+func (l *Link) send(p *pending) {
 	l.mu.Lock()
 	if l.closed.Load() {
 		l.mu.Unlock()
@@ -580,7 +630,7 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 		} else {
 			p.finish(ErrPeerGone)
 		}
-		return p.done
+		return
 	}
 	l.queue = append(l.queue, p)
 	l.queued++
@@ -588,7 +638,6 @@ func (l *Link) send(p *pending, wait bool) <-chan error {
 	l.keepLocked(p)
 	l.mu.Unlock()
 	l.wakeUp()
-	return p.done
 }
 
 // A run of plain QoS 0 messages holds up to a frame's worth, so that a
@@ -969,8 +1018,19 @@ func (p *pending) finish(err error) {
 		}
 		p.span.End()
 	}
-	if p.done != nil {
-		p.done <- err
+	if !p.waits {
+		return
+	}
+	p.mu.Lock()
+	if p.over {
+		p.mu.Unlock()
+		return // the first outcome stands
+	}
+	p.over, p.err = true, err
+	wake := p.wake
+	p.mu.Unlock()
+	if wake != nil {
+		close(wake)
 	}
 }
 
@@ -1005,23 +1065,3 @@ func (l *Link) Status() LinkStatus {
 }
 
 func (l *Link) isClosed() bool { return l.closed.Load() }
-
-// WaitUntil waits for the channels returned by Send until deadline (bound
-// only names it in the error).
-func WaitUntil(ctx context.Context, deadline time.Time, bound time.Duration, chans []<-chan error) error {
-	t := time.NewTimer(time.Until(deadline))
-	defer t.Stop()
-	for _, c := range chans {
-		select {
-		case err := <-c:
-			if err != nil {
-				return err
-			}
-		case <-t.C:
-			return fmt.Errorf("%w within %v", ErrPeerGone, bound)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}

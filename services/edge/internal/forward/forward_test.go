@@ -531,9 +531,10 @@ func TestLink_MessagesGatherWhileFramesAreUnacknowledged(t *testing.T) {
 	msg := func(i int) *edgev1.ForwardMessage {
 		return &edgev1.ForwardMessage{Message: &commonv1.Message{Tenant: "acme", Topic: fmt.Sprintf("t/%d", i)}}
 	}
-	first := l.Send(msg(0), true)
+	first := &pending{msg: msg(0), waits: true}
+	l.send(first)
 	<-d.holding // frame 1 is held in delivery: unacknowledged
-	l.Send(msg(1), false)
+	l.send(&pending{msg: msg(1)})
 	testutil.Eventually(t, 5*time.Second, func() error {
 		if n := promtest.ToFloat64(m.frames); n != 2 {
 			return fmt.Errorf("%v frames sent", n)
@@ -542,12 +543,12 @@ func TestLink_MessagesGatherWhileFramesAreUnacknowledged(t *testing.T) {
 	})
 	const later = 100
 	for i := range later {
-		l.Send(msg(2+i), false)
+		l.send(&pending{msg: msg(2 + i)})
 		time.Sleep(100 * time.Microsecond) // the send loop wakes for each
 	}
 	require.Equal(t, 2.0, promtest.ToFloat64(m.frames), "a frame went out with the window full")
 	close(d.gate)
-	require.NoError(t, <-first)
+	require.NoError(t, waitOne(context.Background(), time.Now().Add(5*time.Second), 5*time.Second, first))
 	testutil.Eventually(t, 5*time.Second, func() error {
 		if n := len(d.delivered()); n != 2+later {
 			return fmt.Errorf("%d delivered", n)

@@ -287,9 +287,10 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 			raw = nil
 		}
 	}
-	var sent []*pending
+	var tk *taking
 	if wait {
-		sent = make([]*pending, 0, len(dests))
+		tk = &taking{ctx: ctx, deadline: deadline, bound: f.bound()}
+		tk.sent = tk.first[:0]
 	}
 	for _, d := range dests {
 		l, err := f.link(d.peer)
@@ -301,17 +302,20 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 				l.sendPlain(raw, len(m.Payload))
 				continue
 			}
-			p := &pending{raw: raw, size: len(m.Payload)}
-			l.send(p, wait)
-			if wait {
-				sent = append(sent, p)
-			}
+			p := tk.next()
+			p.raw, p.size = raw, len(m.Payload)
+			l.send(p)
+			tk.sent = append(tk.sent, p)
 			continue
 		}
 		if pm == nil {
 			pm = m.Proto()
 		}
-		p := &pending{msg: &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}, owes: d.owes}
+		p := &pending{}
+		if wait {
+			p = tk.next()
+		}
+		p.msg, p.owes = &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}, d.owes
 		if again != nil {
 			p.msg.SessionsSinceUnixNano = again.Since
 		}
@@ -323,16 +327,41 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrPeer.String(d.peer.ID)))
 			p.msg.Traceparent = tracing.Traceparent(p.span.SpanContext())
 		}
-		l.send(p, wait)
+		l.send(p)
 		if wait {
-			sent = append(sent, p)
+			tk.sent = append(tk.sent, p)
 		}
 	}
 	if !wait {
 		return nil, local, nil
 	}
-	return func() error { return waitTaken(ctx, deadline, f.bound(), sent) }, local, nil
+	return tk.wait, local, nil
 }
+
+// taking is what a QoS 1/2 publish waits for: its copies sent to peers,
+// until each peer took its own. It holds the first copy's pending too: a
+// publish most often goes to one peer, and then costs one allocation here
+// where the pending, the list and the wait's closure took three.
+type taking struct {
+	ctx      context.Context
+	deadline time.Time
+	bound    time.Duration
+	one      pending
+	first    [1]*pending
+	sent     []*pending
+}
+
+// next returns the pending of the next copy, which waits for its outcome.
+func (t *taking) next() *pending {
+	p := &t.one
+	if len(t.sent) > 0 {
+		p = new(pending)
+	}
+	p.waits = true
+	return p
+}
+
+func (t *taking) wait() error { return waitTaken(t.ctx, t.deadline, t.bound, t.sent) }
 
 // route resolves where a message on (tenant, topic) goes; under
 // broker.AtOnce, only from what the resolver holds (else
@@ -363,7 +392,6 @@ func (f *Forwarder) route(ctx context.Context, tenant, topic string) (Route, err
 // of it is not re-dispatched (that is for messages a peer took).
 func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sent []*pending) error {
 	var t *time.Timer
-	var timeout <-chan time.Time
 	defer func() {
 		if t != nil {
 			t.Stop()
@@ -372,24 +400,9 @@ func waitTaken(ctx context.Context, deadline time.Time, bound time.Duration, sen
 	var left *broker.NotTaken
 	var owed, served []broker.GroupKey // by their own members (unsettled routes)
 	for _, p := range sent {
-		var err error
-		select {
-		case err = <-p.done:
-			// Under load the peer most often took it before the wait
-			// began: no timer then.
-		default:
-			if t == nil {
-				t = time.NewTimer(time.Until(deadline))
-				timeout = t.C
-			}
-			select {
-			case err = <-p.done:
-			case <-timeout:
-				return fmt.Errorf("%w within %v", ErrPeerGone, bound)
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
+		// Under load the peer most often took it before the wait began: no
+		// timer then.
+		err := p.waitOutcome(ctx, deadline, bound, &t)
 		if err == nil {
 			served = append(served, p.owes...)
 			continue
@@ -450,8 +463,9 @@ func (f *Forwarder) ForwardShared(ctx context.Context, m *broker.Message, group 
 	p := &pending{msg: &edgev1.ForwardMessage{Message: m.Proto(), SharedChosen: true, SharedOnly: true,
 		Shared: []*edgev1.SharedTarget{{Group: group.Name, Filter: group.Filter}}}}
 	p.held = f.hold(m, p.msg)
-	done := l.send(p, true)
-	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
+	p.waits = true
+	l.send(p)
+	return func() error { return waitOne(ctx, deadline, bound, p) }, nil
 }
 
 // Relay implements broker.Peers: m goes to edge for the sessions in to
@@ -483,8 +497,9 @@ func (f *Forwarder) Relay(ctx context.Context, m *broker.Message, edge string, t
 		fm.Sessions = append(fm.Sessions, &edgev1.SessionTarget{Session: &commonv1.SessionKey{Tenant: t.Tenant, ClientId: t.ClientID},
 			Epoch: t.Epoch, Qos: uint32(t.QoS), SubscriptionIdentifiers: ids, Retain: t.Retain})
 	}
-	done := l.Send(fm, true)
-	return func() error { return WaitUntil(ctx, deadline, bound, []<-chan error{done}) }, nil
+	sent := &pending{msg: fm, waits: true}
+	l.send(sent)
+	return func() error { return waitOne(ctx, deadline, bound, sent) }, nil
 }
 
 // unknownGroup returns the first of owed that routes name no edge for.
