@@ -30,7 +30,7 @@ type ackQueue struct {
 	mu      sync.Mutex
 	pending []pendingAck
 	running bool
-	handed  int // pending entries handed to the writer, at the front
+	handed  int // pending entries taken and gathered for the next write, at the front
 	// failed: an earlier publish was not taken and the client is being
 	// disconnected; nothing after it may be acknowledged.
 	failed bool
@@ -45,8 +45,11 @@ type pendingAck struct {
 	packetID uint16
 	qos      byte
 	wait     func() error
-	span     trace.Span // the publish's, when traced: ends with the acknowledgement
-	msg      *Message   // the message, whose msgID a QoS 2 publish keeps if it is not acknowledged
+	// forwarded: wait is the wait of the message's forwarding (Forward),
+	// which its taking reports on without waiting (ready).
+	forwarded bool
+	span      trace.Span // the publish's, when traced: ends with the acknowledgement
+	msg       *Message   // the message, whose msgID a QoS 2 publish keeps if it is not acknowledged
 }
 
 // check tells how a QoS 1/2 PUBLISH with packetID stands against the
@@ -105,14 +108,15 @@ func (q *ackQueue) init() {
 }
 
 // queueAck defers the acknowledgement of pk until wait returns (wait may be
-// nil: the publish only waits for earlier ones). span, when not nil, ends
-// with the acknowledgement.
-func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error, span trace.Span, m *Message) {
+// nil: the publish only waits for earlier ones). forwarded tells that wait
+// is the wait of m's forwarding (pendingAck.forwarded). span, when not nil,
+// ends with the acknowledgement.
+func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait func() error, forwarded bool, span trace.Span, m *Message) {
 	q := &c.acks
 	v5 := cl.Properties.ProtocolVersion == 5
 	q.mu.Lock()
 	q.init()
-	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait, span: span, msg: m})
+	q.pending = append(q.pending, pendingAck{packetID: pk.PacketID, qos: pk.FixedHeader.Qos, wait: wait, forwarded: forwarded, span: span, msg: m})
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -132,127 +136,117 @@ func (b *Broker) queueAck(cl *mqtt.Client, c *conn, pk *packets.Packet, wait fun
 	}
 }
 
-// sendAcks runs while the queue has entries. It waits for each entry in
-// turn and hands its acknowledgement to a writer (writeAcks), which writes
-// all those handed over by the time it runs with one write: under load a
-// client's acknowledgements leave together rather than one syscall each,
-// in the order of the PUBLISHes. A writer lasts while the waits keep
-// finding entries; one that catches up ends with it.
-func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
-	for {
-		ready := make(chan pendingAck, ackBurst)
-		written := make(chan struct{})
-		go func() {
-			defer close(written)
-			b.writeAcks(cl, q, ready, v5)
-		}()
-		b.waitAcks(cl, q, ready)
-		close(ready)
-		<-written
+// ready reports whether p's wait returns at once: under load a forwarded
+// message was most often taken by the time its turn comes.
+func (p *pendingAck) ready() bool {
+	if p.wait == nil {
+		return true
+	}
+	return p.forwarded && p.msg.taking != nil && p.msg.taking.Taken()
+}
 
+// sendAcks runs while the queue has entries. It waits for each entry in
+// turn and gathers the acknowledgements of those taken, and writes them
+// with one write before a wait that would block, after ackBurst of them,
+// and once it caught up: under load a client's acknowledgements leave
+// together rather than one syscall each, in the order of the PUBLISHes.
+// One goroutine does both: a writer of its own cost every burst a hand-off
+// between goroutines, and every run two goroutines started.
+func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
+	batch := make([]pendingAck, 0, 16)
+	var buf bytes.Buffer
+	for {
 		q.mu.Lock()
-		if len(q.pending) > 0 && !q.failed {
+		if q.handed == len(q.pending) || q.failed {
+			if len(batch) > 0 {
+				q.mu.Unlock()
+				b.writeAcks(cl, q, batch, &buf, v5)
+				batch = batch[:0]
+				continue // more may have come while they were written
+			}
+			unacked := q.pending[min(q.recorded, len(q.pending)):]
+			for _, p := range q.pending {
+				finishSpan(p.span, errFailedEarlier)
+			}
+			q.pending = nil
+			q.handed = 0
+			q.recorded = 0
+			q.running = false
+			q.room.Broadcast()
 			q.mu.Unlock()
-			continue // more came while the last were written
+			for _, p := range unacked {
+				b.unconfirm(cl, p.qos, p.packetID, p.msg)
+			}
+			return
 		}
-		unacked := q.pending[min(q.recorded, len(q.pending)):]
-		for _, p := range q.pending {
-			finishSpan(p.span, errFailedEarlier)
-		}
-		q.pending = nil
-		q.recorded = 0
-		q.running = false
-		q.room.Broadcast()
+		p := q.pending[q.handed]
 		q.mu.Unlock()
-		for _, p := range unacked {
-			b.unconfirm(cl, p.qos, p.packetID, p.msg)
+
+		if len(batch) > 0 && (len(batch) >= ackBurst || !p.ready()) {
+			b.writeAcks(cl, q, batch, &buf, v5)
+			batch = batch[:0]
 		}
-		return
+		var err error
+		if p.wait != nil {
+			err = p.wait()
+		}
+		if p.forwarded {
+			p.msg.taking = nil // it would keep the forwarded copies alive
+		}
+		if err == nil && b.fenced.Load() {
+			err = errFenced
+		}
+		if err != nil {
+			b.failAcks(cl, q, p, err)
+			continue // what was taken before it is written, and the rest ended
+		}
+		q.mu.Lock()
+		q.handed++
+		q.mu.Unlock()
+		batch = append(batch, p)
 	}
 }
 
 // ackBurst bounds the acknowledgements written at once.
 const ackBurst = 256
 
-// waitAcks waits for the queue's entries in turn and hands each taken one
-// to ready; it returns when none is left to wait for, or one failed (then
-// the client is disconnected and nothing after it is acknowledged).
-func (b *Broker) waitAcks(cl *mqtt.Client, q *ackQueue, ready chan<- pendingAck) {
-	for {
-		q.mu.Lock()
-		if q.handed == len(q.pending) || q.failed {
-			q.mu.Unlock()
-			return
-		}
-		p := q.pending[q.handed]
-		q.mu.Unlock()
-
-		var err error
-		if p.wait != nil {
-			err = p.wait()
-		}
-		if err == nil && b.fenced.Load() {
-			err = errFenced
-		}
-		if err != nil {
-			finishSpan(p.span, err)
-			q.mu.Lock()
-			q.failed = true
-			q.room.Broadcast()
-			q.pending[q.handed].span = nil
-			rest := slices.Clone(q.pending[q.handed:])
-			q.recorded = len(rest)
-			q.mu.Unlock()
-			b.m.dropped.WithLabelValues("forward_failed").Inc()
-			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
-			// Recorded before the client can come back: a QoS 2 resend
-			// that finds no record is routed under a new msgID, and the
-			// edges that took the first copy deliver it again. (sendAcks
-			// records those queued since.)
-			for _, r := range rest {
-				b.unconfirm(cl, r.qos, r.packetID, r.msg)
-			}
-			_ = b.disconnect(cl, packets.ErrServerBusy)
-			return
-		}
-		q.mu.Lock()
-		q.handed++
-		q.mu.Unlock()
-		ready <- p
+// failAcks stops the queue at p, whose wait failed with err: the client is
+// disconnected, and nothing from p on is acknowledged.
+func (b *Broker) failAcks(cl *mqtt.Client, q *ackQueue, p pendingAck, err error) {
+	finishSpan(p.span, err)
+	q.mu.Lock()
+	q.failed = true
+	q.room.Broadcast()
+	q.pending[q.handed].span = nil
+	rest := slices.Clone(q.pending[q.handed:])
+	q.recorded = len(rest)
+	q.mu.Unlock()
+	b.m.dropped.WithLabelValues("forward_failed").Inc()
+	b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "packet_id", p.packetID, "error", err)
+	// Recorded before the client can come back: a QoS 2 resend that finds
+	// no record is routed under a new msgID, and the edges that took the
+	// first copy deliver it again. (sendAcks records those queued since.)
+	for _, r := range rest {
+		b.unconfirm(cl, r.qos, r.packetID, r.msg)
 	}
+	_ = b.disconnect(cl, packets.ErrServerBusy)
 }
 
-// writeAcks writes the acknowledgements handed to ready, every one waiting
-// at once in one write, and then takes them off the queue.
-func (b *Broker) writeAcks(cl *mqtt.Client, q *ackQueue, ready <-chan pendingAck, v5 bool) {
-	batch := make([]pendingAck, 0, 16)
-	var buf bytes.Buffer
-	for p := range ready {
-		batch = append(batch[:0], p)
-	more:
-		for len(batch) < ackBurst {
-			select {
-			case p, ok := <-ready:
-				if !ok {
-					break more
-				}
-				batch = append(batch, p)
-			default:
-				break more
-			}
-		}
-		buf.Reset()
-		for _, p := range batch {
-			b.encodeAck(cl, &buf, p)
-		}
-		err := writeAcksTo(cl, buf.Bytes())
-		b.acksWritten(cl, batch, err, v5)
-		q.mu.Lock()
-		q.pending = q.pending[len(batch):]
-		q.handed -= len(batch)
-		q.room.Broadcast()
-		q.mu.Unlock()
+// writeAcks writes the acknowledgements of batch, the entries at the head
+// of the queue, with one write, and then takes them off the queue.
+func (b *Broker) writeAcks(cl *mqtt.Client, q *ackQueue, batch []pendingAck, buf *bytes.Buffer, v5 bool) {
+	buf.Reset()
+	for _, p := range batch {
+		b.encodeAck(cl, buf, p)
 	}
+	err := writeAcksTo(cl, buf.Bytes())
+	b.acksWritten(cl, batch, err, v5)
+	q.mu.Lock()
+	clear(q.pending[:len(batch)]) // written: the queue's array does not keep them
+	q.pending = q.pending[len(batch):]
+	q.handed -= len(batch)
+	q.room.Broadcast()
+	q.mu.Unlock()
 }
 
 // acksWritten completes the acknowledgements of batch once their write
@@ -382,23 +376,24 @@ func writeAcksTo(cl *mqtt.Client, buf []byte) error {
 // encodeAck does what mochi does after OnPublish for a publish it
 // acknowledges itself, writing the PUBACK or PUBREC into buf.
 func (b *Broker) encodeAck(cl *mqtt.Client, buf *bytes.Buffer, p pendingAck) {
-	ack := packets.Packet{
-		FixedHeader:     packets.FixedHeader{Type: packets.Puback},
-		PacketID:        p.packetID,
-		ReasonCode:      packets.QosCodes[p.qos].Code,
-		ProtocolVersion: cl.Properties.ProtocolVersion,
-		Created:         time.Now().Unix(),
-	}
-	if p.qos == 2 {
-		ack.FixedHeader.Type = packets.Pubrec
-		ack.ReasonCode = packets.CodeSuccess.Code
-		// In flight before it is written: the PUBREL may come back at once,
-		// and mochi answers it from the inflight store.
-		if cl.State.Inflight.Set(ack) {
-			atomic.AddInt64(&b.server.Info.Inflight, 1)
-		}
-		_ = ack.PubrecEncode(buf)
+	if p.qos != 2 {
+		// A PUBACK of success with no property is the same 4 bytes in every
+		// version: in MQTT 5 a Remaining Length of 2 leaves out the reason
+		// code, which is then Success (3.4.2.1), as mochi's encoder does.
+		buf.Write([]byte{packets.Puback << 4, 2, byte(p.packetID >> 8), byte(p.packetID)})
 		return
 	}
-	_ = ack.PubackEncode(buf)
+	ack := packets.Packet{
+		FixedHeader:     packets.FixedHeader{Type: packets.Pubrec},
+		PacketID:        p.packetID,
+		ReasonCode:      packets.CodeSuccess.Code,
+		ProtocolVersion: cl.Properties.ProtocolVersion,
+		Created:         time.Now().Unix(), // for the inflight store's expiry
+	}
+	// In flight before it is written: the PUBREL may come back at once, and
+	// mochi answers it from the inflight store.
+	if cl.State.Inflight.Set(ack) {
+		atomic.AddInt64(&b.server.Info.Inflight, 1)
+	}
+	_ = ack.PubrecEncode(buf)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
@@ -380,16 +381,16 @@ func TestAcks_ReadyTogetherWrittenTogether(t *testing.T) {
 		if i == 0 {
 			wait = func() error { <-gate; return nil }
 		}
-		b.queueAck(cl, c, &packets.Packet{PacketID: uint16(i + 1), FixedHeader: packets.FixedHeader{Qos: 1}}, wait, nil, nil)
+		b.queueAck(cl, c, &packets.Packet{PacketID: uint16(i + 1), FixedHeader: packets.FixedHeader{Qos: 1}}, wait, false, nil, nil)
 	}
 	close(gate)
 	<-wc.blocked // the first write is on its way
-	// Every acknowledgement is handed to the writer, still held at the first.
+	// Every acknowledgement is gathered for a write, held at the first.
 	testutil.Eventually(t, 5*time.Second, func() error {
 		c.acks.mu.Lock()
 		defer c.acks.mu.Unlock()
 		if c.acks.handed < n {
-			return fmt.Errorf("%d of %d handed to the writer", c.acks.handed, n)
+			return fmt.Errorf("%d of %d gathered", c.acks.handed, n)
 		}
 		return nil
 	})
@@ -402,7 +403,7 @@ func TestAcks_ReadyTogetherWrittenTogether(t *testing.T) {
 	})
 	wc.mu.Lock()
 	defer wc.mu.Unlock()
-	// The writer takes what is handed over when it runs: all twenty, or the
+	// A write takes what is gathered when it goes: all twenty, or the
 	// first ones and then, once that write is done, the rest. One write per
 	// acknowledgement would be twenty.
 	require.LessOrEqual(t, len(wc.writes), 2, "acknowledgements ready together leave together")
@@ -515,4 +516,98 @@ func TestBroker_HeldAcksLeaveBeforeTheEdgeCloses(t *testing.T) {
 	require.Equal(t, uint16(1), pk.PacketID)
 	_, err = c.Read(5 * time.Second)
 	require.Error(t, err, "the connection stays open after the invalid topic")
+}
+
+// takenAs is what a forwarded message waits for, reporting taken.
+type takenAs bool
+
+func (t takenAs) Taken() bool { return bool(t) }
+
+// recordingConn records each Write.
+type recordingConn struct {
+	net.Conn
+	mu     sync.Mutex
+	writes [][]uint16 // the packet IDs of each write's acknowledgements
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	var ids []uint16
+	for w := p; len(w) >= 4; w = w[4:] {
+		ids = append(ids, uint16(w[2])<<8|uint16(w[3]))
+	}
+	c.mu.Lock()
+	c.writes = append(c.writes, ids)
+	c.mu.Unlock()
+	return len(p), nil
+}
+
+func (c *recordingConn) written() [][]uint16 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.writes)
+}
+
+// The queue's one goroutine both waits and writes: what it gathered is
+// written before a wait that blocks, and not before one whose message
+// every edge took already (its wait returns at once).
+func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
+	t.Parallel()
+	b, _ := startBroker(t, nil)
+	newClient := func() (*mqtt.Client, *recordingConn, *conn) {
+		end, _ := net.Pipe() // for its addresses: writes go to rc
+		rc := &recordingConn{Conn: end}
+		cl := b.server.NewClient(rc, "test", "pub", false)
+		cl.Properties.ProtocolVersion = 4
+		return cl, rc, &conn{}
+	}
+	publish := func(id uint16) *packets.Packet {
+		return &packets.Packet{PacketID: id, FixedHeader: packets.FixedHeader{Qos: 1}}
+	}
+
+	t.Run("blocking", func(t *testing.T) {
+		cl, rc, c := newClient()
+		gate := make(chan struct{})
+		release := sync.OnceFunc(func() { close(gate) })
+		t.Cleanup(release) // a failed check does not leave the queue waiting
+		b.queueAck(cl, c, publish(1), nil, false, nil, nil)
+		b.queueAck(cl, c, publish(2), func() error { <-gate; return nil }, false, nil, &Message{})
+		testutil.Eventually(t, 5*time.Second, func() error {
+			if w := rc.written(); len(w) != 1 || !slices.Equal(w[0], []uint16{1}) {
+				return fmt.Errorf("writes %v: the first acknowledgement waits behind the second's wait", w)
+			}
+			return nil
+		})
+		release()
+		testutil.Eventually(t, 5*time.Second, func() error {
+			if w := rc.written(); !slices.EqualFunc(w, [][]uint16{{1}, {2}}, slices.Equal) {
+				return fmt.Errorf("writes %v", w)
+			}
+			return nil
+		})
+	})
+
+	for _, taken := range []bool{true, false} {
+		t.Run(fmt.Sprintf("forwarded_taken=%v", taken), func(t *testing.T) {
+			cl, rc, c := newClient()
+			gate := make(chan struct{})
+			b.queueAck(cl, c, publish(1), func() error { <-gate; return nil }, false, nil, &Message{})
+			for id := uint16(2); id <= 4; id++ {
+				m := &Message{}
+				m.SetTaking(takenAs(taken))
+				b.queueAck(cl, c, publish(id), func() error { return nil }, true, nil, m)
+			}
+			close(gate)
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if !c.acks.idle() {
+					return errors.New("acknowledgements pending")
+				}
+				return nil
+			})
+			want := [][]uint16{{1, 2, 3, 4}} // taken: no wait would block
+			if !taken {
+				want = [][]uint16{{1}, {2}, {3}, {4}} // each wait might have
+			}
+			require.Equal(t, want, rc.written())
+		})
+	}
 }

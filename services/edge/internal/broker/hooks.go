@@ -1372,7 +1372,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		// The held ones first: they would otherwise wait for the queue's
 		// first write, a peer's round trip away.
 		flushHeldOf(cl)
-		b.queueAck(cl, c, pk, wait, m.span, m)
+		b.queueAck(cl, c, pk, wait, wait != nil, m.span, m)
 		return errRejectPacket // acknowledged by the queue
 	}
 	if kc, ok := cl.Net.Conn.(*keepaliveConn); ok && m.QoS > 0 {

@@ -110,6 +110,7 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 	}
 	b.queueAck(cl, c, pk, func() error {
 		<-link.done
+		m.taking = nil // read by no queue here: it would keep the forwarded copies alive
 		if err != nil {
 			return err
 		}
@@ -117,6 +118,6 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 			return nil
 		}
 		return wait()
-	}, m.span, m)
+	}, false, m.span, m)
 	return errRejectPacket // acknowledged by the queue
 }

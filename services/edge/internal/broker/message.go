@@ -55,7 +55,21 @@ type Message struct {
 	// idle sessions may be written alone (writeAlone); alones counts those.
 	quiet  bool
 	alones atomic.Int32
+	// taking, set by Peers.Forward (SetTaking), tells whether every edge
+	// the message went to took it: the acknowledgement queue writes what
+	// it holds before a wait that would block (sendAcks).
+	taking Taking
 }
+
+// Taking is what a message forwarded to other edges waits for.
+type Taking interface {
+	// Taken reports, without waiting, whether every edge took the message.
+	Taken() bool
+}
+
+// SetTaking records what m, forwarded to other edges, waits for. It is
+// called before the wait Forward returns is.
+func (m *Message) SetTaking(t Taking) { m.taking = t }
 
 // edgePick is the edge chosen to serve one shared group for a message.
 type edgePick struct {

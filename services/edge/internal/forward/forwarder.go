@@ -335,6 +335,7 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !wait {
 		return nil, local, nil
 	}
+	m.SetTaking(tk)
 	return tk.wait, local, nil
 }
 
@@ -362,6 +363,19 @@ func (t *taking) next() *pending {
 }
 
 func (t *taking) wait() error { return waitTaken(t.ctx, t.deadline, t.bound, t.sent) }
+
+// Taken implements broker.Taking: every peer took its copy.
+func (t *taking) Taken() bool {
+	for _, p := range t.sent {
+		p.mu.Lock()
+		taken := p.over && p.err == nil
+		p.mu.Unlock()
+		if !taken {
+			return false
+		}
+	}
+	return true
+}
 
 // route resolves where a message on (tenant, topic) goes; under
 // broker.AtOnce, only from what the resolver holds (else
