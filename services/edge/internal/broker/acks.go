@@ -167,6 +167,9 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			unacked := q.pending[min(q.recorded, len(q.pending)):]
 			for _, p := range q.pending {
 				finishSpan(p.span, errFailedEarlier)
+				if p.forwarded {
+					p.msg.taking = nil
+				}
 			}
 			q.pending = nil
 			q.handed = 0
@@ -197,8 +200,13 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 			err = errFenced
 		}
 		if err != nil {
+			if len(batch) > 0 {
+				// Taken before it: acknowledged before the client is closed.
+				b.writeAcks(cl, q, batch, &buf, v5)
+				batch = batch[:0]
+			}
 			b.failAcks(cl, q, p, err)
-			continue // what was taken before it is written, and the rest ended
+			continue // to end the run
 		}
 		q.mu.Lock()
 		q.handed++
