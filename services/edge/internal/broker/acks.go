@@ -46,7 +46,7 @@ type pendingAck struct {
 	qos      byte
 	wait     func() error
 	// forwarded: wait is the wait of the message's forwarding (Forward),
-	// which its taking reports on without waiting (ready).
+	// which the message reports on without waiting (ready).
 	forwarded bool
 	span      trace.Span // the publish's, when traced: ends with the acknowledgement
 	msg       *Message   // the message, whose msgID a QoS 2 publish keeps if it is not acknowledged
@@ -142,7 +142,7 @@ func (p *pendingAck) ready() bool {
 	if p.wait == nil {
 		return true
 	}
-	return p.forwarded && p.msg.taking != nil && p.msg.taking.Taken()
+	return p.forwarded && p.msg.ForwardsTaken()
 }
 
 // sendAcks runs while the queue has entries. It waits for each entry in
@@ -160,16 +160,14 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 		if q.handed == len(q.pending) || q.failed {
 			if len(batch) > 0 {
 				q.mu.Unlock()
-				b.writeAcks(cl, q, batch, &buf, v5)
+				b.flushAcks(cl, q, batch, &buf, v5)
+				clear(batch)
 				batch = batch[:0]
 				continue // more may have come while they were written
 			}
 			unacked := q.pending[min(q.recorded, len(q.pending)):]
 			for _, p := range q.pending {
 				finishSpan(p.span, errFailedEarlier)
-				if p.forwarded {
-					p.msg.taking = nil
-				}
 			}
 			q.pending = nil
 			q.handed = 0
@@ -186,15 +184,14 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 		q.mu.Unlock()
 
 		if len(batch) > 0 && (len(batch) >= ackBurst || !p.ready()) {
-			b.writeAcks(cl, q, batch, &buf, v5)
+			b.flushAcks(cl, q, batch, &buf, v5)
+			clear(batch) // the array keeps no message
 			batch = batch[:0]
+			continue // the queue may have failed
 		}
 		var err error
 		if p.wait != nil {
 			err = p.wait()
-		}
-		if p.forwarded {
-			p.msg.taking = nil // it would keep the forwarded copies alive
 		}
 		if err == nil && b.fenced.Load() {
 			err = errFenced
@@ -202,10 +199,16 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 		if err != nil {
 			if len(batch) > 0 {
 				// Taken before it: acknowledged before the client is closed.
-				b.writeAcks(cl, q, batch, &buf, v5)
+				b.flushAcks(cl, q, batch, &buf, v5)
+				clear(batch)
 				batch = batch[:0]
 			}
-			b.failAcks(cl, q, p, err)
+			q.mu.Lock()
+			failed := q.failed // fenced meanwhile: failed from the first gathered
+			q.mu.Unlock()
+			if !failed {
+				b.failAcks(cl, q, p, err)
+			}
 			continue // to end the run
 		}
 		q.mu.Lock()
@@ -238,6 +241,21 @@ func (b *Broker) failAcks(cl *mqtt.Client, q *ackQueue, p pendingAck, err error)
 		b.unconfirm(cl, r.qos, r.packetID, r.msg)
 	}
 	_ = b.disconnect(cl, packets.ErrServerBusy)
+}
+
+// flushAcks writes the acknowledgements of batch, the entries at the head
+// of the queue, with one write, and then takes them off the queue. Once
+// the edge is fenced it writes none: the queue fails from the first.
+func (b *Broker) flushAcks(cl *mqtt.Client, q *ackQueue, batch []pendingAck, buf *bytes.Buffer, v5 bool) {
+	if !b.fenced.Load() {
+		b.writeAcks(cl, q, batch, buf, v5)
+		return
+	}
+	q.mu.Lock()
+	q.handed = 0
+	first := q.pending[0]
+	q.mu.Unlock()
+	b.failAcks(cl, q, first, errFenced)
 }
 
 // writeAcks writes the acknowledgements of batch, the entries at the head

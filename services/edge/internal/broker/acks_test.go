@@ -518,11 +518,6 @@ func TestBroker_HeldAcksLeaveBeforeTheEdgeCloses(t *testing.T) {
 	require.Error(t, err, "the connection stays open after the invalid topic")
 }
 
-// takenAs is what a forwarded message waits for, reporting taken.
-type takenAs bool
-
-func (t takenAs) Taken() bool { return bool(t) }
-
 // recordingConn records each Write.
 type recordingConn struct {
 	net.Conn
@@ -593,7 +588,10 @@ func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
 			b.queueAck(cl, c, publish(1), func() error { <-gate; return nil }, false, nil, &Message{})
 			for id := uint16(2); id <= 4; id++ {
 				m := &Message{}
-				m.SetTaking(takenAs(taken))
+				m.Forwarding(1)
+				if taken {
+					m.ForwardTaken()
+				}
 				b.queueAck(cl, c, publish(id), func() error { return nil }, true, nil, m)
 			}
 			close(gate)
@@ -610,4 +608,44 @@ func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
 			require.Equal(t, want, rc.written())
 		})
 	}
+}
+
+// Acknowledgements gathered before the edge was fenced are not written
+// after it: the queue fails from the first of them, as from a wait that
+// fails (DESIGN: an edge that cannot renew its lease stops acknowledging).
+func TestAcks_GatheredNotWrittenOnceFenced(t *testing.T) {
+	t.Parallel()
+	b, _ := startBroker(t, nil)
+	end, _ := net.Pipe()
+	rc := &recordingConn{Conn: end}
+	cl := b.server.NewClient(rc, "test", "pub", false)
+	cl.Properties.ProtocolVersion = 4
+	c := &conn{}
+	t.Cleanup(b.Unfence)
+	publish := func(id uint16) *packets.Packet {
+		return &packets.Packet{PacketID: id, FixedHeader: packets.FixedHeader{Qos: 1}}
+	}
+	taken := func() *Message {
+		m := &Message{}
+		m.Forwarding(1)
+		m.ForwardTaken()
+		return m
+	}
+	// The first waits until the second is queued: then the second's turn
+	// comes with the first gathered.
+	gate := make(chan struct{})
+	b.queueAck(cl, c, publish(1), func() error { <-gate; return nil }, true, nil, taken())
+	b.queueAck(cl, c, publish(2), func() error { b.Fence(); return nil }, true, nil, taken())
+	close(gate)
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if !c.acks.idle() {
+			c.acks.mu.Lock()
+			defer c.acks.mu.Unlock()
+			if !c.acks.failed {
+				return errors.New("acknowledgements pending")
+			}
+		}
+		return nil
+	})
+	require.Empty(t, rc.written(), "acknowledged once fenced")
 }

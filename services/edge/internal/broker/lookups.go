@@ -110,7 +110,6 @@ func (b *Broker) routeBehind(cl *mqtt.Client, c *conn, pk *packets.Packet, m *Me
 	}
 	b.queueAck(cl, c, pk, func() error {
 		<-link.done
-		m.taking = nil // read by no queue here: it would keep the forwarded copies alive
 		if err != nil {
 			return err
 		}

@@ -55,21 +55,37 @@ type Message struct {
 	// idle sessions may be written alone (writeAlone); alones counts those.
 	quiet  bool
 	alones atomic.Int32
-	// taking, set by Peers.Forward (SetTaking), tells whether every edge
-	// the message went to took it: the acknowledgement queue writes what
-	// it holds before a wait that would block (sendAcks).
-	taking Taking
+	// unforwarded counts the copies of the message that its last
+	// forwarding (Peers.Forward) sent to other edges and that were not
+	// taken yet, and forwardFailed is set when one failed: the
+	// acknowledgement queue writes what it holds before a wait that would
+	// block (sendAcks). Counters rather than what Forward waits for: a
+	// message can outlive its forwarding by far (retained, queued).
+	unforwarded   atomic.Int32
+	forwardFailed atomic.Bool
+	forwardTold   atomic.Bool // Forwarding was called: the counters mean something
 }
 
-// Taking is what a message forwarded to other edges waits for.
-type Taking interface {
-	// Taken reports, without waiting, whether every edge took the message.
-	Taken() bool
+// Forwarding records that n copies of m go to other edges, to be reported
+// on by ForwardTaken or ForwardFailed each. It comes before they are sent,
+// and after every copy of an earlier forwarding of m was reported on.
+func (m *Message) Forwarding(n int) {
+	m.forwardFailed.Store(false)
+	m.unforwarded.Store(int32(n))
+	m.forwardTold.Store(true)
 }
 
-// SetTaking records what m, forwarded to other edges, waits for. It is
-// called before the wait Forward returns is.
-func (m *Message) SetTaking(t Taking) { m.taking = t }
+// ForwardTaken reports that one copy of m was taken by its edge.
+func (m *Message) ForwardTaken() { m.unforwarded.Add(-1) }
+
+// ForwardFailed reports that one copy of m was not taken.
+func (m *Message) ForwardFailed() { m.forwardFailed.Store(true) }
+
+// ForwardsTaken reports whether every copy of m's last forwarding was
+// taken; false when nothing told of one.
+func (m *Message) ForwardsTaken() bool {
+	return m.forwardTold.Load() && m.unforwarded.Load() == 0 && !m.forwardFailed.Load()
+}
 
 // edgePick is the edge chosen to serve one shared group for a message.
 type edgePick struct {

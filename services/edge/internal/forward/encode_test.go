@@ -386,3 +386,43 @@ func BenchmarkForwarder_QoS1(b *testing.B) {
 		}
 	}
 }
+
+// Forward tells a QoS 1 message the outcome of each copy before its wait
+// can see it (broker.Message.ForwardsTaken), and again when it is routed
+// again: the acknowledgement queue writes what it gathered before a wait
+// that would block.
+func TestForward_TellsTheMessageItsCopiesOutcomes(t *testing.T) {
+	acme := scopeOf(t, "acme")
+	peers := []Peer{{ID: "edge-b", URL: "http://127.0.0.1:1", Incarnation: 1}, {ID: "edge-c", URL: "http://127.0.0.1:2", Incarnation: 1}}
+	f := &Forwarder{Self: "edge-a", Incarnation: func() uint64 { return 7 }, Resolver: staticRoutes(peers),
+		Bound: time.Minute, Logger: testutil.Logger(t)}
+	f.ctx = context.Background() // running, with links that run no stream
+	links := map[string]*Link{}
+	for _, p := range peers {
+		links[p.ID] = NewLink(f.Self, 7, p.ID, p.URL, f.log(), nil)
+		links[p.ID].target = p.Incarnation
+	}
+	f.links = links
+	m := &broker.Message{ID: broker.MsgID{Edge: "edge-a", Incarnation: 7, Seq: 1}, QoS: 1,
+		Topic: acme.Topic("t"), Payload: []byte("x"), Origin: acme.ClientID("pub")}
+
+	wait, _, err := f.Forward(context.Background(), m, nil)
+	require.NoError(t, err)
+	b, c := links["edge-b"].nextFrame(), links["edge-c"].nextFrame()
+	require.False(t, m.ForwardsTaken(), "no copy taken yet")
+	links["edge-b"].acked(b.seq)
+	require.False(t, m.ForwardsTaken(), "one copy of two taken")
+	links["edge-c"].acked(c.seq)
+	require.True(t, m.ForwardsTaken())
+	require.NoError(t, wait())
+
+	// Routed again: a copy that fails is told too.
+	wait, _, err = f.Forward(context.Background(), m, nil)
+	require.NoError(t, err)
+	require.False(t, m.ForwardsTaken(), "a new forwarding")
+	b, c = links["edge-b"].nextFrame(), links["edge-c"].nextFrame()
+	links["edge-b"].acked(b.seq)
+	links["edge-c"].fail(ErrPeerGone)
+	require.False(t, m.ForwardsTaken(), "a copy failed")
+	require.ErrorIs(t, wait(), ErrPeerGone)
+}

@@ -537,10 +537,13 @@ type pending struct {
 	mu    sync.Mutex
 	over  bool
 	err   error
-	wake  chan struct{}     // closed once over, if a sender waits for it
-	span  trace.Span        // forward span of a traced message: ends when the peer took it
-	held  []heldKey         // group targets kept until their outcome is reported
-	owes  []broker.GroupKey // see dest.owes
+	wake  chan struct{} // closed once over, if a sender waits for it
+	// forwarded is the message of a copy Forward sent, told the outcome
+	// first (broker.Message.Forwarding).
+	forwarded *broker.Message
+	span      trace.Span        // forward span of a traced message: ends when the peer took it
+	held      []heldKey         // group targets kept until their outcome is reported
+	owes      []broker.GroupKey // see dest.owes
 }
 
 // outcome returns the message's outcome once the peer took it or it
@@ -1025,6 +1028,15 @@ func (p *pending) finish(err error) {
 	if p.over {
 		p.mu.Unlock()
 		return // the first outcome stands
+	}
+	if m := p.forwarded; m != nil {
+		// Before the outcome: a sender that finds every copy over finds
+		// the message told of each.
+		if err == nil {
+			m.ForwardTaken()
+		} else {
+			m.ForwardFailed()
+		}
 	}
 	p.over, p.err = true, err
 	wake := p.wake

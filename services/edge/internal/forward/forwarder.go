@@ -289,8 +289,9 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	}
 	var tk *taking
 	if wait {
-		tk = &taking{ctx: ctx, deadline: deadline, bound: f.bound()}
+		tk = &taking{ctx: ctx, deadline: deadline, bound: f.bound(), m: m}
 		tk.sent = tk.first[:0]
+		m.Forwarding(len(dests))
 	}
 	for _, d := range dests {
 		l, err := f.link(d.peer)
@@ -335,7 +336,6 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 	if !wait {
 		return nil, local, nil
 	}
-	m.SetTaking(tk)
 	return tk.wait, local, nil
 }
 
@@ -347,35 +347,24 @@ type taking struct {
 	ctx      context.Context
 	deadline time.Time
 	bound    time.Duration
+	m        *broker.Message
 	one      pending
 	first    [1]*pending
 	sent     []*pending
 }
 
-// next returns the pending of the next copy, which waits for its outcome.
+// next returns the pending of the next copy, which waits for its outcome
+// and reports it to the message too (broker.Message.Forwarding).
 func (t *taking) next() *pending {
 	p := &t.one
 	if len(t.sent) > 0 {
 		p = new(pending)
 	}
-	p.waits = true
+	p.waits, p.forwarded = true, t.m
 	return p
 }
 
 func (t *taking) wait() error { return waitTaken(t.ctx, t.deadline, t.bound, t.sent) }
-
-// Taken implements broker.Taking: every peer took its copy.
-func (t *taking) Taken() bool {
-	for _, p := range t.sent {
-		p.mu.Lock()
-		taken := p.over && p.err == nil
-		p.mu.Unlock()
-		if !taken {
-			return false
-		}
-	}
-	return true
-}
 
 // route resolves where a message on (tenant, topic) goes; under
 // broker.AtOnce, only from what the resolver holds (else
