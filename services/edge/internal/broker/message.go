@@ -70,8 +70,11 @@ type Message struct {
 // on by ForwardTaken or ForwardFailed each. It comes before they are sent,
 // and after every copy of an earlier forwarding of m was reported on.
 func (m *Message) Forwarding(n int) {
-	m.forwardFailed.Store(false)
+	// Untold while the counters are set: a reader never takes a mix of
+	// two forwardings for one.
+	m.forwardTold.Store(false)
 	m.unforwarded.Store(int32(n))
+	m.forwardFailed.Store(false)
 	m.forwardTold.Store(true)
 }
 
