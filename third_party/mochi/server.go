@@ -1059,8 +1059,13 @@ func (s *Server) processPublish(cl *Client, pk *packets.Packet) error {
 		return nil
 	} else if errors.Is(err, errSuccessIgnore) {
 		pk.Ignore = true
-	} else if cl.Properties.ProtocolVersion == 5 && pk.FixedHeader.Qos > 0 && errors.As(err, new(packets.Code)) {
-		return s.writeAck(cl, pk, packets.Puback, err.(packets.Code))
+	} else if err != nil && cl.Properties.ProtocolVersion == 5 && pk.FixedHeader.Qos > 0 {
+		// keel patch: the code found, not err itself, which a hook may
+		// wrap (err.(packets.Code) panicked on a wrapped one).
+		var code packets.Code
+		if errors.As(err, &code) {
+			return s.writeAck(cl, pk, packets.Puback, code)
+		}
 	}
 
 	return s.publishProcessed(cl, pk)

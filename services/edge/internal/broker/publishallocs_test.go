@@ -2,11 +2,18 @@ package broker
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"testing"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/mochi-mqtt/server/v2/listeners"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keelmq/keel/libs/testutil"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // answering is a hook that gives every PUBLISH the answer the edge's
@@ -69,4 +76,24 @@ func TestMochiHooks_EdgeAnswersToAPublishAllocateNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A hook may answer an MQTT 5 QoS 1 PUBLISH with a reason code inside an
+// error of its own: mochi acknowledges with that code, where it took the
+// answer itself for the code and panicked on a wrapped one.
+func TestMochiHooks_WrappedReasonCodeAnswersAPublish(t *testing.T) {
+	s := mqtt.New(&mqtt.Options{Logger: testutil.Logger(t)})
+	require.NoError(t, s.AddHook(new(auth.AllowHook), nil))
+	require.NoError(t, s.AddHook(&answering{answer: fmt.Errorf("over the tenant's quota: %w", packets.ErrQuotaExceeded)}, nil))
+	ln := listeners.NewTCP(listeners.Config{ID: "wrapped", Address: "127.0.0.1:0"})
+	require.NoError(t, s.AddListener(ln))
+	require.NoError(t, s.Serve())
+	t.Cleanup(func() { _ = s.Close() })
+
+	pub := mqtttest.Dial(t, ln.Address(), 5)
+	pub.Connect("pub", true, packets.Properties{})
+	pub.Publish(7, "t", 1, []byte("x"))
+	ack := pub.Expect(packets.Puback)
+	require.Equal(t, uint16(7), ack.PacketID)
+	require.Equal(t, packets.ErrQuotaExceeded.Code, ack.ReasonCode)
 }
