@@ -155,14 +155,17 @@ func (p *pendingAck) ready() bool {
 func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 	batch := make([]pendingAck, 0, 16)
 	var buf bytes.Buffer
+	flush := func() {
+		b.flushAcks(cl, q, batch, &buf, v5)
+		clear(batch) // the array keeps no message
+		batch = batch[:0]
+	}
 	for {
 		q.mu.Lock()
 		if q.handed == len(q.pending) || q.failed {
 			if len(batch) > 0 {
 				q.mu.Unlock()
-				b.flushAcks(cl, q, batch, &buf, v5)
-				clear(batch)
-				batch = batch[:0]
+				flush()
 				continue // more may have come while they were written
 			}
 			unacked := q.pending[min(q.recorded, len(q.pending)):]
@@ -184,9 +187,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 		q.mu.Unlock()
 
 		if len(batch) > 0 && (len(batch) >= ackBurst || !p.ready()) {
-			b.flushAcks(cl, q, batch, &buf, v5)
-			clear(batch) // the array keeps no message
-			batch = batch[:0]
+			flush()
 			continue // the queue may have failed
 		}
 		var err error
@@ -198,10 +199,7 @@ func (b *Broker) sendAcks(cl *mqtt.Client, q *ackQueue, v5 bool) {
 		}
 		if err != nil {
 			if len(batch) > 0 {
-				// Taken before it: acknowledged before the client is closed.
-				b.flushAcks(cl, q, batch, &buf, v5)
-				clear(batch)
-				batch = batch[:0]
+				flush() // taken before it: acknowledged before the client is closed
 			}
 			q.mu.Lock()
 			failed := q.failed // fenced meanwhile: failed from the first gathered

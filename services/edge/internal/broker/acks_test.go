@@ -542,30 +542,33 @@ func (c *recordingConn) written() [][]uint16 {
 	return slices.Clone(c.writes)
 }
 
+// recordingClient is an MQTT 3.1.1 client of b whose writes go to rc, and
+// its connection's state.
+func recordingClient(b *Broker) (*mqtt.Client, *recordingConn, *conn) {
+	end, _ := net.Pipe() // for its addresses: writes go to rc
+	rc := &recordingConn{Conn: end}
+	cl := b.server.NewClient(rc, "test", "pub", false)
+	cl.Properties.ProtocolVersion = 4
+	return cl, rc, &conn{}
+}
+
+func qos1Publish(id uint16) *packets.Packet {
+	return &packets.Packet{PacketID: id, FixedHeader: packets.FixedHeader{Qos: 1}}
+}
+
 // The queue's one goroutine both waits and writes: what it gathered is
 // written before a wait that blocks, and not before one whose message
 // every edge took already (its wait returns at once).
 func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
 	t.Parallel()
 	b, _ := startBroker(t, nil)
-	newClient := func() (*mqtt.Client, *recordingConn, *conn) {
-		end, _ := net.Pipe() // for its addresses: writes go to rc
-		rc := &recordingConn{Conn: end}
-		cl := b.server.NewClient(rc, "test", "pub", false)
-		cl.Properties.ProtocolVersion = 4
-		return cl, rc, &conn{}
-	}
-	publish := func(id uint16) *packets.Packet {
-		return &packets.Packet{PacketID: id, FixedHeader: packets.FixedHeader{Qos: 1}}
-	}
-
 	t.Run("blocking", func(t *testing.T) {
-		cl, rc, c := newClient()
+		cl, rc, c := recordingClient(b)
 		gate := make(chan struct{})
 		release := sync.OnceFunc(func() { close(gate) })
 		t.Cleanup(release) // a failed check does not leave the queue waiting
-		b.queueAck(cl, c, publish(1), nil, false, nil, nil)
-		b.queueAck(cl, c, publish(2), func() error { <-gate; return nil }, false, nil, &Message{})
+		b.queueAck(cl, c, qos1Publish(1), nil, false, nil, nil)
+		b.queueAck(cl, c, qos1Publish(2), func() error { <-gate; return nil }, false, nil, &Message{})
 		testutil.Eventually(t, 5*time.Second, func() error {
 			if w := rc.written(); len(w) != 1 || !slices.Equal(w[0], []uint16{1}) {
 				return fmt.Errorf("writes %v: the first acknowledgement waits behind the second's wait", w)
@@ -583,16 +586,16 @@ func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
 
 	for _, taken := range []bool{true, false} {
 		t.Run(fmt.Sprintf("forwarded_taken=%v", taken), func(t *testing.T) {
-			cl, rc, c := newClient()
+			cl, rc, c := recordingClient(b)
 			gate := make(chan struct{})
-			b.queueAck(cl, c, publish(1), func() error { <-gate; return nil }, false, nil, &Message{})
+			b.queueAck(cl, c, qos1Publish(1), func() error { <-gate; return nil }, false, nil, &Message{})
 			for id := uint16(2); id <= 4; id++ {
 				m := &Message{}
 				m.Forwarding(1)
 				if taken {
 					m.ForwardTaken()
 				}
-				b.queueAck(cl, c, publish(id), func() error { return nil }, true, nil, m)
+				b.queueAck(cl, c, qos1Publish(id), func() error { return nil }, true, nil, m)
 			}
 			close(gate)
 			testutil.Eventually(t, 5*time.Second, func() error {
@@ -616,15 +619,8 @@ func TestAcks_GatheredWrittenBeforeAWaitThatBlocks(t *testing.T) {
 func TestAcks_GatheredNotWrittenOnceFenced(t *testing.T) {
 	t.Parallel()
 	b, _ := startBroker(t, nil)
-	end, _ := net.Pipe()
-	rc := &recordingConn{Conn: end}
-	cl := b.server.NewClient(rc, "test", "pub", false)
-	cl.Properties.ProtocolVersion = 4
-	c := &conn{}
+	cl, rc, c := recordingClient(b)
 	t.Cleanup(b.Unfence)
-	publish := func(id uint16) *packets.Packet {
-		return &packets.Packet{PacketID: id, FixedHeader: packets.FixedHeader{Qos: 1}}
-	}
 	taken := func() *Message {
 		m := &Message{}
 		m.Forwarding(1)
@@ -634,8 +630,8 @@ func TestAcks_GatheredNotWrittenOnceFenced(t *testing.T) {
 	// The first waits until the second is queued: then the second's turn
 	// comes with the first gathered.
 	gate := make(chan struct{})
-	b.queueAck(cl, c, publish(1), func() error { <-gate; return nil }, true, nil, taken())
-	b.queueAck(cl, c, publish(2), func() error { b.Fence(); return nil }, true, nil, taken())
+	b.queueAck(cl, c, qos1Publish(1), func() error { <-gate; return nil }, true, nil, taken())
+	b.queueAck(cl, c, qos1Publish(2), func() error { b.Fence(); return nil }, true, nil, taken())
 	close(gate)
 	testutil.Eventually(t, 5*time.Second, func() error {
 		if !c.acks.idle() {

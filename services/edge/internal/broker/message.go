@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -55,40 +56,34 @@ type Message struct {
 	// idle sessions may be written alone (writeAlone); alones counts those.
 	quiet  bool
 	alones atomic.Int32
-	// unforwarded counts the copies of the message that its last
-	// forwarding (Peers.Forward) sent to other edges and that were not
-	// taken yet, and forwardFailed is set when one failed: the
-	// acknowledgement queue writes what it holds before a wait that would
-	// block (sendAcks). Counters rather than what Forward waits for: a
-	// message can outlive its forwarding by far (retained, queued).
-	unforwarded   atomic.Int32
-	forwardFailed atomic.Bool
-	forwardTold   atomic.Bool // Forwarding was called: the counters mean something
+	// forwarding tells of the copies of the message that its last
+	// forwarding (Peers.Forward) sent to other edges: 0 while none was
+	// told of, then 1 + the copies not taken yet, and below 0 once one
+	// failed. The acknowledgement queue writes what it holds before a
+	// wait that would block (sendAcks). A count rather than what Forward
+	// waits for: a message can outlive its forwarding by far (retained,
+	// queued).
+	forwarding atomic.Int32
 }
+
+// forwardFailed is what a failed copy sets forwarding to: far enough
+// below 0 that the other copies' reports never bring it back up.
+const forwardFailed = math.MinInt32 / 2
 
 // Forwarding records that n copies of m go to other edges, to be reported
 // on by ForwardTaken or ForwardFailed each. It comes before they are sent,
 // and after every copy of an earlier forwarding of m was reported on.
-func (m *Message) Forwarding(n int) {
-	// Untold while the counters are set: a reader never takes a mix of
-	// two forwardings for one.
-	m.forwardTold.Store(false)
-	m.unforwarded.Store(int32(n))
-	m.forwardFailed.Store(false)
-	m.forwardTold.Store(true)
-}
+func (m *Message) Forwarding(n int) { m.forwarding.Store(int32(n) + 1) }
 
 // ForwardTaken reports that one copy of m was taken by its edge.
-func (m *Message) ForwardTaken() { m.unforwarded.Add(-1) }
+func (m *Message) ForwardTaken() { m.forwarding.Add(-1) }
 
 // ForwardFailed reports that one copy of m was not taken.
-func (m *Message) ForwardFailed() { m.forwardFailed.Store(true) }
+func (m *Message) ForwardFailed() { m.forwarding.Store(forwardFailed) }
 
 // ForwardsTaken reports whether every copy of m's last forwarding was
 // taken; false when nothing told of one.
-func (m *Message) ForwardsTaken() bool {
-	return m.forwardTold.Load() && m.unforwarded.Load() == 0 && !m.forwardFailed.Load()
-}
+func (m *Message) ForwardsTaken() bool { return m.forwarding.Load() == 1 }
 
 // edgePick is the edge chosen to serve one shared group for a message.
 type edgePick struct {

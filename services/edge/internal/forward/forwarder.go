@@ -306,15 +306,16 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 			p := tk.next()
 			p.raw, p.size = raw, len(m.Payload)
 			l.send(p)
-			tk.sent = append(tk.sent, p)
 			continue
 		}
 		if pm == nil {
 			pm = m.Proto()
 		}
-		p := &pending{}
+		var p *pending
 		if wait {
 			p = tk.next()
+		} else {
+			p = new(pending)
 		}
 		p.msg, p.owes = &edgev1.ForwardMessage{Message: pm, Shared: d.shared, SharedChosen: !everyGroup}, d.owes
 		if again != nil {
@@ -329,9 +330,6 @@ func (f *Forwarder) Forward(ctx context.Context, m *broker.Message, again *broke
 			p.msg.Traceparent = tracing.Traceparent(p.span.SpanContext())
 		}
 		l.send(p)
-		if wait {
-			tk.sent = append(tk.sent, p)
-		}
 	}
 	if !wait {
 		return nil, local, nil
@@ -353,14 +351,16 @@ type taking struct {
 	sent     []*pending
 }
 
-// next returns the pending of the next copy, which waits for its outcome
-// and reports it to the message too (broker.Message.Forwarding).
+// next returns the pending of the next copy, among those waited for; it
+// waits for its outcome and reports it to the message too
+// (broker.Message.Forwarding).
 func (t *taking) next() *pending {
 	p := &t.one
 	if len(t.sent) > 0 {
 		p = new(pending)
 	}
 	p.waits, p.forwarded = true, t.m
+	t.sent = append(t.sent, p)
 	return p
 }
 
