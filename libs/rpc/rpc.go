@@ -65,8 +65,11 @@ func WarmUp(ctx context.Context, hc *http.Client, baseURL string) {
 // ServerHTTP2 is the HTTP/2 configuration of every Keel server.
 func ServerHTTP2() *http.HTTP2Config { return &http.HTTP2Config{MaxReadFrameSize: MaxFrameSize} }
 
-// H2CClient is an HTTP client on [H2CTransport].
-func H2CClient() *http.Client { return &http.Client{Transport: H2CTransport()} }
+// H2CClient is an HTTP client on [H2CTransport] that sends each message
+// of a client stream in one DATA frame (envelopeTransport).
+func H2CClient() *http.Client {
+	return &http.Client{Transport: envelopeTransport{H2CTransport()}}
+}
 
 // ServerProtocols lets a server speak HTTP/1.1 and HTTP/2 without TLS.
 func ServerProtocols() *http.Protocols {

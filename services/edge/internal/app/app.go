@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -516,7 +515,7 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	e.api = &http.Server{Addr: e.cfg.APIAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: rpc.ServerProtocols(), HTTP2: rpc.ServerHTTP2()}
-	ln, err := net.Listen("tcp", e.cfg.APIAddr)
+	ln, err := rpc.Listen(e.cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("edge api: %w", err)
 	}

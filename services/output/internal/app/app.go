@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keelmq/keel/libs/logging"
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/service"
 	"github.com/keelmq/keel/libs/tracing"
 	"github.com/keelmq/keel/services/output/internal/pipeline"
@@ -232,7 +233,7 @@ func (o *Output) Run(ctx context.Context) error {
 }
 
 func (o *Output) startAPI(context.Context) error {
-	ln, err := net.Listen("tcp", o.cfg.ListenAddr)
+	ln, err := rpc.Listen(o.cfg.ListenAddr)
 	if err != nil {
 		return fmt.Errorf("listen api %s: %w", o.cfg.ListenAddr, err)
 	}

@@ -85,7 +85,7 @@ func New(cfg Config, logger *slog.Logger) (*Router, error) {
 
 // Run serves until ctx ends, then stops in reverse order.
 func (r *Router) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", r.cfg.APIAddr)
+	ln, err := rpc.Listen(r.cfg.APIAddr)
 	if err != nil {
 		return fmt.Errorf("listen api: %w", err)
 	}
