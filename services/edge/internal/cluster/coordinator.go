@@ -80,7 +80,8 @@ func (m *Member) ReportClaims(r ClaimReporter) {
 	m.claims = r
 }
 
-// NewClient returns a coordinator client for baseURL (h2c, gRPC protocol).
+// NewClient returns a coordinator client for baseURL (the Connect protocol,
+// over HTTP/1.1 for an http URL).
 func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
 	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL, rpc.ClientOptions()...)
 }

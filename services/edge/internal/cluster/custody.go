@@ -1,7 +1,10 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -40,6 +43,9 @@ type Watch struct {
 	Logger      *slog.Logger
 	// Workers bounds how many sessions are adopted at once (default 16).
 	Workers int
+	// Silence is how long a stream may bring nothing before it is opened
+	// again (default DefaultWatchSilence).
+	Silence time.Duration
 
 	progress custodyProgress
 }
@@ -139,7 +145,11 @@ func (w *Watch) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		w.Logger.Debug("cluster watch ended; reconnecting", "error", err)
+		if errors.Is(err, errWatchSilent) {
+			w.Logger.Warn("cluster watch brought nothing, not even a heartbeat; reconnecting", "error", err)
+		} else {
+			w.Logger.Debug("cluster watch ended; reconnecting", "error", err)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -160,16 +170,37 @@ func custodyBackoff(attempt int) time.Duration {
 	return min(250*time.Millisecond<<min(attempt, 6), 15*time.Second)
 }
 
+// DefaultWatchSilence is how long a watch stream may bring nothing, not
+// even the heartbeat the coordinator sends on an idle stream every second,
+// before it is given up and opened again. A coordinator that hangs, or a
+// connection that stops carrying anything, left the stream waiting for
+// good: the connection does not fail while the peer's kernel still
+// answers, and custody assignments and ACL changes waited with it.
+const DefaultWatchSilence = 5 * time.Second
+
+var errWatchSilent = errors.New("cluster watch silent")
+
 func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob) error {
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	silence := cmp.Or(w.Silence, DefaultWatchSilence)
+	// Only the stream's silence counts: the clock stops while an event is
+	// handled (custody can wait for the workers).
+	quiet := time.AfterFunc(silence, func() { cancel(fmt.Errorf("%w for %s", errWatchSilent, silence)) })
+	defer quiet.Stop()
 	stream, err := w.Client.WatchCluster(sctx, connect.NewRequest(&coordinatorv1.WatchClusterRequest{
 		MemberId: w.Self, Role: coordinatorv1.MemberRole_MEMBER_ROLE_EDGE, Incarnation: w.Incarnation(), FromIndex: *from}))
 	if err != nil {
-		return err
+		return cmp.Or(context.Cause(sctx), err)
 	}
 	defer stream.Close()
-	for stream.Receive() {
+	for {
+		quiet.Reset(silence)
+		ok := stream.Receive()
+		quiet.Stop()
+		if !ok {
+			break
+		}
 		ev := stream.Msg()
 		if w.ACL != nil {
 			for _, a := range ev.GetSnapshot().GetAclVersions() {
@@ -206,6 +237,9 @@ func (w *Watch) watch(ctx context.Context, from *uint64, jobs chan<- custodyJob)
 			}
 		}
 		*from = ev.GetIndex()
+	}
+	if cause := context.Cause(sctx); errors.Is(cause, errWatchSilent) {
+		return cause
 	}
 	return stream.Err()
 }
