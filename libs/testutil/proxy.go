@@ -7,17 +7,20 @@ import (
 	"testing"
 )
 
-// Proxy carries TCP connections to a target address. Stall makes the
-// connections it carries at that moment stop carrying anything, in either
-// direction, while they stay open: what a network that silently drops
-// every packet does, or a peer that hangs while its kernel still answers.
-// Connections made afterwards are carried as before.
+// Proxy carries TCP connections to a target address, and fails them the
+// two ways a network partition does. Cut closes them and refuses new ones:
+// a partition both ends see. Stall makes the connections it carries at
+// that moment stop carrying anything, in either direction, while they stay
+// open: what a network that silently drops every packet does, or a peer
+// that hangs while its kernel still answers; connections made afterwards
+// are carried as before.
 type Proxy struct {
 	ln     net.Listener
 	target string
 	done   chan struct{}
 
 	mu     sync.Mutex
+	cut    bool
 	conns  []net.Conn
 	stalls []chan struct{} // one per connection pair, closed to stall it
 }
@@ -36,14 +39,21 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	t.Cleanup(func() {
 		close(p.done)
 		_ = ln.Close()
-		p.mu.Lock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-		p.mu.Unlock()
+		p.Cut()
 		wg.Wait()
 	})
 	return p
+}
+
+// Cut closes every connection carried, and every one made from now on.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
 }
 
 // Addr is the proxy's address (host:port).
@@ -75,6 +85,11 @@ func (p *Proxy) accept() {
 		}
 		stall := make(chan struct{})
 		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			_, _ = in.Close(), out.Close()
+			continue
+		}
 		p.conns = append(p.conns, in, out)
 		p.stalls = append(p.stalls, stall)
 		p.mu.Unlock()

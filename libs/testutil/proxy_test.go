@@ -2,6 +2,8 @@ package testutil
 
 import (
 	"bufio"
+	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -64,5 +66,15 @@ func TestProxy_CarriesUntilStalled(t *testing.T) {
 	after, afterR := dial()
 	if !echoes(after, afterR, "three\n") {
 		t.Fatal("a connection made after the stall is not carried")
+	}
+
+	p.Cut()
+	_ = after.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := afterR.ReadString('\n'); !errors.Is(err, io.EOF) {
+		t.Fatalf("a connection carried at the cut is not closed: %v", err)
+	}
+	cut, cutR := dial() // the proxy accepts, then closes
+	if echoes(cut, cutR, "four\n") {
+		t.Fatal("a connection made after the cut is carried")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -45,9 +44,9 @@ func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 	primary, cutReplica := g.Primary.Addr, g.Replicas[0].Addr
 	replicas := []string{cutReplica, g.Replicas[1].Addr, g.Replicas[2].Addr}
 
-	link := startCutProxy(t, strings.TrimPrefix(apis[0], "http://"))
+	link := testutil.NewProxy(t, strings.TrimPrefix(apis[0], "http://"))
 	wait2 := func(c *Config) { c.MinReplicas = 2 }
-	p1 := startInstanceWith(t, "p1", "http://"+link.addr(), primary, replicas, wait2)
+	p1 := startInstanceWith(t, "p1", "http://"+link.Addr(), primary, replicas, wait2)
 	far := &cutDialer{}
 	var others []*instance
 	for i, id := range []string{"p2", "p3"} {
@@ -63,7 +62,7 @@ func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 	// on the other side would wait for that lease to run out.
 	time.Sleep(5 * time.Second)
 	cut := time.Now()
-	link.cut()
+	link.Cut()
 	far.cut(primary, cutReplica)
 
 	// A replica on the coordinators' side becomes the primary.
@@ -99,63 +98,6 @@ func TestCluster_PartitionedWriterStopsBeforePromotion(t *testing.T) {
 	require.True(t, last.Before(promoted), "p1 stopped acknowledging before the promotion")
 
 	requireStored(t, p2, acked) // on the new primary
-}
-
-// cutProxy forwards TCP connections to a target until cut, then closes
-// them and refuses new ones: a network partition between its clients and
-// the target.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-
-	mu    sync.Mutex
-	isCut bool
-	conns []net.Conn
-}
-
-func startCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &cutProxy{ln: ln, target: target}
-	t.Cleanup(func() { _ = ln.Close(); p.cut() })
-	go p.serve()
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *cutProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.target)
-		p.mu.Lock()
-		if err != nil || p.isCut {
-			p.mu.Unlock()
-			_ = c.Close()
-			if up != nil {
-				_ = up.Close()
-			}
-			continue
-		}
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-		go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
-	}
-}
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.isCut = true
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
 }
 
 // cutDialer dials Redis for instances on one side of a partition: once
