@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/binary"
 	"io"
 	"net"
@@ -32,6 +33,14 @@ func (t envelopeTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		req = &r
 	}
 	return t.RoundTripper.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the transport's idle connections, as
+// [http.Client.CloseIdleConnections] expects of its transport.
+func (t envelopeTransport) CloseIdleConnections() {
+	if c, ok := t.RoundTripper.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // enveloped reports whether a request body of content type ct is a
@@ -122,6 +131,10 @@ func (l bufferedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if _, ok := c.(*tls.Conn); ok {
+		// Buffered already, and the server must see it is TLS.
+		return c, nil
 	}
 	return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, serverReadBuffer)}, nil
 }

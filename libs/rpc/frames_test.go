@@ -3,6 +3,7 @@ package rpc
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -305,3 +306,39 @@ func TestEnvelopeTransport_OnlyStreams(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// oneConn is a listener that accepts c once.
+type oneConn struct {
+	net.Listener
+	c net.Conn
+}
+
+func (l *oneConn) Accept() (net.Conn, error) { return l.c, nil }
+
+func TestBuffered_LeavesTLSConnectionsAsTheyAre(t *testing.T) {
+	t.Parallel()
+	a, b := net.Pipe()
+	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
+	tc := tls.Server(a, &tls.Config{MinVersion: tls.VersionTLS12})
+	got, err := Buffered(&oneConn{c: tc}).Accept()
+	require.NoError(t, err)
+	require.Same(t, tc, got, "the server must see a TLS connection")
+
+	got, err = Buffered(&oneConn{c: b}).Accept()
+	require.NoError(t, err)
+	require.IsType(t, &bufferedConn{}, got)
+}
+
+type idleCloser struct {
+	http.RoundTripper
+	closed bool
+}
+
+func (c *idleCloser) CloseIdleConnections() { c.closed = true }
+
+func TestEnvelopeTransport_ClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	inner := &idleCloser{}
+	(&http.Client{Transport: envelopeTransport{inner}}).CloseIdleConnections()
+	require.True(t, inner.closed)
+}

@@ -54,6 +54,11 @@ const (
 	maxPipelinedEntries      = 8
 )
 
+// MaxWatchHeartbeat leaves an idle stream's heartbeats well inside the
+// silence after which an edge gives a watch up (the edge's
+// cluster.DefaultWatchSilence, 5 s).
+const MaxWatchHeartbeat = 2 * time.Second
+
 // Config configures the API and the leader's loops.
 type Config struct {
 	LeaseTTL          time.Duration `yaml:"lease_ttl"`
@@ -123,6 +128,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WatchHeartbeat <= 0 || c.ReconcileInterval <= 0 {
 		errs = append(errs, errors.New("watch heartbeat and reconcile interval must be positive"))
+	}
+	if c.WatchHeartbeat > MaxWatchHeartbeat {
+		errs = append(errs, fmt.Errorf("watch heartbeat must be at most %s: edges open a watch again that brings nothing for 5s", MaxWatchHeartbeat))
 	}
 	if c.PromotionLeaseTTL <= 0 || c.PromotionLeaseTTL.Nanoseconds() > fsm.MaxPromotionLeaseTTL {
 		errs = append(errs, errors.New("promotion lease ttl must be in (0, 60s]"))

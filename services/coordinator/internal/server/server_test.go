@@ -106,6 +106,7 @@ func TestConfig_Validate(t *testing.T) {
 		"zero batch":         func(c *Config) { c.MaxClaimsPerEntry = 0 },
 		"zero custody batch": func(c *Config) { c.CustodyBatch = 0 },
 		"zero heartbeat":     func(c *Config) { c.WatchHeartbeat = 0 },
+		"slow heartbeat":     func(c *Config) { c.WatchHeartbeat = 3 * time.Second },
 		"promotion too long": func(c *Config) { c.PromotionLeaseTTL = time.Hour },
 		"negative dead":      func(c *Config) { c.DeadServerTimeout = -time.Second },
 		"negative grace":     func(c *Config) { c.RouteGrace = -time.Second },

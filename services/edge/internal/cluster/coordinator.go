@@ -81,7 +81,10 @@ func (m *Member) ReportClaims(r ClaimReporter) {
 }
 
 // NewClient returns a coordinator client for baseURL (the Connect protocol,
-// over HTTP/1.1 for an http URL).
+// over HTTP/1.1 for an http URL). A watch that went silent (Watch) opens its
+// next stream on a new connection: cancelling an HTTP/1.1 request closes
+// its connection, where an HTTP/2 client would open the next stream on the
+// same one, silent too until its pings time out.
 func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
 	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL, rpc.ClientOptions()...)
 }
