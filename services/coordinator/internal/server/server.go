@@ -100,7 +100,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.IntVar(&c.MaxClaimsPerCall, prefix+"max-claims-per-call", DefaultMaxClaimsPerCall, "most claims in one ClaimSessions call")
 	fs.IntVar(&c.MaxClaimsPerEntry, prefix+"max-claims-per-entry", DefaultMaxClaimsPerEntry, "most claims the leader packs into one Raft entry")
 	fs.IntVar(&c.CustodyBatch, prefix+"custody-batch", DefaultCustodyBatch, "sessions per custody reassignment entry")
-	fs.DurationVar(&c.WatchHeartbeat, prefix+"watch-heartbeat", DefaultWatchHeartbeat, "heartbeat interval of idle WatchCluster streams")
+	fs.DurationVar(&c.WatchHeartbeat, prefix+"watch-heartbeat", DefaultWatchHeartbeat, "heartbeat interval of idle WatchCluster streams (at most 2s: edges open a watch again that brings nothing for 5s)")
 	fs.DurationVar(&c.PromotionLeaseTTL, prefix+"promotion-lease-ttl", DefaultPromotionLeaseTTL, "default TTL of a Redis group promotion lease")
 	fs.DurationVar(&c.ReconcileInterval, prefix+"reconcile-interval", DefaultReconcileInterval, "how often the leader adds discovered coordinators as voters")
 	fs.DurationVar(&c.DeadServerTimeout, prefix+"dead-server-timeout", 0, "remove a voter missing from gossip this long, if a majority stays (0: never)")
