@@ -116,12 +116,7 @@ func Listen(addr string) (net.Listener, error) {
 }
 
 // Buffered makes the connections ln accepts read ahead, as [Listen]'s do.
-func Buffered(ln net.Listener) net.Listener {
-	if _, ok := ln.(bufferedListener); ok {
-		return ln
-	}
-	return bufferedListener{ln}
-}
+func Buffered(ln net.Listener) net.Listener { return bufferedListener{ln} }
 
 type bufferedListener struct {
 	net.Listener

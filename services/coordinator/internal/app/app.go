@@ -135,14 +135,13 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	a.node = node
 	ln := cfg.APIListener
-	if ln != nil {
-		ln = rpc.Buffered(ln)
-	} else {
-		if ln, err = rpc.Listen(cfg.APIAddr); err != nil {
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.APIAddr); err != nil {
 			_ = node.Kill()
 			return nil, fmt.Errorf("listen api %s: %w", cfg.APIAddr, err)
 		}
 	}
+	ln = rpc.Buffered(ln)
 	a.apiLn = ln
 	adv, err := raftnode.AdvertiseAddr(cfg.APIAdvertiseAddr, ln.Addr())
 	if err != nil {

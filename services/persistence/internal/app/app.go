@@ -511,14 +511,13 @@ func (a *App) Run(ctx context.Context) error {
 	g.Add("ops", func(context.Context) error { return a.ops.Start() }, a.ops.Stop)
 	g.Add("listener", func(context.Context) error {
 		ln := a.cfg.APIListener
-		if ln != nil {
-			ln = rpc.Buffered(ln)
-		} else {
+		if ln == nil {
 			var err error
-			if ln, err = rpc.Listen(a.cfg.APIAddr); err != nil {
+			if ln, err = net.Listen("tcp", a.cfg.APIAddr); err != nil {
 				return err
 			}
 		}
+		ln = rpc.Buffered(ln)
 		a.ln = ln
 		return nil
 	}, nil)
