@@ -63,13 +63,47 @@ func WarmUp(ctx context.Context, hc *http.Client, baseURL string) {
 }
 
 // ServerHTTP2 is the HTTP/2 configuration of every Keel server.
-func ServerHTTP2() *http.HTTP2Config { return &http.HTTP2Config{MaxReadFrameSize: MaxFrameSize} }
+func ServerHTTP2() *http.HTTP2Config {
+	return &http.HTTP2Config{MaxReadFrameSize: MaxFrameSize, MaxConcurrentStreams: MaxConcurrentStreams}
+}
+
+// MaxConcurrentStreams is how many calls a Keel server takes at once on
+// one connection. A client's calls share a connection ([LeaseClient],
+// [H2CClient]); past the limit Go's client dials another for each call
+// that finds none free, racing, and Go's default (250) was too few for an
+// edge's session releases after a connect storm: a few thousand at once
+// opened hundreds of connections to the coordinator.
+const MaxConcurrentStreams = 4096
 
 // H2CClient is an HTTP client on [H2CTransport] that sends each message
 // of a client stream in one DATA frame (envelopeTransport).
 func H2CClient() *http.Client {
 	return &http.Client{Transport: envelopeTransport{H2CTransport()}}
 }
+
+// LeaseClient is [H2CClient] for a lease holder's calls to the
+// coordinator. All of its calls share one connection, however many run at
+// once; and it gives that connection up once it has been silent for
+// LeaseSilence (a ping sent after a second without a frame, and not
+// answered), so that after a peer vanished without closing it, the next
+// renewal goes on a new connection well within a lease (10 s by default).
+// H2CClient's pings would take 15 s.
+//
+// HTTP/1.1 would find a new connection for a renewal after a timed-out
+// one too, but takes a connection per concurrent call and keeps only two
+// idle: a connect storm's claims and releases opened and closed a
+// connection each, and left thousands in TIME_WAIT.
+func LeaseClient() *http.Client {
+	t := H2CTransport()
+	t.HTTP2.SendPingTimeout = time.Second
+	t.HTTP2.PingTimeout = LeaseSilence - time.Second
+	t.IdleConnTimeout = time.Minute // a client made for a few calls does not ping on for good
+	return &http.Client{Transport: envelopeTransport{t}}
+}
+
+// LeaseSilence is how long a [LeaseClient] connection may carry nothing
+// from its peer before it is closed.
+const LeaseSilence = 3 * time.Second
 
 // ServerProtocols lets a server speak HTTP/1.1 and HTTP/2 without TLS.
 func ServerProtocols() *http.Protocols {

@@ -19,10 +19,11 @@ type Proxy struct {
 	target string
 	done   chan struct{}
 
-	mu     sync.Mutex
-	cut    bool
-	conns  []net.Conn
-	stalls []chan struct{} // one per connection pair, closed to stall it
+	mu       sync.Mutex
+	cut      bool
+	conns    []net.Conn
+	stalls   []chan struct{} // one per connection pair, closed to stall it
+	accepted int
 }
 
 // NewProxy starts a proxy to target on a free loopback port; it stops with
@@ -59,6 +60,13 @@ func (p *Proxy) Cut() {
 // Addr is the proxy's address (host:port).
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
+// Accepted is how many connections the proxy has taken.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
+}
+
 // Stall stops every connection carried now.
 func (p *Proxy) Stall() {
 	p.mu.Lock()
@@ -78,6 +86,9 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		p.mu.Lock()
+		p.accepted++
+		p.mu.Unlock()
 		out, err := net.Dial("tcp", p.target)
 		if err != nil {
 			_ = in.Close()

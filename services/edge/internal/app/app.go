@@ -496,7 +496,8 @@ func (e *Edge) startDataPlane(ctx context.Context) error {
 	e.routes = rc
 	e.routesClient.Store(rc)
 	rc.SetIncarnation(e.member.Incarnation()) // in case the edge rejoined meanwhile
-	e.peers = &cluster.Peers{Client: cluster.NewClient(e.cfg.CoordinatorURL), Interval: time.Second}
+	// The lease's client: one connection to the coordinator for every call.
+	e.peers = &cluster.Peers{Client: e.lease.CoordinatorServiceClient, Interval: time.Second}
 	e.forwarder = &forward.Forwarder{Self: edgeID, Incarnation: e.member.Incarnation, Bound: e.cfg.ForwardTimeout, Metrics: forward.NewMetrics(e.reg),
 		Resolver: cluster.Resolver{Self: edgeID, Routes: rc, Peers: e.peers}, URLs: e.peers, Redispatch: e.broker.RedispatchShared,
 		Logger: e.logger.With("component", "forward")}

@@ -5,10 +5,12 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -80,13 +82,45 @@ func (m *Member) ReportClaims(r ClaimReporter) {
 	m.claims = r
 }
 
-// NewClient returns a coordinator client for baseURL (the Connect protocol,
-// over HTTP/1.1 for an http URL). A watch that went silent (Watch) opens its
-// next stream on a new connection: cancelling an HTTP/1.1 request closes
-// its connection, where an HTTP/2 client would open the next stream on the
-// same one, silent too until its pings time out.
+// NewClient returns a coordinator client for baseURL (the Connect
+// protocol). Its calls share one HTTP/2 connection ([rpc.LeaseClient]), so
+// that a connect storm's claims and releases cost no connection each, and
+// one silent for [rpc.LeaseSilence] is replaced before the lease is at
+// risk. WatchCluster alone goes over HTTP/1.1, a connection per stream: a
+// watch that went silent (Watch) opens its next stream on a new
+// connection, as cancelling an HTTP/1.1 request closes its connection,
+// where on the shared one it would wait for the pings to give that up.
 func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
-	return coordinatorv1connect.NewCoordinatorServiceClient(http.DefaultClient, baseURL, rpc.ClientOptions()...)
+	return coordinatorClient{
+		CoordinatorServiceClient: coordinatorv1connect.NewCoordinatorServiceClient(rpc.LeaseClient(), baseURL, rpc.ClientOptions()...),
+		watch:                    coordinatorv1connect.NewCoordinatorServiceClient(watchHTTP, baseURL, rpc.ClientOptions()...),
+	}
+}
+
+type coordinatorClient struct {
+	coordinatorv1connect.CoordinatorServiceClient
+	watch coordinatorv1connect.CoordinatorServiceClient
+}
+
+func (c coordinatorClient) WatchCluster(ctx context.Context, req *connect.Request[coordinatorv1.WatchClusterRequest]) (*connect.ServerStreamForClient[coordinatorv1.WatchClusterResponse], error) {
+	return c.watch.WatchCluster(ctx, req)
+}
+
+// watchHTTP carries watches: HTTP/1.1 whatever the URL's scheme (an https
+// one would otherwise agree on HTTP/2), one connection per stream, kept
+// idle for the next one.
+var watchHTTP = &http.Client{Transport: &http.Transport{
+	Protocols:           watchProtocols(),
+	DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
+	TLSHandshakeTimeout: 10 * time.Second,
+	IdleConnTimeout:     90 * time.Second,
+}}
+
+func watchProtocols() *http.Protocols {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	return &p
 }
 
 // Incarnation returns the current incarnation (0 before the first join).
@@ -153,12 +187,16 @@ func (m *Member) renew(ctx context.Context, inc uint64) error {
 
 // Run renews the lease until ctx ends; Join must have succeeded first.
 func (m *Member) Run(ctx context.Context) error {
-	fenced := false
+	fenced, failed := false, false
 	for {
 		m.mu.Lock()
 		wait := m.interval
 		if fenced {
 			wait = 200 * time.Millisecond
+		} else if failed {
+			// Again soon: a renewal lost to a dead connection or a leader
+			// change must not cost the lease a whole interval.
+			wait = min(wait, retryRenewal)
 		}
 		m.mu.Unlock()
 		select {
@@ -174,6 +212,7 @@ func (m *Member) Run(ctx context.Context) error {
 			continue
 		}
 		err := m.renew(ctx, m.Incarnation())
+		failed = err != nil
 		if err == nil {
 			continue
 		}
@@ -193,6 +232,9 @@ func (m *Member) Run(ctx context.Context) error {
 		m.log().Warn("lease renewal failed; retrying", "error", err)
 	}
 }
+
+// retryRenewal is the wait after a failed lease renewal.
+const retryRenewal = 500 * time.Millisecond
 
 func (m *Member) log() *slog.Logger {
 	if m.Logger == nil {

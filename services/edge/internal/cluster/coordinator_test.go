@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/libs/testutil"
+	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
+	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
 	"github.com/keelmq/keel/services/edge/internal/broker"
 )
 
@@ -155,5 +160,105 @@ func TestMember_FencesAndRejoins(t *testing.T) {
 		return nil
 	})
 	require.Greater(t, lastInc.Load(), first, "rejoins with a new incarnation")
+	require.True(t, m.Valid())
+}
+
+// An edge's calls to the coordinator share one connection however many
+// run at once (a connect storm's claims, and the releases when its clients
+// go), and its lease outlives that connection going silent: the next
+// renewals go on a new one before the lease runs out. Over HTTP/1.1 the
+// storm opened a connection per call; with the HTTP/2 client's usual
+// pings the silent connection held every renewal for 15 s, past the lease.
+func TestClient_OneConnectionAndALeaseThatOutlivesItsSilence(t *testing.T) {
+	t.Parallel()
+	coordURL, _ := startCoordinator(t, 10*time.Second)
+	proxy := testutil.NewProxy(t, strings.TrimPrefix(coordURL, "http://"))
+	var fenced atomic.Int32
+	m := &Member{Client: NewClient("http://" + proxy.Addr()), ID: "edge-storm", Address: "127.0.0.1:1883",
+		Logger: testutil.Logger(t), Margin: time.Second, OnFence: func() { fenced.Add(1) }}
+	require.NoError(t, m.Join(t.Context()))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = m.Run(ctx) }()
+
+	o := &Ownership{Client: m.Client, Member: m, MaxBatch: 256, Linger: time.Millisecond}
+	const clients = 1000
+	grants := make([]broker.Grant, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			g, err := o.Claim(t.Context(), "acme", fmt.Sprintf("storm-%d", i))
+			if err != nil {
+				t.Errorf("claim %d: %v", i, err)
+			}
+			grants[i] = g
+		})
+	}
+	wg.Wait()
+	for i := range clients {
+		wg.Go(func() {
+			if err := o.Release(t.Context(), "acme", fmt.Sprintf("storm-%d", i), grants[i].Epoch); err != nil {
+				t.Errorf("release %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 1, proxy.Accepted(), "the lease, the claims and the releases on one connection")
+
+	proxy.Stall()
+	// Longer than a lease (10 s, less the margin): renewals kept it.
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		require.Zero(t, fenced.Load(), "the lease lapsed")
+		require.True(t, m.Valid())
+	}
+	require.Greater(t, proxy.Accepted(), 1, "renewed on a new connection")
+}
+
+// failingRenewal fails the renewal numbered fail (counting from the join's,
+// 1) without sending it, and notes when each was made.
+type failingRenewal struct {
+	coordinatorv1connect.CoordinatorServiceClient
+	fail int
+	mu   sync.Mutex
+	at   []time.Time
+}
+
+func (f *failingRenewal) RenewLease(ctx context.Context, req *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
+	f.mu.Lock()
+	f.at = append(f.at, time.Now())
+	n := len(f.at)
+	f.mu.Unlock()
+	if n == f.fail {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("renewal lost"))
+	}
+	return f.CoordinatorServiceClient.RenewLease(ctx, req)
+}
+
+func (f *failingRenewal) times() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.at)
+}
+
+// A failed renewal is made again within retryRenewal, not a third of a
+// lease later: one lost to a dead connection, with the next due only
+// after a whole interval, left the lease less than a second.
+func TestMember_RetriesAFailedRenewalSoon(t *testing.T) {
+	t.Parallel()
+	url, _ := startCoordinator(t, 6*time.Second) // renewals every 2 s
+	client := &failingRenewal{CoordinatorServiceClient: NewClient(url), fail: 2}
+	m := &Member{Client: client, ID: "edge-retry", Logger: testutil.Logger(t), Margin: time.Second}
+	require.NoError(t, m.Join(t.Context()))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() { _ = m.Run(ctx) }()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := len(client.times()); n < 3 {
+			return fmt.Errorf("%d renewals", n)
+		}
+		return nil
+	})
+	at := client.times()
+	require.Less(t, at[2].Sub(at[1]), retryRenewal+500*time.Millisecond, "the failed renewal made again soon")
 	require.True(t, m.Valid())
 }

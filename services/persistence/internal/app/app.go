@@ -233,7 +233,7 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	a.ops = service.NewOps(cfg.OpsAddr, a.reg, logger.With("component", "ops"))
 	a.ops.EnablePprof = cfg.Pprof
 	if cfg.Coordinator != "" {
-		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.H2CClient(), cfg.Coordinator, rpc.ClientOptions()...)
+		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.LeaseClient(), cfg.Coordinator, rpc.ClientOptions()...)
 		a.records = &failover.CoordinatorRecords{Client: a.coord, GroupID: uint32(cfg.RedisGroupID), MemberID: cfg.MemberID, Incarnation: cfg.Incarnation}
 	}
 	return a, nil

@@ -1,0 +1,117 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/keelmq/keel/libs/testutil"
+)
+
+const holdProcedure = "/keel.test.Hold/Hold"
+
+// holdServer serves a unary call that answers once release is closed (at
+// once after that), as the services' servers are configured, and counts
+// the calls in its handler.
+func holdServer(t *testing.T) (addr string, inside *atomic.Int64, release chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	inside, release = &atomic.Int64{}, make(chan struct{})
+	mux := http.NewServeMux()
+	mux.Handle(holdProcedure, connect.NewUnaryHandler(holdProcedure,
+		func(ctx context.Context, req *connect.Request[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.BytesValue], error) {
+			inside.Add(1)
+			defer inside.Add(-1)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return connect.NewResponse(req.Msg), nil
+		}, HandlerOptions()...))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Protocols: ServerProtocols(), HTTP2: ServerHTTP2()}
+	go func() { _ = srv.Serve(Buffered(ln)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String(), inside, release
+}
+
+func holdCall(ctx context.Context, hc *http.Client, baseURL string) error {
+	c := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, baseURL+holdProcedure, ClientOptions()...)
+	_, err := c.CallUnary(ctx, connect.NewRequest(wrapperspb.Bytes([]byte("x"))))
+	return err
+}
+
+// A burst of calls at once, as an edge's session releases after a connect
+// storm, shares the connection its lease renewals use: with the server's
+// default stream limit, or over HTTP/1.1, it opened hundreds.
+func TestLeaseClient_ConcurrentCallsShareOneConnection(t *testing.T) {
+	t.Parallel()
+	addr, inside, release := holdServer(t)
+	proxy := testutil.NewProxy(t, addr)
+	hc, base := LeaseClient(), "http://"+proxy.Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The lease's connection is open long before a storm: the server's
+	// SETTINGS, and its stream limit, are known.
+	WarmUp(ctx, hc, base)
+
+	const calls = 2000
+	errs := make(chan error, calls)
+	var wg sync.WaitGroup
+	for range calls {
+		wg.Go(func() { errs <- holdCall(ctx, hc, base) })
+	}
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if n := inside.Load(); n < calls {
+			return fmt.Errorf("%d of %d calls in the handler", n, calls)
+		}
+		return nil
+	})
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, proxy.Accepted(), "every call on the one connection")
+}
+
+// A connection that went silent (its peer gone without closing it) is
+// given up within LeaseSilence, and the next call goes on a new one: a
+// lease renewal gets through well within a lease. H2CClient's pings would
+// keep the dead connection 15 s.
+func TestLeaseClient_GivesUpASilentConnection(t *testing.T) {
+	t.Parallel()
+	addr, _, release := holdServer(t)
+	close(release)
+	proxy := testutil.NewProxy(t, addr)
+	hc, base := LeaseClient(), "http://"+proxy.Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	require.NoError(t, holdCall(ctx, hc, base))
+	cancel()
+
+	proxy.Stall()
+	stalled := time.Now()
+	for {
+		// Each try as a renewal makes it: bounded, then again.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err := holdCall(ctx, hc, base)
+		cancel()
+		if err == nil {
+			break
+		}
+		require.Less(t, time.Since(stalled), LeaseSilence+2*time.Second, "still on the silent connection: %v", err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Equal(t, 2, proxy.Accepted(), "the next call on a new connection")
+}
