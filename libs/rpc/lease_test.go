@@ -20,8 +20,8 @@ import (
 const holdProcedure = "/keel.test.Hold/Hold"
 
 // holdServer serves a unary call that answers once release is closed (at
-// once after that), as the services' servers are configured, and counts
-// the calls in its handler.
+// once after that, and at once to the message "now"), as the services'
+// servers are configured, and counts the calls in its handler.
 func holdServer(t *testing.T) (addr string, inside *atomic.Int64, release chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -30,6 +30,9 @@ func holdServer(t *testing.T) (addr string, inside *atomic.Int64, release chan s
 	mux := http.NewServeMux()
 	mux.Handle(holdProcedure, connect.NewUnaryHandler(holdProcedure,
 		func(ctx context.Context, req *connect.Request[wrapperspb.BytesValue]) (*connect.Response[wrapperspb.BytesValue], error) {
+			if string(req.Msg.GetValue()) == "now" {
+				return connect.NewResponse(req.Msg), nil
+			}
 			inside.Add(1)
 			defer inside.Add(-1)
 			select {
@@ -46,8 +49,12 @@ func holdServer(t *testing.T) (addr string, inside *atomic.Int64, release chan s
 }
 
 func holdCall(ctx context.Context, hc *http.Client, baseURL string) error {
+	return call(ctx, hc, baseURL, "x")
+}
+
+func call(ctx context.Context, hc *http.Client, baseURL, msg string) error {
 	c := connect.NewClient[wrapperspb.BytesValue, wrapperspb.BytesValue](hc, baseURL+holdProcedure, ClientOptions()...)
-	_, err := c.CallUnary(ctx, connect.NewRequest(wrapperspb.Bytes([]byte("x"))))
+	_, err := c.CallUnary(ctx, connect.NewRequest(wrapperspb.Bytes([]byte(msg))))
 	return err
 }
 
@@ -62,8 +69,9 @@ func TestLeaseClient_ConcurrentCallsShareOneConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The lease's connection is open long before a storm: the server's
-	// SETTINGS, and its stream limit, are known.
-	WarmUp(ctx, hc, base)
+	// SETTINGS, and its stream limit, are known (they come before an
+	// answer).
+	require.NoError(t, call(ctx, hc, base, "now"))
 
 	const calls = 2000
 	errs := make(chan error, calls)

@@ -19,8 +19,8 @@ import (
 // H2CTransport speaks HTTP/2 to http URLs without TLS (prior knowledge),
 // which Connect streams between services need, and HTTP/2 over TLS to
 // https URLs. HTTP/2 pings find a dead peer under an idle stream within
-// about 15 s; MaxIdleConnsPerHost keeps a few connections per peer for
-// unary calls beside the streams.
+// about 15 s. A peer's calls share a connection, up to the peer's stream
+// limit ([MaxConcurrentStreams] for a Keel server).
 func H2CTransport() *http.Transport {
 	var p http.Protocols
 	p.SetUnencryptedHTTP2(true)
@@ -62,7 +62,8 @@ func WarmUp(ctx context.Context, hc *http.Client, baseURL string) {
 	}
 }
 
-// ServerHTTP2 is the HTTP/2 configuration of every Keel server.
+// ServerHTTP2 is the HTTP/2 configuration of the services' API servers
+// (coordinator, router, persistence, edge).
 func ServerHTTP2() *http.HTTP2Config {
 	return &http.HTTP2Config{MaxReadFrameSize: MaxFrameSize, MaxConcurrentStreams: MaxConcurrentStreams}
 }
@@ -72,7 +73,8 @@ func ServerHTTP2() *http.HTTP2Config {
 // [H2CClient]); past the limit Go's client dials another for each call
 // that finds none free, racing, and Go's default (250) was too few for an
 // edge's session releases after a connect storm: a few thousand at once
-// opened hundreds of connections to the coordinator.
+// opened hundreds of connections to the coordinator. Go's server also
+// queues up to four times as many calls beyond it per connection.
 const MaxConcurrentStreams = 4096
 
 // H2CClient is an HTTP client on [H2CTransport] that sends each message
@@ -82,12 +84,15 @@ func H2CClient() *http.Client {
 }
 
 // LeaseClient is [H2CClient] for a lease holder's calls to the
-// coordinator. All of its calls share one connection, however many run at
-// once; and it gives that connection up once it has been silent for
-// LeaseSilence (a ping sent after a second without a frame, and not
-// answered), so that after a peer vanished without closing it, the next
-// renewal goes on a new connection well within a lease (10 s by default).
-// H2CClient's pings would take 15 s.
+// coordinator. Its calls share one connection, up to the server's stream
+// limit ([MaxConcurrentStreams]) at once; and it gives that connection up
+// within LeaseSilence of its going silent (a ping sent after a second
+// without a frame, and no answer to it within two), so that after a peer
+// vanished without closing it, the next renewal goes on a new connection
+// well within a lease (10 s by default; a lease shorter than about 7 s
+// leaves a renewal less room). H2CClient's pings would take 15 s. A
+// holder gives the connection up after a failed renewal too
+// (CloseIdleConnections): a coordinator may answer pings and not calls.
 //
 // HTTP/1.1 would find a new connection for a renewal after a timed-out
 // one too, but takes a connection per concurrent call and keeps only two
@@ -101,7 +106,7 @@ func LeaseClient() *http.Client {
 	return &http.Client{Transport: envelopeTransport{t}}
 }
 
-// LeaseSilence is how long a [LeaseClient] connection may carry nothing
+// LeaseSilence bounds how long a [LeaseClient] connection carries nothing
 // from its peer before it is closed.
 const LeaseSilence = 3 * time.Second
 

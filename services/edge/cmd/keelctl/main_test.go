@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/services/edge/internal/auth"
 	"github.com/keelmq/keel/services/edge/internal/tenancy"
 
@@ -87,7 +88,9 @@ func startFakeCoordinator(t *testing.T, unavailable int) (*fakeCoordinator, stri
 	f := &fakeCoordinator{unavailable: unavailable}
 	mux := http.NewServeMux()
 	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(f))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = rpc.ServerProtocols() // h2c, as the coordinator serves it
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return f, srv.URL
 }

@@ -83,23 +83,42 @@ func (m *Member) ReportClaims(r ClaimReporter) {
 }
 
 // NewClient returns a coordinator client for baseURL (the Connect
-// protocol). Its calls share one HTTP/2 connection ([rpc.LeaseClient]), so
-// that a connect storm's claims and releases cost no connection each, and
-// one silent for [rpc.LeaseSilence] is replaced before the lease is at
-// risk. WatchCluster alone goes over HTTP/1.1, a connection per stream: a
-// watch that went silent (Watch) opens its next stream on a new
-// connection, as cancelling an HTTP/1.1 request closes its connection,
-// where on the shared one it would wait for the pings to give that up.
+// protocol, HTTP/2: a coordinator serves h2c). Its calls share an HTTP/2
+// connection ([rpc.LeaseClient]; up to [rpc.MaxConcurrentStreams] at
+// once), so that a connect storm's claims and releases cost no connection
+// each; one silent for [rpc.LeaseSilence] is replaced before the lease is
+// at risk, and so is one idle after a renewal failed (RenewLease).
+// WatchCluster alone goes over HTTP/1.1, a connection per stream: a watch
+// that went silent (Watch) opens its next stream on a new connection, as
+// cancelling an HTTP/1.1 request closes its connection, where on the
+// shared one it would wait for the pings to give that up.
 func NewClient(baseURL string) coordinatorv1connect.CoordinatorServiceClient {
+	hc := rpc.LeaseClient()
 	return coordinatorClient{
-		CoordinatorServiceClient: coordinatorv1connect.NewCoordinatorServiceClient(rpc.LeaseClient(), baseURL, rpc.ClientOptions()...),
+		CoordinatorServiceClient: coordinatorv1connect.NewCoordinatorServiceClient(hc, baseURL, rpc.ClientOptions()...),
+		http:                     hc,
 		watch:                    coordinatorv1connect.NewCoordinatorServiceClient(watchHTTP, baseURL, rpc.ClientOptions()...),
 	}
 }
 
 type coordinatorClient struct {
 	coordinatorv1connect.CoordinatorServiceClient
+	http  *http.Client
 	watch coordinatorv1connect.CoordinatorServiceClient
+}
+
+// RenewLease gives the connection up, once no call is on it, after a
+// renewal that timed out or found the coordinator unavailable: a
+// coordinator that still answers pings but cannot serve (a follower cut
+// off from the leader) would otherwise get every renewal until the lease
+// lapsed, where a new connection may reach another coordinator behind the
+// same address.
+func (c coordinatorClient) RenewLease(ctx context.Context, req *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
+	resp, err := c.CoordinatorServiceClient.RenewLease(ctx, req)
+	if code := connect.CodeOf(err); err != nil && (code == connect.CodeDeadlineExceeded || code == connect.CodeUnavailable) {
+		c.http.CloseIdleConnections()
+	}
+	return resp, err
 }
 
 func (c coordinatorClient) WatchCluster(ctx context.Context, req *connect.Request[coordinatorv1.WatchClusterRequest]) (*connect.ServerStreamForClient[coordinatorv1.WatchClusterResponse], error) {
@@ -206,7 +225,7 @@ func (m *Member) Run(ctx context.Context) error {
 		}
 		if fenced {
 			if err := m.Join(ctx); err == nil {
-				fenced = false
+				fenced, failed = false, false
 				m.log().Info("rejoined the cluster", "incarnation", m.Incarnation())
 			}
 			continue

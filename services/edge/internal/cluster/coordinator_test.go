@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/testutil"
 	coordinatorv1 "github.com/keelmq/keel/proto/gen/keel/coordinator/v1"
 	"github.com/keelmq/keel/proto/gen/keel/coordinator/v1/coordinatorv1connect"
@@ -261,4 +263,45 @@ func TestMember_RetriesAFailedRenewalSoon(t *testing.T) {
 	at := client.times()
 	require.Less(t, at[2].Sub(at[1]), retryRenewal+500*time.Millisecond, "the failed renewal made again soon")
 	require.True(t, m.Valid())
+}
+
+// hungRenewals is a coordinator whose first renewal hangs until its caller
+// gives up, while its connection answers as a live one does: a follower
+// cut off from its leader.
+type hungRenewals struct {
+	coordinatorv1connect.UnimplementedCoordinatorServiceHandler
+	calls atomic.Int32
+}
+
+func (h *hungRenewals) RenewLease(ctx context.Context, _ *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
+	if h.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return connect.NewResponse(&coordinatorv1.RenewLeaseResponse{}), nil
+}
+
+// A renewal that timed out leaves its connection: the next goes on a new
+// one (behind a Service address, perhaps to another coordinator), even
+// though the old one still answers pings.
+func TestClient_RenewsOnANewConnectionAfterATimeout(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(&hungRenewals{}))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = rpc.ServerProtocols()
+	srv.Start()
+	t.Cleanup(srv.Close)
+	proxy := testutil.NewProxy(t, strings.TrimPrefix(srv.URL, "http://"))
+	c := NewClient("http://" + proxy.Addr())
+
+	renew := func(timeout time.Duration) error {
+		ctx, cancel := context.WithTimeout(t.Context(), timeout)
+		defer cancel()
+		_, err := c.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{}))
+		return err
+	}
+	require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(renew(300*time.Millisecond)))
+	require.NoError(t, renew(5*time.Second))
+	require.Equal(t, 2, proxy.Accepted(), "the second renewal on a new connection")
 }

@@ -198,13 +198,14 @@ type App struct {
 	http    *http.Server
 	ln      net.Listener
 
-	store    store.Store
-	follower *failover.Follower
-	loop     *failover.Loop
-	records  *failover.CoordinatorRecords
-	coord    coordinatorv1connect.CoordinatorServiceClient
-	srv      *server.Server
-	slots    slots.Table // the cluster's, read at start (nil: one group)
+	store     store.Store
+	follower  *failover.Follower
+	loop      *failover.Loop
+	records   *failover.CoordinatorRecords
+	coord     coordinatorv1connect.CoordinatorServiceClient
+	coordHTTP *http.Client // coord's
+	srv       *server.Server
+	slots     slots.Table // the cluster's, read at start (nil: one group)
 
 	leaseUntil atomic.Int64 // unix nanos; writes stop after it
 	leaseTTL   atomic.Int64 // nanos: the coordinator's member lease TTL, once known
@@ -233,7 +234,8 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	a.ops = service.NewOps(cfg.OpsAddr, a.reg, logger.With("component", "ops"))
 	a.ops.EnablePprof = cfg.Pprof
 	if cfg.Coordinator != "" {
-		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(rpc.LeaseClient(), cfg.Coordinator, rpc.ClientOptions()...)
+		a.coordHTTP = rpc.LeaseClient()
+		a.coord = coordinatorv1connect.NewCoordinatorServiceClient(a.coordHTTP, cfg.Coordinator, rpc.ClientOptions()...)
 		a.records = &failover.CoordinatorRecords{Client: a.coord, GroupID: uint32(cfg.RedisGroupID), MemberID: cfg.MemberID, Incarnation: cfg.Incarnation}
 	}
 	return a, nil
@@ -402,6 +404,10 @@ func (a *App) renew(ctx context.Context) error {
 		} else {
 			a.logger.Warn("lease renewal failed", "error", err)
 			interval = 200 * time.Millisecond
+			// The next renewal on a new connection, once no call is on this
+			// one: it may reach another coordinator behind the same address
+			// (a follower cut off from its leader still answers pings).
+			a.coordHTTP.CloseIdleConnections()
 		}
 		select {
 		case <-ctx.Done():
