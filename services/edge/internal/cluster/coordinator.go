@@ -390,12 +390,26 @@ func (o *Ownership) Owner(ctx context.Context, tenant, clientID string) (string,
 	return rec.GetOwnerEdgeId(), rec.GetEpoch(), nil
 }
 
-// Release gives a session up (a clean session ended).
+// Release gives a session up (a clean session ended), retried (same
+// request ID, so the coordinator applies it once) while the coordinator is
+// unavailable and ctx lasts: the calls in flight on a connection that was
+// given up all fail at once, and a release lost leaves the session's
+// record at the coordinator naming this edge.
 func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch uint64) error {
-	_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(&coordinatorv1.ReleaseSessionRequest{
+	req := &coordinatorv1.ReleaseSessionRequest{
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch,
-		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: requestID()}))
-	return err
+		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: requestID()}
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(req))
+		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+	}
 }
 
 func requestID() string {

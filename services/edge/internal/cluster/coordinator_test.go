@@ -305,3 +305,43 @@ func TestClient_RenewsOnANewConnectionAfterATimeout(t *testing.T) {
 	require.NoError(t, renew(5*time.Second))
 	require.Equal(t, 2, proxy.Accepted(), "the second renewal on a new connection")
 }
+
+// unavailableReleases answers the first release of each request as a
+// coordinator without a leader does, and records the request IDs it saw.
+type unavailableReleases struct {
+	coordinatorv1connect.UnimplementedCoordinatorServiceHandler
+	mu  sync.Mutex
+	ids []string
+}
+
+func (u *unavailableReleases) ReleaseSession(_ context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.ids = append(u.ids, req.Msg.GetRequestId())
+	if len(u.ids) == 1 {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
+	}
+	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{}), nil
+}
+
+// A release the coordinator could not take is sent again, under the same
+// request ID (applied once): a lost one leaves the session's record naming
+// this edge.
+func TestOwnership_RetriesAReleaseWhileTheCoordinatorIsUnavailable(t *testing.T) {
+	t.Parallel()
+	coord := &unavailableReleases{}
+	mux := http.NewServeMux()
+	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(coord))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = rpc.ServerProtocols()
+	srv.Start()
+	t.Cleanup(srv.Close)
+	o := &Ownership{Client: NewClient(srv.URL), Member: &Member{ID: "edge-a"}}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, o.Release(ctx, "acme", "dev-1", 7))
+	coord.mu.Lock()
+	defer coord.mu.Unlock()
+	require.Len(t, coord.ids, 2)
+	require.Equal(t, coord.ids[0], coord.ids[1], "the same request again")
+}
