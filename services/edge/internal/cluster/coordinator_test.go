@@ -265,6 +265,19 @@ func TestMember_RetriesAFailedRenewalSoon(t *testing.T) {
 	require.True(t, m.Valid())
 }
 
+// serveCoordinator serves h over h2c, as a coordinator serves, and returns
+// its URL.
+func serveCoordinator(t *testing.T, h coordinatorv1connect.CoordinatorServiceHandler) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(h))
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.Protocols = rpc.ServerProtocols()
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // hungRenewals is a coordinator whose first renewal hangs until its caller
 // gives up, while its connection answers as a live one does: a follower
 // cut off from its leader.
@@ -286,13 +299,7 @@ func (h *hungRenewals) RenewLease(ctx context.Context, _ *connect.Request[coordi
 // though the old one still answers pings.
 func TestClient_RenewsOnANewConnectionAfterATimeout(t *testing.T) {
 	t.Parallel()
-	mux := http.NewServeMux()
-	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(&hungRenewals{}))
-	srv := httptest.NewUnstartedServer(mux)
-	srv.Config.Protocols = rpc.ServerProtocols()
-	srv.Start()
-	t.Cleanup(srv.Close)
-	proxy := testutil.NewProxy(t, strings.TrimPrefix(srv.URL, "http://"))
+	proxy := testutil.NewProxy(t, strings.TrimPrefix(serveCoordinator(t, &hungRenewals{}), "http://"))
 	c := NewClient("http://" + proxy.Addr())
 
 	renew := func(timeout time.Duration) error {
@@ -330,13 +337,7 @@ func (u *unavailableReleases) ReleaseSession(_ context.Context, req *connect.Req
 func TestOwnership_RetriesAReleaseWhileTheCoordinatorIsUnavailable(t *testing.T) {
 	t.Parallel()
 	coord := &unavailableReleases{}
-	mux := http.NewServeMux()
-	mux.Handle(coordinatorv1connect.NewCoordinatorServiceHandler(coord))
-	srv := httptest.NewUnstartedServer(mux)
-	srv.Config.Protocols = rpc.ServerProtocols()
-	srv.Start()
-	t.Cleanup(srv.Close)
-	o := &Ownership{Client: NewClient(srv.URL), Member: &Member{ID: "edge-a"}}
+	o := &Ownership{Client: NewClient(serveCoordinator(t, coord)), Member: &Member{ID: "edge-a"}}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, o.Release(ctx, "acme", "dev-1", 7))
