@@ -278,16 +278,16 @@ func serveCoordinator(t *testing.T, h coordinatorv1connect.CoordinatorServiceHan
 	return srv.URL
 }
 
-// hungRenewals is a coordinator whose first renewal hangs until its caller
-// gives up, while its connection answers as a live one does: a follower
-// cut off from its leader.
+// hungRenewals is a coordinator whose second renewal hangs until its
+// caller gives up, while its connection answers as a live one does: a
+// follower cut off from its leader.
 type hungRenewals struct {
 	coordinatorv1connect.UnimplementedCoordinatorServiceHandler
 	calls atomic.Int32
 }
 
 func (h *hungRenewals) RenewLease(ctx context.Context, _ *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
-	if h.calls.Add(1) == 1 {
+	if h.calls.Add(1) == 2 {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
@@ -308,9 +308,10 @@ func TestClient_RenewsOnANewConnectionAfterATimeout(t *testing.T) {
 		_, err := c.RenewLease(ctx, connect.NewRequest(&coordinatorv1.RenewLeaseRequest{}))
 		return err
 	}
+	require.NoError(t, renew(5*time.Second))
 	require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(renew(300*time.Millisecond)))
 	require.NoError(t, renew(5*time.Second))
-	require.Equal(t, 2, proxy.Accepted(), "the second renewal on a new connection")
+	require.Equal(t, 2, proxy.Accepted(), "the renewal after the failed one on a new connection")
 }
 
 // unavailableReleases answers the first release of each request as a
