@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -122,4 +123,30 @@ func TestLeaseClient_GivesUpASilentConnection(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	require.Equal(t, 2, proxy.Accepted(), "the next call on a new connection")
+}
+
+// After a call that timed out (a peer that answers pings but not calls),
+// RedialAfter leaves the connection and the next call dials a new one.
+func TestRedialAfter_ATimedOutCallLeavesTheConnection(t *testing.T) {
+	t.Parallel()
+	addr, _, _ := holdServer(t) // never released: "x" hangs, "now" answers
+	proxy := testutil.NewProxy(t, addr)
+	hc, base := LeaseClient(), "http://"+proxy.Addr()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, call(ctx, hc, base, "now"))
+
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := holdCall(short, hc, base)
+	cancelShort()
+	require.Equal(t, connect.CodeDeadlineExceeded, connect.CodeOf(err))
+	RedialAfter(hc, err)
+	require.NoError(t, call(ctx, hc, base, "now"))
+	require.Equal(t, 2, proxy.Accepted(), "the call after the timed-out one on a new connection")
+
+	// An answer the peer gave (here: a refusal) says nothing of the
+	// connection: it stays.
+	RedialAfter(hc, connect.NewError(connect.CodeInvalidArgument, errors.New("refused")))
+	require.NoError(t, call(ctx, hc, base, "now"))
+	require.Equal(t, 2, proxy.Accepted())
 }

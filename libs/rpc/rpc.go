@@ -92,7 +92,7 @@ func H2CClient() *http.Client {
 // well within a lease (10 s by default; a lease shorter than about 7 s
 // leaves a renewal less room). H2CClient's pings would take 15 s. A
 // holder gives the connection up after a failed renewal too
-// (CloseIdleConnections): a coordinator may answer pings and not calls.
+// ([RedialAfter]): a coordinator may answer pings and not calls.
 //
 // HTTP/1.1 would find a new connection for a renewal after a timed-out
 // one too, but takes a connection per concurrent call and keeps only two
@@ -104,6 +104,17 @@ func LeaseClient() *http.Client {
 	t.HTTP2.PingTimeout = LeaseSilence - time.Second
 	t.IdleConnTimeout = time.Minute // a client made for a few calls does not ping on for good
 	return &http.Client{Transport: envelopeTransport{t}}
+}
+
+// RedialAfter gives up hc's idle connections after a call that failed
+// with err as one to a silent or stuck peer fails (it timed out, or the
+// peer was unavailable), so that the next call dials again, perhaps to
+// another instance behind the same address: a peer can answer HTTP/2
+// pings and not calls. A connection with calls on it is left to them.
+func RedialAfter(hc *http.Client, err error) {
+	if code := connect.CodeOf(err); err != nil && (code == connect.CodeDeadlineExceeded || code == connect.CodeUnavailable) {
+		hc.CloseIdleConnections()
+	}
 }
 
 // LeaseSilence bounds how long a [LeaseClient] connection carries nothing

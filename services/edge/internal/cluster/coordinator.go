@@ -115,9 +115,7 @@ type coordinatorClient struct {
 // same address.
 func (c coordinatorClient) RenewLease(ctx context.Context, req *connect.Request[coordinatorv1.RenewLeaseRequest]) (*connect.Response[coordinatorv1.RenewLeaseResponse], error) {
 	resp, err := c.CoordinatorServiceClient.RenewLease(ctx, req)
-	if code := connect.CodeOf(err); err != nil && (code == connect.CodeDeadlineExceeded || code == connect.CodeUnavailable) {
-		c.http.CloseIdleConnections()
-	}
+	rpc.RedialAfter(c.http, err)
 	return resp, err
 }
 

@@ -407,7 +407,7 @@ func (a *App) renew(ctx context.Context) error {
 			// The next renewal on a new connection, once no call is on this
 			// one: it may reach another coordinator behind the same address
 			// (a follower cut off from its leader still answers pings).
-			a.coordHTTP.CloseIdleConnections()
+			rpc.RedialAfter(a.coordHTTP, err)
 		}
 		select {
 		case <-ctx.Done():
