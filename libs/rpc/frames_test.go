@@ -86,10 +86,16 @@ func echoServer(t *testing.T, buffered bool) (baseURL string, rec *recordingList
 				}
 			}
 		}, HandlerOptions()...))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Protocols: ServerProtocols(), HTTP2: ServerHTTP2()}
-	go func() { _ = srv.Serve(serveOn) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	serve(t, serveOn, mux)
 	return "http://" + ln.Addr().String(), rec
+}
+
+// serve serves h on ln, configured as the services' API servers are,
+// until the test ends.
+func serve(t *testing.T, ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, Protocols: ServerProtocols(), HTTP2: ServerHTTP2()}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
 }
 
 // echo sends each of msgs on one stream of hc, waiting for its answer

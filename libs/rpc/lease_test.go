@@ -43,9 +43,7 @@ func holdServer(t *testing.T) (addr string, inside *atomic.Int64, release chan s
 			}
 			return connect.NewResponse(req.Msg), nil
 		}, HandlerOptions()...))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, Protocols: ServerProtocols(), HTTP2: ServerHTTP2()}
-	go func() { _ = srv.Serve(Buffered(ln)) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	serve(t, Buffered(ln), mux)
 	return ln.Addr().String(), inside, release
 }
 

@@ -5,12 +5,10 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -123,22 +121,16 @@ func (c coordinatorClient) WatchCluster(ctx context.Context, req *connect.Reques
 	return c.watch.WatchCluster(ctx, req)
 }
 
-// watchHTTP carries watches: HTTP/1.1 whatever the URL's scheme (an https
-// one would otherwise agree on HTTP/2), one connection per stream, kept
-// idle for the next one.
-var watchHTTP = &http.Client{Transport: &http.Transport{
-	Protocols:           watchProtocols(),
-	DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-	TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12},
-	TLSHandshakeTimeout: 10 * time.Second,
-	IdleConnTimeout:     90 * time.Second,
-}}
-
-func watchProtocols() *http.Protocols {
-	var p http.Protocols
-	p.SetHTTP1(true)
-	return &p
-}
+// watchHTTP carries watches: the services' transport (dialing, TLS), but
+// HTTP/1.1 whatever the URL's scheme (an https one would otherwise agree
+// on HTTP/2), one connection per stream, kept idle for the next one.
+var watchHTTP = func() *http.Client {
+	t := rpc.H2CTransport()
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetHTTP1(true)
+	t.IdleConnTimeout = 90 * time.Second
+	return &http.Client{Transport: t}
+}()
 
 // Incarnation returns the current incarnation (0 before the first join).
 func (m *Member) Incarnation() uint64 { return m.incarnation.Load() }
@@ -343,17 +335,14 @@ func (o *Ownership) send(batch []*claim) {
 		req.Claims = append(req.Claims, c.req)
 	}
 	var resp *connect.Response[coordinatorv1.ClaimSessionsResponse]
-	var err error
-	deadline := time.Now().Add(10 * time.Second)
-	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+	retrying, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	err := whileUnavailable(retrying, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		resp, err = o.Client.ClaimSessions(ctx, connect.NewRequest(req))
-		cancel()
-		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(backoff)
-	}
+		return err
+	})
 	for i, c := range batch {
 		switch {
 		case err != nil:
@@ -397,8 +386,19 @@ func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch 
 	req := &coordinatorv1.ReleaseSessionRequest{
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch,
 		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: requestID()}
-	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+	return whileUnavailable(ctx, func() error {
 		_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(req))
+		return err
+	})
+}
+
+// whileUnavailable calls try until it returns anything but an Unavailable
+// error (a coordinator without a leader, or a connection given up), or ctx
+// ends, waiting 20 ms, doubling to 1 s, between tries. It returns try's
+// last error.
+func whileUnavailable(ctx context.Context, try func() error) error {
+	for backoff := 20 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		err := try()
 		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
 			return err
 		}
