@@ -129,6 +129,7 @@ var watchHTTP = func() *http.Client {
 	t.Protocols = new(http.Protocols)
 	t.Protocols.SetHTTP1(true)
 	t.IdleConnTimeout = 90 * time.Second
+	t.TLSHandshakeTimeout = 10 * time.Second
 	return &http.Client{Transport: t}
 }()
 
