@@ -42,6 +42,9 @@ const (
 	// fences writers: a failover's lease is a new epoch even for a holder,
 	// and a renewal names the epoch it renews (renew_epoch).
 	CmdAcquirePromotionLeaseV2 CommandType = 10
+	// CmdReleaseSessions is CmdReleaseSession for many sessions in one
+	// entry (the leader's release batcher).
+	CmdReleaseSessions CommandType = 11
 )
 
 // Base returns t without [IgnoreUnknownFlag].

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -23,6 +24,7 @@ const MaxPromotionLeaseTTL int64 = 60 * 1e9
 func registerBuiltins(f *FSM) {
 	RegisterCommand(f, CmdClaimSessions, applyClaimSessions)
 	RegisterCommand(f, CmdReleaseSession, applyReleaseSession)
+	RegisterCommand(f, CmdReleaseSessions, applyReleaseSessions)
 	RegisterCommand(f, CmdReassignSessions, applyReassignSessions)
 	RegisterCommand(f, CmdUpsertMember, applyUpsertMember)
 	RegisterCommand(f, CmdSetConfig, applySetConfig)
@@ -136,13 +138,47 @@ func claimOne(tx *Tx, now int64, c *raftpb.Claim, seen map[string]struct{}) *raf
 
 // applyReleaseSession deletes an ownership record, fenced by epoch.
 func applyReleaseSession(tx *Tx, cmd *raftpb.ReleaseSessionCommand) (*raftpb.ReleaseSessionResult, error) {
+	now := cmd.GetNowUnixNano()
+	tx.pruneRequests(now)
+	return releaseOne(tx, now, cmd)
+}
+
+// applyReleaseSessions applies each release as applyReleaseSession would in
+// an entry of its own, in order, and answers each with its outcome: one
+// refused does not refuse the others. A request ID answered once is
+// answered the same, alone or in a batch.
+func applyReleaseSessions(tx *Tx, cmd *raftpb.ReleaseSessionsCommand) (*raftpb.ReleaseSessionsResult, error) {
+	now := cmd.GetNowUnixNano()
+	tx.pruneRequests(now)
+	res := &raftpb.ReleaseSessionsResult{Outcomes: make([]*raftpb.ReleaseOutcome, len(cmd.GetReleases()))}
+	for i, r := range cmd.GetReleases() {
+		one, err := releaseOne(tx, now, r)
+		out := &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT}
+		switch {
+		case errors.Is(err, ErrInvalidArgument):
+			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT, Message: err.Error()}
+		case errors.Is(err, ErrStaleEpoch):
+			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH, Message: err.Error()}
+		case errors.Is(err, ErrNotOwner):
+			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER, Message: err.Error()}
+		case err != nil:
+			return nil, err // none other is deterministic: the entry fails as a whole
+		case one.GetReleased():
+			out.Status = raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED
+		}
+		res.Outcomes[i] = out
+	}
+	return res, nil
+}
+
+// releaseOne deletes one ownership record, fenced by epoch and owner; it
+// remembers what it answered under the request ID, except a refusal.
+func releaseOne(tx *Tx, now int64, cmd *raftpb.ReleaseSessionCommand) (*raftpb.ReleaseSessionResult, error) {
 	for _, err := range []error{CheckSession(cmd.GetTenant(), cmd.GetClientId()), CheckMemberID(cmd.GetEdgeId()), CheckRequestID(cmd.GetRequestId())} {
 		if err != nil {
 			return nil, err
 		}
 	}
-	now := cmd.GetNowUnixNano()
-	tx.pruneRequests(now)
 	scope := scopeRelease + cmd.GetEdgeId()
 	res := new(raftpb.ReleaseSessionResult)
 	if tx.lookupRequest(scope, cmd.GetRequestId(), res) {

@@ -242,6 +242,61 @@ func TestFSM_ReleaseSession(t *testing.T) {
 	require.Greater(t, h.claim(claim("e1", 1, "acme", "c1", ""))[0].GetEpoch(), ep)
 }
 
+// A batch of releases applies each as an entry of its own would, in order:
+// one refused leaves the others applied, and a request ID answered alone is
+// answered the same in a batch.
+func TestFSM_ReleaseSessions(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.join("e1", 1)
+	h.join("e2", 1)
+	epochs := map[string]uint64{}
+	for _, c := range []string{"a", "b", "c", "d", "e"} {
+		epochs[c] = h.claim(claim("e1", 1, "acme", c, ""))[0].GetEpoch()
+	}
+	rel := func(client string, epoch uint64, edge, req string) *raftpb.ReleaseSessionCommand {
+		return &raftpb.ReleaseSessionCommand{NowUnixNano: h.now, RequestId: req, Tenant: "acme", ClientId: client, Epoch: epoch, EdgeId: edge, Incarnation: 1}
+	}
+	// "d" is released alone first; its request comes again in the batch.
+	require.True(t, h.apply(CmdReleaseSession, rel("d", epochs["d"], "e1", "rel-d")).Msg.(*raftpb.ReleaseSessionResult).GetReleased())
+
+	r := h.apply(CmdReleaseSessions, &raftpb.ReleaseSessionsCommand{NowUnixNano: h.now, Releases: []*raftpb.ReleaseSessionCommand{
+		rel("a", epochs["a"], "e1", "rel-a"),
+		rel("b", epochs["b"]-1, "e1", "rel-b"),
+		rel("c", epochs["c"], "e2", "rel-c"),
+		rel("d", epochs["d"], "e1", "rel-d"),
+		rel("never", 1, "e1", "rel-never"),
+		rel("bad id\x00", 1, "e1", "rel-bad"),
+		rel("e", epochs["e"], "e1", "rel-e"),
+		rel("e", epochs["e"], "e1", "rel-e2"),
+	}})
+	require.NoError(t, r.Err)
+	var got []raftpb.ReleaseStatus
+	for _, o := range r.Msg.(*raftpb.ReleaseSessionsResult).GetOutcomes() {
+		got = append(got, o.GetStatus())
+	}
+	require.Equal(t, []raftpb.ReleaseStatus{
+		raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED,
+		raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH,
+		raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER,
+		raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED, // remembered from the release alone
+		raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT,
+		raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT,
+		raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED,
+		raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT, // released earlier in the entry
+	}, got)
+	require.Nil(t, h.f.State().Session("acme", "a"))
+	require.NotNil(t, h.f.State().Session("acme", "b"), "a stale release leaves the session")
+	require.NotNil(t, h.f.State().Session("acme", "c"), "another edge's release leaves it")
+	require.Nil(t, h.f.State().Session("acme", "e"))
+
+	// Answered in a batch, answered the same alone; refusals are not
+	// remembered, so "b" is released under its epoch with the same ID.
+	require.True(t, h.apply(CmdReleaseSession, rel("a", epochs["a"], "e1", "rel-a")).Msg.(*raftpb.ReleaseSessionResult).GetReleased())
+	require.True(t, h.apply(CmdReleaseSession, rel("b", epochs["b"], "e1", "rel-b")).Msg.(*raftpb.ReleaseSessionResult).GetReleased())
+	require.Equal(t, 1, h.f.State().SessionCount())
+}
+
 func TestFSM_ReassignSessions(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -25,6 +25,8 @@ func commandFixtures() map[CommandType]proto.Message {
 		CmdCompareAndSetRedis:      &raftpb.CompareAndSetRedisPrimaryCommand{MemberId: "p", PrimaryAddress: "r:1"},
 		CmdSetSlotTable:            &raftpb.SetSlotTableCommand{SlotGroups: []uint32{0}},
 		CmdAcquirePromotionLeaseV2: &raftpb.AcquirePromotionLeaseCommand{MemberId: "p", TtlNanos: 1e9, FenceWriters: true},
+		CmdReleaseSessions: &raftpb.ReleaseSessionsCommand{NowUnixNano: 1, Releases: []*raftpb.ReleaseSessionCommand{
+			{Tenant: "acme", ClientId: "c1", Epoch: 3, EdgeId: "e1", Incarnation: 1, RequestId: "r"}}},
 	}
 }
 

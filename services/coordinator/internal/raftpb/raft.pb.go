@@ -276,6 +276,72 @@ func (ClaimStatus) EnumDescriptor() ([]byte, []int) {
 	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{3}
 }
 
+// ReleaseStatus is the outcome of one release in a ReleaseSessionsCommand.
+type ReleaseStatus int32
+
+const (
+	// RELEASE_STATUS_UNSPECIFIED is never returned.
+	ReleaseStatus_RELEASE_STATUS_UNSPECIFIED ReleaseStatus = 0
+	// RELEASE_STATUS_RELEASED means the record was deleted (ReleaseSessionResult
+	// released true).
+	ReleaseStatus_RELEASE_STATUS_RELEASED ReleaseStatus = 1
+	// RELEASE_STATUS_ABSENT means there was no record (released false).
+	ReleaseStatus_RELEASE_STATUS_ABSENT ReleaseStatus = 2
+	// RELEASE_STATUS_STALE_EPOCH means the session has another epoch.
+	ReleaseStatus_RELEASE_STATUS_STALE_EPOCH ReleaseStatus = 3
+	// RELEASE_STATUS_NOT_OWNER means another edge incarnation owns the session.
+	ReleaseStatus_RELEASE_STATUS_NOT_OWNER ReleaseStatus = 4
+	// RELEASE_STATUS_INVALID_ARGUMENT means a malformed or over-long ID.
+	ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT ReleaseStatus = 5
+)
+
+// Enum value maps for ReleaseStatus.
+var (
+	ReleaseStatus_name = map[int32]string{
+		0: "RELEASE_STATUS_UNSPECIFIED",
+		1: "RELEASE_STATUS_RELEASED",
+		2: "RELEASE_STATUS_ABSENT",
+		3: "RELEASE_STATUS_STALE_EPOCH",
+		4: "RELEASE_STATUS_NOT_OWNER",
+		5: "RELEASE_STATUS_INVALID_ARGUMENT",
+	}
+	ReleaseStatus_value = map[string]int32{
+		"RELEASE_STATUS_UNSPECIFIED":      0,
+		"RELEASE_STATUS_RELEASED":         1,
+		"RELEASE_STATUS_ABSENT":           2,
+		"RELEASE_STATUS_STALE_EPOCH":      3,
+		"RELEASE_STATUS_NOT_OWNER":        4,
+		"RELEASE_STATUS_INVALID_ARGUMENT": 5,
+	}
+)
+
+func (x ReleaseStatus) Enum() *ReleaseStatus {
+	p := new(ReleaseStatus)
+	*p = x
+	return p
+}
+
+func (x ReleaseStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_keel_coordinator_raft_v1_raft_proto_enumTypes[4].Descriptor()
+}
+
+func (ReleaseStatus) Type() protoreflect.EnumType {
+	return &file_keel_coordinator_raft_v1_raft_proto_enumTypes[4]
+}
+
+func (x ReleaseStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseStatus.Descriptor instead.
+func (ReleaseStatus) EnumDescriptor() ([]byte, []int) {
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{4}
+}
+
 // SessionRecord is the ownership record of one session.
 type SessionRecord struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1348,6 +1414,165 @@ func (x *ReleaseSessionResult) GetReleased() bool {
 	return false
 }
 
+// ReleaseSessionsCommand is the releases of concurrent ReleaseSession calls in
+// one entry, applied in order, each as a ReleaseSessionCommand alone (whose own
+// now_unix_nano is not read).
+type ReleaseSessionsCommand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// now_unix_nano is the leader's time.
+	NowUnixNano int64 `protobuf:"varint,1,opt,name=now_unix_nano,json=nowUnixNano,proto3" json:"now_unix_nano,omitempty"`
+	// releases in the order they apply.
+	Releases      []*ReleaseSessionCommand `protobuf:"bytes,2,rep,name=releases,proto3" json:"releases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSessionsCommand) Reset() {
+	*x = ReleaseSessionsCommand{}
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSessionsCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSessionsCommand) ProtoMessage() {}
+
+func (x *ReleaseSessionsCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSessionsCommand.ProtoReflect.Descriptor instead.
+func (*ReleaseSessionsCommand) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReleaseSessionsCommand) GetNowUnixNano() int64 {
+	if x != nil {
+		return x.NowUnixNano
+	}
+	return 0
+}
+
+func (x *ReleaseSessionsCommand) GetReleases() []*ReleaseSessionCommand {
+	if x != nil {
+		return x.Releases
+	}
+	return nil
+}
+
+// ReleaseOutcome answers one release of a ReleaseSessionsCommand.
+type ReleaseOutcome struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// status of the release.
+	Status ReleaseStatus `protobuf:"varint,1,opt,name=status,proto3,enum=keel.coordinator.raft.v1.ReleaseStatus" json:"status,omitempty"`
+	// message explains a refusal.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseOutcome) Reset() {
+	*x = ReleaseOutcome{}
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseOutcome) ProtoMessage() {}
+
+func (x *ReleaseOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseOutcome.ProtoReflect.Descriptor instead.
+func (*ReleaseOutcome) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReleaseOutcome) GetStatus() ReleaseStatus {
+	if x != nil {
+		return x.Status
+	}
+	return ReleaseStatus_RELEASE_STATUS_UNSPECIFIED
+}
+
+func (x *ReleaseOutcome) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ReleaseSessionsResult answers a ReleaseSessionsCommand, one outcome per
+// release.
+type ReleaseSessionsResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// outcomes in release order.
+	Outcomes      []*ReleaseOutcome `protobuf:"bytes,1,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSessionsResult) Reset() {
+	*x = ReleaseSessionsResult{}
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSessionsResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSessionsResult) ProtoMessage() {}
+
+func (x *ReleaseSessionsResult) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSessionsResult.ProtoReflect.Descriptor instead.
+func (*ReleaseSessionsResult) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReleaseSessionsResult) GetOutcomes() []*ReleaseOutcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
 // Reassignment moves one session to a custodian.
 type Reassignment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1365,7 +1590,7 @@ type Reassignment struct {
 
 func (x *Reassignment) Reset() {
 	*x = Reassignment{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[14]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1602,7 @@ func (x *Reassignment) String() string {
 func (*Reassignment) ProtoMessage() {}
 
 func (x *Reassignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[14]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1615,7 @@ func (x *Reassignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reassignment.ProtoReflect.Descriptor instead.
 func (*Reassignment) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{14}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Reassignment) GetTenant() string {
@@ -1440,7 +1665,7 @@ type ReassignSessionsCommand struct {
 
 func (x *ReassignSessionsCommand) Reset() {
 	*x = ReassignSessionsCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[15]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1452,7 +1677,7 @@ func (x *ReassignSessionsCommand) String() string {
 func (*ReassignSessionsCommand) ProtoMessage() {}
 
 func (x *ReassignSessionsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[15]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1465,7 +1690,7 @@ func (x *ReassignSessionsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReassignSessionsCommand.ProtoReflect.Descriptor instead.
 func (*ReassignSessionsCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{15}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReassignSessionsCommand) GetNowUnixNano() int64 {
@@ -1509,7 +1734,7 @@ type ReassignSessionsResult struct {
 
 func (x *ReassignSessionsResult) Reset() {
 	*x = ReassignSessionsResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[16]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1746,7 @@ func (x *ReassignSessionsResult) String() string {
 func (*ReassignSessionsResult) ProtoMessage() {}
 
 func (x *ReassignSessionsResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[16]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1759,7 @@ func (x *ReassignSessionsResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReassignSessionsResult.ProtoReflect.Descriptor instead.
 func (*ReassignSessionsResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{16}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReassignSessionsResult) GetApplied() []bool {
@@ -1572,7 +1797,7 @@ type UpsertMemberCommand struct {
 
 func (x *UpsertMemberCommand) Reset() {
 	*x = UpsertMemberCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[17]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1809,7 @@ func (x *UpsertMemberCommand) String() string {
 func (*UpsertMemberCommand) ProtoMessage() {}
 
 func (x *UpsertMemberCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[17]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1822,7 @@ func (x *UpsertMemberCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertMemberCommand.ProtoReflect.Descriptor instead.
 func (*UpsertMemberCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{17}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UpsertMemberCommand) GetNowUnixNano() int64 {
@@ -1636,7 +1861,7 @@ type UpsertMemberResult struct {
 
 func (x *UpsertMemberResult) Reset() {
 	*x = UpsertMemberResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[18]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1873,7 @@ func (x *UpsertMemberResult) String() string {
 func (*UpsertMemberResult) ProtoMessage() {}
 
 func (x *UpsertMemberResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[18]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +1886,7 @@ func (x *UpsertMemberResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertMemberResult.ProtoReflect.Descriptor instead.
 func (*UpsertMemberResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{18}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpsertMemberResult) GetMember() *MemberRecord {
@@ -1700,7 +1925,7 @@ type SetConfigCommand struct {
 
 func (x *SetConfigCommand) Reset() {
 	*x = SetConfigCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[19]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1712,7 +1937,7 @@ func (x *SetConfigCommand) String() string {
 func (*SetConfigCommand) ProtoMessage() {}
 
 func (x *SetConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[19]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1725,7 +1950,7 @@ func (x *SetConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetConfigCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{19}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetConfigCommand) GetNowUnixNano() int64 {
@@ -1760,7 +1985,7 @@ type SetConfigResult struct {
 
 func (x *SetConfigResult) Reset() {
 	*x = SetConfigResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[20]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1997,7 @@ func (x *SetConfigResult) String() string {
 func (*SetConfigResult) ProtoMessage() {}
 
 func (x *SetConfigResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[20]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +2010,7 @@ func (x *SetConfigResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigResult.ProtoReflect.Descriptor instead.
 func (*SetConfigResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{20}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetConfigResult) GetVersion() uint64 {
@@ -1808,7 +2033,7 @@ type BumpAclVersionCommand struct {
 
 func (x *BumpAclVersionCommand) Reset() {
 	*x = BumpAclVersionCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[21]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2045,7 @@ func (x *BumpAclVersionCommand) String() string {
 func (*BumpAclVersionCommand) ProtoMessage() {}
 
 func (x *BumpAclVersionCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[21]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2058,7 @@ func (x *BumpAclVersionCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionCommand.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{21}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BumpAclVersionCommand) GetNowUnixNano() int64 {
@@ -1861,7 +2086,7 @@ type BumpAclVersionResult struct {
 
 func (x *BumpAclVersionResult) Reset() {
 	*x = BumpAclVersionResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[22]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2098,7 @@ func (x *BumpAclVersionResult) String() string {
 func (*BumpAclVersionResult) ProtoMessage() {}
 
 func (x *BumpAclVersionResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[22]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2111,7 @@ func (x *BumpAclVersionResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionResult.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{22}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BumpAclVersionResult) GetAclVersion() *AclVersion {
@@ -1921,7 +2146,7 @@ type AcquirePromotionLeaseCommand struct {
 
 func (x *AcquirePromotionLeaseCommand) Reset() {
 	*x = AcquirePromotionLeaseCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[23]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2158,7 @@ func (x *AcquirePromotionLeaseCommand) String() string {
 func (*AcquirePromotionLeaseCommand) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[23]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2171,7 @@ func (x *AcquirePromotionLeaseCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseCommand.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{23}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AcquirePromotionLeaseCommand) GetNowUnixNano() int64 {
@@ -2011,7 +2236,7 @@ type AcquirePromotionLeaseResult struct {
 
 func (x *AcquirePromotionLeaseResult) Reset() {
 	*x = AcquirePromotionLeaseResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[24]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2023,7 +2248,7 @@ func (x *AcquirePromotionLeaseResult) String() string {
 func (*AcquirePromotionLeaseResult) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[24]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2036,7 +2261,7 @@ func (x *AcquirePromotionLeaseResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseResult.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{24}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AcquirePromotionLeaseResult) GetAcquired() bool {
@@ -2080,7 +2305,7 @@ type CompareAndSetRedisPrimaryCommand struct {
 
 func (x *CompareAndSetRedisPrimaryCommand) Reset() {
 	*x = CompareAndSetRedisPrimaryCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[25]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2317,7 @@ func (x *CompareAndSetRedisPrimaryCommand) String() string {
 func (*CompareAndSetRedisPrimaryCommand) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[25]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2330,7 @@ func (x *CompareAndSetRedisPrimaryCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSetRedisPrimaryCommand.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{25}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CompareAndSetRedisPrimaryCommand) GetNowUnixNano() int64 {
@@ -2179,7 +2404,7 @@ type CompareAndSetRedisPrimaryResult struct {
 
 func (x *CompareAndSetRedisPrimaryResult) Reset() {
 	*x = CompareAndSetRedisPrimaryResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[26]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2416,7 @@ func (x *CompareAndSetRedisPrimaryResult) String() string {
 func (*CompareAndSetRedisPrimaryResult) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[26]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2429,7 @@ func (x *CompareAndSetRedisPrimaryResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSetRedisPrimaryResult.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{26}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CompareAndSetRedisPrimaryResult) GetSwapped() bool {
@@ -2243,7 +2468,7 @@ type SetSlotTableCommand struct {
 
 func (x *SetSlotTableCommand) Reset() {
 	*x = SetSlotTableCommand{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[27]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2480,7 @@ func (x *SetSlotTableCommand) String() string {
 func (*SetSlotTableCommand) ProtoMessage() {}
 
 func (x *SetSlotTableCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[27]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2493,7 @@ func (x *SetSlotTableCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSlotTableCommand.ProtoReflect.Descriptor instead.
 func (*SetSlotTableCommand) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{27}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetSlotTableCommand) GetNowUnixNano() int64 {
@@ -2305,7 +2530,7 @@ type SetSlotTableResult struct {
 
 func (x *SetSlotTableResult) Reset() {
 	*x = SetSlotTableResult{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[28]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2542,7 @@ func (x *SetSlotTableResult) String() string {
 func (*SetSlotTableResult) ProtoMessage() {}
 
 func (x *SetSlotTableResult) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[28]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2555,7 @@ func (x *SetSlotTableResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSlotTableResult.ProtoReflect.Descriptor instead.
 func (*SetSlotTableResult) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{28}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetSlotTableResult) GetSwapped() bool {
@@ -2358,7 +2583,7 @@ type StateMeta struct {
 
 func (x *StateMeta) Reset() {
 	*x = StateMeta{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[29]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2595,7 @@ func (x *StateMeta) String() string {
 func (*StateMeta) ProtoMessage() {}
 
 func (x *StateMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[29]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2608,7 @@ func (x *StateMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateMeta.ProtoReflect.Descriptor instead.
 func (*StateMeta) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{29}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StateMeta) GetConfigVersion() uint64 {
@@ -2408,7 +2633,7 @@ type SnapshotHeader struct {
 
 func (x *SnapshotHeader) Reset() {
 	*x = SnapshotHeader{}
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[30]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2420,7 +2645,7 @@ func (x *SnapshotHeader) String() string {
 func (*SnapshotHeader) ProtoMessage() {}
 
 func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[30]
+	mi := &file_keel_coordinator_raft_v1_raft_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2433,7 +2658,7 @@ func (x *SnapshotHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotHeader.ProtoReflect.Descriptor instead.
 func (*SnapshotHeader) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{30}
+	return file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SnapshotHeader) GetFormatVersion() uint32 {
@@ -2543,7 +2768,15 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\aedge_id\x18\x06 \x01(\tR\x06edgeId\x12 \n" +
 	"\vincarnation\x18\a \x01(\x04R\vincarnation\"2\n" +
 	"\x14ReleaseSessionResult\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\"\x88\x01\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x89\x01\n" +
+	"\x16ReleaseSessionsCommand\x12\"\n" +
+	"\rnow_unix_nano\x18\x01 \x01(\x03R\vnowUnixNano\x12K\n" +
+	"\breleases\x18\x02 \x03(\v2/.keel.coordinator.raft.v1.ReleaseSessionCommandR\breleases\"k\n" +
+	"\x0eReleaseOutcome\x12?\n" +
+	"\x06status\x18\x01 \x01(\x0e2'.keel.coordinator.raft.v1.ReleaseStatusR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"]\n" +
+	"\x15ReleaseSessionsResult\x12D\n" +
+	"\boutcomes\x18\x01 \x03(\v2(.keel.coordinator.raft.v1.ReleaseOutcomeR\boutcomes\"\x88\x01\n" +
 	"\fReassignment\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1c\n" +
@@ -2643,7 +2876,14 @@ const file_keel_coordinator_raft_v1_raft_proto_rawDesc = "" +
 	"\x1dCLAIM_STATUS_INVALID_ARGUMENT\x10\x03\x12\x19\n" +
 	"\x15CLAIM_STATUS_CONFLICT\x10\x04\x12\x1e\n" +
 	"\x1aCLAIM_STATUS_OWNER_CHANGED\x10\x05\x12\x1b\n" +
-	"\x17CLAIM_STATUS_SUPERSEDED\x10\x06B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
+	"\x17CLAIM_STATUS_SUPERSEDED\x10\x06*\xca\x01\n" +
+	"\rReleaseStatus\x12\x1e\n" +
+	"\x1aRELEASE_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17RELEASE_STATUS_RELEASED\x10\x01\x12\x19\n" +
+	"\x15RELEASE_STATUS_ABSENT\x10\x02\x12\x1e\n" +
+	"\x1aRELEASE_STATUS_STALE_EPOCH\x10\x03\x12\x1c\n" +
+	"\x18RELEASE_STATUS_NOT_OWNER\x10\x04\x12#\n" +
+	"\x1fRELEASE_STATUS_INVALID_ARGUMENT\x10\x05B=Z;github.com/keelmq/keel/services/coordinator/internal/raftpbb\x06proto3"
 
 var (
 	file_keel_coordinator_raft_v1_raft_proto_rawDescOnce sync.Once
@@ -2657,67 +2897,74 @@ func file_keel_coordinator_raft_v1_raft_proto_rawDescGZIP() []byte {
 	return file_keel_coordinator_raft_v1_raft_proto_rawDescData
 }
 
-var file_keel_coordinator_raft_v1_raft_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_keel_coordinator_raft_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_keel_coordinator_raft_v1_raft_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_keel_coordinator_raft_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_keel_coordinator_raft_v1_raft_proto_goTypes = []any{
 	(OwnerKind)(0),                           // 0: keel.coordinator.raft.v1.OwnerKind
 	(MemberRole)(0),                          // 1: keel.coordinator.raft.v1.MemberRole
 	(MemberState)(0),                         // 2: keel.coordinator.raft.v1.MemberState
 	(ClaimStatus)(0),                         // 3: keel.coordinator.raft.v1.ClaimStatus
-	(*SessionRecord)(nil),                    // 4: keel.coordinator.raft.v1.SessionRecord
-	(*MemberRecord)(nil),                     // 5: keel.coordinator.raft.v1.MemberRecord
-	(*PromotionLease)(nil),                   // 6: keel.coordinator.raft.v1.PromotionLease
-	(*RedisGroupRecord)(nil),                 // 7: keel.coordinator.raft.v1.RedisGroupRecord
-	(*ConfigEntry)(nil),                      // 8: keel.coordinator.raft.v1.ConfigEntry
-	(*AclVersion)(nil),                       // 9: keel.coordinator.raft.v1.AclVersion
-	(*SlotTable)(nil),                        // 10: keel.coordinator.raft.v1.SlotTable
-	(*RequestRecord)(nil),                    // 11: keel.coordinator.raft.v1.RequestRecord
-	(*Claim)(nil),                            // 12: keel.coordinator.raft.v1.Claim
-	(*ClaimSessionsCommand)(nil),             // 13: keel.coordinator.raft.v1.ClaimSessionsCommand
-	(*ClaimOutcome)(nil),                     // 14: keel.coordinator.raft.v1.ClaimOutcome
-	(*ClaimSessionsResult)(nil),              // 15: keel.coordinator.raft.v1.ClaimSessionsResult
-	(*ReleaseSessionCommand)(nil),            // 16: keel.coordinator.raft.v1.ReleaseSessionCommand
-	(*ReleaseSessionResult)(nil),             // 17: keel.coordinator.raft.v1.ReleaseSessionResult
-	(*Reassignment)(nil),                     // 18: keel.coordinator.raft.v1.Reassignment
-	(*ReassignSessionsCommand)(nil),          // 19: keel.coordinator.raft.v1.ReassignSessionsCommand
-	(*ReassignSessionsResult)(nil),           // 20: keel.coordinator.raft.v1.ReassignSessionsResult
-	(*UpsertMemberCommand)(nil),              // 21: keel.coordinator.raft.v1.UpsertMemberCommand
-	(*UpsertMemberResult)(nil),               // 22: keel.coordinator.raft.v1.UpsertMemberResult
-	(*SetConfigCommand)(nil),                 // 23: keel.coordinator.raft.v1.SetConfigCommand
-	(*SetConfigResult)(nil),                  // 24: keel.coordinator.raft.v1.SetConfigResult
-	(*BumpAclVersionCommand)(nil),            // 25: keel.coordinator.raft.v1.BumpAclVersionCommand
-	(*BumpAclVersionResult)(nil),             // 26: keel.coordinator.raft.v1.BumpAclVersionResult
-	(*AcquirePromotionLeaseCommand)(nil),     // 27: keel.coordinator.raft.v1.AcquirePromotionLeaseCommand
-	(*AcquirePromotionLeaseResult)(nil),      // 28: keel.coordinator.raft.v1.AcquirePromotionLeaseResult
-	(*CompareAndSetRedisPrimaryCommand)(nil), // 29: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryCommand
-	(*CompareAndSetRedisPrimaryResult)(nil),  // 30: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryResult
-	(*SetSlotTableCommand)(nil),              // 31: keel.coordinator.raft.v1.SetSlotTableCommand
-	(*SetSlotTableResult)(nil),               // 32: keel.coordinator.raft.v1.SetSlotTableResult
-	(*StateMeta)(nil),                        // 33: keel.coordinator.raft.v1.StateMeta
-	(*SnapshotHeader)(nil),                   // 34: keel.coordinator.raft.v1.SnapshotHeader
+	(ReleaseStatus)(0),                       // 4: keel.coordinator.raft.v1.ReleaseStatus
+	(*SessionRecord)(nil),                    // 5: keel.coordinator.raft.v1.SessionRecord
+	(*MemberRecord)(nil),                     // 6: keel.coordinator.raft.v1.MemberRecord
+	(*PromotionLease)(nil),                   // 7: keel.coordinator.raft.v1.PromotionLease
+	(*RedisGroupRecord)(nil),                 // 8: keel.coordinator.raft.v1.RedisGroupRecord
+	(*ConfigEntry)(nil),                      // 9: keel.coordinator.raft.v1.ConfigEntry
+	(*AclVersion)(nil),                       // 10: keel.coordinator.raft.v1.AclVersion
+	(*SlotTable)(nil),                        // 11: keel.coordinator.raft.v1.SlotTable
+	(*RequestRecord)(nil),                    // 12: keel.coordinator.raft.v1.RequestRecord
+	(*Claim)(nil),                            // 13: keel.coordinator.raft.v1.Claim
+	(*ClaimSessionsCommand)(nil),             // 14: keel.coordinator.raft.v1.ClaimSessionsCommand
+	(*ClaimOutcome)(nil),                     // 15: keel.coordinator.raft.v1.ClaimOutcome
+	(*ClaimSessionsResult)(nil),              // 16: keel.coordinator.raft.v1.ClaimSessionsResult
+	(*ReleaseSessionCommand)(nil),            // 17: keel.coordinator.raft.v1.ReleaseSessionCommand
+	(*ReleaseSessionResult)(nil),             // 18: keel.coordinator.raft.v1.ReleaseSessionResult
+	(*ReleaseSessionsCommand)(nil),           // 19: keel.coordinator.raft.v1.ReleaseSessionsCommand
+	(*ReleaseOutcome)(nil),                   // 20: keel.coordinator.raft.v1.ReleaseOutcome
+	(*ReleaseSessionsResult)(nil),            // 21: keel.coordinator.raft.v1.ReleaseSessionsResult
+	(*Reassignment)(nil),                     // 22: keel.coordinator.raft.v1.Reassignment
+	(*ReassignSessionsCommand)(nil),          // 23: keel.coordinator.raft.v1.ReassignSessionsCommand
+	(*ReassignSessionsResult)(nil),           // 24: keel.coordinator.raft.v1.ReassignSessionsResult
+	(*UpsertMemberCommand)(nil),              // 25: keel.coordinator.raft.v1.UpsertMemberCommand
+	(*UpsertMemberResult)(nil),               // 26: keel.coordinator.raft.v1.UpsertMemberResult
+	(*SetConfigCommand)(nil),                 // 27: keel.coordinator.raft.v1.SetConfigCommand
+	(*SetConfigResult)(nil),                  // 28: keel.coordinator.raft.v1.SetConfigResult
+	(*BumpAclVersionCommand)(nil),            // 29: keel.coordinator.raft.v1.BumpAclVersionCommand
+	(*BumpAclVersionResult)(nil),             // 30: keel.coordinator.raft.v1.BumpAclVersionResult
+	(*AcquirePromotionLeaseCommand)(nil),     // 31: keel.coordinator.raft.v1.AcquirePromotionLeaseCommand
+	(*AcquirePromotionLeaseResult)(nil),      // 32: keel.coordinator.raft.v1.AcquirePromotionLeaseResult
+	(*CompareAndSetRedisPrimaryCommand)(nil), // 33: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryCommand
+	(*CompareAndSetRedisPrimaryResult)(nil),  // 34: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryResult
+	(*SetSlotTableCommand)(nil),              // 35: keel.coordinator.raft.v1.SetSlotTableCommand
+	(*SetSlotTableResult)(nil),               // 36: keel.coordinator.raft.v1.SetSlotTableResult
+	(*StateMeta)(nil),                        // 37: keel.coordinator.raft.v1.StateMeta
+	(*SnapshotHeader)(nil),                   // 38: keel.coordinator.raft.v1.SnapshotHeader
 }
 var file_keel_coordinator_raft_v1_raft_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.raft.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.raft.v1.OwnerKind
 	1,  // 1: keel.coordinator.raft.v1.MemberRecord.role:type_name -> keel.coordinator.raft.v1.MemberRole
 	2,  // 2: keel.coordinator.raft.v1.MemberRecord.state:type_name -> keel.coordinator.raft.v1.MemberState
-	6,  // 3: keel.coordinator.raft.v1.RedisGroupRecord.promotion_lease:type_name -> keel.coordinator.raft.v1.PromotionLease
-	12, // 4: keel.coordinator.raft.v1.ClaimSessionsCommand.claims:type_name -> keel.coordinator.raft.v1.Claim
+	7,  // 3: keel.coordinator.raft.v1.RedisGroupRecord.promotion_lease:type_name -> keel.coordinator.raft.v1.PromotionLease
+	13, // 4: keel.coordinator.raft.v1.ClaimSessionsCommand.claims:type_name -> keel.coordinator.raft.v1.Claim
 	3,  // 5: keel.coordinator.raft.v1.ClaimOutcome.status:type_name -> keel.coordinator.raft.v1.ClaimStatus
-	4,  // 6: keel.coordinator.raft.v1.ClaimOutcome.previous:type_name -> keel.coordinator.raft.v1.SessionRecord
-	14, // 7: keel.coordinator.raft.v1.ClaimSessionsResult.outcomes:type_name -> keel.coordinator.raft.v1.ClaimOutcome
-	18, // 8: keel.coordinator.raft.v1.ReassignSessionsCommand.assignments:type_name -> keel.coordinator.raft.v1.Reassignment
-	5,  // 9: keel.coordinator.raft.v1.UpsertMemberCommand.member:type_name -> keel.coordinator.raft.v1.MemberRecord
-	5,  // 10: keel.coordinator.raft.v1.UpsertMemberResult.member:type_name -> keel.coordinator.raft.v1.MemberRecord
-	8,  // 11: keel.coordinator.raft.v1.SetConfigCommand.set:type_name -> keel.coordinator.raft.v1.ConfigEntry
-	9,  // 12: keel.coordinator.raft.v1.BumpAclVersionResult.acl_version:type_name -> keel.coordinator.raft.v1.AclVersion
-	6,  // 13: keel.coordinator.raft.v1.AcquirePromotionLeaseResult.lease:type_name -> keel.coordinator.raft.v1.PromotionLease
-	7,  // 14: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryResult.group:type_name -> keel.coordinator.raft.v1.RedisGroupRecord
-	10, // 15: keel.coordinator.raft.v1.SetSlotTableResult.table:type_name -> keel.coordinator.raft.v1.SlotTable
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 6: keel.coordinator.raft.v1.ClaimOutcome.previous:type_name -> keel.coordinator.raft.v1.SessionRecord
+	15, // 7: keel.coordinator.raft.v1.ClaimSessionsResult.outcomes:type_name -> keel.coordinator.raft.v1.ClaimOutcome
+	17, // 8: keel.coordinator.raft.v1.ReleaseSessionsCommand.releases:type_name -> keel.coordinator.raft.v1.ReleaseSessionCommand
+	4,  // 9: keel.coordinator.raft.v1.ReleaseOutcome.status:type_name -> keel.coordinator.raft.v1.ReleaseStatus
+	20, // 10: keel.coordinator.raft.v1.ReleaseSessionsResult.outcomes:type_name -> keel.coordinator.raft.v1.ReleaseOutcome
+	22, // 11: keel.coordinator.raft.v1.ReassignSessionsCommand.assignments:type_name -> keel.coordinator.raft.v1.Reassignment
+	6,  // 12: keel.coordinator.raft.v1.UpsertMemberCommand.member:type_name -> keel.coordinator.raft.v1.MemberRecord
+	6,  // 13: keel.coordinator.raft.v1.UpsertMemberResult.member:type_name -> keel.coordinator.raft.v1.MemberRecord
+	9,  // 14: keel.coordinator.raft.v1.SetConfigCommand.set:type_name -> keel.coordinator.raft.v1.ConfigEntry
+	10, // 15: keel.coordinator.raft.v1.BumpAclVersionResult.acl_version:type_name -> keel.coordinator.raft.v1.AclVersion
+	7,  // 16: keel.coordinator.raft.v1.AcquirePromotionLeaseResult.lease:type_name -> keel.coordinator.raft.v1.PromotionLease
+	8,  // 17: keel.coordinator.raft.v1.CompareAndSetRedisPrimaryResult.group:type_name -> keel.coordinator.raft.v1.RedisGroupRecord
+	11, // 18: keel.coordinator.raft.v1.SetSlotTableResult.table:type_name -> keel.coordinator.raft.v1.SlotTable
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_raft_v1_raft_proto_init() }
@@ -2730,8 +2977,8 @@ func file_keel_coordinator_raft_v1_raft_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_raft_v1_raft_proto_rawDesc), len(file_keel_coordinator_raft_v1_raft_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   31,
+			NumEnums:      5,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
