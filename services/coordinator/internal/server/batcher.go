@@ -5,53 +5,99 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/raftnode"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
 )
 
-// submission is the claims of one API call, answered together.
-type submission struct {
-	claims []*raftpb.Claim
-	done   chan claimResult // buffered, 1
+// batchKind is one command the leader batches: claims or releases. I is one
+// call's item (a claim, a release), O the FSM's outcome for it.
+type batchKind[I, O any] struct {
+	cmd fsm.CommandType
+	// session names the session an item is about; one appears once per entry.
+	session func(I) string
+	// command builds the entry of items; outcomes reads its result, nil if
+	// the result is not of the command's type.
+	command  func(now int64, items []I) proto.Message
+	outcomes func(proto.Message) []O
+	size     prometheus.Observer // items per entry
 }
 
-type claimResult struct {
-	outcomes []*raftpb.ClaimOutcome
+// claimBatches packs concurrent claims (ClaimSession, ClaimSessions).
+var claimBatches = batchKind[*raftpb.Claim, *raftpb.ClaimOutcome]{
+	cmd:     fsm.CmdClaimSessions,
+	session: func(c *raftpb.Claim) string { return c.GetTenant() + "\x00" + c.GetClientId() },
+	command: func(now int64, claims []*raftpb.Claim) proto.Message {
+		return &raftpb.ClaimSessionsCommand{NowUnixNano: now, Claims: claims}
+	},
+	outcomes: func(m proto.Message) []*raftpb.ClaimOutcome {
+		res, _ := m.(*raftpb.ClaimSessionsResult)
+		return res.GetOutcomes()
+	},
+}
+
+// releaseBatches packs concurrent releases (ReleaseSession). One entry per
+// release made a storm's clean disconnects thousands of entries, applied
+// one by one ahead of the next storm's claims.
+var releaseBatches = batchKind[*raftpb.ReleaseSessionCommand, *raftpb.ReleaseOutcome]{
+	cmd:     fsm.CmdReleaseSessions,
+	session: func(r *raftpb.ReleaseSessionCommand) string { return r.GetTenant() + "\x00" + r.GetClientId() },
+	command: func(now int64, releases []*raftpb.ReleaseSessionCommand) proto.Message {
+		return &raftpb.ReleaseSessionsCommand{NowUnixNano: now, Releases: releases}
+	},
+	outcomes: func(m proto.Message) []*raftpb.ReleaseOutcome {
+		res, _ := m.(*raftpb.ReleaseSessionsResult)
+		return res.GetOutcomes()
+	},
+}
+
+// submission is the items of one API call, answered together.
+type submission[I, O any] struct {
+	items []I
+	done  chan batchResult[O] // buffered, 1
+}
+
+type batchResult[O any] struct {
+	outcomes []O
 	err      error
 }
 
-type entry struct {
+type entry[I, O any] struct {
 	fut   raft.ApplyFuture
-	subs  []*submission
+	subs  []*submission[I, O]
 	start time.Time
 	size  int
 }
 
-// batcher packs the claims of concurrent calls into few Raft entries (a
-// connect storm is many claims per entry). It takes whatever is queued, up to
-// MaxClaimsPerEntry, proposes it without waiting for the previous entry to
-// commit (up to maxPipelinedEntries in flight; Raft's BatchApplyCh then writes
-// them in one fsync), and answers each call when its entry is applied. There is
-// no timer: under low load every claim goes alone, with no added latency.
+// batcher packs the items of concurrent calls into few Raft entries (a
+// connect storm is many claims per entry, its disconnects many releases).
+// It takes whatever is queued, up to MaxClaimsPerEntry, proposes it without
+// waiting for the previous entry to commit (up to maxPipelinedEntries in
+// flight; Raft's BatchApplyCh then writes them in one fsync), and answers
+// each call when its entry is applied. There is no timer: under low load
+// every item goes alone, with no added latency.
 //
-// A session never appears twice in one entry (the FSM would refuse the
-// second): a submission that repeats a session already in the batch starts
+// A session never appears twice in one entry (the FSM would refuse a second
+// claim): a submission that repeats a session already in the batch starts
 // the next entry.
-type batcher struct {
+type batcher[I, O any] struct {
 	s        *Server
-	in       chan *submission
-	inflight chan *entry
+	kind     batchKind[I, O]
+	in       chan *submission[I, O]
+	inflight chan *entry[I, O]
 }
 
-func newBatcher(s *Server) *batcher {
-	return &batcher{s: s, in: make(chan *submission, 4096), inflight: make(chan *entry, maxPipelinedEntries)}
+func newBatcher[I, O any](s *Server, kind batchKind[I, O], size prometheus.Observer) *batcher[I, O] {
+	kind.size = size
+	return &batcher[I, O]{s: s, kind: kind, in: make(chan *submission[I, O], 4096), inflight: make(chan *entry[I, O], maxPipelinedEntries)}
 }
 
-// submit queues claims and waits for their outcomes.
-func (b *batcher) submit(ctx context.Context, claims []*raftpb.Claim) ([]*raftpb.ClaimOutcome, error) {
-	sub := &submission{claims: claims, done: make(chan claimResult, 1)}
+// submit queues items and waits for their outcomes.
+func (b *batcher[I, O]) submit(ctx context.Context, items []I) ([]O, error) {
+	sub := &submission[I, O]{items: items, done: make(chan batchResult[O], 1)}
 	select {
 	case b.in <- sub:
 	case <-ctx.Done():
@@ -66,8 +112,8 @@ func (b *batcher) submit(ctx context.Context, claims []*raftpb.Claim) ([]*raftpb
 }
 
 // run proposes batches until ctx is done, then fails whatever is queued.
-func (b *batcher) run(ctx context.Context) {
-	var carry *submission // a submission that starts the next entry
+func (b *batcher[I, O]) run(ctx context.Context) {
+	var carry *submission[I, O] // a submission that starts the next entry
 	answered := make(chan struct{})
 	go func() {
 		defer close(answered)
@@ -79,12 +125,12 @@ func (b *batcher) run(ctx context.Context) {
 		close(b.inflight)
 		<-answered
 		if carry != nil {
-			carry.done <- claimResult{err: raftnode.ErrNotLeader}
+			carry.done <- batchResult[O]{err: raftnode.ErrNotLeader}
 		}
 		for {
 			select {
 			case sub := <-b.in:
-				sub.done <- claimResult{err: raftnode.ErrNotLeader}
+				sub.done <- batchResult[O]{err: raftnode.ErrNotLeader}
 			default:
 				return
 			}
@@ -92,7 +138,7 @@ func (b *batcher) run(ctx context.Context) {
 	}()
 
 	for {
-		var first *submission
+		var first *submission[I, O]
 		if carry != nil {
 			first, carry = carry, nil
 		} else {
@@ -102,18 +148,18 @@ func (b *batcher) run(ctx context.Context) {
 			case first = <-b.in:
 			}
 		}
-		subs := []*submission{first}
+		subs := []*submission[I, O]{first}
 		seen := map[string]struct{}{}
-		n := add(seen, first)
+		n := b.add(seen, first)
 	fill:
 		for n < b.s.cfg.MaxClaimsPerEntry {
 			select {
 			case sub := <-b.in:
-				if overlaps(seen, sub) {
+				if b.overlaps(seen, sub) {
 					carry = sub
 					break fill
 				}
-				n += add(seen, sub)
+				n += b.add(seen, sub)
 				subs = append(subs, sub)
 			default:
 				break fill
@@ -123,59 +169,55 @@ func (b *batcher) run(ctx context.Context) {
 	}
 }
 
-func key(c *raftpb.Claim) string { return c.GetTenant() + "\x00" + c.GetClientId() }
-
-func overlaps(seen map[string]struct{}, sub *submission) bool {
-	for _, c := range sub.claims {
-		if _, ok := seen[key(c)]; ok {
+func (b *batcher[I, O]) overlaps(seen map[string]struct{}, sub *submission[I, O]) bool {
+	for _, it := range sub.items {
+		if _, ok := seen[b.kind.session(it)]; ok {
 			return true
 		}
 	}
 	return false
 }
 
-func add(seen map[string]struct{}, sub *submission) int {
-	for _, c := range sub.claims {
-		seen[key(c)] = struct{}{}
+func (b *batcher[I, O]) add(seen map[string]struct{}, sub *submission[I, O]) int {
+	for _, it := range sub.items {
+		seen[b.kind.session(it)] = struct{}{}
 	}
-	return len(sub.claims)
+	return len(sub.items)
 }
 
-func (b *batcher) propose(ctx context.Context, subs []*submission, n int) {
-	cmd := &raftpb.ClaimSessionsCommand{NowUnixNano: b.s.now().UnixNano(), Claims: make([]*raftpb.Claim, 0, n)}
+func (b *batcher[I, O]) propose(ctx context.Context, subs []*submission[I, O], n int) {
+	items := make([]I, 0, n)
 	for _, sub := range subs {
-		cmd.Claims = append(cmd.Claims, sub.claims...)
+		items = append(items, sub.items...)
 	}
-	data, err := fsm.Encode(fsm.CmdClaimSessions, cmd)
+	data, err := fsm.Encode(b.kind.cmd, b.kind.command(b.s.now().UnixNano(), items))
 	if err != nil {
 		for _, sub := range subs {
-			sub.done <- claimResult{err: err}
+			sub.done <- batchResult[O]{err: err}
 		}
 		return
 	}
-	b.s.metrics.claimBatch.Observe(float64(n))
-	e := &entry{fut: b.s.node.ApplyAsync(ctx, data), subs: subs, start: time.Now(), size: n}
+	b.kind.size.Observe(float64(n))
+	e := &entry[I, O]{fut: b.s.node.ApplyAsync(ctx, data), subs: subs, start: time.Now(), size: n}
 	b.inflight <- e
 }
 
-func (b *batcher) answer(e *entry) {
+func (b *batcher[I, O]) answer(e *entry[I, O]) {
 	msg, _, err := b.s.node.ApplyFuture(context.Background(), e.fut)
-	b.s.metrics.applyDuration.WithLabelValues(commandName(fsm.CmdClaimSessions)).Observe(time.Since(e.start).Seconds())
-	var outcomes []*raftpb.ClaimOutcome
+	b.s.metrics.applyDuration.WithLabelValues(commandName(b.kind.cmd)).Observe(time.Since(e.start).Seconds())
+	var outcomes []O
 	if err == nil {
-		res, ok := msg.(*raftpb.ClaimSessionsResult)
-		if !ok || len(res.GetOutcomes()) != e.size {
+		if outcomes = b.kind.outcomes(msg); len(outcomes) != e.size {
 			err = raftnode.ErrUnknownOutcome
 		}
-		outcomes = res.GetOutcomes()
 	}
 	i := 0
 	for _, sub := range e.subs {
 		if err != nil {
-			sub.done <- claimResult{err: err}
+			sub.done <- batchResult[O]{err: err}
 			continue
 		}
-		sub.done <- claimResult{outcomes: outcomes[i : i+len(sub.claims)]}
-		i += len(sub.claims)
+		sub.done <- batchResult[O]{outcomes: outcomes[i : i+len(sub.items)]}
+		i += len(sub.items)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -262,25 +263,141 @@ func liveMember(st *fsm.State, id string, inc uint64) *raftpb.MemberRecord {
 	return m
 }
 
-// ReleaseSession implements the RPC.
+// ReleaseSession implements the RPC: ReleaseSessions for one session.
 func (s *Server) ReleaseSession(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
 	m := req.Msg
-	if err := firstErr(checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation())); err != nil {
+	if err := firstErr(checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation()), checkEpoch(m.GetEpoch())); err != nil {
 		return nil, err
 	}
-	if m.GetEpoch() == 0 {
-		return nil, invalid("epoch is required")
+	t, err := s.leaderTermOrNil()
+	if err != nil {
+		return nil, err
 	}
-	if !s.node.IsLeader() {
+	if t == nil {
 		return forward(ctx, s, req, client.ReleaseSession)
 	}
-	msg, _, err := s.apply(ctx, fsm.CmdReleaseSession, &raftpb.ReleaseSessionCommand{NowUnixNano: s.now().UnixNano(),
-		RequestId: m.GetRequestId(), Tenant: m.GetSession().GetTenant(), ClientId: m.GetSession().GetClientId(),
-		Epoch: m.GetEpoch(), EdgeId: m.GetEdgeId(), Incarnation: m.GetIncarnation()})
+	outs, err := s.release(ctx, t, []*raftpb.ReleaseSessionCommand{releaseCommand(m.GetEdgeId(), m.GetIncarnation(),
+		m.GetRequestId(), m.GetSession(), m.GetEpoch())})
 	if err != nil {
 		return nil, s.toConnect(err)
 	}
-	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{Released: msg.(*raftpb.ReleaseSessionResult).GetReleased()}), nil
+	r := releaseResult(outs[0])
+	if e := r.GetError(); e != nil {
+		code := connect.CodeUnavailable
+		switch e.GetCode() {
+		case coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_STALE_EPOCH, coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_NOT_OWNER:
+			code = connect.CodeFailedPrecondition
+		case coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT:
+			code = connect.CodeInvalidArgument
+		}
+		return nil, connect.NewError(code, errors.New(e.GetMessage()))
+	}
+	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{Released: r.GetReleased()}), nil
+}
+
+// ReleaseSessions implements the RPC. The releases of concurrent calls share
+// Raft entries (the leader's release batcher), as claims do.
+func (s *Server) ReleaseSessions(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionsRequest]) (*connect.Response[coordinatorv1.ReleaseSessionsResponse], error) {
+	m := req.Msg
+	if err := checkMember(m.GetEdgeId(), m.GetIncarnation()); err != nil {
+		return nil, err
+	}
+	if n := len(m.GetReleases()); n == 0 || n > s.cfg.MaxClaimsPerCall {
+		return nil, invalid("%d releases: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+	}
+	t, err := s.leaderTermOrNil()
+	if err != nil {
+		return nil, err
+	}
+	if t == nil {
+		return forward(ctx, s, req, client.ReleaseSessions)
+	}
+	resp := &coordinatorv1.ReleaseSessionsResponse{Results: make([]*coordinatorv1.ReleaseResult, len(m.GetReleases()))}
+	var cmds []*raftpb.ReleaseSessionCommand
+	var pos []int
+	for i, r := range m.GetReleases() {
+		if err := firstErr(checkRequestID(r.GetRequestId()), checkSession(r.GetSession()), checkEpoch(r.GetEpoch())); err != nil {
+			resp.Results[i] = &coordinatorv1.ReleaseResult{Error: &coordinatorv1.ReleaseError{
+				Code: coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT, Message: err.Error()}}
+			s.metrics.releases.WithLabelValues("invalid_argument").Inc()
+			continue
+		}
+		cmds = append(cmds, releaseCommand(m.GetEdgeId(), m.GetIncarnation(), r.GetRequestId(), r.GetSession(), r.GetEpoch()))
+		pos = append(pos, i)
+	}
+	if len(cmds) > 0 {
+		outs, err := s.release(ctx, t, cmds)
+		if err != nil {
+			return nil, s.toConnect(err)
+		}
+		for j, o := range outs {
+			resp.Results[pos[j]] = releaseResult(o)
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func checkEpoch(epoch uint64) error {
+	if epoch == 0 {
+		return invalid("epoch is required")
+	}
+	return nil
+}
+
+func releaseCommand(edge string, inc uint64, requestID string, k *commonv1.SessionKey, epoch uint64) *raftpb.ReleaseSessionCommand {
+	return &raftpb.ReleaseSessionCommand{RequestId: requestID, Tenant: k.GetTenant(), ClientId: k.GetClientId(),
+		Epoch: epoch, EdgeId: edge, Incarnation: inc}
+}
+
+// release submits releases to the leader's batcher and counts their outcomes.
+func (s *Server) release(ctx context.Context, t *leaderTerm, cmds []*raftpb.ReleaseSessionCommand) ([]*raftpb.ReleaseOutcome, error) {
+	outs, err := t.releases.submit(ctx, cmds)
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range outs {
+		s.metrics.releases.WithLabelValues(releaseResultLabel(o.GetStatus())).Inc()
+	}
+	return outs, nil
+}
+
+func releaseResultLabel(st raftpb.ReleaseStatus) string {
+	switch st {
+	case raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED:
+		return "released"
+	case raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT:
+		return "absent"
+	case raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH:
+		return "stale_epoch"
+	case raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER:
+		return "not_owner"
+	case raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT:
+		return "invalid_argument"
+	default:
+		return "not_applied"
+	}
+}
+
+// releaseResult is the API's answer for one release outcome.
+func releaseResult(o *raftpb.ReleaseOutcome) *coordinatorv1.ReleaseResult {
+	code := coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_UNSPECIFIED
+	switch o.GetStatus() {
+	case raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED:
+		return &coordinatorv1.ReleaseResult{Released: true}
+	case raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT:
+		return &coordinatorv1.ReleaseResult{}
+	case raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH:
+		code = coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_STALE_EPOCH
+	case raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER:
+		code = coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_NOT_OWNER
+	case raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT:
+		code = coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT
+	}
+	msg := o.GetMessage()
+	if code == coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_UNSPECIFIED {
+		msg = "release not applied: " + msg
+	}
+	return &coordinatorv1.ReleaseResult{Error: &coordinatorv1.ReleaseError{Code: code, Message: msg}}
 }
 
 // linearizable confirms leadership with a quorum before a local read. Since

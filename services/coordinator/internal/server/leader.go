@@ -20,11 +20,12 @@ import (
 
 // leaderTerm is the leader's state for one term.
 type leaderTerm struct {
-	leases  *lease.Table
-	claims  *batcher
-	routes  *deadRoutes   // nil without a router URL
-	kick    chan struct{} // one-slot: run the custody scan soon
-	dirtyMu sync.Mutex
+	leases   *lease.Table
+	claims   *batcher[*raftpb.Claim, *raftpb.ClaimOutcome]
+	releases *batcher[*raftpb.ReleaseSessionCommand, *raftpb.ReleaseOutcome]
+	routes   *deadRoutes   // nil without a router URL
+	kick     chan struct{} // one-slot: run the custody scan soon
+	dirtyMu  sync.Mutex
 	// dirty holds the edges whose sessions may need custody, each with the
 	// Raft index of the latest change that marked it: a scan of an older
 	// state must not clear a mark it has not seen. Guarded by dirtyMu.
@@ -83,6 +84,8 @@ func commandName(ct fsm.CommandType) string {
 		return "claim_sessions"
 	case fsm.CmdReleaseSession:
 		return "release_session"
+	case fsm.CmdReleaseSessions:
+		return "release_sessions"
 	case fsm.CmdReassignSessions:
 		return "reassign_sessions"
 	case fsm.CmdUpsertMember:
@@ -143,12 +146,17 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		}
 	}
 	s.installSlotTable(ctx, st)
-	t.claims = newBatcher(s)
+	t.claims = newBatcher(s, claimBatches, s.metrics.claimBatch)
+	t.releases = newBatcher(s, releaseBatches, s.metrics.releaseBatch)
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		t.claims.run(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		t.releases.run(ctx)
 	}()
 	if t.routes != nil {
 		wg.Add(1)

@@ -12,6 +12,8 @@ type metrics struct {
 	applyDuration *prometheus.HistogramVec
 	claims        *prometheus.CounterVec
 	claimBatch    prometheus.Histogram
+	releaseBatch  prometheus.Histogram
+	releases      *prometheus.CounterVec
 	custody       prometheus.Counter
 	expired       prometheus.Counter
 	forwarded     *prometheus.CounterVec
@@ -30,6 +32,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_claims_total", Help: "Session claims answered by the leader, by result."}, []string{"result"}),
 		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keel_coordinator_claim_batch_size", Help: "Claims per Raft entry.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keel_coordinator_releases_total", Help: "Session releases answered by the leader, by result."}, []string{"result"}),
+		releaseBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "keel_coordinator_release_batch_size", Help: "Session releases per Raft entry.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		custody: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_coordinator_custody_reassigned_total", Help: "Sessions reassigned to custodians."}),
@@ -61,7 +68,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			return v
 		})
 	}
-	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.custody, m.expired, m.forwarded, m.routeRemovals, m.membersPruned,
+	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.releases, m.releaseBatch, m.custody, m.expired, m.forwarded, m.routeRemovals, m.membersPruned,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_dead_edge_routes_pending",
 			Help: "Dead edges whose routes the leader has yet to remove from the router (waiting for custody, the grace, or a retry); 0 on followers."},
 			func() float64 {

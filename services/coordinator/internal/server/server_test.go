@@ -242,6 +242,112 @@ func TestServer_Claims(t *testing.T) {
 	}
 }
 
+func (ts *testServer) release(ctx context.Context, edge, client, req string, epoch uint64) (bool, error) {
+	resp, err := ts.s.ReleaseSession(ctx, connect.NewRequest(&coordinatorv1.ReleaseSessionRequest{RequestId: req,
+		Session: &commonv1.SessionKey{Tenant: "acme", ClientId: client}, Epoch: epoch, EdgeId: edge, Incarnation: 1}))
+	if err != nil {
+		return false, err
+	}
+	return resp.Msg.GetReleased(), nil
+}
+
+// TestServer_ConcurrentReleasesShareEntries: the releases of a storm's clean
+// disconnects go into few Raft entries, as its claims do, each answered as
+// it would be alone: released, refused for a stale epoch or another owner,
+// absent, and a retried request ID answered the same.
+func TestServer_ConcurrentReleasesShareEntries(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	ts.renew(t, "e1", 1)
+	ts.renew(t, "e2", 1)
+	const n = 400
+	epochs := make([]uint64, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			g, err := ts.claim(t.Context(), "e1", fmt.Sprintf("c%d", i), "")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			epochs[i] = g.GetEpoch()
+		})
+	}
+	wg.Wait()
+	require.False(t, t.Failed())
+	other, err := ts.claim(t.Context(), "e2", "other", "")
+	require.NoError(t, err)
+
+	before := ts.s.fsm.State().Index()
+	released := make([]bool, n)
+	for i := range n {
+		wg.Go(func() {
+			ok, err := ts.release(t.Context(), "e1", fmt.Sprintf("c%d", i), fmt.Sprintf("rel-%d", i), epochs[i])
+			if err != nil {
+				t.Error(err)
+			}
+			released[i] = ok
+		})
+	}
+	var stale, notOwner error
+	wg.Go(func() { _, stale = ts.release(t.Context(), "e2", "other", "rel-stale", other.GetEpoch()-1) })
+	wg.Go(func() { _, notOwner = ts.release(t.Context(), "e1", "other", "rel-owner", other.GetEpoch()) })
+	wg.Wait()
+	entries := ts.s.fsm.State().Index() - before
+	t.Logf("%d releases in %d entries", n+2, entries)
+	require.Less(t, entries, uint64(n/4), "releases share entries")
+	require.NotContains(t, released, false)
+	require.Equal(t, 1, ts.s.fsm.State().SessionCount(), "only the session refused a release is left")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(stale), "stale epoch: %v", stale)
+	require.Contains(t, stale.Error(), "stale epoch")
+	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(notOwner), "not the owner: %v", notOwner)
+
+	again, err := ts.release(t.Context(), "e1", "c0", "rel-0", epochs[0])
+	require.NoError(t, err)
+	require.True(t, again, "a retried request ID is answered as the first time")
+	absent, err := ts.release(t.Context(), "e1", "c0", "rel-0-later", epochs[0])
+	require.NoError(t, err)
+	require.False(t, absent, "no record left to release")
+}
+
+// TestServer_ReleaseSessions: one call's releases are answered each on its
+// own, in request order.
+func TestServer_ReleaseSessions(t *testing.T) {
+	ts := newTestServer(t, true, nil)
+	ts.renew(t, "e1", 1)
+	a, err := ts.claim(t.Context(), "e1", "a", "")
+	require.NoError(t, err)
+	b, err := ts.claim(t.Context(), "e1", "b", "")
+	require.NoError(t, err)
+	rel := func(client, req string, epoch uint64) *coordinatorv1.SessionRelease {
+		return &coordinatorv1.SessionRelease{RequestId: req, Session: &commonv1.SessionKey{Tenant: "acme", ClientId: client}, Epoch: epoch}
+	}
+	call := func(rs ...*coordinatorv1.SessionRelease) ([]*coordinatorv1.ReleaseResult, error) {
+		resp, err := ts.s.ReleaseSessions(t.Context(), connect.NewRequest(&coordinatorv1.ReleaseSessionsRequest{
+			EdgeId: "e1", Incarnation: 1, Releases: rs}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.GetResults(), nil
+	}
+	res, err := call(rel("a", "ra", a.GetEpoch()), rel("b", "rb", b.GetEpoch()-1), rel("b", "rb0", 0),
+		rel("never", "rn", 5), rel("a", "ra", a.GetEpoch()))
+	require.NoError(t, err)
+	require.Len(t, res, 5)
+	require.True(t, res[0].GetReleased())
+	require.Equal(t, coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_STALE_EPOCH, res[1].GetError().GetCode(), res[1].GetError().GetMessage())
+	require.Equal(t, coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT, res[2].GetError().GetCode())
+	require.False(t, res[3].GetReleased())
+	require.Nil(t, res[3].GetError(), "no record: not an error")
+	require.True(t, res[4].GetReleased(), "the same request again: the same answer")
+	require.NotNil(t, ts.s.fsm.State().Session("acme", "b"), "the refused releases left b")
+
+	_, err = call()
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+	_, err = ts.s.ReleaseSessions(t.Context(), connect.NewRequest(&coordinatorv1.ReleaseSessionsRequest{
+		EdgeId: "", Incarnation: 1, Releases: []*coordinatorv1.SessionRelease{rel("b", "x", b.GetEpoch())}}))
+	require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err))
+}
+
 // TestServer_ClaimSourceGone: a grant says when the edge the session
 // would be taken over from is no longer a live member, so the claimant
 // resumes it from the store instead of calling an edge that fenced itself:

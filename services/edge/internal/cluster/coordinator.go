@@ -253,19 +253,60 @@ func (m *Member) log() *slog.Logger {
 	return m.Logger
 }
 
-// Ownership claims sessions at the coordinator. Concurrent claims are sent
-// together in ClaimSessions calls (a connect storm costs few Raft entries).
+// Ownership claims and releases sessions at the coordinator. Concurrent
+// claims are sent together in ClaimSessions calls, concurrent releases in
+// ReleaseSessions calls: a connect storm, and the disconnects that end it,
+// cost few calls and few Raft entries.
 type Ownership struct {
 	Client coordinatorv1connect.CoordinatorServiceClient
 	Member *Member
-	// MaxBatch bounds the claims per call; Linger is how long a claim waits
-	// for others to join its call.
+	// MaxBatch bounds the claims, and the releases, per call; Linger is how
+	// long one waits for others to join its call.
 	MaxBatch int
 	Linger   time.Duration
 
+	claims   gather[*claim]
+	releases gather[*release]
+	// unbatched is set once the coordinator answered that it has no
+	// ReleaseSessions (a version before it): releases then go one per call.
+	unbatched atomic.Bool
+}
+
+// gather collects the items of concurrent callers into batches of up to
+// max, each sent once full or linger after its first item.
+type gather[T any] struct {
 	mu      sync.Mutex
-	pending []*claim
+	pending []T
 	timer   *time.Timer
+}
+
+func (g *gather[T]) add(item T, maxBatch int, linger time.Duration, send func([]T)) {
+	g.mu.Lock()
+	g.pending = append(g.pending, item)
+	if len(g.pending) >= max(maxBatch, 1) {
+		batch := g.pending
+		g.pending = nil
+		if g.timer != nil {
+			g.timer.Stop()
+			g.timer = nil
+		}
+		g.mu.Unlock()
+		go send(batch)
+		return
+	}
+	if g.timer == nil {
+		g.timer = time.AfterFunc(linger, func() {
+			g.mu.Lock()
+			batch := g.pending
+			g.pending = nil
+			g.timer = nil
+			g.mu.Unlock()
+			if len(batch) > 0 {
+				send(batch)
+			}
+		})
+	}
+	g.mu.Unlock()
 }
 
 type claim struct {
@@ -292,23 +333,7 @@ func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner strin
 	}
 	c := &claim{req: &coordinatorv1.SessionClaim{RequestId: requestID(), ExpectedOwner: owner,
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}}, done: make(chan claimResult, 1)}
-	o.mu.Lock()
-	o.pending = append(o.pending, c)
-	if len(o.pending) >= max(o.MaxBatch, 1) {
-		batch := o.pending
-		o.pending = nil
-		if o.timer != nil {
-			o.timer.Stop()
-			o.timer = nil
-		}
-		o.mu.Unlock()
-		go o.send(batch)
-	} else {
-		if o.timer == nil {
-			o.timer = time.AfterFunc(o.Linger, o.flush)
-		}
-		o.mu.Unlock()
-	}
+	o.claims.add(c, o.MaxBatch, o.Linger, o.sendClaims)
 	select {
 	case r := <-c.done:
 		return r.grant, r.err
@@ -317,30 +342,16 @@ func (o *Ownership) ClaimFrom(ctx context.Context, tenant, clientID, owner strin
 	}
 }
 
-func (o *Ownership) flush() {
-	o.mu.Lock()
-	batch := o.pending
-	o.pending = nil
-	o.timer = nil
-	o.mu.Unlock()
-	if len(batch) > 0 {
-		o.send(batch)
-	}
-}
-
-// send makes one ClaimSessions call, retried (same request IDs, so the
-// coordinator applies each claim once) while the coordinator is unavailable.
-func (o *Ownership) send(batch []*claim) {
+// sendClaims makes one ClaimSessions call, retried (same request IDs, so
+// the coordinator applies each claim once) while the coordinator is
+// unavailable.
+func (o *Ownership) sendClaims(batch []*claim) {
 	req := &coordinatorv1.ClaimSessionsRequest{EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation()}
 	for _, c := range batch {
 		req.Claims = append(req.Claims, c.req)
 	}
 	var resp *connect.Response[coordinatorv1.ClaimSessionsResponse]
-	retrying, stop := context.WithTimeout(context.Background(), 10*time.Second)
-	defer stop()
-	err := whileUnavailable(retrying, func() (err error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
+	err := retryBatch(func(ctx context.Context) (err error) {
 		resp, err = o.Client.ClaimSessions(ctx, connect.NewRequest(req))
 		return err
 	})
@@ -367,6 +378,18 @@ func (o *Ownership) send(batch []*claim) {
 	}
 }
 
+// retryBatch makes a batch's call, each try bounded to 5 s, again while
+// the coordinator is unavailable, for up to 10 s.
+func retryBatch(call func(ctx context.Context) error) error {
+	retrying, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	return whileUnavailable(retrying, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return call(ctx)
+	})
+}
+
 // Owner implements broker.OwnerLookup from the leader's record.
 func (o *Ownership) Owner(ctx context.Context, tenant, clientID string) (string, uint64, error) {
 	resp, err := o.Client.GetSession(ctx, connect.NewRequest(&coordinatorv1.GetSessionRequest{
@@ -378,15 +401,78 @@ func (o *Ownership) Owner(ctx context.Context, tenant, clientID string) (string,
 	return rec.GetOwnerEdgeId(), rec.GetEpoch(), nil
 }
 
-// Release gives a session up (a clean session ended), retried (same
-// request ID, so the coordinator applies it once) while the coordinator is
-// unavailable and ctx lasts: the calls in flight on a connection that was
-// given up all fail at once, and a release lost leaves the session's
-// record at the coordinator naming this edge.
+type release struct {
+	req  *coordinatorv1.SessionRelease
+	done chan error
+}
+
+// Release gives a session up (a clean session ended). Concurrent releases
+// go together in ReleaseSessions calls, retried (same request IDs, so the
+// coordinator applies each once) while the coordinator is unavailable: the
+// calls in flight on a connection that was given up all fail at once, and
+// a release lost leaves the session's record at the coordinator naming
+// this edge. A release refused (the session was claimed again since) is
+// an error.
 func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch uint64) error {
-	req := &coordinatorv1.ReleaseSessionRequest{
-		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch,
-		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: requestID()}
+	r := &release{req: &coordinatorv1.SessionRelease{RequestId: requestID(),
+		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch}, done: make(chan error, 1)}
+	if o.unbatched.Load() {
+		return o.releaseAlone(ctx, r.req)
+	}
+	o.releases.add(r, o.MaxBatch, o.Linger, o.sendReleases)
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (o *Ownership) sendReleases(batch []*release) {
+	req := &coordinatorv1.ReleaseSessionsRequest{EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation()}
+	for _, r := range batch {
+		req.Releases = append(req.Releases, r.req)
+	}
+	var resp *connect.Response[coordinatorv1.ReleaseSessionsResponse]
+	err := retryBatch(func(ctx context.Context) (err error) {
+		resp, err = o.Client.ReleaseSessions(ctx, connect.NewRequest(req))
+		return err
+	})
+	if connect.CodeOf(err) == connect.CodeUnimplemented {
+		// A coordinator older than ReleaseSessions, during a rolling upgrade.
+		o.unbatched.Store(true)
+		for _, r := range batch {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				r.done <- o.releaseAlone(ctx, r.req)
+			}()
+		}
+		return
+	}
+	var res []*coordinatorv1.ReleaseResult
+	if err == nil {
+		res = resp.Msg.GetResults()
+	}
+	for i, r := range batch {
+		switch {
+		case err != nil:
+			r.done <- fmt.Errorf("release session: %w", err)
+		case i >= len(res):
+			r.done <- errors.New("release session: short answer")
+		case res[i].GetError() != nil:
+			r.done <- fmt.Errorf("release session: %v: %s", res[i].GetError().GetCode(), res[i].GetError().GetMessage())
+		default:
+			r.done <- nil
+		}
+	}
+}
+
+// releaseAlone is a release in a call of its own, retried while the
+// coordinator is unavailable and ctx lasts.
+func (o *Ownership) releaseAlone(ctx context.Context, r *coordinatorv1.SessionRelease) error {
+	req := &coordinatorv1.ReleaseSessionRequest{Session: r.GetSession(), Epoch: r.GetEpoch(),
+		EdgeId: o.Member.ID, Incarnation: o.Member.Incarnation(), RequestId: r.GetRequestId()}
 	return whileUnavailable(ctx, func() error {
 		_, err := o.Client.ReleaseSession(ctx, connect.NewRequest(req))
 		return err

@@ -183,7 +183,8 @@ func TestClient_OneConnectionAndALeaseThatOutlivesItsSilence(t *testing.T) {
 	defer cancel()
 	go func() { _ = m.Run(ctx) }()
 
-	o := &Ownership{Client: m.Client, Member: m, MaxBatch: 256, Linger: time.Millisecond}
+	counted := &countingReleases{CoordinatorServiceClient: m.Client}
+	o := &Ownership{Client: counted, Member: m, MaxBatch: 256, Linger: time.Millisecond}
 	const clients = 1000
 	grants := make([]broker.Grant, clients)
 	var wg sync.WaitGroup
@@ -206,6 +207,14 @@ func TestClient_OneConnectionAndALeaseThatOutlivesItsSilence(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, 1, proxy.Accepted(), "the lease, the claims and the releases on one connection")
+	require.Zero(t, counted.alone.Load(), "no release in a call of its own")
+	require.LessOrEqual(t, counted.batches.Load(), int32(clients/8), "releases in few calls")
+	t.Logf("%d releases in %d calls", clients, counted.batches.Load())
+	for _, i := range []int{0, clients / 2, clients - 1} {
+		owner, _, err := o.Owner(t.Context(), "acme", fmt.Sprintf("storm-%d", i))
+		require.NoError(t, err)
+		require.Empty(t, owner, "storm-%d released", i)
+	}
 
 	proxy.Stall()
 	// Longer than a lease (10 s, less the margin): renewals kept it.
@@ -214,6 +223,22 @@ func TestClient_OneConnectionAndALeaseThatOutlivesItsSilence(t *testing.T) {
 		require.True(t, m.Valid())
 	}
 	require.Greater(t, proxy.Accepted(), 1, "renewed on a new connection")
+}
+
+// countingReleases counts the release calls made through it.
+type countingReleases struct {
+	coordinatorv1connect.CoordinatorServiceClient
+	alone, batches atomic.Int32
+}
+
+func (c *countingReleases) ReleaseSession(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
+	c.alone.Add(1)
+	return c.CoordinatorServiceClient.ReleaseSession(ctx, req)
+}
+
+func (c *countingReleases) ReleaseSessions(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionsRequest]) (*connect.Response[coordinatorv1.ReleaseSessionsResponse], error) {
+	c.batches.Add(1)
+	return c.CoordinatorServiceClient.ReleaseSessions(ctx, req)
 }
 
 // failingRenewal fails the renewal numbered fail (counting from the join's,
@@ -314,36 +339,90 @@ func TestClient_RenewsOnANewConnectionAfterATimeout(t *testing.T) {
 	require.Equal(t, 2, proxy.Accepted(), "the renewal after the failed one on a new connection")
 }
 
-// unavailableReleases answers the first release of each request as a
-// coordinator without a leader does, and records the request IDs it saw.
+// unavailableReleases answers the first release call as a coordinator
+// without a leader does, and records the request IDs it saw, and the
+// calls. Without batches, it is a coordinator older than ReleaseSessions.
 type unavailableReleases struct {
 	coordinatorv1connect.UnimplementedCoordinatorServiceHandler
-	mu  sync.Mutex
-	ids []string
+	noBatches bool
+	mu        sync.Mutex
+	ids       []string
+	calls     int
+	refuse    string // a client whose release is refused as stale
 }
 
 func (u *unavailableReleases) ReleaseSession(_ context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.calls++
 	u.ids = append(u.ids, req.Msg.GetRequestId())
-	if len(u.ids) == 1 {
+	if u.calls == 1 {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
 	}
-	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{}), nil
+	if req.Msg.GetSession().GetClientId() == u.refuse {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("claimed again"))
+	}
+	return connect.NewResponse(&coordinatorv1.ReleaseSessionResponse{Released: true}), nil
+}
+
+func (u *unavailableReleases) ReleaseSessions(_ context.Context, req *connect.Request[coordinatorv1.ReleaseSessionsRequest]) (*connect.Response[coordinatorv1.ReleaseSessionsResponse], error) {
+	if u.noBatches {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no ReleaseSessions"))
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls++
+	resp := &coordinatorv1.ReleaseSessionsResponse{}
+	for _, r := range req.Msg.GetReleases() {
+		u.ids = append(u.ids, r.GetRequestId())
+		res := &coordinatorv1.ReleaseResult{Released: true}
+		if r.GetSession().GetClientId() == u.refuse {
+			res = &coordinatorv1.ReleaseResult{Error: &coordinatorv1.ReleaseError{
+				Code: coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_STALE_EPOCH, Message: "claimed again"}}
+		}
+		resp.Results = append(resp.Results, res)
+	}
+	if u.calls == 1 {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("no leader"))
+	}
+	return connect.NewResponse(resp), nil
 }
 
 // A release the coordinator could not take is sent again, under the same
 // request ID (applied once): a lost one leaves the session's record naming
-// this edge.
+// this edge. A refused one is an error for its caller alone. A coordinator
+// older than ReleaseSessions gets each release in a call of its own.
 func TestOwnership_RetriesAReleaseWhileTheCoordinatorIsUnavailable(t *testing.T) {
 	t.Parallel()
-	coord := &unavailableReleases{}
-	o := &Ownership{Client: NewClient(serveCoordinator(t, coord)), Member: &Member{ID: "edge-a"}}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	require.NoError(t, o.Release(ctx, "acme", "dev-1", 7))
-	coord.mu.Lock()
-	defer coord.mu.Unlock()
-	require.Len(t, coord.ids, 2)
-	require.Equal(t, coord.ids[0], coord.ids[1], "the same request again")
+	for _, noBatches := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batches=%v", !noBatches), func(t *testing.T) {
+			t.Parallel()
+			coord := &unavailableReleases{noBatches: noBatches, refuse: "dev-stale"}
+			o := &Ownership{Client: NewClient(serveCoordinator(t, coord)), Member: &Member{ID: "edge-a"},
+				MaxBatch: 2, Linger: 50 * time.Millisecond}
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			var stale error
+			var wg sync.WaitGroup
+			wg.Go(func() { stale = o.Release(ctx, "acme", "dev-stale", 7) })
+			require.NoError(t, o.Release(ctx, "acme", "dev-1", 7))
+			wg.Wait()
+			require.ErrorContains(t, stale, "claimed again")
+			coord.mu.Lock()
+			defer coord.mu.Unlock()
+			if noBatches {
+				require.Equal(t, 3, coord.calls, "the release refused unavailable again, the other once")
+				seen := map[string]int{}
+				for _, id := range coord.ids {
+					seen[id]++
+				}
+				require.Len(t, seen, 2, "two releases, one sent again under the same request ID")
+				require.Equal(t, 2, seen[coord.ids[0]], "the first release, refused unavailable, again")
+				return
+			}
+			require.Equal(t, 2, coord.calls, "one call of both, sent again")
+			require.Len(t, coord.ids, 4)
+			require.Equal(t, coord.ids[:2], coord.ids[2:], "the same requests again")
+		})
+	}
 }

@@ -337,6 +337,66 @@ func (ReleaseSessionReason) EnumDescriptor() ([]byte, []int) {
 	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{4}
 }
 
+// ReleaseErrorCode classifies a refused release.
+type ReleaseErrorCode int32
+
+const (
+	// RELEASE_ERROR_CODE_UNSPECIFIED is an internal error; retry with backoff.
+	ReleaseErrorCode_RELEASE_ERROR_CODE_UNSPECIFIED ReleaseErrorCode = 0
+	// RELEASE_ERROR_CODE_STALE_EPOCH means the session has been claimed again
+	// since (a newer epoch): the newer claim stands; do not retry.
+	ReleaseErrorCode_RELEASE_ERROR_CODE_STALE_EPOCH ReleaseErrorCode = 1
+	// RELEASE_ERROR_CODE_NOT_OWNER means another edge incarnation owns the
+	// session; do not retry.
+	ReleaseErrorCode_RELEASE_ERROR_CODE_NOT_OWNER ReleaseErrorCode = 2
+	// RELEASE_ERROR_CODE_INVALID_ARGUMENT means a malformed or over-long field,
+	// or no epoch; do not retry.
+	ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT ReleaseErrorCode = 3
+)
+
+// Enum value maps for ReleaseErrorCode.
+var (
+	ReleaseErrorCode_name = map[int32]string{
+		0: "RELEASE_ERROR_CODE_UNSPECIFIED",
+		1: "RELEASE_ERROR_CODE_STALE_EPOCH",
+		2: "RELEASE_ERROR_CODE_NOT_OWNER",
+		3: "RELEASE_ERROR_CODE_INVALID_ARGUMENT",
+	}
+	ReleaseErrorCode_value = map[string]int32{
+		"RELEASE_ERROR_CODE_UNSPECIFIED":      0,
+		"RELEASE_ERROR_CODE_STALE_EPOCH":      1,
+		"RELEASE_ERROR_CODE_NOT_OWNER":        2,
+		"RELEASE_ERROR_CODE_INVALID_ARGUMENT": 3,
+	}
+)
+
+func (x ReleaseErrorCode) Enum() *ReleaseErrorCode {
+	p := new(ReleaseErrorCode)
+	*p = x
+	return p
+}
+
+func (x ReleaseErrorCode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReleaseErrorCode) Descriptor() protoreflect.EnumDescriptor {
+	return file_keel_coordinator_v1_coordinator_proto_enumTypes[5].Descriptor()
+}
+
+func (ReleaseErrorCode) Type() protoreflect.EnumType {
+	return &file_keel_coordinator_v1_coordinator_proto_enumTypes[5]
+}
+
+func (x ReleaseErrorCode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReleaseErrorCode.Descriptor instead.
+func (ReleaseErrorCode) EnumDescriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{5}
+}
+
 // RaftState is the Raft role of a node.
 type RaftState int32
 
@@ -382,11 +442,11 @@ func (x RaftState) String() string {
 }
 
 func (RaftState) Descriptor() protoreflect.EnumDescriptor {
-	return file_keel_coordinator_v1_coordinator_proto_enumTypes[5].Descriptor()
+	return file_keel_coordinator_v1_coordinator_proto_enumTypes[6].Descriptor()
 }
 
 func (RaftState) Type() protoreflect.EnumType {
-	return &file_keel_coordinator_v1_coordinator_proto_enumTypes[5]
+	return &file_keel_coordinator_v1_coordinator_proto_enumTypes[6]
 }
 
 func (x RaftState) Number() protoreflect.EnumNumber {
@@ -395,7 +455,7 @@ func (x RaftState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RaftState.Descriptor instead.
 func (RaftState) EnumDescriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{5}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{6}
 }
 
 // NotLeaderDetail is attached as a Connect error detail when a follower receives a
@@ -1321,6 +1381,300 @@ func (x *ReleaseSessionResponse) GetReleased() bool {
 	return false
 }
 
+// ReleaseSessionsRequest releases many sessions of one edge.
+type ReleaseSessionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// edge_id of the owner releasing them.
+	EdgeId string `protobuf:"bytes,1,opt,name=edge_id,json=edgeId,proto3" json:"edge_id,omitempty"`
+	// incarnation of the owner.
+	Incarnation uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// releases, at most a server-configured number per call (the claims' bound).
+	Releases      []*SessionRelease `protobuf:"bytes,3,rep,name=releases,proto3" json:"releases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSessionsRequest) Reset() {
+	*x = ReleaseSessionsRequest{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSessionsRequest) ProtoMessage() {}
+
+func (x *ReleaseSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReleaseSessionsRequest) GetEdgeId() string {
+	if x != nil {
+		return x.EdgeId
+	}
+	return ""
+}
+
+func (x *ReleaseSessionsRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ReleaseSessionsRequest) GetReleases() []*SessionRelease {
+	if x != nil {
+		return x.Releases
+	}
+	return nil
+}
+
+// SessionRelease is one release inside a ReleaseSessionsRequest.
+type SessionRelease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id makes this release idempotent, as in ReleaseSessionRequest.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// session to release.
+	Session *v1.SessionKey `protobuf:"bytes,2,opt,name=session,proto3" json:"session,omitempty"`
+	// epoch the caller owns; the release is refused if the session has another.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// reason the session ended, for metrics and audit.
+	Reason        ReleaseSessionReason `protobuf:"varint,4,opt,name=reason,proto3,enum=keel.coordinator.v1.ReleaseSessionReason" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRelease) Reset() {
+	*x = SessionRelease{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRelease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRelease) ProtoMessage() {}
+
+func (x *SessionRelease) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRelease.ProtoReflect.Descriptor instead.
+func (*SessionRelease) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SessionRelease) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *SessionRelease) GetSession() *v1.SessionKey {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *SessionRelease) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SessionRelease) GetReason() ReleaseSessionReason {
+	if x != nil {
+		return x.Reason
+	}
+	return ReleaseSessionReason_RELEASE_SESSION_REASON_UNSPECIFIED
+}
+
+// ReleaseSessionsResponse has one result per release, in request order.
+type ReleaseSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results[i] answers releases[i].
+	Results       []*ReleaseResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseSessionsResponse) Reset() {
+	*x = ReleaseSessionsResponse{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseSessionsResponse) ProtoMessage() {}
+
+func (x *ReleaseSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReleaseSessionsResponse) GetResults() []*ReleaseResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// ReleaseResult is the outcome of one release in a batch.
+type ReleaseResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released is false when there was no record (already released), or when
+	// error is set.
+	Released bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// error, when set, says why the release was refused.
+	Error         *ReleaseError `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResult) Reset() {
+	*x = ReleaseResult{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResult) ProtoMessage() {}
+
+func (x *ReleaseResult) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResult.ProtoReflect.Descriptor instead.
+func (*ReleaseResult) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReleaseResult) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+func (x *ReleaseResult) GetError() *ReleaseError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// ReleaseError explains a refused release in a batch.
+type ReleaseError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code classifies the refusal.
+	Code ReleaseErrorCode `protobuf:"varint,1,opt,name=code,proto3,enum=keel.coordinator.v1.ReleaseErrorCode" json:"code,omitempty"`
+	// message is human-readable detail for logs.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseError) Reset() {
+	*x = ReleaseError{}
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseError) ProtoMessage() {}
+
+func (x *ReleaseError) ProtoReflect() protoreflect.Message {
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseError.ProtoReflect.Descriptor instead.
+func (*ReleaseError) Descriptor() ([]byte, []int) {
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReleaseError) GetCode() ReleaseErrorCode {
+	if x != nil {
+		return x.Code
+	}
+	return ReleaseErrorCode_RELEASE_ERROR_CODE_UNSPECIFIED
+}
+
+func (x *ReleaseError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // GetSessionRequest reads one ownership record.
 type GetSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1334,7 +1688,7 @@ type GetSessionRequest struct {
 
 func (x *GetSessionRequest) Reset() {
 	*x = GetSessionRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[13]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1700,7 @@ func (x *GetSessionRequest) String() string {
 func (*GetSessionRequest) ProtoMessage() {}
 
 func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[13]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1713,7 @@ func (x *GetSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionRequest.ProtoReflect.Descriptor instead.
 func (*GetSessionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{13}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetSessionRequest) GetSession() *v1.SessionKey {
@@ -1389,7 +1743,7 @@ type GetSessionResponse struct {
 
 func (x *GetSessionResponse) Reset() {
 	*x = GetSessionResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[14]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1755,7 @@ func (x *GetSessionResponse) String() string {
 func (*GetSessionResponse) ProtoMessage() {}
 
 func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[14]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1768,7 @@ func (x *GetSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSessionResponse.ProtoReflect.Descriptor instead.
 func (*GetSessionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{14}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetSessionResponse) GetSession() *SessionRecord {
@@ -1456,7 +1810,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1468,7 +1822,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[15]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1481,7 +1835,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{15}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSessionsRequest) GetTenant() string {
@@ -1544,7 +1898,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1910,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[16]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1923,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{16}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*SessionRecord {
@@ -1612,7 +1966,7 @@ type WatchClusterRequest struct {
 
 func (x *WatchClusterRequest) Reset() {
 	*x = WatchClusterRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1624,7 +1978,7 @@ func (x *WatchClusterRequest) String() string {
 func (*WatchClusterRequest) ProtoMessage() {}
 
 func (x *WatchClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[17]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1637,7 +1991,7 @@ func (x *WatchClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchClusterRequest.ProtoReflect.Descriptor instead.
 func (*WatchClusterRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{17}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WatchClusterRequest) GetMemberId() string {
@@ -1693,7 +2047,7 @@ type WatchClusterResponse struct {
 
 func (x *WatchClusterResponse) Reset() {
 	*x = WatchClusterResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +2059,7 @@ func (x *WatchClusterResponse) String() string {
 func (*WatchClusterResponse) ProtoMessage() {}
 
 func (x *WatchClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[18]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +2072,7 @@ func (x *WatchClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchClusterResponse.ProtoReflect.Descriptor instead.
 func (*WatchClusterResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{18}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *WatchClusterResponse) GetIndex() uint64 {
@@ -1890,7 +2244,7 @@ type ClusterSnapshot struct {
 
 func (x *ClusterSnapshot) Reset() {
 	*x = ClusterSnapshot{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +2256,7 @@ func (x *ClusterSnapshot) String() string {
 func (*ClusterSnapshot) ProtoMessage() {}
 
 func (x *ClusterSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[19]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2269,7 @@ func (x *ClusterSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterSnapshot.ProtoReflect.Descriptor instead.
 func (*ClusterSnapshot) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{19}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ClusterSnapshot) GetMembers() []*Member {
@@ -1964,7 +2318,7 @@ type MembershipChange struct {
 
 func (x *MembershipChange) Reset() {
 	*x = MembershipChange{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1976,7 +2330,7 @@ func (x *MembershipChange) String() string {
 func (*MembershipChange) ProtoMessage() {}
 
 func (x *MembershipChange) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[20]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1989,7 +2343,7 @@ func (x *MembershipChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembershipChange.ProtoReflect.Descriptor instead.
 func (*MembershipChange) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{20}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MembershipChange) GetMember() *Member {
@@ -2024,7 +2378,7 @@ type ClusterConfig struct {
 
 func (x *ClusterConfig) Reset() {
 	*x = ClusterConfig{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2390,7 @@ func (x *ClusterConfig) String() string {
 func (*ClusterConfig) ProtoMessage() {}
 
 func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[21]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2403,7 @@ func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterConfig.ProtoReflect.Descriptor instead.
 func (*ClusterConfig) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{21}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ClusterConfig) GetVersion() uint64 {
@@ -2114,7 +2468,7 @@ type AclVersionChange struct {
 
 func (x *AclVersionChange) Reset() {
 	*x = AclVersionChange{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2480,7 @@ func (x *AclVersionChange) String() string {
 func (*AclVersionChange) ProtoMessage() {}
 
 func (x *AclVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[22]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2493,7 @@ func (x *AclVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AclVersionChange.ProtoReflect.Descriptor instead.
 func (*AclVersionChange) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{22}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AclVersionChange) GetTenant() string {
@@ -2176,7 +2530,7 @@ type RedisGroupRecord struct {
 
 func (x *RedisGroupRecord) Reset() {
 	*x = RedisGroupRecord{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2542,7 @@ func (x *RedisGroupRecord) String() string {
 func (*RedisGroupRecord) ProtoMessage() {}
 
 func (x *RedisGroupRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[23]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2555,7 @@ func (x *RedisGroupRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedisGroupRecord.ProtoReflect.Descriptor instead.
 func (*RedisGroupRecord) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{23}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RedisGroupRecord) GetGroupId() uint32 {
@@ -2257,7 +2611,7 @@ type CustodyAssignment struct {
 
 func (x *CustodyAssignment) Reset() {
 	*x = CustodyAssignment{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2623,7 @@ func (x *CustodyAssignment) String() string {
 func (*CustodyAssignment) ProtoMessage() {}
 
 func (x *CustodyAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[24]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2636,7 @@ func (x *CustodyAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustodyAssignment.ProtoReflect.Descriptor instead.
 func (*CustodyAssignment) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{24}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CustodyAssignment) GetFromEdgeId() string {
@@ -2328,7 +2682,7 @@ type SessionTakeover struct {
 
 func (x *SessionTakeover) Reset() {
 	*x = SessionTakeover{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2694,7 @@ func (x *SessionTakeover) String() string {
 func (*SessionTakeover) ProtoMessage() {}
 
 func (x *SessionTakeover) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[25]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2707,7 @@ func (x *SessionTakeover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionTakeover.ProtoReflect.Descriptor instead.
 func (*SessionTakeover) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{25}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SessionTakeover) GetNewOwnerEdgeId() string {
@@ -2390,7 +2744,7 @@ type SessionEpoch struct {
 
 func (x *SessionEpoch) Reset() {
 	*x = SessionEpoch{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2756,7 @@ func (x *SessionEpoch) String() string {
 func (*SessionEpoch) ProtoMessage() {}
 
 func (x *SessionEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[26]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2769,7 @@ func (x *SessionEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionEpoch.ProtoReflect.Descriptor instead.
 func (*SessionEpoch) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{26}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SessionEpoch) GetSession() *v1.SessionKey {
@@ -2445,7 +2799,7 @@ type ClusterHeartbeat struct {
 
 func (x *ClusterHeartbeat) Reset() {
 	*x = ClusterHeartbeat{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2457,7 +2811,7 @@ func (x *ClusterHeartbeat) String() string {
 func (*ClusterHeartbeat) ProtoMessage() {}
 
 func (x *ClusterHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[27]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2470,7 +2824,7 @@ func (x *ClusterHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterHeartbeat.ProtoReflect.Descriptor instead.
 func (*ClusterHeartbeat) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{27}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ClusterHeartbeat) GetLeaderId() string {
@@ -2521,7 +2875,7 @@ type RenewLeaseRequest struct {
 
 func (x *RenewLeaseRequest) Reset() {
 	*x = RenewLeaseRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2887,7 @@ func (x *RenewLeaseRequest) String() string {
 func (*RenewLeaseRequest) ProtoMessage() {}
 
 func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[28]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2900,7 @@ func (x *RenewLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseRequest.ProtoReflect.Descriptor instead.
 func (*RenewLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{28}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RenewLeaseRequest) GetMemberId() string {
@@ -2631,7 +2985,7 @@ type CustodyProgress struct {
 
 func (x *CustodyProgress) Reset() {
 	*x = CustodyProgress{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2997,7 @@ func (x *CustodyProgress) String() string {
 func (*CustodyProgress) ProtoMessage() {}
 
 func (x *CustodyProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[29]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +3010,7 @@ func (x *CustodyProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CustodyProgress.ProtoReflect.Descriptor instead.
 func (*CustodyProgress) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{29}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CustodyProgress) GetAdoptedThrough() uint64 {
@@ -2708,7 +3062,7 @@ type RenewLeaseResponse struct {
 
 func (x *RenewLeaseResponse) Reset() {
 	*x = RenewLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +3074,7 @@ func (x *RenewLeaseResponse) String() string {
 func (*RenewLeaseResponse) ProtoMessage() {}
 
 func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[30]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +3087,7 @@ func (x *RenewLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLeaseResponse.ProtoReflect.Descriptor instead.
 func (*RenewLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{30}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RenewLeaseResponse) GetRemainingTtl() *durationpb.Duration {
@@ -2782,7 +3136,7 @@ type GetRedisPrimaryRequest struct {
 
 func (x *GetRedisPrimaryRequest) Reset() {
 	*x = GetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3148,7 @@ func (x *GetRedisPrimaryRequest) String() string {
 func (*GetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[31]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3161,7 @@ func (x *GetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{31}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRedisPrimaryRequest) GetGroupId() uint32 {
@@ -2828,7 +3182,7 @@ type GetRedisPrimaryResponse struct {
 
 func (x *GetRedisPrimaryResponse) Reset() {
 	*x = GetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +3194,7 @@ func (x *GetRedisPrimaryResponse) String() string {
 func (*GetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[32]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +3207,7 @@ func (x *GetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*GetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{32}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetRedisPrimaryResponse) GetGroup() *RedisGroupRecord {
@@ -2882,7 +3236,7 @@ type CompareAndSetRedisPrimaryRequest struct {
 
 func (x *CompareAndSetRedisPrimaryRequest) Reset() {
 	*x = CompareAndSetRedisPrimaryRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +3248,7 @@ func (x *CompareAndSetRedisPrimaryRequest) String() string {
 func (*CompareAndSetRedisPrimaryRequest) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[33]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +3261,7 @@ func (x *CompareAndSetRedisPrimaryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSetRedisPrimaryRequest.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{33}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CompareAndSetRedisPrimaryRequest) GetRequestId() string {
@@ -2958,7 +3312,7 @@ type CompareAndSetRedisPrimaryResponse struct {
 
 func (x *CompareAndSetRedisPrimaryResponse) Reset() {
 	*x = CompareAndSetRedisPrimaryResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3324,7 @@ func (x *CompareAndSetRedisPrimaryResponse) String() string {
 func (*CompareAndSetRedisPrimaryResponse) ProtoMessage() {}
 
 func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[34]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3337,7 @@ func (x *CompareAndSetRedisPrimaryResponse) ProtoReflect() protoreflect.Message 
 
 // Deprecated: Use CompareAndSetRedisPrimaryResponse.ProtoReflect.Descriptor instead.
 func (*CompareAndSetRedisPrimaryResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{34}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CompareAndSetRedisPrimaryResponse) GetSwapped() bool {
@@ -3029,7 +3383,7 @@ type AcquirePromotionLeaseRequest struct {
 
 func (x *AcquirePromotionLeaseRequest) Reset() {
 	*x = AcquirePromotionLeaseRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3041,7 +3395,7 @@ func (x *AcquirePromotionLeaseRequest) String() string {
 func (*AcquirePromotionLeaseRequest) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[35]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3054,7 +3408,7 @@ func (x *AcquirePromotionLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseRequest.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{35}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AcquirePromotionLeaseRequest) GetMemberId() string {
@@ -3124,7 +3478,7 @@ type AcquirePromotionLeaseResponse struct {
 
 func (x *AcquirePromotionLeaseResponse) Reset() {
 	*x = AcquirePromotionLeaseResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3490,7 @@ func (x *AcquirePromotionLeaseResponse) String() string {
 func (*AcquirePromotionLeaseResponse) ProtoMessage() {}
 
 func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[36]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3503,7 @@ func (x *AcquirePromotionLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquirePromotionLeaseResponse.ProtoReflect.Descriptor instead.
 func (*AcquirePromotionLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{36}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AcquirePromotionLeaseResponse) GetAcquired() bool {
@@ -3203,7 +3557,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3215,7 +3569,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[37]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3228,7 +3582,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{37}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{42}
 }
 
 // StatusResponse is one node's view of the cluster.
@@ -3262,7 +3616,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3274,7 +3628,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[38]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3287,7 +3641,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{38}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -3378,7 +3732,7 @@ type BumpAclVersionRequest struct {
 
 func (x *BumpAclVersionRequest) Reset() {
 	*x = BumpAclVersionRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3390,7 +3744,7 @@ func (x *BumpAclVersionRequest) String() string {
 func (*BumpAclVersionRequest) ProtoMessage() {}
 
 func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[39]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3403,7 +3757,7 @@ func (x *BumpAclVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionRequest.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{39}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BumpAclVersionRequest) GetTenant() string {
@@ -3425,7 +3779,7 @@ type BumpAclVersionResponse struct {
 
 func (x *BumpAclVersionResponse) Reset() {
 	*x = BumpAclVersionResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3791,7 @@ func (x *BumpAclVersionResponse) String() string {
 func (*BumpAclVersionResponse) ProtoMessage() {}
 
 func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[40]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3804,7 @@ func (x *BumpAclVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BumpAclVersionResponse.ProtoReflect.Descriptor instead.
 func (*BumpAclVersionResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{40}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BumpAclVersionResponse) GetVersion() uint64 {
@@ -3471,7 +3825,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3837,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[41]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3850,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{41}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemovePeerRequest) GetNodeId() string {
@@ -3521,7 +3875,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3887,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[42]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3900,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{42}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RaftPeer) GetNodeId() string {
@@ -3581,7 +3935,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3593,7 +3947,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[43]
+	mi := &file_keel_coordinator_v1_coordinator_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3606,7 +3960,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{43}
+	return file_keel_coordinator_v1_coordinator_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemovePeerResponse) GetPeers() []*RaftPeer {
@@ -3684,7 +4038,25 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\vincarnation\x18\x05 \x01(\x04R\vincarnation\x12A\n" +
 	"\x06reason\x18\x06 \x01(\x0e2).keel.coordinator.v1.ReleaseSessionReasonR\x06reason\"4\n" +
 	"\x16ReleaseSessionResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased\"j\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x94\x01\n" +
+	"\x16ReleaseSessionsRequest\x12\x17\n" +
+	"\aedge_id\x18\x01 \x01(\tR\x06edgeId\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12?\n" +
+	"\breleases\x18\x03 \x03(\v2#.keel.coordinator.v1.SessionReleaseR\breleases\"\xbe\x01\n" +
+	"\x0eSessionRelease\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x124\n" +
+	"\asession\x18\x02 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12A\n" +
+	"\x06reason\x18\x04 \x01(\x0e2).keel.coordinator.v1.ReleaseSessionReasonR\x06reason\"W\n" +
+	"\x17ReleaseSessionsResponse\x12<\n" +
+	"\aresults\x18\x01 \x03(\v2\".keel.coordinator.v1.ReleaseResultR\aresults\"d\n" +
+	"\rReleaseResult\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\x127\n" +
+	"\x05error\x18\x02 \x01(\v2!.keel.coordinator.v1.ReleaseErrorR\x05error\"c\n" +
+	"\fReleaseError\x129\n" +
+	"\x04code\x18\x01 \x01(\x0e2%.keel.coordinator.v1.ReleaseErrorCodeR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"j\n" +
 	"\x11GetSessionRequest\x124\n" +
 	"\asession\x18\x01 \x01(\v2\x1a.keel.common.v1.SessionKeyR\asession\x12\x1f\n" +
 	"\vallow_stale\x18\x02 \x01(\bR\n" +
@@ -3875,18 +4247,23 @@ const file_keel_coordinator_v1_coordinator_proto_rawDesc = "" +
 	"\"RELEASE_SESSION_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" RELEASE_SESSION_REASON_CLEAN_END\x10\x01\x12\"\n" +
 	"\x1eRELEASE_SESSION_REASON_EXPIRED\x10\x02\x12 \n" +
-	"\x1cRELEASE_SESSION_REASON_ADMIN\x10\x03*\x8a\x01\n" +
+	"\x1cRELEASE_SESSION_REASON_ADMIN\x10\x03*\xa5\x01\n" +
+	"\x10ReleaseErrorCode\x12\"\n" +
+	"\x1eRELEASE_ERROR_CODE_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eRELEASE_ERROR_CODE_STALE_EPOCH\x10\x01\x12 \n" +
+	"\x1cRELEASE_ERROR_CODE_NOT_OWNER\x10\x02\x12'\n" +
+	"#RELEASE_ERROR_CODE_INVALID_ARGUMENT\x10\x03*\x8a\x01\n" +
 	"\tRaftState\x12\x1a\n" +
 	"\x16RAFT_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xee\n" +
-	"\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xdc\v\n" +
 	"\x12CoordinatorService\x12c\n" +
 	"\fClaimSession\x12(.keel.coordinator.v1.ClaimSessionRequest\x1a).keel.coordinator.v1.ClaimSessionResponse\x12f\n" +
 	"\rClaimSessions\x12).keel.coordinator.v1.ClaimSessionsRequest\x1a*.keel.coordinator.v1.ClaimSessionsResponse\x12i\n" +
-	"\x0eReleaseSession\x12*.keel.coordinator.v1.ReleaseSessionRequest\x1a+.keel.coordinator.v1.ReleaseSessionResponse\x12]\n" +
+	"\x0eReleaseSession\x12*.keel.coordinator.v1.ReleaseSessionRequest\x1a+.keel.coordinator.v1.ReleaseSessionResponse\x12l\n" +
+	"\x0fReleaseSessions\x12+.keel.coordinator.v1.ReleaseSessionsRequest\x1a,.keel.coordinator.v1.ReleaseSessionsResponse\x12]\n" +
 	"\n" +
 	"GetSession\x12&.keel.coordinator.v1.GetSessionRequest\x1a'.keel.coordinator.v1.GetSessionResponse\x12c\n" +
 	"\fListSessions\x12(.keel.coordinator.v1.ListSessionsRequest\x1a).keel.coordinator.v1.ListSessionsResponse\x12e\n" +
@@ -3914,152 +4291,166 @@ func file_keel_coordinator_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_keel_coordinator_v1_coordinator_proto_rawDescData
 }
 
-var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_keel_coordinator_v1_coordinator_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_keel_coordinator_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_keel_coordinator_v1_coordinator_proto_goTypes = []any{
 	(MemberRole)(0),                           // 0: keel.coordinator.v1.MemberRole
 	(MemberState)(0),                          // 1: keel.coordinator.v1.MemberState
 	(SessionOwnerKind)(0),                     // 2: keel.coordinator.v1.SessionOwnerKind
 	(ClaimErrorCode)(0),                       // 3: keel.coordinator.v1.ClaimErrorCode
 	(ReleaseSessionReason)(0),                 // 4: keel.coordinator.v1.ReleaseSessionReason
-	(RaftState)(0),                            // 5: keel.coordinator.v1.RaftState
-	(*NotLeaderDetail)(nil),                   // 6: keel.coordinator.v1.NotLeaderDetail
-	(*Member)(nil),                            // 7: keel.coordinator.v1.Member
-	(*SessionRecord)(nil),                     // 8: keel.coordinator.v1.SessionRecord
-	(*ClaimSessionRequest)(nil),               // 9: keel.coordinator.v1.ClaimSessionRequest
-	(*ClaimSessionResponse)(nil),              // 10: keel.coordinator.v1.ClaimSessionResponse
-	(*SessionGrant)(nil),                      // 11: keel.coordinator.v1.SessionGrant
-	(*ClaimSessionsRequest)(nil),              // 12: keel.coordinator.v1.ClaimSessionsRequest
-	(*SessionClaim)(nil),                      // 13: keel.coordinator.v1.SessionClaim
-	(*ClaimSessionsResponse)(nil),             // 14: keel.coordinator.v1.ClaimSessionsResponse
-	(*ClaimResult)(nil),                       // 15: keel.coordinator.v1.ClaimResult
-	(*ClaimError)(nil),                        // 16: keel.coordinator.v1.ClaimError
-	(*ReleaseSessionRequest)(nil),             // 17: keel.coordinator.v1.ReleaseSessionRequest
-	(*ReleaseSessionResponse)(nil),            // 18: keel.coordinator.v1.ReleaseSessionResponse
-	(*GetSessionRequest)(nil),                 // 19: keel.coordinator.v1.GetSessionRequest
-	(*GetSessionResponse)(nil),                // 20: keel.coordinator.v1.GetSessionResponse
-	(*ListSessionsRequest)(nil),               // 21: keel.coordinator.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),              // 22: keel.coordinator.v1.ListSessionsResponse
-	(*WatchClusterRequest)(nil),               // 23: keel.coordinator.v1.WatchClusterRequest
-	(*WatchClusterResponse)(nil),              // 24: keel.coordinator.v1.WatchClusterResponse
-	(*ClusterSnapshot)(nil),                   // 25: keel.coordinator.v1.ClusterSnapshot
-	(*MembershipChange)(nil),                  // 26: keel.coordinator.v1.MembershipChange
-	(*ClusterConfig)(nil),                     // 27: keel.coordinator.v1.ClusterConfig
-	(*AclVersionChange)(nil),                  // 28: keel.coordinator.v1.AclVersionChange
-	(*RedisGroupRecord)(nil),                  // 29: keel.coordinator.v1.RedisGroupRecord
-	(*CustodyAssignment)(nil),                 // 30: keel.coordinator.v1.CustodyAssignment
-	(*SessionTakeover)(nil),                   // 31: keel.coordinator.v1.SessionTakeover
-	(*SessionEpoch)(nil),                      // 32: keel.coordinator.v1.SessionEpoch
-	(*ClusterHeartbeat)(nil),                  // 33: keel.coordinator.v1.ClusterHeartbeat
-	(*RenewLeaseRequest)(nil),                 // 34: keel.coordinator.v1.RenewLeaseRequest
-	(*CustodyProgress)(nil),                   // 35: keel.coordinator.v1.CustodyProgress
-	(*RenewLeaseResponse)(nil),                // 36: keel.coordinator.v1.RenewLeaseResponse
-	(*GetRedisPrimaryRequest)(nil),            // 37: keel.coordinator.v1.GetRedisPrimaryRequest
-	(*GetRedisPrimaryResponse)(nil),           // 38: keel.coordinator.v1.GetRedisPrimaryResponse
-	(*CompareAndSetRedisPrimaryRequest)(nil),  // 39: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	(*CompareAndSetRedisPrimaryResponse)(nil), // 40: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	(*AcquirePromotionLeaseRequest)(nil),      // 41: keel.coordinator.v1.AcquirePromotionLeaseRequest
-	(*AcquirePromotionLeaseResponse)(nil),     // 42: keel.coordinator.v1.AcquirePromotionLeaseResponse
-	(*StatusRequest)(nil),                     // 43: keel.coordinator.v1.StatusRequest
-	(*StatusResponse)(nil),                    // 44: keel.coordinator.v1.StatusResponse
-	(*BumpAclVersionRequest)(nil),             // 45: keel.coordinator.v1.BumpAclVersionRequest
-	(*BumpAclVersionResponse)(nil),            // 46: keel.coordinator.v1.BumpAclVersionResponse
-	(*RemovePeerRequest)(nil),                 // 47: keel.coordinator.v1.RemovePeerRequest
-	(*RaftPeer)(nil),                          // 48: keel.coordinator.v1.RaftPeer
-	(*RemovePeerResponse)(nil),                // 49: keel.coordinator.v1.RemovePeerResponse
-	(*v1.SessionKey)(nil),                     // 50: keel.common.v1.SessionKey
-	(*timestamppb.Timestamp)(nil),             // 51: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),               // 52: google.protobuf.Duration
+	(ReleaseErrorCode)(0),                     // 5: keel.coordinator.v1.ReleaseErrorCode
+	(RaftState)(0),                            // 6: keel.coordinator.v1.RaftState
+	(*NotLeaderDetail)(nil),                   // 7: keel.coordinator.v1.NotLeaderDetail
+	(*Member)(nil),                            // 8: keel.coordinator.v1.Member
+	(*SessionRecord)(nil),                     // 9: keel.coordinator.v1.SessionRecord
+	(*ClaimSessionRequest)(nil),               // 10: keel.coordinator.v1.ClaimSessionRequest
+	(*ClaimSessionResponse)(nil),              // 11: keel.coordinator.v1.ClaimSessionResponse
+	(*SessionGrant)(nil),                      // 12: keel.coordinator.v1.SessionGrant
+	(*ClaimSessionsRequest)(nil),              // 13: keel.coordinator.v1.ClaimSessionsRequest
+	(*SessionClaim)(nil),                      // 14: keel.coordinator.v1.SessionClaim
+	(*ClaimSessionsResponse)(nil),             // 15: keel.coordinator.v1.ClaimSessionsResponse
+	(*ClaimResult)(nil),                       // 16: keel.coordinator.v1.ClaimResult
+	(*ClaimError)(nil),                        // 17: keel.coordinator.v1.ClaimError
+	(*ReleaseSessionRequest)(nil),             // 18: keel.coordinator.v1.ReleaseSessionRequest
+	(*ReleaseSessionResponse)(nil),            // 19: keel.coordinator.v1.ReleaseSessionResponse
+	(*ReleaseSessionsRequest)(nil),            // 20: keel.coordinator.v1.ReleaseSessionsRequest
+	(*SessionRelease)(nil),                    // 21: keel.coordinator.v1.SessionRelease
+	(*ReleaseSessionsResponse)(nil),           // 22: keel.coordinator.v1.ReleaseSessionsResponse
+	(*ReleaseResult)(nil),                     // 23: keel.coordinator.v1.ReleaseResult
+	(*ReleaseError)(nil),                      // 24: keel.coordinator.v1.ReleaseError
+	(*GetSessionRequest)(nil),                 // 25: keel.coordinator.v1.GetSessionRequest
+	(*GetSessionResponse)(nil),                // 26: keel.coordinator.v1.GetSessionResponse
+	(*ListSessionsRequest)(nil),               // 27: keel.coordinator.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),              // 28: keel.coordinator.v1.ListSessionsResponse
+	(*WatchClusterRequest)(nil),               // 29: keel.coordinator.v1.WatchClusterRequest
+	(*WatchClusterResponse)(nil),              // 30: keel.coordinator.v1.WatchClusterResponse
+	(*ClusterSnapshot)(nil),                   // 31: keel.coordinator.v1.ClusterSnapshot
+	(*MembershipChange)(nil),                  // 32: keel.coordinator.v1.MembershipChange
+	(*ClusterConfig)(nil),                     // 33: keel.coordinator.v1.ClusterConfig
+	(*AclVersionChange)(nil),                  // 34: keel.coordinator.v1.AclVersionChange
+	(*RedisGroupRecord)(nil),                  // 35: keel.coordinator.v1.RedisGroupRecord
+	(*CustodyAssignment)(nil),                 // 36: keel.coordinator.v1.CustodyAssignment
+	(*SessionTakeover)(nil),                   // 37: keel.coordinator.v1.SessionTakeover
+	(*SessionEpoch)(nil),                      // 38: keel.coordinator.v1.SessionEpoch
+	(*ClusterHeartbeat)(nil),                  // 39: keel.coordinator.v1.ClusterHeartbeat
+	(*RenewLeaseRequest)(nil),                 // 40: keel.coordinator.v1.RenewLeaseRequest
+	(*CustodyProgress)(nil),                   // 41: keel.coordinator.v1.CustodyProgress
+	(*RenewLeaseResponse)(nil),                // 42: keel.coordinator.v1.RenewLeaseResponse
+	(*GetRedisPrimaryRequest)(nil),            // 43: keel.coordinator.v1.GetRedisPrimaryRequest
+	(*GetRedisPrimaryResponse)(nil),           // 44: keel.coordinator.v1.GetRedisPrimaryResponse
+	(*CompareAndSetRedisPrimaryRequest)(nil),  // 45: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	(*CompareAndSetRedisPrimaryResponse)(nil), // 46: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	(*AcquirePromotionLeaseRequest)(nil),      // 47: keel.coordinator.v1.AcquirePromotionLeaseRequest
+	(*AcquirePromotionLeaseResponse)(nil),     // 48: keel.coordinator.v1.AcquirePromotionLeaseResponse
+	(*StatusRequest)(nil),                     // 49: keel.coordinator.v1.StatusRequest
+	(*StatusResponse)(nil),                    // 50: keel.coordinator.v1.StatusResponse
+	(*BumpAclVersionRequest)(nil),             // 51: keel.coordinator.v1.BumpAclVersionRequest
+	(*BumpAclVersionResponse)(nil),            // 52: keel.coordinator.v1.BumpAclVersionResponse
+	(*RemovePeerRequest)(nil),                 // 53: keel.coordinator.v1.RemovePeerRequest
+	(*RaftPeer)(nil),                          // 54: keel.coordinator.v1.RaftPeer
+	(*RemovePeerResponse)(nil),                // 55: keel.coordinator.v1.RemovePeerResponse
+	(*v1.SessionKey)(nil),                     // 56: keel.common.v1.SessionKey
+	(*timestamppb.Timestamp)(nil),             // 57: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),               // 58: google.protobuf.Duration
 }
 var file_keel_coordinator_v1_coordinator_proto_depIdxs = []int32{
 	0,  // 0: keel.coordinator.v1.Member.role:type_name -> keel.coordinator.v1.MemberRole
 	1,  // 1: keel.coordinator.v1.Member.state:type_name -> keel.coordinator.v1.MemberState
-	50, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
+	56, // 2: keel.coordinator.v1.SessionRecord.session:type_name -> keel.common.v1.SessionKey
 	2,  // 3: keel.coordinator.v1.SessionRecord.owner_kind:type_name -> keel.coordinator.v1.SessionOwnerKind
-	51, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
-	50, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
-	11, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
-	50, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
-	8,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
-	52, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
-	13, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
-	50, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
-	15, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
-	11, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
-	16, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
+	57, // 4: keel.coordinator.v1.SessionRecord.granted_at:type_name -> google.protobuf.Timestamp
+	56, // 5: keel.coordinator.v1.ClaimSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	12, // 6: keel.coordinator.v1.ClaimSessionResponse.grant:type_name -> keel.coordinator.v1.SessionGrant
+	56, // 7: keel.coordinator.v1.SessionGrant.session:type_name -> keel.common.v1.SessionKey
+	9,  // 8: keel.coordinator.v1.SessionGrant.previous:type_name -> keel.coordinator.v1.SessionRecord
+	58, // 9: keel.coordinator.v1.SessionGrant.previous_owner_lease_remaining:type_name -> google.protobuf.Duration
+	14, // 10: keel.coordinator.v1.ClaimSessionsRequest.claims:type_name -> keel.coordinator.v1.SessionClaim
+	56, // 11: keel.coordinator.v1.SessionClaim.session:type_name -> keel.common.v1.SessionKey
+	16, // 12: keel.coordinator.v1.ClaimSessionsResponse.results:type_name -> keel.coordinator.v1.ClaimResult
+	12, // 13: keel.coordinator.v1.ClaimResult.grant:type_name -> keel.coordinator.v1.SessionGrant
+	17, // 14: keel.coordinator.v1.ClaimResult.error:type_name -> keel.coordinator.v1.ClaimError
 	3,  // 15: keel.coordinator.v1.ClaimError.code:type_name -> keel.coordinator.v1.ClaimErrorCode
-	50, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	56, // 16: keel.coordinator.v1.ReleaseSessionRequest.session:type_name -> keel.common.v1.SessionKey
 	4,  // 17: keel.coordinator.v1.ReleaseSessionRequest.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
-	50, // 18: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
-	8,  // 19: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
-	8,  // 20: keel.coordinator.v1.ListSessionsResponse.sessions:type_name -> keel.coordinator.v1.SessionRecord
-	0,  // 21: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
-	25, // 22: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
-	26, // 23: keel.coordinator.v1.WatchClusterResponse.membership:type_name -> keel.coordinator.v1.MembershipChange
-	27, // 24: keel.coordinator.v1.WatchClusterResponse.config:type_name -> keel.coordinator.v1.ClusterConfig
-	28, // 25: keel.coordinator.v1.WatchClusterResponse.acl_version:type_name -> keel.coordinator.v1.AclVersionChange
-	29, // 26: keel.coordinator.v1.WatchClusterResponse.redis_group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	30, // 27: keel.coordinator.v1.WatchClusterResponse.custody:type_name -> keel.coordinator.v1.CustodyAssignment
-	31, // 28: keel.coordinator.v1.WatchClusterResponse.takeover:type_name -> keel.coordinator.v1.SessionTakeover
-	33, // 29: keel.coordinator.v1.WatchClusterResponse.heartbeat:type_name -> keel.coordinator.v1.ClusterHeartbeat
-	7,  // 30: keel.coordinator.v1.ClusterSnapshot.members:type_name -> keel.coordinator.v1.Member
-	27, // 31: keel.coordinator.v1.ClusterSnapshot.config:type_name -> keel.coordinator.v1.ClusterConfig
-	28, // 32: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
-	29, // 33: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
-	32, // 34: keel.coordinator.v1.ClusterSnapshot.custody:type_name -> keel.coordinator.v1.SessionEpoch
-	7,  // 35: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
-	52, // 36: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
-	52, // 37: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
-	52, // 38: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
-	51, // 39: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
-	32, // 40: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	32, // 41: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
-	50, // 42: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
-	0,  // 43: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
-	1,  // 44: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
-	35, // 45: keel.coordinator.v1.RenewLeaseRequest.custody:type_name -> keel.coordinator.v1.CustodyProgress
-	52, // 46: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
-	1,  // 47: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
-	52, // 48: keel.coordinator.v1.RenewLeaseResponse.write_grant:type_name -> google.protobuf.Duration
-	29, // 49: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 50: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	29, // 51: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
-	52, // 52: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
-	52, // 53: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
-	5,  // 54: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
-	7,  // 55: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
-	48, // 56: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
-	9,  // 57: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
-	12, // 58: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
-	17, // 59: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
-	19, // 60: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
-	21, // 61: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
-	23, // 62: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
-	34, // 63: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
-	37, // 64: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
-	39, // 65: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
-	41, // 66: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
-	43, // 67: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
-	45, // 68: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
-	47, // 69: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
-	10, // 70: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
-	14, // 71: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
-	18, // 72: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
-	20, // 73: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
-	22, // 74: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
-	24, // 75: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
-	36, // 76: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
-	38, // 77: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
-	40, // 78: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
-	42, // 79: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
-	44, // 80: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
-	46, // 81: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
-	49, // 82: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
-	70, // [70:83] is the sub-list for method output_type
-	57, // [57:70] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	21, // 18: keel.coordinator.v1.ReleaseSessionsRequest.releases:type_name -> keel.coordinator.v1.SessionRelease
+	56, // 19: keel.coordinator.v1.SessionRelease.session:type_name -> keel.common.v1.SessionKey
+	4,  // 20: keel.coordinator.v1.SessionRelease.reason:type_name -> keel.coordinator.v1.ReleaseSessionReason
+	23, // 21: keel.coordinator.v1.ReleaseSessionsResponse.results:type_name -> keel.coordinator.v1.ReleaseResult
+	24, // 22: keel.coordinator.v1.ReleaseResult.error:type_name -> keel.coordinator.v1.ReleaseError
+	5,  // 23: keel.coordinator.v1.ReleaseError.code:type_name -> keel.coordinator.v1.ReleaseErrorCode
+	56, // 24: keel.coordinator.v1.GetSessionRequest.session:type_name -> keel.common.v1.SessionKey
+	9,  // 25: keel.coordinator.v1.GetSessionResponse.session:type_name -> keel.coordinator.v1.SessionRecord
+	9,  // 26: keel.coordinator.v1.ListSessionsResponse.sessions:type_name -> keel.coordinator.v1.SessionRecord
+	0,  // 27: keel.coordinator.v1.WatchClusterRequest.role:type_name -> keel.coordinator.v1.MemberRole
+	31, // 28: keel.coordinator.v1.WatchClusterResponse.snapshot:type_name -> keel.coordinator.v1.ClusterSnapshot
+	32, // 29: keel.coordinator.v1.WatchClusterResponse.membership:type_name -> keel.coordinator.v1.MembershipChange
+	33, // 30: keel.coordinator.v1.WatchClusterResponse.config:type_name -> keel.coordinator.v1.ClusterConfig
+	34, // 31: keel.coordinator.v1.WatchClusterResponse.acl_version:type_name -> keel.coordinator.v1.AclVersionChange
+	35, // 32: keel.coordinator.v1.WatchClusterResponse.redis_group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	36, // 33: keel.coordinator.v1.WatchClusterResponse.custody:type_name -> keel.coordinator.v1.CustodyAssignment
+	37, // 34: keel.coordinator.v1.WatchClusterResponse.takeover:type_name -> keel.coordinator.v1.SessionTakeover
+	39, // 35: keel.coordinator.v1.WatchClusterResponse.heartbeat:type_name -> keel.coordinator.v1.ClusterHeartbeat
+	8,  // 36: keel.coordinator.v1.ClusterSnapshot.members:type_name -> keel.coordinator.v1.Member
+	33, // 37: keel.coordinator.v1.ClusterSnapshot.config:type_name -> keel.coordinator.v1.ClusterConfig
+	34, // 38: keel.coordinator.v1.ClusterSnapshot.acl_versions:type_name -> keel.coordinator.v1.AclVersionChange
+	35, // 39: keel.coordinator.v1.ClusterSnapshot.redis_groups:type_name -> keel.coordinator.v1.RedisGroupRecord
+	38, // 40: keel.coordinator.v1.ClusterSnapshot.custody:type_name -> keel.coordinator.v1.SessionEpoch
+	8,  // 41: keel.coordinator.v1.MembershipChange.member:type_name -> keel.coordinator.v1.Member
+	58, // 42: keel.coordinator.v1.ClusterConfig.lease_ttl:type_name -> google.protobuf.Duration
+	58, // 43: keel.coordinator.v1.ClusterConfig.route_cache_lease:type_name -> google.protobuf.Duration
+	58, // 44: keel.coordinator.v1.ClusterConfig.forward_retry_bound:type_name -> google.protobuf.Duration
+	57, // 45: keel.coordinator.v1.RedisGroupRecord.updated_at:type_name -> google.protobuf.Timestamp
+	38, // 46: keel.coordinator.v1.CustodyAssignment.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	38, // 47: keel.coordinator.v1.SessionTakeover.sessions:type_name -> keel.coordinator.v1.SessionEpoch
+	56, // 48: keel.coordinator.v1.SessionEpoch.session:type_name -> keel.common.v1.SessionKey
+	0,  // 49: keel.coordinator.v1.RenewLeaseRequest.role:type_name -> keel.coordinator.v1.MemberRole
+	1,  // 50: keel.coordinator.v1.RenewLeaseRequest.state:type_name -> keel.coordinator.v1.MemberState
+	41, // 51: keel.coordinator.v1.RenewLeaseRequest.custody:type_name -> keel.coordinator.v1.CustodyProgress
+	58, // 52: keel.coordinator.v1.RenewLeaseResponse.remaining_ttl:type_name -> google.protobuf.Duration
+	1,  // 53: keel.coordinator.v1.RenewLeaseResponse.state:type_name -> keel.coordinator.v1.MemberState
+	58, // 54: keel.coordinator.v1.RenewLeaseResponse.write_grant:type_name -> google.protobuf.Duration
+	35, // 55: keel.coordinator.v1.GetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	35, // 56: keel.coordinator.v1.CompareAndSetRedisPrimaryRequest.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	35, // 57: keel.coordinator.v1.CompareAndSetRedisPrimaryResponse.group:type_name -> keel.coordinator.v1.RedisGroupRecord
+	58, // 58: keel.coordinator.v1.AcquirePromotionLeaseRequest.ttl:type_name -> google.protobuf.Duration
+	58, // 59: keel.coordinator.v1.AcquirePromotionLeaseResponse.remaining:type_name -> google.protobuf.Duration
+	6,  // 60: keel.coordinator.v1.StatusResponse.raft_state:type_name -> keel.coordinator.v1.RaftState
+	8,  // 61: keel.coordinator.v1.StatusResponse.members:type_name -> keel.coordinator.v1.Member
+	54, // 62: keel.coordinator.v1.RemovePeerResponse.peers:type_name -> keel.coordinator.v1.RaftPeer
+	10, // 63: keel.coordinator.v1.CoordinatorService.ClaimSession:input_type -> keel.coordinator.v1.ClaimSessionRequest
+	13, // 64: keel.coordinator.v1.CoordinatorService.ClaimSessions:input_type -> keel.coordinator.v1.ClaimSessionsRequest
+	18, // 65: keel.coordinator.v1.CoordinatorService.ReleaseSession:input_type -> keel.coordinator.v1.ReleaseSessionRequest
+	20, // 66: keel.coordinator.v1.CoordinatorService.ReleaseSessions:input_type -> keel.coordinator.v1.ReleaseSessionsRequest
+	25, // 67: keel.coordinator.v1.CoordinatorService.GetSession:input_type -> keel.coordinator.v1.GetSessionRequest
+	27, // 68: keel.coordinator.v1.CoordinatorService.ListSessions:input_type -> keel.coordinator.v1.ListSessionsRequest
+	29, // 69: keel.coordinator.v1.CoordinatorService.WatchCluster:input_type -> keel.coordinator.v1.WatchClusterRequest
+	40, // 70: keel.coordinator.v1.CoordinatorService.RenewLease:input_type -> keel.coordinator.v1.RenewLeaseRequest
+	43, // 71: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:input_type -> keel.coordinator.v1.GetRedisPrimaryRequest
+	45, // 72: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:input_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryRequest
+	47, // 73: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:input_type -> keel.coordinator.v1.AcquirePromotionLeaseRequest
+	49, // 74: keel.coordinator.v1.CoordinatorService.Status:input_type -> keel.coordinator.v1.StatusRequest
+	51, // 75: keel.coordinator.v1.CoordinatorService.BumpAclVersion:input_type -> keel.coordinator.v1.BumpAclVersionRequest
+	53, // 76: keel.coordinator.v1.CoordinatorService.RemovePeer:input_type -> keel.coordinator.v1.RemovePeerRequest
+	11, // 77: keel.coordinator.v1.CoordinatorService.ClaimSession:output_type -> keel.coordinator.v1.ClaimSessionResponse
+	15, // 78: keel.coordinator.v1.CoordinatorService.ClaimSessions:output_type -> keel.coordinator.v1.ClaimSessionsResponse
+	19, // 79: keel.coordinator.v1.CoordinatorService.ReleaseSession:output_type -> keel.coordinator.v1.ReleaseSessionResponse
+	22, // 80: keel.coordinator.v1.CoordinatorService.ReleaseSessions:output_type -> keel.coordinator.v1.ReleaseSessionsResponse
+	26, // 81: keel.coordinator.v1.CoordinatorService.GetSession:output_type -> keel.coordinator.v1.GetSessionResponse
+	28, // 82: keel.coordinator.v1.CoordinatorService.ListSessions:output_type -> keel.coordinator.v1.ListSessionsResponse
+	30, // 83: keel.coordinator.v1.CoordinatorService.WatchCluster:output_type -> keel.coordinator.v1.WatchClusterResponse
+	42, // 84: keel.coordinator.v1.CoordinatorService.RenewLease:output_type -> keel.coordinator.v1.RenewLeaseResponse
+	44, // 85: keel.coordinator.v1.CoordinatorService.GetRedisPrimary:output_type -> keel.coordinator.v1.GetRedisPrimaryResponse
+	46, // 86: keel.coordinator.v1.CoordinatorService.CompareAndSetRedisPrimary:output_type -> keel.coordinator.v1.CompareAndSetRedisPrimaryResponse
+	48, // 87: keel.coordinator.v1.CoordinatorService.AcquirePromotionLease:output_type -> keel.coordinator.v1.AcquirePromotionLeaseResponse
+	50, // 88: keel.coordinator.v1.CoordinatorService.Status:output_type -> keel.coordinator.v1.StatusResponse
+	52, // 89: keel.coordinator.v1.CoordinatorService.BumpAclVersion:output_type -> keel.coordinator.v1.BumpAclVersionResponse
+	55, // 90: keel.coordinator.v1.CoordinatorService.RemovePeer:output_type -> keel.coordinator.v1.RemovePeerResponse
+	77, // [77:91] is the sub-list for method output_type
+	63, // [63:77] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_keel_coordinator_v1_coordinator_proto_init() }
@@ -4071,7 +4462,7 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 		(*ClaimResult_Grant)(nil),
 		(*ClaimResult_Error)(nil),
 	}
-	file_keel_coordinator_v1_coordinator_proto_msgTypes[18].OneofWrappers = []any{
+	file_keel_coordinator_v1_coordinator_proto_msgTypes[23].OneofWrappers = []any{
 		(*WatchClusterResponse_Snapshot)(nil),
 		(*WatchClusterResponse_Membership)(nil),
 		(*WatchClusterResponse_Config)(nil),
@@ -4086,8 +4477,8 @@ func file_keel_coordinator_v1_coordinator_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_keel_coordinator_v1_coordinator_proto_rawDesc), len(file_keel_coordinator_v1_coordinator_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   44,
+			NumEnums:      7,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

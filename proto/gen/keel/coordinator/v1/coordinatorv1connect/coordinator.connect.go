@@ -47,6 +47,9 @@ const (
 	// CoordinatorServiceReleaseSessionProcedure is the fully-qualified name of the CoordinatorService's
 	// ReleaseSession RPC.
 	CoordinatorServiceReleaseSessionProcedure = "/keel.coordinator.v1.CoordinatorService/ReleaseSession"
+	// CoordinatorServiceReleaseSessionsProcedure is the fully-qualified name of the
+	// CoordinatorService's ReleaseSessions RPC.
+	CoordinatorServiceReleaseSessionsProcedure = "/keel.coordinator.v1.CoordinatorService/ReleaseSessions"
 	// CoordinatorServiceGetSessionProcedure is the fully-qualified name of the CoordinatorService's
 	// GetSession RPC.
 	CoordinatorServiceGetSessionProcedure = "/keel.coordinator.v1.CoordinatorService/GetSession"
@@ -91,6 +94,9 @@ type CoordinatorServiceClient interface {
 	// ReleaseSession deletes the ownership record of a session that has ended (session
 	// expiry reached, or a clean disconnect with expiry 0). Fenced by epoch.
 	ReleaseSession(context.Context, *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error)
+	// ReleaseSessions is ReleaseSession for many sessions of one edge in one call
+	// (one or few Raft entries). Each release succeeds or fails on its own.
+	ReleaseSessions(context.Context, *connect.Request[v1.ReleaseSessionsRequest]) (*connect.Response[v1.ReleaseSessionsResponse], error)
 	// GetSession returns the ownership record of one session.
 	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
 	// ListSessions lists ownership records one page at a time, optionally only those
@@ -158,6 +164,12 @@ func NewCoordinatorServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			httpClient,
 			baseURL+CoordinatorServiceReleaseSessionProcedure,
 			connect.WithSchema(coordinatorServiceMethods.ByName("ReleaseSession")),
+			connect.WithClientOptions(opts...),
+		),
+		releaseSessions: connect.NewClient[v1.ReleaseSessionsRequest, v1.ReleaseSessionsResponse](
+			httpClient,
+			baseURL+CoordinatorServiceReleaseSessionsProcedure,
+			connect.WithSchema(coordinatorServiceMethods.ByName("ReleaseSessions")),
 			connect.WithClientOptions(opts...),
 		),
 		getSession: connect.NewClient[v1.GetSessionRequest, v1.GetSessionResponse](
@@ -228,6 +240,7 @@ type coordinatorServiceClient struct {
 	claimSession              *connect.Client[v1.ClaimSessionRequest, v1.ClaimSessionResponse]
 	claimSessions             *connect.Client[v1.ClaimSessionsRequest, v1.ClaimSessionsResponse]
 	releaseSession            *connect.Client[v1.ReleaseSessionRequest, v1.ReleaseSessionResponse]
+	releaseSessions           *connect.Client[v1.ReleaseSessionsRequest, v1.ReleaseSessionsResponse]
 	getSession                *connect.Client[v1.GetSessionRequest, v1.GetSessionResponse]
 	listSessions              *connect.Client[v1.ListSessionsRequest, v1.ListSessionsResponse]
 	watchCluster              *connect.Client[v1.WatchClusterRequest, v1.WatchClusterResponse]
@@ -253,6 +266,11 @@ func (c *coordinatorServiceClient) ClaimSessions(ctx context.Context, req *conne
 // ReleaseSession calls keel.coordinator.v1.CoordinatorService.ReleaseSession.
 func (c *coordinatorServiceClient) ReleaseSession(ctx context.Context, req *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error) {
 	return c.releaseSession.CallUnary(ctx, req)
+}
+
+// ReleaseSessions calls keel.coordinator.v1.CoordinatorService.ReleaseSessions.
+func (c *coordinatorServiceClient) ReleaseSessions(ctx context.Context, req *connect.Request[v1.ReleaseSessionsRequest]) (*connect.Response[v1.ReleaseSessionsResponse], error) {
+	return c.releaseSessions.CallUnary(ctx, req)
 }
 
 // GetSession calls keel.coordinator.v1.CoordinatorService.GetSession.
@@ -318,6 +336,9 @@ type CoordinatorServiceHandler interface {
 	// ReleaseSession deletes the ownership record of a session that has ended (session
 	// expiry reached, or a clean disconnect with expiry 0). Fenced by epoch.
 	ReleaseSession(context.Context, *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error)
+	// ReleaseSessions is ReleaseSession for many sessions of one edge in one call
+	// (one or few Raft entries). Each release succeeds or fails on its own.
+	ReleaseSessions(context.Context, *connect.Request[v1.ReleaseSessionsRequest]) (*connect.Response[v1.ReleaseSessionsResponse], error)
 	// GetSession returns the ownership record of one session.
 	GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error)
 	// ListSessions lists ownership records one page at a time, optionally only those
@@ -381,6 +402,12 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 		CoordinatorServiceReleaseSessionProcedure,
 		svc.ReleaseSession,
 		connect.WithSchema(coordinatorServiceMethods.ByName("ReleaseSession")),
+		connect.WithHandlerOptions(opts...),
+	)
+	coordinatorServiceReleaseSessionsHandler := connect.NewUnaryHandler(
+		CoordinatorServiceReleaseSessionsProcedure,
+		svc.ReleaseSessions,
+		connect.WithSchema(coordinatorServiceMethods.ByName("ReleaseSessions")),
 		connect.WithHandlerOptions(opts...),
 	)
 	coordinatorServiceGetSessionHandler := connect.NewUnaryHandler(
@@ -451,6 +478,8 @@ func NewCoordinatorServiceHandler(svc CoordinatorServiceHandler, opts ...connect
 			coordinatorServiceClaimSessionsHandler.ServeHTTP(w, r)
 		case CoordinatorServiceReleaseSessionProcedure:
 			coordinatorServiceReleaseSessionHandler.ServeHTTP(w, r)
+		case CoordinatorServiceReleaseSessionsProcedure:
+			coordinatorServiceReleaseSessionsHandler.ServeHTTP(w, r)
 		case CoordinatorServiceGetSessionProcedure:
 			coordinatorServiceGetSessionHandler.ServeHTTP(w, r)
 		case CoordinatorServiceListSessionsProcedure:
@@ -490,6 +519,10 @@ func (UnimplementedCoordinatorServiceHandler) ClaimSessions(context.Context, *co
 
 func (UnimplementedCoordinatorServiceHandler) ReleaseSession(context.Context, *connect.Request[v1.ReleaseSessionRequest]) (*connect.Response[v1.ReleaseSessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.ReleaseSession is not implemented"))
+}
+
+func (UnimplementedCoordinatorServiceHandler) ReleaseSessions(context.Context, *connect.Request[v1.ReleaseSessionsRequest]) (*connect.Response[v1.ReleaseSessionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("keel.coordinator.v1.CoordinatorService.ReleaseSessions is not implemented"))
 }
 
 func (UnimplementedCoordinatorServiceHandler) GetSession(context.Context, *connect.Request[v1.GetSessionRequest]) (*connect.Response[v1.GetSessionResponse], error) {
