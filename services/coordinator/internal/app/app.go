@@ -151,7 +151,7 @@ func New(cfg Config, logger *slog.Logger) (*App, error) {
 	}
 	a.apiURL = "http://" + adv.String()
 	a.disc, err = discovery.New(cfg.Gossip, discovery.Meta{Role: discovery.RoleCoordinator, ID: cfg.Raft.NodeID,
-		RaftAddr: node.Addr(), APIAddr: adv.String()}, logger)
+		RaftAddr: node.Addr(), APIAddr: adv.String(), Commands: int(fsm.NewestCommand)}, logger)
 	if err != nil {
 		_ = ln.Close()
 		_ = node.Kill()

@@ -73,6 +73,10 @@ type Meta struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft,omitempty"`
 	APIAddr  string `json:"api,omitempty"`
+	// Commands is the newest Raft command type the node applies (0 from a
+	// version before it was advertised): a leader proposes a newer type
+	// only once every voter applies it.
+	Commands int `json:"cmds,omitempty"`
 }
 
 // Member is one live member.

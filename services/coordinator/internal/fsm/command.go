@@ -45,6 +45,10 @@ const (
 	// CmdReleaseSessions is CmdReleaseSession for many sessions in one
 	// entry (the leader's release batcher).
 	CmdReleaseSessions CommandType = 11
+
+	// NewestCommand is the newest type this FSM applies, advertised to the
+	// other coordinators (discovery.Meta.Commands).
+	NewestCommand = CmdReleaseSessions
 )
 
 // Base returns t without [IgnoreUnknownFlag].

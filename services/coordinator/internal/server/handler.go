@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -349,14 +350,56 @@ func releaseCommand(edge string, inc uint64, requestID string, k *commonv1.Sessi
 		Epoch: epoch, EdgeId: edge, Incarnation: inc}
 }
 
-// release submits releases to the leader's batcher and counts their outcomes.
+// release submits releases to the leader's batcher, or, until every voter
+// applies ReleaseSessions entries, each in an entry of its own; it counts
+// their outcomes.
 func (s *Server) release(ctx context.Context, t *leaderTerm, cmds []*raftpb.ReleaseSessionCommand) ([]*raftpb.ReleaseOutcome, error) {
-	outs, err := t.releases.submit(ctx, cmds)
+	submit := t.releases.submit
+	if !t.releaseBatches.Load() {
+		submit = s.releaseEach
+	}
+	outs, err := submit(ctx, cmds)
 	if err != nil {
 		return nil, err
 	}
 	for _, o := range outs {
 		s.metrics.releases.WithLabelValues(releaseResultLabel(o.GetStatus())).Inc()
+	}
+	return outs, nil
+}
+
+// releaseEach applies each release as a CmdReleaseSession entry, all at
+// once, and answers as a ReleaseSessions entry would. An error that is not
+// a refusal fails the call: its releases are sent again, under the same
+// request IDs.
+func (s *Server) releaseEach(ctx context.Context, cmds []*raftpb.ReleaseSessionCommand) ([]*raftpb.ReleaseOutcome, error) {
+	outs := make([]*raftpb.ReleaseOutcome, len(cmds))
+	errs := make([]error, len(cmds))
+	now := s.now().UnixNano()
+	var wg sync.WaitGroup
+	for i, c := range cmds {
+		wg.Go(func() {
+			c.NowUnixNano = now
+			msg, _, err := s.apply(ctx, fsm.CmdReleaseSession, c)
+			out := &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT}
+			switch {
+			case errors.Is(err, fsm.ErrInvalidArgument):
+				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT, Message: err.Error()}
+			case errors.Is(err, fsm.ErrStaleEpoch):
+				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH, Message: err.Error()}
+			case errors.Is(err, fsm.ErrNotOwner):
+				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER, Message: err.Error()}
+			case err != nil:
+				errs[i] = err
+			case msg.(*raftpb.ReleaseSessionResult).GetReleased():
+				out.Status = raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED
+			}
+			outs[i] = out
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return outs, nil
 }

@@ -3,9 +3,11 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -23,9 +25,12 @@ type leaderTerm struct {
 	leases   *lease.Table
 	claims   *batcher[*raftpb.Claim, *raftpb.ClaimOutcome]
 	releases *batcher[*raftpb.ReleaseSessionCommand, *raftpb.ReleaseOutcome]
-	routes   *deadRoutes   // nil without a router URL
-	kick     chan struct{} // one-slot: run the custody scan soon
-	dirtyMu  sync.Mutex
+	// releaseBatches is set while every voter applies ReleaseSessions
+	// entries (batchReleasesIfAgreed); until then a release is an entry alone.
+	releaseBatches atomic.Bool
+	routes         *deadRoutes   // nil without a router URL
+	kick           chan struct{} // one-slot: run the custody scan soon
+	dirtyMu        sync.Mutex
 	// dirty holds the edges whose sessions may need custody, each with the
 	// Raft index of the latest change that marked it: a scan of an older
 	// state must not clear a mark it has not seen. Guarded by dirtyMu.
@@ -180,6 +185,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	defer ticker.Stop()
 	lastReconcile := time.Time{}
 	missing := map[string]time.Time{}
+	s.batchReleasesIfAgreed(t)
 	for {
 		select {
 		case <-ctx.Done():
@@ -192,8 +198,54 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		if time.Since(lastReconcile) >= s.cfg.ReconcileInterval {
 			lastReconcile = time.Now()
 			s.reconcileVoters(missing)
+			s.batchReleasesIfAgreed(t)
 		}
 	}
+}
+
+// batchReleasesIfAgreed sets whether releases go in ReleaseSessions
+// entries: only once every voter advertises that it applies them. A node of
+// an earlier version stops at an entry it cannot decode, so during a
+// rolling update from one, or while a voter is missing from gossip (its
+// version unknown), each release is an entry of its own.
+func (s *Server) batchReleasesIfAgreed(t *leaderTerm) {
+	ok, why := s.votersApply(fsm.CmdReleaseSessions)
+	if t.releaseBatches.Swap(ok) != ok {
+		if ok {
+			s.logger.Info("releases batched: every voter applies ReleaseSessions entries")
+		} else {
+			s.logger.Warn("releases unbatched, an entry each", "reason", why)
+		}
+	}
+}
+
+// votersApply reports whether every voter advertises that it applies
+// command ct, and if not, why.
+func (s *Server) votersApply(ct fsm.CommandType) (bool, string) {
+	if s.peers == nil {
+		return false, "no gossip"
+	}
+	servers, err := s.node.Servers()
+	if err != nil {
+		return false, err.Error()
+	}
+	commands := map[string]int{}
+	for _, m := range s.peers.Coordinators() {
+		commands[m.Meta.ID] = m.Meta.Commands
+	}
+	for _, sv := range servers {
+		if sv.Suffrage != raft.Voter {
+			continue
+		}
+		c, ok := commands[string(sv.ID)]
+		switch {
+		case !ok:
+			return false, fmt.Sprintf("voter %s is not in gossip", sv.ID)
+		case c < int(ct):
+			return false, fmt.Sprintf("voter %s applies commands up to %d, not %d", sv.ID, c, ct)
+		}
+	}
+	return true, ""
 }
 
 // upsertMember writes a membership record at now, the leader's time. The

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -121,15 +122,34 @@ func TestConfig_Validate(t *testing.T) {
 	}
 }
 
-type fakePeers struct{ members []discovery.Member }
+type fakePeers struct {
+	mu      sync.Mutex
+	members []discovery.Member
+}
 
-func (p fakePeers) Coordinators() []discovery.Member { return p.members }
+func (p *fakePeers) Coordinators() []discovery.Member {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.members)
+}
+
+func (p *fakePeers) set(members ...discovery.Member) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.members = members
+}
+
+// self is the test server's own gossip entry, applying commands up to newest.
+func self(newest fsm.CommandType) discovery.Member {
+	return discovery.Member{Name: "n1", Meta: discovery.Meta{Role: discovery.RoleCoordinator, ID: "n1", Commands: int(newest)}}
+}
 
 // testServer is a single-node coordinator without the HTTP layer: handlers
 // are called directly.
 type testServer struct {
-	s    *Server
-	node *raftnode.Node
+	s     *Server
+	node  *raftnode.Node
+	peers *fakePeers
 }
 
 func newTestServer(t *testing.T, bootstrap bool, cfgFn func(*Config)) *testServer {
@@ -148,7 +168,8 @@ func newTestServer(t *testing.T, bootstrap bool, cfgFn func(*Config)) *testServe
 	if cfgFn != nil {
 		cfgFn(&cfg)
 	}
-	s, err := New(cfg, node, fakePeers{}, prometheus.NewRegistry(), logger)
+	peers := &fakePeers{members: []discovery.Member{self(fsm.NewestCommand)}}
+	s, err := New(cfg, node, peers, prometheus.NewRegistry(), logger)
 	require.NoError(t, err)
 	require.NoError(t, node.Start())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -164,7 +185,7 @@ func newTestServer(t *testing.T, bootstrap bool, cfgFn func(*Config)) *testServe
 		require.NoError(t, err)
 		testutil.Eventually(t, 10*time.Second, func() error { return s.Ready() })
 	}
-	return &testServer{s: s, node: node}
+	return &testServer{s: s, node: node, peers: peers}
 }
 
 func (ts *testServer) renew(t *testing.T, id string, inc uint64) *coordinatorv1.RenewLeaseResponse {
@@ -254,9 +275,25 @@ func (ts *testServer) release(ctx context.Context, edge, client, req string, epo
 // TestServer_ConcurrentReleasesShareEntries: the releases of a storm's clean
 // disconnects go into few Raft entries, as its claims do, each answered as
 // it would be alone: released, refused for a stale epoch or another owner,
-// absent, and a retried request ID answered the same.
+// absent, and a retried request ID answered the same. Until every voter
+// says it applies ReleaseSessions entries (a rolling update from a version
+// before them), each release is an entry of its own, answered the same.
 func TestServer_ConcurrentReleasesShareEntries(t *testing.T) {
-	ts := newTestServer(t, true, nil)
+	for _, c := range []struct {
+		name    string
+		newest  fsm.CommandType
+		batched bool
+	}{{"every voter applies them", fsm.NewestCommand, true}, {"a voter of an earlier version", fsm.CmdReleaseSessions - 1, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			ts := newTestServer(t, true, nil)
+			ts.peers.set(self(c.newest))
+			ts.s.batchReleasesIfAgreed(ts.s.term.Load())
+			testConcurrentReleases(t, ts, c.batched)
+		})
+	}
+}
+
+func testConcurrentReleases(t *testing.T, ts *testServer, batched bool) {
 	ts.renew(t, "e1", 1)
 	ts.renew(t, "e2", 1)
 	const n = 400
@@ -294,7 +331,11 @@ func TestServer_ConcurrentReleasesShareEntries(t *testing.T) {
 	wg.Wait()
 	entries := ts.s.fsm.State().Index() - before
 	t.Logf("%d releases in %d entries", n+2, entries)
-	require.Less(t, entries, uint64(n/4), "releases share entries")
+	if batched {
+		require.Less(t, entries, uint64(n/4), "releases share entries")
+	} else {
+		require.Equal(t, uint64(n+2), entries, "an entry per release")
+	}
 	require.NotContains(t, released, false)
 	require.Equal(t, 1, ts.s.fsm.State().SessionCount(), "only the session refused a release is left")
 	require.Equal(t, connect.CodeFailedPrecondition, connect.CodeOf(stale), "stale epoch: %v", stale)
@@ -312,7 +353,17 @@ func TestServer_ConcurrentReleasesShareEntries(t *testing.T) {
 // TestServer_ReleaseSessions: one call's releases are answered each on its
 // own, in request order.
 func TestServer_ReleaseSessions(t *testing.T) {
-	ts := newTestServer(t, true, nil)
+	for _, newest := range []fsm.CommandType{fsm.NewestCommand, fsm.CmdReleaseSessions - 1} {
+		t.Run(fmt.Sprintf("voters apply commands up to %d", newest), func(t *testing.T) {
+			ts := newTestServer(t, true, nil)
+			ts.peers.set(self(newest))
+			ts.s.batchReleasesIfAgreed(ts.s.term.Load())
+			testReleaseSessions(t, ts)
+		})
+	}
+}
+
+func testReleaseSessions(t *testing.T, ts *testServer) {
 	ts.renew(t, "e1", 1)
 	a, err := ts.claim(t.Context(), "e1", "a", "")
 	require.NoError(t, err)
