@@ -88,11 +88,16 @@ type batcher[I, O any] struct {
 	kind     batchKind[I, O]
 	in       chan *submission[I, O]
 	inflight chan *entry[I, O]
+	// stopped is closed once run has answered everything it took: a call
+	// that found the term's batcher just as the term ended is told
+	// ErrNotLeader (and retries at the new leader), not left to time out.
+	stopped chan struct{}
 }
 
 func newBatcher[I, O any](s *Server, kind batchKind[I, O], size prometheus.Observer) *batcher[I, O] {
 	kind.size = size
-	return &batcher[I, O]{s: s, kind: kind, in: make(chan *submission[I, O], 4096), inflight: make(chan *entry[I, O], maxPipelinedEntries)}
+	return &batcher[I, O]{s: s, kind: kind, in: make(chan *submission[I, O], 4096),
+		inflight: make(chan *entry[I, O], maxPipelinedEntries), stopped: make(chan struct{})}
 }
 
 // submit queues items and waits for their outcomes.
@@ -100,12 +105,21 @@ func (b *batcher[I, O]) submit(ctx context.Context, items []I) ([]O, error) {
 	sub := &submission[I, O]{items: items, done: make(chan batchResult[O], 1)}
 	select {
 	case b.in <- sub:
+	case <-b.stopped:
+		return nil, raftnode.ErrNotLeader
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
 	select {
 	case r := <-sub.done:
 		return r.outcomes, r.err
+	case <-b.stopped:
+		select {
+		case r := <-sub.done: // answered as run stopped
+			return r.outcomes, r.err
+		default:
+			return nil, raftnode.ErrNotLeader
+		}
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
@@ -132,6 +146,7 @@ func (b *batcher[I, O]) run(ctx context.Context) {
 			case sub := <-b.in:
 				sub.done <- batchResult[O]{err: raftnode.ErrNotLeader}
 			default:
+				close(b.stopped)
 				return
 			}
 		}

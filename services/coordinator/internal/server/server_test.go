@@ -791,3 +791,20 @@ func TestServer_SlotTableInstalledOnce(t *testing.T) {
 	require.NoError(t, slots.Table(one.s.fsm.State().SlotTable().GetSlotGroups()).Validate(1))
 	require.Equal(t, uint32(1), one.s.clusterConfig(one.s.fsm.State()).GetRedisGroupCount())
 }
+
+// A call that finds a term's batcher as the term ends is told the node is
+// not the leader (the edge retries at the new one), not left waiting until
+// its deadline.
+func TestBatcher_ACallAfterTheTermEndedIsToldNotLeader(t *testing.T) {
+	b := newBatcher(&Server{cfg: Config{MaxClaimsPerEntry: 8}}, releaseBatches,
+		prometheus.NewHistogram(prometheus.HistogramOpts{Name: "x"}))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	b.run(ctx) // the term is over: run answers what it took and returns
+	call, stop := context.WithTimeout(t.Context(), 5*time.Second)
+	defer stop()
+	start := time.Now()
+	_, err := b.submit(call, []*raftpb.ReleaseSessionCommand{{Tenant: "acme", ClientId: "c"}})
+	require.ErrorIs(t, err, raftnode.ErrNotLeader)
+	require.Less(t, time.Since(start), time.Second)
+}

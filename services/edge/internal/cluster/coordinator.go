@@ -267,10 +267,15 @@ type Ownership struct {
 
 	claims   gather[*claim]
 	releases gather[*release]
-	// unbatched is set once the coordinator answered that it has no
-	// ReleaseSessions (a version before it): releases then go one per call.
-	unbatched atomic.Bool
+	// unbatchedUntil (unix nanoseconds) is set when the coordinator
+	// answered that it has no ReleaseSessions (a version before it, during
+	// a rolling update): until then releases go one per call.
+	unbatchedUntil atomic.Int64
 }
+
+// unbatchedFor is how long releases go one per call after a coordinator
+// without ReleaseSessions; the next batch then finds out again.
+const unbatchedFor = time.Minute
 
 // gather collects the items of concurrent callers into batches of up to
 // max, each sent once full or linger after its first item.
@@ -416,7 +421,7 @@ type release struct {
 func (o *Ownership) Release(ctx context.Context, tenant, clientID string, epoch uint64) error {
 	r := &release{req: &coordinatorv1.SessionRelease{RequestId: requestID(),
 		Session: &commonv1.SessionKey{Tenant: tenant, ClientId: clientID}, Epoch: epoch}, done: make(chan error, 1)}
-	if o.unbatched.Load() {
+	if time.Now().UnixNano() < o.unbatchedUntil.Load() {
 		return o.releaseAlone(ctx, r.req)
 	}
 	o.releases.add(r, o.MaxBatch, o.Linger, o.sendReleases)
@@ -440,7 +445,7 @@ func (o *Ownership) sendReleases(batch []*release) {
 	})
 	if connect.CodeOf(err) == connect.CodeUnimplemented {
 		// A coordinator older than ReleaseSessions, during a rolling upgrade.
-		o.unbatched.Store(true)
+		o.unbatchedUntil.Store(time.Now().Add(unbatchedFor).UnixNano())
 		for _, r := range batch {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

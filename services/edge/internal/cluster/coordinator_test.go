@@ -399,7 +399,7 @@ func TestOwnership_RetriesAReleaseWhileTheCoordinatorIsUnavailable(t *testing.T)
 			t.Parallel()
 			coord := &unavailableReleases{noBatches: noBatches, refuse: "dev-stale"}
 			o := &Ownership{Client: NewClient(serveCoordinator(t, coord)), Member: &Member{ID: "edge-a"},
-				MaxBatch: 2, Linger: 50 * time.Millisecond}
+				MaxBatch: 2, Linger: time.Second} // both in one call: it goes once full
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
 			var stale error
