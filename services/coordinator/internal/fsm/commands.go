@@ -152,23 +152,33 @@ func applyReleaseSessions(tx *Tx, cmd *raftpb.ReleaseSessionsCommand) (*raftpb.R
 	tx.pruneRequests(now)
 	res := &raftpb.ReleaseSessionsResult{Outcomes: make([]*raftpb.ReleaseOutcome, len(cmd.GetReleases()))}
 	for i, r := range cmd.GetReleases() {
-		one, err := releaseOne(tx, now, r)
-		out := &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT}
-		switch {
-		case errors.Is(err, ErrInvalidArgument):
-			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT, Message: err.Error()}
-		case errors.Is(err, ErrStaleEpoch):
-			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH, Message: err.Error()}
-		case errors.Is(err, ErrNotOwner):
-			out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER, Message: err.Error()}
-		case err != nil:
+		out, err := ReleaseOutcome(releaseOne(tx, now, r))
+		if err != nil {
 			return nil, err // none other is deterministic: the entry fails as a whole
-		case one.GetReleased():
-			out.Status = raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED
 		}
 		res.Outcomes[i] = out
 	}
 	return res, nil
+}
+
+// ReleaseOutcome is the outcome in a batch of one release's result or
+// refusal (releaseOne, a CmdReleaseSession entry); err is an error that
+// is not a refusal.
+func ReleaseOutcome(res *raftpb.ReleaseSessionResult, err error) (*raftpb.ReleaseOutcome, error) {
+	switch {
+	case errors.Is(err, ErrInvalidArgument):
+		return &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT, Message: err.Error()}, nil
+	case errors.Is(err, ErrStaleEpoch):
+		return &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH, Message: err.Error()}, nil
+	case errors.Is(err, ErrNotOwner):
+		return &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER, Message: err.Error()}, nil
+	case err != nil:
+		return nil, err
+	case res.GetReleased():
+		return &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED}, nil
+	default:
+		return &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT}, nil
+	}
 }
 
 // releaseOne deletes one ownership record, fenced by epoch and owner; it

@@ -381,20 +381,8 @@ func (s *Server) releaseEach(ctx context.Context, cmds []*raftpb.ReleaseSessionC
 		wg.Go(func() {
 			c.NowUnixNano = now
 			msg, _, err := s.apply(ctx, fsm.CmdReleaseSession, c)
-			out := &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_ABSENT}
-			switch {
-			case errors.Is(err, fsm.ErrInvalidArgument):
-				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_INVALID_ARGUMENT, Message: err.Error()}
-			case errors.Is(err, fsm.ErrStaleEpoch):
-				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_STALE_EPOCH, Message: err.Error()}
-			case errors.Is(err, fsm.ErrNotOwner):
-				out = &raftpb.ReleaseOutcome{Status: raftpb.ReleaseStatus_RELEASE_STATUS_NOT_OWNER, Message: err.Error()}
-			case err != nil:
-				errs[i] = err
-			case msg.(*raftpb.ReleaseSessionResult).GetReleased():
-				out.Status = raftpb.ReleaseStatus_RELEASE_STATUS_RELEASED
-			}
-			outs[i] = out
+			res, _ := msg.(*raftpb.ReleaseSessionResult)
+			outs[i], errs[i] = fsm.ReleaseOutcome(res, err)
 		})
 	}
 	wg.Wait()
