@@ -150,14 +150,17 @@ func (f *fakeRouter) RouteSync(ctx context.Context, st *connect.BidiStream[route
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make(chan *routerv1.RouteSyncResponse, 1024)
+	// The stream's first messages are queued before a test can push to it
+	// (push, opened): a push between would go ahead of the reset, which
+	// would then empty what it pushed.
+	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Reset_: true}}}
+	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ready{Ready: &routerv1.RouteReady{}}}
 	f.mu.Lock()
 	f.hellos = append(f.hellos, first.GetHello())
 	f.cur, f.kill = out, cancel
 	close(f.opened)
 	f.opened = make(chan struct{})
 	f.mu.Unlock()
-	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Wildcard{Wildcard: &routerv1.WildcardDeltas{Reset_: true}}}
-	out <- &routerv1.RouteSyncResponse{Msg: &routerv1.RouteSyncResponse_Ready{Ready: &routerv1.RouteReady{}}}
 
 	var echo atomic.Int64 // edge clock of the latest ack, echoed as the router does
 	var wg sync.WaitGroup
