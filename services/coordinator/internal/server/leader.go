@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -176,6 +177,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	log.Info("leader ready", logging.KeyRaftIndex, st.Index(), "members", len(st.Members()))
 	defer func() {
 		s.term.Store(nil)
+		s.metrics.votersRefused.Set(0)
 		wg.Wait()
 		log.Info("leader stepped down")
 	}()
@@ -185,6 +187,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	defer ticker.Stop()
 	lastReconcile := time.Time{}
 	missing := map[string]time.Time{}
+	refused := map[string]int{}
 	s.batchReleasesIfAgreed(t)
 	for {
 		select {
@@ -197,7 +200,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		s.runCustody(ctx, t)
 		if time.Since(lastReconcile) >= s.cfg.ReconcileInterval {
 			lastReconcile = time.Now()
-			s.reconcileVoters(missing)
+			s.reconcileVoters(missing, refused)
 			s.batchReleasesIfAgreed(t)
 		}
 	}
@@ -381,7 +384,13 @@ func (s *Server) runCustody(ctx context.Context, t *leaderTerm) {
 // reconcileVoters adds every coordinator found by gossip that is not a voter
 // yet, and, if DeadServerTimeout is set, removes voters missing from gossip
 // for that long as long as the alive voters stay a majority without them.
-func (s *Server) reconcileVoters(missing map[string]time.Time) {
+//
+// A coordinator that advertises an older command set than this one's is
+// not added (refused, logged once per node): the log it would replay may
+// hold entries it cannot decode, and a node stops at such an entry. That
+// is a downgrade, never a rolling update, in which every node updated is
+// a voter already; a voter's new address is taken whatever its version.
+func (s *Server) reconcileVoters(missing map[string]time.Time, refused map[string]int) {
 	if s.peers == nil {
 		return
 	}
@@ -394,10 +403,24 @@ func (s *Server) reconcileVoters(missing map[string]time.Time) {
 		known[string(sv.ID)] = sv
 	}
 	alive := map[string]bool{}
+	stillRefused := map[string]int{}
+	defer func() {
+		clear(refused)
+		maps.Copy(refused, stillRefused)
+		s.metrics.votersRefused.Set(float64(len(refused)))
+	}()
 	for _, m := range s.peers.Coordinators() {
 		alive[m.Meta.ID] = true
 		sv, ok := known[m.Meta.ID]
 		if m.Meta.RaftAddr == "" || (ok && string(sv.Address) == m.Meta.RaftAddr) {
+			continue
+		}
+		if !ok && m.Meta.Commands < int(fsm.NewestCommand) {
+			if c, logged := refused[m.Meta.ID]; !logged || c != m.Meta.Commands {
+				s.logger.Error("coordinator not added as a voter: it applies an older command set than this cluster's log may hold (a downgrade?)",
+					"node_id", m.Meta.ID, "addr", m.Meta.RaftAddr, "applies_up_to", m.Meta.Commands, "cluster_applies_up_to", int(fsm.NewestCommand))
+			}
+			stillRefused[m.Meta.ID] = m.Meta.Commands
 			continue
 		}
 		if err := s.node.AddVoter(m.Meta.ID, m.Meta.RaftAddr); err != nil {

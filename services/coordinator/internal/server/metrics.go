@@ -19,6 +19,7 @@ type metrics struct {
 	forwarded     *prometheus.CounterVec
 	routeRemovals *prometheus.CounterVec
 	membersPruned prometheus.Counter
+	votersRefused prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
@@ -46,6 +47,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_forwarded_total", Help: "Requests forwarded to the leader, by procedure."}, []string{"procedure"}),
 		membersPruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_coordinator_members_pruned_total", Help: "Records of members dead for longer than the retention that this leader deleted."}),
+		votersRefused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "keel_coordinator_voters_refused",
+			Help: "Coordinators in gossip that this leader does not add as voters because they apply an older command set than its own (a downgrade); 0 on followers."}),
 		routeRemovals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "keel_coordinator_dead_edge_route_removals_total",
 			Help: "RemoveEdge calls the leader made to the router for dead edges, by outcome (ok; unconfirmed: made once the adoption wait ran out although a live custodian had not reported its sessions adopted; error)."}, []string{"outcome"}),
@@ -68,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			return v
 		})
 	}
-	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.releases, m.releaseBatch, m.custody, m.expired, m.forwarded, m.routeRemovals, m.membersPruned,
+	reg.MustRegister(m.leaderChanges, m.applyDuration, m.claims, m.claimBatch, m.releases, m.releaseBatch, m.custody, m.expired, m.forwarded, m.routeRemovals, m.membersPruned, m.votersRefused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "keel_coordinator_dead_edge_routes_pending",
 			Help: "Dead edges whose routes the leader has yet to remove from the router (waiting for custody, the grace, or a retry); 0 on followers."},
 			func() float64 {

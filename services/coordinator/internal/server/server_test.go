@@ -144,6 +144,20 @@ func self(newest fsm.CommandType) discovery.Member {
 	return discovery.Member{Name: "n1", Meta: discovery.Meta{Role: discovery.RoleCoordinator, ID: "n1", Commands: int(newest)}}
 }
 
+// newTestNode is a Raft node with an FSM of its own, not started.
+func newTestNode(t *testing.T, id string) *raftnode.Node {
+	t.Helper()
+	logger := testutil.Logger(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	node, err := raftnode.New(raftnode.Config{NodeID: id, DataDir: t.TempDir(), Listener: ln,
+		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond,
+		CommitTimeout: 5 * time.Millisecond, ApplyTimeout: 5 * time.Second, SnapshotInterval: time.Minute,
+		SnapshotThreshold: 8192, TrailingLogs: 1024}, fsm.New(logger), logger)
+	require.NoError(t, err)
+	return node
+}
+
 // testServer is a single-node coordinator without the HTTP layer: handlers
 // are called directly.
 type testServer struct {
@@ -155,14 +169,7 @@ type testServer struct {
 func newTestServer(t *testing.T, bootstrap bool, cfgFn func(*Config)) *testServer {
 	t.Helper()
 	logger := testutil.Logger(t)
-	f := fsm.New(logger)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	node, err := raftnode.New(raftnode.Config{NodeID: "n1", DataDir: t.TempDir(), Listener: ln,
-		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond, LeaderLeaseTimeout: 50 * time.Millisecond,
-		CommitTimeout: 5 * time.Millisecond, ApplyTimeout: 5 * time.Second, SnapshotInterval: time.Minute,
-		SnapshotThreshold: 8192, TrailingLogs: 1024}, f, logger)
-	require.NoError(t, err)
+	node := newTestNode(t, "n1")
 	cfg := Config{LeaseTTL: 2 * time.Second, MaxClaimsPerCall: 100, MaxClaimsPerEntry: 64, CustodyBatch: 100,
 		WatchHeartbeat: 100 * time.Millisecond, PromotionLeaseTTL: time.Second, ReconcileInterval: time.Hour}
 	if cfgFn != nil {
