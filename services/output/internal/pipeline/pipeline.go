@@ -695,6 +695,9 @@ func (p *Pipeline) settle(ctx context.Context, recs wire.Records, r writeResult)
 	}
 	var retry wire.Records
 	var rejected int
+	// A batch can fail for several reasons (one record refused, others
+	// to retry): each log line names one of its own.
+	var rejectReason, retryReason string
 	for i, r := range recs {
 		f, bad := failed[uint32(i)]
 		switch {
@@ -702,17 +705,23 @@ func (p *Pipeline) settle(ctx context.Context, recs wire.Records, r writeResult)
 			p.acked(recs[i:i+1], now)
 		case f.GetRetryable():
 			retry = append(retry, r)
+			if retryReason == "" {
+				retryReason = f.GetMessage()
+			}
 		default:
 			rejected++
+			if rejectReason == "" {
+				rejectReason = f.GetMessage()
+			}
 		}
 	}
 	if rejected > 0 {
 		p.pm.dropRejected.Add(float64(rejected))
 		p.dropped.Add(uint64(rejected))
-		p.logger.Warn("sink rejected records", "records", rejected, logging.KeyReason, fails[0].GetMessage())
+		p.logger.Warn("sink rejected records", "records", rejected, logging.KeyReason, rejectReason)
 	}
 	if len(retry) > 0 {
-		p.logger.Debug("sink write partly failed, retrying", "records", len(retry), logging.KeyReason, fails[0].GetMessage())
+		p.logger.Debug("sink write partly failed, retrying", "records", len(retry), logging.KeyReason, retryReason)
 	}
 	return retry, nil
 }

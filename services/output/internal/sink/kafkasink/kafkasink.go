@@ -51,7 +51,9 @@ const (
 type Config struct {
 	// Brokers are the bootstrap addresses ("host:port").
 	Brokers []string `json:"brokers"`
-	// Topic is the Kafka topic, unless a transform set the record's destination.
+	// Topic is the Kafka topic, unless a transform set the record's
+	// destination. Without it, a record no transform gave a destination is
+	// refused for good (the rest of its batch is still written).
 	Topic string `json:"topic"`
 	// Key selects the record key when a transform did not set one: "topic"
 	// (default), "client_id" or "none".
@@ -396,13 +398,7 @@ func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest)
 		return nil, errors.New("kafka sink: not configured")
 	}
 	recs := req.GetRecords()
-	msgs := Messages(recs, topic, keyMode)
-	resp := &pluginv1.SinkServiceWriteResponse{}
-	for i := range msgs {
-		if msgs[i].Topic == "" {
-			resp.Failures = append(resp.Failures, &pluginv1.RecordFailure{Index: uint32(i), Message: "no kafka topic: set sink topic or a destination"})
-		}
-	}
+	msgs, at, refused := withTopic(Messages(recs, topic, keyMode))
 	seq := req.GetSequence()
 	ok, err := s.chain.Wait(ctx, req.GetFollows())
 	if err != nil {
@@ -412,13 +408,54 @@ func (s *Sink) Write(ctx context.Context, req *pluginv1.SinkServiceWriteRequest)
 		s.chain.Done(seq, false)
 		return pluginkit.FailAll(len(recs), "an earlier batch is to be written first"), nil
 	}
-	if len(resp.Failures) > 0 {
-		s.chain.Done(seq, true) // refused for good: nothing to retry
-		return resp, nil
+	if len(refused) > 0 {
+		s.logger.Warn("kafka records refused", "pipeline", s.pipeline, "refused", len(refused), "records", len(recs), "reason", noTopic)
 	}
-	resp, err = s.produce(ctx, w, auth, msgs)
-	s.chain.Done(seq, err == nil && !slices.ContainsFunc(resp.GetFailures(), (*pluginv1.RecordFailure).GetRetryable))
-	return resp, err
+	resp := &pluginv1.SinkServiceWriteResponse{}
+	if len(msgs) > 0 {
+		resp, err = s.produce(ctx, w, auth, msgs)
+		if err != nil {
+			s.chain.Done(seq, false)
+			return nil, err
+		}
+	}
+	if at != nil {
+		for _, f := range resp.Failures {
+			f.Index = at[f.Index]
+		}
+	}
+	// The host counts every record not reported here as written.
+	resp.Failures = append(resp.Failures, refused...)
+	s.chain.Done(seq, !slices.ContainsFunc(resp.GetFailures(), (*pluginv1.RecordFailure).GetRetryable))
+	return resp, nil
+}
+
+// noTopic is why a record is refused when neither the sink nor a transform
+// named its topic; no retry can fix that, only a new configuration.
+const noTopic = "no kafka topic: the sink has no topic and no transform set the record's destination"
+
+// withTopic splits msgs: it returns those that have a topic, the batch
+// index of each (nil when none was left out), and a failure, not
+// retryable, for each left out.
+func withTopic(msgs []kafka.Message) ([]kafka.Message, []uint32, []*pluginv1.RecordFailure) {
+	var refused []*pluginv1.RecordFailure
+	for i := range msgs {
+		if msgs[i].Topic == "" {
+			refused = append(refused, &pluginv1.RecordFailure{Index: uint32(i), Message: noTopic})
+		}
+	}
+	if len(refused) == 0 {
+		return msgs, nil, nil
+	}
+	kept := make([]kafka.Message, 0, len(msgs)-len(refused))
+	at := make([]uint32, 0, len(msgs)-len(refused))
+	for i := range msgs {
+		if msgs[i].Topic != "" {
+			kept = append(kept, msgs[i])
+			at = append(at, uint32(i))
+		}
+	}
+	return kept, at, refused
 }
 
 // produce writes msgs and reports the records that failed.

@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -441,4 +443,70 @@ func TestUserPropertyHeaders(t *testing.T) {
 	require.Equal(t, []string{"acme"}, tenants)
 	require.Equal(t, "beta", props[meta.UserPropertyPrefix+"keel-tenant"])
 	require.Equal(t, "eu", props["region"])
+}
+
+// TestWrite_RecordsWithoutTopic: with no sink topic, a record that no
+// transform gave a destination is refused on its own, not retryable, and
+// the rest of its batch still reaches Kafka; a record the broker refuses
+// is reported under its own index in the batch.
+func TestWrite_RecordsWithoutTopic(t *testing.T) {
+	t.Parallel()
+	const refusedTopic = "mqtt-refused"
+	c := startCluster(t, kfake.SeedTopics(1, refusedTopic))
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		preq := req.(*kmsg.ProduceRequest)
+		if len(preq.Topics) == 0 || preq.Topics[0].Topic != refusedTopic {
+			return nil, nil, false
+		}
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range preq.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition = rp.Partition
+				sp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	addr := c.ListenAddrs()[0]
+	cfg := sinkConfig(addr)
+	delete(cfg, "topic")
+	s, err := configure(t, cfg)
+	require.NoError(t, err)
+
+	recs := records(10, "mixed")
+	topicless := []uint32{0, 4, 9}
+	const refused = 6
+	var produced []*pluginv1.Record
+	for i, r := range recs {
+		switch {
+		case slices.Contains(topicless, uint32(i)):
+		case i == refused:
+			r.Destination = refusedTopic
+		default:
+			r.Destination = topic
+			produced = append(produced, r)
+		}
+	}
+	resp := write(t, s, recs)
+	readBack(t, addr, nil, produced)
+
+	failed := map[uint32]*pluginv1.RecordFailure{}
+	for _, f := range resp.GetFailures() {
+		require.NotContains(t, failed, f.GetIndex(), "record %d reported twice", f.GetIndex())
+		failed[f.GetIndex()] = f
+	}
+	for _, i := range topicless {
+		require.Contains(t, failed, i, "record %d has no topic: unless reported failed, the host counts it written", i)
+		require.False(t, failed[i].GetRetryable(), "no retry gives record %d a topic", i)
+		require.Contains(t, failed[i].GetMessage(), "no kafka topic")
+	}
+	require.Contains(t, failed, uint32(refused), "the record the broker refused must be reported under its own index")
+	require.False(t, failed[refused].GetRetryable(), failed[refused].GetMessage())
+	require.Len(t, failed, len(topicless)+1, "the records with a topic the broker accepts must not fail")
 }
