@@ -915,6 +915,9 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk *packets.Packet) error {
 			}
 		}
 	case packets.Pubrel:
+		if s := b.session(cl.ID); s != nil {
+			s.pubrelMoved(cl, pk.PacketID)
+		}
 		// An inbound QoS 2 flow completes: its PUBREC state goes durably
 		// before the PUBCOMP that mochi sends right after this hook. The
 		// client may then reuse the packet ID at once; a record that
@@ -1332,10 +1335,16 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	}
 	if m.QoS == 2 && b.store != nil {
 		// [MQTT-4.3.3]: the PUBREC state is durable before the message is
-		// routed, so a resend after a crash is recognised, not delivered again.
+		// routed, so a resend after a crash goes under the same msgID and
+		// no recipient takes it twice. It is stored unconfirmed, and stays
+		// so after the PUBREC (no second write): an edge that dies while
+		// routing leaves a record that a loaded copy of the session must
+		// not answer as taken (the message would reach nobody), and a
+		// PUBREL for it after a move completes all the same (pubrelMoved).
 		if s := b.session(cl.ID); s != nil && s.wasDurable() {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-			err := b.store.PutIncoming(ctx, cl.ID, durable.Incoming{PacketID: pk.PacketID, MsgID: msgIDString(m.ID)})
+			err := b.store.PutIncoming(ctx, cl.ID, durable.Incoming{PacketID: pk.PacketID, MsgID: msgIDString(m.ID),
+				Unconfirmed: true, Fingerprint: fingerprint(m.Topic, m.Payload)})
 			cancel()
 			if err != nil {
 				finishSpan(m.span, err)
@@ -1386,29 +1395,6 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	b.confirmed(m)
 	// Success, but mochi must not fan the message out itself.
 	return errIgnorePacket
-}
-
-// forgetIncoming removes the stored PUBREC state of a QoS 2 PUBLISH that
-// was not acknowledged because not every recipient took it. Left in place,
-// it would make the client's resend, after it resumes the session on any
-// edge, look like a duplicate of a message already taken, and be answered
-// without being routed: the recipients that missed it would never get it.
-// Routed again, it may reach twice a recipient that did take it the first
-// time, which the store failure made unavoidable; losing it is worse.
-func (b *Broker) forgetIncoming(cl *mqtt.Client, qos byte, packetID uint16) {
-	if qos != 2 || b.store == nil {
-		return
-	}
-	s := b.session(cl.ID)
-	if s == nil || !s.wasDurable() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	if err := b.store.DeleteIncoming(ctx, cl.ID, packetID); err != nil {
-		b.logger.Warn("PUBREC state of an unacknowledged QoS 2 publish not removed; its resend may be taken for a duplicate",
-			"client_id", cl.ID, "packet_id", packetID, "error", err)
-	}
 }
 
 // OnQosComplete frees a slot of the client's receive window when one of the

@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -166,11 +168,67 @@ func TestBroker_RestartKeepsInboundQoS2State(t *testing.T) {
 	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 42, TopicName: "q2", Payload: []byte("once")})
 	require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Pubrec).ReasonCode)
 	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 42})
-	pub.Expect(packets.Pubcomp)
+	require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Pubcomp).ReasonCode)
 	// A fresh message proves the subscriber is live; the resend never came.
 	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 43, TopicName: "q2", Payload: []byte("next")})
 	pub.Expect(packets.Pubrec)
 	require.Equal(t, []byte("next"), sub.Expect(packets.Publish).Payload)
+}
+
+// A client that got its PUBREC before the edge stopped sends the PUBREL
+// when it resumes the session; the flow completes as it would have on the
+// first edge [MQTT-4.3.3-11].
+func TestBroker_RestartCompletesAPubrelOfAnEarlierPubrec(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	addr, stop := startDurable(t, dir)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", false, persistentProps)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 7, TopicName: "q2", Payload: []byte("x")})
+	pub.Expect(packets.Pubrec)
+	stop()
+
+	addr, _ = startDurable(t, dir)
+	pub = mqtttest.Dial(t, addr, 5)
+	require.True(t, pub.Connect("pub", false, persistentProps).SessionPresent)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 7})
+	require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Pubcomp).ReasonCode)
+}
+
+// An edge killed while it routes a QoS 2 publish, after its PUBREC state
+// was stored and before the PUBREC, loses nothing: the session's next
+// holder takes the client's resend for a message still to deliver, not
+// for one delivered, and routes it (under the same msgID).
+func TestBroker_KilledWhileRoutingAQoS2PublishLosesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	peers := newHeldPeers()
+	_, addr, stop := openDurableWith(t, dir, func(b *Broker) { b.SetCluster(Cluster{Peers: peers}) })
+	t.Cleanup(stop)
+	pub := mqtttest.Dial(t, addr, 5)
+	pub.Connect("pub", false, persistentProps)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, PacketID: 42, TopicName: "q2", Payload: []byte("once")})
+	require.Eventually(t, func() bool { return peers.routes("once") == 1 }, 5*time.Second, time.Millisecond,
+		"the publish is stored and waits on another edge")
+	// The store as the edge, killed now, would leave it: every write the
+	// edge waited for is on disk.
+	killed := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(dir, "edge.db"))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(killed, "edge.db"), data, 0o600))
+	stop()
+
+	addr, _ = startDurable(t, killed)
+	sub := mqtttest.Dial(t, addr, 5)
+	sub.Connect("sub", true, packets.Properties{})
+	sub.Subscribe(1, "q2", 2)
+	pub = mqtttest.Dial(t, addr, 5)
+	require.True(t, pub.Connect("pub", false, persistentProps).SessionPresent)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2, Dup: true}, PacketID: 42, TopicName: "q2", Payload: []byte("once")})
+	require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Pubrec).ReasonCode)
+	require.Equal(t, []byte("once"), sub.Expect(packets.Publish).Payload)
+	pub.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrel, Qos: 1}, PacketID: 42})
+	require.Equal(t, packets.CodeSuccess.Code, pub.Expect(packets.Pubcomp).ReasonCode)
 }
 
 // An MQTT 5 DISCONNECT that changes the session expiry interval changes it

@@ -1,12 +1,11 @@
 package broker
 
 import (
-	"context"
 	"hash/fnv"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-
-	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // Exactly once across a failed forward. A QoS 2 PUBLISH that not every
@@ -35,7 +34,9 @@ func fingerprint(topic string, payload []byte) uint64 {
 }
 
 // unconfirm records that the QoS 2 publish m under packetID was not
-// acknowledged: the client's resend goes under m's msgID again.
+// acknowledged: the client's resend goes under m's msgID again. The stored
+// PUBREC state of a durable session says so already: it is written
+// unconfirmed before the message is routed (OnPublish).
 func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Message) {
 	if qos != 2 {
 		return
@@ -55,22 +56,26 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Messag
 		s.unconfirmed = map[uint16]unconfirmedPub{}
 	}
 	s.unconfirmed[packetID] = u
-	stored := s.durable && b.store != nil
 	s.mu.Unlock()
-	if !stored {
+}
+
+// pubrelMoved completes, for mochi, a QoS 2 flow whose PUBREC was sent
+// before the session was loaded here (a takeover, custody, or a restart):
+// its stored state is unconfirmed, so it is known only as a resend to
+// expect, and mochi would answer the PUBREL "packet identifier not found".
+// A PUBREL means the client got the PUBREC, which is sent only once every
+// recipient took the message; the flow is then complete, as if the PUBREC
+// state had been loaded.
+func (s *session) pubrelMoved(cl *mqtt.Client, packetID uint16) {
+	if _, ok := cl.State.Inflight.Type(packetID); ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	in := durable.Incoming{PacketID: packetID, MsgID: msgIDString(u.id), Unconfirmed: true, Fingerprint: u.fp}
-	if err := b.store.PutIncoming(ctx, cl.ID, in); err != nil {
-		// The stored state still says acknowledged: a resend after the
-		// session moved would be taken for a duplicate and reach nobody.
-		// Without it, the resend is routed under a new msgID (a duplicate
-		// for some recipients rather than a loss for others).
-		b.logger.Warn("unacknowledged QoS 2 publish not marked in the store; removing its PUBREC state",
-			"client_id", cl.ID, "packet_id", packetID, "error", err)
-		b.forgetIncoming(cl, qos, packetID)
+	s.mu.Lock()
+	_, ok := s.unconfirmed[packetID]
+	delete(s.unconfirmed, packetID)
+	s.mu.Unlock()
+	if ok && cl.State.Inflight.Set(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Pubrec}, PacketID: packetID}) {
+		atomic.AddInt64(&s.b.server.Info.Inflight, 1) // mochi takes it off with the PUBCOMP
 	}
 }
 
