@@ -356,10 +356,17 @@ func (a *App) status() *persistencev1.StatusResponse {
 	return st
 }
 
-// gate refuses writes when the coordinator lease may have lapsed.
+// gate refuses writes when the coordinator lease may have lapsed, or while
+// this instance fails its group over: the coordinator pauses the group's
+// other writers for a failover, never the one running it.
 func (a *App) gate() error {
 	if a.coord == nil {
 		return nil
+	}
+	if a.loop != nil {
+		if err := a.loop.Gate(); err != nil {
+			return err
+		}
 	}
 	if time.Now().UnixNano() >= a.leaseUntil.Load() {
 		return ErrLeaseLost

@@ -101,6 +101,8 @@ type replState struct {
 }
 
 // follows reports whether the node is a replica of primary (host:port).
+// Host and port are compared whole: a replica of 10.0.0.12 does not follow
+// 10.0.0.1, which a reconcile would otherwise leave where it is.
 func (st replState) follows(primary string) bool {
 	host, port, _ := net.SplitHostPort(primary)
 	return st.role == "slave" && st.masterHost == host && st.masterPort == port
@@ -380,7 +382,7 @@ func (p *Promoter) Reconcile(ctx context.Context) error {
 		if st.err != nil {
 			continue // down; reconciled when it returns
 		}
-		if st.role == "master" || !p.followsPrimary(ctx, addr, rec.Primary) {
+		if !st.follows(rec.Primary) {
 			p.log().Warn("demoting node to replica of the recorded primary", "node", addr, "primary", rec.Primary)
 			if err := p.replicaOf(ctx, addr, host, port); err != nil {
 				errs = append(errs, err)
@@ -408,17 +410,6 @@ func (p *Promoter) NeedsReconcile(ctx context.Context) (bool, error) {
 		}
 	}
 	return false, nil
-}
-
-func (p *Promoter) followsPrimary(ctx context.Context, addr, primary string) bool {
-	c := p.client(addr)
-	defer c.Close()
-	info, err := c.Info(ctx, "replication").Result()
-	if err != nil {
-		return false
-	}
-	host, port, _ := net.SplitHostPort(primary)
-	return strings.Contains(info, "master_host:"+host) && strings.Contains(info, "master_port:"+port)
 }
 
 func (p *Promoter) log() *slog.Logger {

@@ -3,7 +3,9 @@ package failover
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -381,4 +383,195 @@ func TestFailover_RetainedWritesCarryTheirEpoch(t *testing.T) {
 	got, err := w3.LookupRetained(ctx, "acme", "r", 10)
 	require.NoError(t, err)
 	require.Len(t, got, 1)
+}
+
+// TestReplState_FollowsWholeHostAndPort: whether a node follows the
+// recorded primary is read from INFO replication's master_host and
+// master_port whole; a host or port that only starts like the primary's
+// is another node.
+func TestReplState_FollowsWholeHostAndPort(t *testing.T) {
+	info := func(role, host, port string) string {
+		s := "# Replication\r\nrole:" + role + "\r\n"
+		if host != "" {
+			s += "master_host:" + host + "\r\nmaster_port:" + port + "\r\nmaster_link_status:up\r\nslave_repl_offset:42\r\n"
+		}
+		return s + "connected_slaves:0\r\nmaster_replid:0123456789abcdef\r\nmaster_repl_offset:42\r\n"
+	}
+	for _, tc := range []struct {
+		name, info, primary string
+		want                bool
+	}{
+		{"same host and port", info("slave", "10.0.0.1", "6379"), "10.0.0.1:6379", true},
+		{"host with a longer last octet", info("slave", "10.0.0.12", "6379"), "10.0.0.1:6379", false},
+		{"host name with a suffix", info("slave", "redis-1.keel", "6379"), "redis-1:6379", false},
+		{"port with more digits", info("slave", "10.0.0.1", "63790"), "10.0.0.1:6379", false},
+		{"shorter port", info("slave", "10.0.0.1", "637"), "10.0.0.1:6379", false},
+		{"another host", info("slave", "10.0.0.2", "6379"), "10.0.0.1:6379", false},
+		{"a primary", info("master", "", ""), "10.0.0.1:6379", false},
+		{"IPv6", info("slave", "::1", "6379"), "[::1]:6379", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, parseReplication("n:1", tc.info).follows(tc.primary))
+		})
+	}
+}
+
+// TestReconcile_RepointsReplicaOfLookalikeHost: a replica of 127.0.0.10,
+// whose INFO text contains "master_host:127.0.0.1", is not a replica of
+// the recorded 127.0.0.1: a reconcile re-points it.
+func TestReconcile_RepointsReplicaOfLookalikeHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	ctx := context.Background()
+	_, port, _ := net.SplitHostPort(g.Primary.Addr)
+	r := g.Replicas[0]
+	require.NoError(t, r.Client().Do(ctx, "REPLICAOF", "127.0.0.10", port).Err())
+	records := &memRecords{rec: Record{Primary: g.Primary.Addr, Replicas: []string{r.Addr}, Epoch: 1}}
+	p := &Promoter{Records: records, Logger: testutil.Logger(t), DialTimeout: 300 * time.Millisecond}
+	need, err := p.NeedsReconcile(ctx)
+	require.NoError(t, err)
+	require.True(t, need)
+	require.NoError(t, p.Reconcile(ctx))
+	replicaOfNode(t, r, g.Primary.Addr)
+	info, err := r.Client().Info(ctx, "replication").Result()
+	require.NoError(t, err)
+	require.Contains(t, info, "master_host:127.0.0.1\r\n")
+}
+
+// refusingDialer dials as net.Dialer does but refuses the address set.
+type refusingDialer struct {
+	mu     sync.Mutex
+	refuse string
+}
+
+func (d *refusingDialer) set(addr string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refuse = addr
+}
+
+func (d *refusingDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	refused := addr == d.refuse
+	d.mu.Unlock()
+	if refused {
+		return nil, fmt.Errorf("dial %s: refused by the test", addr)
+	}
+	return (&net.Dialer{}).DialContext(ctx, network, addr)
+}
+
+// TestLoop_FailoverPausesItsOwnWrites: the coordinator grants a failing-over
+// group's other writers no writes, but not the failover's own instance.
+// Its writes must stop too, from before it reads the replicas' positions
+// until it follows the record it publishes: one written through the old
+// primary meanwhile (a primary that stalled and came back), confirmed by
+// the replica that is not promoted, would be lost. Here the old primary
+// takes writes throughout. A write through the instance's gate during a
+// failover is refused, and acknowledged only once the new record is
+// published and followed, on the new primary; after a failover given up
+// (a replica unreachable) the old primary stays and writes go through
+// again.
+func TestLoop_FailoverPausesItsOwnWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 2, 1)
+	records := &memLeases{memRecords: memRecords{rec: Record{Primary: g.Primary.Addr,
+		Replicas: []string{g.Replicas[0].Addr, g.Replicas[1].Addr}, Epoch: 1}}}
+	ctx := context.Background()
+	logger := testutil.Logger(t)
+	var openFails atomic.Bool
+	f, err := NewFollower(records.rec, func(addr string) (*redisstore.Store, error) {
+		if openFails.Swap(false) {
+			return nil, fmt.Errorf("connect to %s: refused by the test", addr)
+		}
+		return redisstore.New(redisstore.Config{Addr: addr, MinReplicas: 1, WaitTimeout: 500 * time.Millisecond}, logger)
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.Close() })
+	dialer := &refusingDialer{}
+	p := &Promoter{Records: records, Logger: logger, DialTimeout: 300 * time.Millisecond, MinReplicas: 1, Dialer: dialer.dial}
+	loop := NewLoop(LoopConfig{CheckInterval: 50 * time.Millisecond, DownAfter: time.Second, PromotionLeaseTTL: 2 * time.Second,
+		ReconcileInterval: 200 * time.Millisecond, FenceWriters: true}, records, f, p, nil, logger)
+	fe := store.Fence{Epoch: 1} // the group epoch is the followed record's
+	require.NoError(t, f.Activate(ctx, caseKey, fe))
+
+	// write appends message id as the server answers a batch: the gate is
+	// asked before the write and again before the answer.
+	write := func(id string) error {
+		if err := loop.Gate(); err != nil {
+			return err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := f.Append(cctx, caseKey, fe, store.QueueLimits{}, []store.Entry{{MsgID: id, QoS: 1}},
+			[]*store.Message{{ID: id, Topic: "t", Payload: []byte("x"), QoS: 1}}); err != nil {
+			return err
+		}
+		return loop.Gate()
+	}
+	require.NoError(t, write("e/1/1"))
+
+	// Given up: a replica does not answer.
+	var inWindow error
+	p.WaitWriters = func(context.Context) error {
+		inWindow = write("e/1/2")
+		dialer.set(g.Replicas[1].Addr)
+		return nil
+	}
+	require.False(t, loop.failover(ctx, records.rec))
+	require.ErrorIs(t, inWindow, ErrFailingOver, "not acknowledged through the old primary while failing over")
+	rec, _ := records.Get(ctx)
+	require.Equal(t, uint64(1), rec.Epoch, "nothing published")
+	require.NoError(t, loop.Gate(), "the gate opens again with the old primary kept")
+	require.NoError(t, write("e/1/3"), "the old primary takes writes again")
+	dialer.set("")
+
+	// Done: a write submitted while failing over, and retried as an edge
+	// retries, is acknowledged only under the new record, on the new
+	// primary. The instance fails to follow the record it published at
+	// first: it does not write until it follows it.
+	type ack struct {
+		at    time.Time
+		epoch uint64
+		tries int
+	}
+	acked := make(chan ack, 1)
+	p.WaitWriters = func(context.Context) error {
+		go func() {
+			for i := 1; ; i++ {
+				if err := write("e/1/4"); err == nil {
+					acked <- ack{time.Now(), f.Record().Epoch, i}
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		// Long enough for many tries through the old primary.
+		time.Sleep(500 * time.Millisecond)
+		return nil
+	}
+	openFails.Store(true)
+	require.True(t, loop.failover(ctx, records.rec))
+	rec, _ = records.Get(ctx)
+	require.Equal(t, uint64(2), rec.Epoch)
+	require.NotEqual(t, g.Primary.Addr, rec.Primary)
+	require.Equal(t, uint64(1), f.Record().Epoch, "following the new record failed")
+	require.ErrorIs(t, loop.Gate(), ErrFailingOver, "not writing through the old record")
+	loop.follow(rec) // the loop's next tick
+	done := time.Now()
+	var a ack
+	select {
+	case a = <-acked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the write was never acknowledged after the failover")
+	}
+	require.Equal(t, uint64(2), a.epoch, "acknowledged under the new record only")
+	require.Greater(t, a.tries, 1, "refused while failing over")
+	t.Logf("acknowledged %v after the new record was followed, at try %d", a.at.Sub(done).Round(time.Millisecond), a.tries)
+	require.Equal(t, 3, queued(t, rec.Primary), "e/1/1, e/1/3 and e/1/4 on the new primary")
 }

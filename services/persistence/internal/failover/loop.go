@@ -99,6 +99,11 @@ type Loop struct {
 	primaryDown atomic.Bool
 	// failoverEpoch is the epoch of the failover lease held, 0 when none.
 	failoverEpoch atomic.Uint64
+	// failingOver is set while this instance runs a failover, and
+	// published is the epoch of the last record one of its failovers
+	// published: Gate.
+	failingOver atomic.Bool
+	published   atomic.Uint64
 
 	// promoting (a one-slot semaphore) is held by a failover, reconcile or
 	// switchover of this instance: the promotion lease is per member, so it
@@ -175,6 +180,29 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 }
 
+// ErrFailingOver is why an instance refuses writes while it fails its
+// group over.
+var ErrFailingOver = errors.New("failing the redis group over: not acknowledging writes")
+
+// Gate refuses writes (ErrFailingOver) while this instance runs a failover,
+// and after one until it follows the record it published. The coordinator
+// grants the group's other writers no writes meanwhile, but not the lease
+// holder: were its writes acknowledged, one written through the old
+// primary after the replicas' positions were read, and confirmed (WAIT) by
+// the replica that is not promoted, would be lost. The instance's server
+// asks it before a batch is written and again before it is answered.
+func (l *Loop) Gate() error {
+	if l.failingOver.Load() {
+		return ErrFailingOver
+	}
+	if p := l.published.Load(); p != 0 && l.follower.Record().Epoch < p {
+		// Following the record failed: the old primary may still take
+		// the writes, under the old record.
+		return ErrFailingOver
+	}
+	return nil
+}
+
 // PrimaryDown reports whether the recorded primary did not answer this
 // instance's last ping: a failover may be under way.
 func (l *Loop) PrimaryDown() bool { return l.primaryDown.Load() }
@@ -229,6 +257,10 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 		l.logger.Debug("promotion lease not held", "error", err)
 		return false
 	}
+	// Paused from before the positions are read until the new record is
+	// followed, or the failover given up and the old primary kept (Gate).
+	l.failingOver.Store(true)
+	defer l.failingOver.Store(false)
 	bound := ttl
 	if l.cfg.FenceWriters {
 		// The promoter first waits for the old writers to pause
@@ -251,6 +283,7 @@ func (l *Loop) failover(ctx context.Context, rec Record) bool {
 	if l.metrics != nil {
 		l.metrics.Failovers.Inc()
 	}
+	l.published.Store(next.Epoch)
 	l.follow(next)
 	return true
 }

@@ -52,9 +52,10 @@ type Config struct {
 	// TenantQueues bound the entries queued for each tenant's sessions
 	// (store.QueueLimits.TenantMax of every append).
 	TenantQueues store.TenantQuotas `yaml:"-"`
-	// Gate, if set, is asked before each batch; an error answers the batch
-	// UNAVAILABLE (the instance lost its coordinator lease: it must not
-	// acknowledge anything).
+	// Gate, if set, is asked before each batch and again before its
+	// answer; an error answers the batch UNAVAILABLE (the instance lost
+	// its coordinator lease, or a failover of its group is under way: it
+	// must not acknowledge anything).
 	Gate func() error `yaml:"-"`
 	// Switchover, if set, runs the Switchover RPC (a Redis group followed
 	// through the coordinator); unset, the RPC answers FailedPrecondition.
@@ -190,10 +191,11 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 			defer func() { <-sem; wg.Done(); s.streams.Done() }()
 			resp := s.answer(id, ops, wait())
 			if err := s.leaseGate(); err != nil {
-				// The lease or the write grant ended while the batch was
-				// written: a failover may promote a replica that lacks it
-				// without waiting any longer for this instance, so nothing
-				// of it is acknowledged. Writes are idempotent; the edge
+				// The lease or the write grant ended, or this instance
+				// began a failover, while the batch was written: a
+				// replica that lacks it may be promoted without waiting
+				// any longer for this instance, so nothing of it is
+				// acknowledged. Writes are idempotent; the edge
 				// sends them again.
 				s.count(nil, nil, persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE)
 				resp = &persistencev1.WriteResponse{BatchId: id, Status: persistencev1.WriteStatus_WRITE_STATUS_UNAVAILABLE, Error: err.Error()}

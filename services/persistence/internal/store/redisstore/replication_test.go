@@ -58,6 +58,56 @@ func TestRedisStore_GroupEpochFence(t *testing.T) {
 	require.NoError(t, s.PutSubscription(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 2}, store.Subscription{Filter: "x"}))
 }
 
+// Retained writes are fenced by the group record epoch as session writes
+// are: a writer of an older record is refused (QoS 0 as QoS 1), changes
+// nothing and leaves no write mark; under the new record it writes again.
+func TestRedisStore_GroupEpochFenceRetained(t *testing.T) {
+	if testing.Short() {
+		t.Skip("redis: skipped under -short")
+	}
+	t.Parallel()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	s.SetGroupEpoch(1)
+	changed, err := s.PutRetained(ctx, "acme", &store.Message{ID: "r/1", Topic: "a/b", Payload: []byte("one"), QoS: 1, Created: 1})
+	require.NoError(t, err)
+	require.True(t, changed)
+	primary := g.Primary.Client()
+	require.NoError(t, primary.Set(ctx, "keel:group-epoch", 2, 0).Err())
+	marks := func() []any {
+		v, err := primary.MGet(ctx, WriteEpochKey, WriteSeqKey).Result()
+		require.NoError(t, err)
+		return v
+	}
+	before := marks()
+	for _, m := range []*store.Message{
+		{ID: "r/2", Topic: "a/b", Payload: []byte("two"), QoS: 1, Created: 2},
+		{ID: "r/3", Topic: "a/b", Payload: []byte("three"), QoS: 0, Created: 3},
+		{ID: "r/4", Topic: "a/b", QoS: 1, Created: 4}, // a clear
+		{ID: "r/5", Topic: "a/c", Payload: []byte("new topic"), QoS: 1, Created: 5},
+	} {
+		_, err := s.PutRetained(ctx, "acme", m)
+		require.ErrorIs(t, err, store.ErrGroupFenced, m.ID)
+	}
+	require.Equal(t, before, marks(), "a refused call leaves no mark")
+	got, err := s.LookupRetained(ctx, "acme", "#", 10)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "one", string(got[0].Payload))
+
+	s.SetGroupEpoch(2)
+	changed, err = s.PutRetained(ctx, "acme", &store.Message{ID: "r/6", Topic: "a/b", Payload: []byte("six"), QoS: 1, Created: 6})
+	require.NoError(t, err)
+	require.True(t, changed)
+	got, err = s.LookupRetained(ctx, "acme", "a/b", 10)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "six", string(got[0].Payload))
+}
+
 // A write that reaches a replica (a primary demoted by a failover or
 // switchover, before the writer follows the new record) is refused with
 // READONLY, which is the retryable ErrUnavailable, never a success.

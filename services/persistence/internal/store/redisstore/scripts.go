@@ -26,16 +26,28 @@ local function mark(gepoch)
 end
 `
 
+// groupFenceFn refuses a call whose group epoch (that of the record its
+// writer follows) is below the one a promotion stamped on the node
+// (keel:group-epoch): a writer of an older record may be acknowledging
+// through a deposed primary too. Every write script checks it before
+// touching anything, with the same error (store.ErrGroupFenced).
+const groupFenceFn = `
+local function groupFence(gepoch)
+  local g = tonumber(redis.call('GET', 'keel:group-epoch') or '0')
+  if tonumber(gepoch) < g then return redis.error_reply('GROUPFENCED group epoch ' .. gepoch .. ' < ' .. g) end
+  return false
+end
+`
+
 // Every session script gets KEYS[1] = the session hash and ARGV[1], ARGV[2] =
 // session epoch and group epoch, and checks both before touching anything;
 // a call that passes is marked. A session's queue is the hash qe (msgID →
 // entry JSON, whose "s" is its position) and the list ql of its positions
 // in order ("<seq>:<msgID>", with holes: see trimQueue); message bodies
 // live in buckets shared by every session (body, flushBodies).
-const prelude = markFn + `
+const prelude = markFn + groupFenceFn + `
 local function fence(skey, epoch, gepoch)
-  local g = tonumber(redis.call('GET', 'keel:group-epoch') or '0')
-  if tonumber(gepoch) < g then return redis.error_reply('GROUPFENCED group epoch ' .. gepoch .. ' < ' .. g) end
+  local g = groupFence(gepoch); if g then return g end
   local cur = tonumber(redis.call('HGET', skey, 'epoch') or '0')
   if tonumber(epoch) < cur then return redis.error_reply('FENCED epoch ' .. epoch .. ' < ' .. cur) end
   mark(gepoch)
@@ -680,11 +692,13 @@ end
 return {epoch, rec, subs, order, qe, inf, inc, msgs, redis.call('LRANGE', KEYS[7], 0, -1)}`
 
 // putRetained: KEYS r (hash topic -> JSON); ARGV tenant topic json created
-// empty gepoch (the writer's group epoch, for the call's mark). The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
+// empty gepoch (the writer's group epoch, fenced as a session script's, and
+// for the call's mark). The index is a tree of sets "ri:<tenant>:<n>:<prefix>" holding the
 // child levels of a prefix of n levels (n keeps "" at the root apart from an
 // empty first level). A message is replaced only by a newer one; an empty
 // payload deletes it and prunes the index.
-const scriptPutRetained = markFn + `
+const scriptPutRetained = markFn + groupFenceFn + `
+local fenced = groupFence(ARGV[6]); if fenced then return fenced end
 mark(ARGV[6])
 local tenant, topic, json, created, empty = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1'
 local function node(prefix, n) return 'ri:' .. tenant .. ':' .. n .. ':' .. prefix end
