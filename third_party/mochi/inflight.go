@@ -13,54 +13,89 @@ import (
 )
 
 // Inflight is a map of InflightMessage keyed on packet id.
+//
+// keel patch: keyed on the packet ID and the flow's direction. The client
+// and the server assign packet identifiers independently (MQTT 5 §2.2.1):
+// the same ID may be in flight both ways at once. Kept in one key space, a
+// client's PUBLISH under an ID the server used for a delivery dropped that
+// delivery's state (its PUBACK was then ignored), and its SUBSCRIBE was
+// refused as "packet identifier in use". The inbound flows (the server's
+// PUBACK, PUBREC or PUBCOMP to the client's PUBLISH) are looked up with
+// TypeInbound and DeleteInbound; Get, Type and Delete are the outbound ones
+// (the server's PUBLISH or PUBREL). Set and Remove go by the packet's type.
 type Inflight struct {
 	sync.RWMutex
-	internal            map[uint16]packets.Packet // internal contains the inflight packets
-	receiveQuota        int32                     // remaining inbound qos quota for flow control
-	sendQuota           int32                     // remaining outbound qos quota for flow control
-	maximumReceiveQuota int32                     // maximum allowed receive quota
-	maximumSendQuota    int32                     // maximum allowed send quota
+	internal            map[inflightKey]packets.Packet // internal contains the inflight packets
+	receiveQuota        int32                          // remaining inbound qos quota for flow control
+	sendQuota           int32                          // remaining outbound qos quota for flow control
+	maximumReceiveQuota int32                          // maximum allowed receive quota
+	maximumSendQuota    int32                          // maximum allowed send quota
+}
+
+// inflightKey is a packet ID, with inboundFlow set for an inbound flow.
+type inflightKey uint32
+
+const inboundFlow inflightKey = 1 << 16
+
+// keyOf is the key of an in-flight packet: the acknowledgements the
+// server sends are of the client's flows.
+func keyOf(m *packets.Packet) inflightKey {
+	switch m.FixedHeader.Type {
+	case packets.Puback, packets.Pubrec, packets.Pubcomp:
+		return inboundFlow | inflightKey(m.PacketID)
+	}
+	return inflightKey(m.PacketID)
 }
 
 // NewInflights returns a new instance of an Inflight packets map.
 func NewInflights() *Inflight {
 	return &Inflight{
-		internal: map[uint16]packets.Packet{},
+		internal: map[inflightKey]packets.Packet{},
 	}
 }
 
-// Set adds or updates an inflight packet by packet id.
+// Set adds or updates an inflight packet by packet id, in its direction.
 func (i *Inflight) Set(m packets.Packet) bool {
 	i.Lock()
 	defer i.Unlock()
 
-	_, ok := i.internal[m.PacketID]
-	i.internal[m.PacketID] = m
+	k := keyOf(&m)
+	_, ok := i.internal[k]
+	i.internal[k] = m
 	return !ok
 }
 
-// Get returns an inflight packet by packet id.
+// Get returns an outbound inflight packet by packet id.
 func (i *Inflight) Get(id uint16) (packets.Packet, bool) {
 	i.RLock()
 	defer i.RUnlock()
 
-	if m, ok := i.internal[id]; ok {
+	if m, ok := i.internal[inflightKey(id)]; ok {
 		return m, true
 	}
 
 	return packets.Packet{}, false
 }
 
-// Type returns the type of the packet in flight under id, if there is one.
-// keel patch: for the checks that need no more than that, which took a copy
-// of the whole packet (808 bytes) from Get.
+// Type returns the type of the outbound packet in flight under id, if there
+// is one. keel patch: for the checks that need no more than that, which
+// took a copy of the whole packet (808 bytes) from Get.
 func (i *Inflight) Type(id uint16) (byte, bool) {
+	return i.typeOf(inflightKey(id))
+}
+
+// TypeInbound is Type for the client's flow under id. keel patch.
+func (i *Inflight) TypeInbound(id uint16) (byte, bool) {
+	return i.typeOf(inboundFlow | inflightKey(id))
+}
+
+func (i *Inflight) typeOf(k inflightKey) (byte, bool) {
 	i.RLock()
 	defer i.RUnlock()
-	if _, ok := i.internal[id]; !ok { // no copy of the packet, unlike m, ok := ...
+	if _, ok := i.internal[k]; !ok { // no copy of the packet, unlike m, ok := ...
 		return 0, false
 	}
-	return i.internal[id].FixedHeader.Type, true
+	return i.internal[k].FixedHeader.Type, true
 }
 
 // Len returns the size of the inflight messages map.
@@ -116,13 +151,27 @@ func (i *Inflight) NextImmediate() (packets.Packet, bool) {
 	return packets.Packet{}, false
 }
 
-// Delete removes an in-flight message from the map. Returns true if the message existed.
+// Delete removes an outbound in-flight message from the map. Returns true if the message existed.
 func (i *Inflight) Delete(id uint16) bool {
+	return i.remove(inflightKey(id))
+}
+
+// DeleteInbound is Delete for the client's flow under id. keel patch.
+func (i *Inflight) DeleteInbound(id uint16) bool {
+	return i.remove(inboundFlow | inflightKey(id))
+}
+
+// Remove deletes m's flow, in m's direction (a packet of GetAll). keel patch.
+func (i *Inflight) Remove(m packets.Packet) bool {
+	return i.remove(keyOf(&m))
+}
+
+func (i *Inflight) remove(k inflightKey) bool {
 	i.Lock()
 	defer i.Unlock()
 
-	_, ok := i.internal[id]
-	delete(i.internal, id)
+	_, ok := i.internal[k]
+	delete(i.internal, k)
 
 	return ok
 }

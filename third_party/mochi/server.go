@@ -1079,13 +1079,10 @@ func (s *Server) processPublish(cl *Client, pk *packets.Packet) error {
 //
 //go:noinline
 func (s *Server) publishInflight(cl *Client, pk *packets.Packet) (answered bool, err error) {
-	if typ, ok := cl.State.Inflight.Type(pk.PacketID); ok {
-		if typ == packets.Pubrec { // [MQTT-4.3.3-10]
-			return true, s.writeAck(cl, pk, packets.Pubrec, packets.ErrPacketIdentifierInUse)
-		}
-		if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
-			atomic.AddInt64(&s.Info.Inflight, -1)
-		}
+	// keel patch: only the client's own flows under the ID; a delivery to
+	// the client under the same ID is another flow (Inflight).
+	if typ, ok := cl.State.Inflight.TypeInbound(pk.PacketID); ok && typ == packets.Pubrec { // [MQTT-4.3.3-10]
+		return true, s.writeAck(cl, pk, packets.Pubrec, packets.ErrPacketIdentifierInUse)
 	}
 	return false, nil
 }
@@ -1135,7 +1132,7 @@ func (s *Server) publishProcessed(cl *Client, pk *packets.Packet) error {
 	}
 
 	if pk.FixedHeader.Qos == 1 {
-		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
+		if ok := cl.State.Inflight.DeleteInbound(ack.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
 		cl.State.Inflight.IncreaseReceiveQuota()
@@ -1375,12 +1372,12 @@ func (s *Server) processPubrec(cl *Client, pk *packets.Packet) error {
 
 // processPubrel processes a Pubrel packet, denoting completion of a QOS 2 packet sent from the client.
 func (s *Server) processPubrel(cl *Client, pk *packets.Packet) error {
-	if _, ok := cl.State.Inflight.Type(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
+	if _, ok := cl.State.Inflight.TypeInbound(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
 		return cl.WritePacket(s.buildAck(pk.PacketID, packets.Pubcomp, 0, pk.Properties, packets.ErrPacketIdentifierNotFound))
 	}
 
 	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || !pk.ReasonCodeValid() { // [MQTT-4.3.3-9]
-		if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
+		if ok := cl.State.Inflight.DeleteInbound(pk.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
 		cl.ops.hooks.OnQosDropped(cl, *pk)
@@ -1395,9 +1392,9 @@ func (s *Server) processPubrel(cl *Client, pk *packets.Packet) error {
 		return err
 	}
 
-	cl.State.Inflight.IncreaseReceiveQuota()             // +1 RECV QUOTA
-	cl.State.Inflight.IncreaseSendQuota()                // +1 SENT QUOTA
-	if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.3-12]
+	cl.State.Inflight.IncreaseReceiveQuota()                    // +1 RECV QUOTA
+	cl.State.Inflight.IncreaseSendQuota()                       // +1 SENT QUOTA
+	if ok := cl.State.Inflight.DeleteInbound(pk.PacketID); ok { // [MQTT-4.3.3-12]
 		atomic.AddInt64(&s.Info.Inflight, -1)
 		s.hooks.OnQosComplete(cl, *pk)
 	}
@@ -1422,7 +1419,7 @@ func (s *Server) processPubcomp(cl *Client, pk *packets.Packet) error {
 func (s *Server) processSubscribe(cl *Client, pk *packets.Packet) error {
 	*pk = s.hooks.OnSubscribe(cl, *pk)
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Type(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.TypeInbound(pk.PacketID); ok { // keel patch: the client's flows only
 		code = packets.ErrPacketIdentifierInUse
 	}
 
@@ -1496,7 +1493,7 @@ func (s *Server) processSubscribe(cl *Client, pk *packets.Packet) error {
 // processUnsubscribe processes an unsubscribe packet.
 func (s *Server) processUnsubscribe(cl *Client, pk *packets.Packet) error {
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Type(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.TypeInbound(pk.PacketID); ok { // keel patch: the client's flows only
 		code = packets.ErrPacketIdentifierInUse
 	}
 

@@ -1286,10 +1286,10 @@ func (b *Broker) encodeDelivery(buf []byte, cl *mqtt.Client, s *session, d *deli
 	return buf, p.packetID, true
 }
 
-// nextOutboundID picks a free packet ID counting down from 65535. mochi keeps
-// one in-flight map for both directions, and clients number their own
-// publishes upwards from 1; counting down from the top keeps the two apart.
-// Only the session's writer calls it.
+// nextOutboundID picks a packet ID free among the edge's deliveries to the
+// client, counting down from 65535 (the client's own flows are kept apart
+// in mochi's in-flight map, whatever IDs it picks). Only the session's
+// writer calls it.
 func nextOutboundID(cl *mqtt.Client, s *session) (uint16, bool) {
 	for range 65535 {
 		s.nextID--

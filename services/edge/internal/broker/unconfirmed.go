@@ -67,7 +67,7 @@ func (b *Broker) unconfirm(cl *mqtt.Client, qos byte, packetID uint16, m *Messag
 // recipient took the message; the flow is then complete, as if the PUBREC
 // state had been loaded.
 func (s *session) pubrelMoved(cl *mqtt.Client, packetID uint16) {
-	if _, ok := cl.State.Inflight.Type(packetID); ok {
+	if _, ok := cl.State.Inflight.TypeInbound(packetID); ok {
 		return
 	}
 	s.mu.Lock()
