@@ -10,8 +10,10 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/services/coordinator/internal/fsm"
 	"github.com/keelmq/keel/services/coordinator/internal/lease"
 	"github.com/keelmq/keel/services/coordinator/internal/raftpb"
@@ -71,6 +73,7 @@ func (s *Server) ClaimSession(ctx context.Context, req *connect.Request[coordina
 	m := req.Msg
 	for _, err := range []error{checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation())} {
 		if err != nil {
+			s.refused(s.metrics.claims, "claim", m.GetEdgeId(), m.GetIncarnation(), 1, err)
 			return nil, err
 		}
 	}
@@ -106,10 +109,13 @@ func (s *Server) ClaimSession(ctx context.Context, req *connect.Request[coordina
 func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordinatorv1.ClaimSessionsRequest]) (*connect.Response[coordinatorv1.ClaimSessionsResponse], error) {
 	m := req.Msg
 	if err := checkMember(m.GetEdgeId(), m.GetIncarnation()); err != nil {
+		s.refused(s.metrics.claims, "claim", m.GetEdgeId(), m.GetIncarnation(), refusedCall(len(m.GetClaims())), err)
 		return nil, err
 	}
 	if n := len(m.GetClaims()); n == 0 || n > s.cfg.MaxClaimsPerCall {
-		return nil, invalid("%d claims: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+		err := invalid("%d claims: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+		s.refused(s.metrics.claims, "claim", m.GetEdgeId(), m.GetIncarnation(), refusedCall(n), err)
+		return nil, err
 	}
 	t, err := s.leaderTermOrNil()
 	if err != nil {
@@ -124,6 +130,7 @@ func (s *Server) ClaimSessions(ctx context.Context, req *connect.Request[coordin
 	for i, c := range m.GetClaims() {
 		if err := firstErr(checkRequestID(c.GetRequestId()), checkSession(c.GetSession())); err != nil {
 			resp.Results[i] = claimError(coordinatorv1.ClaimErrorCode_CLAIM_ERROR_CODE_INVALID_ARGUMENT, err.Error())
+			s.refused(s.metrics.claims, "claim", m.GetEdgeId(), m.GetIncarnation(), 1, err)
 			continue
 		}
 		claims = append(claims, &raftpb.Claim{RequestId: c.GetRequestId(), Tenant: c.GetSession().GetTenant(),
@@ -208,10 +215,25 @@ func (s *Server) claim(ctx context.Context, t *leaderTerm, edge string, inc uint
 		pending = again
 	}
 	for _, o := range outs {
+		if o.GetStatus() == raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT {
+			// Refused by the FSM's checks (an expected owner's ID, say).
+			s.refused(s.metrics.claims, "claim", edge, inc, 1, errors.New(o.GetMessage()))
+			continue
+		}
 		s.metrics.claims.WithLabelValues(claimResultLabel(o.GetStatus())).Inc()
 	}
 	return outs, nil
 }
+
+// claimResults are the values of keel_coordinator_claims_total{result}:
+// granted; lease_invalid (the claimant has no live lease); invalid_argument
+// (a malformed claim or call, refused whole: each of its claims, one if it
+// has none); owner_changed (the session is not owned by the expected owner
+// a batch claim named); superseded (a request ID answered again after a
+// newer claim of the session: the claimant learns late it lost it);
+// conflict (met a claim of the same session in every entry it was retried
+// in: answered Unavailable); not_applied (any other outcome).
+var claimResults = []string{"granted", "lease_invalid", "invalid_argument", "owner_changed", "superseded", "conflict", "not_applied"}
 
 func claimResultLabel(st raftpb.ClaimStatus) string {
 	switch st {
@@ -221,9 +243,44 @@ func claimResultLabel(st raftpb.ClaimStatus) string {
 		return "lease_invalid"
 	case raftpb.ClaimStatus_CLAIM_STATUS_INVALID_ARGUMENT:
 		return "invalid_argument"
-	default:
+	case raftpb.ClaimStatus_CLAIM_STATUS_OWNER_CHANGED:
+		return "owner_changed"
+	case raftpb.ClaimStatus_CLAIM_STATUS_SUPERSEDED:
+		return "superseded"
+	case raftpb.ClaimStatus_CLAIM_STATUS_CONFLICT:
 		return "conflict"
+	default:
+		return "not_applied"
 	}
+}
+
+// refusedLogInterval bounds how often refused claims and releases are
+// logged: a broken edge can send thousands a second (the counters count
+// every one).
+const refusedLogInterval = 10 * time.Second
+
+// refused counts n claims or releases (c: claims or releases) refused as
+// invalid_argument for edge's call, and logs it unless a refusal was logged
+// less than refusedLogInterval ago.
+func (s *Server) refused(c *prometheus.CounterVec, what, edge string, inc uint64, n int, err error) {
+	c.WithLabelValues("invalid_argument").Add(float64(n))
+	if s.refusedLog.Allow(refusedLogInterval) {
+		s.logger.Warn(what+" refused", logging.KeyEdgeID, truncate(edge, 128), "incarnation", inc, "count", n, logging.Err(err))
+	}
+}
+
+// refusedCall is how many claims or releases a call of n refused whole
+// counts: each of them, and an empty call as one, so that no refusal goes
+// uncounted.
+func refusedCall(n int) int { return max(n, 1) }
+
+// truncate cuts s to at most n bytes for a log line: an ID refused for its
+// length may be long.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 func (s *Server) grant(t *leaderTerm, c *raftpb.Claim, o *raftpb.ClaimOutcome) *coordinatorv1.SessionGrant {
@@ -268,6 +325,7 @@ func liveMember(st *fsm.State, id string, inc uint64) *raftpb.MemberRecord {
 func (s *Server) ReleaseSession(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionRequest]) (*connect.Response[coordinatorv1.ReleaseSessionResponse], error) {
 	m := req.Msg
 	if err := firstErr(checkRequestID(m.GetRequestId()), checkSession(m.GetSession()), checkMember(m.GetEdgeId(), m.GetIncarnation()), checkEpoch(m.GetEpoch())); err != nil {
+		s.refused(s.metrics.releases, "release", m.GetEdgeId(), m.GetIncarnation(), 1, err)
 		return nil, err
 	}
 	t, err := s.leaderTermOrNil()
@@ -301,10 +359,13 @@ func (s *Server) ReleaseSession(ctx context.Context, req *connect.Request[coordi
 func (s *Server) ReleaseSessions(ctx context.Context, req *connect.Request[coordinatorv1.ReleaseSessionsRequest]) (*connect.Response[coordinatorv1.ReleaseSessionsResponse], error) {
 	m := req.Msg
 	if err := checkMember(m.GetEdgeId(), m.GetIncarnation()); err != nil {
+		s.refused(s.metrics.releases, "release", m.GetEdgeId(), m.GetIncarnation(), refusedCall(len(m.GetReleases())), err)
 		return nil, err
 	}
 	if n := len(m.GetReleases()); n == 0 || n > s.cfg.MaxClaimsPerCall {
-		return nil, invalid("%d releases: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+		err := invalid("%d releases: want 1 to %d", n, s.cfg.MaxClaimsPerCall)
+		s.refused(s.metrics.releases, "release", m.GetEdgeId(), m.GetIncarnation(), refusedCall(n), err)
+		return nil, err
 	}
 	t, err := s.leaderTermOrNil()
 	if err != nil {
@@ -320,7 +381,7 @@ func (s *Server) ReleaseSessions(ctx context.Context, req *connect.Request[coord
 		if err := firstErr(checkRequestID(r.GetRequestId()), checkSession(r.GetSession()), checkEpoch(r.GetEpoch())); err != nil {
 			resp.Results[i] = &coordinatorv1.ReleaseResult{Error: &coordinatorv1.ReleaseError{
 				Code: coordinatorv1.ReleaseErrorCode_RELEASE_ERROR_CODE_INVALID_ARGUMENT, Message: err.Error()}}
-			s.metrics.releases.WithLabelValues("invalid_argument").Inc()
+			s.refused(s.metrics.releases, "release", m.GetEdgeId(), m.GetIncarnation(), 1, err)
 			continue
 		}
 		cmds = append(cmds, releaseCommand(m.GetEdgeId(), m.GetIncarnation(), r.GetRequestId(), r.GetSession(), r.GetEpoch()))
@@ -391,6 +452,9 @@ func (s *Server) releaseEach(ctx context.Context, cmds []*raftpb.ReleaseSessionC
 	}
 	return outs, nil
 }
+
+// releaseResults are the values of keel_coordinator_releases_total{result}.
+var releaseResults = []string{"released", "absent", "stale_epoch", "not_owner", "invalid_argument", "not_applied"}
 
 func releaseResultLabel(st raftpb.ReleaseStatus) string {
 	switch st {

@@ -30,12 +30,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 			Name: "keel_coordinator_raft_apply_duration_seconds", Help: "Time from proposal to applied on the leader, by command.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}, []string{"command"}),
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keel_coordinator_claims_total", Help: "Session claims answered by the leader, by result."}, []string{"result"}),
+			Name: "keel_coordinator_claims_total", Help: "Session claims answered, by result: granted, lease_invalid, invalid_argument (refused for their content, by any node), owner_changed (not owned by the expected owner), superseded (a request ID answered after a newer claim of its session), conflict (met a claim of the same session in every retry), not_applied."}, []string{"result"}),
 		claimBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keel_coordinator_claim_batch_size", Help: "Claims per Raft entry.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "keel_coordinator_releases_total", Help: "Session releases answered by the leader, by result."}, []string{"result"}),
+			Name: "keel_coordinator_releases_total", Help: "Session releases answered, by result: released, absent, stale_epoch, not_owner, invalid_argument (refused for their content, by any node), not_applied."}, []string{"result"}),
 		releaseBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "keel_coordinator_release_batch_size", Help: "Session releases per Raft entry.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
@@ -59,6 +59,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) *metrics {
 	m.routeRemovals.WithLabelValues("ok")
 	m.routeRemovals.WithLabelValues("unconfirmed")
 	m.routeRemovals.WithLabelValues("error")
+	for _, r := range claimResults {
+		m.claims.WithLabelValues(r)
+	}
+	for _, r := range releaseResults {
+		m.releases.WithLabelValues(r)
+	}
 	if reg == nil {
 		return m
 	}

@@ -171,6 +171,8 @@ type Server struct {
 	now     func() time.Time
 	httpc   *http.Client
 	router  routerv1connect.RouterServiceClient // nil without Config.RouterURL
+	// refusedLog limits the lines logged for refused claims and releases.
+	refusedLog logging.Every
 
 	// term is the leader's state for the current term; nil on followers and
 	// while a new leader is not ready.

@@ -24,6 +24,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/keelmq/keel/libs/logging"
 	"github.com/keelmq/keel/libs/rpc"
 	"github.com/keelmq/keel/libs/slots"
 	"github.com/keelmq/keel/libs/topic"
@@ -74,6 +75,8 @@ type Server struct {
 	metrics *metrics.Metrics
 	logger  *slog.Logger
 	status  func() *persistencev1.StatusResponse
+	// refusedLog limits the lines logged for refused requests.
+	refusedLog logging.Every
 
 	stopping atomic.Bool
 	streams  sync.WaitGroup
@@ -101,8 +104,63 @@ func New(cfg Config, st store.Store, m *metrics.Metrics, status func() *persiste
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if m != nil {
+		// The refusals exist from the start, so a rate of them is 0, not
+		// absent, until a client sends something bad.
+		for _, k := range refusedKinds {
+			m.Ops.WithLabelValues(k, invalidStatus)
+		}
+	}
 	return &Server{cfg: cfg, dec: decoder{lim: cfg.Limits, slots: cfg.Slots, group: cfg.Group, quotas: cfg.TenantQueues}, store: st, metrics: m, status: status, logger: logger,
 		stopped: make(chan struct{})}
+}
+
+// Requests refused for their content are counted in
+// keel_persistence_ops_total{status="WRITE_STATUS_INVALID_ARGUMENT"} under
+// one of these kinds, and logged at most once per refusedLogInterval: a
+// broken client can send thousands a second. A refused Switchover request is
+// counted in keel_persistence_switchovers_total{result="bad_request"}.
+const (
+	refusedFrame          = "frame" // an undecodable Write frame: the stream ends
+	refusedBatch          = "batch" // a Write batch refused whole
+	refusedLoadSession    = "load_session"
+	refusedLookupRetained = "lookup_retained"
+	refusedTenantUsage    = "tenant_usage"
+	refusedSwitchover     = "switchover"
+
+	refusedLogInterval = 10 * time.Second
+)
+
+var (
+	refusedKinds  = []string{refusedFrame, refusedBatch, refusedLoadSession, refusedLookupRetained, refusedTenantUsage}
+	invalidStatus = persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT.String()
+)
+
+// refused counts a request refused for its content (kind, one of the
+// refused* constants) from remote, and logs it unless a refusal was logged
+// less than refusedLogInterval ago.
+func (s *Server) refused(kind, remote string, err error) {
+	if m := s.metrics; m != nil {
+		if kind == refusedSwitchover {
+			m.Switchovers.WithLabelValues("bad_request").Inc()
+		} else {
+			m.Ops.WithLabelValues(kind, invalidStatus).Inc()
+		}
+	}
+	if s.refusedLog.Allow(refusedLogInterval) {
+		s.logger.Warn("request refused", logging.KeyReason, kind, logging.KeyRemote, remote, logging.Err(err))
+	}
+}
+
+// unaryError is the answer of a unary RPC that failed with err; one that
+// blames the request (InvalidArgument) is counted and logged as refused
+// under kind.
+func (s *Server) unaryError(kind string, peer connect.Peer, err error) error {
+	ce := toConnect(err)
+	if connect.CodeOf(ce) == connect.CodeInvalidArgument {
+		s.refused(kind, peer.Addr, err)
+	}
+	return ce
 }
 
 // Handler returns the Connect handler and its path prefix. Write batches
@@ -163,6 +221,11 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 		}
 		if err != nil {
 			// An undecodable frame: connect reports it as InvalidArgument.
+			// Its stream cannot go on: the next frames may belong to it.
+			// Any other error is the client or its connection going away.
+			if connect.CodeOf(err) == connect.CodeInvalidArgument {
+				s.refused(refusedFrame, stream.Peer().Addr, err)
+			}
 			return err
 		}
 		start := time.Now()
@@ -173,7 +236,7 @@ func (s *Server) Write(ctx context.Context, stream *connect.BidiStream[persisten
 		}
 		ops, err := s.dec.batch(req)
 		if err != nil {
-			s.count(nil, nil, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT)
+			s.refused(refusedBatch, stream.Peer().Addr, err)
 			send(&persistencev1.WriteResponse{BatchId: req.GetBatchId(), Status: persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, Error: err.Error()})
 			continue
 		}
@@ -309,11 +372,11 @@ func (s *Server) count(o *store.Op, r *store.OpResult, st persistencev1.WriteSta
 func (s *Server) LoadSession(ctx context.Context, req *connect.Request[persistencev1.LoadSessionRequest]) (*connect.Response[persistencev1.LoadSessionResponse], error) {
 	k, err := s.dec.sessionKey(req.Msg.GetSession())
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, s.unaryError(refusedLoadSession, req.Peer(), err)
 	}
 	st, err := s.store.Load(ctx, k)
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, s.unaryError(refusedLoadSession, req.Peer(), err)
 	}
 	out := &persistencev1.LoadSessionResponse{Epoch: st.Epoch, Session: SessionOut(st.Session)}
 	for _, sub := range st.Subs {
@@ -403,13 +466,13 @@ func (s *Server) dropGone(ctx context.Context, k store.SessionKey, st *store.Sta
 func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persistencev1.LookupRetainedRequest]) (*connect.Response[persistencev1.LookupRetainedResponse], error) {
 	m := req.Msg
 	if err := s.dec.retainedTenant(m.GetTenant()); err != nil {
-		return nil, toConnect(err)
+		return nil, s.unaryError(refusedLookupRetained, req.Peer(), err)
 	}
 	if err := topic.ValidateFilter(m.GetFilter(), topic.Limits{}); err != nil {
-		return nil, toConnect(invalid("filter: %v", err))
+		return nil, s.unaryError(refusedLookupRetained, req.Peer(), invalid("filter: %v", err))
 	}
 	if _, _, shared, _ := topic.ParseShare(m.GetFilter()); shared {
-		return nil, toConnect(invalid("shared subscriptions get no retained messages; pass the inner filter"))
+		return nil, s.unaryError(refusedLookupRetained, req.Peer(), invalid("shared subscriptions get no retained messages; pass the inner filter"))
 	}
 	limit := int(m.GetLimit())
 	if limit <= 0 || limit > s.cfg.MaxLookup {
@@ -417,7 +480,7 @@ func (s *Server) LookupRetained(ctx context.Context, req *connect.Request[persis
 	}
 	msgs, err := s.store.LookupRetained(ctx, m.GetTenant(), m.GetFilter(), limit)
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, s.unaryError(refusedLookupRetained, req.Peer(), err)
 	}
 	out := &persistencev1.LookupRetainedResponse{Messages: make([]*commonv1.Message, 0, len(msgs))}
 	for _, sm := range msgs {
@@ -455,11 +518,11 @@ func (s *Server) DescribeGroup(ctx context.Context, _ *connect.Request[persisten
 func (s *Server) TenantUsage(ctx context.Context, req *connect.Request[persistencev1.TenantUsageRequest]) (*connect.Response[persistencev1.TenantUsageResponse], error) {
 	tenant := req.Msg.GetTenant()
 	if !ValidTenant(tenant) {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("tenant %q: want 1-63 of a-z, 0-9 and -", tenant))
+		return nil, s.unaryError(refusedTenantUsage, req.Peer(), invalid("tenant %.70q: want 1-63 of a-z, 0-9 and -", tenant))
 	}
 	u, err := s.store.TenantUsage(ctx, tenant)
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, s.unaryError(refusedTenantUsage, req.Peer(), err)
 	}
 	return connect.NewResponse(&persistencev1.TenantUsageResponse{Queued: uint64(u.Queued), QueueMax: uint64(s.cfg.TenantQueues.Max(tenant)),
 		Retained: uint64(u.Retained)}), nil
@@ -474,17 +537,17 @@ func (s *Server) Switchover(ctx context.Context, req *connect.Request[persistenc
 	opts := failover.SwitchoverOptions{To: m.GetTo(), SyncTimeout: failover.DefaultSwitchoverSyncTimeout}
 	if m.GetTimeout() != nil {
 		if err := m.GetTimeout().CheckValid(); err != nil {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("timeout: %w", err))
+			return nil, s.badSwitchover(req.Peer(), fmt.Errorf("timeout: %w", err))
 		}
 		d := m.GetTimeout().AsDuration()
 		if d <= 0 || d > failover.MaxSwitchoverSyncTimeout {
-			return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("timeout %v: give more than 0 and at most %v", d, failover.MaxSwitchoverSyncTimeout))
+			return nil, s.badSwitchover(req.Peer(), fmt.Errorf("timeout %v: give more than 0 and at most %v", d, failover.MaxSwitchoverSyncTimeout))
 		}
 		opts.SyncTimeout = d
 	}
 	if opts.To != "" {
 		if err := failover.ValidateAddr(opts.To); err != nil {
-			return nil, connect.NewError(connect.CodeInvalidArgument, err)
+			return nil, s.badSwitchover(req.Peer(), err)
 		}
 	}
 	if s.cfg.Switchover == nil {
@@ -498,4 +561,11 @@ func (s *Server) Switchover(ctx context.Context, req *connect.Request[persistenc
 	return connect.NewResponse(&persistencev1.SwitchoverResponse{OldPrimary: res.Old.Primary, NewPrimary: res.New.Primary,
 		RecordEpoch: res.New.Epoch, OldRecordEpoch: res.Old.Epoch, ReplicaAddresses: res.New.Replicas,
 		PausedFor: durationpb.New(res.PausedFor), Offset: res.Offset, OldPrimaryDemoted: res.Demoted}), nil
+}
+
+// badSwitchover refuses a Switchover request for its content: counted and
+// logged as the failover loop counts a bad target.
+func (s *Server) badSwitchover(peer connect.Peer, err error) error {
+	s.refused(refusedSwitchover, peer.Addr, err)
+	return connect.NewError(connect.CodeInvalidArgument, err)
 }
