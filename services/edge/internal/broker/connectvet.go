@@ -103,6 +103,11 @@ func (b *Broker) vetConnect(cl *mqtt.Client, pk *packets.Packet) error {
 			}
 			return b.refuseConnect(cl, 0, packets.Code{}, "invalid_will_topic", "error", err)
 		}
+		if v5 && c.WillRetain && b.cfg.RetainDisabled {
+			// The CONNACK would say Retain Available 0 [MQTT-3.2.2-13]. A
+			// 3.1.1 client cannot be told: its will goes out, not retained.
+			return b.refuseConnect(cl, 5, packets.ErrRetainNotSupported, "retain_not_supported")
+		}
 	}
 	return nil
 }

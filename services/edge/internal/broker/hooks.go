@@ -850,6 +850,13 @@ func (h *hook) vetPacket(cl *mqtt.Client, pk *packets.Packet) error {
 	}
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
+		if pk.FixedHeader.Retain && b.cfg.RetainDisabled && cl.Properties.ProtocolVersion == 5 {
+			// Told Retain Available 0 in its CONNACK ([MQTT-3.2.2-14]): 0x9A
+			// (§3.3.1.3). A 3.1.1 client was told nothing: its message goes,
+			// not retained.
+			b.m.packetErrors.WithLabelValues("retain_not_supported").Inc()
+			return b.refuse(cl, packets.ErrRetainNotSupported)
+		}
 		if pk.TopicName == "" && pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 &&
 			pk.Properties.TopicAlias <= b.cfg.TopicAliasMaximum {
 			// Resolve the alias here: mochi checks the ACL on the topic name
@@ -999,6 +1006,13 @@ func (h *hook) OnPacketEncode(cl *mqtt.Client, pk *packets.Packet) {
 			// §3.2.2.3.6): mochi's CONNACK leaves them out.
 			pk.Properties.TopicAliasMaximum = h.b.cfg.TopicAliasMaximum
 			pk.Properties.MaximumPacketSize = h.b.cfg.MaxPacketSize
+			// An absent property says available (§3.2.2.3.5, §3.2.2.3.13).
+			if h.b.cfg.RetainDisabled {
+				pk.Properties.RetainAvailable, pk.Properties.RetainAvailableFlag = 0, true
+			}
+			if h.b.cfg.SharedDisabled {
+				pk.Properties.SharedSubAvailable, pk.Properties.SharedSubAvailableFlag = 0, true
+			}
 		}
 	case packets.Pubrec:
 		// mochi answers a QoS 2 PUBLISH resent before its PUBREL with 0x91
