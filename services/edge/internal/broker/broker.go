@@ -45,15 +45,18 @@ type Broker struct {
 	auth     auth.Authenticator
 	index    *index
 	retained *retainedStore
-	ids      *msgIDs
-	m        *metrics
-	mIn      [3]prometheus.Counter
-	bIn      [3]prometheus.Counter // payload bytes in, by QoS
-	bOut     [3]prometheus.Counter // PUBLISH bytes out, by QoS
-	mOut     [3]prometheus.Counter
-	mAlone   [len(aloneOutcomes)]prometheus.Counter
-	limits   topic.Limits
-	guard    *guard
+	// retainedWrites: this edge's retained messages the shared store has
+	// not taken yet.
+	retainedWrites retainedWrites
+	ids            *msgIDs
+	m              *metrics
+	mIn            [3]prometheus.Counter
+	bIn            [3]prometheus.Counter // payload bytes in, by QoS
+	bOut           [3]prometheus.Counter // PUBLISH bytes out, by QoS
+	mOut           [3]prometheus.Counter
+	mAlone         [len(aloneOutcomes)]prometheus.Counter
+	limits         topic.Limits
+	guard          *guard
 
 	listenerMu  sync.Mutex
 	listenerIDs []string     // as registered with mochi, until closed
@@ -767,7 +770,9 @@ func (b *Broker) Publish(tenant, topicName string, payload []byte, qos byte, ret
 	}
 	m := &Message{ID: b.ids.next(), Topic: sc.Topic(topicName), Payload: payload, QoS: qos, Retain: retain, Created: time.Now().UnixNano()}
 	if retain {
-		b.retain(m)
+		if err := b.retain(m); err != nil && qos > 0 {
+			return err
+		}
 	}
 	return b.route(m)
 }
@@ -1201,24 +1206,33 @@ var (
 	errFenced  = errors.New("edge lease lapsed; acknowledging nothing")
 )
 
-func (b *Broker) retain(m *Message) {
+func (b *Broker) retain(m *Message) error {
 	if b.cfg.RetainDisabled {
-		return
+		return nil
 	}
 	b.retained.set(m)
-	if b.store != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		defer cancel()
-		span := childSpan(m, "persist", attrStore.String("retained"))
-		if span != nil {
-			ctx = trace.ContextWithSpan(ctx, span)
-		}
-		err := b.store.PutRetained(ctx, m.record(), m.QoS > 0)
-		finishSpan(span, err)
-		if err != nil {
-			b.logger.Error("retained message not stored", "error", err)
-		}
+	if b.store == nil {
+		return nil
 	}
+	// Pending until the store answers; a write the store failed is not
+	// retained either, but for this edge's subscribers while the store
+	// cannot answer their lookups (matchRetained).
+	b.retainedWrites.start(m)
+	defer b.retainedWrites.done(m)
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	span := childSpan(m, "persist", attrStore.String("retained"))
+	if span != nil {
+		ctx = trace.ContextWithSpan(ctx, span)
+	}
+	err := b.store.PutRetained(ctx, m.record(), m.QoS > 0)
+	finishSpan(span, err)
+	if err != nil {
+		b.m.retainedNotStored.Inc()
+		b.logger.Error("retained message not stored", "topic", m.Topic, "qos", m.QoS, "error", err)
+		return fmt.Errorf("retained message not stored: %w", err)
+	}
+	return nil
 }
 
 // encodeDelivery appends the PUBLISH for d to buf, registering QoS 1/2

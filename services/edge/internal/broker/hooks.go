@@ -1369,7 +1369,17 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		}
 	}
 	if m.Retain {
-		b.retain(m)
+		// At QoS 1/2 the retained message is acknowledged with the rest:
+		// one the store did not take would be gone for later subscribers
+		// on other edges, the publisher told otherwise. The client sends it
+		// again (a QoS 2 resend under the same msgID).
+		if err := b.retain(m); err != nil && m.QoS > 0 {
+			finishSpan(m.span, err)
+			b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
+			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
+			_ = b.disconnect(cl, packets.ErrServerBusy)
+			return errRejectPacket
+		}
 	}
 	if c.lookups.pending(m.Topic) {
 		return b.routeBehind(cl, c, pk, m)

@@ -34,6 +34,7 @@ type metrics struct {
 	routedBehind      prometheus.Counter
 	duplicatePubs     prometheus.Counter
 	qos2Rerouted      prometheus.Counter
+	retainedNotStored prometheus.Counter
 	takeovers         prometheus.Counter
 	takeoverRedirects prometheus.Counter
 	lapsedDropped     prometheus.Counter
@@ -123,6 +124,9 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 		qos2Rerouted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_publish_qos2_rerouted_total", Help: "QoS 2 publishes sent again after they were not acknowledged, routed under the msgID of their first copy.",
 		}),
+		retainedNotStored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keel_edge_retained_not_stored_total", Help: "Retained messages the store did not take; at QoS 1/2 their publish is not acknowledged.",
+		}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_sessions_taken_over_total", Help: "Sessions given up to another edge that claimed them.",
 		}),
@@ -179,7 +183,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 	reg.MustRegister(m.bans, m.connections, m.connects, m.disconnects, m.authFailures, m.messagesIn, m.bytesIn,
 		m.messagesOut, m.bytesOut, m.dropped, m.packetErrors, m.inflight, m.retained, m.subscriptions,
 		m.sessions, m.publishWait, m.slowConsumers, m.willsPublished, m.sharedRedispatch, m.fencedSessions, m.throttledPubs,
-		m.acksDeferred, m.routedBehind, m.duplicatePubs, m.qos2Rerouted, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
+		m.acksDeferred, m.routedBehind, m.duplicatePubs, m.qos2Rerouted, m.retainedNotStored, m.takeovers, m.takeoverRedirects, m.handoverRelays, m.relaysReceived, m.forwardRetries, m.lapsedDropped, m.resumedFromStore, m.adoptedSessions, m.drainedSessions, m.loadScore,
 		m.aclRevoked, m.aclRefreshes, m.writesAlone)
 	return m
 }

@@ -106,7 +106,7 @@ func (b *Broker) DeliverForwarded(ctx context.Context, pm *commonv1.Message, sha
 	m.deferred = deferredFrom(ctx)
 	m.quiet = m.deferred != nil && m.deferred.Quiet
 	if m.Retain {
-		b.retain(m)
+		_ = b.retain(m) // counted and logged; the publishing edge stored it too
 	}
 	// Published before sessions it matches left this edge, m may have to
 	// go to their new owners too (handedOver). Decided once the recipients

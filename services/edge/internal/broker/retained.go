@@ -156,13 +156,50 @@ func emit(m *Message, now int64, fn func(*Message)) {
 	fn(m)
 }
 
+// retainedWrites holds, per topic, the last retained message (or clear)
+// of this edge that the shared store has not answered yet. Once it has,
+// the store's answer is the truth for that topic, whatever this edge's
+// tree still holds: a clear or a newer message published on another edge
+// reaches this edge's tree only if a route brought it here.
+type retainedWrites struct {
+	mu      sync.Mutex
+	pending map[string]*Message
+}
+
+func (w *retainedWrites) start(m *Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending == nil {
+		w.pending = map[string]*Message{}
+	}
+	w.pending[m.Topic] = m
+}
+
+// done records that the store answered m's write; a later write of the
+// topic stays pending.
+func (w *retainedWrites) done(m *Message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending[m.Topic] == m {
+		delete(w.pending, m.Topic)
+	}
+}
+
+func (w *retainedWrites) of(topicName string) *Message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending[topicName]
+}
+
 // retainedLookupTimeout bounds the shared store's retained lookup on a
 // subscriber's path.
 const retainedLookupTimeout = 5 * time.Second
 
-// matchRetained calls fn with the retained messages matching filter: this
-// edge's own and, with a shared store, every edge's, the newest per topic.
-// A store that cannot answer leaves the subscriber with this edge's.
+// matchRetained calls fn with the retained messages matching filter. With
+// a shared store, they are the store's, and this edge's own whose writes
+// the store has not answered yet (retainedWrites), the newest per topic; a clear not
+// taken yet hides an older stored message. A store that cannot answer
+// leaves the subscriber with this edge's.
 func (b *Broker) matchRetained(filter string, now int64, fn func(*Message)) {
 	idx, ok := b.store.(RetainedIndex)
 	if !ok {
@@ -180,16 +217,26 @@ func (b *Broker) matchRetained(filter string, now int64, fn func(*Message)) {
 			byTopic[m.Topic] = m
 		}
 	}
-	b.retained.match(filter, now, keep)
 	ctx, cancel := context.WithTimeout(context.Background(), retainedLookupTimeout)
 	stored, err := idx.MatchRetained(ctx, filter)
 	cancel()
 	if err != nil {
 		b.m.packetErrors.WithLabelValues("retained_lookup_failed").Inc()
 		b.logger.Warn("retained lookup in the shared store failed; sending this edge's only", "filter", filter, "error", err)
+		b.retained.match(filter, now, keep)
+	} else {
+		b.retained.match(filter, now, func(m *Message) {
+			if b.retainedWrites.of(m.Topic) == m {
+				keep(m)
+			}
+		})
 	}
 	for i := range stored {
-		emit(fromRecord(&stored[i]), now, keep)
+		m := fromRecord(&stored[i])
+		if p := b.retainedWrites.of(m.Topic); p != nil && len(p.Payload) == 0 && p.Created >= m.Created {
+			continue // cleared here, the store not told yet
+		}
+		emit(m, now, keep)
 	}
 	for _, t := range order {
 		if m := byTopic[t]; len(m.Payload) > 0 {

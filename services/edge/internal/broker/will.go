@@ -86,7 +86,7 @@ func (b *Broker) sendWill(will *Message) error {
 		m.Expiry = now.Unix() + min(int64(e), b.cfg.MaxMessageExpiry)
 	}
 	if m.Retain {
-		b.retain(m)
+		_ = b.retain(m) // counted and logged; the will's delivery goes on
 	}
 	if err := b.route(m); err != nil {
 		return err
