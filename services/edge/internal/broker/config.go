@@ -116,7 +116,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string) {
 	fs.DurationVar(&c.WriteTimeout, prefix+"write-timeout", DefaultWriteTimeout, "deadline for one socket write to a client")
 	fs.BoolVar(&c.RetainDisabled, prefix+"retain-disabled", false, "do not store retained messages")
 	fs.BoolVar(&c.SharedDisabled, prefix+"shared-disabled", false, "refuse shared subscriptions")
-	fs.IntVar(&c.AuthMaxFailures, prefix+"auth-max-failures", 10, "failed authentications from one IP or user name within auth-failure-window before a ban (0: never ban)")
+	fs.IntVar(&c.AuthMaxFailures, prefix+"auth-max-failures", 10, "failed authentications from one IP address within auth-failure-window before the address is banned (0: never ban)")
 	fs.DurationVar(&c.AuthFailureWindow, prefix+"auth-failure-window", time.Minute, "window in which failed authentications are counted")
 	fs.DurationVar(&c.AuthBanDuration, prefix+"auth-ban-duration", 5*time.Minute, "how long a ban lasts")
 	fs.Float64Var(&c.ConnectRate, prefix+"connect-rate", 0, "new connections per second admitted per listener (0: no limit)")

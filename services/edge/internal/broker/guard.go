@@ -6,17 +6,22 @@ import (
 	"time"
 )
 
-// guard bounds authentication abuse: clients (by IP and by user name) that
-// fail too often within a window are banned for a while, and each listener
-// admits at most a given rate of new connections.
+// guard bounds authentication abuse: addresses that fail too often within
+// a window are banned for a while, and each listener admits at most a given
+// rate of new connections.
+//
+// Bans are by IP address, not by user name: anyone can send a CONNECT
+// naming any user, so a ban of the name would let one address lock a
+// device out of every edge with a few wrong passwords (the name carries
+// no tenant either, so it would lock out that name in every tenant).
 type guard struct {
 	maxFailures int
 	window      time.Duration
 	banFor      time.Duration
 
 	mu    sync.Mutex
-	fails map[string]*failures // "ip:<addr>" or "user:<tenant-less name>"
-	bans  map[string]time.Time // same keys -> end of ban
+	fails map[string]*failures // IP address
+	bans  map[string]time.Time // IP address -> end of ban
 
 	connRate  float64
 	connBurst int
@@ -43,57 +48,48 @@ func ipOf(remote string) string {
 	return remote
 }
 
-// banned reports whether the remote address or user name is banned now.
-func (g *guard) banned(remote, user string, now time.Time) bool {
+// banned reports whether the remote address is banned now.
+func (g *guard) banned(remote string, now time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.bans) == 0 {
-		return false // the usual case, without building the keys
+		return false // the usual case, without building the key
 	}
-	for _, k := range keysOf(remote, user) {
-		if until, ok := g.bans[k]; ok {
-			if now.Before(until) {
-				return true
-			}
-			delete(g.bans, k)
+	k := ipOf(remote)
+	if until, ok := g.bans[k]; ok {
+		if now.Before(until) {
+			return true
 		}
+		delete(g.bans, k)
 	}
 	return false
 }
 
-// failed records an authentication failure and reports whether it led to a
-// ban.
-func (g *guard) failed(remote, user string, now time.Time) bool {
+// failed records an authentication failure from remote and reports
+// whether it led to a ban.
+func (g *guard) failed(remote string, now time.Time) bool {
 	if g.maxFailures <= 0 {
 		return false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	k := ipOf(remote)
+	f := g.fails[k]
+	if f == nil || now.Sub(f.start) > g.window {
+		f = &failures{start: now}
+		g.fails[k] = f
+	}
+	f.count++
 	bannedNow := false
-	for _, k := range keysOf(remote, user) {
-		f := g.fails[k]
-		if f == nil || now.Sub(f.start) > g.window {
-			f = &failures{start: now}
-			g.fails[k] = f
-		}
-		f.count++
-		if f.count >= g.maxFailures {
-			g.bans[k] = now.Add(g.banFor)
-			delete(g.fails, k)
-			bannedNow = true
-		}
+	if f.count >= g.maxFailures {
+		g.bans[k] = now.Add(g.banFor)
+		delete(g.fails, k)
+		bannedNow = true
 	}
 	if len(g.fails) > 100_000 {
 		g.sweepLocked(now)
 	}
 	return bannedNow
-}
-
-// Ban bans a remote IP or user name until the given time (for operators).
-func (g *guard) ban(key string, until time.Time) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.bans[key] = until
 }
 
 func (g *guard) sweepLocked(now time.Time) {
@@ -126,12 +122,4 @@ func (g *guard) admit(listener string, now time.Time) bool {
 		return false
 	}
 	return true
-}
-
-func keysOf(remote, user string) []string {
-	keys := []string{"ip:" + ipOf(remote)}
-	if user != "" {
-		keys = append(keys, "user:"+user)
-	}
-	return keys
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -35,7 +36,13 @@ func startWith(t *testing.T, authn auth.Authenticator, mutate func(*Config)) str
 
 func connectWith(t *testing.T, addr, user, password string) byte {
 	t.Helper()
-	c := mqtttest.Dial(t, addr, 5)
+	return connectFrom(t, nil, addr, user, password)
+}
+
+// connectFrom is connectWith from the local address from (nil: any).
+func connectFrom(t *testing.T, from net.Addr, addr, user, password string) byte {
+	t.Helper()
+	c := mqtttest.DialFrom(t, from, addr, 5)
 	c.Send(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, Connect: packets.ConnectParams{
 		ProtocolName: []byte("MQTT"), Clean: true, Keepalive: 30, ClientIdentifier: "c",
 		UsernameFlag: true, Username: []byte(user), PasswordFlag: true, Password: []byte(password)}})
@@ -63,4 +70,19 @@ func TestGuard_ConnectRatePerListener(t *testing.T) {
 	require.Equal(t, packets.CodeSuccess.Code, connectWith(t, addr, "u", "p"))
 	require.Equal(t, packets.CodeSuccess.Code, connectWith(t, addr, "u", "p"))
 	require.Equal(t, packets.ErrConnectionRateExceeded.Code, connectWith(t, addr, "u", "p"))
+}
+
+// A ban is of the address that failed, not of the user name it gave: an
+// address guessing a device's password does not lock the device out.
+func TestGuard_BansTheAddressNotTheUserName(t *testing.T) {
+	t.Parallel()
+	addr := startWith(t, passwordAuth("right"), func(c *Config) {
+		c.AuthMaxFailures, c.AuthFailureWindow, c.AuthBanDuration = 3, time.Minute, time.Minute
+	})
+	attacker := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+	for range 3 {
+		require.Equal(t, packets.ErrBadUsernameOrPassword.Code, connectFrom(t, attacker, addr, "sensor-17", "guess"))
+	}
+	require.Equal(t, packets.ErrBanned.Code, connectFrom(t, attacker, addr, "sensor-17", "right"), "the address is banned")
+	require.Equal(t, packets.CodeSuccess.Code, connectFrom(t, nil, addr, "sensor-17", "right"), "the device, from its own address, is not")
 }

@@ -74,7 +74,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		b.m.packetErrors.WithLabelValues("connect_rate").Inc()
 		return refuse(packets.ErrConnectionRateExceeded, "connect_rate")
 	}
-	if b.guard.banned(cl.Net.Remote, string(pk.Connect.Username), now) {
+	if b.guard.banned(cl.Net.Remote, now) {
 		b.m.authFailures.WithLabelValues("banned").Inc()
 		return refuse(packets.ErrBanned, "banned")
 	}
@@ -115,7 +115,7 @@ func (h *hook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	if err != nil {
 		code := authCode(err)
 		b.m.authFailures.WithLabelValues(authReason(code)).Inc()
-		if code != packets.ErrServerUnavailable && b.guard.failed(cl.Net.Remote, req.Username, now) {
+		if code != packets.ErrServerUnavailable && b.guard.failed(cl.Net.Remote, now) {
 			b.m.bans.Inc()
 			b.logger.Warn("banning after repeated authentication failures", "remote", ipOf(cl.Net.Remote), "username_set", req.Username != "")
 		}

@@ -167,7 +167,7 @@ func newMetrics(reg prometheus.Registerer, b *Broker) *metrics {
 			Name: "keel_edge_load_score", Help: "Load of this edge for autoscaling, 1 being full: the larger of connections over --mqtt.load-connections and inbound messages per second over --mqtt.load-message-rate.",
 		}, func() float64 { return b.loadScoreValue() }),
 		bans: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP or user name after repeated authentication failures.",
+			Name: "keel_edge_auth_bans_total", Help: "Bans of an IP address after repeated authentication failures.",
 		}),
 		aclRevoked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "keel_edge_acl_revoked_subscriptions_total", Help: "Subscriptions removed because an ACL change no longer allows them (the client is not told: MQTT has no server-initiated unsubscribe).",

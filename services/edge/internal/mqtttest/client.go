@@ -29,7 +29,15 @@ type Client struct {
 // Dial connects to addr speaking the given protocol version (3, 4 or 5).
 func Dial(t testing.TB, addr string, version byte) *Client {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	return DialFrom(t, nil, addr, version)
+}
+
+// DialFrom is Dial from the local address from (nil: any), as a client on
+// another host appears to a server on loopback (127.0.0.2, say).
+func DialFrom(t testing.TB, from net.Addr, addr string, version byte) *Client {
+	t.Helper()
+	d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: from}
+	c, err := d.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	return &Client{t: t, Conn: c, r: bufio.NewReader(c), version: version}
