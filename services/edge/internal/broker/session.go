@@ -400,7 +400,7 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 		if s.unsettled == nil {
 			s.unsettled = map[uint64]unsettledWrite{}
 		}
-		s.unsettled[d.seq] = unsettledWrite{origin: d.msg.Origin, offline: offline}
+		s.unsettled[d.seq] = unsettledWrite{id: d.msg.ID, origin: d.msg.Origin, offline: offline}
 	}
 	if d.relayed {
 		s.queueRelayedLocked(d)
@@ -414,6 +414,7 @@ func (s *session) pushLocked(d delivery, size int, offline bool) (p *durable.Pen
 
 // unsettledWrite is a queued delivery whose stored copy is being written.
 type unsettledWrite struct {
+	id      MsgID  // its message's
 	origin  string // the publisher of its message
 	revoked bool   // taken back from the queue: an earlier write of its publisher failed
 	// offline marks queueing the tenant's bound may refuse; dropped, that

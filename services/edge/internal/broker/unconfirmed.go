@@ -127,9 +127,23 @@ func (t *tookQoS2) has(id MsgID) bool {
 
 // tookIDsLocked lists the msgIDs the session remembers taking at QoS 2, for the
 // edge the session moves to. s.mu must be held.
+//
+// A message whose stored copy is still being written (unsettled: a
+// forwarded frame's writes are settled after its messages were queued) is
+// left out: it is taken only once that write succeeds, and it may fail
+// after the move, when this copy forgets it. Named to the new owner, the
+// message's relay or resend would be answered there as taken before, and
+// acknowledged with no copy anywhere.
 func (s *session) tookIDsLocked() []string {
 	if s.took == nil {
 		return nil
+	}
+	var undecided map[MsgID]struct{}
+	if len(s.unsettled) > 0 {
+		undecided = make(map[MsgID]struct{}, len(s.unsettled))
+		for _, w := range s.unsettled {
+			undecided[w.id] = struct{}{}
+		}
 	}
 	t := s.took
 	out := make([]string, 0, len(t.ids))
@@ -137,9 +151,13 @@ func (s *session) tookIDsLocked() []string {
 	// new owner evicts them in the same order.
 	for i := range t.ring {
 		id := t.ring[(t.next+i)%len(t.ring)]
-		if _, ok := t.ids[id]; ok {
-			out = append(out, msgIDString(id))
+		if _, ok := t.ids[id]; !ok {
+			continue
 		}
+		if _, ok := undecided[id]; ok {
+			continue
+		}
+		out = append(out, msgIDString(id))
 	}
 	return out
 }
