@@ -848,7 +848,7 @@ func TestBroker_ImportKeepsQoS2Memory(t *testing.T) {
 	for i := range s.queue.len() {
 		queued = append(queued, s.queue.at(i).msg.ID.Seq)
 	}
-	took := s.tookIDsLocked()
+	took := s.tookIDsLocked(nil)
 	s.mu.Unlock()
 	require.Equal(t, []uint64{8}, queued, "the resend of 7 is not delivered again")
 	require.Equal(t, []string{"other/1/7", "other/1/8"}, took)

@@ -242,8 +242,14 @@ func (b *Broker) TakeOver(ctx context.Context, tenant, clientID, newOwner string
 	}
 	// detach put the connection's in-flight messages back in memory; the
 	// stored in-flight set already holds them, with their packet IDs.
+	//
+	// The QoS 2 messages queued since Begin are left out: the store read
+	// above may not hold them, and End hands them over late. Named here,
+	// they would be remembered as taken on import, and the new owner would
+	// skip their late copies as taken before: acknowledged, and nowhere.
+	// End names them, after the late messages are merged (mergeLate).
 	s.mu.Lock()
-	st.TookQoS2 = s.tookIDsLocked()
+	st.TookQoS2 = s.tookIDsLocked(lateIDsLocked(s, mv.fromSeq))
 	s.mu.Unlock()
 	if state, err = durable.EncodeTransfer(st); err != nil {
 		// Begin fails with it, and no End follows.
@@ -352,7 +358,7 @@ func (b *Broker) TakeoverEnd(ctx context.Context, tenant, clientID string, newEp
 	// numbers are not this edge's).
 	s.mu.Lock()
 	mv.done = true
-	late := durable.SessionState{Session: durable.Session{ID: id}, TookQoS2: s.tookIDsLocked()}
+	late := durable.SessionState{Session: durable.Session{ID: id}, TookQoS2: s.tookIDsLocked(nil)}
 	for i := 0; i < s.queue.len(); i++ {
 		if d := s.queue.at(i); d.seq > mv.fromSeq {
 			late.Queue = append(late.Queue, entryOf(d, 0, 0))

@@ -3,12 +3,14 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
+	"github.com/keelmq/keel/services/edge/internal/mqtttest"
 )
 
 // A session moving to another edge names the QoS 2 messages it took, so
@@ -29,7 +31,7 @@ func TestSession_MovingNamesOnlySettledQoS2Messages(t *testing.T) {
 	took := func() []string {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.tookIDsLocked()
+		return s.tookIDsLocked(nil)
 	}
 	deliver := func(seq uint64) (*Message, *Deferred) {
 		d := &Deferred{}
@@ -51,4 +53,76 @@ func TestSession_MovingNamesOnlySettledQoS2Messages(t *testing.T) {
 	st.answer(errors.New("injected store failure"))
 	require.Error(t, d2.Wait(1)[0])
 	require.Equal(t, []string{msgIDString(m1.ID)}, took(), "not stored, m2 is never named")
+}
+
+// staleLoad is a shared store whose session reads, once armed, answer
+// with what the store held before the test was told the read began: a
+// write landing meanwhile is not in the answer, as when a takeover's read
+// of the store races the previous owner's last writes.
+type staleLoad struct {
+	sharedLocal
+	armed   atomic.Bool
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s *staleLoad) LoadSession(ctx context.Context, id string) (durable.SessionState, bool, error) {
+	st, ok, err := s.sharedLocal.LoadSession(ctx, id)
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.started)
+		<-s.release
+	}
+	return st, ok, err
+}
+
+// A QoS 2 message queued for a moving session after TakeoverBegin's read of
+// the store is handed over late (TakeoverEnd), and named as taken only
+// there: named at Begin, the new owner would remember it on import and
+// skip its late copy as taken before, and it would be acknowledged with
+// no copy anywhere (seen when a Redis primary was killed during a
+// takeover).
+func TestBroker_TakeoverBeginNamesNoLateMessage(t *testing.T) {
+	t.Parallel()
+	st := &staleLoad{started: make(chan struct{}), release: make(chan struct{})}
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.sharedLocal = sharedLocal{s}; return st })
+	addr := serveTCP(t, b)
+	id := b.mustScope(t, "default").ClientID("mover")
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("mover", true, persistentProps)
+	require.Equal(t, []byte{2}, c.Subscribe(1, "q/#", 2).ReasonCodes)
+	epoch := waitBound(t, b, id)
+	_ = c.Conn.Close()
+	require.Eventually(t, func() bool {
+		s := b.session(id)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.client == nil
+	}, 5*time.Second, 5*time.Millisecond)
+
+	st.armed.Store(true)
+	type begun struct {
+		state []byte
+		err   error
+	}
+	done := make(chan begun, 1)
+	go func() {
+		_, _, state, err := b.TakeOver(t.Context(), "default", "mover", "edge-new", epoch+1, false)
+		done <- begun{state, err}
+	}()
+	<-st.started
+	require.NoError(t, b.DeliverForwarded(t.Context(), forwardedMsg(9, "q/x", 2, time.Now()), SharedChoice{}))
+	close(st.release)
+	r := <-done
+	require.NoError(t, r.err)
+	state, err := durable.DecodeTransfer(r.state)
+	require.NoError(t, err)
+	require.NotContains(t, state.TookQoS2, "other/1/9", "named at Begin, not in its state")
+
+	late, err := b.TakeoverEnd(t.Context(), "default", "mover", epoch+1)
+	require.NoError(t, err)
+	lateState, err := durable.DecodeTransfer(late)
+	require.NoError(t, err)
+	require.Len(t, lateState.Queue, 1, "handed over late")
+	require.Equal(t, "other/1/9", lateState.Queue[0].MsgID)
+	require.Contains(t, lateState.TookQoS2, "other/1/9", "and named with it")
 }

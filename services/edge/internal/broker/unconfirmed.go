@@ -126,7 +126,7 @@ func (t *tookQoS2) has(id MsgID) bool {
 }
 
 // tookIDsLocked lists the msgIDs the session remembers taking at QoS 2, for the
-// edge the session moves to. s.mu must be held.
+// edge the session moves to, but those in except. s.mu must be held.
 //
 // A message whose stored copy is still being written (unsettled: a
 // forwarded frame's writes are settled after its messages were queued) is
@@ -134,13 +134,16 @@ func (t *tookQoS2) has(id MsgID) bool {
 // after the move, when this copy forgets it. Named to the new owner, the
 // message's relay or resend would be answered there as taken before, and
 // acknowledged with no copy anywhere.
-func (s *session) tookIDsLocked() []string {
+func (s *session) tookIDsLocked(except map[MsgID]struct{}) []string {
 	if s.took == nil {
 		return nil
 	}
-	var undecided map[MsgID]struct{}
+	undecided := except
 	if len(s.unsettled) > 0 {
-		undecided = make(map[MsgID]struct{}, len(s.unsettled))
+		undecided = make(map[MsgID]struct{}, len(s.unsettled)+len(except))
+		for id := range except {
+			undecided[id] = struct{}{}
+		}
 		for _, w := range s.unsettled {
 			undecided[w.id] = struct{}{}
 		}
@@ -182,4 +185,19 @@ func (s *session) rememberQoS2(id MsgID) {
 		t.next = (t.next + 1) % tookQoS2Len
 	}
 	t.ids[id] = struct{}{}
+}
+
+// lateIDsLocked returns the msgIDs of the deliveries queued for s after
+// seq: those a moving session hands over late. s.mu must be held.
+func lateIDsLocked(s *session, seq uint64) map[MsgID]struct{} {
+	var ids map[MsgID]struct{}
+	for i := range s.queue.len() {
+		if d := s.queue.at(i); d.seq > seq && d.msg != nil {
+			if ids == nil {
+				ids = map[MsgID]struct{}{}
+			}
+			ids[d.msg.ID] = struct{}{}
+		}
+	}
+	return ids
 }
