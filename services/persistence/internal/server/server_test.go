@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -287,26 +285,6 @@ func TestServer_Write_InvalidStoresNothing(t *testing.T) {
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_OK, w.write(activate(1)).GetStatus())
 	resp := w.write()
 	require.Equal(t, persistencev1.WriteStatus_WRITE_STATUS_INVALID_ARGUMENT, resp.GetStatus(), "empty batch")
-}
-
-// A frame that is not a WriteRequest ends the stream with InvalidArgument.
-func TestServer_Write_GarbageFrame(t *testing.T) {
-	t.Parallel()
-	ts := startServer(t, boltStore(t))
-	var body bytes.Buffer
-	garbage := []byte{0xff, 0xff, 0xff, 0xff, 0x0f}
-	body.WriteByte(0)
-	_ = binary.Write(&body, binary.BigEndian, uint32(len(garbage)))
-	body.Write(garbage)
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, ts.url+persistencev1connect.PersistenceServiceWriteProcedure, &body)
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/connect+proto")
-	resp, err := h2cClient().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var out bytes.Buffer
-	_, _ = out.ReadFrom(resp.Body)
-	require.Contains(t, out.String(), "invalid_argument")
 }
 
 func TestServer_LookupRetained(t *testing.T) {

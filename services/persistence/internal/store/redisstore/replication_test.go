@@ -40,6 +40,17 @@ func TestRedisStore_NoReplicaNoAck(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNotReplicated)
 }
 
+// primaryStore starts a primary with one replica and a store writing to
+// the primary, waiting for one replica.
+func primaryStore(t *testing.T) (*redistest.Group, *Store) {
+	t.Helper()
+	g := redistest.StartGroup(t, 1, 1)
+	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return g, s
+}
+
 // A writer that follows an old group record is refused once the group's
 // record epoch moved on (after a failover).
 func TestRedisStore_GroupEpochFence(t *testing.T) {
@@ -47,10 +58,7 @@ func TestRedisStore_GroupEpochFence(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 1, 1)
-	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	g, s := primaryStore(t)
 	ctx := context.Background()
 	require.NoError(t, s.Activate(ctx, k, store.Fence{Epoch: 1, GroupEpoch: 1}))
 	require.NoError(t, g.Primary.Client().Set(ctx, "keel:group-epoch", 2, 0).Err())
@@ -66,10 +74,7 @@ func TestRedisStore_GroupEpochFenceRetained(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 1, 1)
-	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	g, s := primaryStore(t)
 	ctx := context.Background()
 	s.SetGroupEpoch(1)
 	changed, err := s.PutRetained(ctx, "acme", &store.Message{ID: "r/1", Topic: "a/b", Payload: []byte("one"), QoS: 1, Created: 1})
@@ -217,10 +222,7 @@ func TestRedisStore_BodyExpiryFollowsTheMessage(t *testing.T) {
 		t.Skip("redis: skipped under -short")
 	}
 	t.Parallel()
-	g := redistest.StartGroup(t, 1, 1)
-	s, err := New(Config{Addr: g.Primary.Addr, MinReplicas: 1}, testutil.Logger(t))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
+	g, s := primaryStore(t)
 	ctx := context.Background()
 	f := store.Fence{Epoch: 1}
 	other := store.SessionKey{Tenant: "acme", ClientID: "d"}
