@@ -332,3 +332,41 @@ func TestPayloadRoundTrip(t *testing.T) {
 		require.False(t, ok, "%q", bad)
 	}
 }
+
+// fakeMessage is the part of a received PUBLISH the checker reads.
+type fakeMessage struct {
+	mqtt.Message
+	topic   string
+	payload []byte
+	qos     byte
+	dup     bool
+	id      uint16
+}
+
+func (m fakeMessage) Topic() string     { return m.topic }
+func (m fakeMessage) Payload() []byte   { return m.payload }
+func (m fakeMessage) Qos() byte         { return m.qos }
+func (m fakeMessage) Duplicate() bool   { return m.dup }
+func (m fakeMessage) MessageID() uint16 { return m.id }
+
+func TestChecker_QoS2ResendUnderItsPacketIDIsNoDuplicate(t *testing.T) {
+	c := NewChecker()
+	c.addPublisher("q2", "t", 2)
+	s := c.NewSubscriber("s", 2, "t")
+	s.Subscribed()
+	sendN(c, "q2", 3)
+	msg := func(seq int, id uint16, dup bool) fakeMessage {
+		return fakeMessage{topic: "t", payload: payloadOf("q2", seq), qos: 2, dup: dup, id: id}
+	}
+	s.recordMessage(msg(0, 1, false))
+	s.recordMessage(msg(0, 1, true)) // the PUBREC was lost: re-sent, discarded
+	s.recordMessage(msg(1, 2, true)) // a first reception may carry DUP
+	s.recordMessage(msg(1, 3, true)) // another packet ID: delivered twice
+	s.recordMessage(msg(2, 1, false))
+	s.recordMessage(msg(2, 1, false)) // no DUP: a new PUBLISH, delivered twice
+	r := c.Report().Sub("s")
+	require.Equal(t, 1, r.Resent)
+	require.Equal(t, 2, r.DuplicatedQoS2)
+	require.Equal(t, 3, r.ExpectedQoS2)
+	require.Zero(t, r.Lost)
+}

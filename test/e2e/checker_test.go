@@ -139,11 +139,16 @@ type Subscriber struct {
 	order   int               // first receptions below maxSeq
 	late    []string          // the first few of them, each with the seq it came after
 	foreign int               // payloads not written by a checker publisher
+	// held is, per packet ID, the message last received at QoS 2 under it,
+	// and resent counts the re-sends discarded by it (see recordMessage).
+	held   map[uint16]msgID
+	resent int
 }
 
 // NewSubscriber registers a subscriber for filters at qos.
 func (c *Checker) NewSubscriber(name string, qos byte, filters ...string) *Subscriber {
-	s := &Subscriber{Name: name, QoS: qos, Filters: filters, c: c, counts: map[msgID]int{}, maxSeq: map[[2]string]int{}}
+	s := &Subscriber{Name: name, QoS: qos, Filters: filters, c: c, counts: map[msgID]int{}, maxSeq: map[[2]string]int{},
+		held: map[uint16]msgID{}}
 	c.mu.Lock()
 	c.subs = append(c.subs, s)
 	c.mu.Unlock()
@@ -152,7 +157,33 @@ func (c *Checker) NewSubscriber(name string, qos byte, filters ...string) *Subsc
 
 // Handler is the paho message handler of this subscriber.
 func (s *Subscriber) Handler() mqtt.MessageHandler {
-	return func(_ mqtt.Client, m mqtt.Message) { s.record(m.Topic(), m.Payload()) }
+	return func(_ mqtt.Client, m mqtt.Message) { s.recordMessage(m) }
+}
+
+// recordMessage records m as the MQTT receiver of a QoS 2 message must see
+// it (method B, MQTT 3.1.1 §4.3.3): a PUBLISH with DUP set under the packet
+// ID of the QoS 2 message received last under that ID is the sender's
+// re-send of it, not a new delivery, and is discarded. paho delivers such a
+// re-send again, and each connection of a session here is a new paho
+// client with no memory of the IDs its predecessor held, so a session
+// resumed after its PUBREC was lost with an edge would otherwise count as a
+// duplicate what the protocol allows. A copy under another packet ID, or
+// without DUP, is a duplicate.
+func (s *Subscriber) recordMessage(m mqtt.Message) {
+	if m.Qos() == 2 {
+		if id, ok := parsePayload(m.Payload()); ok {
+			s.mu.Lock()
+			resend := m.Duplicate() && s.held[m.MessageID()] == id && s.counts[id] > 0
+			s.held[m.MessageID()] = id
+			if resend {
+				s.resent++
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Unlock()
+		}
+	}
+	s.record(m.Topic(), m.Payload())
 }
 
 func (s *Subscriber) record(topic string, payload []byte) {
@@ -208,9 +239,10 @@ func (s *Subscriber) Count() int {
 type SubReport struct {
 	Subscriber string
 	// Expected counts acknowledged QoS≥1 (effective) messages in the
-	// subscriber's window; Lost those of them never received.
-	Expected, Lost int
-	LostIDs        []msgID // in publisher, seq order
+	// subscriber's window, ExpectedQoS2 those at effective QoS 2; Lost
+	// those of them never received.
+	Expected, ExpectedQoS2, Lost int
+	LostIDs                      []msgID // in publisher, seq order
 	// Received counts distinct messages, Duplicated the extra copies;
 	// DuplicatedQoS2 the extra copies of effective QoS 2 messages.
 	Received, Duplicated, DuplicatedQoS2 int
@@ -219,6 +251,9 @@ type SubReport struct {
 	// received from the same publisher on the same topic.
 	OutOfOrder int
 	Late       []string // the first few out of order, each with the seq it came after
+	// Resent counts the QoS 2 re-sends (DUP, same packet ID) discarded as
+	// the receiver's protocol state would (recordMessage): reported only.
+	Resent int
 	// QoS0Received counts distinct effective QoS 0 messages received of
 	// QoS0Sent acknowledged (written) in the window: reported, not asserted.
 	QoS0Received, QoS0Sent int
@@ -226,9 +261,9 @@ type SubReport struct {
 }
 
 func (r SubReport) String() string {
-	return fmt.Sprintf("%s: expected %d lost %d %s; received %d, duplicated %d (QoS 2: %d) %s; out of order %d %v; QoS 0 %d/%d; foreign %d",
-		r.Subscriber, r.Expected, r.Lost, idRanges(r.LostIDs), r.Received, r.Duplicated, r.DuplicatedQoS2, idRanges(r.DupIDs),
-		r.OutOfOrder, r.Late, r.QoS0Received, r.QoS0Sent, r.Foreign)
+	return fmt.Sprintf("%s: expected %d (QoS 2: %d) lost %d %s; received %d, duplicated %d (QoS 2: %d) %s; out of order %d %v; QoS 2 re-sends discarded %d; QoS 0 %d/%d; foreign %d",
+		r.Subscriber, r.Expected, r.ExpectedQoS2, r.Lost, idRanges(r.LostIDs), r.Received, r.Duplicated, r.DuplicatedQoS2, idRanges(r.DupIDs),
+		r.OutOfOrder, r.Late, r.Resent, r.QoS0Received, r.QoS0Sent, r.Foreign)
 }
 
 // idRanges writes sorted IDs as runs, e.g. [p#3-7 p#9 q#1-2], the first
@@ -350,7 +385,7 @@ func (c *Checker) Report() Report {
 func (s *Subscriber) report(pubs map[string]*pubState, ids []string) SubReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := SubReport{Subscriber: s.Name, OutOfOrder: s.order, Late: slices.Clone(s.late), Foreign: s.foreign}
+	r := SubReport{Subscriber: s.Name, OutOfOrder: s.order, Late: slices.Clone(s.late), Resent: s.resent, Foreign: s.foreign}
 	for id, n := range s.counts {
 		r.Received++
 		if n < 2 {
@@ -393,6 +428,9 @@ func (s *Subscriber) report(pubs map[string]*pubState, ids []string) SubReport {
 				continue
 			}
 			r.Expected++
+			if qos == 2 {
+				r.ExpectedQoS2++
+			}
 			if !got {
 				r.Lost++
 				r.LostIDs = append(r.LostIDs, msgID{id, seq})

@@ -104,11 +104,12 @@ func (l *lostSignal) wait(d time.Duration) bool {
 
 // TestE2E_Cluster_SessionTakeoverAcrossEdges: a clean-session client
 // "roamer" hops edge 2 → 3 → 1 → 2 → 3 with the same client ID while a QoS 1
-// stream from edge 1 flows. At each hop the server closes the previous
-// connection, the new one gets every acknowledged message published after
-// its SUBACK, and no message published after the takeover completed
-// reaches both connections. A witness on edge 3 that never moves shows the
-// stream itself loses nothing.
+// and a QoS 2 stream from edge 1 flow, every subscription at QoS 2. At each
+// hop the server closes the previous connection, the new one gets every
+// acknowledged message published after its SUBACK, and no message
+// published after the takeover completed reaches both connections. A
+// witness on edge 3 that never moves shows the streams themselves lose
+// nothing, and neither gets a QoS 2 message twice.
 //
 // The first hop comes right after the cluster started, when an edge may not
 // have read the membership since the others joined: it asks the
@@ -118,14 +119,16 @@ func TestE2E_Cluster_SessionTakeoverAcrossEdges(t *testing.T) {
 	k := startCluster(t, clusterConfig{})
 	ck := NewChecker()
 	const filter = "e2e/roam/#"
-	witness := ck.NewSubscriber("witness@edge-3", 1, filter)
+	witness := ck.NewSubscriber("witness@edge-3", 2, filter)
 	subscribe(t, k.URL(2), "witness", true, witness, nil)
 
 	pc := mustDial(t, mqttOpts(k.URL(0), "roam-pub", true))
 	pub := ck.NewPublisher("roam-pub", pc, "e2e/roam/t", 1)
 	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(k.URL(0), "roam-pub", true), 10*time.Second) }
-	stop := pub.GoStream(5 * time.Millisecond)
-	t.Cleanup(stop)
+	stop1 := pub.GoStream(5 * time.Millisecond)
+	t.Cleanup(stop1)
+	stop2 := streamQoS(t, ck, k.URL(0), "roam-pub-q2", "e2e/roam/q2", 2, q2Interval)
+	stop := func() { stop1(); stop2() }
 
 	// waitFlow waits until s got n more messages than it had.
 	waitFlow := func(s *Subscriber, n int) {
@@ -136,7 +139,7 @@ func TestE2E_Cluster_SessionTakeoverAcrossEdges(t *testing.T) {
 	}
 
 	hops := []int{1, 2, 0, 1, 2}
-	cur := ck.NewSubscriber(fmt.Sprintf("roamer#0@%s", edgeAlias(hops[0])), 1, filter)
+	cur := ck.NewSubscriber(fmt.Sprintf("roamer#0@%s", edgeAlias(hops[0])), 2, filter)
 	curLost := newLostSignal()
 	curClient := subscribe(t, k.URL(hops[0]), "roamer", true, cur, curLost.handler)
 	waitFlow(cur, 20)
@@ -150,7 +153,7 @@ func TestE2E_Cluster_SessionTakeoverAcrossEdges(t *testing.T) {
 		if r := ck.WaitSub(cur, 20*time.Second); r.Lost > 0 || r.OutOfOrder > 0 {
 			t.Errorf("hop %d: %s lost messages before the takeover: %s", hop, cur.Name, r)
 		}
-		next := ck.NewSubscriber(fmt.Sprintf("roamer#%d@%s", hop, edgeAlias(to)), 1, filter)
+		next := ck.NewSubscriber(fmt.Sprintf("roamer#%d@%s", hop, edgeAlias(to)), 2, filter)
 		nextLost := newLostSignal()
 		nc := mustDial(t, mqttOpts(k.URL(to), "roamer", true).
 			SetDefaultPublishHandler(next.Handler()).SetConnectionLostHandler(nextLost.handler))
@@ -180,6 +183,7 @@ func TestE2E_Cluster_SessionTakeoverAcrossEdges(t *testing.T) {
 	r := ck.WaitDelivered(30 * time.Second)
 	t.Logf("takeovers done:%s", r)
 	require.Positive(t, r.Pub("roam-pub").Acked)
+	requireQoS2Measured(t, r, "roam-pub-q2", witness.Name, cur.Name)
 	requireDelivery(t, r, witness.Name, cur.Name)
 	require.False(t, curLost.wait(0), "the last connection stays up")
 }
@@ -323,14 +327,16 @@ func TestE2E_Cluster_RouterReplaced(t *testing.T) {
 
 // TestE2E_Cluster_KilledEdgeLosesNoSession keeps sessions in the persistence
 // service (Redis primary and replica) and kills edge 1 (SIGKILL: no drain)
-// while a QoS 1 stream from edge 2 flows to two persistent subscribers
-// whose sessions edge 1 owns: "online", connected to edge 1, and "offline",
-// whose client left before the kill. "online" comes back on edge 3 at once
+// while a QoS 1 and a QoS 2 stream from edge 2 flow to two persistent
+// subscribers, subscribed at QoS 2, whose sessions edge 1 owns: "online",
+// connected to edge 1, and "offline", whose client left before the kill. "online" comes back on edge 3 at once
 // and is admitted when edge 1's lease has expired, its session resumed
 // from the store; "offline" comes back on edge 3 later, after the
 // coordinator gave its session to a custodian edge, which queued for it.
-// Both get every message acknowledged to the publisher after their first
-// SUBACK; publishes that found no live holder of a session were not
+// Both get every message acknowledged to the publishers after their first
+// SUBACK, and no QoS 2 message twice (invariant 2: the resumed session's
+// inflight and queue, custody and the dead edge's relayed messages meet
+// there); publishes that found no live holder of a session were not
 // acknowledged (the publisher is closed and publishes again). Two more
 // clients of edge 1 hold wills and never come back, one with a persistent
 // session and one with a clean one: a watcher on edge 3 gets each will
@@ -341,11 +347,11 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	k := startCluster(t, clusterConfig{LeaseTTL: ttl, ForwardTimeout: forward, Persistence: true})
 	ck := NewChecker()
 	const filter = "e2e/crash/#"
-	witness := ck.NewSubscriber("witness@edge-3", 1, filter)
+	witness := ck.NewSubscriber("witness@edge-3", 2, filter)
 	subscribe(t, k.URL(2), "witness", true, witness, nil)
-	online := ck.NewSubscriber("online", 1, filter)
+	online := ck.NewSubscriber("online", 2, filter)
 	subscribe(t, k.URL(0), "crash-online", false, online, nil)
-	offline := ck.NewSubscriber("offline", 1, filter)
+	offline := ck.NewSubscriber("offline", 2, filter)
 	offClient := subscribe(t, k.URL(0), "crash-offline", false, offline, nil)
 	offClient.Disconnect(250)
 	wills := watchWills(t, k.URL(2), "e2e/wills/#")
@@ -356,7 +362,8 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 		mustDial(t, mqttOpts(k.URL(0), c.id, c.clean).SetWill("e2e/wills/"+c.id, c.id+" gone", 1, false))
 	}
 
-	stop := streamFrom(t, ck, k.URL(1), "crash-pub", "e2e/crash/t")
+	stop1 := streamFrom(t, ck, k.URL(1), "crash-pub", "e2e/crash/t")
+	stop2 := streamQoS(t, ck, k.URL(1), "crash-pub-q2", "e2e/crash/q2", 2, q2Interval)
 	require.Eventually(t, func() bool { return online.Count() >= 50 }, 20*time.Second, 20*time.Millisecond, "the stream flows")
 
 	killed := time.Now()
@@ -377,10 +384,12 @@ func TestE2E_Cluster_KilledEdgeLosesNoSession(t *testing.T) {
 	base = offline.Count()
 	require.Eventually(t, func() bool { return offline.Count() >= base+50 }, 20*time.Second, 20*time.Millisecond,
 		"offline receives the stream")
-	stop()
+	stop1()
+	stop2()
 	r := ck.WaitDelivered(30 * time.Second)
 	t.Logf("after the kill:%s", r)
 	require.Positive(t, r.Pub("crash-pub").Acked)
+	requireQoS2Measured(t, r, "crash-pub-q2", witness.Name, online.Name, offline.Name)
 	requireNoLoss(t, r, "a publish that found no live holder of a session is sent again by its publisher after "+
 		"later ones were taken", witness.Name, online.Name, offline.Name)
 	wills.requireOnce(t, 30*time.Second, "e2e/wills/crash-will-persistent", "e2e/wills/crash-will-clean")
@@ -532,10 +541,37 @@ func TestE2E_Cluster_CleanSharedMemberKilled(t *testing.T) {
 // returned stop ends the stream and waits for every publish to settle.
 func streamFrom(t *testing.T, ck *Checker, url, id, topic string) (stop func()) {
 	t.Helper()
-	pub := ck.NewPublisher(id, mustDial(t, mqttOpts(url, id, true)), topic, 1)
+	return streamQoS(t, ck, url, id, topic, 1, 5*time.Millisecond)
+}
+
+// streamQoS is streamFrom at qos, a message every interval.
+func streamQoS(t *testing.T, ck *Checker, url, id, topic string, qos byte, interval time.Duration) (stop func()) {
+	t.Helper()
+	pub := ck.NewPublisher(id, mustDial(t, mqttOpts(url, id, true)), topic, qos)
 	pub.AckTimeout = 20 * time.Second
 	pub.Dial = func() (mqtt.Client, error) { return dial(mqttOpts(url, id, true), 30*time.Second) }
-	stop = pub.GoStream(5 * time.Millisecond)
+	stop = pub.GoStream(interval)
 	t.Cleanup(stop)
 	return stop
+}
+
+// q2Interval paces the QoS 2 stream a fault scenario runs beside its QoS 1
+// one, its subscribers subscribed at QoS 2: slower than the QoS 1 stream
+// (four packets and more store writes a message, on a CI machine of two
+// cores), it still has a few hundred messages in flight across the fault,
+// enough for invariant 2 (no QoS 2 message twice) to be measured there.
+const q2Interval = 20 * time.Millisecond
+
+// requireQoS2Measured fails t unless the QoS 2 publisher pub got
+// acknowledgements and every subscriber expected some of them: a verdict of
+// no QoS 2 duplicate over no QoS 2 message would prove nothing.
+func requireQoS2Measured(t *testing.T, r Report, pub string, subs ...string) {
+	t.Helper()
+	require.Equal(t, byte(2), r.Pub(pub).QoS)
+	require.Positive(t, r.Pub(pub).Acked, "the QoS 2 stream got acknowledgements: %s", r.Pub(pub))
+	for _, name := range subs {
+		if s := r.Sub(name); s.ExpectedQoS2 == 0 {
+			t.Errorf("%s expected no QoS 2 message: %s", name, s)
+		}
+	}
 }

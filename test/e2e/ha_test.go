@@ -20,13 +20,16 @@ import (
 // its own: each breaks something the next would need whole.
 
 // TestE2E_Cluster_RedisPrimaryKilled kills the Redis primary (SIGKILL)
-// while QoS 1 streams from publishers on edges 1 and 2 flow to persistent
-// sessions whose subscribers are on edge 3, two connected and two away.
+// while QoS 1 streams from publishers on edges 1 and 2, and a QoS 2 one
+// from edge 1, flow to persistent sessions subscribed at QoS 2 whose
+// subscribers are on edge 3, two connected and two away.
 // A persistence instance promotes the replica with the highest offset and
 // publishes the new group record; publishing resumes, and every subscriber
 // (the two away included, once back) gets every message acknowledged since
-// its SUBACK. Acknowledged messages were replicated (WAIT 1) before the
-// PUBACK, so the promoted replica has them. Order is reported, not asserted:
+// its SUBACK, and no QoS 2 message twice: the sessions' QoS 2 inflight
+// records written to the lost primary are what the promoted replica must
+// have. Acknowledged messages were replicated (WAIT 1) before the PUBACK,
+// so the promoted replica has them. Order is reported, not asserted:
 // messages relayed by the previous owner of a session moved during the
 // failover may reach it after newer ones.
 func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
@@ -40,7 +43,7 @@ func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
 	var online []*roamer
 	var subs []*Subscriber
 	for i := range 2 {
-		s := ck.NewSubscriber(fmt.Sprintf("online-%d", i+1), 1, filter)
+		s := ck.NewSubscriber(fmt.Sprintf("online-%d", i+1), 2, filter)
 		// online-1 comes back to edge 3 whenever it is dropped, online-2
 		// to the next edge.
 		online = append(online, startRoamerOpts(t, picker, fmt.Sprintf("redis-online-%d", i+1), s, 2, i == 0))
@@ -49,7 +52,7 @@ func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
 	logRoamers(t, online...)
 	var offline []*Subscriber
 	for i := range 2 {
-		s := ck.NewSubscriber(fmt.Sprintf("offline-%d", i+1), 1, filter)
+		s := ck.NewSubscriber(fmt.Sprintf("offline-%d", i+1), 2, filter)
 		c := subscribe(t, k.URL(2), fmt.Sprintf("redis-offline-%d", i+1), false, s, nil)
 		c.Disconnect(250)
 		offline = append(offline, s)
@@ -58,11 +61,15 @@ func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
 
 	var pubs []*Publisher
 	var stops []func()
-	for i := range 2 {
-		id := fmt.Sprintf("redis-pub@%s", edgeAlias(i))
-		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(i), id, true)), fmt.Sprintf("e2e/redis/p%d", i+1), 1)
-		p.Dial = picker.dialer(id, i)
-		stop := p.GoStream(5 * time.Millisecond)
+	for i, qos := range []byte{1, 1, 2} {
+		id := fmt.Sprintf("redis-pub@%s", edgeAlias(i%2))
+		interval := 5 * time.Millisecond
+		if qos == 2 {
+			id, interval = id+"-q2", q2Interval
+		}
+		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(i%2), id, true)), fmt.Sprintf("e2e/redis/p%d", i+1), qos)
+		p.Dial = picker.dialer(id, i%2)
+		stop := p.GoStream(interval)
 		t.Cleanup(stop)
 		pubs, stops = append(pubs, p), append(stops, stop)
 	}
@@ -108,6 +115,7 @@ func TestE2E_Cluster_RedisPrimaryKilled(t *testing.T) {
 		require.Positive(t, r.Pub(p.ID).Acked)
 	}
 	require.Positive(t, ck.ackedSince(killed.Add(promoted)), "publishes are acknowledged after the failover")
+	requireQoS2Measured(t, r, pubs[2].ID, names(subs)...)
 	logLostAround(t, ck, r, killed, "the kill")
 	requireNoLoss(t, r, "a message published before a takeover and held up on its way to the previous owner (behind "+
 		"its store writes failing over) is relayed to the new owner after newer ones reached the session directly", names(subs)...)
@@ -165,11 +173,12 @@ func persistenceEpochs(t *testing.T, k *keelCluster) []float64 {
 // update does: SIGTERM (the edge turns readiness off, hands its persistent
 // sessions to custodians and disconnects its clients with 0x8B), then the
 // same container starts again under the same name and edge ID. QoS 1
-// publishers and persistent subscribers, spread over the edges, connect
-// again to any live edge whenever they are dropped. Every subscriber gets
-// every message acknowledged since its first SUBACK and finds its session
-// each time it comes back. Order is reported, not asserted (see
-// requireNoLoss). A client with a will and a clean session on each edge
+// publishers, a QoS 2 one, and persistent subscribers at QoS 2, spread
+// over the edges, connect again to any live edge whenever they are
+// dropped. Every subscriber gets every message acknowledged since its
+// first SUBACK, no QoS 2 message twice (each drain hands inflight QoS 2
+// deliveries over), and finds its session each time it comes back. Order
+// is reported, not asserted (see requireNoLoss). A client with a will and a clean session on each edge
 // does not come back: the drain of its edge publishes its will, and a
 // watcher (a persistent session at QoS 2, roaming too) gets each, at QoS
 // 2, exactly once [MQTT-3.1.2-8].
@@ -183,17 +192,21 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 	var roamers []*roamer
 	var subs []*Subscriber
 	for i := range 3 {
-		s := ck.NewSubscriber(fmt.Sprintf("roll-sub-%d", i+1), 1, filter)
+		s := ck.NewSubscriber(fmt.Sprintf("roll-sub-%d", i+1), 2, filter)
 		roamers = append(roamers, startRoamer(t, picker, fmt.Sprintf("roll-sub-%d", i+1), s, i))
 		subs = append(subs, s)
 	}
 	var pubs []*Publisher
 	var stops []func()
-	for i := range 3 {
+	for i, qos := range []byte{1, 1, 1, 2} {
 		id := fmt.Sprintf("roll-pub-%d", i+1)
-		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(i), id, true)), fmt.Sprintf("e2e/roll/p%d", i+1), 1)
+		interval := 10 * time.Millisecond
+		if qos == 2 {
+			id, interval = id+"-q2", q2Interval
+		}
+		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(i%3), id, true)), fmt.Sprintf("e2e/roll/p%d", i+1), qos)
 		p.Dial = picker.dialer(id, i+1)
-		stop := p.GoStream(10 * time.Millisecond)
+		stop := p.GoStream(interval)
 		t.Cleanup(stop)
 		pubs, stops = append(pubs, p), append(stops, stop)
 	}
@@ -239,6 +252,7 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 	for _, rm := range roamers {
 		t.Log(rm)
 	}
+	requireQoS2Measured(t, r, pubs[3].ID, names(subs)...)
 	requireNoLoss(t, r, "a message published just before a session moved reaches its new owner after later ones: "+
 		"relayed by the previous owner, or left unacknowledged by a draining edge and delivered late", names(subs)...)
 	requireSessionsKept(t, roamers...)
@@ -258,7 +272,10 @@ func TestE2E_Cluster_RollingRestart(t *testing.T) {
 // acknowledged to any publisher is lost by any subscriber. Once back,
 // edge 2 rejoins under a new incarnation and serves again: the subscriber
 // moves back to it (edge 1 closes its connection) and a new client
-// subscribes there. Order is reported, not asserted (see requireNoLoss).
+// subscribes there. Every subscription is at QoS 2 and a QoS 2 publisher
+// on edge 2 runs beside the QoS 1 ones: the session that moves twice gets
+// no QoS 2 message twice, whichever edge held it in flight. Order is
+// reported, not asserted (see requireNoLoss).
 func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	needDocker(t)
 	const ttl = 4 * time.Second
@@ -268,21 +285,21 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	ck := NewChecker()
 	const filter = "e2e/cut/#"
 
-	w1 := ck.NewSubscriber("witness@edge-1", 1, filter)
+	w1 := ck.NewSubscriber("witness@edge-1", 2, filter)
 	startRoamer(t, picker, "cut-witness-1", w1, 0)
-	w3 := ck.NewSubscriber("witness@edge-3", 1, filter)
+	w3 := ck.NewSubscriber("witness@edge-3", 2, filter)
 	startRoamer(t, picker, "cut-witness-3", w3, 2)
 
 	// The subscriber of edge 2: one Subscriber for its session (what must
 	// arrive), one per connection (to see which connection got what).
 	const victimID = "cut-victim"
-	victim := ck.NewSubscriber("victim", 1, filter)
-	conn := []*Subscriber{ck.NewSubscriber("victim#1@edge-2", 1, filter), ck.NewSubscriber("victim#2@edge-1", 1, filter),
-		ck.NewSubscriber("victim#3@edge-2", 1, filter)}
+	victim := ck.NewSubscriber("victim", 2, filter)
+	conn := []*Subscriber{ck.NewSubscriber("victim#1@edge-2", 2, filter), ck.NewSubscriber("victim#2@edge-1", 2, filter),
+		ck.NewSubscriber("victim#3@edge-2", 2, filter)}
 	tagged := func(i int) mqtt.MessageHandler {
 		return func(_ mqtt.Client, m mqtt.Message) {
-			victim.record(m.Topic(), m.Payload())
-			conn[i].record(m.Topic(), m.Payload())
+			victim.recordMessage(m)
+			conn[i].recordMessage(m)
 		}
 	}
 	firstLost := newLostSignal()
@@ -291,11 +308,16 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 
 	var pubs []*Publisher
 	var stops []func()
-	for i := range 3 {
-		id := fmt.Sprintf("cut-pub@%s", edgeAlias(i))
-		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(i), id, true)), fmt.Sprintf("e2e/cut/p%d", i+1), 1)
-		p.Dial = picker.dialer(id, i)
-		stop := p.GoStream(10 * time.Millisecond)
+	for i, qos := range []byte{1, 1, 1, 2} {
+		edge, interval := i, 10*time.Millisecond
+		id := fmt.Sprintf("cut-pub@%s", edgeAlias(edge))
+		if qos == 2 {
+			edge, interval = 1, q2Interval
+			id = fmt.Sprintf("cut-pub@%s-q2", edgeAlias(edge))
+		}
+		p := ck.NewPublisher(id, mustDial(t, mqttOpts(k.URL(edge), id, true)), fmt.Sprintf("e2e/cut/p%d", i+1), qos)
+		p.Dial = picker.dialer(id, edge)
+		stop := p.GoStream(interval)
 		t.Cleanup(stop)
 		pubs, stops = append(pubs, p), append(stops, stop)
 	}
@@ -337,7 +359,7 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	time.Sleep(time.Until(cut.Add(3 * ttl)))
 	healed := time.Now()
 	k.HealEdge(1)
-	back := ck.NewSubscriber("new@edge-2", 1, filter)
+	back := ck.NewSubscriber("new@edge-2", 2, filter)
 	bc, err := dial(mqttOpts(k.URL(1), "cut-newcomer", false).SetDefaultPublishHandler(back.Handler()), 45*time.Second)
 	require.NoError(t, err, "edge 2 admits clients again once it rejoined")
 	t.Cleanup(func() { bc.Disconnect(50) })
@@ -371,6 +393,7 @@ func TestE2E_Cluster_NetworkCut(t *testing.T) {
 	}
 	t.Logf("after the cut, publisher reconnects %d:%s", reconnects, r)
 	logLostAround(t, ck, r, healed, "edge 2 was connected again")
+	requireQoS2Measured(t, r, pubs[3].ID, w1.Name, w3.Name, victim.Name, back.Name)
 	requireNoLoss(t, r, "a publish that one edge did not take (its peer went away, or a store write failed) is sent "+
 		"again by its publisher after later ones were taken elsewhere", w1.Name, w3.Name, victim.Name, back.Name)
 	// The witnesses, the subscriber, the newcomer and the publishers.
