@@ -43,6 +43,10 @@ type delivery struct {
 	// for the session offline was not yet answered: the tenant's queue
 	// bound may refuse that, so its send stores the message first.
 	storeFirst bool
+	// sendDecides marks a delivery taken for sending while its queueing
+	// was not yet answered: if the queueing fails, the send's answer says
+	// whether the session has it (settleQueued).
+	sendDecides bool
 }
 
 // session is the edge's view of one MQTT session: its subscriptions, its
@@ -469,10 +473,12 @@ func (s *session) settleQueued(p *durable.Pending, m *Message, seq uint64) error
 		s.unsettled = nil // an idle session keeps no map
 	}
 	if w.sent != nil && err != nil {
-		// The client came back and the writer took m meanwhile: its send
-		// stores m first, not held to the tenant's bound. Once that is
-		// stored the session has m, whatever became of the queueing;
-		// failed, the queueing's own answer decides. Taken from the
+		// The writer took m meanwhile (for a client that came back, its
+		// send stores m first, not held to the tenant's bound). Once the
+		// send is stored the session has m, whatever became of the
+		// queueing: counted as not taken, m would be forgotten (took)
+		// while its client has it, and its resend delivered again.
+		// Failed, the queueing's own answer decides. Taken from the
 		// queue, m can no longer be revoked or unqueued meanwhile.
 		s.mu.Unlock()
 		<-w.sent.done // bounded by the send's own store timeout
@@ -1043,13 +1049,18 @@ func (s *session) writeLoop() {
 				break
 			}
 			s.takeForSendLocked()
-			if w, ok := s.unsettled[d.seq]; ok && w.offline && d.seq > 0 {
+			if w, ok := s.unsettled[d.seq]; ok && d.seq > 0 {
+				// Its queueing may yet fail (a store failing over refuses
+				// one write and takes the next): what the session has is
+				// then what the send stored. Queued offline, it may be
+				// refused by the tenant's bound besides, so the send
+				// carries the message.
 				if firstSend == nil {
 					firstSend = &sendOutcome{done: make(chan struct{})}
 				}
 				w.sent = firstSend
 				s.unsettled[d.seq] = w
-				d.storeFirst = true
+				d.sendDecides, d.storeFirst = true, w.offline
 			}
 			batch = append(batch, d)
 		}
@@ -1091,7 +1102,7 @@ func (s *session) writeLoop() {
 			case d.seq > 0:
 				dropped = append(dropped, durable.Entry{Seq: d.seq, MsgID: msgIDString(d.msg.ID)})
 			}
-			if sent && d.storeFirst {
+			if sent && d.sendDecides {
 				if firstSend.ids == nil {
 					firstSend.cl, firstSend.ids = cl, map[uint64]uint16{}
 				}

@@ -22,13 +22,30 @@ type failingEnqueueOf struct {
 	*durable.Store
 	id     string
 	failed atomic.Bool
+	msgID  atomic.Value // string: the message whose queueing failed
 }
 
 func (s *failingEnqueueOf) Enqueue(id string, e durable.Entry) *durable.Pending {
 	if id == s.id && s.failed.CompareAndSwap(false, true) {
+		s.msgID.Store(e.MsgID)
 		return durable.DonePending(errors.New("injected store failure"))
 	}
 	return s.Store.Enqueue(id, e)
+}
+
+// Send fails too for the message whose queueing failed: the store is down
+// for that session, and a send the writer made of it before the failure
+// was known does not store it either (a stored one would mean the session
+// has the message).
+func (s *failingEnqueueOf) Send(id string, entries []durable.Entry) *durable.Pending {
+	if failed, _ := s.msgID.Load().(string); id == s.id && failed != "" {
+		for _, e := range entries {
+			if e.MsgID == failed {
+				return durable.DonePending(errors.New("injected store failure"))
+			}
+		}
+	}
+	return s.Store.Send(id, entries)
 }
 
 // A forwarded message for a shared group with two members here, taken by

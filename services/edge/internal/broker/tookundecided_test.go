@@ -3,10 +3,12 @@ package broker
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keelmq/keel/services/edge/internal/durable"
@@ -125,4 +127,74 @@ func TestBroker_TakeoverBeginNamesNoLateMessage(t *testing.T) {
 	require.Len(t, lateState.Queue, 1, "handed over late")
 	require.Equal(t, "other/1/9", lateState.Queue[0].MsgID)
 	require.Contains(t, lateState.TookQoS2, "other/1/9", "and named with it")
+}
+
+// failingOnlineQueueing is a real durable store whose queueing for a
+// connected session is answered when the test says (a store failing over
+// refuses it, late), while the writer's send of the same message goes
+// through: its answer is the one that counts.
+type failingOnlineQueueing struct {
+	sharedLocal
+	mu   sync.Mutex
+	held []chan error
+}
+
+func (s *failingOnlineQueueing) Enqueue(id string, e durable.Entry) *durable.Pending {
+	if e.Offline {
+		return s.sharedLocal.Enqueue(id, e)
+	}
+	done := make(chan error, 1)
+	s.mu.Lock()
+	s.held = append(s.held, done)
+	s.mu.Unlock()
+	return durable.NewPending(done)
+}
+
+func (s *failingOnlineQueueing) fail(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.held) > 0
+	}, 5*time.Second, time.Millisecond)
+	s.mu.Lock()
+	held := s.held
+	s.held = nil
+	s.mu.Unlock()
+	for _, c := range held {
+		c <- errors.New("injected: not replicated")
+	}
+}
+
+// A QoS 2 message whose queueing failed after the writer sent it, and
+// stored the send, was taken: the client has it. Counted as not taken, it
+// was forgotten, and its resend (the same msgID) went to the client again
+// under a new packet ID: a QoS 2 message delivered twice (seen when a Redis
+// primary was killed under a QoS 2 stream).
+func TestSession_QueueingFailedAfterAStoredSendIsTaken(t *testing.T) {
+	t.Parallel()
+	st := &failingOnlineQueueing{}
+	b, _ := brokerOnStore(t, func(s *durable.Store) DurableState { st.sharedLocal = sharedLocal{s}; return st })
+	addr := serveTCP(t, b)
+	c := mqtttest.Dial(t, addr, 5)
+	c.Connect("sub", true, persistentProps)
+	require.Equal(t, []byte{2}, c.Subscribe(1, "q/#", 2).ReasonCodes)
+	id := b.mustScope(t, "default").ClientID("sub")
+	waitBound(t, b, id)
+
+	deliver := func() []error {
+		d := &Deferred{}
+		require.NoError(t, b.DeliverForwarded(DeferWrites(t.Context(), d), forwardedMsg(5, "q/x", 2, time.Now()), SharedChoice{}))
+		return d.Wait(1)
+	}
+	errs := make(chan []error, 1)
+	go func() { errs <- deliver() }()
+	got := c.Expect(packets.Publish)
+	require.Equal(t, "q/x", got.TopicName)
+	st.fail(t)
+	require.Equal(t, []error{nil}, <-errs, "taken: its send was stored")
+
+	require.Equal(t, []error{nil}, deliver(), "the resend, taken before")
+	pk, err := c.Read(300 * time.Millisecond)
+	require.Error(t, err, "nothing delivered twice: got type %d id %d", pk.FixedHeader.Type, pk.PacketID)
 }
