@@ -34,6 +34,21 @@ type flakyStore struct {
 	gate   chan struct{}
 	mu     sync.Mutex
 	queued []string
+	// sendFails makes the send of the "fail" message fail once too: a
+	// member sent it before its failed queueing was known would otherwise
+	// have it stored in flight, which counts as taken.
+	sendFails, sendFailed atomic.Bool
+}
+
+func (s *flakyStore) Send(id string, entries []durable.Entry) *durable.Pending {
+	if s.sendFails.Load() {
+		for _, e := range entries {
+			if e.Msg != nil && string(e.Msg.Payload) == "fail" && s.sendFailed.CompareAndSwap(false, true) {
+				return durable.DonePending(fmt.Errorf("injected store failure"))
+			}
+		}
+	}
+	return s.Store.Send(id, entries)
 }
 
 func (s *flakyStore) Enqueue(id string, e durable.Entry) *durable.Pending {
@@ -82,7 +97,13 @@ func startStoredEdgeAt(t *testing.T, store *flakyStore, qos byte) (*storedEdge, 
 	t.Helper()
 	e := serveStored(t, "b", store, false)
 	sub := mqtttest.Dial(t, e.mqtt, 5)
-	sub.Connect("sub", true, sessionProps)
+	// One delivery in flight: until the test reads, the later messages stay
+	// queued, so a queueing the store fails is known before the writer
+	// could send the message. One the writer sent, and its send stored, is
+	// taken whatever became of its queueing.
+	props := sessionProps
+	props.ReceiveMaximum = 1
+	sub.Connect("sub", true, props)
 	require.Equal(t, []byte{qos}, sub.Subscribe(1, "t", qos).ReasonCodes)
 	return e, sub
 }

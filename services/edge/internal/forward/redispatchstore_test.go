@@ -20,6 +20,7 @@ func TestForward_SharedMessageGivenToAPersistentMemberLaterIsStoredBeforeItIsTak
 	t.Parallel()
 	a := startEdge(t, "edge-a")
 	store := &flakyStore{}
+	store.sendFails.Store(true) // the member's store is down: its send fails as well
 	b := serveStored(t, "edge-b", store, true)
 
 	f := connectForwarder(t, a, "edge-a")
