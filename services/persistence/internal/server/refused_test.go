@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -54,17 +53,7 @@ func startCountingServer(t *testing.T) (*testServer, *metrics.Metrics, *lockedBu
 		return failover.SwitchoverResult{}, nil
 	}}
 	srv := New(cfg, boltStore(t), m, nil, slog.New(slog.NewTextHandler(logs, nil)))
-	mux := http.NewServeMux()
-	mux.Handle(srv.Handler())
-	hs := httptest.NewUnstartedServer(mux)
-	var p http.Protocols
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	hs.Config.Protocols = &p
-	hs.Start()
-	t.Cleanup(hs.Close)
-	return &testServer{url: hs.URL, client: persistencev1connect.NewPersistenceServiceClient(h2cClient(), hs.URL),
-		srv: srv, http: hs.Config}, m, logs
+	return serveTest(t, srv), m, logs
 }
 
 func refusedCount(m *metrics.Metrics, kind string) float64 {

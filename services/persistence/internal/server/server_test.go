@@ -48,7 +48,12 @@ func startServer(t testing.TB, st store.Store) *testServer {
 
 func startServerWith(t testing.TB, st store.Store, cfg Config) *testServer {
 	t.Helper()
-	srv := New(cfg, st, nil, nil, testutil.Logger(t))
+	return serveTest(t, New(cfg, st, nil, nil, testutil.Logger(t)))
+}
+
+// serveTest serves srv's API over h2c, as the service does, until t ends.
+func serveTest(t testing.TB, srv *Server) *testServer {
+	t.Helper()
 	mux := http.NewServeMux()
 	mux.Handle(srv.Handler())
 	hs := httptest.NewUnstartedServer(mux)
