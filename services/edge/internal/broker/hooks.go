@@ -1374,11 +1374,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 		// on other edges, the publisher told otherwise. The client sends it
 		// again (a QoS 2 resend under the same msgID).
 		if err := b.retain(m); err != nil && m.QoS > 0 {
-			finishSpan(m.span, err)
-			b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
-			b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
-			_ = b.disconnect(cl, packets.ErrServerBusy)
-			return errRejectPacket
+			return b.notAcknowledged(cl, pk, m, err)
 		}
 	}
 	if c.lookups.pending(m.Topic) {
@@ -1395,11 +1391,7 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	if err != nil {
 		// Not every recipient took the message: no acknowledgement. The
 		// client reconnects and sends it again.
-		finishSpan(m.span, err)
-		b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
-		b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
-		_ = b.disconnect(cl, packets.ErrServerBusy)
-		return errRejectPacket
+		return b.notAcknowledged(cl, pk, m, err)
 	}
 	if m.QoS > 0 && (wait != nil || !c.acks.idle()) {
 		// The held ones first: they would otherwise wait for the queue's
@@ -1419,6 +1411,17 @@ func (h *hook) OnPublish(cl *mqtt.Client, pk *packets.Packet) error {
 	b.confirmed(m)
 	// Success, but mochi must not fan the message out itself.
 	return errIgnorePacket
+}
+
+// notAcknowledged refuses m, published by cl in pk, for err: it is not
+// acknowledged, a QoS 2 resend goes under m's msgID again (unconfirm), and
+// the client is disconnected with 0x89 to send it again.
+func (b *Broker) notAcknowledged(cl *mqtt.Client, pk *packets.Packet, m *Message, err error) error {
+	finishSpan(m.span, err)
+	b.unconfirm(cl, pk.FixedHeader.Qos, pk.PacketID, m)
+	b.logger.Warn("publish not acknowledged", "client_id", cl.ID, "error", err)
+	_ = b.disconnect(cl, packets.ErrServerBusy)
+	return errRejectPacket
 }
 
 // OnQosComplete frees a slot of the client's receive window when one of the

@@ -197,9 +197,9 @@ const retainedLookupTimeout = 5 * time.Second
 
 // matchRetained calls fn with the retained messages matching filter. With
 // a shared store, they are the store's, and this edge's own whose writes
-// the store has not answered yet (retainedWrites), the newest per topic; a clear not
-// taken yet hides an older stored message. A store that cannot answer
-// leaves the subscriber with this edge's.
+// the store has not answered yet (retainedWrites), the newest per topic;
+// a clear not answered yet hides an older stored message. A store that
+// cannot answer leaves the subscriber with this edge's.
 func (b *Broker) matchRetained(filter string, now int64, fn func(*Message)) {
 	idx, ok := b.store.(RetainedIndex)
 	if !ok {
