@@ -32,7 +32,8 @@ func (s *Server) BumpAclVersion(ctx context.Context, req *connect.Request[coordi
 	return connect.NewResponse(&coordinatorv1.BumpAclVersionResponse{Version: v.GetVersion()}), nil
 }
 
-// truncateForError bounds a client-supplied string quoted in an error.
+// truncateForError bounds a client-supplied string quoted in an error or
+// a log line.
 func truncateForError(s string) string {
 	const maxLen = 64
 	if len(s) > maxLen {

@@ -265,7 +265,7 @@ const refusedLogInterval = 10 * time.Second
 func (s *Server) refused(c *prometheus.CounterVec, what, edge string, inc uint64, n int, err error) {
 	c.WithLabelValues("invalid_argument").Add(float64(n))
 	if s.refusedLog.Allow(refusedLogInterval) {
-		s.logger.Warn(what+" refused", logging.KeyEdgeID, truncate(edge, 128), "incarnation", inc, "count", n, logging.Err(err))
+		s.logger.Warn(what+" refused", logging.KeyEdgeID, truncateForError(edge), "incarnation", inc, "count", n, logging.Err(err))
 	}
 }
 
@@ -273,15 +273,6 @@ func (s *Server) refused(c *prometheus.CounterVec, what, edge string, inc uint64
 // counts: each of them, and an empty call as one, so that no refusal goes
 // uncounted.
 func refusedCall(n int) int { return max(n, 1) }
-
-// truncate cuts s to at most n bytes for a log line: an ID refused for its
-// length may be long.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "…"
-}
 
 func (s *Server) grant(t *leaderTerm, c *raftpb.Claim, o *raftpb.ClaimOutcome) *coordinatorv1.SessionGrant {
 	g := &coordinatorv1.SessionGrant{
